@@ -1,0 +1,5 @@
+import sys
+
+from dstoolkit.cli import main
+
+sys.exit(main())

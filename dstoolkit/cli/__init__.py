@@ -1,0 +1,66 @@
+"""`dstoolkit <verb>`: one module per verb under dstoolkit/cli/.
+
+Each verb module defines ``add_parser(subparsers)`` and ``run(args) -> int`` and must import
+torch/deepspeed only inside ``run`` so that ``dstoolkit validate`` starts fast.
+Exit codes: 0 ok, 1 findings, 2 usage or input error.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# verb -> module. Order is the order shown in --help.
+VERBS: dict[str, str] = {
+    "validate": "dstoolkit.cli.validate",
+    "schema": "dstoolkit.cli.schema",
+    "resolve": "dstoolkit.cli.resolve",
+    "generate": "dstoolkit.cli.generate",
+    "sweep": "dstoolkit.cli.sweep",
+    "estimate": "dstoolkit.cli.estimate",
+    "fp8": "dstoolkit.cli.fp8",
+    "bench": "dstoolkit.cli.bench",
+    "report": "dstoolkit.cli.report",
+    "train": "dstoolkit.cli.train",
+    "tune": "dstoolkit.cli.tune",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on usage errors already; keep the message on one line, no traceback."""
+
+
+def _verb_modules():
+    import importlib.util
+
+    for verb, mod in VERBS.items():
+        if importlib.util.find_spec(mod) is None:  # TODO(#2): drop once every verb module exists
+            continue
+        yield verb, importlib.import_module(mod)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dstoolkit import __version__
+
+    parser = _Parser(prog="dstoolkit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dstoolkit {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+    for verb, module in _verb_modules():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("dstoolkit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
