@@ -1,0 +1,136 @@
+"""`dstoolkit bench comm|overlap|train`: measure collectives, compute/comm overlap and training throughput.
+
+Results are appended to JSON Lines files (``--out``); `dstoolkit report DIR` renders tables and plots from them.
+torch/deepspeed are imported only inside `run`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _add_common(p: argparse.ArgumentParser, default_format: str = "table") -> None:
+    p.add_argument("--out", metavar="FILE.jsonl", default=None,
+                   help="append result records to this JSON Lines file (never overwritten; an interrupted run resumes)")
+    p.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="start a new run even if the last run with the same config in --out was interrupted")
+    p.add_argument("--format", choices=("table", "json"), default=default_format, help="output format (default: table)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars on stderr")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="kill the ranks after this many seconds (default 1800)")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmarks: collectives (comm), overlap, training throughput (train)",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="bench_kind", metavar="KIND")
+    sub.required = True
+
+    c = sub.add_parser("comm", help="collective bandwidth with nccl-tests columns (size count type time_us algbw busbw #wrong)")
+    c.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,all_to_all,broadcast",
+                   help="comma list of all_reduce, all_gather, reduce_scatter, all_to_all, broadcast (or 'all')")
+    c.add_argument("--sizes", default="1K:256M", help="MIN:MAX[:FACTOR] (x2 steps) or a comma list; binary suffixes 1K=1024")
+    c.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 | float64 | int32 | int64 | int8 | uint8")
+    c.add_argument("--iters", type=int, default=20, help="ops per timed repetition (nccl-tests -n; default 20)")
+    c.add_argument("--warmup", type=int, default=5, help="untimed ops first (nccl-tests -w; default 5)")
+    c.add_argument("--reps", type=int, default=5, help="timed repetitions per row: median and spread come from these (default 5)")
+    c.add_argument("--time-budget-s", type=float, default=20.0,
+                   help="per-row budget: iters shrinks for sizes that would take longer (default 20 s)")
+    c.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl if CUDA is available, else gloo")
+    c.add_argument("--world-size", type=int, default=2,
+                   help="ranks to launch on this node (ignored under torchrun/deepspeed, which set WORLD_SIZE)")
+    _add_common(c)
+    c.set_defaults(run=run)
+
+    o = sub.add_parser("overlap", help="compute/communication overlap of real DeepSpeed engines (eta, slowdown)")
+    o.add_argument("target", metavar="CONFIG|SPEC",
+                   help="a DeepSpeed JSON config or a spec YAML (then every generated strategy is benched)")
+    o.add_argument("--model", default="tiny", help="model preset or HF config.json for a JSON config (default: tiny)")
+    o.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
+    o.add_argument("--bucket-sizes", default="auto",
+                   help="comma list of reduce_bucket_size values in elements (e.g. 5e5,2e6,5e8) or 'auto'")
+    o.add_argument("--overlap", choices=("both", "on", "off"), default="both", help="overlap_comm settings to compare")
+    o.add_argument("--steps", type=int, default=8, help="timed steps per measurement (default 8)")
+    o.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    o.add_argument("--world-size", type=int, default=2, help="ranks to launch (default 2)")
+    o.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    o.add_argument("--seq-len", type=int, default=None, help="override the spec's sequence length")
+    o.add_argument("--micro-batch", type=int, default=None, help="override the config's micro batch")
+    o.add_argument("--profile", action="store_true", help="also capture a torch profiler trace and measure exposed comm from it")
+    _add_common(o)
+    o.set_defaults(run=run)
+
+    t = sub.add_parser("train", help="N real DeepSpeed steps per config through the deepspeed launcher, vs the estimate")
+    t.add_argument("targets", nargs="+", metavar="CONFIG|SPEC|DIR",
+                   help="DeepSpeed JSON configs, a spec YAML (all strategies generated from it), or generate output dirs")
+    t.add_argument("--spec", default=None, help="spec YAML giving the model/cluster for JSON configs")
+    t.add_argument("--steps", type=int, default=10, help="training steps per config (default 10)")
+    t.add_argument("--skip-steps", type=int, default=2, help="first steps excluded from timing (warm-up; default 2)")
+    t.add_argument("--num-gpus", "--world-size", dest="world_size", type=int, default=2,
+                   help="ranks per config through the deepspeed launcher (default 2)")
+    t.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
+    t.add_argument("--calibration", default=None, metavar="FILE.json",
+                   help="measured compute rate / bandwidth for this machine to feed the estimate (see benchmarks/)")
+    _add_common(t)
+    t.set_defaults(run=run)
+
+
+def _err(msg: str) -> int:
+    print(f"dstoolkit bench: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    from dstoolkit.bench.harness import BenchInputError
+
+    try:
+        if args.bench_kind == "comm":
+            return _run_comm(args)
+        if args.bench_kind == "overlap":
+            from dstoolkit.bench import overlap
+
+            return overlap.cli_run(args)
+        if args.bench_kind == "train":
+            from dstoolkit.bench import train
+
+            return train.cli_run(args)
+    except BenchInputError as exc:
+        return _err(str(exc))
+    except RuntimeError as exc:
+        print(f"dstoolkit bench: failed: {exc}", file=sys.stderr)
+        return 1
+    return _err(f"unknown bench {args.bench_kind!r}")
+
+
+def _default_backend() -> str:
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _run_comm(args) -> int:
+    from dstoolkit.bench import comm
+
+    opts = comm.CommOptions(
+        ops=comm.parse_ops(args.ops),
+        sizes=comm.parse_sizes(args.sizes),
+        dtype=comm.parse_dtype(args.dtype),
+        iters=args.iters,
+        warmup=args.warmup,
+        reps=args.reps,
+        backend=args.backend or _default_backend(),
+        world_size=args.world_size,
+        out=args.out,
+        resume=args.resume,
+        time_budget_s=args.time_budget_s,
+        timeout_s=args.timeout_s,
+        progress=args.progress,
+    )
+    rows = comm.run_comm(opts)
+    if not rows:  # non-zero ranks under a launcher print nothing
+        return 0
+    if args.format == "json":
+        print(comm.json_rows(rows))
+    else:
+        print(comm.format_table(rows))
+    return 1 if any(int(r.get("#wrong", 0)) for r in rows) else 0
