@@ -6,9 +6,9 @@ Readers (`dstoolkit.models.hf`) and presets (`dstoolkit.models.presets`) produce
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ModelShape(BaseModel):
@@ -44,6 +44,16 @@ class ModelShape(BaseModel):
     """Learned absolute position table size (GPT-2 style), counted only when learned_positions is True."""
     learned_positions: bool = False
     """True for models with a learned position-embedding table (GPT-2); RoPE models have none."""
+    o_proj_bias: bool = False
+    """Bias on the attention output projection (GPT-2 c_proj; Llama/Qwen3 with attention_bias=True)."""
+    mlp_bias: bool = False
+    """Biases on the dense FFN projections (GPT-2 c_fc/c_proj; Llama mlp_bias=True). Experts never have them."""
+    norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    """rmsnorm: weight only (Llama, Mistral, Qwen, DeepSeek); layernorm: weight and bias (GPT-2)."""
+    hidden_act: str = "silu"
+    """FFN activation as HF names it (silu for SwiGLU models, gelu_new for GPT-2)."""
+    qk_norm: bool = False
+    """Qwen3: per-head RMSNorm (width head_dim) on q and k inside attention."""
 
     # --- Mixture of experts (0 experts = dense) ---
     num_experts: int = Field(default=0, ge=0)
@@ -60,6 +70,13 @@ class ModelShape(BaseModel):
     """DeepSeek: the first k layers use a dense FFN instead of MoE."""
     moe_layer_freq: int = Field(default=1, ge=1)
     """DeepSeek: every moe_layer_freq-th layer (after first_k_dense_replace) is MoE."""
+    mlp_only_layers: tuple[int, ...] = ()
+    """Qwen-MoE: layer indices that use a dense FFN (intermediate_size) instead of MoE; the reader also
+    lists here the layers that `decoder_sparse_step` > 1 leaves dense."""
+    router_score_correction_bias: bool = False
+    """DeepSeek-V3 (topk_method noaux_tc): the router also holds `e_score_correction_bias`, one per routed expert."""
+    num_nextn_predict_layers: int = Field(default=0, ge=0)
+    """DeepSeek-V3 multi-token-prediction modules in the checkpoint; recorded, EXCLUDED from parameter counts."""
 
     # --- Multi-head latent attention (DeepSeek-V2/V3); all None for standard attention ---
     q_lora_rank: Optional[int] = Field(default=None, gt=0)
@@ -95,10 +112,66 @@ class ModelShape(BaseModel):
 
     def is_moe_layer(self, layer_index: int) -> bool:
         """DeepSeek/Qwen-MoE convention: layer i is MoE when i >= first_k_dense_replace and i % freq == 0."""
-        if not self.is_moe:
+        if not self.is_moe or layer_index in self.mlp_only_layers:
             return False
         return layer_index >= self.first_k_dense_replace and layer_index % self.moe_layer_freq == 0
 
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Layers with a dense FFN (all layers of a dense model)."""
+        return self.num_hidden_layers - self.num_moe_layers
+
+    @property
+    def q_head_dim(self) -> int:
+        """Per-head query/key width: qk_nope_head_dim + qk_rope_head_dim under MLA, else head_size."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+        return self.head_size
+
+    @model_validator(mode="after")
+    def _check_heads_consistent(self) -> "ModelShape":
+        if self.is_mla:
+            return self
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.kv_heads} (GQA shares each KV head among a whole number of query heads)"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
+                "set head_dim explicitly"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_mla_fields_complete(self) -> "ModelShape":
+        mla = {"kv_lora_rank": self.kv_lora_rank, "qk_rope_head_dim": self.qk_rope_head_dim,
+               "qk_nope_head_dim": self.qk_nope_head_dim, "v_head_dim": self.v_head_dim}
+        given = [k for k, v in mla.items() if v is not None]
+        if given and len(given) != len(mla):
+            missing = [k for k in mla if k not in given]
+            raise ValueError(f"MLA needs all of {', '.join(mla)}; missing {', '.join(missing)}")
+        if self.q_lora_rank is not None and not given:
+            raise ValueError(f"q_lora_rank={self.q_lora_rank} is only meaningful with MLA (set kv_lora_rank, ...)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_moe_fields(self) -> "ModelShape":
+        if self.is_moe:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts={self.num_experts}"
+                )
+        elif self.num_experts_per_tok or self.num_shared_experts or self.shared_expert_intermediate_size:
+            raise ValueError(
+                "num_experts_per_tok / num_shared_experts / shared_expert_intermediate_size need num_experts > 0"
+            )
+        bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"mlp_only_layers={bad} outside 0..num_hidden_layers-1={self.num_hidden_layers - 1}")
+        return self

@@ -1,20 +1,163 @@
 """The training spec: model + cluster + training plan, as a pydantic schema with a YAML file format.
 
 This is the contract between generation, estimation, sweeps and real runs. No torch import.
-`load_spec(path)` (in this module) parses YAML and reports errors at the YAML line.
+`load_spec(path)` (in this module) parses YAML and reports errors at the YAML line, like a compiler:
+``spec.yaml:12:15: training.micro_batch: 'abc' is not valid: ... (expected: ...)``.
 The model section is resolved to a `dstoolkit.models.shape.ModelShape` by `dstoolkit.models.resolve_model`.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dstoolkit.schemas.checkpoint import CheckpointPolicy
 
 Auto = Literal["auto"]
+
+Loc = tuple[Union[str, int], ...]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------------------
+
+
+class SpecFieldError(ValueError):
+    """A validation problem tied to a field path, raised inside validators.
+
+    `loc` is relative to the model whose validator raises it (pydantic prepends the model's own location),
+    so `load_spec` can point at the exact YAML line of the offending key.
+    """
+
+    def __init__(self, loc: Loc, problem: str, fix: str):
+        self.loc = tuple(loc)
+        self.problem = problem
+        self.fix = fix
+        path = ".".join(str(p) for p in self.loc)
+        super().__init__(f"{path + ': ' if path else ''}{problem} ({fix})")
+
+
+@dataclass(frozen=True)
+class SpecFinding:
+    """One located problem in a spec file."""
+
+    file: str
+    line: Optional[int]
+    col: Optional[int]
+    path: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.col}: " if self.line is not None else (f"{self.file}: " if self.file else "")
+        return f"{where}{self.path or '<spec>'}: {self.problem} ({self.fix})"
+
+
+class SpecError(ValueError):
+    """Invalid spec. Each line of the message reads ``file:line:col: <field path>: <problem> (<fix>)``."""
+
+    def __init__(self, findings: Sequence[SpecFinding]):
+        self.findings = list(findings)
+        super().__init__("\n".join(str(f) for f in self.findings))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Source positions (YAML nodes)
+# ----------------------------------------------------------------------------------------------------------
+
+
+class SpecSource:
+    """The YAML node tree of a loaded spec, used to map field paths back to line:col."""
+
+    def __init__(self, path: Path, root: yaml.Node):
+        self.path = Path(path)
+        self.root = root
+
+    def locate(self, loc: Loc, at_key: bool = False) -> tuple[Optional[int], Optional[int]]:
+        """1-based (line, col) of the deepest node `loc` reaches.
+
+        Points at the value for a scalar, at the key for a mapping/sequence value, when only a prefix of `loc`
+        exists (a missing field) or when `at_key` (an unknown key).
+        """
+        node, key_node, matched = _walk(self.root, loc)
+        use_key = at_key or len(matched) < len(loc) or not isinstance(node, yaml.ScalarNode)
+        target = key_node if key_node is not None and use_key else node
+        if target is None:
+            return 1, 1
+        return target.start_mark.line + 1, target.start_mark.column + 1
+
+    def finding(self, loc: Loc, problem: str, fix: str, at_key: bool = False) -> SpecFinding:
+        line, col = self.locate(loc, at_key)
+        return SpecFinding(str(self.path), line, col, _dotted(loc), problem, fix)
+
+
+def _mapping_get(node: yaml.MappingNode, key: Union[str, int]) -> Optional[tuple[yaml.Node, yaml.Node]]:
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == str(key):
+            return k, v
+    return None
+
+
+def _walk(root: Optional[yaml.Node], loc: Loc) -> tuple[Optional[yaml.Node], Optional[yaml.Node], list]:
+    """Follow `loc` through the node tree as far as it exists: (node, its key node, matched path)."""
+    node, key_node, matched = root, None, []
+    for el in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = _mapping_get(node, el)
+            if hit is not None:
+                key_node, node = hit
+                matched.append(el)
+                continue
+        elif isinstance(node, yaml.SequenceNode) and isinstance(el, int) and 0 <= el < len(node.value):
+            key_node, node = None, node.value[el]
+            matched.append(el)
+            continue
+        break
+    return node, key_node, matched
+
+
+def _dotted(loc: Iterable[Union[str, int]]) -> str:
+    out = ""
+    for el in loc:
+        out += f"[{el}]" if isinstance(el, int) else (f".{el}" if out else str(el))
+    return out
+
+
+def _did_you_mean(word: str, options: Iterable[str]) -> Optional[str]:
+    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Schema
+# ----------------------------------------------------------------------------------------------------------
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+def _reject_bool(value: Any, field: str) -> Any:
+    # YAML `yes`/`true` would otherwise pass as 1 for an int or Literal[0, 1, 2, 3] field.
+    if isinstance(value, bool):
+        raise SpecFieldError((), f"{field}={value!r} is a boolean", "give a number" + (" or 'auto'" if field in _AUTO_FIELDS else ""))
+    return value
+
+
+_AUTO_FIELDS = {"micro_batch", "tp", "pp", "ep", "zero_stage"}
 
 
 class GpuSpec(_Strict):
@@ -46,6 +189,66 @@ class ModelSpec(BaseModel):
     hf_config: Optional[str] = None
     """Path to a Hugging Face config.json, relative to the spec file."""
 
+    _source: Optional[SpecSource] = PrivateAttr(default=None)
+    _loc: Loc = PrivateAttr(default=("model",))
+
+    @property
+    def inline(self) -> dict[str, Any]:
+        """The inline Hugging Face fields (everything except preset / hf_config); empty for the other forms."""
+        return dict(self.model_extra or {})
+
+    @property
+    def form(self) -> Literal["preset", "hf_config", "inline"]:
+        """Which of the three forms this is."""
+        if self.preset is not None:
+            return "preset"
+        if self.hf_config is not None:
+            return "hf_config"
+        return "inline"
+
+    def error(self, field: Optional[Union[str, Loc]], problem: str, fix: str, at_key: bool = False) -> SpecError:
+        """A `SpecError` located at `model.<field>` in the spec file (when loaded from a file).
+
+        Used by `dstoolkit.models.resolve_model` so that a bad preset name, a missing HF field or an unreadable
+        hf_config points at its YAML line.
+        """
+        sub: Loc = () if field is None else ((field,) if isinstance(field, str) else tuple(field))
+        loc = tuple(self._loc) + sub
+        if self._source is not None:
+            return SpecError([self._source.finding(loc, problem, fix, at_key)])
+        return SpecError([SpecFinding("", None, None, _dotted(loc), problem, fix)])
+
+    @model_validator(mode="after")
+    def _check_exactly_one_form(self) -> "ModelSpec":
+        inline = self.model_extra or {}
+        if self.preset is None and self.hf_config is None and not inline:
+            raise SpecFieldError(
+                (), "no model given",
+                "set `preset: NAME`, `hf_config: path/to/config.json`, or inline HF fields starting with `model_type:`",
+            )
+        if self.preset is not None and self.hf_config is not None:
+            raise SpecFieldError(
+                ("hf_config",), f"preset={self.preset!r} and hf_config={self.hf_config!r} are exclusive",
+                "keep exactly one of preset / hf_config / inline fields",
+            )
+        if inline and (self.preset is not None or self.hf_config is not None):
+            first = next(iter(inline))
+            other = "preset" if self.preset is not None else "hf_config"
+            raise SpecFieldError(
+                (first,), f"inline field {first!r} cannot be combined with {other}",
+                f"remove {first!r}, or drop {other} and give every field inline",
+            )
+        if inline and "model_type" not in inline:
+            for key in inline:
+                guess = _did_you_mean(key, ["preset", "hf_config", "model_type"])
+                if guess:
+                    raise SpecFieldError((key,), f"unknown key {key!r}", f"did you mean {guess!r}?")
+            raise SpecFieldError(
+                ("model_type",), "inline model fields need model_type",
+                "add e.g. `model_type: llama` (llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)",
+            )
+        return self
+
 
 class ClusterSpec(_Strict):
     """Where the job runs."""
@@ -57,9 +260,33 @@ class ClusterSpec(_Strict):
     gpu: Union[str, GpuSpec] = "H100-SXM"
     """A name from the hardware table (H100-SXM, H200, H800, A100-80G, A100-40G, L40S, MI300X, cpu) or explicit facts."""
 
+    @field_validator("nodes", "gpus_per_node", mode="before")
+    @classmethod
+    def _check_not_bool(cls, value: Any, info) -> Any:
+        return _reject_bool(value, info.field_name)
+
+    @field_validator("gpu")
+    @classmethod
+    def _check_gpu_known(cls, value: Union[str, GpuSpec]) -> Union[str, GpuSpec]:
+        if isinstance(value, str):
+            from dstoolkit.schemas.hardware import gpu_name_error, lookup_gpu_name
+
+            if lookup_gpu_name(value) is None:
+                message = gpu_name_error(value)
+                problem, _, fix = message.partition(" (")
+                raise SpecFieldError((), problem, fix.rstrip(")"))
+        return value
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        """The `GpuSpec` for `gpu` (a table row for a name, or the explicit facts)."""
+        from dstoolkit.schemas.hardware import get_gpu
+
+        return get_gpu(self.gpu)
 
 
 class BatchRampSpec(_Strict):
@@ -75,6 +302,21 @@ class BatchRampSpec(_Strict):
     """tokens kind: tokens over which the batch ramps to training.global_batch."""
     ramp_samples: Optional[int] = Field(default=None, gt=0)
     """megatron kind: samples over which the batch ramps."""
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> "BatchRampSpec":
+        if self.kind == "tokens":
+            if self.ramp_tokens is None:
+                raise SpecFieldError(("ramp_tokens",), "kind='tokens' needs ramp_tokens", "add ramp_tokens: <tokens over which the batch ramps>")
+            if self.ramp_samples is not None:
+                raise SpecFieldError(("ramp_samples",), "ramp_samples is only used with kind='megatron'", "use ramp_tokens, or set kind: megatron")
+        else:
+            for name in ("increment", "ramp_samples"):
+                if getattr(self, name) is None:
+                    raise SpecFieldError((name,), f"kind='megatron' needs {name}", f"add {name} (Megatron --rampup-batch-size START INCREMENT SAMPLES)")
+            if self.ramp_tokens is not None:
+                raise SpecFieldError(("ramp_tokens",), "ramp_tokens is only used with kind='tokens'", "use ramp_samples, or set kind: tokens")
+        return self
 
 
 class TrainingSpec(_Strict):
@@ -121,6 +363,107 @@ class TrainingSpec(_Strict):
     batch_ramp: Optional[BatchRampSpec] = None
     """Optional batch-size ramp."""
 
+    @field_validator("seq_len", "global_batch", "micro_batch", "warmup_steps", "train_steps", "checkpoint_every_k",
+                     "tp", "pp", "ep", "zero_stage", mode="before")
+    @classmethod
+    def _check_not_bool(cls, value: Any, info) -> Any:
+        return _reject_bool(value, info.field_name)
+
+    @field_validator("micro_batch", "tp", "pp", "ep")
+    @classmethod
+    def _check_positive_degree(cls, value: Union[int, str], info) -> Union[int, str]:
+        if isinstance(value, int) and value < 1:
+            raise SpecFieldError((), f"{info.field_name}={value} must be >= 1", "give a positive integer or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _check_checkpoint_params_match_policy(self) -> "TrainingSpec":
+        if self.activation_checkpointing != "every-k" and self.checkpoint_every_k != 1:
+            raise SpecFieldError(
+                ("checkpoint_every_k",),
+                f"checkpoint_every_k={self.checkpoint_every_k} is only used with activation_checkpointing='every-k' "
+                f"(training.activation_checkpointing={self.activation_checkpointing!r})",
+                "set activation_checkpointing: every-k, or remove checkpoint_every_k",
+            )
+        if self.activation_checkpointing != "ratio" and self.checkpoint_ratio != 1.0:
+            raise SpecFieldError(
+                ("checkpoint_ratio",),
+                f"checkpoint_ratio={self.checkpoint_ratio} is only used with activation_checkpointing='ratio' "
+                f"(training.activation_checkpointing={self.activation_checkpointing!r})",
+                "set activation_checkpointing: ratio, or remove checkpoint_ratio",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_zeropp_needs_stage3(self) -> "TrainingSpec":
+        # ZeRO++ qwZ/hpZ/qgZ are stage-3 features (ZeRO++ paper §3; DeepSpeed zero_quantized_weights etc.).
+        if self.zeropp and self.zero_stage not in (3, "auto"):
+            raise SpecFieldError(
+                ("zeropp",), f"zeropp=True needs ZeRO stage 3 (training.zero_stage={self.zero_stage})",
+                "set zero_stage: 3 (or auto), or zeropp: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_offload_needs_zero(self) -> "TrainingSpec":
+        # DeepSpeed's offload_optimizer/offload_param live in zero_optimization: stage 0 has no offload.
+        if self.offload and self.zero_stage == 0:
+            raise SpecFieldError(
+                ("offload",), "offload=True needs ZeRO stage 1-3 (training.zero_stage=0)",
+                "set zero_stage to 1, 2, 3 or auto, or offload: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_pp_zero_compatible(self) -> "TrainingSpec":
+        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+        if isinstance(self.pp, int) and self.pp > 1 and self.zero_stage in (2, 3):
+            raise SpecFieldError(
+                ("zero_stage",), f"training.zero_stage={self.zero_stage} is incompatible with training.pp={self.pp} "
+                "(DeepSpeed's pipeline engine supports ZeRO 0-1 only)",
+                "use zero_stage: 1 with pipeline parallelism, or pp: 1",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_batch_ramp_bounds(self) -> "TrainingSpec":
+        ramp = self.batch_ramp
+        if ramp is None:
+            return self
+        if ramp.start_batch > self.global_batch:
+            raise SpecFieldError(
+                ("batch_ramp", "start_batch"),
+                f"training.batch_ramp.start_batch={ramp.start_batch} exceeds training.global_batch={self.global_batch}",
+                "the ramp grows the batch up to global_batch: lower start_batch",
+            )
+        if ramp.kind == "megatron" and ramp.increment and (self.global_batch - ramp.start_batch) % ramp.increment:
+            # Megatron-LM RampupBatchsizeNumMicroBatches asserts (global - start) % increment == 0.
+            raise SpecFieldError(
+                ("batch_ramp", "increment"),
+                f"training.global_batch - training.batch_ramp.start_batch = {self.global_batch - ramp.start_batch} "
+                f"is not a multiple of training.batch_ramp.increment={ramp.increment}",
+                "pick an increment that divides the difference (Megatron requires it)",
+            )
+        return self
+
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        """The `CheckpointPolicy` for activation_checkpointing / checkpoint_every_k / checkpoint_ratio.
+
+        Raises:
+            ValueError: activation_checkpointing is "auto" (the generator or sweep must choose first).
+        """
+        kind = self.activation_checkpointing
+        if kind == "auto":
+            raise ValueError(
+                "training.activation_checkpointing='auto' has no policy yet "
+                "(resolve it first: the generator/sweep picks none, selective, every-k or full)"
+            )
+        if kind == "every-k":
+            return CheckpointPolicy(kind="every-k", every_k=self.checkpoint_every_k)
+        if kind == "ratio":
+            return CheckpointPolicy(kind="ratio", ratio=self.checkpoint_ratio)
+        return CheckpointPolicy(kind=kind)
+
 
 class Spec(_Strict):
     """A whole spec file."""
@@ -133,3 +476,267 @@ class Spec(_Strict):
     """Where it runs."""
     training: TrainingSpec
     """How it trains."""
+
+    _source: Optional[SpecSource] = PrivateAttr(default=None)
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks: cluster.nodes * cluster.gpus_per_node."""
+        return self.cluster.world_size
+
+    @property
+    def source_path(self) -> Optional[Path]:
+        """The YAML file this spec came from (None when built in Python)."""
+        return self._source.path if self._source is not None else None
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory relative paths (model.hf_config) resolve against: the spec file's folder, else the cwd."""
+        return self._source.path.parent if self._source is not None else Path.cwd()
+
+    @model_validator(mode="after")
+    def _check_parallel_divides_world(self) -> "Spec":
+        t = self.training
+        if isinstance(t.tp, int) and isinstance(t.pp, int) and self.world_size % (t.tp * t.pp):
+            raise SpecFieldError(
+                ("training", "tp"),
+                f"training.tp * training.pp = {t.tp} * {t.pp} = {t.tp * t.pp} does not divide the world size "
+                f"{self.world_size} (cluster.nodes={self.cluster.nodes} x cluster.gpus_per_node={self.cluster.gpus_per_node})",
+                "pick tp and pp whose product divides the world size, or 'auto'",
+            )
+        return self
+
+    def _data_parallel_size(self) -> Optional[int]:
+        t = self.training
+        if isinstance(t.tp, int) and isinstance(t.pp, int) and self.world_size % (t.tp * t.pp) == 0:
+            return self.world_size // (t.tp * t.pp)
+        return None
+
+    @model_validator(mode="after")
+    def _check_global_batch_divisible(self) -> "Spec":
+        # DeepSpeed: train_batch_size = micro_batch_per_gpu * gradient_accumulation_steps * dp_world_size.
+        t, dp = self.training, self._data_parallel_size()
+        if dp is None:
+            return self
+        if isinstance(t.micro_batch, int):
+            if t.global_batch % (t.micro_batch * dp):
+                raise SpecFieldError(
+                    ("training", "global_batch"),
+                    f"training.global_batch={t.global_batch} is not a multiple of training.micro_batch * dp = "
+                    f"{t.micro_batch} * {dp} = {t.micro_batch * dp} (dp = world {self.world_size} / (tp*pp))",
+                    f"use a global_batch multiple of {t.micro_batch * dp}, or micro_batch: auto",
+                )
+        elif t.global_batch % dp:
+            raise SpecFieldError(
+                ("training", "global_batch"),
+                f"training.global_batch={t.global_batch} is not a multiple of the data-parallel size {dp} "
+                f"(world {self.world_size} / (tp*pp))",
+                f"use a global_batch multiple of {dp}",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_ep_divides_dp(self) -> "Spec":
+        # DeepSpeed groups._create_expert_and_data_parallel: the expert-parallel size must divide the
+        # data-parallel world (experts are sharded over ep ranks, replicated over dp/ep).
+        t, dp = self.training, self._data_parallel_size()
+        if dp is not None and isinstance(t.ep, int) and dp % t.ep:
+            raise SpecFieldError(
+                ("training", "ep"),
+                f"training.ep={t.ep} does not divide the data-parallel size {dp} (world {self.world_size} / (tp*pp))",
+                "pick an ep that divides the data-parallel size",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_fp8_supported(self) -> "Spec":
+        if self.training.precision != "fp8":
+            return self
+        gpu = self.cluster.gpu_spec
+        if gpu.peak_fp8_flops is None:
+            raise SpecFieldError(
+                ("training", "precision"),
+                f"training.precision='fp8' but cluster.gpu={gpu.name!r} has no fp8 tensor cores",
+                "use bf16, or a Hopper/Ada/MI300 GPU (H100-SXM, H200, H800, L40S, MI300X)",
+            )
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------------
+# YAML loading
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _check_duplicate_keys(node: Optional[yaml.Node], source: SpecSource, loc: Loc = ()) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, yaml.Node] = {}
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key is not None and key in seen:
+                first = seen[key].start_mark.line + 1
+                raise SpecError([SpecFinding(
+                    str(source.path), k.start_mark.line + 1, k.start_mark.column + 1, _dotted(loc + (key,)),
+                    f"duplicate key {key!r} (first given on line {first})", "remove one of them",
+                )])
+            if key is not None:
+                seen[key] = k
+            _check_duplicate_keys(v, source, loc + ((key,) if key is not None else ()))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicate_keys(item, source, loc + (i,))
+
+
+def _model_class_at(path: Sequence[Union[str, int]]) -> tuple[Optional[type[BaseModel]], Optional[Any]]:
+    """(model class that holds the last element of `path`, its FieldInfo) by walking Spec's annotations."""
+    import typing
+
+    cls: Optional[type[BaseModel]] = Spec
+    info = None
+    for i, el in enumerate(path):
+        if cls is None or not isinstance(el, str) or el not in cls.model_fields:
+            return (cls if i == len(path) - 1 else None), None
+        info = cls.model_fields[el]
+        if i == len(path) - 1:
+            return cls, info
+        nxt = None
+        for arg in (typing.get_args(info.annotation) or (info.annotation,)):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                nxt = arg
+        cls = nxt
+    return cls, info
+
+
+def _describe(info: Any) -> str:
+    if info is None or not info.description:
+        return "see `dstoolkit schema spec`"
+    return "expected: " + " ".join(info.description.split())
+
+
+def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[SpecFinding]:
+    raw = []
+    for e in err.errors(include_url=False):
+        loc: Loc = tuple(e["loc"])
+        ctx_err = (e.get("ctx") or {}).get("error")
+        custom = isinstance(ctx_err, SpecFieldError)
+        if custom:
+            loc = loc + ctx_err.loc
+        # Rebuild the user's path: keep elements that exist in the YAML; drop pydantic's union-branch tags
+        # (e.g. 'int', "literal['auto']", 'GpuSpec'); keep a final absent element for missing/custom errors.
+        node, clean, union_point = source.root, [], None
+        for i, el in enumerate(loc):
+            sub, _, matched = _walk(node, (el,))
+            if matched:
+                node = sub
+                clean.append(el)
+            elif i == len(loc) - 1 and (custom or e["type"] == "missing"):
+                clean.append(el)
+            else:
+                if union_point is None:
+                    union_point = tuple(clean)
+        raw.append((e, tuple(clean), union_point, ctx_err if custom else None))
+
+    # Within one union, errors from branches whose *type* does not match the input ("string_type",
+    # "model_type", ...) are noise when another branch got further: drop them.
+    keep = []
+    for e, clean, up, ce in raw:
+        if up is not None and e["type"].endswith("_type"):
+            if any(o_up == up and not o["type"].endswith("_type") for o, _, o_up, _ in raw):
+                continue
+        keep.append((e, clean, up, ce))
+
+    grouped: dict[tuple, list] = {}
+    for item in keep:
+        grouped.setdefault(item[1], []).append(item)
+
+    findings = []
+    for clean, items in grouped.items():
+        e, _, _, ce = items[0]
+        if ce is not None:
+            findings.append(source.finding(clean, ce.problem, ce.fix))
+            continue
+        if e["type"] == "missing":
+            parent = _dotted(clean[:-1]) or "the top level"
+            _, info = _model_class_at(clean)
+            findings.append(source.finding(clean, "required field is missing", f"add `{clean[-1]}:` under {parent}; {_describe(info)}"))
+            continue
+        if e["type"] == "extra_forbidden":
+            cls, _ = _model_class_at(clean)
+            allowed = list(cls.model_fields) if cls is not None else []
+            guess = _did_you_mean(str(clean[-1]), allowed)
+            fix = f"did you mean {guess!r}?" if guess else f"remove it; allowed keys: {', '.join(allowed)}"
+            findings.append(source.finding(clean, f"unknown key {clean[-1]!r}", fix, at_key=True))
+            continue
+        if e["type"] == "value_error" and len(items) == 1:
+            msg = e["msg"].removeprefix("Value error, ")
+            _, info = _model_class_at(clean)
+            findings.append(source.finding(clean, msg, _describe(info)))
+            continue
+        msgs = []
+        for it in items:
+            m = it[0]["msg"].removeprefix("Value error, ")
+            if m not in msgs:
+                msgs.append(m)
+        _, info = _model_class_at(clean)
+        value = e.get("input")
+        shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+        findings.append(source.finding(clean, f"{shown} is not valid: {' or '.join(msgs)}", _describe(info)))
+    findings.sort(key=lambda f: (f.line or 0, f.col or 0))
+    return findings
+
+
+def load_spec(path: Union[str, Path]) -> Spec:
+    """Read a YAML spec file and validate it.
+
+    Args:
+        path: The spec file.
+
+    Returns:
+        The validated `Spec`, remembering its source so later errors (e.g. from `resolve_model`) point at lines.
+
+    Raises:
+        SpecError: unreadable file, YAML syntax error, duplicate key, wrong type, unknown key (with
+            did-you-mean), missing field, or a broken cross-field rule. Each message line reads
+            ``file:line:col: <field path>: <problem> (<fix>)``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([SpecFinding(str(path), None, None, "", f"cannot read spec file: {exc.strerror or exc}", "check the path")]) from None
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        source = SpecSource(path, root)
+        _check_duplicate_keys(root, source)
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError([SpecFinding(str(path), line, col, "<yaml>", f"YAML syntax error: {problem}", "fix the YAML syntax at this position")]) from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+        raise SpecError([SpecFinding(str(path), 1, 1, "", f"spec file is {what}", "write a mapping with model:, cluster: and training: sections")])
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_findings_from_validation(exc, source)) from None
+    spec._source = source
+    spec.model._source = source
+    return spec
+
+
+def spec_from_dict(data: dict, *, name: str = "<spec>") -> Spec:
+    """Validate an in-memory spec mapping; errors are `SpecError` without line numbers."""
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as exc:
+        # A node tree of the data itself lets union tags be told from field names; positions are dropped.
+        try:
+            root = yaml.compose(yaml.safe_dump(data, sort_keys=False), Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            root = yaml.MappingNode("tag:yaml.org,2002:map", [])
+        findings = _findings_from_validation(exc, SpecSource(Path(name), root))
+        raise SpecError([SpecFinding(name, None, None, f.path, f.problem, f.fix) for f in findings]) from None
