@@ -1,1 +1,16 @@
-"""dstoolkit.estimate"""
+"""dstoolkit.estimate: memory, FLOPs, communication and step-time estimates (pure functions, no torch import).
+
+    from dstoolkit.estimate import RunPlan, Estimate, estimate_run, plan_from_spec
+"""
+from dstoolkit.estimate.activations import activation_bytes, korthikanti_layer_bytes, layer_activation_bytes
+from dstoolkit.estimate.comm import busbw_factor, comm_plan, zeropp_cross_node_bytes
+from dstoolkit.estimate.core import Estimate, MemoryBreakdown, estimate_run
+from dstoolkit.estimate.flops import flops_per_token, mfu
+from dstoolkit.estimate.memory import deepspeed_model_states, paper_model_states
+from dstoolkit.estimate.plan import Calibration, RunPlan, plan_from_spec
+
+__all__ = [
+    "RunPlan", "Estimate", "MemoryBreakdown", "Calibration", "estimate_run", "plan_from_spec",
+    "activation_bytes", "korthikanti_layer_bytes", "layer_activation_bytes", "busbw_factor", "comm_plan",
+    "zeropp_cross_node_bytes", "flops_per_token", "mfu", "deepspeed_model_states", "paper_model_states",
+]

@@ -1,0 +1,218 @@
+"""Activation memory: Korthikanti et al.'s published formulas, and an itemised count of what autograd saves.
+
+`korthikanti_layer_bytes` is the paper (arXiv 2205.05198, eq. 1-2 and Table 2) for a GPT layer with 16-bit
+activations and dropout. `layer_activation_bytes` itemises the tensors autograd really saves for one
+Llama-style block (RMSNorm, RoPE, GQA, SwiGLU or GELU MLP, DeepSpeed top-k MoE) the way
+`dstoolkit.models.torch_model` / Hugging Face implement it, using the same reasoning as the paper (each
+operation keeps the inputs its backward needs) — that is what the fidelity benchmark measures with
+`torch.autograd.graph.saved_tensors_hooks`. No torch import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dstoolkit.estimate.plan import RunPlan
+
+FP32_BYTES = 4
+"""fp32 element size (RMSNorm's upcast, softmax log-sum-exp, the fp32 loss logits)."""
+INDEX_BYTES = 8
+"""int64 token ids / labels kept by the embedding and the loss backward."""
+DS_MOE_MIN_CAPACITY = 4
+"""deepspeed.moe.layer.MoE default min_capacity (sharded_moe.py _capacity)."""
+
+
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, *, sequence_parallel: bool = False,
+    recompute: str = "none", flash_attention: bool = False,
+) -> float:
+    """Activation bytes of one transformer layer, Korthikanti et al. 2022 (eq. 1, Table 2).
+
+    Args:
+        s: sequence length; b: micro batch; h: hidden size; a: heads; t: tensor-parallel degree.
+        sequence_parallel: Megatron sequence parallelism (shards the 10sbh non-TP part by t).
+        recompute: "none", "selective" (attention core recomputed) or "full" (layer input kept only).
+        flash_attention: flash/fused attention removes the 5as/h score term, as selective recompute does.
+
+    Returns:
+        Bytes for 16-bit activations.
+    """
+    if min(s, b, h, a, t) <= 0:
+        raise ValueError(f"s, b, h, a, t must be > 0, got s={s} b={b} h={h} a={a} t={t}")
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh  # Table 2, full recompute: the layer input only
+    score = 0.0 if (recompute == "selective" or flash_attention) else 5.0 * a * s / h
+    if t == 1:
+        return sbh * (34.0 + score)  # eq. 1
+    if sequence_parallel:
+        return sbh * (34.0 + score) / t  # Table 2, TP + SP
+    return sbh * (10.0 + 24.0 / t + score / t)  # Table 2, TP (selective: score term dropped)
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one block saves for backward on one rank for one micro batch."""
+
+    full: float
+    """Everything the block keeps when it is not recomputed."""
+    checkpointed: float
+    """What a recomputed block keeps: its input (DeepSpeed / reentrant checkpoint `save_for_backward`)."""
+    attention_core: float
+    """The part that selective recompute drops (scores/probabilities, or flash's log-sum-exp)."""
+
+
+def _act_bytes(plan: RunPlan) -> tuple[int, int]:
+    """(activation element bytes, GEMM-input element bytes). fp8 stores GEMM inputs in fp8 (1 byte)."""
+    p = 4 if plan.precision == "fp32" else 2
+    pl = 1 if plan.precision == "fp8" else p
+    return p, pl
+
+
+def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) -> LayerActivations:
+    """Itemised saved-tensor bytes of block `layer_index` (see module docstring).
+
+    Terms (s·b tokens, h hidden, d head dim, a heads, i FFN width, t TP, p activation bytes):
+    RMSNorm keeps its fp32 upcast (or the fp32 input itself) and the normalised output: (4 + p)·sbh + 4·sb
+    (rsqrt); each linear keeps its input; RoPE keeps its cos/sin tables (4·s·d·p); SDPA keeps q and the
+    head-repeated k and v (Hugging Face `repeat_kv` materialises a heads) and its output; flash kernels add a
+    fp32 log-sum-exp (4·b·a·s) while the math path keeps the probabilities (p·a·s²·b); SwiGLU keeps the
+    gate pre-activation, SiLU output and up projection, and the product (down-projection input).
+    """
+    shape = plan.shape
+    s, b = plan.seq_len, micro_batch
+    h, a, d = shape.hidden_size, shape.num_attention_heads, shape.head_size
+    t = plan.tp
+    sp_div = t if plan.sequence_parallel else 1
+    p, pl = _act_bytes(plan)
+    tok = s * b
+    # -- outside the TP region (replicated across TP ranks unless sequence parallel) --
+    norm = (FP32_BYTES + p) * tok * h + FP32_BYTES * tok
+    outside = 2 * norm + 2 * pl * tok * h  # two norms, attention input, MLP input
+    if plan.attention_dropout:
+        outside += 2 * tok * h  # Korthikanti: two hidden-dropout masks (1 byte each)
+    outside /= sp_div
+    # -- attention (inside TP: heads split by t) --
+    if shape.is_mla:
+        qk = (shape.qk_nope_head_dim or 0) + (shape.qk_rope_head_dim or 0)
+        vd = shape.v_head_dim or d
+        q_bytes = p * tok * a * qk
+        k_bytes = p * tok * a * qk
+        v_bytes = p * tok * a * vd
+        o_bytes = p * tok * a * vd
+        latent = p * tok * ((shape.q_lora_rank or 0) + (shape.kv_lora_rank or 0)) * 2  # latent + its norm
+        rope = 0.0
+        attn_heads_dim = a * vd
+    else:
+        q_bytes = p * tok * a * d
+        k_bytes = p * tok * a * d
+        v_bytes = p * tok * a * d
+        o_bytes = p * tok * a * d
+        latent = 0.0
+        rope = 4 * s * d * p  # cos and sin, built per call for q and for k
+        attn_heads_dim = a * d
+    if plan.flash_attention:
+        core = FP32_BYTES * b * a * s  # log-sum-exp
+    else:
+        core = p * a * s * s * b  # softmax output, kept for softmax backward and for probs @ V
+        if plan.attention_dropout:
+            core += a * s * s * b + p * a * s * s * b  # dropout mask + dropped probabilities
+    attention = (q_bytes + k_bytes + v_bytes + o_bytes + core) / t + latent + rope
+    del attn_heads_dim
+    # -- MLP --
+    if shape.is_moe_layer(layer_index):
+        mlp = _moe_bytes(plan, tok, p, pl)
+    else:
+        i = shape.intermediate_size
+        if shape.mlp_gated:
+            mlp = (3 * p + pl) * tok * i / t  # silu input, silu output, up output, down input
+        else:
+            mlp = (p + pl) * tok * i / t  # gelu input, down input
+    full = outside + attention + mlp
+    checkpointed = p * tok * h / sp_div
+    return LayerActivations(full=full, checkpointed=checkpointed, attention_core=core / t)
+
+
+def moe_capacity(plan: RunPlan, tokens: int) -> int:
+    """Tokens per expert DeepSpeed's TopKGate allots: ceil(k * tokens / E * capacity_factor), at least 4."""
+    shape = plan.shape
+    k = max(1, shape.num_experts_per_tok)
+    cap = math.ceil(tokens / shape.num_experts * plan.moe_capacity_factor * k)
+    return max(cap, DS_MOE_MIN_CAPACITY)
+
+
+def _moe_bytes(plan: RunPlan, tok: int, p: int, pl: int) -> float:
+    """DeepSpeed top-k MoE (sharded_moe.py): fp32 router, dense dispatch/combine tensors, capacity-padded experts."""
+    shape = plan.shape
+    h, e = shape.hidden_size, shape.num_experts
+    i = shape.expert_ffn_size
+    c = moe_capacity(plan, tok)
+    router = FP32_BYTES * tok * h + 2 * FP32_BYTES * tok * e  # fp32 input copy for wg, softmax gates (+ logits)
+    combine = FP32_BYTES * tok * e * c  # combine_weights (s, e, c) in fp32
+    dispatch = p * tok * e * c  # dispatch mask cast to the input dtype for the dispatch einsum
+    expert_tokens = e * c  # every rank computes E*C token slots in total (E/ep experts x ep*C)
+    expert_in = pl * expert_tokens * h
+    if shape.mlp_gated:
+        expert_mlp = (3 * p + pl) * expert_tokens * i / plan.tp
+    else:
+        expert_mlp = (p + pl) * expert_tokens * i / plan.tp
+    expert_out = p * expert_tokens * h  # kept by the combine einsum
+    shared = 0.0
+    if shape.num_shared_experts > 0:
+        shared = (3 * p + pl) * tok * shape.num_shared_experts * i / plan.tp
+    elif shape.shared_expert_intermediate_size:
+        shared = (3 * p + pl) * tok * shape.shared_expert_intermediate_size / plan.tp + p * tok
+    return router + combine + dispatch + expert_in + expert_mlp + expert_out + shared
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Activation bytes on one rank."""
+
+    saved: float
+    """Saved for backward at the end of the forward pass (all layers of the stage, in-flight micro batches)."""
+    recompute_transient: float
+    """Extra bytes while one recomputed block re-runs its forward in backward."""
+    embedding_and_loss: float
+    """Embedding ids, final norm, LM-head input and fp32 log-probabilities (included in `saved`)."""
+    in_flight_micro_batches: int
+    """Micro batches whose activations coexist (1F1B pipeline: min(pp, grad_accum) on the first stage)."""
+
+    @property
+    def peak(self) -> float:
+        return self.saved + self.recompute_transient
+
+
+def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> ActivationEstimate:
+    """Activation memory of one rank for the plan's checkpoint policy.
+
+    The checkpoint policy is read from the shared `CheckpointPolicy.checkpointed_layers`, so the estimate
+    and the runtime choose the same blocks. Selective recompute drops each block's attention core.
+    """
+    shape = plan.shape
+    mb = micro_batch if micro_batch is not None else plan.ds.micro_batch
+    flags = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
+    per_stage = math.ceil(shape.num_hidden_layers / plan.pp)
+    layers = range(0, min(per_stage, shape.num_hidden_layers))  # first stage (holds the most micro batches)
+    saved = 0.0
+    transient = 0.0
+    for li in layers:
+        la = layer_activation_bytes(plan, li, mb)
+        if flags[li]:
+            saved += la.checkpointed
+            transient = max(transient, la.full)
+        elif plan.checkpoint.recomputes_attention_core:
+            saved += la.full - la.attention_core
+        else:
+            saved += la.full
+    p, pl = _act_bytes(plan)
+    tok = plan.seq_len * mb
+    h, v = shape.hidden_size, shape.vocab_size
+    emb_loss = INDEX_BYTES * tok  # embedding backward keeps the ids
+    if plan.pp == 1:
+        # final RMSNorm, LM-head input, fp32 log-softmax output kept by nll_loss, the labels
+        emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h
+        emb_loss += FP32_BYTES * tok * v / plan.tp + INDEX_BYTES * tok
+    in_flight = min(plan.pp, plan.ds.grad_accum) if plan.pp > 1 else 1
+    return ActivationEstimate(saved=(saved + emb_loss) * in_flight, recompute_transient=transient,
+                              embedding_and_loss=emb_loss, in_flight_micro_batches=in_flight)

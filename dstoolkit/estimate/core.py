@@ -1,0 +1,213 @@
+"""`estimate_run(plan) -> Estimate`: memory per rank, FLOPs, communication, step time and MFU for one run.
+
+No torch import.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from dstoolkit.estimate.activations import activation_bytes
+from dstoolkit.estimate.comm import comm_plan
+from dstoolkit.estimate.flops import mfu, plan_flops_per_token, tokens_per_step
+from dstoolkit.estimate.layout import param_totals
+from dstoolkit.estimate.memory import (
+    deepspeed_model_states,
+    fp8_weight_cache_bytes,
+    paper_model_states,
+    rank_param_groups,
+)
+from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.estimate.step_time import peak_flops, step_time
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParamCounts(_Frozen):
+    total: int
+    """All parameters of the model."""
+    active: int
+    """Parameters one token uses (MoE: top-k routed experts)."""
+    per_rank: int
+    """Parameters this rank holds before ZeRO partitioning (after TP, PP and EP sharding)."""
+
+
+class MemoryBreakdown(_Frozen):
+    """Device bytes per rank. `total` is the sum of the five parts (each part at its own peak)."""
+
+    params: int
+    """Working (model-dtype) parameters, incl. ZeRO flat-buffer padding; stage 3: partition + persistent."""
+    grads: int
+    """Gradient bytes at their peak (end of backward for stage 0/1, the step for stage 2/3)."""
+    optimizer: int
+    """fp32 master weights + optimizer moments on the device (0 when offloaded)."""
+    activations: int
+    """Saved activations + the transient of one recomputed block."""
+    buffers: int
+    """Reduce/all-gather buckets, stage-3 live parameters, offload staging, fp8 weight cache."""
+    total: int
+    """Sum of the above."""
+    # -- details --
+    master_params: int
+    optimizer_states: int
+    grads_at_step: int
+    grads_backward_peak: int
+    model_states_at_step: int
+    """params + master + optimizer states + grads at step + persistent buffers (what the fidelity benchmark measures)."""
+    activations_saved: int
+    activations_recompute_transient: int
+    fp8_weight_cache: int
+    optimizer_path: str
+    """DeepSpeed class holding the states: basic | fp16_fused | fp16_unfused | bf16_optimizer | zero12 | zero3."""
+
+
+class PaperViewOut(_Frozen):
+    """ZeRO §3.1 accounting (2Ψ + 2Ψ + 12Ψ), a separate view from DeepSpeed's real allocation."""
+
+    psi: int
+    dp: int
+    baseline_bytes: int
+    zero1_bytes: int
+    zero2_bytes: int
+    zero3_bytes: int
+    stage_bytes: int
+
+
+class StepTimeOut(_Frozen):
+    compute_s: float
+    comm_total_s: float
+    comm_exposed_s: float
+    optimizer_s: float
+    offload_s: float
+    overhead_s: float
+    overlap_efficiency: float
+    total_s: float
+
+
+class Estimate(_Frozen):
+    """Everything estimated for one run."""
+
+    params: ParamCounts
+    memory: MemoryBreakdown
+    host_memory_per_rank_bytes: int
+    flops_per_token: float
+    """Model FLOPs per token, 6N + 12·L·H·Q·T."""
+    hardware_flops_per_token: float
+    """Including recompute (HFU numerator)."""
+    flops_per_step: float
+    """Model FLOPs per optimizer step over the whole job."""
+    tokens_per_step: int
+    comm_bytes_per_step: dict[str, int]
+    step_time_s: float
+    step_time: StepTimeOut
+    mfu: float
+    fits: bool
+    """total device bytes <= the GPU's memory."""
+    gpu_memory_bytes: int
+    paper_view: PaperViewOut
+    dp: int
+    micro_batch: int
+    grad_accum: int
+    zero_stage: int
+
+    def to_json(self) -> dict:
+        """The stable JSON shape (issue #4 contract), plus extra fields."""
+        m = self.memory
+        return {
+            "params": {"total": self.params.total, "active": self.params.active, "per_rank": self.params.per_rank},
+            "memory_per_rank_bytes": {
+                "params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
+                "buffers": m.buffers, "total": m.total,
+                "detail": {
+                    "master_params": m.master_params, "optimizer_states": m.optimizer_states,
+                    "grads_at_step": m.grads_at_step, "grads_backward_peak": m.grads_backward_peak,
+                    "model_states_at_step": m.model_states_at_step, "activations_saved": m.activations_saved,
+                    "activations_recompute_transient": m.activations_recompute_transient,
+                    "fp8_weight_cache": m.fp8_weight_cache, "optimizer_path": m.optimizer_path,
+                },
+            },
+            "host_memory_per_rank_bytes": self.host_memory_per_rank_bytes,
+            "flops_per_step": self.flops_per_step,
+            "flops_per_token": self.flops_per_token,
+            "hardware_flops_per_token": self.hardware_flops_per_token,
+            "tokens_per_step": self.tokens_per_step,
+            "comm_bytes_per_step": dict(self.comm_bytes_per_step),
+            "step_time_s": self.step_time_s,
+            "step_time_breakdown_s": self.step_time.model_dump(),
+            "mfu": self.mfu,
+            "fits": self.fits,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "paper_view": self.paper_view.model_dump(),
+            "parallel": {"dp": self.dp, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                         "zero_stage": self.zero_stage},
+        }
+
+
+def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
+    """Estimate memory, FLOPs, communication, step time and MFU for one run.
+
+    Args:
+        plan: the run (see `RunPlan`).
+        rank: data-parallel rank for exact per-rank ZeRO partition boundaries; None = the worst rank.
+
+    Returns:
+        Estimate (JSON via `Estimate.to_json()`).
+
+    Raises:
+        ValueError: impossible inputs (also raised when the RunPlan is built).
+    """
+    ds = plan.ds
+    totals = param_totals(plan.shape)
+    groups = rank_param_groups(plan)
+    per_rank = sum(sum(g) for g in groups)
+    ms = deepspeed_model_states(plan, rank=rank)
+    act = activation_bytes(plan)
+    fp8_cache = fp8_weight_cache_bytes(plan)
+    grads = max(ms.grads_at_step, ms.grads_backward_peak)
+    optimizer = ms.master_params + ms.optimizer_states
+    activations = int(act.peak)
+    buffers = ms.persistent_buffers + ms.transient_buffers + fp8_cache
+    total = ms.params + grads + optimizer + activations + buffers
+    memory = MemoryBreakdown(
+        params=ms.params, grads=grads, optimizer=optimizer, activations=activations, buffers=buffers, total=total,
+        master_params=ms.master_params, optimizer_states=ms.optimizer_states, grads_at_step=ms.grads_at_step,
+        grads_backward_peak=ms.grads_backward_peak, model_states_at_step=ms.device_at_step,
+        activations_saved=int(act.saved), activations_recompute_transient=int(act.recompute_transient),
+        fp8_weight_cache=fp8_cache, optimizer_path=ms.optimizer_path,
+    )
+    fpt = plan_flops_per_token(plan)
+    tps = tokens_per_step(plan)
+    comm = comm_plan(plan)
+    if ms.optimizer_path in ("zero12", "zero3", "bf16_optimizer"):
+        part = sum(-(-sum(g) // d) for g, d in zip(groups, [plan.dp, plan.edp]))
+    else:
+        part = per_rank
+    tokens_per_replica = ds.micro_batch * ds.grad_accum * plan.seq_len
+    st = step_time(plan, fpt, comm, part, tokens_per_replica)
+    step_s = st.total_s
+    achieved_tokens_per_s = tps / step_s if step_s > 0 else 0.0
+    paper = paper_model_states(per_rank, plan.dp, ds.zero_stage)
+    return Estimate(
+        params=ParamCounts(total=totals.total, active=totals.active, per_rank=per_rank),
+        memory=memory,
+        host_memory_per_rank_bytes=ms.host_total,
+        flops_per_token=fpt.model,
+        hardware_flops_per_token=fpt.hardware,
+        flops_per_step=fpt.model * tps,
+        tokens_per_step=tps,
+        comm_bytes_per_step=comm.by_name(),
+        step_time_s=step_s,
+        step_time=StepTimeOut(**{k: getattr(st, k) for k in ("compute_s", "comm_total_s", "comm_exposed_s",
+                                                              "optimizer_s", "offload_s", "overhead_s",
+                                                              "overlap_efficiency")}, total_s=step_s),
+        mfu=mfu(achieved_tokens_per_s, fpt.model, peak_flops(plan), plan.world_size),
+        fits=total <= plan.gpu.memory_bytes,
+        gpu_memory_bytes=plan.gpu.memory_bytes,
+        paper_view=PaperViewOut(psi=paper.psi, dp=paper.dp, baseline_bytes=paper.baseline_bytes,
+                                zero1_bytes=paper.zero1_bytes, zero2_bytes=paper.zero2_bytes,
+                                zero3_bytes=paper.zero3_bytes, stage_bytes=paper.stage_bytes),
+        dp=plan.dp, micro_batch=ds.micro_batch, grad_accum=ds.grad_accum, zero_stage=ds.zero_stage,
+    )

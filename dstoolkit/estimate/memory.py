@@ -1,0 +1,422 @@
+"""Per-rank memory: model states as DeepSpeed 0.19.8 really allocates them, the ZeRO paper's 16Ψ view, and buffers.
+
+Two accountings live here, deliberately separate:
+
+* `paper_model_states` — ZeRO §3.1: 2Ψ weights + 2Ψ grads + KΨ optimizer (K = 12), divided by N per stage.
+* `deepspeed_model_states` — what DeepSpeed 0.19.8's code allocates, read from its source
+  (runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, runtime/bf16_optimizer.py,
+  runtime/fp16/fused_optimizer.py, runtime/fp16/unfused_optimizer.py, runtime/engine.py):
+  - stage 1 shares stage 2's class (DeepSpeedZeroOptimizer): fp32 master *partition* (4Ψ/N, a clone even in
+    fp32 training), gradients reduced into a partition buffer `grads_in_partition` (params intersecting the
+    partition, model dtype) and, at step, an fp32 flat copy per param group;
+  - the flat low-precision parameter buffer is padded to a multiple of 2·N elements per param group;
+  - optimizer state is created lazily at the first `step()` (Adam: exp_avg + exp_avg_sq, fp32);
+  - bf16 at stage 0 uses FP16_Optimizer / FP16_UnfusedOptimizer (full fp32 master, engine.py
+    `_do_optimizer_sanity_check` → DDP_BFLOAT16) unless data_types.grad_accum_dtype = fp32, which selects
+    BF16_Optimizer (full fp32 gradient buffer + fp32 master partition); the same for stage 1 + bf16 + fp32
+    gradient accumulation without offload;
+  - stage 3: every parameter padded to a multiple of N and partitioned, small params (≤ param_persistence_
+    threshold) kept whole on every rank, a persistent flat gradient-partition buffer, a persistent reduce
+    bucket, and gathered ("live") parameters during forward/backward;
+  - MoE: expert parameters sit in their own param group, partitioned over the expert-data-parallel group
+    (dp / ep); with ZeRO-2 their gradients are reduced over that group as well (DeepSpeed issue #7156).
+
+No torch import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dstoolkit.estimate.layout import ParamEntry, param_layout
+from dstoolkit.estimate.plan import RunPlan
+
+FP32_BYTES = 4
+"""Bytes per fp32 element (master weights, Adam moments, fp32 gradients)."""
+ZERO_PAPER_K = 12
+"""ZeRO §3.1: K = 12 bytes/param of optimizer state for mixed-precision Adam (fp32 master + momentum + variance)."""
+ZERO_PAPER_WEIGHT_BYTES = 2
+"""ZeRO §3.1: fp16 weights, 2 bytes/param."""
+ZERO_PAPER_GRAD_BYTES = 2
+"""ZeRO §3.1: fp16 gradients, 2 bytes/param."""
+NCCL_START_ALIGNMENT_FACTOR = 2
+"""stage_1_and_2.py / bf16_optimizer.py: flat buffers are padded to a multiple of 2 * dp elements."""
+FP8_WEIGHT_CACHE_BYTES_PER_PARAM = 2
+"""Transformer Engine keeps an fp8 copy of each GEMM weight and (Hopper) its transpose for dgrad: 1 + 1 bytes."""
+
+OPTIMIZER_STATE_BYTES_PER_PARAM = {
+    # fp32 exp_avg + exp_avg_sq (torch.optim.Adam(W), DeepSpeed FusedAdam / DeepSpeedCPUAdam)
+    "adam": 8, "adamw": 8, "fusedadam": 8, "cpuadam": 8, "onebitadam": 8, "zerooneadam": 8,
+    # LAMB keeps the same two fp32 moments
+    "lamb": 8, "onebitlamb": 8, "fusedlamb": 8,
+    # one fp32 buffer: momentum (SGD with momentum; Lion's exp_avg; Adagrad's sum)
+    "sgd": 4, "lion": 4, "adagrad": 4,
+    # Adafactor's factored second moment is O(rows + cols): ~0 per param
+    "adafactor": 0,
+}
+"""Optimizer-state bytes per parameter of the fp32 partition the optimizer steps."""
+
+
+def optimizer_state_bytes_per_param(optimizer_type: str) -> int:
+    key = optimizer_type.lower().replace("_", "").replace("-", "")
+    if key not in OPTIMIZER_STATE_BYTES_PER_PARAM:
+        raise ValueError(
+            f"optimizer.type={optimizer_type!r} is not modelled; known: {', '.join(sorted(OPTIMIZER_STATE_BYTES_PER_PARAM))}"
+        )
+    return OPTIMIZER_STATE_BYTES_PER_PARAM[key]
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes per working (low-precision) parameter: fp8 trains with bf16 weights (the fp8 copy is a cache)."""
+    return 4 if precision == "fp32" else 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which parameters a rank holds (after TP, PP, EP) and how DeepSpeed groups them.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _stage_layers(num_layers: int, pp: int, stage: int) -> range:
+    per = math.ceil(num_layers / pp)
+    return range(stage * per, min(num_layers, (stage + 1) * per))
+
+
+def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[int]]:
+    """Parameter numels a rank holds, split into DeepSpeed optimizer param groups, in registration order.
+
+    Group 0 is every non-expert parameter; for MoE models group 1 holds the local experts (E/ep per MoE
+    layer), as `deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer` builds them.
+    TP shards matrices (and vocab) by tp; PP keeps the layers of one stage (the heaviest stage when
+    `pp_stage` is None: embedding on the first, final norm + LM head on the last).
+    """
+    shape = plan.shape
+    layout = param_layout(shape)
+    stages = [pp_stage] if pp_stage is not None else list(range(plan.pp))
+    best: list[list[int]] = []
+    best_total = -1
+    local_experts = shape.num_experts // plan.ep if shape.is_moe else 0
+    for st in stages:
+        layers = set(_stage_layers(shape.num_hidden_layers, plan.pp, st))
+        dense: list[int] = []
+        experts: list[int] = []
+        for p in layout:
+            if p.layer >= 0 and p.layer not in layers:
+                continue
+            if p.layer < 0:
+                first, last = st == 0, st == plan.pp - 1
+                if p.kind == "embedding" and not first:
+                    continue
+                if p.kind in ("lm_head", "norm") and not last:
+                    continue
+            numel = p.numel // plan.tp if (p.tp_split and plan.tp > 1) else p.numel
+            if p.kind == "expert":
+                # expert index is encoded in the name: blocks.i.mlp.experts.<e>.
+                e = int(p.name.split(".experts.")[1].split(".")[0])
+                if e >= local_experts:
+                    continue
+                experts.append(numel)
+            else:
+                dense.append(numel)
+        groups = [dense] + ([experts] if shape.is_moe else [])
+        total = sum(sum(g) for g in groups)
+        if total > best_total:
+            best, best_total = groups, total
+    return best
+
+
+def _padded(numel: int, align: int) -> int:
+    return int(math.ceil(numel / align)) * align
+
+
+def _partition_grad_numels(group: list[int], dp: int) -> list[int]:
+    """stage_1_and_2.py `copy_grads_in_partition`: per rank, the sum of numels of every parameter that
+    intersects the rank's partition of the flat buffer (a parameter straddling a boundary counts whole)."""
+    padded = _padded(sum(group), NCCL_START_ALIGNMENT_FACTOR * dp)
+    part = padded // dp
+    out = [0] * dp
+    offset = 0
+    for n in group:
+        if n == 0:
+            continue
+        first = offset // part
+        last = min(dp - 1, (offset + n - 1) // part)
+        for r in range(first, last + 1):
+            out[r] += n
+        offset += n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelStates:
+    """Model-state bytes on one rank (device unless named host_*), split the way DeepSpeed allocates them."""
+
+    optimizer_path: str
+    """Which DeepSpeed class holds the states: basic, fp16_fused, fp16_unfused, bf16_optimizer, zero12, zero3."""
+    params: int = 0
+    """Working (model-dtype) parameters on the device (flat buffer incl. padding; stage 3: partition + persistent)."""
+    master_params: int = 0
+    """fp32 master weights (full or partition)."""
+    optimizer_states: int = 0
+    """Optimizer moments (created lazily at the first step)."""
+    grads_at_step: int = 0
+    """Gradient bytes alive while the inner optimizer steps (partition buffer + fp32 flat copy)."""
+    grads_backward_peak: int = 0
+    """Gradient bytes at the end of backward, before reduction / partitioning (full grads at stage 0/1)."""
+    persistent_buffers: int = 0
+    """Buffers that stay allocated across steps (stage-3 reduce bucket, offload staging buffers)."""
+    transient_buffers: int = 0
+    """Peak buffers that exist only inside backward/step (ZeRO-1/2 reduce buckets, DDP all-reduce flatten)."""
+    host_params: int = 0
+    host_master_params: int = 0
+    host_optimizer_states: int = 0
+    host_grads: int = 0
+    host_buffers: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device_at_step(self) -> int:
+        """Device model-state bytes alive during the optimizer step (what the fidelity benchmark measures)."""
+        return self.params + self.master_params + self.optimizer_states + self.grads_at_step + self.persistent_buffers
+
+    @property
+    def host_total(self) -> int:
+        return self.host_params + self.host_master_params + self.host_optimizer_states + self.host_grads + self.host_buffers
+
+    @property
+    def all_at_step(self) -> int:
+        """Device + host model-state bytes at the step (on a CPU-only machine both are the same RAM)."""
+        return self.device_at_step + self.host_total
+
+
+def _optimizer_path(plan: RunPlan) -> str:
+    ds = plan.ds
+    p = plan.precision
+    lowp = p in ("bf16", "fp16", "fp8")
+    grad_fp32 = ds.grad_accum_dtype in ("fp32", "float32", "float")
+    if ds.zero_stage == 3:
+        return "zero3"
+    if ds.zero_stage in (1, 2):
+        # engine.py _do_optimizer_sanity_check: bf16 + fp32 grad accumulation at stage 1 (no offload) -> BF16_Optimizer
+        if ds.zero_stage == 1 and p in ("bf16", "fp8") and grad_fp32 and not ds.offload_optimizer:
+            return "bf16_optimizer"
+        return "zero12"
+    if not lowp:
+        return "basic"
+    if p in ("bf16", "fp8") and (grad_fp32 or plan.pp > 1):
+        return "bf16_optimizer"
+    fused = ds.optimizer_type in ("adam", "adamw", "fusedadam") and not ds.torch_adam
+    return "fp16_fused" if fused else "fp16_unfused"
+
+
+def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelStates:
+    """Model-state bytes on one rank as DeepSpeed 0.19.8 allocates them.
+
+    Args:
+        plan: the run.
+        rank: data-parallel rank to account for exactly (partition boundaries differ per rank);
+            None gives the worst rank.
+
+    Returns:
+        ModelStates with device and host parts.
+    """
+    ds = plan.ds
+    pb = param_bytes(plan.precision)
+    sb = optimizer_state_bytes_per_param(ds.optimizer_type)
+    groups = rank_param_groups(plan)
+    group_dp = [plan.dp] + ([plan.edp] if len(groups) > 1 else [])
+    path = _optimizer_path(plan)
+    ms = ModelStates(optimizer_path=path)
+    largest = max((n for g in groups for n in g), default=0)
+    raw = sum(sum(g) for g in groups)
+
+    if path == "basic":
+        ms.params = raw * pb
+        ms.grads_at_step = raw * pb
+        ms.grads_backward_peak = raw * pb
+        ms.optimizer_states = raw * sb
+        # engine.allreduce_gradients -> buffered_allreduce_fallback flattens up to reduce_bucket_size elements
+        ms.transient_buffers = min(ds.reduce_bucket_size, raw) * pb
+        return ms
+
+    if path in ("fp16_fused", "fp16_unfused"):
+        ms.params = raw * pb
+        ms.master_params = raw * FP32_BYTES
+        ms.optimizer_states = raw * sb
+        ms.grads_backward_peak = raw * pb
+        if path == "fp16_fused":
+            # fused_optimizer.py step: grads flattened into an fp32 flat buffer, low-precision grads freed
+            ms.grads_at_step = raw * FP32_BYTES
+        else:
+            # unfused_optimizer.py step: fp32 copy of every grad, low-precision grads kept until zero_grad
+            ms.grads_at_step = raw * (pb + FP32_BYTES)
+        ms.transient_buffers = min(ds.reduce_bucket_size, raw) * pb
+        return ms
+
+    if path == "bf16_optimizer":
+        for g, dp in zip(groups, group_dp):
+            padded = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp)
+            part = padded // dp
+            ms.params += padded * pb
+            ms.master_params += part * FP32_BYTES
+            ms.optimizer_states += part * sb
+            # bf16_optimizer.py: fp32_groups_gradients_flat is a full-size fp32 buffer (grad_acc_dtype)
+            ms.grads_at_step += padded * FP32_BYTES
+        ms.grads_backward_peak = ms.grads_at_step
+        return ms
+
+    if path == "zero12":
+        return _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank)
+    return _zero3(plan, ms, groups, group_dp, pb, sb, rank)
+
+
+def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
+    ds = plan.ds
+    grad_dtype_bytes = pb
+    grads_in_partition = 0
+    fp32_grad_peak = 0
+    flat_grad_peak = 0
+    for g, dp in zip(groups, group_dp):
+        padded = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp)
+        part = padded // dp
+        ms.params += padded * pb
+        per_rank = _partition_grad_numels(g, dp)
+        r = per_rank[rank % dp] if rank is not None else max(per_rank)
+        if ds.offload_optimizer:
+            ms.host_master_params += part * FP32_BYTES
+            ms.host_optimizer_states += part * sb
+            # initialize_optimizer_states: the fp32 grad partition stays allocated (pinned) under offload
+            ms.host_grads += part * FP32_BYTES
+            # param_buffer_of_bit16_for_cpu_offload_groups: model-dtype staging copy of the partition
+            ms.host_buffers += part * pb
+        else:
+            ms.master_params += part * FP32_BYTES
+            ms.optimizer_states += part * sb
+            grads_in_partition += r
+            # step(): flatten(averaged_gradients) -> .to(fp32); one group at a time. In fp32 training
+            # `.to` returns the flattened tensor itself, so only the flatten copy exists.
+            fp32_grad_peak = max(fp32_grad_peak, part * FP32_BYTES)
+            flat_grad_peak = max(flat_grad_peak, part * pb if pb != FP32_BYTES else 0)
+    bucket_count = 2 if ds.overlap_comm else 1
+    buckets = bucket_count * ds.reduce_bucket_size * pb if ds.contiguous_gradients else 0
+    if ds.offload_optimizer:
+        # temp_grad_buffer_for_cpu_offload (host) and temp_grad_buffer_for_gpu_offload (device): largest param
+        ms.host_buffers += largest * pb
+        ms.persistent_buffers += largest * pb
+        ms.grads_at_step = 0
+        ms.grads_backward_peak = buckets if ds.zero_stage == 2 else sum(sum(g) for g in groups) * pb
+    else:
+        # The fp32 copy of group i coexists with the (shared) grads_in_partition buffer of all groups.
+        ms.grads_at_step = grads_in_partition * grad_dtype_bytes + fp32_grad_peak
+        if ds.zero_stage == 2:
+            ms.grads_backward_peak = grads_in_partition * grad_dtype_bytes
+        else:
+            # stage 1 keeps full gradients until reduce_gradients() at the accumulation boundary
+            ms.grads_backward_peak = sum(sum(g) for g in groups) * pb
+    ms.transient_buffers = buckets
+    return ms
+
+
+def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
+    ds = plan.ds
+    persist_numel = 0
+    part_numel = 0
+    for g, dp in zip(groups, group_dp):
+        for n in g:
+            # partition_parameters.py _aligned_size: each param padded to a multiple of the partition world size
+            part_numel += _padded(n, dp) // dp
+            if n <= ds.param_persistence_threshold:
+                persist_numel += n
+    if ds.offload_param:
+        ms.host_params = part_numel * pb
+    else:
+        ms.params = part_numel * pb
+    ms.params += persist_numel * pb
+    if ds.offload_optimizer:
+        ms.host_master_params = part_numel * FP32_BYTES
+        ms.host_optimizer_states = part_numel * sb
+        # stage3.py initialize_optimizer_states: per-subgroup fp32 gradient buffer kept under offload, and the
+        # flat grad-partition buffer lives on the offload device
+        ms.host_grads = part_numel * FP32_BYTES + part_numel * pb
+    else:
+        ms.master_params = part_numel * FP32_BYTES
+        ms.optimizer_states = part_numel * sb
+        sub = min(part_numel, ds.sub_group_size)
+        # grad_partitions_flat_buffer (model dtype, persistent) + fp32 flat copy of one sub-group at step
+        ms.grads_at_step = part_numel * pb + sub * FP32_BYTES
+    ms.grads_backward_peak = part_numel * pb if not ds.offload_optimizer else 0
+    # stage3.py _setup_for_real_optimizer: one reduce bucket per comm dtype, allocated once and kept
+    if ds.contiguous_gradients:
+        ms.persistent_buffers += ds.reduce_bucket_size * pb
+    # gathered parameters while a module runs: bounded by max_live_parameters, at least the largest layer
+    total_local = sum(sum(g) for g in groups)
+    layer_numel = total_local / max(1, plan.shape.num_hidden_layers // plan.pp)
+    live = min(ds.max_live_parameters, max(ds.prefetch_bucket_size + layer_numel, layer_numel), total_local)
+    ms.transient_buffers = int(live) * pb
+    return ms
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ZeRO paper view
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PaperView:
+    """ZeRO §3.1 model-state accounting (mixed-precision Adam, K = 12), bytes per device."""
+
+    psi: int
+    """Ψ: parameters."""
+    dp: int
+    """N: data-parallel degree."""
+    baseline_bytes: int
+    """Plain DP: (2 + 2 + K)Ψ = 16Ψ."""
+    zero1_bytes: int
+    """P_os: 4Ψ + KΨ/N."""
+    zero2_bytes: int
+    """P_os+g: 2Ψ + (2 + K)Ψ/N."""
+    zero3_bytes: int
+    """P_os+g+p: (2 + 2 + K)Ψ/N."""
+    stage: int
+    stage_bytes: int
+    """The row for the plan's ZeRO stage."""
+
+
+def paper_model_states(psi: int, dp: int, stage: int = 0) -> PaperView:
+    """ZeRO §3.1 / Figure 1 per-device model-state memory for Ψ parameters on N data-parallel ranks."""
+    k = ZERO_PAPER_K
+    w, g = ZERO_PAPER_WEIGHT_BYTES, ZERO_PAPER_GRAD_BYTES
+    base = (w + g + k) * psi  # ZeRO §3.1: 16Ψ
+    z1 = (w + g) * psi + k * psi / dp  # ZeRO §5.1 P_os: 4Ψ + KΨ/N
+    z2 = w * psi + (g + k) * psi / dp  # P_os+g: 2Ψ + 14Ψ/N
+    z3 = (w + g + k) * psi / dp  # P_os+g+p: 16Ψ/N
+    rows = [base, z1, z2, z3]
+    return PaperView(psi=psi, dp=dp, baseline_bytes=int(base), zero1_bytes=int(z1), zero2_bytes=int(z2),
+                     zero3_bytes=int(z3), stage=stage, stage_bytes=int(rows[stage]))
+
+
+def fp8_weight_cache_bytes(plan: RunPlan) -> int:
+    """FP8 storage: the cast weight copies Transformer Engine keeps (only for fp8 precision)."""
+    if plan.precision != "fp8":
+        return 0
+    layout = param_layout(plan.shape)
+    local = 0
+    layers = set(_stage_layers(plan.shape.num_hidden_layers, plan.pp, 0))
+    local_experts = plan.shape.num_experts // plan.ep if plan.shape.is_moe else 0
+    for p in layout:
+        if p.kind not in ("attention", "dense_mlp", "expert", "shared_expert") or p.layer not in layers:
+            continue
+        if p.kind == "expert" and int(p.name.split(".experts.")[1].split(".")[0]) >= local_experts:
+            continue
+        local += p.numel // plan.tp if p.tp_split else p.numel
+    return local * FP8_WEIGHT_CACHE_BYTES_PER_PARAM
+
+
+__all__ = [
+    "ModelStates", "PaperView", "deepspeed_model_states", "paper_model_states", "rank_param_groups",
+    "optimizer_state_bytes_per_param", "param_bytes", "fp8_weight_cache_bytes", "ParamEntry",
+]

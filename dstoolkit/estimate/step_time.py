@@ -1,0 +1,113 @@
+"""Step-time model: compute ÷ (peak × efficiency) + exposed communication + optimizer update (+ offload).
+
+Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
+overlap_comm, stage-3 prefetching) hide behind backward compute with efficiency η
+(anchors.md: η = 1 − exposed ÷ total); everything else is exposed. No torch import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dstoolkit.estimate.comm import CommPlan, op_time_s
+from dstoolkit.estimate.flops import FlopsPerToken
+from dstoolkit.estimate.plan import RunPlan
+
+DEFAULT_COMPUTE_EFFICIENCY = 0.55
+"""Fraction of dense peak a training step sustains without calibration: published end-to-end MFU is
+38-56% (Llama 3 405B 38-43%, Megatron 51-56%, MegaScale 55.2%; anchors.md), and the matmul alone reaches
+~80% (788/989 TFLOP/s measured on H200, anchors.md)."""
+DEFAULT_OVERLAP_EFFICIENCY = 0.8
+"""η for overlappable collectives on GPUs (separate comm streams); Lee et al. 2025 measure sequential
+execution only 10.2% slower than overlapped, i.e. most but not all communication hides."""
+DEFAULT_HBM_BW_BYTES_PER_S = 3.35e12
+"""H100 SXM HBM3 datasheet bandwidth; the optimizer update is memory-bound."""
+ADAM_BYTES_PER_PARAM_UPDATE = 30
+"""Adam step traffic per fp32 partition element: read+write master (8), read grad (4), read+write m and v
+(16), write the low-precision copy (2)."""
+PCIE_BYTES_PER_S = 25e9
+"""Achievable host<->device copy rate on PCIe Gen4 x16 (ZeRO-Offload transfers grads down and params up)."""
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+"""DeepSpeedCPUAdam throughput per rank (AVX-512, several cores): order of magnitude from ZeRO-Offload
+(arXiv 2101.06840 §4.2 reports ~6x over torch CPU Adam)."""
+BACKWARD_SHARE = 2.0 / 3.0
+"""Backward is ~2/3 of training compute (4N of 6N), the window gradient reduction can hide in."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step on one rank."""
+
+    compute_s: float
+    comm_total_s: float
+    comm_exposed_s: float
+    optimizer_s: float
+    offload_s: float
+    overhead_s: float
+    overlap_efficiency: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_exposed_s + self.optimizer_s + self.offload_s + self.overhead_s
+
+
+def peak_flops(plan: RunPlan) -> float:
+    """Per-GPU peak for the plan's precision (fp8 uses peak_fp8_flops when the GPU has one; fp32 is taken as
+    the bf16 tensor peak, which overstates real fp32 throughput unless calibrated)."""
+    if plan.precision == "fp8" and plan.gpu.peak_fp8_flops:
+        return plan.gpu.peak_fp8_flops
+    return plan.gpu.peak_bf16_flops
+
+
+def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel: int,
+              tokens_per_rank_step: float) -> StepTime:
+    """Predict one optimizer step.
+
+    Args:
+        plan: the run.
+        fpt: FLOPs per token.
+        comm: collectives of the step.
+        partition_numel: parameters this rank's optimizer updates (its fp32 partition).
+        tokens_per_rank_step: tokens one data-parallel replica processes per step (micro·accum·seq).
+    """
+    cal = plan.calibration
+    ds = plan.ds
+    model_ranks = plan.tp * plan.pp
+    flops = fpt.hardware * tokens_per_rank_step / model_ranks
+    if plan.pp > 1:
+        # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
+        flops *= 1.0 + (plan.pp - 1) / max(1, ds.grad_accum)
+    if cal is not None:
+        rate = cal.matmul_flops_per_s
+        intra = inter = cal.comm_busbw_bytes_per_s
+        latency = cal.comm_latency_s
+        mem_bw = cal.mem_bw_bytes_per_s
+        eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
+        overhead = cal.step_overhead_s + cal.per_layer_overhead_s * plan.shape.num_hidden_layers * ds.grad_accum
+    else:
+        rate = peak_flops(plan) * DEFAULT_COMPUTE_EFFICIENCY
+        intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
+        latency = 0.0
+        mem_bw = DEFAULT_HBM_BW_BYTES_PER_S
+        eta = DEFAULT_OVERLAP_EFFICIENCY
+        overhead = 0.0
+    compute = flops / rate
+    exposed = 0.0
+    total = 0.0
+    hideable = 0.0
+    for op in comm.ops:
+        t = op_time_s(op, intra, inter, latency)
+        total += t
+        if op.overlappable:
+            hideable += t
+        else:
+            exposed += t
+    exposed += max(0.0, hideable - eta * min(hideable, compute * BACKWARD_SHARE))
+    offload = 0.0
+    if ds.offload_optimizer:
+        optimizer = partition_numel / CPU_ADAM_PARAMS_PER_S if cal is None else \
+            partition_numel * ADAM_BYTES_PER_PARAM_UPDATE / mem_bw
+        offload = 0.0 if cal is not None else partition_numel * (4 + 2) / PCIE_BYTES_PER_S
+    else:
+        optimizer = partition_numel * ADAM_BYTES_PER_PARAM_UPDATE / mem_bw
+    return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
+                    offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
