@@ -1,0 +1,166 @@
+"""Hugging Face "auto" values: where HF Trainer / Accelerate fill them, and `resolve_auto` to fill them here.
+
+Where HF fills "auto" (transformers ``integrations/deepspeed.py`` ``HfTrainerDeepSpeedConfig.trainer_config_process``
+and ``trainer_config_finalize``; Accelerate's ``DeepSpeedPlugin`` fills the same batch/clipping keys):
+
+- batch triad: ``train_micro_batch_size_per_gpu`` <- per_device_train_batch_size,
+  ``gradient_accumulation_steps`` <- gradient_accumulation_steps,
+  ``train_batch_size`` <- world_size * micro * grad_accum;
+- ``gradient_clipping`` <- max_grad_norm;
+- ``optimizer.params.{lr, betas, eps, weight_decay}`` <- learning_rate, (adam_beta1, adam_beta2), adam_epsilon,
+  weight_decay;
+- ``scheduler.params.{warmup_min_lr, warmup_max_lr, warmup_num_steps, total_num_steps}`` <- 0, learning_rate,
+  warmup steps, total training steps;
+- ``fp16.enabled`` / ``bf16.enabled`` <- --fp16 / --bf16;
+- ``zero_optimization.reduce_bucket_size`` = hidden_size^2,
+  ``zero_optimization.stage3_prefetch_bucket_size`` = 0.9 * hidden_size^2,
+  ``zero_optimization.stage3_param_persistence_threshold`` = 10 * hidden_size (HF fills these only under the
+  ``stage3_`` spelling, from model.config.hidden_size).
+
+Anywhere else, nothing fills "auto": DeepSpeed 0.19 drops it silently inside pydantic sections (the default
+applies) and fails on it elsewhere.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+# JSON pointer -> who fills it (shown in findings).
+HF_AUTO_FILLERS: dict[str, str] = {
+    "/train_micro_batch_size_per_gpu": "HF per_device_train_batch_size",
+    "/gradient_accumulation_steps": "HF gradient_accumulation_steps",
+    "/train_batch_size": "HF world_size x per_device_train_batch_size x gradient_accumulation_steps",
+    "/gradient_clipping": "HF max_grad_norm",
+    "/optimizer/params/lr": "HF learning_rate",
+    "/optimizer/params/betas": "HF adam_beta1/adam_beta2",
+    "/optimizer/params/eps": "HF adam_epsilon",
+    "/optimizer/params/weight_decay": "HF weight_decay",
+    "/scheduler/params/warmup_min_lr": "HF (0)",
+    "/scheduler/params/warmup_max_lr": "HF learning_rate",
+    "/scheduler/params/warmup_num_steps": "HF warmup_steps / warmup_ratio",
+    "/scheduler/params/total_num_steps": "HF max_steps (or epochs x steps per epoch)",
+    "/fp16/enabled": "HF --fp16",
+    "/bf16/enabled": "HF --bf16",
+    "/zero_optimization/reduce_bucket_size": "HF hidden_size^2",
+    "/zero_optimization/stage3_prefetch_bucket_size": "HF 0.9 x hidden_size^2",
+    "/zero_optimization/stage3_param_persistence_threshold": "HF 10 x hidden_size",
+}
+
+# HF TrainingArguments defaults used when a value is not given on the command line.
+HF_DEFAULT_MICRO_BATCH = 8
+HF_DEFAULT_GRAD_ACCUM = 1
+HF_DEFAULT_LR = 5e-5
+HF_DEFAULT_BETAS = (0.9, 0.999)
+HF_DEFAULT_EPS = 1e-8
+HF_DEFAULT_WEIGHT_DECAY = 0.0
+HF_DEFAULT_MAX_GRAD_NORM = 1.0
+HF_DEFAULT_WARMUP_STEPS = 0
+PREFETCH_FRACTION = 0.9  # transformers: stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size
+PERSISTENCE_FACTOR = 10  # transformers: stage3_param_persistence_threshold = 10 * hidden_size
+
+
+def find_auto(data: Any, path: tuple = ()) -> list[tuple]:
+    """Paths (tuples of keys/indices) of every "auto" string value in ``data``."""
+    out: list[tuple] = []
+    stack = [(data, path)]
+    while stack:
+        node, p = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                stack.append((v, p + (k,)))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                stack.append((v, p + (i,)))
+        elif node == "auto" and isinstance(node, str):
+            out.append(p)
+    return sorted(out, key=lambda t: [str(x) for x in t])
+
+
+class ResolveReport(BaseModel):
+    """Result of `resolve_auto`: the filled config and what was (not) filled, with reasons."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    config: dict
+    filled: list[tuple[str, Any, str]]
+    """(pointer, value, where the value came from)."""
+    unfilled: list[tuple[str, str]]
+    """(pointer, why it could not be filled)."""
+
+
+def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = None, tp: int = 1, pp: int = 1,
+                 micro_batch: Optional[int] = None, grad_accum: Optional[int] = None, lr: Optional[float] = None,
+                 betas: Optional[tuple[float, float]] = None, eps: Optional[float] = None,
+                 weight_decay: Optional[float] = None, max_grad_norm: Optional[float] = None,
+                 warmup_steps: Optional[int] = None, total_steps: Optional[int] = None,
+                 precision: Optional[str] = None) -> ResolveReport:
+    """Fill every "auto" the way HF Trainer does; values not given fall back to HF's TrainingArguments defaults.
+
+    Args:
+        cfg: parsed config (not modified).
+        world_size: number of ranks; the data-parallel size is world_size / (tp * pp).
+        hidden_size: model hidden size (for the three ZeRO bucket values).
+        precision: "bf16", "fp16" or "fp32" (fills fp16/bf16 enabled).
+
+    Returns:
+        ResolveReport with the new config, the filled values and what was left.
+    """
+    out = copy.deepcopy(cfg)
+    filled: list[tuple[str, Any, str]] = []
+    unfilled: list[tuple[str, str]] = []
+    dp = max(world_size // max(tp * pp, 1), 1)
+
+    def pick(given, default, flag):
+        return (given, f"--{flag}") if given is not None else (default, f"HF default ({flag})")
+
+    mb, mb_src = pick(micro_batch, HF_DEFAULT_MICRO_BATCH, "micro-batch")
+    ga, ga_src = pick(grad_accum, HF_DEFAULT_GRAD_ACCUM, "grad-accum")
+    if out.get("train_micro_batch_size_per_gpu") not in (None, "auto"):
+        mb, mb_src = out["train_micro_batch_size_per_gpu"], "config"
+    if out.get("gradient_accumulation_steps") not in (None, "auto"):
+        ga, ga_src = out["gradient_accumulation_steps"], "config"
+    lr_v, lr_src = pick(lr, HF_DEFAULT_LR, "lr")
+    values: dict[str, tuple[Any, str]] = {
+        "/train_micro_batch_size_per_gpu": (mb, mb_src),
+        "/gradient_accumulation_steps": (ga, ga_src),
+        "/train_batch_size": (mb * ga * dp if isinstance(mb, int) and isinstance(ga, int) else None,
+                              f"micro {mb} x grad_accum {ga} x dp {dp}"),
+        "/gradient_clipping": pick(max_grad_norm, HF_DEFAULT_MAX_GRAD_NORM, "max-grad-norm"),
+        "/optimizer/params/lr": (lr_v, lr_src),
+        "/optimizer/params/betas": (list(betas) if betas else list(HF_DEFAULT_BETAS),
+                                    "--betas" if betas else "HF default (adam_beta1, adam_beta2)"),
+        "/optimizer/params/eps": pick(eps, HF_DEFAULT_EPS, "eps"),
+        "/optimizer/params/weight_decay": pick(weight_decay, HF_DEFAULT_WEIGHT_DECAY, "weight-decay"),
+        "/scheduler/params/warmup_min_lr": (0, "HF (0)"),
+        "/scheduler/params/warmup_max_lr": (lr_v, lr_src),
+        "/scheduler/params/warmup_num_steps": pick(warmup_steps, HF_DEFAULT_WARMUP_STEPS, "warmup-steps"),
+        "/scheduler/params/total_num_steps": (total_steps, "--total-steps"),
+    }
+    if precision is not None:
+        values["/fp16/enabled"] = (precision == "fp16", f"--precision {precision}")
+        values["/bf16/enabled"] = (precision == "bf16", f"--precision {precision}")
+    if hidden_size is not None:
+        h = int(hidden_size)
+        values["/zero_optimization/reduce_bucket_size"] = (h * h, f"hidden_size^2 = {h}^2")
+        values["/zero_optimization/stage3_prefetch_bucket_size"] = (int(PREFETCH_FRACTION * h * h),
+                                                                    f"0.9 x hidden_size^2 = 0.9 x {h}^2")
+        values["/zero_optimization/stage3_param_persistence_threshold"] = (PERSISTENCE_FACTOR * h,
+                                                                           f"10 x hidden_size = 10 x {h}")
+    for path in find_auto(out):
+        ptr = "".join(f"/{p}" for p in path)
+        parent = out
+        for p in path[:-1]:
+            parent = parent[p]
+        if ptr in values and values[ptr][0] is not None:
+            value, src = values[ptr]
+            parent[path[-1]] = value
+            filled.append((ptr, value, src))
+        elif ptr in HF_AUTO_FILLERS:
+            need = {"/scheduler/params/total_num_steps": "--total-steps (HF derives it from the dataset length)",
+                    "/fp16/enabled": "--precision", "/bf16/enabled": "--precision"}.get(ptr, "--hidden-size")
+            unfilled.append((ptr, f"needs {need}"))
+        else:
+            unfilled.append((ptr, "HF does not fill 'auto' here; DeepSpeed would drop it or fail"))
+    return ResolveReport(config=out, filled=filled, unfilled=unfilled)
