@@ -46,6 +46,8 @@ HF_AUTO_FILLERS: dict[str, str] = {
     "/zero_optimization/reduce_bucket_size": "HF hidden_size^2",
     "/zero_optimization/stage3_prefetch_bucket_size": "HF 0.9 x hidden_size^2",
     "/zero_optimization/stage3_param_persistence_threshold": "HF 10 x hidden_size",
+    # Accelerate's DeepSpeedPlugin (accelerate/utils/dataclasses.py deepspeed_config_process) also fills:
+    "/zero_optimization/stage3_gather_16bit_weights_on_model_save": "Accelerate zero3_save_16bit_model",
 }
 
 # HF TrainingArguments defaults used when a value is not given on the command line.
@@ -138,6 +140,8 @@ def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = Non
         "/scheduler/params/warmup_num_steps": pick(warmup_steps, HF_DEFAULT_WARMUP_STEPS, "warmup-steps"),
         "/scheduler/params/total_num_steps": (total_steps, "--total-steps"),
     }
+    values["/zero_optimization/stage3_gather_16bit_weights_on_model_save"] = (
+        False, "Accelerate default (zero3_save_16bit_model false)")
     if precision is not None:
         values["/fp16/enabled"] = (precision == "fp16", f"--precision {precision}")
         values["/bf16/enabled"] = (precision == "bf16", f"--precision {precision}")

@@ -12,6 +12,8 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 from typing_extensions import Annotated
 
+import os
+_DOCSTRINGS = os.environ.get("DSTK_NODOC") is None
 Auto = Literal["auto"]
 """The Hugging Face placeholder. Only valid where HF Trainer/Accelerate fill it (see ``dstoolkit.schemas.auto``)."""
 
@@ -22,7 +24,7 @@ class DSModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         validate_assignment=True,
-        use_attribute_docstrings=True,
+        use_attribute_docstrings=_DOCSTRINGS,
         populate_by_name=True,
         protected_namespaces=(),
     )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dstoolkit.schemas import rules
 from dstoolkit.schemas.base import Bool, BoolOrAuto, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto
@@ -36,11 +36,6 @@ from dstoolkit.schemas.ds_misc import (ActivationCheckpointingConfig, AioConfig,
 from dstoolkit.schemas.ds_optim import OptimizerConfig, SchedulerConfig
 from dstoolkit.schemas.ds_precision import BF16Config, DataTypesConfig, FP16Config, TorchAutocastConfig
 from dstoolkit.schemas.ds_zero import ZeroConfig
-
-try:  # the fp8 helper's model; schemas must not depend on it being importable
-    from dstoolkit.schemas.fp8 import Fp8Config as _Fp8Type
-except Exception:  # pragma: no cover - only when fp8.py is missing or broken
-    _Fp8Type = dict  # type: ignore[misc,assignment]
 
 DSTOOLKIT_SECTION = "dstoolkit"
 
@@ -61,8 +56,20 @@ class DstoolkitSection(DSModel):
 
     moe: Optional[MoeFacts] = None
     """Expert-parallel layout."""
-    fp8: Optional[_Fp8Type] = None  # type: ignore[valid-type]
-    """FP8 settings (dstoolkit.schemas.fp8.Fp8Config)."""
+    fp8: Optional[dict[str, Any]] = None
+    """FP8 settings, validated as dstoolkit.schemas.fp8.Fp8Config (imported only when the key is present,
+    to keep `dstoolkit validate` start-up fast)."""
+
+    @field_validator("fp8", mode="after")
+    @classmethod
+    def _check_fp8_section(cls, value: Optional[dict]) -> Any:
+        if value is None:
+            return None
+        try:
+            from dstoolkit.schemas.fp8 import Fp8Config
+        except ImportError:  # pragma: no cover - fp8 module missing: accept the dict as is
+            return value
+        return Fp8Config.model_validate(value)
 
 
 class DeepSpeedConfig(DSModel):

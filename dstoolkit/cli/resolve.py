@@ -1,0 +1,86 @@
+"""`dstoolkit resolve CONFIG --world-size N --hidden-size H [...] -o OUT`: fill Hugging Face "auto" values
+the way HF Trainer does (see dstoolkit.schemas.auto), so DeepSpeed can be run on the config directly.
+
+Refuses to overwrite OUT without --force. Exit 0 when everything was filled and the result validates,
+1 when something could not be filled or the result has errors, 2 on bad input.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dstoolkit.cli.validate import _positive_int
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("resolve", help='fill HF "auto" values in a DeepSpeed config',
+                              description='Fill every "auto" the way HF Trainer does: batch triad from the world '
+                                          "size, reduce_bucket_size = h^2, stage3_prefetch_bucket_size = 0.9 h^2, "
+                                          "stage3_param_persistence_threshold = 10 h, optimizer/scheduler values "
+                                          "from the flags (HF defaults otherwise).")
+    p.add_argument("config", metavar="CONFIG")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the resolved config")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.add_argument("--world-size", type=_positive_int, required=True, help="total ranks")
+    p.add_argument("--hidden-size", type=_positive_int, help="model hidden size (ZeRO bucket sizes)")
+    p.add_argument("--tp", type=_positive_int, default=1)
+    p.add_argument("--pp", type=_positive_int, default=1)
+    p.add_argument("--micro-batch", type=_positive_int, help="per-GPU micro batch (HF per_device_train_batch_size)")
+    p.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation steps")
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), help="Adam betas")
+    p.add_argument("--eps", type=float, help="Adam epsilon")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--max-grad-norm", type=float, help="gradient clipping")
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--total-steps", type=_positive_int, help="total optimizer steps (scheduler total_num_steps)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), help="fills fp16/bf16 enabled")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from dstoolkit.cli.schema import write_atomic
+    from dstoolkit.schemas.auto import resolve_auto
+    from dstoolkit.schemas.parse import decode_bytes, parse_text
+    from dstoolkit.schemas.validate import validate_config
+
+    if not os.path.isfile(args.config):
+        print(f"dstoolkit resolve: error: {args.config}: no such file", file=sys.stderr)
+        return 2
+    if os.path.exists(args.output) and not args.force:
+        print(f"dstoolkit resolve: error: {args.output} exists; pass --force to overwrite it", file=sys.stderr)
+        return 2
+    with open(args.config, "rb") as fh:
+        text, problem = decode_bytes(fh.read(), args.config)
+    if problem is not None:
+        print(problem.format_text(), file=sys.stderr)
+        return 2
+    parsed = parse_text(text, args.config)
+    if parsed.fatal:
+        for f in parsed.findings:
+            print(f.format_text(), file=sys.stderr)
+        return 2
+    report = resolve_auto(parsed.data, world_size=args.world_size, hidden_size=args.hidden_size, tp=args.tp,
+                          pp=args.pp, micro_batch=args.micro_batch, grad_accum=args.grad_accum, lr=args.lr,
+                          betas=tuple(args.betas) if args.betas else None, eps=args.eps,
+                          weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+                          warmup_steps=args.warmup_steps, total_steps=args.total_steps, precision=args.precision)
+    write_atomic(args.output, json.dumps(report.config, indent=2) + "\n")
+    findings = [f for f in validate_config(report.config, source=args.output, world_size=args.world_size,
+                                           tp=args.tp, pp=args.pp) if f.severity == "error" and f.code != "DS110"]
+    if args.format == "json":
+        print(json.dumps({"output": args.output,
+                          "filled": [{"pointer": p, "value": v, "source": s} for p, v, s in report.filled],
+                          "unfilled": [{"pointer": p, "reason": r} for p, r in report.unfilled],
+                          "findings": [f.model_dump() for f in findings]}, indent=2))
+    else:
+        for p, v, s in report.filled:
+            print(f"filled   {p} = {json.dumps(v)}  ({s})")
+        for p, r in report.unfilled:
+            print(f"UNFILLED {p}: {r}")
+        for f in findings:
+            print(f.format_text())
+        print(f"wrote {args.output}: {len(report.filled)} filled, {len(report.unfilled)} not filled", file=sys.stderr)
+    return 1 if report.unfilled or findings else 0

@@ -1,0 +1,58 @@
+"""`dstoolkit schema [-o FILE]`: write the JSON Schema of the DeepSpeed config (for editors and CI).
+
+The committed copy lives at ds_configs/schema/deepspeed_config.schema.json; a test regenerates it and fails
+on any difference. VS Code: ``"json.schemas": [{"fileMatch": ["*ds_config*.json", "ds_configs/**/*.json"],
+"url": "./ds_configs/schema/deepspeed_config.schema.json"}]``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("schema", help="write the DeepSpeed config JSON Schema",
+                              description="Print (or write with -o) the JSON Schema generated from dstoolkit.schemas.")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--force", action="store_true", help="overwrite FILE when it exists with different content")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from dstoolkit.schemas.export import schema_text
+
+    text = schema_text()
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    if os.path.isdir(args.output):
+        print(f"dstoolkit schema: error: {args.output} is a directory", file=sys.stderr)
+        return 2
+    if os.path.exists(args.output):
+        with open(args.output, encoding="utf-8", errors="replace") as fh:
+            if fh.read() == text:
+                print(f"{args.output}: up to date", file=sys.stderr)
+                return 0
+        if not args.force:
+            print(f"dstoolkit schema: error: {args.output} exists and differs; pass --force to overwrite",
+                  file=sys.stderr)
+            return 2
+    write_atomic(args.output, text)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write via a temporary file in the same directory, then rename (no half-written file on failure)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,114 @@
+"""`dstoolkit validate PATH...`: check DeepSpeed configs before launch (CI, pre-commit, editor).
+
+Exit codes: 0 no errors, 1 errors found, 2 usage or unreadable input. Imports neither torch nor deepspeed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+CONFIG_GLOB_SUFFIX = ".json"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="check DeepSpeed config files (exit 0 ok, 1 errors, 2 bad input)",
+                              description="Check DeepSpeed JSON configs against DeepSpeed's schema and cross-field "
+                                          "rules. A directory is searched recursively for *.json.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="config files or directories")
+    p.add_argument("--world-size", type=_positive_int, help="total ranks (enables the exact batch-triad check)")
+    p.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (ZeRO++ hpZ check)")
+    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (dp = world / (tp*pp))")
+    p.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel size")
+    p.add_argument("--num-experts", type=_positive_int, help="MoE experts per layer (overrides dstoolkit.moe)")
+    p.add_argument("--ep-size", type=_positive_int, help="expert-parallel size (overrides dstoolkit.moe)")
+    p.add_argument("--mode", choices=("strict", "hf"), default="strict",
+                   help='strict: every "auto" is an error; hf: accept "auto" where HF Trainer/Accelerate fill it')
+    p.add_argument("--deepspeed-version", default="0.19", metavar="V",
+                   help="DeepSpeed release to check against: 0.19 (default) or 0.16")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
+    p.add_argument("--no-warnings", action="store_true", help="print errors only")
+    p.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Expand directories (recursively, *.json, sorted); return (files, problems)."""
+    files: list[str] = []
+    problems: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = []
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found += [os.path.join(root, n) for n in sorted(names) if n.endswith(CONFIG_GLOB_SUFFIX)]
+            if not found:
+                problems.append(f"{path}: directory contains no *.json config files")
+            files += found
+        elif os.path.exists(path):
+            files.append(path)
+        else:
+            problems.append(f"{path}: no such file or directory")
+    return files, problems
+
+
+def run(args) -> int:
+    from dstoolkit.schemas.findings import Finding
+    from dstoolkit.schemas.parse import MAX_TEXT_BYTES, decode_bytes
+    from dstoolkit.schemas.validate import validate_config
+    from dstoolkit.schemas.versions import normalize_version
+
+    try:
+        version = normalize_version(args.deepspeed_version)
+    except ValueError as exc:
+        print(f"dstoolkit validate: {exc}", file=sys.stderr)
+        return 2
+    files, problems = collect_files(args.paths)
+    for msg in problems:
+        print(f"dstoolkit validate: error: {msg}", file=sys.stderr)
+    findings: list[Finding] = []
+    for path in files:
+        try:
+            size = os.path.getsize(path)
+            if size > MAX_TEXT_BYTES:
+                findings.append(Finding(file=path, pointer="", severity="error", code="DS004",
+                                        message=f"file is {size / 2**20:.1f} MiB; a DeepSpeed config is a few KiB "
+                                                f"(limit {MAX_TEXT_BYTES // 2**20} MiB)"))
+                continue
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            findings.append(Finding(file=path, pointer="", severity="error", code="DS008",
+                                    message=f"cannot read file: {exc.strerror or exc}"))
+            continue
+        text, problem = decode_bytes(raw, path)
+        if problem is not None:
+            findings.append(problem)
+            continue
+        findings += validate_config(text, source=path, world_size=args.world_size, gpus_per_node=args.gpus_per_node,
+                                    tp=args.tp, pp=args.pp, num_experts=args.num_experts, ep_size=args.ep_size,
+                                    mode=args.mode, deepspeed_version=version)
+    shown = [f for f in findings if f.severity == "error" or not args.no_warnings]
+    n_err = sum(f.severity == "error" for f in findings)
+    n_warn = sum(f.severity == "warning" for f in findings)
+    if args.format == "json":
+        print(json.dumps([f.model_dump() for f in shown], indent=2))
+    else:
+        for f in shown:
+            print(f.format_text())
+        bad = len({f.file for f in findings if f.severity == "error"})
+        print(f"{len(files)} file(s) checked: {n_err} error(s), {n_warn} warning(s)"
+              + (f" in {bad} file(s)" if bad else ""), file=sys.stderr)
+    if problems or any(f.is_input_error for f in findings):
+        return 2
+    return 1 if n_err else 0

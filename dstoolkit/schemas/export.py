@@ -1,0 +1,34 @@
+"""JSON Schema export of `DeepSpeedConfig` (what `dstoolkit schema` writes and editors consume)."""
+from __future__ import annotations
+
+import json
+
+SCHEMA_ID = "https://github.com/dstoolkit/dstoolkit/ds_configs/schema/deepspeed_config.schema.json"
+
+
+def json_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of a DeepSpeed 0.19 config, descriptions from field docstrings."""
+    from dstoolkit.schemas.deepspeed import DeepSpeedConfig
+
+    schema = DeepSpeedConfig.model_json_schema(by_alias=True)
+    try:  # the fp8 sub-section is typed as a dict for import speed; publish Fp8Config's schema for it
+        from dstoolkit.schemas.fp8 import Fp8Config
+
+        fp8 = Fp8Config.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+        defs = schema.setdefault("$defs", {})
+        defs.update(fp8.pop("$defs", {}))
+        defs["Fp8Config"] = fp8
+        props = defs["DstoolkitSection"]["properties"]
+        props["fp8"] = {"anyOf": [{"$ref": "#/$defs/Fp8Config"}, {"type": "null"}], "default": None,
+                        "description": props["fp8"].get("description", "")}
+    except ImportError:  # pragma: no cover
+        pass
+    out = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID}
+    out.update(schema)
+    out["title"] = "DeepSpeed config (deepspeed 0.19)"
+    return out
+
+
+def schema_text() -> str:
+    """`json_schema()` serialised deterministically (2-space indent, trailing newline)."""
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
