@@ -116,10 +116,18 @@ def _moe_facts(cfg: Mapping, ctx: RuleContext) -> tuple[Optional[int], Optional[
     return n, ep, k
 
 
-def did_you_mean(word: str, choices) -> Optional[str]:
-    """Closest choice to ``word`` (case-insensitive), or None."""
-    lowered = {c.lower(): c for c in choices}
-    hit = difflib.get_close_matches(str(word).lower(), list(lowered), n=1, cutoff=0.75)
+def did_you_mean(word: str, choices, cutoff: float = 0.75) -> Optional[str]:
+    """Closest choice to ``word``: same letters ignoring case, same words in another order
+    (comm_overlap -> overlap_comm), or a close spelling (difflib ratio >= cutoff). None when nothing is close."""
+    lowered = {str(c).lower(): c for c in choices}
+    w = str(word).lower().strip()
+    if w in lowered:
+        return lowered[w]
+    tokens = sorted(w.replace("-", "_").split("_"))
+    for low, orig in lowered.items():
+        if sorted(low.split("_")) == tokens:
+            return orig
+    hit = difflib.get_close_matches(w, list(lowered), n=1, cutoff=cutoff)
     return lowered[hit[0]] if hit else None
 
 

@@ -100,9 +100,9 @@ class _Collector:
 
     def add(self, code: str, severity: str, pointer: str, message: str, suggestion: Optional[str] = None,
             at_value: bool = False) -> None:
-        if (code, pointer) in self.seen:
+        if (code, pointer, severity) in self.seen:
             return
-        self.seen.add((code, pointer))
+        self.seen.add((code, pointer, severity))
         line, col = self.position(pointer, at_value)
         self.findings.append(Finding(file=self.source, pointer=pointer, line=line, column=col, severity=severity,
                                      code=code, message=message, suggestion=suggestion))
@@ -405,7 +405,7 @@ def _report_unknown(clean: dict, loc: tuple, err: dict, out: _Collector) -> None
     parent = pointer_of(path[:-1]) or "top level"
     model = _model_at(path[:-1])
     choices = _keys_of(model) if model else []
-    hint = difflib.get_close_matches(key, choices, n=1, cutoff=0.72)
+    hint = _rules.did_you_mean(key, choices, cutoff=0.72)
     section = parent.lstrip("/").replace("/", ".") if path[:-1] else "the top level"
     if not path[:-1] and key in TOP_LEVEL_RENAMES:
         return
@@ -414,7 +414,7 @@ def _report_unknown(clean: dict, loc: tuple, err: dict, out: _Collector) -> None
         message += "; DeepSpeed 0.19 ignores unknown top-level keys silently"
     if path[0] == "zero_optimization" and len(path) == 2:
         message += "; DeepSpeed refuses the config"
-    suggestion = f"did you mean {hint[0]!r}?" if hint else None
+    suggestion = f"did you mean {hint!r}?" if hint else None
     if not suggestion and path[0] == "compile":
         suggestion = "the torch.compile backend is set in code (engine.compile(backend=...)), not in the config"
     out.add("DS101", "error", ptr, message, suggestion)

@@ -1,0 +1,185 @@
+"""Each cross-field rule, triggered through validate_config (all findings) and through the model validator of
+the same name on DeepSpeedConfig (first error raises), plus a passing case so no rule fires on valid input."""
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from dstoolkit.schemas import DeepSpeedConfig, validate_config
+from dstoolkit.schemas import rules
+
+BASE = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
+
+
+def codes(cfg, **kw):
+    return {(f.code, f.pointer) for f in validate_config(cfg, **kw) if f.severity == "error"}
+
+
+def with_(**sections):
+    return {**BASE, **sections}
+
+
+def test_valid_base_has_no_findings():
+    assert validate_config(BASE, world_size=4) == []
+    DeepSpeedConfig.model_validate(BASE, context={"world_size": 4})
+
+
+def test_batch_triad_against_world_size():
+    assert ("DS201", "/train_batch_size") in codes(BASE, world_size=8)
+    f = [x for x in validate_config(BASE, world_size=8) if x.code == "DS201"][0]
+    assert "16 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 x data-parallel size 8" in f.message
+    assert f.suggestion == 'set "gradient_accumulation_steps": 1'  # keeps the global batch 16 = 2 x 1 x 8
+    with pytest.raises(ValidationError, match="train_batch_size 16 != .* = 32"):
+        DeepSpeedConfig.model_validate(BASE, context={"world_size": 8})
+
+
+def test_batch_triad_uses_dp_after_tp_pp():
+    # 16 GPUs, tp 2, pp 2 -> dp 4 -> 2 * 2 * 4 = 16: consistent
+    assert codes(BASE, world_size=16, tp=2, pp=2) == set()
+    assert ("DS201", "/train_batch_size") in codes(BASE, world_size=16)
+
+
+def test_batch_triad_without_world_size_checks_divisibility():
+    assert ("DS201", "/train_batch_size") in codes({**BASE, "train_batch_size": 10})
+    assert codes(BASE) == set()
+
+
+def test_batch_triad_two_of_three():
+    cfg = {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 8}
+    assert ("DS201", "/train_batch_size") in codes(cfg, world_size=1)
+    assert codes({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8}, world_size=2) == set()
+
+
+def test_no_batch_size():
+    assert ("DS202", "") in codes({"gradient_accumulation_steps": 1})
+
+
+def test_parallel_sizes_divide_world():
+    assert ("DS219", "") in codes(BASE, world_size=6, tp=4)
+
+
+def test_fp16_bf16_exclusive():
+    cfg = with_(fp16={"enabled": True}, bf16={"enabled": True})
+    assert ("DS203", "/bf16/enabled") in codes(cfg)
+    with pytest.raises(ValidationError, match="cannot be simultaneously enabled"):
+        DeepSpeedConfig.model_validate(cfg)
+    assert codes(with_(fp16={"enabled": True}, bf16={"enabled": False})) == set()
+
+
+def test_offload_param_needs_stage3():
+    cfg = with_(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}})
+    assert ("DS204", "/zero_optimization/offload_param") in codes(cfg)
+    with pytest.raises(ValidationError, match="offload_param.device='cpu' needs ZeRO stage 3"):
+        DeepSpeedConfig.model_validate(cfg)
+    assert codes(with_(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}})) == set()
+
+
+def test_nvme_needs_path_and_aio():
+    cfg = with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}})
+    assert ("DS205", "/zero_optimization/offload_param/device") in codes(cfg)
+    ok_path = with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}})
+    warn = [f for f in validate_config(ok_path) if f.code == "DS206"]
+    assert len(warn) == 1 and warn[0].severity == "warning"
+    assert not [f for f in validate_config({**ok_path, "aio": {"queue_depth": 16}}) if f.code.startswith("DS20")]
+    with pytest.raises(ValidationError, match="nvme_path is not set"):
+        DeepSpeedConfig.model_validate(cfg)
+
+
+def test_zeropp_needs_stage3():
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        cfg = with_(zero_optimization={"stage": 2, key: True})
+        assert ("DS208", f"/zero_optimization/{key}") in codes(cfg)
+    cfg = with_(zero_optimization={"stage": 1, "zero_hpz_partition_size": 8})
+    assert ("DS208", "/zero_optimization/zero_hpz_partition_size") in codes(cfg)
+    assert codes(with_(zero_optimization={"stage": 3, "zero_quantized_weights": True,
+                                          "zero_hpz_partition_size": 8}), gpus_per_node=8) == set()
+
+
+def test_hpz_divides_gpus_per_node():
+    cfg = with_(zero_optimization={"stage": 3, "zero_hpz_partition_size": 3})
+    assert ("DS207", "/zero_optimization/zero_hpz_partition_size") in codes(cfg, gpus_per_node=8)
+    with pytest.raises(ValidationError, match="does not divide --gpus-per-node 8"):
+        DeepSpeedConfig.model_validate(cfg, context={"gpus_per_node": 8})
+
+
+def test_optimizer_type_known():
+    assert ("DS209", "/optimizer/type") in codes(with_(optimizer={"type": "AdamWW"}))
+    f = [x for x in validate_config(with_(optimizer={"type": "AdamWW"})) if x.code == "DS209"][0]
+    assert f.suggestion == "did you mean 'AdamW'?"
+    for ok in ("AdamW", "adam", "Lamb", "SGD", "RMSprop"):
+        assert codes(with_(optimizer={"type": ok})) == set(), ok
+    assert ("DS209", "/optimizer/type") in codes(with_(optimizer={"type": "OneBitAdam"}))
+    assert codes(with_(optimizer={"type": "OneBitAdam"}), deepspeed_version="0.16") == set()
+
+
+def test_optimizer_params_valid_for_type():
+    cfg = with_(optimizer={"type": "AdamW", "params": {"lr": 1e-4, "max_grad_norm": 1.0}})
+    assert ("DS210", "/optimizer/params/max_grad_norm") in codes(cfg)
+    with pytest.raises(ValidationError, match="max_grad_norm"):
+        DeepSpeedConfig.model_validate(cfg)
+    cfg = with_(optimizer={"type": "AdamW", "params": {"lr": 1e-4, "beta": [0.9, 0.95]}})
+    f = [x for x in validate_config(cfg) if x.code == "DS210"][0]
+    assert f.pointer == "/optimizer/params/beta" and f.suggestion == "did you mean 'betas'?"
+
+
+def test_scheduler_type_and_params():
+    assert ("DS211", "/scheduler/type") in codes(with_(scheduler={"type": "WarmupCosine"}))
+    cfg = with_(scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}})
+    assert ("DS212", "/scheduler/params") in codes(cfg)
+    cfg = with_(scheduler={"type": "WarmupLR", "params": {"warmup_steps": 10}})
+    assert ("DS212", "/scheduler/params/warmup_steps") in codes(cfg)
+    assert codes(with_(scheduler={"type": "CosineAnnealingLR", "params": {"T_max": 10}})) == set()
+
+
+def test_reduce_bucket_size_positive():
+    cfg = with_(zero_optimization={"stage": 2, "reduce_bucket_size": 0})
+    assert ("DS103", "/zero_optimization/reduce_bucket_size") in codes(cfg)
+    with pytest.raises(ValidationError, match="reduce_bucket_size"):
+        DeepSpeedConfig.model_validate(cfg)
+
+
+def test_moe_layout_from_section_and_flags():
+    cfg = with_(dstoolkit={"moe": {"num_experts": 8, "ep_size": 3}})
+    assert ("DS213", "/dstoolkit/moe/ep_size") in codes(cfg)
+    # ep 4 divides 8 experts but not dp = 6
+    assert ("DS213", "") in codes(BASE | {"train_batch_size": 24}, world_size=6, num_experts=8, ep_size=4)
+    assert codes(BASE, world_size=4, num_experts=8, ep_size=4) == set()
+
+
+def test_moe_rejected_at_stage3():
+    cfg = with_(zero_optimization={"stage": 3})
+    assert ("DS214", "/zero_optimization/stage") in codes(cfg, num_experts=8, ep_size=2)
+    with pytest.raises(ValidationError, match="Native DeepSpeed MoE is not supported with ZeRO Stage 3"):
+        DeepSpeedConfig.model_validate({**cfg, "dstoolkit": {"moe": {"num_experts": 8, "ep_size": 2}}})
+    assert codes(with_(zero_optimization={"stage": 2}), num_experts=8, ep_size=2) == set()
+
+
+def test_partial_offload_needs_stage3():
+    cfg = with_(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})
+    assert ("DS215", "/zero_optimization/offload_optimizer/ratio") in codes(cfg)
+
+
+def test_master_weights_need_zero():
+    cfg = with_(bf16={"enabled": True, "bf16_master_weights_and_grads": True})
+    assert ("DS216", "/bf16/bf16_master_weights_and_grads") in codes(cfg)
+    cfg = with_(zero_optimization={"stage": 1}, bf16={"enabled": True, "bf16_optimizer_states": True})
+    assert ("DS216", "/bf16/bf16_optimizer_states") in codes(cfg)
+
+
+def test_compute_grad_norm_and_allreduce_sum():
+    assert ("DS217", "/zero_optimization/compute_grad_norm") in codes(
+        with_(zero_optimization={"stage": 3, "compute_grad_norm": False}))
+    assert ("DS218", "/gradient_allreduce_op") in codes(with_(zero_optimization={"stage": 3},
+                                                             gradient_allreduce_op="sum"))
+
+
+def test_every_rule_is_a_named_model_validator():
+    names = {r.__name__ for r in rules.RULES}
+    validators = set(DeepSpeedConfig.__pydantic_decorators__.model_validators)
+    assert names <= validators, names - validators
+
+
+def test_rules_never_raise_on_garbage():
+    for cfg in ({"zero_optimization": "x"}, {"optimizer": []}, {"fp16": 3, "bf16": None},
+                {"train_batch_size": "a", "zero_optimization": {"stage": [1]}}):
+        assert isinstance(rules.run_rules(cfg, rules.RuleContext(world_size=3)), list)
