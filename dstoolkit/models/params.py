@@ -55,6 +55,17 @@ class ParamCount(BaseModel):
         """Everything except routed experts (replicated across expert-parallel ranks)."""
         return self.total - self.routed_experts
 
+    @property
+    def non_embedding(self) -> int:
+        """total minus the input embedding (and learned positions) and the untied lm_head: Kaplan et al.'s N,
+        and the "non-embedding" figure Qwen model cards publish."""
+        return self.total - self.embedding - self.lm_head
+
+    @property
+    def active_non_embedding(self) -> int:
+        """active minus the embedding tables and the untied lm_head."""
+        return self.active - self.embedding - self.lm_head
+
 
 def _linear(n_in: int, n_out: int, bias: bool) -> int:
     return n_in * n_out + (n_out if bias else 0)

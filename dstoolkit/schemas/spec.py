@@ -63,7 +63,7 @@ class SpecFinding:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.col}: " if self.line is not None else (f"{self.file}: " if self.file else "")
-        return f"{where}{self.path or '<spec>'}: {self.problem} ({self.fix})"
+        return f"{where}{self.path + ': ' if self.path else ''}{self.problem} ({self.fix})"
 
 
 class SpecError(ValueError):
@@ -132,7 +132,11 @@ def _walk(root: Optional[yaml.Node], loc: Loc) -> tuple[Optional[yaml.Node], Opt
 def _dotted(loc: Iterable[Union[str, int]]) -> str:
     out = ""
     for el in loc:
-        out += f"[{el}]" if isinstance(el, int) else (f".{el}" if out else str(el))
+        if isinstance(el, int):
+            out += f"[{el}]"
+            continue
+        name = str(el) if str(el).isprintable() and str(el).strip() else repr(el)  # keep a message one line
+        out += f".{name}" if out else name
     return out
 
 
@@ -608,7 +612,7 @@ def _model_class_at(path: Sequence[Union[str, int]]) -> tuple[Optional[type[Base
 
 def _describe(info: Any) -> str:
     if info is None or not info.description:
-        return "see `dstoolkit schema spec`"
+        return "see the field docs in dstoolkit/schemas/spec.py"
     return "expected: " + " ".join(info.description.split())
 
 
