@@ -56,7 +56,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     o.add_argument("--seq-len", type=int, default=None, help="override the spec's sequence length")
     o.add_argument("--micro-batch", type=int, default=None, help="override the config's micro batch")
-    o.add_argument("--profile", action="store_true", help="also capture a torch profiler trace and measure exposed comm from it")
+    o.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="skip the torch-profiler pass (it measures exposed comm directly and the compute slowdown)")
     _add_common(o)
     o.set_defaults(run=run)
 
