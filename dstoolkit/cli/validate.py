@@ -42,6 +42,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _print(text: str) -> None:
+    """Print without ever failing on characters the terminal encoding cannot show."""
+    enc = getattr(sys.stdout, "encoding", None) or "utf-8"
+    print(text.encode(enc, "backslashreplace").decode(enc, "replace"))
+
+
 def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
     """Expand directories (recursively, *.json, sorted); return (files, problems)."""
     files: list[str] = []
@@ -102,10 +108,10 @@ def run(args) -> int:
     n_err = sum(f.severity == "error" for f in findings)
     n_warn = sum(f.severity == "warning" for f in findings)
     if args.format == "json":
-        print(json.dumps([f.model_dump() for f in shown], indent=2))
+        _print(json.dumps([f.model_dump() for f in shown], indent=2))
     else:
         for f in shown:
-            print(f.format_text())
+            _print(f.format_text())
         bad = len({f.file for f in findings if f.severity == "error"})
         print(f"{len(files)} file(s) checked: {n_err} error(s), {n_warn} warning(s)"
               + (f" in {bad} file(s)" if bad else ""), file=sys.stderr)

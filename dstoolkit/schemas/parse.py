@@ -213,8 +213,16 @@ class _Parser:
                 hexd = s[j + 2:j + 6]
                 if len(hexd) != 4 or not all(ch in "0123456789abcdefABCDEF" for ch in hexd):
                     self.fatal("bad \\u escape in string", j)
-                out.append(chr(int(hexd, 16)))
+                code = int(hexd, 16)
                 self.i = j + 6
+                low = s[j + 8:j + 12] if s.startswith("\\u", j + 6) else ""
+                if 0xD800 <= code < 0xDC00 and len(low) == 4 and all(ch in "0123456789abcdefABCDEF" for ch in low) \
+                        and 0xDC00 <= int(low, 16) < 0xE000:
+                    code = 0x10000 + ((code - 0xD800) << 10) + (int(low, 16) - 0xDC00)  # UTF-16 surrogate pair
+                    self.i = j + 12
+                elif 0xD800 <= code < 0xE000:
+                    code = 0xFFFD  # a lone surrogate cannot be printed or re-encoded; keep a placeholder
+                out.append(chr(code))
             else:
                 self.fatal(f"bad escape \\{e} in string", j)
 

@@ -1,0 +1,156 @@
+"""`dstoolkit validate / schema` as users and CI run them: exit codes, output formats, bad input, no heavy imports."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dstoolkit.cli import main
+
+GOOD = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+
+
+def write(tmp_path, name, content):
+    p = tmp_path / name
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
+    return str(p)
+
+
+def test_good_config_exits_0(tmp_path, capsys):
+    assert main(["validate", write(tmp_path, "ds.json", GOOD), "--world-size", "2"]) == 0
+    assert "1 file(s) checked: 0 error(s)" in capsys.readouterr().err
+
+
+def test_errors_exit_1_compiler_style(tmp_path, capsys):
+    path = write(tmp_path, "ds.json", {**GOOD, "zero_optimization": {"stage": 2, "comm_overlap": True}})
+    assert main(["validate", path]) == 1
+    out = capsys.readouterr().out
+    line = [x for x in out.splitlines() if "DS101" in x][0]
+    assert line.startswith(f"{path}:")
+    assert ": error[DS101]: unknown key 'comm_overlap'" in line and "(did you mean 'overlap_comm'?)" in line
+
+
+def test_world_size_flag_changes_the_verdict(tmp_path):
+    path = write(tmp_path, "ds.json", GOOD)
+    assert main(["validate", path, "--world-size", "2"]) == 0
+    assert main(["validate", path, "--world-size", "4"]) == 1
+
+
+def test_json_format_has_every_field(tmp_path, capsys):
+    path = write(tmp_path, "ds.json", {**GOOD, "gradient_clipping": "1.0"})
+    assert main(["validate", path, "--format", "json"]) == 1
+    [f] = json.loads(capsys.readouterr().out)
+    assert set(f) == {"file", "pointer", "line", "column", "severity", "code", "message", "suggestion"}
+    assert (f["pointer"], f["code"], f["severity"]) == ("/gradient_clipping", "DS102", "error")
+    assert isinstance(f["line"], int) and isinstance(f["column"], int)
+
+
+def test_directory_is_walked_for_json(tmp_path, capsys):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path, "sub/a.json", GOOD)
+    write(tmp_path, "b.json", {**GOOD, "fp16": {"enabled": True}})
+    write(tmp_path, "notes.txt", "not a config")
+    assert main(["validate", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "2 file(s) checked" in captured.err and "DS203" in captured.out
+
+
+def test_mode_hf_and_version_flags(tmp_path):
+    path = write(tmp_path, "ds.json", {**GOOD, "gradient_clipping": "auto"})
+    assert main(["validate", path]) == 1
+    assert main(["validate", path, "--mode", "hf"]) == 0
+    removed = write(tmp_path, "old.json", {**GOOD, "sparse_attention": {"mode": "fixed"}})
+    assert main(["validate", removed]) == 1
+    assert main(["validate", removed, "--deepspeed-version", "0.16"]) == 0
+
+
+@pytest.mark.parametrize("case", ["missing", "empty_dir", "binary", "yaml", "huge", "deep", "nan", "infinity",
+                                  "bad_version"])
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, case):
+    if case == "missing":
+        argv, expect = [str(tmp_path / "nope.json")], "no such file or directory"
+    elif case == "empty_dir":
+        (tmp_path / "empty").mkdir()
+        argv, expect = [str(tmp_path / "empty")], "contains no *.json"
+    elif case == "binary":
+        argv, expect = [write(tmp_path, "x.json", bytes(range(256)) * 4)], "binary"
+    elif case == "yaml":
+        argv, expect = [write(tmp_path, "x.json", "train_batch_size: 8\nzero_optimization:\n  stage: 2\n")], "YAML"
+    elif case == "huge":
+        big = tmp_path / "big.json"
+        with open(big, "w") as fh:
+            fh.write('{"a": "')
+            fh.write("x" * (50 * 2**20))
+            fh.write('"}')
+        argv, expect = [str(big)], "MiB"
+    elif case == "deep":
+        argv, expect = [write(tmp_path, "x.json", '{"a":' * 10_000 + "1" + "}" * 10_000)], "nesting deeper"
+    elif case == "nan":
+        argv, expect = [write(tmp_path, "x.json", '{"train_batch_size": 8, "gradient_clipping": NaN}')], "NaN"
+    elif case == "infinity":
+        argv, expect = [write(tmp_path, "x.json", '{"train_batch_size": 8, "gradient_clipping": -Infinity}')], \
+            "Infinity"
+    else:
+        argv, expect = [write(tmp_path, "x.json", GOOD), "--deepspeed-version", "0.12"], "not modelled"
+    assert main(["validate", *argv]) == 2
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert expect in text
+    assert "Traceback" not in text
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "x.json", "--world-size", "0"])
+    assert exc.value.code == 2
+
+
+def test_validate_imports_neither_torch_nor_deepspeed(tmp_path, repo_root):
+    path = write(tmp_path, "ds.json", GOOD)
+    code = ("import sys; from dstoolkit.cli import main; rc = main(['validate', %r]); "
+            "heavy = [m for m in ('torch', 'deepspeed') if m in sys.modules]; print('HEAVY', heavy, rc)" % path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=120)
+    assert "HEAVY [] 0" in out.stdout, out.stdout + out.stderr
+    code = "import sys, dstoolkit.schemas; print([m for m in ('torch', 'deepspeed') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_committed_json_schema_matches_the_code(repo_root):
+    from dstoolkit.schemas.export import schema_text
+
+    committed = (repo_root / "ds_configs" / "schema" / "deepspeed_config.schema.json").read_text(encoding="utf-8")
+    assert committed == schema_text(), ("ds_configs/schema/deepspeed_config.schema.json is stale: run "
+                                        "`dstoolkit schema -o ds_configs/schema/deepspeed_config.schema.json --force`")
+
+
+def test_schema_describes_fields_and_auto(repo_root):
+    schema = json.loads((repo_root / "ds_configs" / "schema" / "deepspeed_config.schema.json").read_text())
+    zero = schema["$defs"]["ZeroConfig"]["properties"]
+    assert "stage3_prefetch_bucket_size" in zero and "description" in zero["stage3_prefetch_bucket_size"]
+    assert {"const": "auto", "type": "string"} in zero["reduce_bucket_size"]["anyOf"]
+    assert schema["additionalProperties"] is False
+    assert "Fp8Config" in schema["$defs"]
+
+
+def test_schema_command_refuses_to_overwrite_without_force(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    out.write_text("{}")
+    assert main(["schema", "-o", str(out)]) == 2
+    assert out.read_text() == "{}"
+    assert main(["schema", "-o", str(out), "--force"]) == 0
+    assert json.loads(out.read_text())["title"].startswith("DeepSpeed config")
+    assert main(["schema", "-o", str(out)]) == 0  # identical content: nothing to do
+
+
+def test_pre_commit_hook_definition(repo_root):
+    import yaml
+
+    hooks = yaml.safe_load((repo_root / ".pre-commit-hooks.yaml").read_text())
+    assert hooks[0]["id"] == "dstoolkit-validate" and hooks[0]["entry"] == "dstoolkit validate"
