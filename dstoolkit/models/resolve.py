@@ -7,7 +7,7 @@ from typing import Optional, Union
 from dstoolkit.models.hf import HFConfigError, load_hf_config, shape_from_hf_dict
 from dstoolkit.models.presets import get_preset
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import ModelSpec
+from dstoolkit.schemas.spec import ModelSpec, Spec
 
 
 def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = None) -> ModelShape:
@@ -48,3 +48,45 @@ def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = 
     except HFConfigError as exc:
         unknown_key = exc.field in inline and exc.problem.startswith(("unknown field", "not a field"))
         raise model_spec.error(exc.field, exc.problem, exc.fix, at_key=unknown_key) from None
+
+
+def check_model_fits_spec(spec: Spec, shape: ModelShape) -> None:
+    """Rules between the training plan and the resolved model (the spec alone cannot check them).
+
+    - `training.ep` > 1 needs an MoE model, and must divide the number of routed experts
+      (DeepSpeed MoE: each of the ep ranks holds num_experts / ep experts).
+    - `training.tp` must divide the attention heads and, for GQA, the KV heads (Megatron-LM shards whole
+      heads and whole query groups over TP ranks).
+
+    Raises:
+        SpecError: located at the offending training field when the spec came from `load_spec`.
+    """
+    t = spec.training
+    if isinstance(t.ep, int) and t.ep > 1:
+        if not shape.is_moe:
+            raise spec.error(("training", "ep"), f"training.ep={t.ep} but model {shape.name!r} is dense (no experts)",
+                             "set ep: 1 (or auto) for a dense model")
+        if shape.num_experts % t.ep:
+            raise spec.error(("training", "ep"),
+                             f"training.ep={t.ep} does not divide the {shape.num_experts} routed experts of {shape.name!r}",
+                             f"pick a divisor of {shape.num_experts}")
+    if isinstance(t.tp, int) and t.tp > 1:
+        if shape.num_attention_heads % t.tp:
+            raise spec.error(("training", "tp"),
+                             f"training.tp={t.tp} does not divide num_attention_heads={shape.num_attention_heads}",
+                             f"pick a divisor of {shape.num_attention_heads}")
+        if not shape.is_mla and shape.kv_heads % t.tp:
+            raise spec.error(("training", "tp"),
+                             f"training.tp={t.tp} does not divide num_key_value_heads={shape.kv_heads}",
+                             f"pick a divisor of {shape.kv_heads} (Megatron shards whole KV groups)")
+
+
+def resolve_spec_model(spec: Spec) -> ModelShape:
+    """`resolve_model(spec.model, spec.base_dir)` followed by `check_model_fits_spec`.
+
+    Raises:
+        SpecError: as `resolve_model` and `check_model_fits_spec`.
+    """
+    shape = resolve_model(spec.model, spec.base_dir)
+    check_model_fits_spec(spec, shape)
+    return shape

@@ -498,6 +498,14 @@ class Spec(_Strict):
         """Directory relative paths (model.hf_config) resolve against: the spec file's folder, else the cwd."""
         return self._source.path.parent if self._source is not None else Path.cwd()
 
+    def error(self, loc: Union[str, Loc], problem: str, fix: str, at_key: bool = False) -> SpecError:
+        """A `SpecError` at a field path such as ("training", "ep") or "training.ep" (line:col when loaded
+        from a file). For rules that need more than the spec, e.g. the resolved model shape."""
+        path: Loc = tuple(loc.split(".")) if isinstance(loc, str) else tuple(loc)
+        if self._source is not None:
+            return SpecError([self._source.finding(path, problem, fix, at_key)])
+        return SpecError([SpecFinding("", None, None, _dotted(path), problem, fix)])
+
     @model_validator(mode="after")
     def _check_parallel_divides_world(self) -> "Spec":
         t = self.training

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from dstoolkit.models import count_params, get_preset, resolve_model
+from dstoolkit.models import count_params, get_preset, resolve_model, resolve_spec_model
 from dstoolkit.schemas.checkpoint import CheckpointPolicy
 from dstoolkit.schemas.spec import Spec, SpecError, TrainingSpec, load_spec, spec_from_dict
 
@@ -311,12 +311,52 @@ def test_spec_built_in_python_reports_model_errors_without_lines():
         resolve_model(spec.model)
 
 
-def test_bundled_specs_load(repo_root):
-    specs = sorted((repo_root / "ds_configs").glob("**/*.yaml")) if (repo_root / "ds_configs").is_dir() else []
+def test_bundled_specs_load_and_resolve(repo_root):
+    specs = sorted((repo_root / "ds_configs").glob("*.yaml"))
     for path in specs:
-        if path.name.startswith("spec") or path.parent.name == "specs":
-            spec = load_spec(path)
-            resolve_model(spec.model, spec.base_dir)
+        spec = load_spec(path)
+        assert resolve_spec_model(spec).name == spec.model.preset
+
+
+MODEL_RULES = """\
+model:
+  preset: {preset}
+cluster:
+  gpus_per_node: 16
+  gpu: cpu
+training:
+  seq_len: 8
+  global_batch: 16
+  micro_batch: 1
+  {field}
+"""
+
+
+@pytest.mark.parametrize(
+    "preset,field,expect",
+    [
+        ("tiny", "ep: 2", r"spec.yaml:10:7: training.ep: training.ep=2 but model 'tiny' is dense"),
+        ("tiny-moe", "ep: 2", None),
+        ("tiny-moe", "ep: 8", r"spec.yaml:10:7: training.ep: training.ep=8 does not divide the 4 routed experts of 'tiny-moe'"),
+        ("tiny", "tp: 4", None),
+        ("tiny", "tp: 16", r"spec.yaml:10:7: training.tp: training.tp=16 does not divide num_attention_heads=8"),
+        ("tiny", "tp: 8", r"training.tp=8 does not divide num_key_value_heads=4 \(pick a divisor of 4"),
+    ],
+)
+def test_model_dependent_rules(tmp_path, preset, field, expect):
+    spec = load_spec(write(tmp_path, MODEL_RULES.format(preset=preset, field=field)))
+    if expect is None:
+        resolve_spec_model(spec)
+    else:
+        with pytest.raises(SpecError, match=expect):
+            resolve_spec_model(spec)
+
+
+def test_tp_must_divide_kv_heads():
+    spec = Spec(model={"preset": "tiny"}, cluster={"gpus_per_node": 8, "gpu": "cpu"},
+                training={"seq_len": 8, "global_batch": 8, "tp": 8})
+    with pytest.raises(SpecError, match=r"^training.tp: training.tp=8 does not divide num_key_value_heads=4"):
+        resolve_spec_model(spec)
 
 
 # ------------------------------------------------------------------ robustness
