@@ -1,0 +1,182 @@
+"""`dstoolkit fp8 plan SPEC|MODEL`: which layers FP8 would swap, memory change per rank, GEMM speed class.
+
+SPEC is a spec YAML (model, cluster.gpu, micro_batch, seq_len, tp/pp/ep are read from it); MODEL is a preset
+name (`tiny`, `llama-3-8b`, `deepseek-v3`, ...) or a Hugging Face config.json. No torch import: the plan is
+computed from the model shape, with the same layer rules as `dstoolkit.fp8.convert`.
+
+Exit codes: 0 ok, 1 the GPU cannot run the recipe (hardware gate), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+DEFAULT_SEQ_LEN = 4096
+"""Sequence length for a bare MODEL target (DeepSeek-V3 pre-training used 4K; anchors.md)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("fp8", help="FP8 planning (which layers swap, memory, speed class)",
+                              description="FP8 tools. `fp8 plan SPEC|MODEL` lists the linear layers FP8 would swap.")
+    sub = p.add_subparsers(dest="fp8_cmd", metavar="CMD")
+    sub.required = True
+    pl = sub.add_parser("plan", help="layers to swap, memory change per rank, expected GEMM speedup class",
+                        description=__doc__.splitlines()[0])
+    pl.add_argument("target", metavar="SPEC|MODEL", help="spec YAML, preset name, or HF config.json")
+    pl.add_argument("--config", metavar="FILE",
+                    help="FP8 settings: JSON/YAML with Fp8Config fields, or a DeepSpeed JSON with dstoolkit.fp8")
+    pl.add_argument("--recipe", choices=("delayed", "current", "block", "mxfp8"), help="override fp8.recipe")
+    pl.add_argument("--fp8-format", choices=("e4m3", "hybrid"), help="override fp8.format")
+    pl.add_argument("--skip-first", type=int, metavar="N", help="override fp8.layers.skip_first_layers")
+    pl.add_argument("--skip-last", type=int, metavar="N", help="override fp8.layers.skip_last_layers")
+    pl.add_argument("--gpu", help="hardware-table GPU (default: the spec's cluster.gpu, else H100-SXM)")
+    pl.add_argument("--cuda", metavar="VER", help="CUDA version for the hardware gates, e.g. 12.8")
+    pl.add_argument("--micro-batch", type=_positive_int, help="sequences per micro-batch (default: spec, else 1)")
+    pl.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: spec, else {DEFAULT_SEQ_LEN})")
+    pl.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (default: spec, else 1)")
+    pl.add_argument("--pp", type=_positive_int, help="pipeline-parallel degree (default: spec, else 1)")
+    pl.add_argument("--ep", type=_positive_int, help="expert-parallel degree (default: spec, else 1)")
+    pl.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: spec, else 1)")
+    pl.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    pl.set_defaults(run=run)
+
+
+class _InputError(Exception):
+    pass
+
+
+def _load_fp8_config(args, spec_fp8: dict | None):
+    from pydantic import ValidationError
+
+    from dstoolkit.schemas.fp8 import Fp8Config
+
+    data: dict = dict(spec_fp8 or {})
+    if args.config:
+        path = Path(args.config)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
+        try:
+            import yaml
+
+            loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except Exception as exc:
+            raise _InputError(f"{path}: not valid JSON/YAML: {exc}") from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("dstoolkit"), dict) and "fp8" in loaded["dstoolkit"]:
+            loaded = loaded["dstoolkit"]["fp8"]
+        elif isinstance(loaded, dict) and isinstance(loaded.get("fp8"), dict):
+            loaded = loaded["fp8"]
+        if not isinstance(loaded, dict):
+            raise _InputError(f"{path}: expected a mapping of Fp8Config fields (or dstoolkit.fp8 in a DeepSpeed JSON)")
+        data.update(loaded)
+    if args.recipe:
+        data["recipe"] = args.recipe
+    if args.fp8_format:
+        data["format"] = args.fp8_format
+    layers = dict(data.get("layers") or {})
+    if args.skip_first is not None:
+        layers["skip_first_layers"] = args.skip_first
+    if args.skip_last is not None:
+        layers["skip_last_layers"] = args.skip_last
+    if layers:
+        data["layers"] = layers
+    if data.get("recipe") in ("block", "mxfp8") and "format" not in data:
+        data["format"] = "e4m3"  # TE's default for its block recipes (Float8BlockScaling, MXFP8BlockScaling)
+    try:
+        return Fp8Config.model_validate(data)
+    except ValidationError as exc:
+        msgs = "; ".join(f"fp8.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+                         for e in exc.errors())
+        raise _InputError(f"invalid FP8 settings: {msgs}") from None
+
+
+def _resolve(args):
+    """(shape, gpu, parallel/batch settings, notes) from a spec file or a model name/path."""
+    from dstoolkit.models import get_preset, load_hf_config
+    from dstoolkit.schemas.hardware import get_gpu
+
+    target = args.target
+    path = Path(target)
+    notes: list[str] = []
+    settings = {"micro_batch": 1, "seq_len": DEFAULT_SEQ_LEN, "tp": 1, "pp": 1, "ep": 1, "zero_stage": 1,
+                "activation_checkpointing": "none"}
+    gpu_name = "H100-SXM"
+    gpu = None
+    if path.suffix in SPEC_SUFFIXES:
+        from dstoolkit.models import resolve_model
+        from dstoolkit.schemas.spec import load_spec
+
+        try:
+            spec = load_spec(path)
+            shape = resolve_model(spec.model, spec.base_dir)
+        except ValueError as exc:
+            raise _InputError(str(exc)) from None
+        t = spec.training
+        settings["seq_len"] = t.seq_len
+        for key in ("micro_batch", "tp", "pp", "ep", "zero_stage"):
+            value = getattr(t, key)
+            if value == "auto":
+                notes.append(f"spec training.{key} is 'auto'; planned with {settings[key]} (pass --{key.replace('_', '-')})")
+            else:
+                settings[key] = value
+        settings["activation_checkpointing"] = t.activation_checkpointing
+        gpu = spec.cluster.gpu_spec
+        if t.precision != "fp8":
+            notes.append(f"spec training.precision is {t.precision!r}: the plan shows what FP8 would change")
+    elif path.suffix == ".json":
+        try:
+            shape = load_hf_config(path)
+        except (ValueError, OSError) as exc:
+            raise _InputError(str(exc)) from None
+    else:
+        try:
+            shape = get_preset(target)
+        except ValueError as exc:
+            raise _InputError(f"{exc}; or pass a spec .yaml or an HF config.json") from None
+    for key in ("micro_batch", "seq_len", "tp", "pp", "ep", "zero_stage"):
+        value = getattr(args, key)
+        if value is not None:
+            settings[key] = value
+    if args.gpu or gpu is None:
+        try:
+            gpu = get_gpu(args.gpu or gpu_name)
+        except ValueError as exc:
+            raise _InputError(str(exc)) from None
+    return shape, gpu, settings, notes
+
+
+def run(args) -> int:
+    try:
+        shape, gpu, settings, notes = _resolve(args)
+        cfg = _load_fp8_config(args, None)
+        from dstoolkit.fp8.plan import plan_from_shape
+
+        plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, **settings)
+    except _InputError as exc:
+        print(f"dstoolkit fp8 plan: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"dstoolkit fp8 plan: error: {exc}", file=sys.stderr)
+        return 2
+    plan.notes[:0] = notes
+    if args.format == "json":
+        d = plan.model_dump()
+        d["report"]["swapped_params"] = plan.report.swapped_params
+        print(json.dumps(d, indent=2))
+    else:
+        print(plan.to_table())
+    return 1 if plan.hardware_problems else 0
