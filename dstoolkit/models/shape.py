@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ModelShape(BaseModel):
     """Architecture facts of a decoder-only transformer (dense, MoE, MLA)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str = "model"
     """Display name (preset name or the config file's stem)."""

@@ -618,6 +618,12 @@ def _model_class_at(path: Sequence[Union[str, int]]) -> tuple[Optional[type[Base
     return cls, info
 
 
+def _section_class(info: Any) -> Optional[type[BaseModel]]:
+    """The pydantic model a field holds when it is a plain nested section (not a union of several kinds)."""
+    ann = getattr(info, "annotation", None)
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
 def _describe(info: Any) -> str:
     if info is None or not info.description:
         return "see the field docs in dstoolkit/schemas/spec.py"
@@ -678,6 +684,17 @@ def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[
             fix = f"did you mean {guess!r}?" if guess else f"remove it; allowed keys: {', '.join(allowed)}"
             findings.append(source.finding(clean, f"unknown key {clean[-1]!r}", fix, at_key=True))
             continue
+        if e["type"] in ("model_type", "model_attributes_type", "dict_type") and len(items) == 1:
+            cls, info = _model_class_at(clean)
+            section = _section_class(info)
+            value = e.get("input")
+            if section is not None:
+                fix = f"write {_dotted(clean)} as a mapping with keys: {', '.join(section.model_fields)}"
+                if section is ModelSpec and isinstance(value, str):
+                    fix = f"write `model: {{preset: {value}}}` (or hf_config: / inline HF fields)"
+                shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+                findings.append(source.finding(clean, f"{shown} is not a mapping", fix))
+                continue
         if e["type"] == "value_error" and len(items) == 1:
             msg = e["msg"].removeprefix("Value error, ")
             _, info = _model_class_at(clean)
