@@ -54,6 +54,13 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
 
+def make_norm(width: int, shape: ModelShape) -> nn.Module:
+    """RMSNorm (weight) or LayerNorm (weight + bias), as the shape's norm_type says."""
+    if shape.norm_type == "layernorm":
+        return nn.LayerNorm(width, eps=RMS_NORM_EPS)
+    return RMSNorm(width)
+
+
 def _rope(x: Tensor) -> Tensor:
     """Rotary position embedding on (batch, heads, seq, head_dim), half-split convention (GPT-NeoX / HF Llama)."""
     seq, dim = x.shape[-2], x.shape[-1]
@@ -90,7 +97,12 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(h, self.n_heads * d, bias=shape.attention_bias)
         self.k_proj = nn.Linear(h, self.n_kv * d, bias=shape.attention_bias)
         self.v_proj = nn.Linear(h, self.n_kv * d, bias=shape.attention_bias)
-        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=shape.o_proj_bias)
+        self.q_norm: Optional[nn.Module] = None
+        self.k_norm: Optional[nn.Module] = None
+        if shape.qk_norm:  # Qwen3: per-head norm over head_dim on q and k, before RoPE
+            self.q_norm = make_norm(d, shape)
+            self.k_norm = make_norm(d, shape)
         self.recompute_core = False
         """Selective recompute (Korthikanti §4.2): recompute the attention core in backward."""
 
@@ -99,6 +111,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rope(q), _rope(k)
         if self.recompute_core and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
@@ -112,13 +126,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU FFN (gate, up, down; Shazeer 2020) or a plain GELU up/down FFN when `gated` is False."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, gated: bool = True) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, gated: bool = True, bias: bool = False) -> None:
         super().__init__()
         self.gated = gated
         if gated:
-            self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+            self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gated:
@@ -179,14 +193,14 @@ class Block(nn.Module):
 
     def __init__(self, shape: ModelShape, layer_index: int, ep_size: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(shape.hidden_size)
+        self.input_layernorm = make_norm(shape.hidden_size, shape)
         self.self_attn = Attention(shape)
-        self.post_attention_layernorm = RMSNorm(shape.hidden_size)
+        self.post_attention_layernorm = make_norm(shape.hidden_size, shape)
         self.is_moe = shape.is_moe_layer(layer_index)
         if self.is_moe:
             self.mlp: nn.Module = MoEFFN(shape, ep_size)
         else:
-            self.mlp = MLP(shape.hidden_size, shape.intermediate_size, shape.mlp_gated)
+            self.mlp = MLP(shape.hidden_size, shape.intermediate_size, shape.mlp_gated, shape.mlp_bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         x = x + self.self_attn(self.input_layernorm(x))
@@ -213,11 +227,16 @@ class TinyTransformer(nn.Module):
             raise NotImplementedError(
                 f"model {shape.name!r} has learned position embeddings (GPT-2 style); the torch model uses RoPE only."
             )
+        if shape.is_moe and shape.router_score_correction_bias:
+            raise NotImplementedError(
+                f"model {shape.name!r} uses DeepSeek-V3 noaux_tc routing (e_score_correction_bias); "
+                "deepspeed.moe's TopKGate has no such bias"
+            )
         self.shape = shape
         self.ep_size = ep_size
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
         self.blocks = nn.ModuleList([Block(shape, i, ep_size) for i in range(shape.num_hidden_layers)])
-        self.norm = RMSNorm(shape.hidden_size)
+        self.norm = make_norm(shape.hidden_size, shape)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -283,7 +302,7 @@ def _init_weights(model: TinyTransformer, seed: int, ep_size: int) -> None:
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight")) or name == "norm.weight":
                 p.fill_(1.0)
                 continue
             if name.endswith(".bias"):

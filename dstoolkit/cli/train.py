@@ -1,0 +1,102 @@
+"""`dstoolkit train`: launch the example trainer (dstoolkit.train.trainer) on N local ranks.
+
+    dstoolkit train --spec SPEC.yaml --config DS.json --steps 20 [--nproc 2] [--launcher torchrun|deepspeed]
+                    [--metrics-out PATH] [--dry-run] [--format table|json] [-- extra trainer flags]
+
+It builds the same command the generated launch.sh uses, runs it, and summarises the metrics file.
+Exit codes: 0 ok, 1 the run failed, 2 bad input. Torch/DeepSpeed are imported only by the launched ranks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="run the example DeepSpeed trainer (batch ramp, spike guard, monitor)")
+    p.add_argument("--spec", required=True, help="spec YAML (model, training)")
+    p.add_argument("--config", required=True, help="DeepSpeed JSON")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--nproc", type=int, default=2, help="local ranks (default 2)")
+    p.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun")
+    p.add_argument("--metrics-out", default="train_metrics.jsonl")
+    p.add_argument("--dry-run", action="store_true", help="print the launch command only")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("extra", nargs="*", help="flags passed to the trainer after `--` (e.g. -- --save-every 5)")
+    p.set_defaults(run=run)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(args) -> list[str]:
+    """The launcher command line (a list, never a shell string)."""
+    trainer = ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
+               "--metrics-out", args.metrics_out, *args.extra]
+    bindir = Path(sys.executable).parent
+    if args.launcher == "deepspeed":
+        return [str(bindir / "deepspeed"), "--num_gpus", str(args.nproc), "--master_port", str(_free_port()),
+                "--module", "dstoolkit.train.trainer", *trainer]
+    return [str(bindir / "torchrun"), "--nproc_per_node", str(args.nproc), "--master_port", str(_free_port()),
+            "-m", "dstoolkit.train.trainer", *trainer]
+
+
+def summarize(metrics_path: str) -> dict:
+    """Steps, first/final loss, median step time and tokens/s, spike-guard events from a metrics file."""
+    steps, events = [], []
+    for line in Path(metrics_path).read_text().splitlines():
+        d = json.loads(line)
+        (events if "event" in d else steps).append(d)
+    times = sorted(s["step_time_s"] for s in steps)
+    tps = sorted(s["tokens_per_s"] for s in steps)
+    done = [e for e in events if e["event"] == "done"]
+    return {
+        "steps": len(steps),
+        "first_loss": steps[0]["loss"] if steps else None,
+        "final_loss": done[-1]["final_loss"] if done else (steps[-1]["loss"] if steps else None),
+        "median_step_time_s": times[len(times) // 2] if times else None,
+        "median_tokens_per_s": tps[len(tps) // 2] if tps else None,
+        "spikes": sum(e["event"] == "spike" for e in events),
+        "rollbacks": sum(e["event"] == "rollback" for e in events),
+        "completed": bool(done),
+    }
+
+
+def run(args) -> int:
+    for flag, path in (("--spec", args.spec), ("--config", args.config)):
+        if not Path(path).is_file():
+            print(f"dstoolkit train: error: {flag} {path}: no such file", file=sys.stderr)
+            return 2
+    if args.steps <= 0 or args.nproc <= 0:
+        print(f"dstoolkit train: error: --steps={args.steps} and --nproc={args.nproc} must be > 0", file=sys.stderr)
+        return 2
+    cmd = launch_command(args)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if args.launcher == "deepspeed":
+        env.setdefault("LOCAL_SIZE", str(args.nproc))
+    rc = subprocess.run(cmd, env=env).returncode
+    if not Path(args.metrics_out).is_file():
+        print(f"dstoolkit train: error: the run wrote no metrics (exit {rc})", file=sys.stderr)
+        return 2 if rc == 2 else 1
+    summary = summarize(args.metrics_out)
+    summary["exit_code"] = rc
+    if args.format == "json":
+        print(json.dumps(summary, indent=2))
+    else:
+        for k, v in summary.items():
+            print(f"{k:>20}: {v}")
+    if rc == 0:
+        return 0
+    return 2 if rc == 2 else 1

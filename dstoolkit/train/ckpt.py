@@ -1,0 +1,173 @@
+"""Atomic, verified DeepSpeed checkpoints: stage, hash, rename; on resume skip a truncated/corrupt one.
+
+Layout under the checkpoint root:
+    step_00000010/            one DeepSpeed checkpoint (engine.save_checkpoint tag) + dstoolkit_manifest.json
+    latest                    DeepSpeed's own pointer file (written atomically, for `load_checkpoint(root)`)
+    .staging/                 where a checkpoint is written before it is renamed into place
+A checkpoint counts only when its manifest exists and every file matches its recorded size and SHA-256,
+so a rank killed mid-save, a truncated file or flipped bytes make `latest_valid` fall back to the previous one.
+The rename is atomic on one filesystem; multi-node runs need a shared filesystem for the checkpoint root.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+MANIFEST_NAME = "dstoolkit_manifest.json"
+TAG_PREFIX = "step_"
+HASH_CHUNK_BYTES = 1 << 20
+"""Read size when hashing checkpoint files."""
+
+
+def tag_for(step: int) -> str:
+    return f"{TAG_PREFIX}{step:08d}"
+
+
+def step_of(tag: str) -> Optional[int]:
+    if not tag.startswith(TAG_PREFIX):
+        return None
+    try:
+        return int(tag[len(TAG_PREFIX):])
+    except ValueError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file + fsync + os.replace, so readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(ckpt_dir: Path, meta: dict) -> dict:
+    files = {}
+    for p in sorted(ckpt_dir.rglob("*")):
+        if p.is_file() and p.name != MANIFEST_NAME:
+            files[str(p.relative_to(ckpt_dir))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    manifest = {"format": 1, "files": files, **meta}
+    write_text_atomic(ckpt_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
+def verify(ckpt_dir: Path) -> Optional[str]:
+    """None when the checkpoint is complete and intact, else the reason it is not."""
+    mpath = ckpt_dir / MANIFEST_NAME
+    if not mpath.is_file():
+        return f"{ckpt_dir.name}: no {MANIFEST_NAME} (save did not finish)"
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError) as e:
+        return f"{ckpt_dir.name}: unreadable manifest ({e})"
+    if not files:
+        return f"{ckpt_dir.name}: manifest lists no files"
+    for rel, rec in files.items():
+        p = ckpt_dir / rel
+        if not p.is_file():
+            return f"{ckpt_dir.name}: missing {rel}"
+        size = p.stat().st_size
+        if size != rec["bytes"]:
+            return f"{ckpt_dir.name}: {rel} is {size} bytes, manifest says {rec['bytes']} (truncated?)"
+        if _sha256(p) != rec["sha256"]:
+            return f"{ckpt_dir.name}: {rel} SHA-256 mismatch (corrupted)"
+    return None
+
+
+def read_manifest(ckpt_dir: Path) -> dict:
+    return json.loads((ckpt_dir / MANIFEST_NAME).read_text())
+
+
+@dataclass(frozen=True)
+class Found:
+    """Result of a search for a usable checkpoint."""
+
+    tag: Optional[str]
+    step: Optional[int]
+    rejected: list[str]
+    """Reasons for each newer checkpoint that was passed over."""
+
+
+class CheckpointManager:
+    """Save and find DeepSpeed checkpoints atomically under one root."""
+
+    def __init__(self, root: os.PathLike | str, *, keep: int = 3, rank: int = 0) -> None:
+        if keep < 1:
+            raise ValueError(f"--keep-checkpoints={keep} must be >= 1")
+        self.root = Path(root)
+        self.keep = keep
+        self.rank = rank
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def tags(self) -> list[str]:
+        """Checkpoint tags, newest first."""
+        out = [p.name for p in self.root.iterdir() if p.is_dir() and step_of(p.name) is not None]
+        return sorted(out, key=lambda t: step_of(t), reverse=True)
+
+    def save(self, engine: Any, step: int, client_state: dict, *, healthy: bool, barrier: Any) -> str:
+        """Write `engine`'s checkpoint for `step` to staging, verify, then rename it into place.
+
+        Args:
+            engine: the DeepSpeed engine.
+            step: completed optimizer steps (the tag).
+            client_state: trainer state stored with the checkpoint (data position, guard, ...).
+            healthy: whether the spike guard considers this state a valid rollback target.
+            barrier: callable synchronising all ranks.
+        """
+        tag = tag_for(step)
+        staging = self.root / ".staging"
+        if self.rank == 0:
+            shutil.rmtree(staging / tag, ignore_errors=True)
+            staging.mkdir(parents=True, exist_ok=True)
+        barrier()
+        engine.save_checkpoint(str(staging), tag=tag, client_state=client_state, save_latest=False)
+        barrier()
+        if self.rank == 0:
+            write_manifest(staging / tag, {"step": step, "healthy": healthy})
+            final = self.root / tag
+            if final.exists():  # re-saving a step after a rollback: swap the old copy out first
+                trash = self.root / f".trash-{tag}"
+                shutil.rmtree(trash, ignore_errors=True)
+                os.replace(final, trash)
+                os.replace(staging / tag, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(staging / tag, final)
+            write_text_atomic(self.root / "latest", tag)
+            self._prune()
+        barrier()
+        return tag
+
+    def _prune(self) -> None:
+        for tag in self.tags()[self.keep:]:
+            shutil.rmtree(self.root / tag, ignore_errors=True)
+
+    def latest_valid(self, *, max_step: Optional[int] = None, require_healthy: bool = False) -> Found:
+        """Newest intact checkpoint (optionally at or before `max_step`, optionally healthy only)."""
+        rejected = []
+        for tag in self.tags():
+            step = step_of(tag)
+            if max_step is not None and step > max_step:
+                continue
+            reason = verify(self.root / tag)
+            if reason is None and require_healthy and not read_manifest(self.root / tag).get("healthy", False):
+                reason = f"{tag}: saved while the spike guard was cooling down (not a rollback target)"
+            if reason is None:
+                return Found(tag, step, rejected)
+            rejected.append(reason)
+        return Found(None, None, rejected)

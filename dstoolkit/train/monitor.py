@@ -1,0 +1,253 @@
+"""Training monitor: throughput, MFU, memory, communication share, loss trend, input wait -> bottleneck flags.
+
+Every `every` steps it summarises the recorded steps and flags what it sees, with the numbers:
+  * input-bound: the step waited on the data iterator for more than `input_bound_share` of its time;
+  * comm-bound: DeepSpeed's comms_logger timed more than `comm_bound_share` of the step in collectives;
+  * idle compute: the process (or GPU) was busy less than `idle_util` of the time and neither of the above
+    explains it.
+MFU follows anchors.md: achieved tokens/s x FLOPs per token / peak (PaLM App. B). Reports are written
+through DeepSpeed's monitor backends (`engine.monitor.write_events`: csv, tensorboard, wandb as configured)
+and as one compact line. No torch import at module level.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+INPUT_BOUND_SHARE = 0.20
+"""Input wait above this share of step time flags the data pipeline (a healthy loader prefetches: ~0)."""
+COMM_BOUND_SHARE = 0.40
+"""Exposed collective time above this share flags communication."""
+IDLE_UTILIZATION = 0.50
+"""Busy share below this (and not explained by input or comm) flags idle compute."""
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """What the trainer measured for one optimizer step."""
+
+    step: int
+    step_time_s: float
+    input_wait_s: float
+    tokens: int
+    loss: float
+    cpu_time_s: float
+    """Process CPU time (user+sys) spent during the step."""
+    comm_time_s: Optional[float] = None
+    """Collective time from DeepSpeed's comms_logger (None when it is disabled)."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One bottleneck the monitor sees."""
+
+    name: str
+    """input-bound | comm-bound | idle-compute."""
+    evidence: str
+    """The numbers behind the flag."""
+
+
+@dataclass(frozen=True)
+class MonitorReport:
+    """Summary over the last `steps` steps."""
+
+    step: int
+    steps: int
+    tokens_per_s: float
+    mfu: Optional[float]
+    peak_rss_bytes: int
+    device_mem_bytes: Optional[int]
+    step_time_s: float
+    input_wait_s: float
+    input_wait_share: float
+    comm_share: Optional[float]
+    utilization: float
+    loss: float
+    loss_trend_per_step: float
+    """Least-squares slope of the loss over the window (negative = improving)."""
+    flags: list[Flag] = field(default_factory=list)
+
+    def line(self) -> str:
+        """Compact one-line form for logs."""
+        mfu = f"{self.mfu * 100:.2f}%" if self.mfu is not None else "n/a"
+        comm = f"{self.comm_share * 100:.0f}%" if self.comm_share is not None else "n/a"
+        flags = ",".join(f.name for f in self.flags) or "ok"
+        return (f"[monitor] step {self.step} | {self.tokens_per_s:,.0f} tok/s | MFU {mfu} | "
+                f"rss {self.peak_rss_bytes / 2**20:.0f} MiB | step {self.step_time_s * 1000:.0f} ms | "
+                f"input {self.input_wait_share * 100:.0f}% | comm {comm} | util {self.utilization * 100:.0f}% | "
+                f"loss {self.loss:.4f} ({self.loss_trend_per_step:+.4f}/step) | {flags}")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["flags"] = [asdict(f) for f in self.flags]
+        return d
+
+    def events(self) -> list[tuple[str, float, int]]:
+        """(name, value, step) tuples for DeepSpeed's MonitorMaster.write_events."""
+        ev = [("Monitor/tokens_per_s", self.tokens_per_s, self.step),
+              ("Monitor/step_time_s", self.step_time_s, self.step),
+              ("Monitor/input_wait_share", self.input_wait_share, self.step),
+              ("Monitor/utilization", self.utilization, self.step),
+              ("Monitor/peak_rss_bytes", float(self.peak_rss_bytes), self.step),
+              ("Monitor/loss", self.loss, self.step),
+              ("Monitor/loss_trend_per_step", self.loss_trend_per_step, self.step)]
+        if self.mfu is not None:
+            ev.append(("Monitor/mfu", self.mfu, self.step))
+        if self.comm_share is not None:
+            ev.append(("Monitor/comm_share", self.comm_share, self.step))
+        for f in self.flags:
+            ev.append((f"Monitor/flag_{f.name}", 1.0, self.step))
+        return ev
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cpu_time_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def comms_logger_total_s() -> Optional[float]:
+    """Cumulative collective time recorded by DeepSpeed's comms_logger, or None when it is disabled.
+
+    DeepSpeed's timed_op appends `timers(log_name).elapsed(reset=False)`, which is the *running total* (ms)
+    for that log name, so the total per name is its largest recorded value.
+    """
+    try:
+        from deepspeed.comm.comm import comms_logger
+    except Exception:
+        return None
+    if not comms_logger.enabled:
+        return None
+    total_ms = 0.0
+    for sizes in comms_logger.comms_dict.values():
+        total_ms += max((max(rec[1]) for rec in sizes.values() if rec[1]), default=0.0)
+    return total_ms / 1000.0
+
+
+def _slope(ys: list[float]) -> float:
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    mx = (n - 1) / 2
+    my = sum(ys) / n
+    den = sum((i - mx) ** 2 for i in range(n))
+    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / den
+
+
+class Monitor:
+    """Accumulates StepSamples and emits a MonitorReport every `every` steps."""
+
+    def __init__(self, every: int, *, flops_per_token: Optional[float], peak_flops: Optional[float],
+                 world_size: int = 1, threads: int = 1, ds_monitor: Any = None,
+                 input_bound_share: float = INPUT_BOUND_SHARE, comm_bound_share: float = COMM_BOUND_SHARE,
+                 idle_utilization: float = IDLE_UTILIZATION) -> None:
+        if every <= 0:
+            raise ValueError(f"monitor every={every} must be > 0")
+        self.every = every
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        """Peak FLOP/s of ONE rank; MFU divides the global rate by world_size x peak."""
+        self.world_size = world_size
+        self.threads = max(1, threads)
+        self.ds_monitor = ds_monitor
+        self.input_bound_share = input_bound_share
+        self.comm_bound_share = comm_bound_share
+        self.idle_utilization = idle_utilization
+        self.samples: list[StepSample] = []
+        self.reports: list[MonitorReport] = []
+
+    def record(self, sample: StepSample) -> Optional[MonitorReport]:
+        self.samples.append(sample)
+        if len(self.samples) < self.every:
+            return None
+        report = self._summarise(self.samples)
+        self.samples = []
+        self.reports.append(report)
+        if self.ds_monitor is not None and getattr(self.ds_monitor, "enabled", False):
+            self.ds_monitor.write_events(report.events())
+        return report
+
+    def _summarise(self, samples: list[StepSample]) -> MonitorReport:
+        wall = sum(s.step_time_s for s in samples)
+        wait = sum(s.input_wait_s for s in samples)
+        tokens = sum(s.tokens for s in samples)
+        cpu = sum(s.cpu_time_s for s in samples)
+        tps = tokens / wall if wall > 0 else 0.0
+        mfu = None
+        if self.flops_per_token and self.peak_flops:
+            mfu = tps * self.flops_per_token / (self.peak_flops * self.world_size)  # anchors.md MFU
+        comm_share = None
+        if all(s.comm_time_s is not None for s in samples):
+            comm_share = sum(s.comm_time_s for s in samples) / wall if wall > 0 else 0.0
+        wait_share = wait / wall if wall > 0 else 0.0
+        util = self._utilization(cpu, wall)
+        flags: list[Flag] = []
+        if wait_share > self.input_bound_share:
+            flags.append(Flag("input-bound",
+                              f"steps waited {wait:.3f} s of {wall:.3f} s on the data iterator "
+                              f"({wait_share * 100:.0f}% > {self.input_bound_share * 100:.0f}%)"))
+        if comm_share is not None and comm_share > self.comm_bound_share:
+            flags.append(Flag("comm-bound",
+                              f"collectives took {comm_share * 100:.0f}% of step time "
+                              f"(> {self.comm_bound_share * 100:.0f}%, DeepSpeed comms_logger)"))
+        if not flags and util < self.idle_utilization:
+            flags.append(Flag("idle-compute",
+                              f"compute busy {util * 100:.0f}% of wall time (< {self.idle_utilization * 100:.0f}%) "
+                              "with no input or comm wait to explain it"))
+        losses = [s.loss for s in samples]
+        return MonitorReport(
+            step=samples[-1].step, steps=len(samples), tokens_per_s=tps, mfu=mfu,
+            peak_rss_bytes=peak_rss_bytes(), device_mem_bytes=_device_mem_bytes(),
+            step_time_s=wall / len(samples), input_wait_s=wait / len(samples), input_wait_share=wait_share,
+            comm_share=comm_share, utilization=util, loss=losses[-1], loss_trend_per_step=_slope(losses),
+            flags=flags)
+
+    def _utilization(self, cpu_s: float, wall_s: float) -> float:
+        gpu = _gpu_utilization()
+        if gpu is not None:
+            return gpu
+        return min(1.0, cpu_s / (wall_s * self.threads)) if wall_s > 0 else 0.0
+
+
+def _device_mem_bytes() -> Optional[int]:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.max_memory_allocated())
+    except Exception:
+        pass
+    return None
+
+
+def _gpu_utilization() -> Optional[float]:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.utilization() / 100.0
+    except Exception:
+        pass
+    return None
+
+
+class Timer:
+    """Wall-clock stopwatch accumulating into `.total_s`."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> "Timer":
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.total_s += time.perf_counter() - self._t0

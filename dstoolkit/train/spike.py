@@ -1,0 +1,197 @@
+"""Loss-spike guard: detect spikes (robust z-score, NaN/Inf, grad-norm) and decide an action (no torch import).
+
+Detection (per candidate micro-batch loss, before its backward; and per step for the gradient norm):
+  * robust z-score of the loss against the median/MAD of the last `window` accepted step losses
+    (Iglewicz & Hoaglin 1993 modified z-score: z = (x - median) / (1.4826 * MAD)); only upward spikes count;
+  * a non-finite loss or gradient norm;
+  * a grad-norm robust z-score above `grad_norm_z_threshold`.
+Actions (each configurable): skip the batch (no backward), scale the LR down for K steps, roll back to the
+last good DeepSpeed checkpoint and skip the offending batches. Repeated skips escalate to a rollback:
+one bad batch is skipped, a damaged model (every batch spikes) is rolled back.
+The trainer applies the decisions; the guard logs every one with its reason.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Optional
+
+MAD_TO_SIGMA = 1.4826
+"""MAD x 1.4826 estimates the standard deviation of a normal sample (Rousseeuw & Croux 1993)."""
+
+Action = Literal["none", "skip", "lr_scale", "rollback"]
+Kind = Literal["ok", "loss_spike", "nonfinite_loss", "grad_norm_spike", "nonfinite_grad_norm"]
+
+
+@dataclass(frozen=True)
+class SpikeGuardConfig:
+    """Thresholds and the action per detection kind."""
+
+    window: int = 20
+    """Accepted step losses kept for the median/MAD baseline."""
+    min_history: int = 5
+    """No z-score decision before this many accepted steps (NaN/Inf is always caught)."""
+    z_threshold: float = 6.0
+    """Loss robust z-score above which a batch is a spike."""
+    mad_floor_frac: float = 0.01
+    """MAD floor as a fraction of the median: a flat loss must not make noise look like a spike."""
+    grad_norm_z_threshold: float = 10.0
+    """Grad-norm robust z-score above which a step is a spike."""
+    on_loss_spike: Action = "skip"
+    """Action for a loss spike."""
+    on_nonfinite: Action = "skip"
+    """Action for a NaN/Inf loss."""
+    on_grad_norm_spike: Action = "lr_scale"
+    """Action for a grad-norm spike (seen after the update; skip is not possible, so lr_scale or rollback)."""
+    escalate_after: int = 2
+    """This many consecutive skipped batches escalate to `rollback` (0 disables escalation)."""
+    lr_scale: float = 0.1
+    """LR multiplier while cooling down."""
+    lr_scale_steps: int = 10
+    """Steps the LR stays scaled after an lr_scale or a rollback."""
+    lr_scale_on_rollback: bool = True
+    """Also cool the LR down after a rollback."""
+    rollback_margin_steps: int = 2
+    """Roll back to a checkpoint at least this many steps older than the spike: damage (an LR blow-up)
+    happens one or more steps before the loss shows it."""
+
+    def __post_init__(self) -> None:
+        if self.window < self.min_history or self.min_history < 2:
+            raise ValueError(
+                f"spike guard: need 2 <= min_history <= window, got min_history={self.min_history}, window={self.window}"
+            )
+        if not 0 < self.lr_scale <= 1:
+            raise ValueError(f"spike guard: lr_scale={self.lr_scale} must be in (0, 1]")
+        if self.on_grad_norm_spike == "skip":
+            raise ValueError("spike guard: on_grad_norm_spike='skip' is impossible (the norm is known after the "
+                             "update); use 'lr_scale' or 'rollback'")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the guard decided about one loss or gradient norm, and why."""
+
+    action: Action
+    kind: Kind
+    reason: str
+    value: float
+    median: Optional[float] = None
+    mad: Optional[float] = None
+    z: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def robust_z(value: float, history: list[float], mad_floor_frac: float) -> tuple[float, float, float]:
+    """(z, median, MAD) of `value` against `history`; the MAD is floored at mad_floor_frac * |median|."""
+    med = statistics.median(history)
+    mad = statistics.median([abs(h - med) for h in history])
+    scale = MAD_TO_SIGMA * max(mad, mad_floor_frac * abs(med), 1e-12)
+    return (value - med) / scale, med, mad
+
+
+@dataclass
+class SpikeGuard:
+    """Stateful detector; `state_dict()` goes into the DeepSpeed checkpoint's client state."""
+
+    config: SpikeGuardConfig = field(default_factory=SpikeGuardConfig)
+    losses: deque = field(default_factory=deque)
+    grad_norms: deque = field(default_factory=deque)
+    consecutive_skips: int = 0
+    lr_cooldown_left: int = 0
+    last_spike_step: int = -(10**9)
+
+    def _ok(self, value: float) -> Decision:
+        return Decision("none", "ok", "", value)
+
+    def check_loss(self, loss: float, step: int) -> Decision:
+        """Judge a candidate batch loss before its backward pass."""
+        cfg = self.config
+        if not math.isfinite(loss):
+            return self._flag(Decision(cfg.on_nonfinite, "nonfinite_loss", f"loss is {loss} (not finite)", loss), step)
+        if len(self.losses) < cfg.min_history:
+            return self._ok(loss)
+        z, med, mad = robust_z(loss, list(self.losses), cfg.mad_floor_frac)
+        if z > cfg.z_threshold:
+            reason = (f"loss {loss:.4f} is {z:.1f} robust sigmas above the median {med:.4f} "
+                      f"(MAD {mad:.4f}, window {len(self.losses)}) > z_threshold {cfg.z_threshold}")
+            return self._flag(Decision(cfg.on_loss_spike, "loss_spike", reason, loss, med, mad, z), step)
+        return self._ok(loss)
+
+    def _flag(self, decision: Decision, step: int) -> Decision:
+        self.last_spike_step = step
+        if decision.action == "skip":
+            self.consecutive_skips += 1
+            if self.config.escalate_after and self.consecutive_skips >= self.config.escalate_after:
+                return Decision("rollback", decision.kind,
+                                decision.reason + f"; {self.consecutive_skips} consecutive skipped batches -> rollback",
+                                decision.value, decision.median, decision.mad, decision.z)
+        if decision.action == "lr_scale":
+            self.lr_cooldown_left = self.config.lr_scale_steps
+        return decision
+
+    def observe_step(self, loss: float, grad_norm: Optional[float], step: int) -> Decision:
+        """Record an accepted step; judge its gradient norm (after the update)."""
+        cfg = self.config
+        self.consecutive_skips = 0
+        decision = self._ok(loss)
+        if grad_norm is not None:
+            if not math.isfinite(grad_norm):
+                decision = self._flag(Decision("rollback", "nonfinite_grad_norm",
+                                               f"grad norm is {grad_norm} (not finite)", grad_norm), step)
+            elif len(self.grad_norms) >= cfg.min_history:
+                z, med, mad = robust_z(grad_norm, list(self.grad_norms), cfg.mad_floor_frac)
+                if z > cfg.grad_norm_z_threshold:
+                    reason = (f"grad norm {grad_norm:.4g} is {z:.1f} robust sigmas above the median {med:.4g} "
+                              f"(MAD {mad:.4g}) > grad_norm_z_threshold {cfg.grad_norm_z_threshold}")
+                    decision = self._flag(Decision(cfg.on_grad_norm_spike, "grad_norm_spike", reason, grad_norm,
+                                                   med, mad, z), step)
+        if decision.action == "none":
+            if math.isfinite(loss):
+                self._push(self.losses, loss)
+            if grad_norm is not None and math.isfinite(grad_norm):
+                self._push(self.grad_norms, grad_norm)
+        return decision
+
+    def _push(self, buf: deque, value: float) -> None:
+        buf.append(value)
+        while len(buf) > self.config.window:
+            buf.popleft()
+
+    def after_rollback(self) -> None:
+        """Reset the skip counter and start the LR cool-down (if configured)."""
+        self.consecutive_skips = 0
+        if self.config.lr_scale_on_rollback:
+            self.lr_cooldown_left = self.config.lr_scale_steps
+
+    def lr_multiplier(self) -> float:
+        """LR factor for the coming step (1.0 unless cooling down)."""
+        return self.config.lr_scale if self.lr_cooldown_left > 0 else 1.0
+
+    def end_step(self) -> None:
+        """Count one optimizer step of the cool-down."""
+        if self.lr_cooldown_left > 0:
+            self.lr_cooldown_left -= 1
+
+    def healthy(self) -> bool:
+        """No cool-down and no pending skips: a checkpoint taken now may serve as a rollback target."""
+        return self.lr_cooldown_left == 0 and self.consecutive_skips == 0
+
+    def rollback_limit(self, spike_step: int) -> int:
+        """Newest checkpoint step a rollback for a spike at `spike_step` may use."""
+        return spike_step - self.config.rollback_margin_steps
+
+    def state_dict(self) -> dict:
+        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms),
+                "consecutive_skips": self.consecutive_skips, "lr_cooldown_left": self.lr_cooldown_left,
+                "last_spike_step": self.last_spike_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses = deque(state["losses"])
+        self.grad_norms = deque(state["grad_norms"])
+        self.consecutive_skips = state["consecutive_skips"]
+        self.lr_cooldown_left = state["lr_cooldown_left"]
+        self.last_spike_step = state["last_spike_step"]
