@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dstoolkit.schemas.base import Bool, BoolOrAuto, DSModel, Float, Int
 
@@ -40,6 +40,17 @@ class FP16Config(DSModel):
     """Floor of the dynamic loss scale; > 0 when dynamic scaling is on."""
     fp16_master_weights_and_grads: Bool = False
     """Keep master weights in fp16 (DeepSpeedCPUAdam only); needs ZeRO stage 1-3."""
+
+    @model_validator(mode="after")
+    def _check_dynamic_loss_scale(self) -> "FP16Config":
+        # deepspeed 0.19 precision_config.py: with dynamic scaling (enabled, loss_scale 0) the window is a modulus
+        # (0 -> ZeroDivisionError) and min_loss_scale the floor; both must be > 0.
+        if self.enabled is True and self.loss_scale == 0:
+            for name in ("loss_scale_window", "min_loss_scale"):
+                if getattr(self, name) <= 0:
+                    raise ValueError(f"fp16.{name}={getattr(self, name)} must be > 0 when dynamic loss scaling is "
+                                     "on (fp16.enabled true, fp16.loss_scale 0)")
+        return self
 
 
 class BF16Config(DSModel):

@@ -444,6 +444,9 @@ def _report_value(clean: dict, path: tuple, errs: list[dict], out: _Collector) -
         out.add("DS103", "error", ptr, f"{field} = {shown}: {msg}", None, at_value=True)
         return
     e = errs[0]
+    if e["type"] == "value_error" and isinstance(node, dict):  # a section's own model validator
+        out.add("DS103", "error", ptr, e["msg"].replace("Value error, ", ""), None)
+        return
     msg = e["msg"].replace("Value error, ", "").replace("Input should be", "expected")
     expected = msg
     if isinstance(node, str) and node.strip() and node.replace(",", "").isupper():
