@@ -166,7 +166,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     ms = deepspeed_model_states(plan, rank=rank)
     act = activation_bytes(plan)
     fp8_cache = fp8_weight_cache_bytes(plan)
-    grads = max(ms.grads_at_step, ms.grads_backward_peak)
+    grads = max(ms.grads_at_step, ms.grads_backward_peak, ms.grads_step_transient_peak)
     optimizer = ms.master_params + ms.optimizer_states
     activations = int(act.peak)
     buffers = ms.persistent_buffers + ms.transient_buffers + fp8_cache

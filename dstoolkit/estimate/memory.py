@@ -167,6 +167,8 @@ class ModelStates:
     """Gradient bytes alive while the inner optimizer steps (partition buffer + fp32 flat copy)."""
     grads_backward_peak: int = 0
     """Gradient bytes at the end of backward, before reduction / partitioning (full grads at stage 0/1)."""
+    grads_step_transient_peak: int = 0
+    """Gradient bytes at their short peak inside step() (partition buffer + flat copy + fp32 copy)."""
     persistent_buffers: int = 0
     """Buffers that stay allocated across steps (stage-3 reduce bucket, offload staging buffers)."""
     transient_buffers: int = 0
@@ -278,8 +280,8 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
     ds = plan.ds
     grad_dtype_bytes = pb
     grads_in_partition = 0
-    fp32_grad_peak = 0
-    flat_grad_peak = 0
+    fp32_parts: list[int] = []
+    flat_peak = 0
     for g, dp in zip(groups, group_dp):
         padded = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp)
         part = padded // dp
@@ -297,26 +299,33 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
             ms.master_params += part * FP32_BYTES
             ms.optimizer_states += part * sb
             grads_in_partition += r
-            # step(): flatten(averaged_gradients) -> .to(fp32); one group at a time. In fp32 training
-            # `.to` returns the flattened tensor itself, so only the flatten copy exists.
-            fp32_grad_peak = max(fp32_grad_peak, part * FP32_BYTES)
-            flat_grad_peak = max(flat_grad_peak, part * pb if pb != FP32_BYTES else 0)
+            fp32_parts.append(part * FP32_BYTES)
+            # step(): flatten(averaged_gradients) makes a model-dtype flat copy, then `.to(fp32)`; in fp32
+            # training `.to` returns the flat copy itself.
+            flat_peak = max(flat_peak, part * pb if pb != FP32_BYTES else 0)
     bucket_count = 2 if ds.overlap_comm else 1
     buckets = bucket_count * ds.reduce_bucket_size * pb if ds.contiguous_gradients else 0
+    full_grads = sum(sum(g) for g in groups) * pb
     if ds.offload_optimizer:
         # temp_grad_buffer_for_cpu_offload (host) and temp_grad_buffer_for_gpu_offload (device): largest param
         ms.host_buffers += largest * pb
         ms.persistent_buffers += largest * pb
         ms.grads_at_step = 0
-        ms.grads_backward_peak = buckets if ds.zero_stage == 2 else sum(sum(g) for g in groups) * pb
+        ms.grads_backward_peak = buckets if ds.zero_stage == 2 else full_grads
     else:
-        # The fp32 copy of group i coexists with the (shared) grads_in_partition buffer of all groups.
-        ms.grads_at_step = grads_in_partition * grad_dtype_bytes + fp32_grad_peak
+        gip = grads_in_partition * grad_dtype_bytes
+        # step() handles one param group at a time: it frees group i's low-precision grads before the inner
+        # optimizer step, but the shared grads_in_partition storage stays alive while a later group still
+        # holds views of it. So during group i's inner step: fp32 copy of group i (+ the buffer if i < last).
+        last = len(fp32_parts) - 1
+        ms.grads_at_step = max(f + (gip if i < last else 0) for i, f in enumerate(fp32_parts))
+        # the short-lived peak while group i is flattened and cast: buffer + flat copy + fp32 copy
+        ms.grads_step_transient_peak = gip + flat_peak + max(fp32_parts)
         if ds.zero_stage == 2:
-            ms.grads_backward_peak = grads_in_partition * grad_dtype_bytes
+            ms.grads_backward_peak = gip
         else:
             # stage 1 keeps full gradients until reduce_gradients() at the accumulation boundary
-            ms.grads_backward_peak = sum(sum(g) for g in groups) * pb
+            ms.grads_backward_peak = full_grads
     ms.transient_buffers = buckets
     return ms
 
@@ -335,7 +344,9 @@ def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
         ms.host_params = part_numel * pb
     else:
         ms.params = part_numel * pb
-    ms.params += persist_numel * pb
+    # Persistent (small) params are whole on every rank during forward/backward, but stage3.py step() calls
+    # _partition_all_parameters() first, so at the optimizer step only partitions remain: count the whole
+    # copies with the live (gathered) parameters.
     if ds.offload_optimizer:
         ms.host_master_params = part_numel * FP32_BYTES
         ms.host_optimizer_states = part_numel * sb
@@ -356,7 +367,7 @@ def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
     total_local = sum(sum(g) for g in groups)
     layer_numel = total_local / max(1, plan.shape.num_hidden_layers // plan.pp)
     live = min(ds.max_live_parameters, max(ds.prefetch_bucket_size + layer_numel, layer_numel), total_local)
-    ms.transient_buffers = int(live) * pb
+    ms.transient_buffers = int(live) * pb + persist_numel * pb
     return ms
 
 

@@ -1,0 +1,179 @@
+"""`dstoolkit estimate`: memory per rank, FLOPs, communication, step time and MFU for one run.
+
+    dstoolkit estimate SPEC.yaml [--format table|json]
+    dstoolkit estimate --config ds.json --model NAME|config.json --world-size N
+                       [--gpus-per-node G] [--gpu NAME] [--seq-len S] [--tp T] [--pp P] [--ep E]
+                       [--precision bf16|fp16|fp8|fp32] [--checkpoint none|full|every-k|selective] [--every-k K]
+
+A spec's "auto" fields are filled by the rule in `dstoolkit.estimate.autofill` (each choice is printed);
+`dstoolkit sweep` ranks candidates properly. No torch import.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+GiB = 2**30
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("estimate", help="memory / FLOPs / communication / step time / MFU estimate",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("spec", nargs="?", metavar="SPEC.yaml", help="a training spec (or use --config/--model/--world-size)")
+    p.add_argument("--config", metavar="ds.json", help="a DeepSpeed JSON (no 'auto' values)")
+    p.add_argument("--model", metavar="NAME|config.json", help="model preset name or a Hugging Face config.json")
+    p.add_argument("--world-size", type=int, help="total ranks (GPUs)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: min(8, world size))")
+    p.add_argument("--gpu", default="H100-SXM", help="hardware table name (H100-SXM, H200, H800, A100-80G, ..., cpu)")
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
+                   help="default: from the JSON (bf16/fp16 sections), else fp32")
+    p.add_argument("--checkpoint", choices=("none", "full", "every-k", "selective"), default="none",
+                   help="activation recompute policy")
+    p.add_argument("--every-k", type=int, default=2, help="with --checkpoint every-k: recompute one block in k")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="store the s^2 attention scores (math attention)")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    p.set_defaults(run=run)
+
+
+def _err(msg: str) -> int:
+    print(f"dstoolkit estimate: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def _load_shape(model: str):
+    from dstoolkit.models import get_preset, load_hf_config
+
+    path = Path(model)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"--model {model!r}: file not found (give a preset name or an HF config.json path)")
+        return load_hf_config(path)
+    return get_preset(model)
+
+
+def _plan_from_args(args):
+    from dstoolkit.estimate import RunPlan
+    from dstoolkit.schemas.checkpoint import CheckpointPolicy
+    from dstoolkit.schemas.hardware import get_gpu
+
+    missing = [f for f, v in (("--config", args.config), ("--model", args.model), ("--world-size", args.world_size)) if v is None]
+    if missing:
+        raise ValueError(f"give a SPEC.yaml, or all of --config, --model and --world-size (missing: {', '.join(missing)})")
+    try:
+        text = Path(args.config).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--config {args.config!r}: cannot read ({exc.strerror or exc})") from None
+    try:
+        ds = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{args.config}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(ds, dict):
+        raise ValueError(f"{args.config}: the DeepSpeed config must be a JSON object")
+    shape = _load_shape(args.model)
+    if args.world_size <= 0:
+        raise ValueError(f"--world-size={args.world_size}: must be > 0")
+    precision = args.precision
+    if precision is None:
+        if (ds.get("bf16") or {}).get("enabled") is True:
+            precision = "bf16"
+        elif (ds.get("fp16") or {}).get("enabled") is True:
+            precision = "fp16"
+        else:
+            precision = "fp32"
+    if args.checkpoint == "every-k":
+        policy = CheckpointPolicy(kind="every-k", every_k=args.every_k)
+    else:
+        policy = CheckpointPolicy(kind=args.checkpoint)
+    plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
+                   gpus_per_node=args.gpus_per_node or min(8, args.world_size), gpu=get_gpu(args.gpu),
+                   seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
+                   flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
+                   precision=precision)
+    return plan, []
+
+
+def _plan_from_spec(path: str):
+    from dstoolkit.estimate.autofill import fill_autos
+    from dstoolkit.models import resolve_model
+    from dstoolkit.schemas.spec import load_spec
+
+    spec = load_spec(path)
+    shape = resolve_model(spec.model, Path(path).resolve().parent)
+    filled = fill_autos(spec, shape)
+    return filled.plan, filled.assumptions
+
+
+def render_table(plan, est, assumptions: list[str]) -> str:
+    m = est.memory
+    ds = plan.ds
+    lines = [
+        f"model {plan.shape.name}: {est.params.total / 1e9:,.3f}B params ({est.params.active / 1e9:,.3f}B active); "
+        f"{plan.world_size} x {plan.gpu.name}, tp={plan.tp} pp={plan.pp} ep={plan.ep} dp={plan.dp}; "
+        f"ZeRO-{ds.zero_stage}{' + optimizer offload' if ds.offload_optimizer else ''}, {plan.precision}, "
+        f"micro batch {ds.micro_batch} x accum {ds.grad_accum}, seq {plan.seq_len}, checkpoint {plan.checkpoint.kind}",
+    ]
+    for a in assumptions:
+        lines.append(f"  assumed: {a}")
+    lines += [
+        "",
+        f"{'memory per rank':<28}{'bytes':>20}{'':>4}{'GiB':>10}",
+    ]
+    for name, val in (("params", m.params), ("grads", m.grads), ("optimizer (master+states)", m.optimizer),
+                      ("activations", m.activations), ("buffers", m.buffers), ("total", m.total)):
+        lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}")
+    lines.append(f"{'host (offload) per rank':<28}{est.host_memory_per_rank_bytes:>20,}{'':>4}"
+                 f"{est.host_memory_per_rank_bytes / GiB:>10.2f}")
+    lines.append(f"fits in {plan.gpu.memory_bytes / GiB:.0f} GiB: {'yes' if est.fits else 'NO'}"
+                 f"   (DeepSpeed path: {m.optimizer_path}; ZeRO paper view for this stage: "
+                 f"{est.paper_view.stage_bytes / GiB:.2f} GiB model states)")
+    lines += ["", f"FLOPs/token {est.flops_per_token:.4g} (with recompute {est.hardware_flops_per_token:.4g}); "
+                  f"FLOPs/step {est.flops_per_step:.4g}; tokens/step {est.tokens_per_step:,}", "",
+              f"{'communication per step':<32}{'bytes/rank':>20}"]
+    for k, v in sorted(est.comm_bytes_per_step.items()):
+        lines.append(f"{k:<32}{v:>20,}")
+    st = est.step_time
+    lines += ["", f"step time {est.step_time_s:.4g} s = compute {st.compute_s:.4g} + exposed comm {st.comm_exposed_s:.4g} "
+                  f"(of {st.comm_total_s:.4g}, overlap eta={st.overlap_efficiency}) + optimizer {st.optimizer_s:.4g} "
+                  f"+ offload {st.offload_s:.4g} + overhead {st.overhead_s:.4g}",
+              f"MFU {est.mfu:.1%}"]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from pydantic import ValidationError
+
+    from dstoolkit.estimate import estimate_run
+
+    try:
+        if args.spec:
+            if args.config or args.model:
+                return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
+            plan, assumptions = _plan_from_spec(args.spec)
+        else:
+            plan, assumptions = _plan_from_args(args)
+        est = estimate_run(plan)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        return _err(f"{loc + ': ' if loc else ''}{first.get('msg')}")
+    except ValueError as exc:
+        return _err(str(exc))
+    if args.format == "json":
+        out = est.to_json()
+        out["assumptions"] = assumptions
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_table(plan, est, assumptions))
+    return 0

@@ -1,0 +1,82 @@
+"""`dstoolkit estimate` (SPEC.yaml or --config/--model/--world-size), table and JSON."""
+import json
+
+import pytest
+
+from dstoolkit.cli import main
+
+CONTRACT = {"params", "memory_per_rank_bytes", "host_memory_per_rank_bytes", "flops_per_step",
+            "comm_bytes_per_step", "step_time_s", "mfu"}
+
+
+@pytest.mark.parametrize("spec", ["tiny_cpu.yaml", "tiny_moe_cpu.yaml", "llama3_8b_1x8_h100.yaml",
+                                  "mixtral_8x7b_2x8_h100.yaml", "deepseek_v3_32x8_h800.yaml"])
+def test_every_bundled_spec_estimates(repo_root, spec, capsys):
+    path = repo_root / "ds_configs" / spec
+    if not path.exists():
+        pytest.skip(f"{spec} not bundled")
+    assert main(["estimate", str(path), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert CONTRACT <= set(out)
+    assert out["memory_per_rank_bytes"]["total"] > 0 and out["step_time_s"] > 0
+
+
+def test_config_model_world_size_table(tmp_path, capsys):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                               "bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+                               "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}))
+    rc = main(["estimate", "--config", str(cfg), "--model", "llama-3-70b", "--world-size", "64",
+               "--gpu", "H100-SXM", "--seq-len", "8192", "--checkpoint", "full"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "ZeRO-3" in out and "total" in out and "MFU" in out and "zero3_param_all_gather_fwd" in out
+
+
+def test_hf_config_json_model(tmp_path, capsys):
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4,
+                              "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1376,
+                              "vocab_size": 32000, "tie_word_embeddings": False}))
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+                               "zero_optimization": {"stage": 2}}))
+    assert main(["estimate", "--config", str(cfg), "--model", str(hf), "--world-size", "2", "--gpu", "cpu",
+                 "--seq-len", "128", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parallel"]["grad_accum"] == 2  # 16 = 4 x 2 x dp 2
+    assert out["params"]["total"] > 0
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--tp", "3"], "tp=3 does not divide num_attention_heads=32"),
+    (["--seq-len", "0"], "seq_len=0"),
+])
+def test_bad_input_is_exit_2_with_a_message(tmp_path, capsys, extra, needle):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}))
+    rc = main(["estimate", "--config", str(cfg), "--model", "llama-3-8b", "--world-size", "6", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err and "Traceback" not in err
+
+
+def test_missing_inputs_and_unknown_model(tmp_path, capsys):
+    assert main(["estimate"]) == 2
+    assert "missing: --config, --model, --world-size" in capsys.readouterr().err
+    cfg = tmp_path / "ds.json"
+    cfg.write_text("{\"train_micro_batch_size_per_gpu\": 1,}")
+    assert main(["estimate", "--config", str(cfg), "--model", "tiny", "--world-size", "2"]) == 2
+    assert "invalid JSON" in capsys.readouterr().err
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1}))
+    assert main(["estimate", "--config", str(cfg), "--model", "llama-9", "--world-size", "2"]) == 2
+    assert "llama-9" in capsys.readouterr().err
+
+
+def test_estimate_module_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dstoolkit.estimate, dstoolkit.cli.estimate; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
