@@ -6,7 +6,7 @@ from .shape import ModelShape
 from .presets import PRESETS, get_preset
 from .hf import FAMILIES, HFConfigError, load_hf_config, shape_from_hf_dict
 from .params import ParamCount, count_params
-from .resolve import check_model_fits_spec, resolve_model, resolve_spec_model
+from .resolve import check_model_fits_spec, load_model, resolve_model, resolve_spec_model
 
 __all__ = [
     "ModelShape",
@@ -19,6 +19,7 @@ __all__ = [
     "ParamCount",
     "count_params",
     "resolve_model",
+    "load_model",
     "resolve_spec_model",
     "check_model_fits_spec",
 ]

@@ -10,6 +10,25 @@ from dstoolkit.models.shape import ModelShape
 from dstoolkit.schemas.spec import ModelSpec, Spec
 
 
+def load_model(name_or_path: Union[str, Path]) -> ModelShape:
+    """A preset name or a path to a Hugging Face config.json (or its folder): the `--model` argument of CLIs.
+
+    Args:
+        name_or_path: "llama-3-8b", "path/to/config.json" or "path/to/model_dir".
+
+    Raises:
+        ValueError: unknown preset (with did-you-mean, listing presets) or an unreadable/invalid config.
+    """
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists() or text.endswith(".json") or "/" in text or "\\" in text:
+        return load_hf_config(path)
+    try:
+        return get_preset(text)
+    except ValueError as exc:
+        raise ValueError(f"{str(exc)[:-1]}; or give a path to an HF config.json)") from None
+
+
 def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = None) -> ModelShape:
     """Turn the spec's model section into a shape.
 

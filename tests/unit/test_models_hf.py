@@ -142,3 +142,15 @@ def test_reader_never_crashes(base, key, value, strict):
         shape_from_hf_dict(d, strict=strict)
     except HFConfigError:
         pass
+
+
+def test_load_model_preset_or_path(tmp_path):
+    from dstoolkit.models import get_preset, load_model
+
+    assert load_model("tiny") is get_preset("tiny")
+    assert load_model(HF / "gpt2.json").model_type == "gpt2"
+    assert load_model(str(HF / "gpt2.json")).learned_positions
+    with pytest.raises(ValueError, match=r"unknown model preset 'llama3-8b' \(did you mean 'llama-3-8b'\?.*; or give a path to an HF config.json\)"):
+        load_model("llama3-8b")
+    with pytest.raises(ValueError, match="cannot read HF config"):
+        load_model(tmp_path / "nothing.json")
