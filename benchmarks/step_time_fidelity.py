@@ -1,0 +1,353 @@
+#!/usr/bin/env python
+"""Step-time fidelity: predict DeepSpeed step time on this machine, then run the configs and compare.
+
+One 2-rank gloo launch (torchrun) does everything, in this order:
+
+1. Calibration probes (small, and on shapes that are NOT the test configs):
+   - compute: forward+backward of one transformer block of a probe shape, per precision -> effective FLOP/s;
+   - memory: torch AdamW step on a flat fp32 tensor -> bytes/s of optimizer traffic;
+   - gloo: all_reduce at two sizes on both ranks -> bus bandwidth (nccl-tests busbw) and per-call latency;
+   - framework: a 1-block DeepSpeed engine step (tiny) -> fixed per-step and per-block overheads.
+2. Predict with `dstoolkit.estimate.estimate_run` (its step-time model, fed the measured `Calibration`).
+3. Run each config (>= 8, generated with `dstoolkit.estimate.autofill.ds_config_for` from the tiny CPU spec with
+   varied stage / precision / micro batch / accumulation / recompute / offload / width) for warm-up + timed
+   steps and take the median.
+4. Report MAPE and Spearman rank correlation, with os.getloadavg() before and after (other processes on the
+   machine make CPU timing noisy: rerun when the machine is quiet).
+
+Usage (about 3-6 minutes on 2 quiet cores):
+    python benchmarks/step_time_fidelity.py            # writes benchmarks/results/step_time_fidelity_cpu_<yyyymm>.{json,md}
+    python benchmarks/step_time_fidelity.py --quick    # 8 configs, fewer steps
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MAPE_GOAL = 0.15
+SPEARMAN_GOAL = 0.9
+
+SHAPES = {
+    "s256": dict(name="s256", model_type="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=4, intermediate_size=704, vocab_size=4096),
+    "s384": dict(name="s384", model_type="llama", hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
+                 num_key_value_heads=2, intermediate_size=1024, vocab_size=4096),
+    "s512": dict(name="s512", model_type="llama", hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+                 num_key_value_heads=4, intermediate_size=1376, vocab_size=8192),
+}
+PROBE_SHAPE = dict(name="probe", model_type="llama", hidden_size=320, num_hidden_layers=1, num_attention_heads=5,
+                   num_key_value_heads=5, intermediate_size=864, vocab_size=2048)
+"""Calibration shape: between the test widths, and not one of them."""
+TINY_SHAPE = dict(name="tinyprobe", model_type="llama", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, intermediate_size=128, vocab_size=256)
+SEQ = 128
+
+
+def configs(quick: bool) -> list[dict]:
+    rows = [
+        dict(name="s256-z1-bf16-mb4", shape="s256", stage=1, prec="bf16", mb=4, ga=1),
+        dict(name="s256-z2-fp32-mb4", shape="s256", stage=2, prec="fp32", mb=4, ga=1),
+        dict(name="s384-z0-fp32-mb2", shape="s384", stage=0, prec="fp32", mb=2, ga=1),
+        dict(name="s384-z2-bf16-mb4", shape="s384", stage=2, prec="bf16", mb=4, ga=1),
+        dict(name="s384-z3-bf16-mb4", shape="s384", stage=3, prec="bf16", mb=4, ga=1),
+        dict(name="s384-z1-bf16-mb2-ga2-ckpt", shape="s384", stage=1, prec="bf16", mb=2, ga=2, ckpt="full"),
+        dict(name="s512-z2-bf16-mb4", shape="s512", stage=2, prec="bf16", mb=4, ga=1),
+        dict(name="s512-z1-fp32-mb8-ckpt", shape="s512", stage=1, prec="fp32", mb=8, ga=1, ckpt="full"),
+    ]
+    if not quick:
+        rows += [
+            dict(name="s256-z2-bf16-offload-mb8", shape="s256", stage=2, prec="bf16", mb=8, ga=1, offload=True),
+            dict(name="s512-z3-fp32-mb2-ga2", shape="s512", stage=3, prec="fp32", mb=2, ga=2),
+        ]
+    return rows
+
+
+def _ds_config(c: dict) -> dict:
+    from dstoolkit.estimate.autofill import ds_config_for
+    from dstoolkit.schemas.spec import Spec
+
+    spec = Spec.model_validate({
+        "name": "steptime", "model": {"preset": "tiny"},
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
+        "training": {"seq_len": SEQ, "global_batch": c["mb"] * c["ga"] * 2, "precision": c["prec"],
+                     "optimizer": "adamw", "lr": 1e-3, "zero_stage": c["stage"], "offload": bool(c.get("offload")),
+                     "tp": 1, "pp": 1, "ep": 1, "micro_batch": c["mb"]},
+    })
+    cfg = ds_config_for(spec, stage=c["stage"], micro_batch=c["mb"], grad_accum=c["ga"], offload=bool(c.get("offload")))
+    cfg["optimizer"]["params"]["torch_adam"] = not c.get("offload")
+    cfg["zero_optimization"].update(reduce_bucket_size=2_000_000, allgather_bucket_size=2_000_000)
+    if c["stage"] == 3:
+        cfg["zero_optimization"]["stage3_prefetch_bucket_size"] = 2_000_000
+    if c.get("offload"):
+        cfg["zero_optimization"]["offload_optimizer"]["pin_memory"] = False
+    cfg["steps_per_print"] = 10_000
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------ worker
+
+
+def _median_time(fn, reps: int, warmup: int = 1) -> float:
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def probe(rank: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from dstoolkit.estimate.flops import flops_per_token
+    from dstoolkit.models.shape import ModelShape
+    from dstoolkit.models.torch_model import Block
+
+    out: dict = {}
+    shape = ModelShape(**PROBE_SHAPE)
+    tokens = 2 * SEQ
+    # FLOPs of one block fwd+bwd: 6 x block matmul params + the attention term per token
+    f = flops_per_token(shape, SEQ)
+    block_params = f.dense / 6 - shape.vocab_size * shape.hidden_size
+    block_flops = (6 * block_params + f.attention) * tokens
+    for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        blk = Block(shape, 0, 1).to(dtype)
+        x = torch.randn(2, SEQ, shape.hidden_size, dtype=dtype, requires_grad=True)
+
+        def fb():
+            y, _ = blk(x)
+            y.float().sum().backward()
+
+        t = _median_time(fb, reps=5, warmup=2)
+        out[f"matmul_flops_per_s_{prec}"] = block_flops / t
+    # optimizer traffic: torch AdamW step over n fp32 elements (what DeepSpeed's torch_adam path runs)
+    n = 2_000_000
+    p = torch.nn.Parameter(torch.zeros(n))
+    p.grad = torch.randn(n)
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    t = _median_time(opt.step, reps=5, warmup=2)
+    from dstoolkit.estimate.step_time import ADAM_BYTES_PER_PARAM_UPDATE
+
+    out["mem_bw_bytes_per_s"] = n * ADAM_BYTES_PER_PARAM_UPDATE / t
+    # gloo all-reduce: busbw = size x 2(n-1)/n / time (nccl-tests); latency from the small size
+    sizes = [64 * 1024, 8 * 1024 * 1024]
+    times = []
+    for size in sizes:
+        buf = torch.ones(size // 4)
+        times.append(_median_time(lambda: dist.all_reduce(buf), reps=7, warmup=2))
+    ws = dist.get_world_size()
+    factor = 2 * (ws - 1) / ws
+    slope = (times[1] - times[0]) / (sizes[1] - sizes[0])
+    out["comm_busbw_bytes_per_s"] = factor / slope
+    out["comm_latency_s"] = max(0.0, times[0] - sizes[0] * slope)
+    return out
+
+
+def _engine_step_time(shape_kw: dict, cfg: dict, ckpt: str, steps: int, warmup: int, rank: int) -> float:
+    import deepspeed
+    import torch
+
+    from dstoolkit.models.shape import ModelShape
+    from dstoolkit.models.torch_model import build_model, synthetic_batch
+    from dstoolkit.schemas.checkpoint import CheckpointPolicy
+
+    shape = ModelShape(**shape_kw)
+    model = build_model(shape, checkpoint=CheckpointPolicy(kind=ckpt) if ckpt != "none" else None, seed=0)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
+    mb, ga = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
+    batches = [synthetic_batch(shape, mb, SEQ, step=i, rank=rank) for i in range(ga)]
+
+    def one_step():
+        for ids, labels in batches:
+            loss = engine(ids, labels)
+            engine.backward(loss)
+            engine.step()
+
+    t = _median_time(one_step, reps=steps, warmup=warmup)
+    del engine, model
+    import gc
+
+    gc.collect()
+    return t
+
+
+def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None:
+    import deepspeed
+    import torch
+
+    from dstoolkit.estimate import Calibration, RunPlan, estimate_run
+    from dstoolkit.models.shape import ModelShape
+    from dstoolkit.schemas.checkpoint import CheckpointPolicy
+    from dstoolkit.schemas.hardware import get_gpu
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    load_before = os.getloadavg()
+    t0 = time.time()
+    cal = probe(rank)
+    # framework overhead: a 1-block tiny DeepSpeed engine (compute ~0) at stage 0 and 2, per step
+    tiny_cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+                "zero_optimization": {"stage": 2}, "steps_per_print": 10_000}
+    tiny_t = _engine_step_time(TINY_SHAPE, tiny_cfg, "none", steps=5, warmup=2, rank=rank)
+    cal["step_overhead_s"] = tiny_t
+    cal["probe_s"] = round(time.time() - t0, 1)
+    records = []
+    for c in cfgs:
+        cfg = _ds_config(c)
+        shape = ModelShape(**SHAPES[c["shape"]])
+        policy = CheckpointPolicy(kind=c.get("ckpt", "none"))
+        calib = Calibration(matmul_flops_per_s=cal[f"matmul_flops_per_s_{c['prec']}"],
+                            mem_bw_bytes_per_s=cal["mem_bw_bytes_per_s"],
+                            comm_busbw_bytes_per_s=cal["comm_busbw_bytes_per_s"],
+                            comm_latency_s=cal["comm_latency_s"], step_overhead_s=cal["step_overhead_s"])
+        plan = RunPlan(shape=shape, ds_config=cfg, world_size=2, gpus_per_node=2, gpu=get_gpu("cpu"), seq_len=SEQ,
+                       checkpoint=policy, precision=c["prec"], calibration=calib)
+        est = estimate_run(plan)
+        rec = dict(config=c, predicted_s=est.step_time_s, breakdown=est.step_time.model_dump())
+        try:
+            rec["measured_s"] = _engine_step_time(SHAPES[c["shape"]], cfg, c.get("ckpt", "none"), steps, warmup, rank)
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+        records.append(rec)
+    result = dict(calibration=cal, records=records, loadavg_before=load_before, loadavg_after=os.getloadavg(),
+                  worker_s=round(time.time() - t0, 1))
+    if rank == 0:
+        pathlib.Path(out_path).write_text(json.dumps(result))
+    torch.distributed.barrier()
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def render_md(res: dict) -> str:
+    cal = res["calibration"]
+    lines = [
+        "# Step-time fidelity: dstoolkit.estimate vs real DeepSpeed steps (2 gloo ranks, CPU)",
+        "",
+        f"DeepSpeed {res['env']['deepspeed']}, torch {res['env']['torch']}, commit {res['env']['git_commit']}, {res['env']['date']}.",
+        f"loadavg before {tuple(round(x, 2) for x in res['loadavg_before'])}, after {tuple(round(x, 2) for x in res['loadavg_after'])} "
+        f"(2 cores; values well above 2 mean other processes competed for the CPU and timings are noisy).",
+        "",
+        f"**MAPE {res['mape']:.1%}** (goal <= {MAPE_GOAL:.0%}), **Spearman {res['spearman']:.3f}** (goal >= {SPEARMAN_GOAL}), "
+        f"{len(res['rows'])} configs; whole run {res['wall_s']} s.",
+        "",
+        "Calibration (probes on shapes that are not test configs): "
+        f"fp32 {cal['matmul_flops_per_s_fp32'] / 1e9:.2f} GFLOP/s, bf16 {cal['matmul_flops_per_s_bf16'] / 1e9:.2f} GFLOP/s per rank "
+        f"(block fwd+bwd), optimizer traffic {cal['mem_bw_bytes_per_s'] / 1e9:.2f} GB/s, gloo busbw "
+        f"{cal['comm_busbw_bytes_per_s'] / 1e9:.3f} GB/s + {cal['comm_latency_s'] * 1e6:.0f} us/call, DeepSpeed step overhead "
+        f"{cal['step_overhead_s'] * 1e3:.1f} ms.",
+        "",
+        "| config | predicted s | measured s | error | compute s | comm s | optimizer s | overhead s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res["rows"]:
+        b = r["breakdown"]
+        lines.append(f"| {r['config']['name']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} | {r['err']:+.1%} | "
+                     f"{b['compute_s']:.3f} | {b['comm_exposed_s']:.3f} | {b['optimizer_s']:.3f} | {b['overhead_s']:.3f} |")
+    for r in res.get("failed", []):
+        lines.append(f"| {r['config']['name']} | {r['predicted_s']:.3f} | FAILED: {r['error'][:60]} |  |  |  |  |  |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cfgs-file", help=argparse.SUPPRESS)
+    ap.add_argument("--result-file", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="8 configs and fewer timed steps")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per config (default 5, quick 3)")
+    ap.add_argument("--out", help="output directory (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    steps = args.steps or (3 if args.quick else 5)
+    if args.worker:
+        run_worker(json.loads(pathlib.Path(args.cfgs_file).read_text()), args.result_file, steps, warmup=2)
+        return 0
+    out = pathlib.Path(args.out) if args.out else REPO / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "_step_time_work"
+    work.mkdir(exist_ok=True)
+    cfg_path, res_path = work / "cfgs.json", work / "result.json"
+    cfg_path.write_text(json.dumps(configs(args.quick)))
+    if res_path.exists():
+        res_path.unlink()
+    t0 = time.time()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
+           "--cfgs-file", str(cfg_path), "--result-file", str(res_path), "--steps", str(steps)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=str(REPO))
+    if not res_path.exists():
+        print(proc.stderr[-4000:], file=sys.stderr)
+        return 1
+    res = json.loads(res_path.read_text())
+    rows = [r for r in res["records"] if "measured_s" in r]
+    for r in rows:
+        r["err"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
+    res["rows"] = rows
+    res["failed"] = [r for r in res["records"] if "measured_s" not in r]
+    res["mape"] = statistics.mean(abs(r["err"]) for r in rows) if rows else float("nan")
+    res["spearman"] = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]) if len(rows) > 2 else float("nan")
+    res["wall_s"] = round(time.time() - t0, 1)
+    from memory_fidelity import _env  # same directory
+
+    res["env"] = _env()
+    stamp = _dt.datetime.utcnow().strftime("%Y%m")
+    (out / f"step_time_fidelity_cpu_{stamp}.json").write_text(json.dumps(res, indent=1))
+    (out / f"step_time_fidelity_cpu_{stamp}.md").write_text(render_md(res))
+    cfg_path.unlink()
+    res_path.unlink()
+    work.rmdir()
+    print(render_md(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    sys.exit(main())
