@@ -247,24 +247,29 @@ def _op_callable(torch, dist, op: str, inp, out, group=None) -> Callable[[], Any
     raise BenchInputError(f"unknown op {op!r}")
 
 
+def count_wrong(torch, got, expected) -> int:
+    """Elements of `got` that differ from `expected` (relative tolerance per float dtype, exact for integers)."""
+    if got.shape != expected.shape:
+        return int(max(got.numel(), expected.numel()))
+    if got.dtype.is_floating_point:
+        rtol = _RTOL.get(str(got.dtype).replace("torch.", ""), 1e-6)
+        ok = torch.isclose(got.double(), expected.double(), rtol=rtol, atol=0.0)
+    else:
+        ok = got == expected
+    return int((~ok).sum())
+
+
 def _check_wrong(torch, dist, op: str, lay: Layout, rank: int, world: int, dtype, device) -> int:
     """Run `op` once on patterned buffers and count wrong elements summed over ranks."""
     if op == "broadcast" and rank != 0:
         inp = torch.zeros(lay.in_numel, dtype=dtype, device=device)
-    elif op == "all_gather":
-        inp = _pattern(torch, lay.in_numel, rank, 0, dtype).to(device)
     else:
         inp = _pattern(torch, lay.in_numel, rank, 0, dtype).to(device)
     out = torch.zeros(lay.out_numel, dtype=dtype, device=device) if op in ("all_gather", "reduce_scatter", "all_to_all") else None
     _op_callable(torch, dist, op, inp, out)()
     got = (out if out is not None else inp).cpu()
     exp = _expected(torch, op, lay, rank, world, dtype)
-    if dtype.is_floating_point:
-        rtol = _RTOL.get(str(dtype).replace("torch.", ""), 1e-6)
-        ok = torch.isclose(got.double(), exp.double(), rtol=rtol, atol=0.0)
-    else:
-        ok = got == exp
-    wrong = torch.tensor([int((~ok).sum())], dtype=torch.int64, device=device)
+    wrong = torch.tensor([count_wrong(torch, got, exp)], dtype=torch.int64, device=device)
     dist.all_reduce(wrong)
     return int(wrong.item())
 

@@ -35,7 +35,7 @@ class BenchTarget:
     """Expert-parallel degree (from launch.sh / the spec / the config's name)."""
 
 
-def validate_ds_config(ds: dict, name: str, world_size: int) -> None:
+def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[str] = None, ep_size: int = 1) -> None:
     """Refuse a config that `dstoolkit validate` rejects (errors only; warnings pass).
 
     Falls back to DeepSpeed's own `DeepSpeedConfig` when the schema validator is unavailable.
@@ -45,8 +45,11 @@ def validate_ds_config(ds: dict, name: str, world_size: int) -> None:
     except ImportError:  # TODO(#5): the schemas helper's validator; DeepSpeed's own check until it lands
         validate_config = None
     if validate_config is not None:
+        kwargs: dict[str, Any] = {"source": source or name, "world_size": world_size}
+        if ep_size > 1:
+            kwargs["ep_size"] = ep_size
         try:
-            findings = validate_config(ds, world_size=world_size)
+            findings = validate_config(ds, **kwargs)
         except TypeError:
             findings = validate_config(ds)
         errors = [f for f in findings if str(getattr(f, "severity", "")).lower().endswith("error")]
@@ -55,7 +58,7 @@ def validate_ds_config(ds: dict, name: str, world_size: int) -> None:
             where = getattr(first, "pointer", None) or getattr(first, "path", "")
             raise BenchInputError(
                 f"config {name!r} fails validation ({len(errors)} error(s)); first: {where} {getattr(first, 'message', first)}"
-                f" -- fix it (see `dstoolkit validate {name}`) before benchmarking")
+                f" -- fix it (see `dstoolkit validate {source or name}`) before benchmarking")
         return
     _deepspeed_accepts(ds, name, world_size)
 
@@ -182,7 +185,8 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
     if not targets:
         raise BenchInputError("no DeepSpeed configs found in the targets")
     for t in targets:
-        validate_ds_config(t.ds_config, t.name, world_size)
+        validate_ds_config(t.ds_config, t.name, world_size,
+                           source=str(t.ds_config_path) if t.ds_config_path else None, ep_size=t.ep_size)
     return targets
 
 

@@ -1,0 +1,78 @@
+"""Harness core: statistics, resumable append-only JSON Lines, environment capture."""
+import json
+
+import numpy as np
+import pytest
+
+from dstoolkit.bench import harness
+
+
+def test_summarize_matches_numpy_percentiles():
+    rng = np.random.default_rng(0)
+    xs = rng.lognormal(size=37).tolist()
+    st = harness.summarize(xs)
+    assert st.n == 37
+    assert st.median == pytest.approx(np.percentile(xs, 50))
+    assert st.p10 == pytest.approx(np.percentile(xs, 10))
+    assert st.p90 == pytest.approx(np.percentile(xs, 90))
+    assert st.iqr == pytest.approx(np.percentile(xs, 75) - np.percentile(xs, 25))
+    assert st.rel_spread == pytest.approx((st.p90 - st.p10) / st.median)
+
+
+def test_summarize_refuses_empty():
+    with pytest.raises(ValueError, match="at least one sample"):
+        harness.summarize([])
+
+
+def test_time_repeated_gives_one_sample_per_rep_after_warmup():
+    calls = []
+    samples = harness.time_repeated(lambda: calls.append(1), warmup=3, reps=4, inner=5, sync=lambda: None)
+    assert len(samples) == 4
+    assert len(calls) == 3 + 4 * 5
+    assert all(s >= 0 for s in samples)
+    with pytest.raises(harness.BenchInputError, match="reps"):
+        harness.time_repeated(lambda: None, warmup=0, reps=0)
+
+
+def test_append_never_rewrites_and_skips_torn_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    harness.append_records(path, [{"a": 1}])
+    harness.append_records(path, [{"a": 2}])
+    with open(path, "a") as fh:
+        fh.write('{"a": 3, "torn')  # an interrupted write
+    recs = harness.read_records(path)
+    assert [r["a"] for r in recs] == [1, 2]
+    assert path.read_text().startswith('{"a": 1}')
+
+
+def test_interrupted_run_resumes_and_completed_run_starts_fresh(tmp_path):
+    path = tmp_path / "r.jsonl"
+    first = harness.open_run(path, "comm", "h1")
+    assert not first.resumed and not first.done_keys
+    env = {"config_hash": "h1"}
+    harness.append_records(path, [harness.base_record("comm", first.run_id, "k1", env),
+                                  harness.base_record("comm", first.run_id, "k2", env)])
+    # No run_done marker: the same command resumes the same run and skips k1, k2.
+    again = harness.open_run(path, "comm", "h1")
+    assert again.resumed and again.run_id == first.run_id and again.done_keys == {"k1", "k2"}
+    # A different config never resumes someone else's run.
+    assert not harness.open_run(path, "comm", "other").resumed
+    assert not harness.open_run(path, "comm", "h1", resume=False).resumed
+    harness.close_run(path, "comm", "h1", first.run_id)
+    after = harness.open_run(path, "comm", "h1")
+    assert not after.resumed and after.run_id != first.run_id
+
+
+def test_env_capture_has_versions_hardware_commit_and_hash():
+    env = harness.capture_env(2, "gloo", {"x": 1})
+    for key in ("torch", "deepspeed", "transformer_engine", "cpu_model", "gpu_model", "world_size", "git_commit",
+                "config_hash", "load_avg", "timestamp_utc"):
+        assert key in env
+    assert env["world_size"] == 2
+    assert env["torch"] and env["torch"].startswith("2.")
+    assert env["config_hash"] == harness.config_hash({"x": 1}) != harness.config_hash({"x": 2})
+    json.dumps(env)  # serialisable
+
+
+def test_config_hash_ignores_key_order():
+    assert harness.config_hash({"a": 1, "b": [1, 2]}) == harness.config_hash({"b": [1, 2], "a": 1})

@@ -1,0 +1,65 @@
+"""bench train: metric summary, errors, and refusing bad configs before launching anything."""
+import json
+
+import pytest
+
+from dstoolkit.bench import train
+from dstoolkit.bench.harness import BenchInputError
+from dstoolkit.cli import main
+
+
+def _rows():
+    rows = [{"step": i, "loss": 8.0 - 0.1 * i, "step_time_s": t, "tokens_per_s": 512 / t, "global_batch": 8,
+             "micro_batch": 4, "grad_accum": 1, "peak_rss_bytes": 100 + i, "lr": 1e-3}
+            for i, t in enumerate([5.0, 2.0, 1.0, 1.0, 1.0, 2.0], start=1)]
+    return rows + [{"event": "done", "steps": 6}]
+
+
+def test_summarize_metrics_skips_warmup_steps():
+    m = train.summarize_metrics(_rows(), skip_steps=2, seq_len=64)
+    assert m["timed_steps"] == 4 and m["steps"] == 6
+    assert m["step_time_s_median"] == pytest.approx(1.0)
+    assert m["step_time_s_p90"] == pytest.approx(1.7)  # linear interpolation of [1, 1, 1, 2]
+    assert m["tokens_per_s"] == pytest.approx(8 * 64 / 1.0)
+    assert m["peak_memory_bytes"] == 106
+    assert m["loss_first"] == pytest.approx(7.9) and m["loss_last"] == pytest.approx(7.4)
+    with pytest.raises(RuntimeError, match="skip-steps"):
+        train.summarize_metrics(_rows(), skip_steps=6, seq_len=64)
+
+
+def test_rel_error():
+    assert train.rel_error(1.2, 1.0) == pytest.approx(0.2)
+    assert train.rel_error(None, 1.0) is None and train.rel_error(1.0, 0) is None
+
+
+def test_trainer_command_is_the_deepspeed_launcher(tmp_path):
+    cmd = train.trainer_command(tmp_path / "ds.json", tmp_path / "s.yaml", 5, tmp_path / "m.jsonl", 2, 2, 12345)
+    assert "--module" in cmd and "dstoolkit.train.trainer" in cmd
+    assert cmd[cmd.index("--num_gpus") + 1] == "2" and cmd[cmd.index("--ep-size") + 1] == "2"
+    assert cmd[0].endswith("deepspeed") or "deepspeed" in " ".join(cmd[:3])
+
+
+def test_config_failing_validation_exits_2(tmp_path, repo_root, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 4,
+                               "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}))
+    rc = main(["bench", "train", str(bad), "--spec", str(repo_root / "ds_configs" / "tiny_cpu.yaml"), "--steps", "3"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "fails validation" in err and "train_batch_size" in err and str(bad) in err, err
+
+
+def test_missing_target_and_bad_steps_exit_2(tmp_path, capsys):
+    assert main(["bench", "train", str(tmp_path / "nope.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    cfg = tmp_path / "ok.json"
+    cfg.write_text("{}")
+    assert main(["bench", "train", str(cfg), "--steps", "2", "--skip-steps", "2"]) == 2
+    assert "must exceed" in capsys.readouterr().err
+
+
+def test_overlap_bad_world_size_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "z.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}))
+    assert main(["bench", "overlap", str(cfg), "--world-size", "100000"]) == 2
+    assert "--world-size 100000" in capsys.readouterr().err
