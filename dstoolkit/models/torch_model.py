@@ -361,19 +361,30 @@ def moe_param_groups(model: nn.Module, weight_decay: float = 0.0) -> list[dict]:
     return split_params_into_different_moe_groups_for_optimizer(groups)
 
 
-def _bigram_map(vocab_size: int, seed: int) -> Tensor:
+SYNTHETIC_ACTIVE_VOCAB = 64
+"""synthetic_batch draws from this many token ids (a fixed random subset of the vocabulary), so even a
+2048-token vocabulary shows a falling loss within ~10 steps: first ln(V) -> ln(64), then the bigram."""
+
+
+def _synthetic_tables(vocab_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(active token ids, next-token map over all ids) for synthetic_batch; depends on `seed` only."""
     gen = torch.Generator().manual_seed(_name_seed(seed, "synthetic_batch.bigram"))
-    return torch.randperm(vocab_size, generator=gen)
+    k = min(vocab_size, SYNTHETIC_ACTIVE_VOCAB)
+    active = torch.randperm(vocab_size, generator=gen)[:k]
+    nxt = torch.zeros(vocab_size, dtype=torch.long)
+    nxt[active] = active[torch.randperm(k, generator=gen)]
+    return active, nxt
 
 
 def synthetic_batch(
     shape: ModelShape, micro_batch: int, seq_len: int, *, step: int, rank: int, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """A deterministic, learnable batch: a fixed random bigram chain with 10% uniform noise.
+    """A deterministic, learnable batch: a fixed random bigram chain over 64 token ids with 10% noise.
 
-    Token t+1 is `perm[token t]` with probability BIGRAM_FOLLOW_PROB, else uniform; `perm` depends on
-    `seed` only, so the pattern is the same on every rank and step and the loss falls from ln(V) towards
-    the noise floor within a few tens of steps. The batch is a pure function of (seed, step, rank).
+    Tokens come from a fixed subset of min(V, 64) ids; token t+1 is `next[token t]` with probability
+    BIGRAM_FOLLOW_PROB, else a uniform draw from the subset. The tables depend on `seed` only, so the
+    pattern is shared by every rank and step, and the loss falls from ln(V) towards `loss_floor` within a
+    few tens of steps. The batch itself is a pure function of (seed, step, rank).
 
     Args:
         shape: model shape (vocab_size is used).
@@ -388,22 +399,23 @@ def synthetic_batch(
     """
     if micro_batch <= 0 or seq_len <= 0:
         raise ValueError(f"micro_batch={micro_batch} and seq_len={seq_len} must both be > 0")
-    vocab = shape.vocab_size
-    perm = _bigram_map(vocab, seed)
+    active, nxt = _synthetic_tables(shape.vocab_size, seed)
+    k = active.numel()
     gen = torch.Generator().manual_seed(
         (seed * 1_000_003 + step * 7_919 + rank * 104_729 + 17) & 0x7FFFFFFFFFFF
     )
     tokens = torch.empty(micro_batch, seq_len + 1, dtype=torch.long)
-    tokens[:, 0] = torch.randint(0, vocab, (micro_batch,), generator=gen)
-    noise = torch.randint(0, vocab, (micro_batch, seq_len), generator=gen)
+    tokens[:, 0] = active[torch.randint(0, k, (micro_batch,), generator=gen)]
+    noise = active[torch.randint(0, k, (micro_batch, seq_len), generator=gen)]
     follow = torch.rand(micro_batch, seq_len, generator=gen) < BIGRAM_FOLLOW_PROB
     for t in range(seq_len):
-        tokens[:, t + 1] = torch.where(follow[:, t], perm[tokens[:, t]], noise[:, t])
+        tokens[:, t + 1] = torch.where(follow[:, t], nxt[tokens[:, t]], noise[:, t])
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 def loss_floor(shape: ModelShape) -> float:
     """Entropy (nats) of the synthetic next-token distribution: the best achievable loss on synthetic_batch."""
-    p_follow = BIGRAM_FOLLOW_PROB + (1 - BIGRAM_FOLLOW_PROB) / shape.vocab_size
-    p_other = (1 - BIGRAM_FOLLOW_PROB) / shape.vocab_size
-    return -(p_follow * math.log(p_follow) + (shape.vocab_size - 1) * p_other * math.log(p_other))
+    k = min(shape.vocab_size, SYNTHETIC_ACTIVE_VOCAB)
+    p_follow = BIGRAM_FOLLOW_PROB + (1 - BIGRAM_FOLLOW_PROB) / k
+    p_other = (1 - BIGRAM_FOLLOW_PROB) / k
+    return -(p_follow * math.log(p_follow) + (k - 1) * p_other * math.log(p_other))
