@@ -243,7 +243,7 @@ def run_worker(cells: list[dict], out_path: str) -> None:
     from dstoolkit.estimate import RunPlan, activation_bytes
     from dstoolkit.estimate.memory import deepspeed_model_states
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.models.torch_model import build_model, moe_param_groups, synthetic_batch
+    from dstoolkit.models.torch_model import MOE_CAPACITY_FACTOR, build_model, moe_param_groups, synthetic_batch
     from dstoolkit.schemas.checkpoint import CheckpointPolicy
     from dstoolkit.schemas.hardware import get_gpu
     from dstoolkit.train.checkpointing import apply_checkpoint_policy
@@ -307,7 +307,7 @@ def run_worker(cells: list[dict], out_path: str) -> None:
                 act_measured = measure_activations(engine, engine.module, ids, labels)
             plan = RunPlan(shape=shape, ds_config=cfg, world_size=world, gpus_per_node=world, gpu=get_gpu("cpu"),
                            seq_len=SEQ_LEN, ep=cell["ep"], checkpoint=policy, flash_attention=True,
-                           precision=cell["prec"])
+                           precision=cell["prec"], moe_capacity_factor=MOE_CAPACITY_FACTOR)
             ms = deepspeed_model_states(plan, rank=rank)
             act_est = activation_bytes(plan)
             rec.update(

@@ -5,7 +5,9 @@ exists so `dstoolkit estimate SPEC.yaml` answers for specs that still say "auto"
 reported as an assumption. No torch import.
 
 Rule (in order):
-1. tp, pp "auto" -> 1; ep "auto" -> the largest divisor of num_experts that divides dp (dense: 1).
+1. tp "auto" -> 1; pp "auto" -> 1, or, when nothing fits at pp=1, the smallest pp in 2, 4, 8, ... (dividing the
+   world size and at most the layer count) that fits, with ZeRO stage <= 1 (DeepSpeed's pipeline engine refuses
+   ZeRO-2/3); ep "auto" -> the largest divisor of num_experts that divides dp (dense: 1).
 2. Candidates: ZeRO stage 1, 2, 3 (MoE: 1, 2 — DeepSpeed refuses native MoE at stage 3), offload only when the
    spec allows it, checkpointing none then full (when "auto"), micro batch 1, 2, 4, ... dividing the per-rank batch.
 3. Keep those that fit and take the one with the shortest estimated step time (then the least memory).
@@ -54,13 +56,25 @@ def fill_autos(spec: Spec, shape: ModelShape) -> FilledPlan:
     """Resolve the spec's "auto" fields by the module's rule and estimate the result."""
     t = spec.training
     world = spec.cluster.world_size
-    notes: list[str] = []
+    if t.pp != "auto":
+        return _fill(spec, shape, int(t.pp), [])
+    best = _fill(spec, shape, 1, ["pp: auto -> 1"])
+    pp = 2
+    while not best.estimate.fits and pp <= shape.num_hidden_layers and world % pp == 0:
+        cand = _fill(spec, shape, pp, [f"pp: auto -> {pp} (nothing fits with less)"])
+        if cand.estimate.fits:
+            return cand
+        pp *= 2
+    return best
+
+
+def _fill(spec: Spec, shape: ModelShape, pp: int, notes: list[str]) -> FilledPlan:
+    t = spec.training
+    world = spec.cluster.world_size
+    notes = list(notes)
     tp = 1 if t.tp == "auto" else int(t.tp)
-    pp = 1 if t.pp == "auto" else int(t.pp)
     if t.tp == "auto":
         notes.append("tp: auto -> 1")
-    if t.pp == "auto":
-        notes.append("pp: auto -> 1")
     if world % (tp * pp):
         raise ValueError(f"world_size={world} is not divisible by tp*pp={tp * pp}")
     dp = world // (tp * pp)
@@ -80,6 +94,8 @@ def fill_autos(spec: Spec, shape: ModelShape) -> FilledPlan:
         mbs = [int(t.micro_batch)]
     if t.zero_stage == "auto":
         stages = [1, 2] if shape.is_moe else [1, 2, 3]
+        if pp > 1:
+            stages = [1]  # deepspeed/runtime/pipe/engine.py: ZeRO-2/3 are incompatible with pipeline parallelism
     else:
         stages = [int(t.zero_stage)]
     offloads = [False, True] if t.offload else [False]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from dstoolkit.estimate.layout import ParamEntry, param_layout
 from dstoolkit.estimate.plan import RunPlan
@@ -89,39 +90,46 @@ def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[i
     TP shards matrices (and vocab) by tp; PP keeps the layers of one stage (the heaviest stage when
     `pp_stage` is None: embedding on the first, final norm + LM head on the last).
     """
-    shape = plan.shape
+    return [list(g) for g in _rank_param_groups(plan.shape, plan.tp, plan.pp, plan.ep, pp_stage)]
+
+
+@lru_cache(maxsize=256)
+def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None) -> tuple[tuple[int, ...], ...]:
     layout = param_layout(shape)
-    stages = [pp_stage] if pp_stage is not None else list(range(plan.pp))
-    best: list[list[int]] = []
+    stages = [pp_stage] if pp_stage is not None else list(range(pp))
+    best: tuple[tuple[int, ...], ...] = ()
     best_total = -1
-    local_experts = shape.num_experts // plan.ep if shape.is_moe else 0
+    local_experts = shape.num_experts // ep if shape.is_moe else 0
     for st in stages:
-        layers = set(_stage_layers(shape.num_hidden_layers, plan.pp, st))
+        layers = set(_stage_layers(shape.num_hidden_layers, pp, st))
         dense: list[int] = []
         experts: list[int] = []
         for p in layout:
             if p.layer >= 0 and p.layer not in layers:
                 continue
             if p.layer < 0:
-                first, last = st == 0, st == plan.pp - 1
+                first, last = st == 0, st == pp - 1
                 if p.kind == "embedding" and not first:
                     continue
                 if p.kind in ("lm_head", "norm") and not last:
                     continue
-            numel = p.numel // plan.tp if (p.tp_split and plan.tp > 1) else p.numel
+            numel = p.numel // tp if (p.tp_split and tp > 1) else p.numel
             if p.kind == "expert":
-                # expert index is encoded in the name: blocks.i.mlp.experts.<e>.
-                e = int(p.name.split(".experts.")[1].split(".")[0])
-                if e >= local_experts:
+                if _expert_index(p) >= local_experts:
                     continue
                 experts.append(numel)
             else:
                 dense.append(numel)
-        groups = [dense] + ([experts] if shape.is_moe else [])
+        groups = (tuple(dense),) + ((tuple(experts),) if shape.is_moe else ())
         total = sum(sum(g) for g in groups)
         if total > best_total:
             best, best_total = groups, total
     return best
+
+
+def _expert_index(p: ParamEntry) -> int:
+    """Expert number encoded in the name: blocks.<i>.mlp.experts.<e>.<...>."""
+    return int(p.name.split(".experts.")[1].split(".")[0])
 
 
 def _padded(numel: int, align: int) -> int:
@@ -421,7 +429,7 @@ def fp8_weight_cache_bytes(plan: RunPlan) -> int:
     for p in layout:
         if p.kind not in ("attention", "dense_mlp", "expert", "shared_expert") or p.layer not in layers:
             continue
-        if p.kind == "expert" and int(p.name.split(".experts.")[1].split(".")[0]) >= local_experts:
+        if p.kind == "expert" and _expert_index(p) >= local_experts:
             continue
         local += p.numel // plan.tp if p.tp_split else p.numel
     return local * FP8_WEIGHT_CACHE_BYTES_PER_PARAM
