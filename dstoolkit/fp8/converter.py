@@ -242,12 +242,15 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], strict: boo
     """Load a state dict saved from the converted or the unconverted model, in either direction.
 
     TE modules add `*._extra_state` entries (FP8 metadata) that plain modules lack; they are dropped when the
-    target has no such key and tolerated when missing. Every other key is checked strictly.
+    target has no such key and tolerated when missing, as are empty placeholder tensors (TE's bias=False).
+    Every other key is checked strictly. Fused TE modules (te.LayerNormMLP) rename their parameters: call
+    `revert` before exchanging state dicts with a plain model, or convert with fuse=False.
     """
-    own = set(model.state_dict().keys())
-    sd = {k: v for k, v in state_dict.items() if not (k.endswith("._extra_state") and k not in own)}
+    own_sd = model.state_dict()
+    sd = {k: v for k, v in state_dict.items() if not (k.endswith("._extra_state") and k not in own_sd)}
     result = model.load_state_dict(sd, strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith("._extra_state")]
+    missing = [k for k in result.missing_keys if not k.endswith("._extra_state")
+               and not (hasattr(own_sd.get(k), "numel") and own_sd[k].numel() == 0)]
     if strict and (missing or result.unexpected_keys):
         raise KeyError(f"state dict does not match the model: missing {missing}, unexpected "
                        f"{list(result.unexpected_keys)}")
