@@ -1,0 +1,63 @@
+"""Monitor: bottleneck flags with evidence, MFU per anchors.md, DeepSpeed monitor events."""
+import pytest
+
+from dstoolkit.train.monitor import Monitor, StepSample, _slope
+
+
+class Recorder:
+    enabled = True
+
+    def __init__(self):
+        self.events = []
+
+    def write_events(self, ev):
+        self.events.extend(ev)
+
+
+def _feed(mon, n, **kw):
+    base = dict(step_time_s=0.1, input_wait_s=0.0, tokens=1000, loss=2.0, cpu_time_s=0.1, comm_time_s=None)
+    base.update(kw)
+    out = None
+    for i in range(n):
+        out = mon.record(StepSample(step=i + 1, **base)) or out
+    return out
+
+
+def test_input_bound_flag_with_evidence():
+    rep = _feed(Monitor(4, flops_per_token=None, peak_flops=None), 4, input_wait_s=0.05, cpu_time_s=0.05)
+    assert [f.name for f in rep.flags] == ["input-bound"]
+    assert "50%" in rep.flags[0].evidence and rep.input_wait_share == pytest.approx(0.5)
+
+
+def test_comm_bound_flag():
+    rep = _feed(Monitor(2, flops_per_token=None, peak_flops=None), 2, comm_time_s=0.06)
+    assert [f.name for f in rep.flags] == ["comm-bound"] and rep.comm_share == pytest.approx(0.6)
+
+
+def test_idle_flag_only_when_unexplained():
+    rep = _feed(Monitor(2, flops_per_token=None, peak_flops=None), 2, cpu_time_s=0.02)
+    assert [f.name for f in rep.flags] == ["idle-compute"]
+    rep = _feed(Monitor(2, flops_per_token=None, peak_flops=None), 2, cpu_time_s=0.09)
+    assert rep.flags == []
+
+
+def test_mfu_is_tokens_per_s_times_flops_over_peak():
+    # anchors.md: MFU = tokens/s x FLOPs per token / peak; 10,000 tok/s x 6e6 / (2 ranks x 1e11) = 0.3
+    rep = _feed(Monitor(1, flops_per_token=6e6, peak_flops=1e11, world_size=2), 1)
+    assert rep.tokens_per_s == pytest.approx(10_000) and rep.mfu == pytest.approx(0.3)
+
+
+def test_reports_every_n_and_writes_ds_events_and_line():
+    rec = Recorder()
+    mon = Monitor(3, flops_per_token=None, peak_flops=None, ds_monitor=rec)
+    assert _feed(mon, 2) is None
+    rep = _feed(mon, 1, input_wait_s=0.09)
+    assert rep is not None and rep.steps == 3
+    names = {e[0] for e in rec.events}
+    assert {"Monitor/tokens_per_s", "Monitor/input_wait_share", "Monitor/flag_input-bound"} <= names
+    assert "tok/s" in rep.line() and "MFU n/a" in rep.line()
+
+
+def test_loss_trend_slope():
+    assert _slope([3.0, 2.5, 2.0, 1.5]) == pytest.approx(-0.5)
+    assert _slope([1.0]) == 0.0
