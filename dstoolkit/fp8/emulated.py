@@ -47,6 +47,14 @@ def is_fp8_enabled() -> bool:
     return _STATE["enabled"]
 
 
+def _inside_backward() -> bool:
+    """True while autograd runs a backward pass (activation-checkpoint recomputation happens there)."""
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except AttributeError:  # pragma: no cover - older torch without the query
+        return False
+
+
 class _RoleQuantizer:
     """Quantises one tensor role (input, weight or grad) of one layer according to the recipe."""
 
@@ -56,17 +64,26 @@ class _RoleQuantizer:
         self.margin = cfg.margin
         self.block = cfg.block_size
         self.history: Optional[quant.AmaxHistory] = None
+        self._last_scale: Optional[Tensor] = None
+        """Scale the last recorded forward used (reused by checkpoint recomputation)."""
         if cfg.recipe == "delayed":
             self.history = quant.AmaxHistory(cfg.amax_history_len, cfg.amax_compute_algo,
                                              quant.FP8_MAX[self.fmt], cfg.margin)
 
-    def per_tensor(self, x: Tensor) -> Tensor:
-        """delayed / current: one scale for the whole tensor; returns float32 dequantised values."""
+    def per_tensor(self, x: Tensor, record: bool = True) -> Tensor:
+        """delayed / current: one scale for the whole tensor; returns float32 dequantised values.
+
+        `record=False` (activation-checkpoint recomputation) reuses the scale of the original forward and
+        leaves the amax history alone, so the recomputed values equal the saved ones.
+        """
         if self.history is not None:
             if self.history.scale.device != x.device:
                 self.history.to(x.device)
-            out = quant.fake_quant(x, self.history.scale, self.fmt)
-            self.history.record(quant.amax(x))  # delayed: this amax only affects the next step's scale
+            if record or self._last_scale is None:
+                self._last_scale = self.history.scale
+            out = quant.fake_quant(x, self._last_scale, self.fmt)
+            if record:
+                self.history.record(quant.amax(x))  # delayed: this amax only affects the next step's scale
             return out
         scale = quant.scale_from_amax(quant.amax(x), quant.FP8_MAX[self.fmt], self.margin)
         return quant.fake_quant(x, scale, self.fmt)
@@ -88,13 +105,14 @@ class _RoleQuantizer:
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], mod: "EmulatedFp8Linear") -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], mod: "EmulatedFp8Linear",
+                recompute: bool) -> Tensor:
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         per_tensor = mod.cfg.recipe in ("delayed", "current")
         if per_tensor:
-            xq = mod.q_input.per_tensor(x2)
-            wq = mod.q_weight.per_tensor(weight)
+            xq = mod.q_input.per_tensor(x2, record=not recompute)
+            wq = mod.q_weight.per_tensor(weight, record=not recompute)
         else:
             xq = mod.q_input.rowwise(x2)
             wq = mod.q_weight.rowwise(weight, weight=True)
@@ -136,13 +154,15 @@ class _Fp8LinearFn(torch.autograd.Function):
                 dw = (g_col.t() @ x_col).to(w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = g2.float().sum(0).to(b_dtype)
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 class EmulatedFp8Linear(nn.Module):
     """Drop-in for `nn.Linear` whose GEMMs see FP8-quantised operands (inside `fp8_autocast`).
 
     Outside `fp8_autocast` it is an ordinary linear layer, like TE modules outside `te.fp8_autocast`.
+    Activation checkpointing works: a forward recomputed during backward (outside the context) repeats
+    what the original forward did, with the same delayed-scaling scale and no extra amax record.
     """
 
     def __init__(self, in_features: int, out_features: int, cfg: Fp8Config, bias: bool = True,
@@ -153,6 +173,7 @@ class EmulatedFp8Linear(nn.Module):
         self.cfg = cfg
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        self._fp8_last = False
         self._make_quantizers()
 
     def _make_quantizers(self) -> None:
@@ -169,6 +190,7 @@ class EmulatedFp8Linear(nn.Module):
         mod.weight = linear.weight
         mod.bias = linear.bias
         mod.train(linear.training)
+        mod._fp8_last = False
         mod._make_quantizers()
         return mod
 
@@ -188,9 +210,13 @@ class EmulatedFp8Linear(nn.Module):
                 (("input", self.q_input), ("weight", self.q_weight), ("grad", self.q_grad)) if q.history is not None}
 
     def forward(self, x: Tensor) -> Tensor:
-        if not is_fp8_enabled():
+        recompute = _inside_backward()
+        enabled = self._fp8_last if recompute else is_fp8_enabled()
+        if not recompute:
+            self._fp8_last = enabled
+        if not enabled:
             return nn.functional.linear(x, self.weight, self.bias)
-        return _Fp8LinearFn.apply(x, self.weight, self.bias, self)
+        return _Fp8LinearFn.apply(x, self.weight, self.bias, self, recompute)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

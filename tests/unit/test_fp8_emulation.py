@@ -155,3 +155,29 @@ def test_every_recipe_tracks_bf16_closely(recipe):
     assert 0 < rel < 0.06, rel  # E4M3 has 3 mantissa bits: relative rounding error <= 2^-4 per element
     assert ((x.grad - xr.grad).norm() / xr.grad.norm()).item() < 0.15
     assert ((gw - lin.weight.grad).norm() / lin.weight.grad.norm()).item() < 0.15
+
+
+def test_activation_checkpoint_recompute_repeats_the_fp8_forward():
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    grads = []
+    for use_ckpt in (False, True):
+        torch.manual_seed(1)  # identical weights, biases and input in both runs
+        lin1, lin2 = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)
+        cfg = Fp8Config(amax_history_len=4)
+        m1, m2 = EmulatedFp8Linear.from_linear(lin1, cfg), EmulatedFp8Linear.from_linear(lin2, cfg)
+        x = torch.randn(8, 64)
+
+        def block(inp):
+            return m2(torch.relu(m1(inp)))
+
+        for _ in range(2):
+            lin1.weight.grad = None
+            with fp8_autocast():  # the context covers the forward only, as convert's wrapper does
+                y = checkpoint(block, x, use_reentrant=False) if use_ckpt else block(x)
+            y.square().sum().backward()
+        grads.append(lin1.weight.grad.clone())
+        # Recompute did not add amax records: 2 forwards -> 2 entries.
+        assert int((m1.q_input.history.history > 0).sum()) == 2
+    assert torch.equal(grads[0], grads[1])
