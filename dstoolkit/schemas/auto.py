@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict
+from dataclasses import dataclass
 
 # JSON pointer -> who fills it (shown in findings).
 HF_AUTO_FILLERS: dict[str, str] = {
@@ -80,10 +80,9 @@ def find_auto(data: Any, path: tuple = ()) -> list[tuple]:
     return sorted(out, key=lambda t: [str(x) for x in t])
 
 
-class ResolveReport(BaseModel):
+@dataclass
+class ResolveReport:
     """Result of `resolve_auto`: the filled config and what was (not) filled, with reasons."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     config: dict
     filled: list[tuple[str, Any, str]]

@@ -12,8 +12,6 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 from typing_extensions import Annotated
 
-import os
-_DOCSTRINGS = os.environ.get("DSTK_NODOC") is None
 Auto = Literal["auto"]
 """The Hugging Face placeholder. Only valid where HF Trainer/Accelerate fill it (see ``dstoolkit.schemas.auto``)."""
 
@@ -24,7 +22,7 @@ class DSModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         validate_assignment=True,
-        use_attribute_docstrings=_DOCSTRINGS,
+        use_attribute_docstrings=True,
         populate_by_name=True,
         protected_namespaces=(),
     )
@@ -60,9 +58,9 @@ IntOrAuto = Union[Int, Auto]
 FloatOrAuto = Union[Float, Auto]
 BoolOrAuto = Union[Bool, Auto]
 
-PosInt = Annotated[Int, Field(gt=0)]
+PosInt = Annotated[int, Field(gt=0), BeforeValidator(_strict_int)]
 """An int > 0."""
-NonNegInt = Annotated[Int, Field(ge=0)]
+NonNegInt = Annotated[int, Field(ge=0), BeforeValidator(_strict_int)]
 """An int >= 0."""
 PosIntOrAuto = Union[PosInt, Auto]
 NonNegIntOrAuto = Union[NonNegInt, Auto]

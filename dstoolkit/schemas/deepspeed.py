@@ -22,7 +22,6 @@ in ``dstoolkit.schemas.rules`` (so `validate_config` can run every rule and coll
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -37,7 +36,6 @@ from dstoolkit.schemas.ds_optim import OptimizerConfig, SchedulerConfig
 from dstoolkit.schemas.ds_precision import BF16Config, DataTypesConfig, FP16Config, TorchAutocastConfig
 from dstoolkit.schemas.ds_zero import ZeroConfig
 
-DSTOOLKIT_SECTION = "dstoolkit"
 
 
 class MoeFacts(DSModel):
@@ -195,6 +193,11 @@ class DeepSpeedConfig(DSModel):
         return self
 
     @model_validator(mode="after")
+    def _check_fp16_dynamic_loss_scale(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_fp16_dynamic_loss_scale, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
     def _check_offload_param_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
         rules.enforce(rules._check_offload_param_stage, *self._rule_input(info))
         return self
@@ -270,16 +273,4 @@ class DeepSpeedConfig(DSModel):
         return self
 
 
-def strip_dstoolkit_section(cfg: dict) -> dict:
-    """Return a copy of ``cfg`` without our ``dstoolkit`` section, ready to hand to DeepSpeed.
-
-    Args:
-        cfg: a parsed config dict (not modified).
-
-    Returns:
-        A deep copy without the top-level ``"dstoolkit"`` key.
-    """
-    out = copy.deepcopy(cfg)
-    if isinstance(out, dict):
-        out.pop(DSTOOLKIT_SECTION, None)
-    return out
+from dstoolkit.schemas.strip import DSTOOLKIT_SECTION, strip_dstoolkit_section  # noqa: E402,F401  (re-export)

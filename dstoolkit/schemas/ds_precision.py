@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from dstoolkit.schemas.base import Bool, BoolOrAuto, DSModel, Float, Int
 
-# Keys that exist only in fp16 (dynamic loss scaling); bf16 needs no loss scaling (bf16 has fp32's exponent range).
-FP16_ONLY_KEYS = frozenset({"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                            "consecutive_hysteresis", "min_loss_scale", "auto_cast", "fp16_master_weights_and_grads"})
-BF16_ONLY_KEYS = frozenset({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-                            "bf16_optimizer_states"})
+from dstoolkit.schemas.facts import BF16_ONLY_KEYS, FP16_ONLY_KEYS  # noqa: F401
 
 
 class FP16Config(DSModel):
@@ -40,17 +36,6 @@ class FP16Config(DSModel):
     """Floor of the dynamic loss scale; > 0 when dynamic scaling is on."""
     fp16_master_weights_and_grads: Bool = False
     """Keep master weights in fp16 (DeepSpeedCPUAdam only); needs ZeRO stage 1-3."""
-
-    @model_validator(mode="after")
-    def _check_dynamic_loss_scale(self) -> "FP16Config":
-        # deepspeed 0.19 precision_config.py: with dynamic scaling (enabled, loss_scale 0) the window is a modulus
-        # (0 -> ZeroDivisionError) and min_loss_scale the floor; both must be > 0.
-        if self.enabled is True and self.loss_scale == 0:
-            for name in ("loss_scale_window", "min_loss_scale"):
-                if getattr(self, name) <= 0:
-                    raise ValueError(f"fp16.{name}={getattr(self, name)} must be > 0 when dynamic loss scaling is "
-                                     "on (fp16.enabled true, fp16.loss_scale 0)")
-        return self
 
 
 class BF16Config(DSModel):

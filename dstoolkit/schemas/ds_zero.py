@@ -10,11 +10,24 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
+from typing_extensions import Annotated
 
 from dstoolkit.schemas.base import Bool, DSModel, Float, Int, NonNegIntOrAuto, PosIntOrAuto
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+def _stage_not_bool(value):
+    # Literal[0, 1, 2, 3] would take False/True as 0/1; a boolean stage is a mistake (the pre-0.3 boolean form
+    # is zero_optimization: true, not stage: true).
+    if isinstance(value, bool):
+        raise PydanticCustomError("literal_error", "Input should be 0, 1, 2 or 3, not a boolean")
+    return value
+
+
+Stage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_stage_not_bool)]
 INT64_MAX = 2**63 - 1  # DeepSpeed's default for model_persistence_threshold is sys.maxsize
 
 
@@ -103,7 +116,7 @@ class ZenFlowConfig(DSModel):
 class ZeroConfig(DSModel):
     """`zero_optimization`: ZeRO stages 0-3 and their tuning knobs (deepspeed 0.19.8 DeepSpeedZeroConfig)."""
 
-    stage: Literal[0, 1, 2, 3] = 0
+    stage: Stage = 0
     """0 disabled; 1 partitions optimizer states; 2 adds gradients; 3 adds parameters (ZeRO §5)."""
     contiguous_gradients: Bool = True
     """Copy gradients into a contiguous buffer as produced (less fragmentation). Stages 1-3."""
@@ -191,28 +204,9 @@ class ZeroConfig(DSModel):
     """Modules treated as ZeRO-3 leaves."""
 
 
-# Keys that only act at stage 3 (their DeepSpeed docstrings say "Stage 3"/"ZeRO3"; read only by stage3.py).
-STAGE3_ONLY_KEYS = frozenset({
-    "prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
-    "max_reuse_distance", "gather_16bit_weights_on_model_save", "module_granularity_threshold",
-    "use_all_reduce_for_fetch_params", "allgather_sequential", "sub_group_size", "memory_efficient_linear",
-    "pipeline_loading_checkpoint", "override_module_apply", "stage3_gather_fp16_weights_on_model_save",
-    "leaf_module", "save_muon_momentum_buffer_in_memory", "log_trace_cache_warnings",
-})
-# Keys read only by the stage 1/2 optimizer (grep of deepspeed 0.19.8 runtime/zero/stage_1_and_2.py vs stage3.py).
-STAGE12_ONLY_KEYS = frozenset({
-    "use_multi_rank_bucket_allreduce", "round_robin_gradients", "ignore_unused_parameters", "parameter_alignment",
-    "legacy_stage1",
-})
-# Keys with no effect at stage 0 beyond 'stage' itself (plain data parallel ignores every ZeRO knob).
-STAGE0_NEUTRAL_KEYS = frozenset({"stage"})
+from dstoolkit.schemas.facts import STAGE3_ONLY_KEYS, STAGE12_ONLY_KEYS, ZERO_ALIASES, canonical_zero_key  # noqa
 
 ALIASES: dict[str, str] = {
     f.alias: name for name, f in ZeroConfig.model_fields.items() if f.alias and f.alias != name
 }
-"""stage3_* spelling -> field name."""
-
-
-def canonical_zero_key(key: str) -> str:
-    """Field name for a zero_optimization key (``stage3_max_live_parameters`` -> ``max_live_parameters``)."""
-    return ALIASES.get(key, key)
+"""stage3_* spelling -> field name, from the model (tests check it equals facts.ZERO_ALIASES)."""

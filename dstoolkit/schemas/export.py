@@ -23,6 +23,7 @@ def json_schema() -> dict:
                         "description": props["fp8"].get("description", "")}
     except ImportError:  # pragma: no cover
         pass
+    _add_field_name_spellings(schema)
     out = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID}
     out.update(schema)
     out["title"] = "DeepSpeed config (deepspeed 0.19)"
@@ -32,3 +33,27 @@ def json_schema() -> dict:
 def schema_text() -> str:
     """`json_schema()` serialised deterministically (2-space indent, trailing newline)."""
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def _add_field_name_spellings(schema: dict) -> None:
+    """DeepSpeed accepts both spellings of an aliased key (populate_by_name): stage3_max_live_parameters and
+    max_live_parameters. model_json_schema lists only the alias; add the field name with the same schema."""
+    from dstoolkit.schemas.base import DSModel
+
+    todo = list(DSModel.__subclasses__())
+    seen = set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        target = schema if cls.__name__ == schema.get("title") else schema.get("$defs", {}).get(cls.__name__)
+        if not target or "properties" not in target:
+            continue
+        props = target["properties"]
+        for name, field in cls.model_fields.items():
+            if field.alias and field.alias != name and field.alias in props and name not in props:
+                props[name] = {**props[field.alias], "description": f"Same as `{field.alias}` (DeepSpeed accepts "
+                               "both spellings)."}
+                props[name].pop("title", None)

@@ -5,9 +5,8 @@ config; the CLI exits 2), ``DS01x`` syntax notes, ``DS1xx`` per-key findings, ``
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
-
-from pydantic import BaseModel, ConfigDict
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Optional
 
 Severity = Literal["error", "warning"]
 
@@ -55,16 +54,20 @@ CODES: dict[str, str] = {
     "DS217": "compute_grad_norm=false needs ZeRO stage 1 or 2",
     "DS218": "gradient_allreduce_op 'sum' at ZeRO stage 3",
     "DS219": "parallel sizes do not divide world size",
+    "DS220": "fp16 dynamic loss scaling with a non-positive window or floor",
 }
 
 INPUT_ERROR_PREFIX = "DS00"
 """Codes starting with this are input errors: the CLI exits 2 for them."""
 
 
-class Finding(BaseModel):
-    """One problem in one config file, located by JSON pointer and (when known) line/column."""
+@dataclass(frozen=True)
+class Finding:
+    """One problem in one config file, located by JSON pointer and (when known) line/column.
 
-    model_config = ConfigDict(frozen=True)
+    A frozen dataclass rather than a pydantic model so that `dstoolkit validate` never has to import pydantic
+    for clean configs; ``model_dump()`` is kept for callers that treat it like one.
+    """
 
     file: str
     """The file (or source label) the finding is about."""
@@ -74,14 +77,18 @@ class Finding(BaseModel):
     """1-based line in the source text; None when validating an already-parsed dict."""
     column: Optional[int] = None
     """1-based column in the source text."""
-    severity: Severity
+    severity: Severity = "error"
     """error (the job would fail or silently misbehave) or warning."""
-    code: str
+    code: str = ""
     """Stable code, see ``CODES``."""
-    message: str
+    message: str = ""
     """What is wrong, naming the field and the value."""
     suggestion: Optional[str] = None
     """How to fix it (a replacement key, a value, a section)."""
+
+    def model_dump(self) -> dict[str, Any]:
+        """The fields as a dict (file, pointer, line, column, severity, code, message, suggestion)."""
+        return asdict(self)
 
     @property
     def is_input_error(self) -> bool:

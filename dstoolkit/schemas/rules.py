@@ -12,9 +12,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from dstoolkit.schemas.ds_optim import (ONEBIT_OPTIMIZER_PARAMS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS,
-                                        SCHEDULER_REQUIRED, TORCH_OPTIMIZERS, TORCH_SCHEDULERS)
-from dstoolkit.schemas.ds_zero import canonical_zero_key
+from dstoolkit.schemas.facts import (ONEBIT_OPTIMIZER_PARAMS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, SCHEDULER_REQUIRED,
+                                    TORCH_OPTIMIZERS, TORCH_SCHEDULERS, canonical_zero_key)
 
 
 class RuleViolation(ValueError):
@@ -206,6 +205,20 @@ def _check_fp16_bf16_exclusive(cfg: Mapping, ctx: RuleContext) -> None:
                             f"fp16.enabled={fp16.get('enabled')!r} and {bname}.enabled={bf16.get('enabled')!r}: "
                             "DeepSpeed refuses both ('bfloat16 and fp16 modes cannot be simultaneously enabled')",
                             "keep one: bf16 on Ampere or newer, fp16 otherwise")
+
+
+def _check_fp16_dynamic_loss_scale(cfg: Mapping, ctx: RuleContext) -> None:
+    """With dynamic loss scaling (fp16.enabled, loss_scale 0) loss_scale_window and min_loss_scale must be > 0
+    (deepspeed 0.19 precision_config.py: the window is a modulus, min_loss_scale the floor)."""
+    fp16 = _section(cfg, "fp16")
+    if fp16.get("enabled") is not True or fp16.get("loss_scale", 0) != 0:
+        return
+    for name in ("loss_scale_window", "min_loss_scale"):
+        v = fp16.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
+            raise RuleViolation("DS220", f"/fp16/{name}", f"fp16.{name}={v} must be > 0 when dynamic loss scaling "
+                                "is on (fp16.enabled true, fp16.loss_scale 0); DeepSpeed refuses it",
+                                f"use the default ({1000 if name == 'loss_scale_window' else 1})")
 
 
 def _check_offload_param_stage(cfg: Mapping, ctx: RuleContext) -> None:
@@ -452,7 +465,8 @@ def _check_allreduce_sum_stage3(cfg: Mapping, ctx: RuleContext) -> None:
 
 
 RULES: list[Callable[[Mapping, RuleContext], None]] = [
-    _check_parallel_sizes, _check_batch_triad, _check_fp16_bf16_exclusive, _check_offload_param_stage,
+    _check_parallel_sizes, _check_batch_triad, _check_fp16_bf16_exclusive, _check_fp16_dynamic_loss_scale,
+    _check_offload_param_stage,
     _check_nvme_path, _check_zeropp_stage, _check_hpz_divides_node, _check_optimizer_type, _check_optimizer_params,
     _check_scheduler_type, _check_scheduler_params, _check_moe_layout, _check_moe_not_stage3,
     _check_partial_offload_stage, _check_master_weights_stage, _check_compute_grad_norm_stage,

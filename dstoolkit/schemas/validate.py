@@ -7,18 +7,14 @@ Order of checks: syntax (parse.py) -> "auto" (auto.py) -> removed / deprecated /
 from __future__ import annotations
 
 import copy
-import difflib
 from typing import Any, Literal, Optional, Union
-
-from pydantic import BaseModel, ValidationError
 
 from dstoolkit.schemas import auto as _auto
 from dstoolkit.schemas import rules as _rules
+from dstoolkit.schemas import schema_check as _schema_check
 from dstoolkit.schemas import versions as _versions
-from dstoolkit.schemas.deepspeed import DeepSpeedConfig
-from dstoolkit.schemas.ds_precision import BF16_ONLY_KEYS, FP16_ONLY_KEYS
-from dstoolkit.schemas.ds_zero import (STAGE3_ONLY_KEYS, STAGE12_ONLY_KEYS, OffloadOptimizerConfig,
-                                       OffloadParamConfig, ZeroConfig, canonical_zero_key)
+from dstoolkit.schemas.facts import (BF16_ONLY_KEYS, FP16_ONLY_KEYS, OFFLOAD_KEYS, STAGE3_ONLY_KEYS,
+                                    STAGE12_ONLY_KEYS, ZERO_ALIASES, canonical_zero_key)
 from dstoolkit.schemas.findings import Finding, pointer_of
 from dstoolkit.schemas.parse import ParseResult, parse_text
 
@@ -44,9 +40,13 @@ TOP_LEVEL_RENAMES: dict[str, str] = {
     "optim": "optimizer",
     "amp_config": "fp16 / bf16",
 }
-_OFFLOAD_KEYS = set(OffloadParamConfig.model_fields) | set(OffloadOptimizerConfig.model_fields)
-_ZERO_KEYS = set(ZeroConfig.model_fields) | {f.alias for f in ZeroConfig.model_fields.values() if f.alias}
-_TOP_KEYS = set(DeepSpeedConfig.model_fields)
+
+
+def _schema_keys() -> tuple[set, set]:
+    schema = _schema_check.load_schema()
+    return set(schema["properties"]), set(schema["$defs"]["ZeroConfig"]["properties"])
+
+
 _OPTIMIZER_PARAM_NAMES = {"lr", "betas", "eps", "weight_decay", "momentum", "bias_correction", "amsgrad"}
 
 
@@ -170,7 +170,7 @@ def _check_auto(data: dict, clean: dict, mode: str, out: _Collector) -> None:
         elif filler is None:
             hint = ""
             if path and path[0] == "zero_optimization" and len(path) == 2:
-                alias = {v: k for k, v in __import__("dstoolkit.schemas.ds_zero", fromlist=["ALIASES"]).ALIASES.items()}
+                alias = {v: k for k, v in ZERO_ALIASES.items()}
                 if alias.get(str(path[1])) in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
                     hint = f"HF fills only the spelling {alias[str(path[1])]!r}"
             out.add("DS111", "error", ptr, f'"auto" at {ptr}: HF Trainer/Accelerate do not fill this key, so '
@@ -196,6 +196,7 @@ def _check_sections(data: dict, clean: dict, version: str, out: _Collector) -> N
                         f"{', '.join(sorted(_versions.COMPILE_KEYS_016))})")
         clean.pop("compile", None)
     # top-level keys that belong elsewhere
+    _TOP_KEYS, _ZERO_KEYS = _schema_keys()
     for key in list(data):
         if key in _TOP_KEYS:
             continue
@@ -261,6 +262,7 @@ def _check_zero_keys(data: dict, clean: dict, version: str, out: _Collector) -> 
         return
     if not isinstance(z, dict):
         return
+    _TOP_KEYS, _ZERO_KEYS = _schema_keys()
     cz = clean.get("zero_optimization") if isinstance(clean.get("zero_optimization"), dict) else {}
     removed = _versions.removed_zero_keys(version)
     canon = {canonical_zero_key(k) for k in z}
@@ -277,7 +279,7 @@ def _check_zero_keys(data: dict, clean: dict, version: str, out: _Collector) -> 
                 out.add("DS106", "error", ptr, f"zero_optimization.{k} and its replacement {new} are both set; "
                         "DeepSpeed asserts ('Cannot provide deprecated parameter ... and replacing parameter ... "
                         "together')", f"delete {k}")
-        if k in _OFFLOAD_KEYS - _ZERO_KEYS:
+        if k in OFFLOAD_KEYS - _ZERO_KEYS:
             out.add("DS104", "error", ptr, f"{k!r} belongs inside zero_optimization.offload_optimizer or "
                     "offload_param, not directly in zero_optimization", "move it into the offload section")
             cz.pop(k, None)
@@ -311,10 +313,124 @@ def _offload_on(v: Any) -> bool:
     return v is True or (isinstance(v, dict) and v.get("device") not in (None, "none"))
 
 
-# -- pydantic errors -> findings ---------------------------------------------------------------------------
-_TYPE_ERRORS = {"int_type", "int_parsing", "float_type", "float_parsing", "bool_type", "bool_parsing",
-                "string_type", "dict_type", "list_type", "model_type", "model_attributes_type", "int_from_float",
-                "value_error", "none_required", "is_instance_of", "tuple_type", "union_tag_invalid"}
+# -- schema issues -> findings ------------------------------------------------------------------------------
+def _check_schema(clean: dict, version: str, out: _Collector) -> None:
+    """Unknown keys, types and ranges, against the committed JSON Schema (no pydantic on this path)."""
+    fp8 = None
+    ds = clean.get("dstoolkit")
+    if isinstance(ds, dict) and "fp8" in ds:
+        fp8 = ds.pop("fp8")  # Fp8Config has cross-field validators: checked with pydantic below
+    for issue in _schema_check.check_config(clean):
+        _report_issue(clean, issue, out)
+    if fp8 is not None:
+        _check_fp8(fp8, out)
+
+
+def _check_fp8(fp8: Any, out: _Collector) -> None:
+    try:
+        from pydantic import ValidationError
+
+        from dstoolkit.schemas.fp8 import Fp8Config
+    except ImportError:  # pragma: no cover - fp8 module absent
+        return
+    if fp8 is None:
+        return
+    try:
+        Fp8Config.model_validate(fp8)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            path = ("dstoolkit", "fp8") + tuple(err["loc"])
+            code = "DS101" if err["type"] == "extra_forbidden" else (
+                "DS103" if err["type"] in ("literal_error", "greater_than", "greater_than_equal", "less_than",
+                                           "less_than_equal", "value_error") else "DS102")
+            msg = err["msg"].replace("Value error, ", "").replace("Input should be", "must be")
+            out.add(code, "error", pointer_of(path), f"dstoolkit.fp8: {msg}", None)
+
+
+def _report_issue(clean: dict, issue: "_schema_check.Issue", out: _Collector) -> None:
+    path = issue.path
+    ptr = pointer_of(path)
+    field = ".".join(str(p) for p in path) or "config"
+    if issue.kind == "unknown_key":
+        key = str(path[-1])
+        if len(path) == 1 and key in TOP_LEVEL_RENAMES:
+            return
+        section = ".".join(str(p) for p in path[:-1]) or "the top level"
+        message = f"unknown key {key!r} in {section}"
+        if len(path) == 1:
+            message += "; DeepSpeed 0.19 ignores unknown top-level keys silently"
+        if path[0] == "zero_optimization" and len(path) == 2:
+            message += "; DeepSpeed refuses the config"
+        hint = _rules.did_you_mean(key, issue.choices, cutoff=0.72)
+        suggestion = f"did you mean {hint!r}?" if hint else None
+        if not suggestion and path[0] == "compile":
+            suggestion = "the torch.compile backend is set in code (engine.compile(backend=...)), not in the config"
+        out.add("DS101", "error", ptr, message, suggestion)
+        return
+    if issue.kind == "missing":
+        out.add("DS108", "error", ptr, f"required key {ptr} is missing", None)
+        return
+    node = _node_at(clean, path)
+    shown = _schema_check._show(node)
+    if issue.kind == "range":
+        out.add("DS103", "error", ptr, f"{field} = {shown}: {issue.message}", None, at_value=True)
+        return
+    message = f"{field} = {shown}: {issue.message}"
+    if isinstance(node, str) and node.strip() and node.replace(",", "").replace("_", "").isupper():
+        message += " (an unfilled template placeholder?)"
+    out.add("DS102", "error", ptr, message, _type_hint(node), at_value=True)
+
+
+def _node_at(root: Any, path: tuple) -> Any:
+    node = root
+    for p in path:
+        node = node[p]
+    return node
+
+
+def _type_hint(node: Any) -> Optional[str]:
+    if isinstance(node, str):
+        try:
+            float(node)
+            return f"write the number without quotes: {node}"
+        except ValueError:
+            pass
+        if node.lower() in ("true", "false"):
+            return f"write the boolean without quotes: {node.lower()}"
+    return None
+
+
+def pydantic_schema_issues(clean: dict) -> set[tuple[str, str]]:
+    """(code, pointer) of the per-key errors pydantic's `DeepSpeedConfig` reports for ``clean`` (the same kinds
+    `_check_schema` reports from the JSON Schema). Used by tests to show the two paths agree; imports pydantic."""
+    from pydantic import ValidationError
+
+    from dstoolkit.schemas.deepspeed import DeepSpeedConfig
+
+    try:
+        DeepSpeedConfig.model_validate(clean, context={"skip": True})
+        return set()
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    out: set[tuple[str, str]] = set()
+    paths = {_data_path(tuple(e["loc"]), clean) for e in errors}
+    for err in errors:
+        path = _data_path(tuple(err["loc"]), clean)
+        if err["type"] == "extra_forbidden":
+            out.add(("DS101", pointer_of(path)))
+            continue
+        node = _node_at(clean, path)
+        if isinstance(node, (dict, list)) and any(p != path and p[:len(path)] == path for p in paths):
+            continue
+        if err["type"] == "missing":
+            out.add(("DS108", pointer_of(path)))
+        elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "literal_error",
+                             "enum") and not (err["type"] == "literal_error" and "'auto'" in str(err.get("ctx"))):
+            out.add(("DS103", pointer_of(path)))
+        elif err["type"] != "literal_error":
+            out.add(("DS102", pointer_of(path)))
+    # a pointer reported both as a type and a range error by different union branches counts once, as range
+    return {(c, p) for c, p in out if not (c == "DS102" and ("DS103", p) in out)}
 
 
 def _data_path(loc: tuple, data: Any) -> tuple:
@@ -329,138 +445,3 @@ def _data_path(loc: tuple, data: Any) -> tuple:
             path.append(part)
             node = node[part]
     return tuple(path)
-
-
-def _model_at(path: tuple) -> Optional[type[BaseModel]]:
-    """The pydantic model class that validates the object at ``path`` (for "did you mean")."""
-    model: Any = DeepSpeedConfig
-    for part in path:
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = None
-        for name, f in model.model_fields.items():
-            if part in (name, f.alias):
-                field = f
-                break
-        if field is None:
-            return None
-        model = _first_model(field.annotation)
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _first_model(tp: Any) -> Any:
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp
-    for arg in getattr(tp, "__args__", ()) or ():
-        m = _first_model(arg)
-        if m is not None:
-            return m
-    return None
-
-
-def _keys_of(model: type[BaseModel]) -> list[str]:
-    keys = []
-    for name, f in model.model_fields.items():
-        keys.append(f.alias or name)
-        if f.alias:
-            keys.append(name)
-    return keys
-
-
-def _check_schema(clean: dict, version: str, out: _Collector) -> None:
-    ctx = {"skip": True}
-    try:
-        DeepSpeedConfig.model_validate(clean, context=ctx)
-        return
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-    by_path: dict[tuple, list[dict]] = {}
-    deeper = {_data_path(tuple(e["loc"]), clean) for e in errors}
-    for err in errors:
-        if err["type"] == "extra_forbidden":
-            _report_unknown(clean, tuple(err["loc"]), err, out)
-            continue
-        path = _data_path(tuple(err["loc"]), clean)
-        by_path.setdefault(path, []).append(err)
-    for path, errs in by_path.items():
-        node = _node_at(clean, path)
-        if isinstance(node, (dict, list)) and any(p != path and p[:len(path)] == path for p in deeper):
-            continue  # a union branch's "expected bool" on a section whose own keys are reported below it
-        _report_value(clean, path, errs, out)
-
-
-def _node_at(root: Any, path: tuple) -> Any:
-    node = root
-    for p in path:
-        node = node[p]
-    return node
-
-
-def _report_unknown(clean: dict, loc: tuple, err: dict, out: _Collector) -> None:
-    path = _data_path(loc, clean)
-    if not path:
-        return
-    key = str(path[-1])
-    ptr = pointer_of(path)
-    parent = pointer_of(path[:-1]) or "top level"
-    model = _model_at(path[:-1])
-    choices = _keys_of(model) if model else []
-    hint = _rules.did_you_mean(key, choices, cutoff=0.72)
-    section = parent.lstrip("/").replace("/", ".") if path[:-1] else "the top level"
-    if not path[:-1] and key in TOP_LEVEL_RENAMES:
-        return
-    message = f"unknown key {key!r} in {section}"
-    if len(path) == 1:
-        message += "; DeepSpeed 0.19 ignores unknown top-level keys silently"
-    if path[0] == "zero_optimization" and len(path) == 2:
-        message += "; DeepSpeed refuses the config"
-    suggestion = f"did you mean {hint!r}?" if hint else None
-    if not suggestion and path[0] == "compile":
-        suggestion = "the torch.compile backend is set in code (engine.compile(backend=...)), not in the config"
-    out.add("DS101", "error", ptr, message, suggestion)
-
-
-def _report_value(clean: dict, path: tuple, errs: list[dict], out: _Collector) -> None:
-    ptr = pointer_of(path)
-    node: Any = clean
-    for p in path:
-        node = node[p]
-    shown = repr(node) if not isinstance(node, (dict, list)) else type(node).__name__
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    # Prefer the most specific message: range > type > literal("auto") alternatives.
-    useful = [e for e in errs if not (e["type"] == "literal_error" and "'auto'" in str(e.get("ctx", {}).get("expected")))]
-    errs = useful or errs
-    missing = [e for e in errs if e["type"] == "missing"]
-    if missing:
-        out.add("DS108", "error", ptr, f"required key {ptr} is missing", None)
-        return
-    range_errs = [e for e in errs if e["type"] in ("greater_than", "greater_than_equal", "less_than",
-                                                  "less_than_equal", "literal_error", "enum")]
-    field = ptr.lstrip("/").replace("/", ".") or "config"
-    if range_errs:
-        e = range_errs[0]
-        msg = e["msg"].replace("Input should be", "must be")
-        out.add("DS103", "error", ptr, f"{field} = {shown}: {msg}", None, at_value=True)
-        return
-    e = errs[0]
-    if e["type"] == "value_error" and isinstance(node, dict):  # a section's own model validator
-        out.add("DS103", "error", ptr, e["msg"].replace("Value error, ", ""), None)
-        return
-    msg = e["msg"].replace("Value error, ", "").replace("Input should be", "expected")
-    expected = msg
-    if isinstance(node, str) and node.strip() and node.replace(",", "").isupper():
-        expected += " (an unfilled template placeholder?)"
-    out.add("DS102", "error", ptr, f"{field} = {shown}: {expected}", _type_hint(node, e), at_value=True)
-
-
-def _type_hint(node: Any, err: dict) -> Optional[str]:
-    if isinstance(node, str):
-        try:
-            float(node)
-            return f"write the number without quotes: {node}"
-        except ValueError:
-            pass
-        if node.lower() in ("true", "false"):
-            return f"write the boolean without quotes: {node.lower()}"
-    return None

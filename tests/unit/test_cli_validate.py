@@ -117,17 +117,24 @@ def test_validate_imports_neither_torch_nor_deepspeed(tmp_path, repo_root):
             "heavy = [m for m in ('torch', 'deepspeed') if m in sys.modules]; print('HEAVY', heavy, rc)" % path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=120)
     assert "HEAVY [] 0" in out.stdout, out.stdout + out.stderr
+    # a clean config is checked against the committed JSON Schema: not even pydantic is imported
+    code2 = code.replace("('torch', 'deepspeed')", "('torch', 'deepspeed', 'pydantic')")
+    out = subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, cwd=repo_root, timeout=120)
+    assert "HEAVY [] 0" in out.stdout, out.stdout + out.stderr
     code = "import sys, dstoolkit.schemas; print([m for m in ('torch', 'deepspeed') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
 
 
-def test_committed_json_schema_matches_the_code(repo_root):
+@pytest.mark.parametrize("where", ["ds_configs/schema", "dstoolkit/schemas"])
+def test_committed_json_schema_matches_the_code(repo_root, where):
+    # ds_configs/schema/ is the public copy (editors, other tools); dstoolkit/schemas/ is the copy
+    # `dstoolkit validate` checks against at run time.
     from dstoolkit.schemas.export import schema_text
 
-    committed = (repo_root / "ds_configs" / "schema" / "deepspeed_config.schema.json").read_text(encoding="utf-8")
-    assert committed == schema_text(), ("ds_configs/schema/deepspeed_config.schema.json is stale: run "
-                                        "`dstoolkit schema -o ds_configs/schema/deepspeed_config.schema.json --force`")
+    committed = (repo_root / where / "deepspeed_config.schema.json").read_text(encoding="utf-8")
+    assert committed == schema_text(), (f"{where}/deepspeed_config.schema.json is stale: run "
+                                        f"`dstoolkit schema -o {where}/deepspeed_config.schema.json --force`")
 
 
 def test_schema_describes_fields_and_auto(repo_root):

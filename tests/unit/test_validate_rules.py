@@ -183,3 +183,12 @@ def test_rules_never_raise_on_garbage():
     for cfg in ({"zero_optimization": "x"}, {"optimizer": []}, {"fp16": 3, "bf16": None},
                 {"train_batch_size": "a", "zero_optimization": {"stage": [1]}}):
         assert isinstance(rules.run_rules(cfg, rules.RuleContext(world_size=3)), list)
+
+
+def test_fp16_dynamic_loss_scale_window_positive():
+    # found by the differential test: DeepSpeed 0.19 refuses loss_scale_window <= 0 with dynamic scaling
+    cfg = with_(fp16={"enabled": True, "loss_scale": 0, "loss_scale_window": -1})
+    assert ("DS220", "/fp16/loss_scale_window") in codes(cfg)
+    assert codes(with_(fp16={"enabled": True, "loss_scale": 128, "loss_scale_window": -1})) == set()
+    with pytest.raises(ValidationError, match="loss_scale_window=-1 must be > 0"):
+        DeepSpeedConfig.model_validate(cfg)
