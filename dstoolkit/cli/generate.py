@@ -1,0 +1,87 @@
+"""`dstoolkit generate`: DeepSpeed JSON, Megatron args, launch.sh / hostfile / sbatch and a summary per strategy.
+
+    dstoolkit generate SPEC.yaml --out DIR [--strategy NAME ...] [--force] [--format table|json]
+
+Writes DIR/<strategy>/{ds_config.json, megatron_args.txt, launch.sh, hostfile, slurm.sbatch, summary.md},
+DIR/spec.yaml and DIR/summary.md, atomically; an existing DIR is refused without --force.
+Exit codes: 0 written, 1 nothing fits (no config written), 2 bad input or existing output.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parser(subparsers) -> None:
+    from dstoolkit.generate.candidates import STRATEGIES
+
+    p = subparsers.add_parser("generate", help="generate DeepSpeed / Megatron / launch files from a spec",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("spec", metavar="SPEC.yaml", help="model + cluster + training spec")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created atomically)")
+    p.add_argument("--strategy", action="append", default=None, metavar="NAME",
+                   help=f"only these strategies (repeatable): {', '.join(STRATEGIES)}")
+    p.add_argument("--force", action="store_true", help="replace DIR if an earlier `dstoolkit generate` wrote it")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    p.set_defaults(run=run)
+
+
+def _err(msg: str) -> int:
+    print(f"dstoolkit generate: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from dstoolkit.generate.core import GenerateError, generate, write_generated
+    from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
+    from dstoolkit.generate.writer import OutputExistsError, check_target
+
+    out = Path(args.out)
+    try:
+        check_target(out, force=args.force)  # refuse early, before any work
+        spec, shape = load_spec_and_shape(args.spec)
+        result = generate(spec, shape, strategies=args.strategy)
+    except SpecLoadError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except (OutputExistsError, GenerateError) as exc:
+        return _err(str(exc))
+    if not result.generated:
+        print(f"dstoolkit generate: no configuration written for {spec.name}:", file=sys.stderr)
+        for s in result.skipped:
+            print(f"  {s.name}: {s.reason}", file=sys.stderr)
+        nowhere = next((s.fits_nowhere for s in result.skipped if s.fits_nowhere), None)
+        if nowhere:
+            print(nowhere, file=sys.stderr)
+        return 1
+    try:
+        write_generated(result, out, force=args.force)
+    except OutputExistsError as exc:
+        return _err(str(exc))
+    except OSError as exc:
+        return _err(f"cannot write {out}: {exc.strerror or exc}")
+    if args.format == "json":
+        doc = {
+            "spec": spec.name, "out": str(out),
+            "generated": [{"strategy": o.name, "layout": o.chosen.candidate.model_dump(mode="json"),
+                           "label": o.chosen.candidate.label,
+                           "memory_per_rank_bytes": o.chosen.estimate.memory_per_rank_bytes,
+                           "host_memory_per_rank_bytes": o.chosen.estimate.host_memory_per_rank_bytes,
+                           "step_time_s": o.chosen.estimate.step_time_s, "mfu": o.chosen.estimate.mfu,
+                           "files": sorted(o.files)} for o in result.generated],
+            "skipped": [{"strategy": s.name, "reason": s.reason} for s in result.skipped],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"{spec.name}: wrote {len(result.generated)} strategies to {out}")
+    w = max(len(o.name) for o in result.generated)
+    for o in result.generated:
+        e = o.chosen.estimate
+        print(f"  {o.name:<{w}}  {o.chosen.candidate.label:<44} {e.memory_per_rank_bytes / 2**30:8.2f} GiB/rank "
+              f"{e.step_time_s:10.4g} s/step")
+    for s in result.skipped:
+        print(f"  not generated: {s.name}: {s.reason}")
+    print(f"details: {out / 'summary.md'}; run one: bash {out / result.generated[0].name / 'launch.sh'}")
+    return 0

@@ -1,0 +1,97 @@
+"""`dstoolkit sweep`: rank ZeRO stage x offload x ZeRO++ x TP x PP x EP x micro-batch x recompute for a spec.
+
+    dstoolkit sweep SPEC.yaml [--top K] [--format table|json] [--show-dropped]
+
+Candidates that break a rule or do not fit are dropped, each with its reason; the rest are ranked by
+estimated step time and the winner is explained. A model that fits nowhere gets the memory it needs per GPU
+and what would make it fit, and exit code 1. Exit codes: 0 ranked, 1 fits nowhere, 2 bad input.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+GiB = 2**30
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="rank parallel/ZeRO layouts for a spec by estimated step time",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("spec", metavar="SPEC.yaml", help="model + cluster + training spec ('auto' fields are swept)")
+    p.add_argument("--top", type=int, default=3, metavar="K", help="how many ranked layouts to show (default 3)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    p.add_argument("--show-dropped", action="store_true", help="list every dropped candidate with its reason")
+    p.set_defaults(run=run)
+
+
+def _ranked_json(r) -> dict:
+    e = r.estimate
+    return {"label": r.candidate.label, "layout": r.candidate.model_dump(mode="json"),
+            "memory_per_rank_bytes": e.memory_per_rank_bytes, "memory_breakdown_bytes": e.memory_breakdown_bytes,
+            "host_memory_per_rank_bytes": e.host_memory_per_rank_bytes, "step_time_s": e.step_time_s,
+            "mfu": e.mfu, "reason": r.reason,
+            "findings": [{"severity": f.severity, "code": f.code, "pointer": f.pointer, "message": f.message}
+                         for f in r.findings]}
+
+
+def run(args) -> int:
+    from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
+    from dstoolkit.generate.sweep import run_sweep
+
+    if args.top < 1:
+        print(f"dstoolkit sweep: error: --top must be >= 1 (got {args.top})", file=sys.stderr)
+        return 2
+    try:
+        spec, shape = load_spec_and_shape(args.spec)
+    except SpecLoadError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    res = run_sweep(spec, shape, top=args.top)
+    gpu = spec.cluster.gpu_spec
+    nowhere = res.fits_nowhere.message(spec, gpu, shape.name) if res.fits_nowhere else None
+    if args.format == "json":
+        doc = {
+            "spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
+            "estimator": res.estimator, "considered": res.considered, "fitting": res.all_ranked_count,
+            "ranked": [_ranked_json(r) for r in res.ranked], "winner_reason": res.winner_reason,
+            "dropped_by_code": res.dropped_by_code,
+            "dropped": [{"label": d.candidate.label, "code": d.code, "reason": d.reason} for d in res.dropped],
+            "fits_nowhere": None if res.fits_nowhere is None else {
+                "needed_per_gpu_bytes": res.fits_nowhere.needed_per_gpu_bytes,
+                "device_memory_bytes": res.fits_nowhere.device_memory_bytes,
+                "least_memory_layout": res.fits_nowhere.least_memory_label,
+                "suggestions": res.fits_nowhere.suggestions, "message": nowhere},
+        }
+        print(json.dumps(doc, indent=2))
+        return 1 if res.fits_nowhere is not None or not res.ranked else 0
+    print(f"{spec.name}: {shape.name} on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}; "
+          f"{res.considered} candidates, {res.all_ranked_count} fit, {len(res.dropped)} dropped "
+          f"(estimates: {res.estimator})")
+    if res.ranked:
+        print()
+        print(f"{'#':>2}  {'layout':<46} {'mem/rank':>10} {'step':>10} {'MFU':>6}  why")
+        for i, r in enumerate(res.ranked, start=1):
+            e = r.estimate
+            print(f"{i:>2}  {r.candidate.label:<46} {e.memory_per_rank_bytes / GiB:>6.1f} GiB {e.step_time_s:>8.4g} s "
+                  f"{e.mfu * 100:>5.1f}%  {r.reason}")
+        print()
+        print(f"Why #1: {res.winner_reason}")
+    print()
+    print("Dropped:")
+    examples: dict[str, str] = {}
+    for d in res.dropped:
+        examples.setdefault(d.code, f"{d.candidate.label}: {d.reason}")
+    for code, n in res.dropped_by_code.items():
+        print(f"  {n:>6} x {code:<14} e.g. {examples[code]}")
+    if args.show_dropped:
+        print()
+        for d in res.dropped:
+            print(f"  dropped {d.candidate.label}: [{d.code}] {d.reason}")
+    if nowhere:
+        print()
+        print(nowhere)
+        return 1
+    if not res.ranked:
+        print("\nno candidate passed validation (see the dropped reasons above)")
+        return 1
+    return 0

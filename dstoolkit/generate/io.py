@@ -1,0 +1,34 @@
+"""Load a spec file and resolve its model, turning every input problem into one `SpecLoadError` message."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.schemas.spec import Spec
+
+
+class SpecLoadError(ValueError):
+    """The spec cannot be used (missing file, YAML/schema error, unknown model); the message says where."""
+
+
+def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
+    """`load_spec(path)` then `resolve_spec_model(spec)`.
+
+    Raises:
+        SpecLoadError: with the `file:line:col: error: ...` text of the underlying `SpecError`.
+    """
+    from dstoolkit.models.resolve import resolve_spec_model
+    from dstoolkit.schemas.spec import load_spec
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecLoadError(f"{p}: error: spec file not found")
+    try:
+        spec = load_spec(p)
+        shape = resolve_spec_model(spec)
+    except ValueError as exc:  # SpecError is a ValueError carrying file:line:col findings
+        raise SpecLoadError(str(exc)) from None
+    except OSError as exc:
+        raise SpecLoadError(f"{p}: error: cannot read ({exc.strerror or exc})") from None
+    return spec, shape

@@ -1,0 +1,138 @@
+"""launch.sh (deepspeed launcher + torchrun alternative), the hostfile and a Slurm sbatch script.
+
+No torch import, no logic in the shell: every value computed here is inserted with `shlex.quote`, so no
+value from a spec can inject a command, and free text (names) only ever appears inside quoted assignments,
+never in comments or `#SBATCH` lines (those get `slurm_safe_name`).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+
+from dstoolkit.generate.candidates import Candidate
+from dstoolkit.generate.ds_json import is_cpu_cluster
+from dstoolkit.schemas.spec import Spec
+
+TRAIN_MODULE = "dstoolkit.train.trainer"
+DEFAULT_STEPS = 20  # a short smoke run; override with STEPS=N
+DEFAULT_MASTER_PORT = 29500  # torch.distributed / DeepSpeed default rendezvous port
+GPU_OMP_THREADS = 8  # CPU threads per GPU rank for data loading / host work (16-core-per-8-GPU nodes and up)
+
+
+def slurm_safe_name(name: str) -> str:
+    """A job name Slurm and bash can both take in a `#SBATCH` line: [A-Za-z0-9._-], at most 64 characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64]
+    return safe or "dstoolkit"
+
+
+def render_hostfile(spec: Spec) -> str:
+    """DeepSpeed hostfile: `localhost slots=G` on one node, placeholder host names on several."""
+    g = spec.cluster.gpus_per_node
+    if spec.cluster.nodes == 1:
+        return f"localhost slots={g}\n"
+    width = len(str(spec.cluster.nodes - 1))
+    lines = ["# Replace node-NN with your host names (one line per node, slots = ranks per node),",
+             "# or run slurm.sbatch, which writes a hostfile from SLURM_JOB_NODELIST."]
+    lines += [f"node-{i:0{width}d} slots={g}" for i in range(spec.cluster.nodes)]
+    return "\n".join(lines) + "\n"
+
+
+def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool) -> str:
+    """The launch script for one strategy folder (see the module docstring for the quoting rule)."""
+    q = shlex.quote
+    cpu = is_cpu_cluster(spec)
+    nodes, g = spec.cluster.nodes, spec.cluster.gpus_per_node
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# dstoolkit generate: strategy {strategy}. Regenerate instead of editing.",
+        "#",
+        "#   bash launch.sh                      # deepspeed launcher, with the hostfile next to this script",
+        "#   LAUNCHER=torchrun bash launch.sh    # torchrun alternative (multi-node: run on every node, set NODE_RANK)",
+        "#   DRY_RUN=1 bash launch.sh            # print the command instead of running it",
+        "#",
+        "# Overrides (environment): STEPS, SEED, METRICS_OUT, HOSTFILE, MASTER_ADDR, MASTER_PORT, NODE_RANK,",
+        "# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: see megatron_args.txt).",
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        "",
+        f"RUN_NAME={q(spec.name)}",
+        f"NNODES={q(str(nodes))}",
+        f"NPROC_PER_NODE={q(str(g))}",
+        f'TRAIN_MODULE="${{TRAIN_MODULE:-{TRAIN_MODULE}}}"',
+        f'STEPS="${{STEPS:-{DEFAULT_STEPS}}}"',
+        'SEED="${SEED:-0}"',
+        'METRICS_OUT="${METRICS_OUT:-$HERE/metrics.jsonl}"',
+        'HOSTFILE="${HOSTFILE:-$HERE/hostfile}"',
+        "MASTER_ADDR=\"${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' \"$HOSTFILE\")}\"",
+        f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
+        "",
+    ]
+    if cpu:
+        lines.append("# One BLAS thread per rank: CPU ranks share the cores (the deepspeed launcher does not set it).")
+        lines.append('export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"')
+    else:
+        lines.append(f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{GPU_OMP_THREADS}}}"')
+        if cand.tp > 1:
+            lines.append("# Megatron TP/SP overlap needs kernels queued in order on one hardware queue.")
+            lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    lines.append('export DSTOOLKIT_RUN_NAME="$RUN_NAME"')
+    lines.append("")
+    train = ('TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" '
+             '--steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT"')
+    if is_moe:
+        train += f" --ep-size {q(str(cand.ep))}"
+    lines.append(train + ")")
+    ssh = " --no_ssh_check" if nodes == 1 else ""
+    lines += [
+        "",
+        'case "${LAUNCHER:-deepspeed}" in',
+        "  deepspeed)",
+        f'    CMD=(deepspeed --hostfile "$HOSTFILE"{ssh} --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"',
+        '         --module "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;',
+        "  torchrun)",
+        '    CMD=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE" --node_rank "${NODE_RANK:-0}"',
+        '         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;',
+        "  *)",
+        '    echo "launch.sh: LAUNCHER must be deepspeed or torchrun, got ${LAUNCHER@Q}" >&2',
+        "    exit 2 ;;",
+        "esac",
+        'if [ -n "${DRY_RUN:-}" ]; then printf \'%q \' "${CMD[@]}"; echo; exit 0; fi',
+        'exec "${CMD[@]}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_sbatch(spec: Spec, *, strategy: str) -> str:
+    """A Slurm batch script that writes the hostfile from the allocation and runs launch.sh."""
+    q = shlex.quote
+    cpu = is_cpu_cluster(spec)
+    nodes, g = spec.cluster.nodes, spec.cluster.gpus_per_node
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name={slurm_safe_name(spec.name)}-{slurm_safe_name(strategy)}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if not cpu:
+        lines.append(f"#SBATCH --gpus-per-node={g}")
+    lines += [
+        "#SBATCH --exclusive",
+        "#SBATCH --output=%x-%j.out",
+        f"# dstoolkit generate: strategy {strategy}. Submit from this folder: sbatch slurm.sbatch",
+        "# (sbatch runs a copy of this file, so the folder comes from STRATEGY_DIR or SLURM_SUBMIT_DIR).",
+        "# SLURM_LAUNCHER=torchrun runs torchrun on every node through srun (no ssh between nodes needed).",
+        "set -euo pipefail",
+        'HERE="${STRATEGY_DIR:-${SLURM_SUBMIT_DIR:-$(pwd)}}"',
+        f"SLOTS={q(str(g))}",
+        'export HOSTFILE="$HERE/hostfile.slurm-${SLURM_JOB_ID:-local}"',
+        'scontrol show hostnames "$SLURM_JOB_NODELIST" | awk -v s="$SLOTS" \'{print $1 " slots=" s}\' > "$HOSTFILE"',
+        'export MASTER_ADDR="$(head -n1 "$HOSTFILE" | cut -d" " -f1)"',
+        f'export MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
+        'if [ "${SLURM_LAUNCHER:-deepspeed}" = torchrun ]; then',
+        '  srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
+        '    bash -c \'NODE_RANK="$SLURM_NODEID" LAUNCHER=torchrun exec bash "$1/launch.sh"\' _ "$HERE"',
+        "else",
+        '  exec bash "$HERE/launch.sh"',
+        "fi",
+    ]
+    return "\n".join(lines) + "\n"

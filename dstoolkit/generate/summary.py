@@ -1,0 +1,165 @@
+"""summary.md for each strategy folder and the index summary.md of the output folder.
+
+Deterministic text: no timestamps, no absolute paths, fixed number formats.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dstoolkit.generate.candidates import Candidate
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.schemas.spec import Spec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dstoolkit.generate.core import GenerateResult, StrategyOutput
+
+GiB = 2**30
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _md(text: str) -> str:
+    """Free text inside a markdown table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _why_field(spec: Spec, field: str, value, auto_note: str) -> str:
+    given = getattr(spec.training, field)
+    if given == "auto":
+        return f"auto ({auto_note})"
+    return f"fixed by the spec (training.{field}: {given})"
+
+
+def _params_line(shape: ModelShape) -> str:
+    from dstoolkit.models import count_params
+
+    c = count_params(shape)
+    if shape.is_moe:
+        return (f"{c.total / 1e9:.2f}B parameters, {c.active / 1e9:.2f}B active per token "
+                f"({shape.num_experts} experts, top-{shape.num_experts_per_tok})")
+    return f"{c.total / 1e9:.3f}B parameters"
+
+
+def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput") -> str:
+    """Choices and why, the estimate numbers, the runner-ups and the validation result for one folder."""
+    cand: Candidate = out.chosen.candidate
+    est = out.chosen.estimate
+    world = spec.cluster.world_size
+    dp = cand.dp(world)
+    gas = cand.grad_accum(world, spec.training.global_batch)
+    gpu = spec.cluster.gpu_spec
+    n_fit = out.sweep.all_ranked_count
+    auto_note = f"best of {n_fit} fitting layouts of this strategy"
+    opt = out.ds_config["optimizer"]
+    opt_txt = opt["type"] + (" (torch implementation: avoids compiling DeepSpeed's FusedAdam on CPU)"
+                             if opt["params"].get("torch_adam") else "")
+    if cand.offload_optimizer:
+        opt_txt += " on the CPU (DeepSpeedCPUAdam)"
+    rows = [
+        ("ZeRO stage", str(cand.zero_stage), out.strategy.description),
+        ("offload", cand.offload_label, "strategy " + out.name),
+        ("ZeRO++", "qwZ + hpZ + qgZ" if cand.zeropp else "off", "strategy " + out.name),
+        ("tensor parallel", str(cand.tp), _why_field(spec, "tp", cand.tp, auto_note)),
+        ("pipeline parallel", str(cand.pp), _why_field(spec, "pp", cand.pp, auto_note)),
+    ]
+    if shape.is_moe:
+        rows.append(("expert parallel", str(cand.ep),
+                     ("experts sharded over ep ranks, replicated over dp/ep = " + str(dp // cand.ep))
+                     + "; " + _why_field(spec, "ep", cand.ep, auto_note)))
+    rows += [
+        ("data parallel", str(dp), f"world {world} / (tp {cand.tp} x pp {cand.pp})"),
+        ("micro-batch", str(cand.micro_batch), _why_field(spec, "micro_batch", cand.micro_batch, auto_note)),
+        ("gradient accumulation", str(gas),
+         f"global_batch {spec.training.global_batch} / (micro-batch {cand.micro_batch} x dp {dp})"),
+        ("recompute", cand.checkpoint_label,
+         _why_field(spec, "activation_checkpointing", cand.checkpoint_label, auto_note)),
+        ("precision", spec.training.precision,
+         "fp8 GEMMs via Transformer Engine (Megatron --fp8-* flags); DeepSpeed keeps bf16"
+         if spec.training.precision == "fp8" else "training.precision"),
+        ("optimizer", opt_txt, "training.optimizer"),
+    ]
+    lines = [
+        f"# {out.name}: {spec.name}",
+        "",
+        f"{out.strategy.description}. Model {shape.name}: {_params_line(shape)}. Cluster: {spec.cluster.nodes} x "
+        f"{spec.cluster.gpus_per_node} {gpu.name} ({world} ranks).",
+        "",
+        "| choice | value | why |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {a} | {_md(b)} | {_md(c)} |" for a, b, c in rows]
+    lines += ["", "## Why this layout", "", _md(out.sweep.winner_reason or ""), ""]
+    lines += ["## Estimate (per rank)", "", f"Source: {est.source}.", "", "| quantity | value |", "|---|---|"]
+    for k, v in est.memory_breakdown_bytes.items():
+        lines.append(f"| memory: {k} | {_gib(v)} |")
+    lines += [
+        f"| memory: total | {_gib(est.memory_per_rank_bytes)} of {_gib(est.device_memory_bytes)} |",
+        f"| host memory (offload) | {_gib(est.host_memory_per_rank_bytes)} |",
+        f"| step time | {est.step_time_s:.4g} s |",
+        f"| MFU | {est.mfu * 100:.1f}% |",
+        f"| fits | {'yes' if est.fits else 'no'} |",
+        "",
+    ]
+    if len(out.sweep.ranked) > 1:
+        lines += ["## Next best layouts of this strategy", ""]
+        for i, r in enumerate(out.sweep.ranked[1:], start=2):
+            lines.append(f"{i}. `{r.candidate.label}`: {_md(r.reason)}")
+        lines.append("")
+    errs = [f for f in out.findings if str(f.severity).lower().endswith("error")]
+    others = [f for f in out.findings if f not in errs]
+    lines += ["## Validation", "",
+              f"`validate_config` at world size {world} (tp {cand.tp}, pp {cand.pp}"
+              + (f", {shape.num_experts} experts, ep {cand.ep}" if shape.is_moe else "")
+              + f"): {len(errs)} errors, {len(others)} other findings.", ""]
+    for f in others:
+        lines.append(f"- {f.severity}: `{f.pointer}` {f.code}: {_md(f.message)}")
+    if others:
+        lines.append("")
+    lines += [
+        "## Files",
+        "",
+        "- `ds_config.json`: the DeepSpeed config (pure DeepSpeed keys; MoE facts go to the model: `--ep-size`).",
+        "- `megatron_args.txt`: the same run as Megatron-LM / Megatron-DeepSpeed flags, one per line, values "
+        "shell-quoted: `xargs -a megatron_args.txt python pretrain_gpt.py`.",
+        "- `launch.sh`: `bash launch.sh` (deepspeed launcher + `hostfile`), `LAUNCHER=torchrun bash launch.sh`, "
+        "`DRY_RUN=1` prints the command; `STEPS=N` sets the run length.",
+        "- `slurm.sbatch`: `sbatch slurm.sbatch` from this folder (hostfile from the allocation).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_index(spec: Spec, shape: ModelShape, result: "GenerateResult") -> str:
+    """The output folder's summary.md: what was generated, what was not and why."""
+    gpu = spec.cluster.gpu_spec
+    lines = [
+        f"# dstoolkit generate: {spec.name}",
+        "",
+        f"Model {shape.name}: {_params_line(shape)}. Cluster: {spec.cluster.nodes} x {spec.cluster.gpus_per_node} "
+        f"{gpu.name}. Training: seq_len {spec.training.seq_len}, global batch {spec.training.global_batch}, "
+        f"{spec.training.precision}.",
+        "",
+        "## Generated",
+        "",
+    ]
+    if result.generated:
+        lines += ["| strategy | layout | memory / rank | step time | MFU |", "|---|---|---|---|---|"]
+        best = min(result.generated, key=lambda o: o.chosen.estimate.step_time_s)
+        for o in result.generated:
+            e = o.chosen.estimate
+            mark = " (fastest)" if o is best else ""
+            lines.append(f"| [{o.name}]({o.name}/summary.md){mark} | `{o.chosen.candidate.label}` | "
+                         f"{_gib(e.memory_per_rank_bytes)} | {e.step_time_s:.4g} s | {e.mfu * 100:.1f}% |")
+        lines += ["", f"Estimates: {result.generated[0].chosen.estimate.source}.", ""]
+    else:
+        lines += ["Nothing: no strategy fits (see below).", ""]
+    if result.skipped:
+        lines += ["## Not generated", ""]
+        for s in result.skipped:
+            lines.append(f"- {s.name}: {_md(s.reason)}")
+            if s.fits_nowhere:
+                lines += ["", "  ```", *["  " + ln for ln in s.fits_nowhere.splitlines()], "  ```", ""]
+        lines.append("")
+    return "\n".join(lines)
