@@ -118,3 +118,15 @@ def run(args) -> int:
     if problems or any(f.is_input_error for f in findings):
         return 2
     return 1 if n_err else 0
+
+
+def _standalone(argv=None) -> int:
+    """`python -m dstoolkit.cli.validate PATH...`: the same command without building every other verb's parser."""
+    parser = argparse.ArgumentParser(prog="dstoolkit")
+    add_parser(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
+    return args.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised by benchmarks/validate_speed.py and the test below
+    sys.exit(_standalone())

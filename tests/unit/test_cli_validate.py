@@ -161,3 +161,10 @@ def test_pre_commit_hook_definition(repo_root):
 
     hooks = yaml.safe_load((repo_root / ".pre-commit-hooks.yaml").read_text())
     assert hooks[0]["id"] == "dstoolkit-validate" and hooks[0]["entry"] == "dstoolkit validate"
+
+
+def test_standalone_module_entry(tmp_path, repo_root):
+    path = write(tmp_path, "ds.json", {**GOOD, "gradient_clipping": "1.0"})
+    out = subprocess.run([sys.executable, "-m", "dstoolkit.cli.validate", path, "--format", "json"],
+                         capture_output=True, text=True, cwd=repo_root, timeout=120)
+    assert out.returncode == 1 and json.loads(out.stdout)[0]["code"] == "DS102"
