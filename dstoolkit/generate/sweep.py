@@ -58,7 +58,7 @@ class FitsNowhere:
     def message(self, spec: Spec, gpu: GpuSpec, model_name: str) -> str:
         lines = [
             f"{model_name} fits nowhere on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}: the "
-            f"least memory-hungry layout ({self.least_memory_label}) still needs "
+            f"least memory-hungry layout ({self.least_memory_label}) still needs at least "
             f"{self.needed_per_gpu_bytes / GiB:.1f} GiB per GPU, and one GPU has {self.device_memory_bytes / GiB:.1f} GiB.",
         ]
         if self.suggestions:
@@ -268,28 +268,38 @@ def explain(ranked: list[Ranked], gpu: GpuSpec, all_fit: Sequence[Ranked] = (),
 # the sweep
 # ----------------------------------------------------------------------------------------------------------
 
+def zero_model_state_bytes(dense_params: float, expert_params: float, *, dp: int, ep: int, zero_stage: int,
+                           offload_optimizer: bool = False, offload_param: bool = False,
+                           weight_bytes: int = 2, optimizer_bytes: int = 12) -> float:
+    """Device bytes of weights + gradients + optimizer states per rank, with gradients always partitioned.
+
+    ZeRO §3.1 accounting (2 + 2 + K=12 bytes per parameter in mixed precision), except that gradients are
+    counted partitioned at every stage >= 1, as DeepSpeed's stage 1 shares stage 2's code and partitions them
+    too; at stage 0 they are counted partitioned as well, which only lowers the bound. Dense parameters are
+    partitioned over dp ranks, expert parameters over the dp/ep expert-data-parallel ranks. Args are the
+    parameters one model-parallel rank holds.
+    """
+    edp = max(1, dp // ep)
+    partitioned = dense_params / dp + expert_params / edp
+    full = dense_params + expert_params
+    weights = 0.0 if offload_param else weight_bytes * (partitioned if zero_stage >= 3 else full)
+    grads = weight_bytes * partitioned
+    optim = 0.0 if offload_optimizer else optimizer_bytes * (partitioned if zero_stage >= 1 else full)
+    return weights + grads + optim
+
+
 def model_state_lower_bound_bytes(spec: Spec, shape: ModelShape, cand: Candidate) -> int:
-    """A cheap lower bound on device bytes per rank: weights + gradients + optimizer states at their most
-    partitioned (ZeRO §3.1: 2/2/12 bytes per parameter in mixed precision, each divided by the data-parallel
-    degree only where the stage partitions it; gradients always counted partitioned, since DeepSpeed's stage 1
-    partitions them too). Any real allocation is at least this, so a candidate above the device is dropped
-    without running the full estimator."""
+    """A cheap lower bound on device bytes per rank (`zero_model_state_bytes` for the candidate). Any real
+    allocation is at least this, so a candidate above the device is dropped without the full estimator."""
     from dstoolkit.generate.costing import param_split
 
     split = param_split(shape)
-    world = spec.cluster.world_size
-    dp = cand.dp(world)
-    edp = max(1, dp // cand.ep)
     mp = cand.tp * cand.pp
-    elem = 4 if spec.training.precision == "fp32" else 2
-    opt = 8 if spec.training.precision == "fp32" else 12
-    dense, expert = split.dense / mp, split.expert / (mp * cand.ep)
-    partitioned = dense / dp + expert / edp
-    full = dense + expert
-    weights = 0.0 if cand.offload_param else elem * (partitioned if cand.zero_stage >= 3 else full)
-    grads = elem * partitioned
-    optim = 0.0 if cand.offload_optimizer else opt * (partitioned if cand.zero_stage >= 1 else full)
-    return int(weights + grads + optim)
+    fp32 = spec.training.precision == "fp32"
+    return int(zero_model_state_bytes(
+        split.dense / mp, split.expert / (mp * cand.ep), dp=cand.dp(spec.cluster.world_size), ep=cand.ep,
+        zero_stage=cand.zero_stage, offload_optimizer=cand.offload_optimizer, offload_param=cand.offload_param,
+        weight_bytes=4 if fp32 else 2, optimizer_bytes=8 if fp32 else 12))
 
 
 _ESTIMATE_MEMO: dict = {}
@@ -329,6 +339,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
             continue
         lb = model_state_lower_bound_bytes(spec, shape, cand)
         if lb > gpu.memory_bytes:
+            estimates.append((cand, lb))
             dropped.append(Dropped(cand, "memory", f"model states alone need at least {_gib(lb)} per rank > "
                                                    f"{_gib(int(gpu.memory_bytes))} on {gpu.name}"))
             continue
@@ -337,7 +348,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
         except EstimateInputError as exc:
             dropped.append(Dropped(cand, "estimate", str(exc)))
             continue
-        estimates.append((cand, est))
+        estimates.append((cand, est.memory_per_rank_bytes))
         if not est.fits:
             too_big[layout] = (cand.micro_batch, est.memory_per_rank_bytes)
             b = est.memory_breakdown_bytes
@@ -390,10 +401,10 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
     for d in dropped:
         by_code[d.code] = by_code.get(d.code, 0) + 1
     result.dropped_by_code = dict(sorted(by_code.items(), key=lambda kv: (-kv[1], kv[0])))
-    if not chosen and estimates:
-        least = min(estimates, key=lambda ce: ce[1].memory_per_rank_bytes)
+    if not fit and estimates:
+        least = min(estimates, key=lambda ce: ce[1])
         result.fits_nowhere = FitsNowhere(
-            needed_per_gpu_bytes=least[1].memory_per_rank_bytes, device_memory_bytes=int(gpu.memory_bytes),
+            needed_per_gpu_bytes=int(least[1]), device_memory_bytes=int(gpu.memory_bytes),
             least_memory_label=least[0].label,
             suggestions=what_would_fit(spec, shape, strategy, force_fallback) if advise else [])
     return result
