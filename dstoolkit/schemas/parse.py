@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dstoolkit.schemas.findings import Finding, pointer_of
+from dstoolkit.schemas.findings import Finding
 
 MAX_TEXT_BYTES = 8 * 1024 * 1024
 """Largest config accepted (8 MiB). Real DeepSpeed configs are a few KiB; anything near this is not one."""
@@ -28,6 +28,8 @@ MAX_DEPTH = 64
 _NUMBER_RE = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _YAML_LINE_RE = re.compile(r"^(---\s*$|[A-Za-z_][\w\-. ]*:(\s|$)|- )")
 _KEY_CHARS_STOP = set(",:[]{}\n\r")
+_WS_RE = re.compile(r"[ \t\r\n\ufeff]*")
+_SIMPLE_STRING_RE = re.compile(r'"([^"\\\n]*)"')
 
 
 class ParseFatal(Exception):
@@ -88,13 +90,15 @@ class _Parser:
         newline = False
         s, n = self.s, self.n
         while self.i < n:
+            m = _WS_RE.match(s, self.i)
+            if m.end() > self.i:
+                if not newline and ("\n" in m.group(0) or "\r" in m.group(0)):
+                    newline = True
+                self.i = m.end()
+                if self.i >= n:
+                    break
             c = s[self.i]
-            if c in " \t\ufeff":
-                self.i += 1
-            elif c in "\r\n":
-                newline = True
-                self.i += 1
-            elif c == "#" or (c == "/" and s.startswith("//", self.i)):
+            if c == "#" or (c == "/" and s.startswith("//", self.i)):
                 self.note("DS010", "warning", "comment in config: not JSON; DeepSpeed's hjson reader skips it",
                           self.i, suggestion="remove comments so JSON tools (jq, editors) can read the file")
                 j = s.find("\n", self.i)
@@ -119,13 +123,13 @@ class _Parser:
         if self.s[self.i] not in "{[":
             # hjson allows a root object without braces; DeepSpeed configs never use it.
             self.fatal(f"expected '{{' at the start of the config, found {self.s[self.i]!r}")
-        value = self.parse_value((), 0)
+        value = self.parse_value("", 0)
         self.skip_ws()
         if self.i < self.n:
             self.fatal(f"unexpected text after the end of the JSON value: {self.s[self.i:self.i + 20]!r}")
         return value
 
-    def parse_value(self, path: tuple, depth: int) -> Any:
+    def parse_value(self, ptr: str, depth: int) -> Any:
         if depth > MAX_DEPTH:
             self.fatal(f"nesting deeper than {MAX_DEPTH} levels; not a DeepSpeed config", code="DS003")
         s = self.s
@@ -133,12 +137,11 @@ class _Parser:
             self.fatal("unexpected end of file")
         c = s[self.i]
         start = self.i
-        ptr = pointer_of(path)
         self.value_positions[ptr] = self.linecol(start)
         if c == "{":
-            return self.parse_object(path, depth)
+            return self.parse_object(ptr, depth)
         if c == "[":
-            return self.parse_array(path, depth)
+            return self.parse_array(ptr, depth)
         if c == '"' or c == "'":
             return self.parse_string()
         if s.startswith("NaN", start) or s.startswith("Infinity", start) or s.startswith("-Infinity", start):
@@ -186,6 +189,10 @@ class _Parser:
 
     def parse_string(self) -> str:
         s = self.s
+        m = _SIMPLE_STRING_RE.match(s, self.i)
+        if m:  # no escapes: the common case
+            self.i = m.end()
+            return m.group(1)
         quote = s[self.i]
         if quote == "'":
             self.note("DS014", "warning", "single-quoted string is hjson, not JSON", self.i)
@@ -240,7 +247,7 @@ class _Parser:
         self.i = j
         return s[start:j]
 
-    def parse_object(self, path: tuple, depth: int) -> dict:
+    def parse_object(self, path: str, depth: int) -> dict:
         self.i += 1
         obj: dict[str, Any] = {}
         seen_sep = True
@@ -261,7 +268,7 @@ class _Parser:
                 self.skip_ws()
                 if self.i < self.n and self.s[self.i] == "}":
                     self.note("DS011", "warning", "trailing comma: not JSON; DeepSpeed's hjson reader accepts it",
-                              save - 1, pointer_of(path))
+                              save - 1, path)
                 continue
             if not seen_sep:
                 if newline:
@@ -275,8 +282,7 @@ class _Parser:
                 self.fatal(f"expected ':' after key {key!r}")
             self.i += 1
             self.skip_ws()
-            child = path + (key,)
-            ptr = pointer_of(child)
+            ptr = path + "/" + (key.replace("~", "~0").replace("/", "~1") if ("~" in key or "/" in key) else key)
             if key in obj:
                 line, col = self.linecol(key_start)
                 first = self.positions.get(ptr)
@@ -286,10 +292,10 @@ class _Parser:
                     + "; DeepSpeed refuses the file ('Duplicate keys in DeepSpeed config')",
                     suggestion="keep one of them"))
             self.positions[ptr] = self.linecol(key_start)
-            obj[key] = self.parse_value(child, depth + 1)
+            obj[key] = self.parse_value(ptr, depth + 1)
             seen_sep = False
 
-    def parse_array(self, path: tuple, depth: int) -> list:
+    def parse_array(self, path: str, depth: int) -> list:
         self.i += 1
         arr: list[Any] = []
         seen_sep = True
@@ -310,12 +316,12 @@ class _Parser:
                 self.skip_ws()
                 if self.i < self.n and self.s[self.i] == "]":
                     self.note("DS011", "warning", "trailing comma: not JSON; DeepSpeed's hjson reader accepts it",
-                              save - 1, pointer_of(path))
+                              save - 1, path)
                 continue
             if not seen_sep and not newline:
                 self.fatal(f"expected ',' or ']', found {c!r}")
-            child = path + (len(arr),)
-            self.positions[pointer_of(child)] = self.linecol(self.i)
+            child = f"{path}/{len(arr)}"
+            self.positions[child] = self.linecol(self.i)
             arr.append(self.parse_value(child, depth + 1))
             seen_sep = False
 
