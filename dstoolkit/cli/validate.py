@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-CONFIG_GLOB_SUFFIX = ".json"
+CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema files, not configs)
 
 
 def add_parser(subparsers) -> None:
@@ -57,7 +57,8 @@ def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
             found = []
             for root, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, n) for n in sorted(names) if n.endswith(CONFIG_GLOB_SUFFIX)]
+                found += [os.path.join(root, n) for n in sorted(names)
+                          if n.endswith(CONFIG_GLOB_SUFFIX) and not n.endswith(".schema.json")]
             if not found:
                 problems.append(f"{path}: directory contains no *.json config files")
             files += found
