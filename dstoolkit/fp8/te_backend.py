@@ -19,6 +19,8 @@ from dstoolkit.schemas.spec import GpuSpec
 # Attribute names of a pre-norm block's FFN half (HF Llama/Mistral/Qwen decoder layers and
 # dstoolkit.models.torch_model.Block): y = mlp(post_attention_layernorm(x)).
 FUSABLE_NORM_MLP = ("post_attention_layernorm", "mlp")
+# Attributes DeepSpeed MoE sets on expert parameters (deepspeed/moe/experts.py, deepspeed/moe/utils.py).
+DEEPSPEED_PARAM_ATTRS = ("allreduce", "group_name")
 
 
 class TeBackend:
@@ -63,6 +65,14 @@ class TeBackend:
             mod.weight.copy_(w)
             if lin.bias is not None:
                 mod.bias.copy_(lin.bias)
+        # DeepSpeed MoE marks expert parameters (allreduce=False, group_name=...) for its expert-parallel
+        # gradient handling; the new TE parameters must carry the same marks.
+        for old_p, new_p in ((lin.weight, mod.weight), (lin.bias, getattr(mod, "bias", None))):
+            if old_p is None or new_p is None:
+                continue
+            for attr in DEEPSPEED_PARAM_ATTRS:
+                if hasattr(old_p, attr):
+                    setattr(new_p, attr, getattr(old_p, attr))
         return mod
 
     def fusable(self, parent: nn.Module) -> Optional[tuple[nn.Module, nn.Module, str]]:
@@ -76,6 +86,8 @@ class TeBackend:
             return None
         if getattr(mlp, "gated", True) is False:
             return None
+        if getattr(norm, "weight", None) is None:
+            return None  # no affine weight to carry over
         if isinstance(norm, nn.LayerNorm):
             kind = "LayerNorm"
         elif type(norm).__name__ in ("RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"):
@@ -97,6 +109,8 @@ class TeBackend:
                                    device="cuda")
         with torch.no_grad():
             mod.layer_norm_weight.copy_(norm.weight)
+            if kind == "LayerNorm" and getattr(norm, "bias", None) is not None:
+                mod.layer_norm_bias.copy_(norm.bias)
             mod.fc1_weight.copy_(torch.cat([gate.weight, up.weight], dim=0))
             mod.fc2_weight.copy_(down.weight)
         # Keep the original modules as skeletons (parameters released) so revert can rebuild them exactly.
@@ -128,6 +142,8 @@ def te_module_to_torch(mod: nn.Module) -> Optional[tuple[nn.Module, Optional[nn.
             norm, mlp = mod._dstoolkit_orig
             ffn = mod.fc1_weight.shape[0] // 2
             norm.weight.data = mod.layer_norm_weight.detach().clone()
+            if getattr(norm, "bias", None) is not None and hasattr(mod, "layer_norm_bias"):
+                norm.bias.data = mod.layer_norm_bias.detach().clone()
             mlp.gate_proj.weight.data = mod.fc1_weight[:ffn].detach().clone()
             mlp.up_proj.weight.data = mod.fc1_weight[ffn:].detach().clone()
             mlp.down_proj.weight.data = mod.fc2_weight.detach().clone()
