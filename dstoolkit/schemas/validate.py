@@ -118,13 +118,18 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
             return parsed.findings
         data = parsed.data
     elif isinstance(cfg, dict):
-        data = cfg
+        problems: list[Finding] = []
+        data = _normalize(cfg, "", 0, source, problems)
+        if any(f.code == "DS003" for f in problems):
+            return problems
     else:
         return [Finding(file=source, pointer="", severity="error", code="DS007",
                         message=f"config must be a JSON object (dict) or its text, got {type(cfg).__name__}")]
     out = _Collector(source, parsed)
     if parsed is not None:
         out.findings.extend(parsed.findings)
+    else:
+        out.findings.extend(problems)
     try:
         version = _versions.normalize_version(version)
     except ValueError as exc:
@@ -141,6 +146,36 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
     for v in _rules.run_rules(data, ctx):
         out.add(v.code, v.severity, v.pointer, v.message, v.suggestion)
     return sorted(out.findings, key=lambda f: (f.line or 0, f.column or 0, f.code))
+
+
+def _normalize(node: Any, ptr: str, depth: int, source: str, problems: list) -> Any:
+    """Make a caller's dict look like parsed JSON: str keys, lists for tuples, str() for other objects; note
+    non-finite floats (DS002) and excessive depth (DS003) instead of failing later."""
+    from dstoolkit.schemas.parse import MAX_DEPTH
+
+    if depth > MAX_DEPTH:
+        if not any(f.code == "DS003" for f in problems):
+            problems.append(Finding(file=source, pointer=ptr, severity="error", code="DS003",
+                                    message=f"nesting deeper than {MAX_DEPTH} levels; not a DeepSpeed config"))
+        return None
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            key = k if isinstance(k, str) else str(k)
+            child = ptr + "/" + key.replace("~", "~0").replace("/", "~1")
+            out[key] = _normalize(v, child, depth + 1, source, problems)
+        return out
+    if isinstance(node, (list, tuple)):
+        return [_normalize(v, f"{ptr}/{i}", depth + 1, source, problems) for i, v in enumerate(node)]
+    if isinstance(node, float) and (node != node or node in (float("inf"), float("-inf"))):
+        problems.append(Finding(file=source, pointer=ptr, severity="error", code="DS002",
+                                message=f"{ptr or '/'} = {node!r}: not a finite number; JSON cannot hold it and "
+                                        "DeepSpeed's hjson reader would read the literal as a string",
+                                suggestion="write a finite number"))
+        return node
+    if node is None or isinstance(node, (str, int, float, bool)):
+        return node
+    return str(node)
 
 
 def _delete(root: Any, path: tuple) -> None:

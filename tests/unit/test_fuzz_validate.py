@@ -83,3 +83,17 @@ def test_cli_exit_code_is_0_1_or_2(tmp_path, capsys, text):
     assert rc in (0, 1, 2)
     assert "Traceback" not in captured.out + captured.err
     assert captured.err.strip()  # always says something
+
+
+def test_python_dict_edge_cases_are_findings_not_crashes():
+    deep: dict = {}
+    node = deep
+    for _ in range(10_000):
+        node["a"] = {}
+        node = node["a"]
+    assert [f.code for f in validate_config(deep)] == ["DS003"]
+    found = validate_config({1: 2, "train_batch_size": 8, "gradient_clipping": float("nan"),
+                             "optimizer": {"type": "AdamW", "params": {"betas": (0.9, 0.95)}}})
+    assert {(f.code, f.pointer) for f in found} == {("DS002", "/gradient_clipping"), ("DS101", "/1")}
+    assert [f.code for f in validate_config(["not", "a", "dict"])] == ["DS007"]
+    assert [f.code for f in validate_config(b'{"train_batch_size": 8}')] == []
