@@ -270,12 +270,14 @@ def explain(ranked: list[Ranked], gpu: GpuSpec, all_fit: Sequence[Ranked] = (),
 
 def zero_model_state_bytes(dense_params: float, expert_params: float, *, dp: int, ep: int, zero_stage: int,
                            offload_optimizer: bool = False, offload_param: bool = False,
-                           weight_bytes: int = 2, optimizer_bytes: int = 12) -> float:
+                           weight_bytes: int = 2, optimizer_bytes: int = 12, bound: bool = False) -> float:
     """Device bytes of weights + gradients + optimizer states per rank, with gradients always partitioned.
 
     ZeRO §3.1 accounting (2 + 2 + K=12 bytes per parameter in mixed precision), except that gradients are
     counted partitioned at every stage >= 1, as DeepSpeed's stage 1 shares stage 2's code and partitions them
-    too; at stage 0 they are counted partitioned as well, which only lowers the bound. Dense parameters are
+    too. With `bound=True` (what the sweep uses) gradients and optimizer states are counted partitioned at
+    stage 0 as well: DeepSpeed's bf16 path at stage 0 (BF16_Optimizer) shards the fp32 states over data
+    parallel ranks, and a lower bound must hold for it. Dense parameters are
     partitioned over dp ranks, expert parameters over the dp/ep expert-data-parallel ranks. Args are the
     parameters one model-parallel rank holds.
     """
@@ -283,8 +285,8 @@ def zero_model_state_bytes(dense_params: float, expert_params: float, *, dp: int
     partitioned = dense_params / dp + expert_params / edp
     full = dense_params + expert_params
     weights = 0.0 if offload_param else weight_bytes * (partitioned if zero_stage >= 3 else full)
-    grads = weight_bytes * partitioned
-    optim = 0.0 if offload_optimizer else optimizer_bytes * (partitioned if zero_stage >= 1 else full)
+    grads = weight_bytes * (partitioned if (zero_stage >= 1 or bound) else full)
+    optim = 0.0 if offload_optimizer else optimizer_bytes * (partitioned if (zero_stage >= 1 or bound) else full)
     return weights + grads + optim
 
 
@@ -299,7 +301,7 @@ def model_state_lower_bound_bytes(spec: Spec, shape: ModelShape, cand: Candidate
     return int(zero_model_state_bytes(
         split.dense / mp, split.expert / (mp * cand.ep), dp=cand.dp(spec.cluster.world_size), ep=cand.ep,
         zero_stage=cand.zero_stage, offload_optimizer=cand.offload_optimizer, offload_param=cand.offload_param,
-        weight_bytes=4 if fp32 else 2, optimizer_bytes=8 if fp32 else 12))
+        weight_bytes=4 if fp32 else 2, optimizer_bytes=8 if fp32 else 12, bound=True))
 
 
 _ESTIMATE_MEMO: dict = {}

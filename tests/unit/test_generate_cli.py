@@ -1,0 +1,111 @@
+"""`dstoolkit generate`: files written, atomic writes, refusal without --force, bad input -> exit 2."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from dstoolkit.cli import main
+from dstoolkit.generate.writer import MARKER_FILE, OutputExistsError, write_tree_atomic
+
+FOLDER_FILES = {"ds_config.json", "megatron_args.txt", "launch.sh", "hostfile", "slurm.sbatch", "summary.md"}
+
+
+def _tiny(repo_root):
+    return str(repo_root / "ds_configs" / "tiny_cpu.yaml")
+
+
+def test_writes_one_folder_per_strategy(tmp_path, repo_root, capsys):
+    out = tmp_path / "o"
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--strategy", "zero0", "--strategy", "zero3"]) == 0
+    assert {p.name for p in out.iterdir()} == {"zero0", "zero3", "spec.yaml", "summary.md", MARKER_FILE}
+    for s in ("zero0", "zero3"):
+        assert {p.name for p in (out / s).iterdir()} == FOLDER_FILES
+    assert "wrote 2 strategies" in capsys.readouterr().out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp folders left behind"
+
+
+def test_refuses_existing_output_without_force(tmp_path, repo_root, capsys):
+    out = tmp_path / "o"
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--strategy", "zero1"]) == 0
+    before = (out / "zero1" / "ds_config.json").read_text()
+    capsys.readouterr()
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--strategy", "zero2"]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert (out / "zero1" / "ds_config.json").read_text() == before and not (out / "zero2").exists()
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--strategy", "zero2", "--force"]) == 0
+    assert (out / "zero2").is_dir() and not (out / "zero1").exists()
+
+
+def test_force_never_replaces_a_foreign_folder(tmp_path, repo_root, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("precious")
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--force"]) == 2
+    assert "was not written by dstoolkit generate" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "precious"
+
+
+def test_failed_write_keeps_old_folder_and_leaves_no_temp(tmp_path):
+    out = tmp_path / "o"
+    write_tree_atomic(out, {"a.txt": "old"})
+    with pytest.raises(ValueError, match="escapes the output folder"):
+        write_tree_atomic(out, {"b.txt": "new", "../evil.txt": "x"}, force=True)
+    assert (out / "a.txt").read_text() == "old" and not (tmp_path / "evil.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    with pytest.raises(OutputExistsError, match="already exists"):
+        write_tree_atomic(out, {"b.txt": "new"})
+
+
+def test_unknown_and_impossible_strategies_exit_2(tmp_path, repo_root, capsys):
+    assert main(["generate", _tiny(repo_root), "--out", str(tmp_path / "a"), "--strategy", "zero9"]) == 2
+    assert "unknown strategy 'zero9'" in capsys.readouterr().err
+    moe = str(repo_root / "ds_configs" / "tiny_moe_cpu.yaml")
+    assert main(["generate", moe, "--out", str(tmp_path / "b"), "--strategy", "zero3"]) == 2
+    assert "not supported with ZeRO Stage 3" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_moe_default_skips_stage3_with_reason_in_summary(tmp_path, repo_root):
+    out = tmp_path / "m"
+    assert main(["generate", str(repo_root / "ds_configs" / "tiny_moe_cpu.yaml"), "--out", str(out)]) == 0
+    names = {p.name for p in out.iterdir() if p.is_dir()}
+    assert {"zero1-ep", "zero2-ep", "zero1", "zero2"} <= names and not {"zero3", "zero++"} & names
+    summary = (out / "summary.md").read_text()
+    assert "- zero3: DeepSpeed refuses native MoE at ZeRO stage 3" in summary
+
+
+def test_bad_spec_is_a_located_error(tmp_path, repo_root, capsys):
+    bad = tmp_path / "bad.yaml"
+    spec = yaml.safe_load((repo_root / "ds_configs" / "tiny_cpu.yaml").read_text())
+    spec["training"]["zero_stagee"] = 2
+    bad.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["generate", str(bad), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:" in err and "zero_stagee" in err and "Traceback" not in err
+    assert main(["generate", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "y")]) == 2
+    assert "spec file not found" in capsys.readouterr().err
+
+
+def test_json_output(tmp_path, repo_root, capsys):
+    out = tmp_path / "j"
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--strategy", "zero2", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["generated"][0]["strategy"] == "zero2"
+    assert doc["generated"][0]["memory_per_rank_bytes"] > 0 and doc["generated"][0]["step_time_s"] > 0
+    assert "ds_config.json" in doc["generated"][0]["files"]
+
+
+def test_nothing_fits_exits_1_without_writing(tmp_path, repo_root, capsys):
+    spec = {"name": "big", "model": {"preset": "llama-3-70b"},
+            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "A100-40G"},
+            "training": {"seq_len": 4096, "global_batch": 16, "tp": 1, "pp": 1, "zero_stage": 2}}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "o"
+    assert main(["generate", str(path), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "fits nowhere" in err and "GiB per GPU" in err
+    assert not out.exists() and not os.listdir(tmp_path) == []

@@ -1,0 +1,100 @@
+"""launch.sh / hostfile / slurm.sbatch: the commands they run, and that no spec value can inject a command."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from dstoolkit.cli import main
+
+EVIL_NAME = "x'; touch PWNED1; echo '$(touch PWNED2)`touch PWNED3`\ntouch PWNED4 #"
+
+
+def _bash(args, cwd, env=None):
+    e = {**os.environ, **(env or {})}
+    return subprocess.run(["bash", *args], cwd=cwd, env=e, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tiny_out(tmp_path_factory, repo_root):
+    out = tmp_path_factory.mktemp("gen") / "tiny"
+    assert main(["generate", str(repo_root / "ds_configs" / "tiny_moe_cpu.yaml"), "--out", str(out)]) == 0
+    return out
+
+
+def test_dry_run_deepspeed_command(tiny_out):
+    r = _bash(["launch.sh"], cwd=tiny_out / "zero1-ep", env={"DRY_RUN": "1", "STEPS": "7", "MASTER_PORT": "12345"})
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stdout)
+    assert argv[0] == "deepspeed"
+    assert argv[argv.index("--hostfile") + 1] == str(tiny_out / "zero1-ep" / "hostfile")
+    assert "--no_ssh_check" in argv  # one node
+    assert argv[argv.index("--master_port") + 1] == "12345"
+    assert argv[argv.index("--module") + 1] == "dstoolkit.train.trainer"
+    assert argv[argv.index("--steps") + 1] == "7"
+    assert argv[argv.index("--ep-size") + 1] == "2"
+    assert argv[argv.index("--deepspeed_config") + 1] == str(tiny_out / "zero1-ep" / "ds_config.json")
+
+
+def test_dry_run_torchrun_alternative_and_passthrough(tiny_out):
+    r = _bash(["launch.sh", "--no-progress"], cwd=tiny_out / "zero2",
+              env={"DRY_RUN": "1", "LAUNCHER": "torchrun"})
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stdout)
+    assert argv[:1] == ["torchrun"] and argv[argv.index("--nproc_per_node") + 1] == "2"
+    assert argv[argv.index("-m") + 1] == "dstoolkit.train.trainer" and argv[-1] == "--no-progress"
+    assert argv[argv.index("--ep-size") + 1] == "1"
+
+
+def test_unknown_launcher_exits_2(tiny_out):
+    r = _bash(["launch.sh"], cwd=tiny_out / "zero2", env={"DRY_RUN": "1", "LAUNCHER": "mpirun"})
+    assert r.returncode == 2 and "LAUNCHER must be deepspeed or torchrun" in r.stderr
+
+
+def test_cpu_launch_sets_one_omp_thread(tiny_out):
+    text = (tiny_out / "zero2" / "launch.sh").read_text()
+    assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in text
+    assert (tiny_out / "zero2" / "hostfile").read_text() == "localhost slots=2\n"
+    assert os.access(tiny_out / "zero2" / "launch.sh", os.X_OK)
+
+
+def test_malicious_spec_name_cannot_inject(tmp_path, repo_root):
+    spec = yaml.safe_load((repo_root / "ds_configs" / "tiny_cpu.yaml").read_text())
+    spec["name"] = EVIL_NAME
+    path = tmp_path / "evil.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert main(["generate", str(path), "--out", str(out), "--strategy", "zero1"]) == 0
+    folder = out / "zero1"
+    for script in ("launch.sh", "slurm.sbatch"):
+        r = _bash(["-n", script], cwd=folder)
+        assert r.returncode == 0, f"{script} is not valid bash: {r.stderr}"
+    r = _bash(["launch.sh"], cwd=folder, env={"DRY_RUN": "1"})
+    assert r.returncode == 0, r.stderr
+    # the name round-trips as data
+    r2 = _bash(["-c", 'source <(sed -n "/^RUN_NAME=/,/^NNODES=/p" launch.sh); printf %s "$RUN_NAME"'], cwd=folder)
+    assert r2.stdout == EVIL_NAME
+    for n in range(1, 5):
+        assert not (folder / f"PWNED{n}").exists() and not (tmp_path / f"PWNED{n}").exists()
+    sbatch = (folder / "slurm.sbatch").read_text()
+    job = next(ln for ln in sbatch.splitlines() if ln.startswith("#SBATCH --job-name="))
+    assert set(job.split("=", 1)[1]) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+")
+    assert "PWNED" not in "\n".join(ln for ln in sbatch.splitlines() if ln.startswith("#") and "job-name" not in ln)
+
+
+def test_multi_node_hostfile_parses_with_deepspeed(repo_root):
+    from deepspeed.launcher.runner import _parse_hostfile
+
+    from dstoolkit.generate.bundled import cached_bundled
+
+    res = cached_bundled(str(repo_root / "ds_configs"), "deepseek_v3_32x8_h800")
+    text = res.generated[0].files["hostfile"]
+    pool = _parse_hostfile(text.splitlines(keepends=True))
+    assert len(pool) == 32 and set(pool.values()) == {8}
+    launch = res.generated[0].files["launch.sh"]
+    assert "--no_ssh_check" not in launch  # several nodes: keep DeepSpeed's ssh check
+    assert "#SBATCH --nodes=32" in res.generated[0].files["slurm.sbatch"]
+    assert "#SBATCH --gpus-per-node=8" in res.generated[0].files["slurm.sbatch"]
