@@ -59,7 +59,8 @@ class LayerActivations:
     checkpointed: float
     """What a recomputed block keeps: its input (DeepSpeed / reentrant checkpoint `save_for_backward`)."""
     attention_core: float
-    """The part that selective recompute drops (scores/probabilities, or flash's log-sum-exp)."""
+    """The part that selective recompute drops (scores/probabilities or flash's log-sum-exp, and with GQA the
+    head-repeated k/v copies)."""
 
 
 def _act_bytes(plan: RunPlan) -> tuple[int, int]:
@@ -119,6 +120,11 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
             core += a * s * s * b + p * a * s * s * b  # dropout mask + dropped probabilities
     attention = (q_bytes + k_bytes + v_bytes + o_bytes + core) / t + latent + rope
     del attn_heads_dim
+    # Selective recompute checkpoints the attention core (q, k, v -> out): it keeps its inputs, so with GQA it
+    # keeps k and v at kv heads instead of the head-repeated copies SDPA would save, and drops the core.
+    kv_saving = 0.0
+    if not shape.is_mla and shape.kv_heads < a:
+        kv_saving = 2 * p * tok * (a - shape.kv_heads) * d / t
     # -- MLP --
     if shape.is_moe_layer(layer_index):
         mlp = _moe_bytes(plan, tok, p, pl)
@@ -130,7 +136,7 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
             mlp = (p + pl) * tok * i / t  # gelu input, down input
     full = outside + attention + mlp
     checkpointed = p * tok * h / sp_div
-    return LayerActivations(full=full, checkpointed=checkpointed, attention_core=core / t)
+    return LayerActivations(full=full, checkpointed=checkpointed, attention_core=core / t + kv_saving)
 
 
 def moe_capacity(plan: RunPlan, tokens: int) -> int:
@@ -142,27 +148,35 @@ def moe_capacity(plan: RunPlan, tokens: int) -> int:
 
 
 def _moe_bytes(plan: RunPlan, tok: int, p: int, pl: int) -> float:
-    """DeepSpeed top-k MoE (sharded_moe.py): fp32 router, dense dispatch/combine tensors, capacity-padded experts."""
+    """DeepSpeed 0.19.8 top-k MoE (moe/sharded_moe.py), itemised from what its autograd graph keeps.
+
+    Router: fp32 softmax gates (T·E), the top-1 mask (bool) and two (T, E, 1) fp32 einsum operands, four
+    fp32 per-token normalisers; in bf16/fp16 also the fp32 copy of the router input and of wg. Dispatch is
+    index based (no dense one-hot einsum): an int64 index of E·C+1 slots and the (E, C, h) dispatched tokens,
+    which every expert's MLP reads; experts keep SwiGLU's gate/SiLU/up/product over their C slots; combine
+    keeps the k·T slot index, the (k, T) gates and the (k, T, h) routed outputs.
+    """
     shape = plan.shape
     h, e = shape.hidden_size, shape.num_experts
+    k = max(1, shape.num_experts_per_tok)
     i = shape.expert_ffn_size
     c = moe_capacity(plan, tok)
-    router = FP32_BYTES * tok * h + 2 * FP32_BYTES * tok * e  # fp32 input copy for wg, softmax gates (+ logits)
-    combine = FP32_BYTES * tok * e * c  # combine_weights (s, e, c) in fp32
-    dispatch = p * tok * e * c  # dispatch mask cast to the input dtype for the dispatch einsum
-    expert_tokens = e * c  # every rank computes E*C token slots in total (E/ep experts x ep*C)
-    expert_in = pl * expert_tokens * h
+    slots = e * c  # every rank computes E*C token slots in total (E/ep local experts x ep*C)
+    router = FP32_BYTES * tok * e + tok * e + 2 * FP32_BYTES * tok * e + 4 * FP32_BYTES * tok + FP32_BYTES * e
+    if p != FP32_BYTES:
+        router += FP32_BYTES * tok * h + FP32_BYTES * e * h  # input.float() and wg.weight.float() for the router
+    dispatch = INDEX_BYTES * (slots + 1) + p * slots * h
     if shape.mlp_gated:
-        expert_mlp = (3 * p + pl) * expert_tokens * i / plan.tp
+        experts = (3 * p + pl) * slots * i / plan.tp
     else:
-        expert_mlp = (p + pl) * expert_tokens * i / plan.tp
-    expert_out = p * expert_tokens * h  # kept by the combine einsum
+        experts = (p + pl) * slots * i / plan.tp
+    combine = INDEX_BYTES * k * tok + FP32_BYTES * k * tok + p * k * tok * h
     shared = 0.0
     if shape.num_shared_experts > 0:
         shared = (3 * p + pl) * tok * shape.num_shared_experts * i / plan.tp
     elif shape.shared_expert_intermediate_size:
         shared = (3 * p + pl) * tok * shape.shared_expert_intermediate_size / plan.tp + p * tok
-    return router + combine + dispatch + expert_in + expert_mlp + expert_out + shared
+    return router + dispatch + experts + combine + shared
 
 
 @dataclass(frozen=True)

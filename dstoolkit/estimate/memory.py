@@ -276,6 +276,10 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
             ms.optimizer_states += part * sb
             # bf16_optimizer.py: fp32_groups_gradients_flat is a full-size fp32 buffer (grad_acc_dtype)
             ms.grads_at_step += padded * FP32_BYTES
+        if not ds.bf16_immediate_grad_update:
+            # backward_epilogue(clear_lp_grads=False): the bf16 .grad tensors live until clear_lp_grads() at the
+            # end of step() (bf16.immediate_grad_update=false, the default)
+            ms.grads_at_step += raw * pb
         ms.grads_backward_peak = ms.grads_at_step
         return ms
 

@@ -56,6 +56,7 @@ class DsView(BaseModel):
     zeropp_qgz: bool
     zeropp_hpz: int
     ds_precision: Literal["bf16", "fp16", "fp32"]
+    bf16_immediate_grad_update: bool
 
 
 def _num(v: Any, default: int) -> int:
@@ -113,7 +114,8 @@ def read_ds_config(ds: dict, world_size: int, dp: int) -> DsView:
     opt = ds.get("optimizer") or {}
     opt_type = str(opt.get("type", "adamw")).lower()
     opt_params = opt.get("params") or {}
-    bf16 = (ds.get("bf16") or ds.get("bfloat16") or {}).get("enabled", False)
+    bf16_section = ds.get("bf16") or ds.get("bfloat16") or {}
+    bf16 = bf16_section.get("enabled", False)
     fp16 = (ds.get("fp16") or {}).get("enabled", False)
     ds_precision = "bf16" if bf16 is True else ("fp16" if fp16 is True else "fp32")
     dtypes = ds.get("data_types") or {}
@@ -142,6 +144,7 @@ def read_ds_config(ds: dict, world_size: int, dp: int) -> DsView:
         zeropp_qgz=bool(z.get("zero_quantized_gradients", False)),
         zeropp_hpz=_num(z.get("zero_hpz_partition_size"), 1),
         ds_precision=ds_precision,
+        bf16_immediate_grad_update=bool(bf16_section.get("immediate_grad_update", False)),
     )
 
 
