@@ -1,7 +1,8 @@
 """Harness overhead: `bench comm` busbw against a bare torch.distributed timing loop on the same sizes.
 
 Both are measured in the same ranks, interleaved round by round so that load from other processes hits both
-alike. The bare loop is the simplest honest timing: barrier, perf_counter, N calls, barrier, perf_counter.
+alike. The bare loop is the simplest honest timing: barrier, perf_counter, N calls, barrier, perf_counter, with the
+median over the same number of windows as the harness uses repetitions (so both use the same statistic).
 Goal (issue #5): the harness agrees within 5% (median busbw).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/comm_overhead.py \
@@ -22,7 +23,8 @@ from dstoolkit.bench import comm, harness
 BENCH_NAME = "comm_overhead"
 
 
-def _bare_busbw(torch, dist, op: str, size: int, world: int, iters: int, warmup: int, dtype) -> float:
+def _bare_busbw(torch, dist, op: str, size: int, world: int, iters: int, reps: int, warmup: int, dtype) -> float:
+    """Plain torch.distributed: barrier, perf_counter, `iters` calls, barrier; median of `reps` such windows."""
     lay = comm.layout(op, size, torch.tensor([], dtype=dtype).element_size(), world)
     inp = torch.zeros(lay.in_numel, dtype=dtype)
     out = torch.zeros(lay.out_numel, dtype=dtype)
@@ -32,14 +34,17 @@ def _bare_busbw(torch, dist, op: str, size: int, world: int, iters: int, warmup:
         call = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
     for _ in range(warmup):
         call()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        call()
-    dist.barrier()
-    dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        dist.barrier()
+        times.append((time.perf_counter() - t0) / iters)
+    dt = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return lay.size_bytes / float(dt.item()) / 1e9 * comm.busbw_factor(op, world)
+    return lay.size_bytes / statistics.median(dt.tolist()) / 1e9 * comm.busbw_factor(op, world)
 
 
 def _rank(rank: int, world: int, port: int, args) -> None:
@@ -58,9 +63,14 @@ def _rank(rank: int, world: int, port: int, args) -> None:
     for op in ops:
         for size in sizes:
             h, b = [], []
-            for _ in range(args.rounds):
-                h.append(comm.measure_row(torch, dist, op, size, opts, rank, world, torch.device("cpu"))["busbw"])
-                b.append(_bare_busbw(torch, dist, op, size, world, args.iters * opts.reps, 2, torch.float32))
+            for rnd in range(args.rounds):
+                # ABBA order: neither method always runs first (caches, scheduler state, load drift).
+                order = ("h", "b") if rnd % 2 == 0 else ("b", "h")
+                for which in order:
+                    if which == "h":
+                        h.append(comm.measure_row(torch, dist, op, size, opts, rank, world, torch.device("cpu"))["busbw"])
+                    else:
+                        b.append(_bare_busbw(torch, dist, op, size, world, args.iters, opts.reps, 2, torch.float32))
             if rank == 0:
                 hm, bm = statistics.median(h), statistics.median(b)
                 env["load_avg"] = harness.load_average()
