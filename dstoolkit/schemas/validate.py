@@ -393,7 +393,7 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: _Collector) ->
         section = ".".join(str(p) for p in path[:-1]) or "the top level"
         message = f"unknown key {key!r} in {section}"
         if len(path) == 1:
-            message += "; DeepSpeed 0.19 ignores unknown top-level keys silently"
+            message += "; DeepSpeed ignores unknown top-level keys silently"
         if path[0] == "zero_optimization" and len(path) == 2:
             message += "; DeepSpeed refuses the config"
         hint = _rules.did_you_mean(key, issue.choices, cutoff=0.72)

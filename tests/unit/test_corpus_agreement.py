@@ -201,3 +201,41 @@ def test_hf_mode_on_configs_rejected_only_for_auto(corpus_dir):
         if [f for f in validate_config(text, source=row["file"], mode="hf") if f.severity == "error"]:
             still.add(row["file"])
     assert still == set(HF_MODE_STILL_REJECTED)
+
+
+# DeepSpeed 0.16.5 verdicts (SOURCES.tsv) against ours with --deepspeed-version 0.16.
+EXTRA_ERRORS_016 = {
+    "Azure__MS-AMP__examples__ds_config_zero_te_msamp.json": {("DS101", "/msamp")},
+    "microsoft__DeepSpeedExamples__training__imagenet__config__ds_fp16_z1_config.json": {("DS101", "/cuda_visible_devices")},
+    "microsoft__DeepSpeed__tests__hybrid_engine__hybrid_engine_config.json": {("DS204", "/zero_optimization/offload_param")},
+    # SOURCES.tsv: "ACCEPT-CONFIG but optimizer.params.max_grad_norm -> engine ValueError"
+    "microsoft__Megatron-DeepSpeed__examples_deepspeed__curriculum_learning__ds_zero_stage_1_config_baseline.json":
+        {("DS210", "/optimizer/params/max_grad_norm")},
+    "microsoft__Megatron-DeepSpeed__examples_deepspeed__curriculum_learning__ds_zero_stage_1_config_curriculum_fixed_linear.json":
+        {("DS210", "/optimizer/params/max_grad_norm")},
+}
+_VERDICT_016 = re.compile(r"DS 0\.16\.5: (ACCEPT-CONFIG|ACCEPT|REJECT)(?: \((.*?)\)(?:, after|, deprecation|$| \|))?")
+
+
+def _expected_016(reason: str):
+    if "fp16 and bf16 both truthy" in reason:
+        return lambda fs, data: any(f.pointer in ("/fp16/enabled", "/bf16/enabled") for f in fs)
+    return _expected(reason)
+
+
+def test_deepspeed_0_16_agreement(corpus_dir):
+    rejected = accepted = 0
+    for row in _rows(corpus_dir):
+        m = _VERDICT_016.search(row["notes"])
+        if not m:
+            continue
+        text = (corpus_dir / row["file"]).read_text(encoding="utf-8", errors="replace")
+        errors = [f for f in validate_config(text, source=row["file"], deepspeed_version="0.16")
+                  if f.severity == "error"]
+        if m.group(1) == "REJECT":
+            rejected += 1
+            assert errors and _expected_016(m.group(2) or "")(errors, None), (row["file"], m.group(2))
+        else:
+            accepted += 1
+            assert {(f.code, f.pointer) for f in errors} == EXTRA_ERRORS_016.get(row["file"], set()), row["file"]
+    assert (rejected, accepted) == (57, 41)
