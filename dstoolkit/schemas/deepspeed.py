@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from dstoolkit.schemas import rules
-from dstoolkit.schemas.base import Bool, BoolOrAuto, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto
+from dstoolkit.schemas.base import Bool, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto
 from dstoolkit.schemas.ds_misc import (ActivationCheckpointingConfig, AioConfig, AutotuningConfig, CheckpointConfig,
                                        CometConfig, CommsLoggerConfig, CompileConfig, CSVConfig, ExpertParallelConfig,
                                        FlopsProfilerConfig, HybridEngineConfig, PipelineConfig, TensorBoardConfig,
