@@ -81,7 +81,7 @@ def _env_line(recs: Sequence[dict[str, Any]]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path]) -> list[str]:
+def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
     lines = ["## Collectives (`dstoolkit bench comm`)", "",
              "nccl-tests convention: algbw = size / time, busbw = algbw × factor (all-reduce 2(n−1)/n; all-gather, "
              "reduce-scatter, all-to-all (n−1)/n; broadcast 1). GB/s = 10⁹ B/s. time = median over repetitions of "
@@ -100,7 +100,7 @@ def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list
             lines.append(f"| {r['op']} | {_human_size(r['size'])} | {r['count']} | {_fmt(r['time_us'], 1)} | "
                          f"{_fmt(r['algbw'])} | {_fmt(r['busbw'])} | {_fmt(st.get('p10'))}–{_fmt(st.get('p90'))} | {r['#wrong']} |")
         lines.append("")
-    plot = _plot_comm(groups, out_dir)
+    plot = _plot_comm(groups, out_dir, prefix)
     if plot:
         plots.append(plot)
         lines += [f"![busbw vs size]({plot.name})", ""]
@@ -120,7 +120,7 @@ def _comm_overhead_section(recs: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path]) -> list[str]:
+def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
     lines = ["## Compute/communication overlap (`dstoolkit bench overlap`)", "",
              "η = 1 − exposed / total communication, where exposed = overlapped step − compute-only step and total = "
              "the same collectives replayed alone (clamped to [0, 1]). Compute slowdown = compute time inside the "
@@ -133,14 +133,14 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
             f"{_fmt(r['compute_s']['median'], 4)} | {_fmt(r['comm_s']['median'], 4)} | {_fmt(r['overlapped_s']['median'], 4)} | "
             f"{_fmt(r.get('exposed_comm_s'), 4)} | {_fmt(r.get('eta'))} | {_pct(r.get('compute_slowdown'))} |")
     lines.append("")
-    plot = _plot_overlap(recs, out_dir)
+    plot = _plot_overlap(recs, out_dir, prefix)
     if plot:
         plots.append(plot)
         lines += [f"![eta per config]({plot.name})", ""]
     return lines
 
 
-def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path]) -> list[str]:
+def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
     lines = ["## Training throughput (`dstoolkit bench train`)", "",
              "Measured over the timed steps (warm-up steps excluded) through the `deepspeed` launcher; the estimate "
              "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", "", _env_line(recs), "",
@@ -161,7 +161,7 @@ def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: lis
         lines += ["", f"Worst step-time error: {_pct(worst['error']['step_time_s'])} ({worst.get('config_name')}); "
                       f"mean absolute error {100 * sum(errs) / len(errs):.1f}% over {len(errs)} configs."]
     lines.append("")
-    plot = _plot_train(recs, out_dir)
+    plot = _plot_train(recs, out_dir, prefix)
     if plot:
         plots.append(plot)
         lines += [f"![predicted vs measured step time]({plot.name})", ""]
@@ -189,7 +189,7 @@ def _save(fig, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _plot_comm(groups: dict[tuple, list[dict[str, Any]]], out_dir: pathlib.Path) -> Optional[pathlib.Path]:
+def _plot_comm(groups: dict[tuple, list[dict[str, Any]]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
     if not groups:
         return None
     plt = _pyplot()
@@ -209,12 +209,12 @@ def _plot_comm(groups: dict[tuple, list[dict[str, Any]]], out_dir: pathlib.Path)
     ax.set_title("Collective bus bandwidth vs size (median, p10–p90 band)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    path = _save(fig, out_dir / "report_comm_busbw.png")
+    path = _save(fig, out_dir / f"{prefix}_comm_busbw.png")
     plt.close(fig)
     return path
 
 
-def _plot_overlap(recs: list[dict[str, Any]], out_dir: pathlib.Path) -> Optional[pathlib.Path]:
+def _plot_overlap(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
     if not recs:
         return None
     plt = _pyplot()
@@ -230,12 +230,12 @@ def _plot_overlap(recs: list[dict[str, Any]], out_dir: pathlib.Path) -> Optional
     ax.set_ylabel("η = 1 − exposed/total comm")
     ax.set_title("Overlap efficiency per config (blue: overlap_comm on)")
     ax.grid(True, axis="y", alpha=0.3)
-    path = _save(fig, out_dir / "report_overlap_eta.png")
+    path = _save(fig, out_dir / f"{prefix}_overlap_eta.png")
     plt.close(fig)
     return path
 
 
-def _plot_train(recs: list[dict[str, Any]], out_dir: pathlib.Path) -> Optional[pathlib.Path]:
+def _plot_train(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
     pts = [(r["estimate"]["step_time_s"], r["measured"]["step_time_s_median"], r.get("config_name"))
            for r in recs if (r.get("estimate") or {}).get("step_time_s") and (r.get("measured") or {}).get("step_time_s_median")]
     if not pts:
@@ -255,7 +255,7 @@ def _plot_train(recs: list[dict[str, Any]], out_dir: pathlib.Path) -> Optional[p
     ax.set_title("Step time: estimate vs measurement")
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
-    path = _save(fig, out_dir / "report_train_step_time.png")
+    path = _save(fig, out_dir / f"{prefix}_train_step_time.png")
     plt.close(fig)
     return path
 
@@ -266,13 +266,14 @@ def _plot_train(recs: list[dict[str, Any]], out_dir: pathlib.Path) -> Optional[p
 
 
 def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | str] = None,
-                  force: bool = False) -> ReportResult:
+                  force: bool = False, pattern: str = "*.jsonl") -> ReportResult:
     """Render markdown + PNGs from every ``*.jsonl`` file in ``results_dir``.
 
     Args:
         results_dir: folder of JSON Lines result files.
         out: markdown file to write (default ``RESULTS_DIR/report.md``); PNGs go next to it.
         force: replace an existing report file (otherwise refuse, so nothing is overwritten silently).
+        pattern: glob of the result files to include (e.g. ``*_h200x8_*.jsonl`` for one machine's results).
 
     Raises:
         BenchInputError: the folder is missing, holds no records, or the report exists without ``force``.
@@ -280,10 +281,11 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     results_dir = pathlib.Path(results_dir)
     if not results_dir.is_dir():
         raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} is not a directory; pass the folder holding *.jsonl results")
-    records = harness.read_records(results_dir)
+    files = sorted(results_dir.glob(pattern))
+    records = [r for f in files if f.suffix == ".jsonl" for r in harness.read_records(f)]
     latest = _latest(records)
     if not latest:
-        raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} holds no benchmark records (*.jsonl); run `dstoolkit bench ... --out` first")
+        raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} holds no benchmark records ({pattern}); run `dstoolkit bench ... --out` first")
     md_path = pathlib.Path(out) if out else results_dir / "report.md"
     if md_path.exists() and not force:
         raise BenchInputError(f"{md_path} exists; pass --force to replace it (the JSONL results are never touched)")
@@ -292,16 +294,17 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     for r in latest:
         by_kind.setdefault(r["bench"], []).append(r)
     plots: list[pathlib.Path] = []
+    prefix = md_path.stem  # plots are named after the report: report.md -> report_comm_busbw.png
     lines = ["# Benchmark report", "", f"Rendered by `dstoolkit report` from {len(records)} records in "
-             f"{len(list(results_dir.glob('*.jsonl')))} JSON Lines files; newest record per config and row.", ""]
+             f"{len(files)} JSON Lines files ({pattern}); newest record per config and row.", ""]
     if by_kind.get("comm"):
-        lines += _comm_section(by_kind["comm"], md_path.parent, plots)
+        lines += _comm_section(by_kind["comm"], md_path.parent, plots, prefix)
     if by_kind.get("comm_overhead"):
         lines += _comm_overhead_section(by_kind["comm_overhead"])
     if by_kind.get("overlap"):
-        lines += _overlap_section(by_kind["overlap"], md_path.parent, plots)
+        lines += _overlap_section(by_kind["overlap"], md_path.parent, plots, prefix)
     if by_kind.get("train"):
-        lines += _train_section(by_kind["train"], md_path.parent, plots)
+        lines += _train_section(by_kind["train"], md_path.parent, plots, prefix)
     text = "\n".join(lines).rstrip() + "\n"
     fd, tmp = tempfile.mkstemp(dir=md_path.parent, prefix=".report-", suffix=".md")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -10,6 +10,8 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder holding the *.jsonl files written by `dstoolkit bench`")
     p.add_argument("--out", default=None, metavar="REPORT.md", help="markdown file to write (default RESULTS_DIR/report.md)")
+    p.add_argument("--include", default="*.jsonl", metavar="GLOB",
+                   help="only result files matching this glob (e.g. '*_cpu_*.jsonl'); default all *.jsonl")
     p.add_argument("--force", action="store_true", help="replace an existing report (the JSONL files are never touched)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: print the markdown; json: print what was written")
@@ -21,7 +23,7 @@ def run(args) -> int:
     from dstoolkit.bench.report import render_report
 
     try:
-        res = render_report(args.results_dir, out=args.out, force=args.force)
+        res = render_report(args.results_dir, out=args.out, force=args.force, pattern=args.include)
     except BenchInputError as exc:
         print(f"dstoolkit report: error: {exc}", file=sys.stderr)
         return 2
