@@ -463,11 +463,15 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                   file=sys.stderr)
         env = harness.capture_env(world_size, backend, cfg)
         records: list[dict[str, Any]] = []
-        with harness.progress_bar(len(todo), "bench overlap", enabled=progress) as update:
-            for v in todo:  # one variant per launch pair: an interrupt loses at most one variant
+        groups: dict[str, list[Variant]] = {}
+        for v in todo:
+            groups.setdefault(v.config_name, []).append(v)
+        with harness.progress_bar(len(groups), "bench overlap", enabled=progress) as update:
+            # One launch pair (N ranks, then 1 rank) per config: an interrupt loses at most that config's variants.
+            for name, group in groups.items():
                 payload = {"backend": backend, "steps": steps, "warmup": warmup, "profile": profile,
                            "variants": [{"key": v.key, "ds_config": v.ds_config, "ep_size": v.ep_size,
-                                         "shape": shapes[v.config_name].model_dump(), "seq_len": seqs[v.config_name]}]}
+                                         "shape": shapes[name].model_dump(), "seq_len": seqs[name]} for v in group]}
                 multi_path, single_path = tmp / "multi.jsonl", tmp / "single.jsonl"
                 for p in (multi_path, single_path):
                     p.unlink(missing_ok=True)
@@ -475,16 +479,17 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                 spawn_ranks(rank_main, 1, (1, harness.free_port(), payload, str(single_path)), timeout_s)
                 multi = {r["key"]: r for r in harness.read_records(multi_path)}
                 single = {r["key"]: r for r in harness.read_records(single_path)}
-                if v.key not in multi or v.key not in single:
-                    raise RuntimeError(f"overlap variant {v.key}: a rank produced no result")
-                env["load_avg"] = harness.load_average()
-                rec = harness.base_record(BENCH_NAME, state.run_id, v.key, dict(env))
-                rec.update(combine(v, world_size, multi[v.key], single[v.key]))
-                rec["seq_len"] = seqs[v.config_name]
-                rec["model"] = shapes[v.config_name].name
-                records.append(rec)
-                if out:
-                    harness.append_records(out, [rec])
+                for v in group:
+                    if v.key not in multi or v.key not in single:
+                        raise RuntimeError(f"overlap variant {v.key}: a rank produced no result")
+                    env["load_avg"] = harness.load_average()
+                    rec = harness.base_record(BENCH_NAME, state.run_id, v.key, dict(env))
+                    rec.update(combine(v, world_size, multi[v.key], single[v.key]))
+                    rec["seq_len"] = seqs[name]
+                    rec["model"] = shapes[name].name
+                    records.append(rec)
+                    if out:
+                        harness.append_records(out, [rec])
                 update(1)
         harness.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
     if out and state.resumed:

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -80,18 +81,12 @@ def _deepspeed_accepts(ds: dict, name: str, world_size: int) -> None:
 
 
 def _ep_from_launch(folder: pathlib.Path) -> Optional[int]:
+    """The --ep-size a generated launch.sh passes to the trainer, if any."""
     launch = folder / "launch.sh"
     if not launch.is_file():
         return None
-    text = launch.read_text(errors="replace")
-    for token in ("--ep-size", "--ep_size"):
-        if token in text:
-            rest = text.split(token, 1)[1].strip().lstrip("=").split()[0].strip("'\"")
-            try:
-                return int(rest)
-            except ValueError:
-                return None
-    return None
+    m = re.search(r"--ep[-_]size[=\s]+[\"']?(\d+)", launch.read_text(errors="replace"))
+    return int(m.group(1)) if m else None
 
 
 def _find_spec_near(folder: pathlib.Path) -> Optional[pathlib.Path]:

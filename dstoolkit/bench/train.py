@@ -92,33 +92,56 @@ def rel_error(estimate: Optional[float], measured: Optional[float]) -> Optional[
     return float(estimate) / float(measured) - 1.0
 
 
-def load_calibration(path: Optional[str]):
-    """A `dstoolkit.estimate.Calibration` from JSON (either the bare fields or under a "calibration" key)."""
+def load_calibration(path: Optional[str]) -> Optional[dict[str, Any]]:
+    """Raw calibration fields from JSON (bare, or under a "calibration" key); 'auto' = newest
+    benchmarks/results/calibration_*.json for this kind of machine, if any."""
     if not path:
         return None
-    from dstoolkit.estimate import Calibration
+    if path == "auto":
+        import torch
 
+        kind = "gpu" if torch.cuda.is_available() else "cpu"
+        repo = pathlib.Path(__file__).resolve().parents[2]
+        found = sorted((repo / "benchmarks" / "results").glob(f"calibration_{kind}_*.json"))
+        if not found:
+            return None
+        path = str(found[-1])
     try:
         data = json.loads(pathlib.Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise BenchInputError(f"--calibration {path!r}: cannot read JSON ({exc})") from None
-    if isinstance(data, list):  # a JSONL-ish dump: take the last record
+    if isinstance(data, list):
         data = data[-1]
-    data = data.get("calibration", data)
-    fields = set(Calibration.model_fields)
+    data = dict(data.get("calibration", data))
+    data["_source"] = str(path)
+    return data
+
+
+def calibration_for(raw: Optional[dict[str, Any]], precision: str):
+    """A `dstoolkit.estimate.Calibration` from raw fields, preferring per-precision rates
+    (``matmul_flops_per_s_<precision>``) when the file has them."""
+    if not raw:
+        return None
+    from dstoolkit.estimate import Calibration
+
+    fields = dict(raw)
+    per_prec = fields.get(f"matmul_flops_per_s_{precision}")
+    if per_prec:
+        fields["matmul_flops_per_s"] = per_prec
     try:
-        return Calibration(**{k: v for k, v in data.items() if k in fields})
+        return Calibration(**{k: v for k, v in fields.items() if k in Calibration.model_fields})
     except Exception as exc:
-        raise BenchInputError(f"--calibration {path!r}: {exc}") from None
+        raise BenchInputError(f"--calibration {raw.get('_source')!r}: {exc}") from None
 
 
-def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration) -> Optional[dict[str, Any]]:
-    """The estimate for one config as a flat dict (None, with the reason logged, when the estimator refuses)."""
+def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration_raw) -> Optional[dict[str, Any]]:
+    """The estimate for one config as a flat dict ({"error": ...} when the estimator refuses)."""
     try:
         from dstoolkit.estimate import estimate_run, plan_from_spec
     except ImportError as exc:  # pragma: no cover - estimator is part of the package
         return {"error": f"estimator unavailable: {exc}"}
     try:
+        calibration = calibration_for(calibration_raw, spec.training.precision)
         plan = plan_from_spec(spec, ds_config, shape)
         updates: dict[str, Any] = {}
         if plan.world_size != world_size:
@@ -143,6 +166,7 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
         "flops_per_token": est.flops_per_token,
         "peak_flops_per_rank": peak,
         "calibrated": calibration is not None,
+        "calibration_source": (calibration_raw or {}).get("_source") if calibration is not None else None,
         "step_time_breakdown_s": est.step_time.model_dump(),
     }
 
@@ -219,7 +243,7 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
         tgts = targets_mod.resolve_targets(list(items), spec, strategies, tmp, world_size)
         cfg = {"bench": BENCH_NAME, "targets": [(t.name, t.ds_config, t.ep_size, str(t.spec_path)) for t in tgts],
                "steps": steps, "skip": skip_steps, "world": world_size,
-               "calibration": calibration.model_dump() if calibration else None}
+               "calibration": calibration}
         cfg_hash = harness.config_hash(cfg)
         state = harness.open_run(out, BENCH_NAME, cfg_hash, resume=resume)
         todo = [t for t in tgts if t.name not in state.done_keys]
@@ -282,7 +306,7 @@ def cli_run(args) -> int:
     """`dstoolkit bench train` entry (called by dstoolkit.cli.bench)."""
     recs = run_train(args.targets, spec=args.spec, strategies=args.strategy, steps=args.steps, skip_steps=args.skip_steps,
                      world_size=args.world_size, out=args.out, resume=args.resume, timeout_s=args.timeout_s,
-                     calibration_path=args.calibration, progress=args.progress)
+                     calibration_path=None if args.calibration == "none" else args.calibration, progress=args.progress)
     if args.format == "json":
         print(json.dumps(recs, indent=1, default=str))
     else:

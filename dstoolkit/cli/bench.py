@@ -70,8 +70,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--num-gpus", "--world-size", dest="world_size", type=int, default=2,
                    help="ranks per config through the deepspeed launcher (default 2)")
     t.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
-    t.add_argument("--calibration", default=None, metavar="FILE.json",
-                   help="measured compute rate / bandwidth for this machine to feed the estimate (see benchmarks/)")
+    t.add_argument("--calibration", default="auto", metavar="FILE.json|auto|none",
+                   help="measured rates for the estimate (dstoolkit.estimate.Calibration JSON); 'auto' (default) uses "
+                        "the newest benchmarks/results/calibration_<cpu|gpu>_*.json if present, 'none' the hardware table")
     _add_common(t)
     t.set_defaults(run=run)
 
