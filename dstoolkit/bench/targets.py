@@ -34,6 +34,8 @@ class BenchTarget:
     """Spec YAML (model, seq_len, cluster) the config was generated from, if known."""
     ep_size: int = 1
     """Expert-parallel degree (from launch.sh / the spec / the config's name)."""
+    strategy: str = ""
+    """Strategy folder name (zero2, zero1-ep, ...) or the JSON file stem; `name` may add the spec's name."""
 
 
 def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[str] = None, ep_size: int = 1) -> None:
@@ -130,7 +132,7 @@ def generate_from_spec(spec_path: pathlib.Path, out_dir: pathlib.Path, strategie
         raise BenchInputError(f"spec {str(spec_path)!r}: `dstoolkit generate` failed (exit {proc.returncode}): {msg[0]}")
 
 
-def targets_from_folder(folder: pathlib.Path, spec_path: Optional[pathlib.Path]) -> list[BenchTarget]:
+def targets_from_folder(folder: pathlib.Path, spec_path: Optional[pathlib.Path], prefix: str = "") -> list[BenchTarget]:
     """Every strategy folder (holding ds_config.json) under a `dstoolkit generate` output folder."""
     found = sorted(p.parent for p in folder.glob(f"*/{DS_CONFIG_FILE}"))
     if (folder / DS_CONFIG_FILE).is_file():
@@ -140,8 +142,8 @@ def targets_from_folder(folder: pathlib.Path, spec_path: Optional[pathlib.Path])
         ds = load_json_config(sub / DS_CONFIG_FILE)
         name = sub.name
         ep = _ep_from_launch(sub) or (2 if name.endswith("-ep") or "-ep" in name else 1)
-        out.append(BenchTarget(name=name, ds_config=ds, ds_config_path=sub / DS_CONFIG_FILE,
-                               spec_path=spec_path or _find_spec_near(sub), ep_size=ep))
+        out.append(BenchTarget(name=f"{prefix}{name}", ds_config=ds, ds_config_path=sub / DS_CONFIG_FILE,
+                               spec_path=spec_path or _find_spec_near(sub), ep_size=ep, strategy=name))
     return out
 
 
@@ -160,21 +162,23 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
     if spec_path is not None and not spec_path.is_file():
         raise BenchInputError(f"--spec {spec!r}: no such file")
     targets: list[BenchTarget] = []
+    # With several specs/folders, strategy names repeat (zero2 of each): prefix them with their source.
+    multi = len(items) > 1
     for item in items:
         p = pathlib.Path(item)
         if not p.exists():
             raise BenchInputError(f"target {item!r}: no such file or folder; pass a DeepSpeed JSON, a spec YAML or a generate output folder")
         if p.is_dir():
-            targets += targets_from_folder(p, spec_path)
+            targets += targets_from_folder(p, spec_path, f"{p.name}/" if multi else "")
         elif p.suffix.lower() in (".yaml", ".yml"):
             gen = work_dir / f"generated-{p.stem}"
             generate_from_spec(p.resolve(), gen, strategies)
-            targets += targets_from_folder(gen, p.resolve())
+            targets += targets_from_folder(gen, p.resolve(), f"{p.stem}/" if multi else "")
         else:
             targets.append(BenchTarget(name=p.stem, ds_config=load_json_config(p), ds_config_path=p.resolve(),
-                                       spec_path=spec_path, ep_size=1))
+                                       spec_path=spec_path, ep_size=1, strategy=p.stem))
     if strategies:
-        targets = [t for t in targets if t.name in strategies]
+        targets = [t for t in targets if t.strategy in strategies or t.name in strategies]
         if not targets:
             raise BenchInputError(f"--strategy {', '.join(strategies)}: no such strategy among the targets")
     if not targets:
