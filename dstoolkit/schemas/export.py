@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-SCHEMA_ID = "https://github.com/dstoolkit/dstoolkit/ds_configs/schema/deepspeed_config.schema.json"
+SCHEMA_ID = "urn:dstoolkit:deepspeed-config:0.19"  # an identifier, not a download location
 
 
 def json_schema() -> dict:
