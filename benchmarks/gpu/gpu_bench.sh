@@ -58,7 +58,7 @@ GB=$(( 8 * NGPU ))
 sed -e "s/^  gpus_per_node: .*/  gpus_per_node: ${NGPU}/" -e "s/^  gpu: .*/  gpu: ${GPU_TABLE}/" \
     -e "s/^  global_batch: .*/  global_batch: ${GB}/" benchmarks/gpu/gpu_bench_spec.yaml > "$WORK/spec.yaml"
 if timeout 90 "$PY" -m dstoolkit generate "$WORK/spec.yaml" --out "$WORK/gen" > "$WORK/generate.log" 2>&1; then
-  STRATS=$(ls "$WORK/gen" | grep -E '^zero[0-3]$' | head -3 | sed 's/^/--strategy /' | tr '\n' ' ')
+  STRATS=$(ls "$WORK/gen" | grep -E '^zero[1-3]$' | sed 's/^/--strategy /' | tr '\n' ' ')
   # shellcheck disable=SC2086
   timeout 300 "$PY" -m dstoolkit bench train "$WORK/gen" --spec "$WORK/spec.yaml" $STRATS --steps "$STEPS" \
     --skip-steps 5 --world-size "$NGPU" --timeout-s 150 --no-progress \
