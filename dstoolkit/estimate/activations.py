@@ -166,6 +166,12 @@ def _moe_bytes(plan: RunPlan, tok: int, p: int, pl: int) -> float:
     if p != FP32_BYTES:
         router += FP32_BYTES * tok * h + FP32_BYTES * e * h  # input.float() and wg.weight.float() for the router
     dispatch = INDEX_BYTES * (slots + 1) + p * slots * h
+    local = e // plan.ep
+    if plan.ep > 1 and local > 1:
+        # moe/experts.py chunks the (ep, E_local, C, h) all-to-all output along the expert dim; each chunk is
+        # non-contiguous, so every expert linear (gate and up) folds it into its own contiguous copy and keeps
+        # that instead of the shared dispatched buffer (measured with saved_tensors_hooks).
+        dispatch += ((2 if shape.mlp_gated else 1) * pl - p) * slots * h
     if shape.mlp_gated:
         experts = (3 * p + pl) * slots * i / plan.tp
     else:
