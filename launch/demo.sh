@@ -1,7 +1,49 @@
 #!/usr/bin/env bash
-# The main job on the embedded default. Creates or reuses .venv, installs, then runs.
+# The main job on the embedded default spec (ds_configs/tiny_cpu.yaml, or the spec given as $1):
+#   generate DeepSpeed configs -> validate them -> estimate them -> short real 2-rank DeepSpeed run.
+# Creates or reuses .venv and installs dstoolkit into it first. Output goes to a new folder under out/demo/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 cd "$ROOT"
-echo "[demo] validating the bundled DeepSpeed configs under ds_configs/"
-dstoolkit validate ds_configs --world-size 2
+SPEC="${1:-ds_configs/tiny_cpu.yaml}"
+STRATEGY="${STRATEGY:-zero2}"
+STEPS="${STEPS:-12}"
+OUT="out/demo/$(date -u +%Y%m%dT%H%M%SZ)"
+read -r WORLD SEQ_LEN GPU MODEL_ARG < <(python - "$SPEC" <<'PY'
+import sys
+from dstoolkit.schemas.spec import load_spec
+spec = load_spec(sys.argv[1])
+m = spec.model
+model = m.preset or (str((spec.base_dir / m.hf_config).resolve()) if m.hf_config else "-")
+gpu = spec.cluster.gpu if isinstance(spec.cluster.gpu, str) else "-"
+print(spec.world_size, spec.training.seq_len, gpu, model)
+PY
+)
+
+echo "== 1/4 generate: $SPEC -> $OUT"
+dstoolkit generate "$SPEC" --out "$OUT"
+
+echo
+echo "== 2/4 validate every generated ds_config.json at world size $WORLD"
+dstoolkit validate "$OUT" --world-size "$WORLD"
+
+echo
+echo "== 3/4 estimate (memory per rank, FLOPs, communication, step time, MFU) for $STRATEGY"
+dstoolkit estimate --config "$OUT/$STRATEGY/ds_config.json" --model "$MODEL_ARG" --world-size "$WORLD" \
+    --gpu "$GPU" --seq-len "$SEQ_LEN" --format table
+
+echo
+echo "== 4/4 real 2-rank DeepSpeed run: $STRATEGY, $STEPS steps (deepspeed launcher, gloo on CPU)"
+PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+STEPS="$STEPS" MASTER_PORT="$PORT" bash "$OUT/$STRATEGY/launch.sh" --no-progress
+python - "$OUT/$STRATEGY/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+steps = [r for r in rows if "loss" in r and "step" in r]
+first, last = steps[0], steps[-1]
+med = sorted(r["step_time_s"] for r in steps[1:] or steps)[len(steps[1:] or steps) // 2]
+print(f"[demo] loss {first['loss']:.3f} (step {first['step']}) -> {last['loss']:.3f} (step {last['step']}); "
+      f"median step {med:.3f} s; metrics in {sys.argv[1]}")
+sys.exit(0 if last["loss"] < first["loss"] else 1)
+PY
+echo "[demo] done: configs, estimates and the run's metrics are under $OUT"
