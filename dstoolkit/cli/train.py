@@ -9,9 +9,7 @@ Exit codes: 0 ok, 1 the run failed, 2 bad input. Torch/DeepSpeed are imported on
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,22 +29,13 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_command(args) -> list[str]:
     """The launcher command line (a list, never a shell string)."""
+    from dstoolkit.train.launch import launch_command as _cmd
+
     trainer = ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
                "--metrics-out", args.metrics_out, *args.extra]
-    bindir = Path(sys.executable).parent
-    if args.launcher == "deepspeed":
-        return [str(bindir / "deepspeed"), "--num_gpus", str(args.nproc), "--master_port", str(_free_port()),
-                "--module", "dstoolkit.train.trainer", *trainer]
-    return [str(bindir / "torchrun"), "--nproc_per_node", str(args.nproc), "--master_port", str(_free_port()),
-            "-m", "dstoolkit.train.trainer", *trainer]
+    return _cmd(trainer, nproc=args.nproc, launcher=args.launcher)
 
 
 def summarize(metrics_path: str) -> dict:
@@ -82,11 +71,9 @@ def run(args) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    if args.launcher == "deepspeed":
-        env.setdefault("LOCAL_SIZE", str(args.nproc))
-    rc = subprocess.run(cmd, env=env).returncode
+    from dstoolkit.train.launch import launch_env
+
+    rc = subprocess.run(cmd, env=launch_env(args.nproc, args.launcher)).returncode
     if not Path(args.metrics_out).is_file():
         print(f"dstoolkit train: error: the run wrote no metrics (exit {rc})", file=sys.stderr)
         return 2 if rc == 2 else 1

@@ -3,6 +3,8 @@
 Detection (per candidate micro-batch loss, before its backward; and per step for the gradient norm):
   * robust z-score of the loss against the median/MAD of the last `window` accepted step losses
     (Iglewicz & Hoaglin 1993 modified z-score: z = (x - median) / (1.4826 * MAD)); only upward spikes count;
+    by default the window is detrended first (Theil-Sen line, MAD of the residuals) so that a fast-falling
+    early loss does not widen the band;
   * a non-finite loss or gradient norm;
   * a grad-norm robust z-score above `grad_norm_z_threshold`.
 Actions (each configurable): skip the batch (no backward), scale the LR down for K steps, roll back to the
@@ -37,6 +39,9 @@ class SpikeGuardConfig:
     """Loss robust z-score above which a batch is a spike."""
     mad_floor_frac: float = 0.01
     """MAD floor as a fraction of the median: a flat loss must not make noise look like a spike."""
+    detrend: bool = True
+    """Measure the loss against a Theil-Sen trend line of the window instead of its median (early training
+    falls fast; the median lags and the spread hides spikes)."""
     grad_norm_z_threshold: float = 10.0
     """Grad-norm robust z-score above which a step is a spike."""
     on_loss_spike: Action = "skip"
@@ -77,7 +82,8 @@ class Decision:
     kind: Kind
     reason: str
     value: float
-    median: Optional[float] = None
+    baseline: Optional[float] = None
+    """Median (or trend value) the value was compared with."""
     mad: Optional[float] = None
     z: Optional[float] = None
 
@@ -85,12 +91,34 @@ class Decision:
         return asdict(self)
 
 
-def robust_z(value: float, history: list[float], mad_floor_frac: float) -> tuple[float, float, float]:
-    """(z, median, MAD) of `value` against `history`; the MAD is floored at mad_floor_frac * |median|."""
-    med = statistics.median(history)
-    mad = statistics.median([abs(h - med) for h in history])
-    scale = MAD_TO_SIGMA * max(mad, mad_floor_frac * abs(med), 1e-12)
-    return (value - med) / scale, med, mad
+def theil_sen(ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the Theil-Sen line through (i, ys[i]): median pairwise slope (Sen 1968)."""
+    n = len(ys)
+    slopes = [(ys[j] - ys[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]
+    slope = statistics.median(slopes) if slopes else 0.0
+    intercept = statistics.median([y - slope * i for i, y in enumerate(ys)])
+    return intercept, slope
+
+
+def robust_z(value: float, history: list[float], mad_floor_frac: float,
+             detrend: bool = False) -> tuple[float, float, float]:
+    """(z, baseline, MAD) of `value` against `history`; the MAD is floored at mad_floor_frac * |baseline|.
+
+    Without detrend the baseline is the median (modified z-score). With detrend it is the Theil-Sen line's
+    value at the newest point and the MAD is taken over the residuals, so a loss that is still falling
+    fast (large spread, small residuals) does not hide a spike.
+    """
+    if detrend and len(history) >= 3:
+        a, b = theil_sen(history)
+        base = a + b * (len(history) - 1)
+        resid = [y - (a + b * i) for i, y in enumerate(history)]
+        rmed = statistics.median(resid)
+        mad = statistics.median([abs(r - rmed) for r in resid])
+    else:
+        base = statistics.median(history)
+        mad = statistics.median([abs(h - base) for h in history])
+    scale = MAD_TO_SIGMA * max(mad, mad_floor_frac * abs(base), 1e-12)
+    return (value - base) / scale, base, mad
 
 
 @dataclass
@@ -114,9 +142,10 @@ class SpikeGuard:
             return self._flag(Decision(cfg.on_nonfinite, "nonfinite_loss", f"loss is {loss} (not finite)", loss), step)
         if len(self.losses) < cfg.min_history:
             return self._ok(loss)
-        z, med, mad = robust_z(loss, list(self.losses), cfg.mad_floor_frac)
+        z, med, mad = robust_z(loss, list(self.losses), cfg.mad_floor_frac, cfg.detrend)
         if z > cfg.z_threshold:
-            reason = (f"loss {loss:.4f} is {z:.1f} robust sigmas above the median {med:.4f} "
+            what = "trend" if cfg.detrend else "median"
+            reason = (f"loss {loss:.4f} is {z:.1f} robust sigmas above the {what} {med:.4f} "
                       f"(MAD {mad:.4f}, window {len(self.losses)}) > z_threshold {cfg.z_threshold}")
             return self._flag(Decision(cfg.on_loss_spike, "loss_spike", reason, loss, med, mad, z), step)
         return self._ok(loss)
@@ -128,7 +157,7 @@ class SpikeGuard:
             if self.config.escalate_after and self.consecutive_skips >= self.config.escalate_after:
                 return Decision("rollback", decision.kind,
                                 decision.reason + f"; {self.consecutive_skips} consecutive skipped batches -> rollback",
-                                decision.value, decision.median, decision.mad, decision.z)
+                                decision.value, decision.baseline, decision.mad, decision.z)
         if decision.action == "lr_scale":
             self.lr_cooldown_left = self.config.lr_scale_steps
         return decision
