@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence
 
 from dstoolkit.generate.candidates import Candidate, StrategyDef
-from dstoolkit.generate.costing import CandidateEstimate, EstimateInputError, estimate_candidate, estimator_source
+from dstoolkit.generate.costing import (DEVICE_HEADROOM_FRACTION, CandidateEstimate, EstimateInputError,
+                                        estimate_candidate, estimator_source, usable_device_bytes)
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.models.shape import ModelShape
@@ -59,7 +60,8 @@ class FitsNowhere:
         lines = [
             f"{model_name} fits nowhere on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}: the "
             f"least memory-hungry layout ({self.least_memory_label}) still needs at least "
-            f"{self.needed_per_gpu_bytes / GiB:.1f} GiB per GPU, and one GPU has {self.device_memory_bytes / GiB:.1f} GiB.",
+            f"{self.needed_per_gpu_bytes / GiB:.1f} GiB per GPU, and one GPU has {self.device_memory_bytes / GiB:.1f} GiB "
+            f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable after {DEVICE_HEADROOM_FRACTION:.0%} headroom).",
         ]
         if self.suggestions:
             lines.append("What would make it fit:")
@@ -307,11 +309,11 @@ def model_state_lower_bound_bytes(spec: Spec, shape: ModelShape, cand: Candidate
 _ESTIMATE_MEMO: dict = {}
 
 
-def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec, force_fallback: bool):
-    key = (spec.model_dump_json(), shape.model_dump_json(), cand.model_dump_json(), force_fallback)
+def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec):
+    key = (spec.model_dump_json(), shape.model_dump_json(), cand.model_dump_json())
     if key not in _ESTIMATE_MEMO:
         try:
-            _ESTIMATE_MEMO[key] = estimate_candidate(spec, shape, cand, gpu, force_fallback=force_fallback)
+            _ESTIMATE_MEMO[key] = estimate_candidate(spec, shape, cand, gpu)
         except EstimateInputError as exc:
             _ESTIMATE_MEMO[key] = exc
     got = _ESTIMATE_MEMO[key]
@@ -320,12 +322,13 @@ def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec,
     return got
 
 
-def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[Candidate], force_fallback: bool):
+def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[Candidate]):
     """Rules, then a model-state lower bound, then the estimator. Within one layout (everything but the
     micro-batch) memory grows with the micro-batch, so once a micro-batch does not fit, larger ones are
     dropped without estimating them."""
     fit, dropped, estimates, considered = [], [], [], 0
     too_big: dict = {}  # layout key -> (smallest micro-batch that did not fit, its bytes)
+    usable = usable_device_bytes(gpu)
     ordered = sorted(cands, key=lambda c: (c.model_dump_json(exclude={"micro_batch"}), c.micro_batch))
     for cand in ordered:
         considered += 1
@@ -337,16 +340,16 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
         if layout in too_big:
             mb, need = too_big[layout]
             dropped.append(Dropped(cand, "memory", f"micro-batch {mb} of the same layout already needs "
-                                                   f"{_gib(need)} per rank > {_gib(int(gpu.memory_bytes))}"))
+                                                   f"{_gib(need)} per rank > {_gib(usable)} usable"))
             continue
         lb = model_state_lower_bound_bytes(spec, shape, cand)
-        if lb > gpu.memory_bytes:
+        if lb > usable:
             estimates.append((cand, lb))
             dropped.append(Dropped(cand, "memory", f"model states alone need at least {_gib(lb)} per rank > "
-                                                   f"{_gib(int(gpu.memory_bytes))} on {gpu.name}"))
+                                                   f"{_gib(usable)} usable on {gpu.name}"))
             continue
         try:
-            est = _memo_estimate(spec, shape, cand, gpu, force_fallback)
+            est = _memo_estimate(spec, shape, cand, gpu)
         except EstimateInputError as exc:
             dropped.append(Dropped(cand, "estimate", str(exc)))
             continue
@@ -356,14 +359,14 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
             b = est.memory_breakdown_bytes
             parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in b.items())
             dropped.append(Dropped(cand, "memory", f"needs {_gib(est.memory_per_rank_bytes)} per rank > "
-                                                   f"{_gib(est.device_memory_bytes)} on {gpu.name} ({parts} GiB)"))
+                                                   f"{_gib(usable)} usable on {gpu.name} ({parts} GiB)"))
             continue
         fit.append(Ranked(cand, est))
     return fit, dropped, estimates, considered
 
 
 def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional[StrategyDef] = None,
-              validate: bool = True, advise: bool = True, force_fallback: bool = False) -> SweepResult:
+              validate: bool = True, advise: bool = True) -> SweepResult:
     """Enumerate, filter and rank candidates for a spec.
 
     Args:
@@ -373,7 +376,6 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         strategy: Restrict to one strategy family (what `dstoolkit generate` does per folder).
         validate: Run `validate_config` on the candidates returned (drop those with error findings).
         advise: When nothing fits, work out what would make it fit (re-sweeps variants of the spec).
-        force_fallback: Rank with the fallback rule even when `dstoolkit.estimate` is available.
 
     Returns:
         A `SweepResult`: ranked (best first, at most `top`), dropped (each with its reason), the winner's
@@ -381,7 +383,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
     """
     gpu = spec.cluster.gpu_spec
     fit, dropped, estimates, considered = _estimate_all(
-        spec, shape, gpu, enumerate_candidates(spec, shape, strategy), force_fallback)
+        spec, shape, gpu, enumerate_candidates(spec, shape, strategy))
     fit.sort(key=_rank_key)
     chosen: list[Ranked] = []
     for r in fit:
@@ -398,7 +400,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         chosen.append(Ranked(r.candidate, r.estimate, findings=findings))
     chosen, why = explain(chosen, gpu, fit, compare_stages=strategy is None)
     result = SweepResult(ranked=chosen, dropped=dropped, considered=considered, winner_reason=why,
-                         estimator=estimator_source(force_fallback), all_ranked_count=len(fit))
+                         estimator=estimator_source(), all_ranked_count=len(fit))
     by_code: dict[str, int] = {}
     for d in dropped:
         by_code[d.code] = by_code.get(d.code, 0) + 1
@@ -408,13 +410,13 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         result.fits_nowhere = FitsNowhere(
             needed_per_gpu_bytes=int(least[1]), device_memory_bytes=int(gpu.memory_bytes),
             least_memory_label=least[0].label,
-            suggestions=what_would_fit(spec, shape, strategy, force_fallback) if advise else [])
+            suggestions=what_would_fit(spec, shape, strategy) if advise else [])
     return result
 
 
-def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, force_fallback) -> Optional[Ranked]:
+def _fits_somewhere(spec: Spec, shape: ModelShape, strategy) -> Optional[Ranked]:
     gpu = spec.cluster.gpu_spec
-    fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy), force_fallback)
+    fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy))
     return min(fit, key=_rank_key) if fit else None
 
 
@@ -428,8 +430,7 @@ def _variant(spec: Spec, *, training: Optional[dict] = None, cluster: Optional[d
         return None
 
 
-def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef] = None,
-                   force_fallback: bool = False) -> list[str]:
+def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef] = None) -> list[str]:
     """Concrete changes to the spec that make at least one candidate fit, each with the layout it allows."""
     out: list[str] = []
     t = spec.training
@@ -450,7 +451,7 @@ def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef
         v = _variant(spec, training=upd)
         if v is None:
             continue
-        best = _fits_somewhere(v, shape, strategy, force_fallback)
+        best = _fits_somewhere(v, shape, strategy)
         if best is not None:
             out.append(f"{text}: e.g. {best.candidate.label} needs {_gib(best.estimate.memory_per_rank_bytes)} per GPU")
     scale = 2
@@ -461,7 +462,7 @@ def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef
         upd = {} if gb % world == 0 else {"global_batch": -(-gb // world) * world}
         v = _variant(spec, cluster={"nodes": nodes}, training=upd)
         if v is not None:
-            best = _fits_somewhere(v, shape, strategy, force_fallback)
+            best = _fits_somewhere(v, shape, strategy)
             if best is not None:
                 out.append(f"more GPUs: {nodes} nodes x {spec.cluster.gpus_per_node} ({world} GPUs) fit, e.g. "
                            f"{best.candidate.label} at {_gib(best.estimate.memory_per_rank_bytes)} per GPU"

@@ -25,7 +25,7 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
-TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --ep-size 8)
+TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --ep-size 16)
 
 case "${LAUNCHER:-deepspeed}" in
   deepspeed)

@@ -23,6 +23,8 @@ MASTER_ADDR="${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+# Megatron TP/SP overlap needs kernels queued in order on one hardware queue.
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
 TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT")
