@@ -10,7 +10,7 @@ evenly over `ramp_samples` consumed samples,
 then rounded *down* to a multiple of micro_batch x dp (never below one micro-batch per rank), because
 DeepSpeed's `engine.set_train_batch_size` only changes gradient accumulation and rejects other sizes.
 The token form (DeepSeek-V3 §4.2: 3072 -> 15360 sequences over the first 469B tokens) converts tokens to
-samples with `ramp_samples = ramp_tokens // seq_len`. Integer arithmetic replaces Megatron's float
+samples with `ramp_samples = ceil(ramp_tokens / seq_len)` (the generator's megatron_args does the same). Integer arithmetic replaces Megatron's float
 `consumed / samples_per_increment`, so step boundaries are exact.
 """
 from __future__ import annotations
@@ -97,12 +97,7 @@ class BatchRamp:
         if spec.kind == "tokens":
             if spec.ramp_tokens is None:
                 raise ValueError("training.batch_ramp.ramp_tokens is required when batch_ramp.kind='tokens'")
-            samples = spec.ramp_tokens // seq_len
-            if samples <= 0:
-                raise ValueError(
-                    f"training.batch_ramp.ramp_tokens={spec.ramp_tokens} is shorter than one sequence "
-                    f"(training.seq_len={seq_len})"
-                )
+            samples = -(-spec.ramp_tokens // seq_len)  # ceil: the ramp spans at least ramp_tokens (as generate)
             return cls(spec.start_batch, global_batch, spec.increment or unit, samples, micro_batch, dp_size,
                        "tokens", seq_len)
         if spec.increment is None or spec.ramp_samples is None:
