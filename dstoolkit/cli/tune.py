@@ -1,0 +1,122 @@
+"""`dstoolkit tune`: Bayesian search (optuna TPE) for the fastest (or leanest) DeepSpeed config that fits.
+
+    dstoolkit tune SPEC.yaml --budget N --out DIR [--objective throughput|memory] [--mode real|estimate]
+                   [--seed S] [--force] [--format table|json]
+
+Candidates are pruned by the structural rules, `validate_config` and the memory estimate before anything
+runs (pruned trials keep their reason); the estimator's top-ranked points are tried first. Real mode runs
+each trial as a short real run of the example trainer on the spec's ranks; estimate mode uses the
+estimates alone. The study is stored in DIR/study.db: rerunning the same command resumes it.
+Outputs in DIR: best_ds_config.json, best_spec.yaml, report.md, report.json, objective_vs_trial.png.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("tune", help="Bayesian search over the generated config space (real runs or estimates)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("spec", metavar="SPEC.yaml", help="a training spec")
+    p.add_argument("--budget", type=int, required=True,
+                   help="trials to evaluate (real runs or estimates; pruned and repeated points are free)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (holds the study database)")
+    p.add_argument("--objective", choices=("throughput", "memory"), default="throughput",
+                   help="maximise tokens/s (default) or minimise memory per rank")
+    p.add_argument("--mode", choices=("real", "estimate"), default="real",
+                   help="real: short real runs on this machine (default); estimate: estimates only")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--force", action="store_true", help="replace a different study / write into a non-empty folder")
+    p.add_argument("--seed-trials", type=int, default=None,
+                   help="estimator-ranked points tried first (default: about budget/3, 1-5)")
+    p.add_argument("--bucket-scales", default="0.25,1",
+                   help="comma-separated multipliers tried on the generated bucket sizes (default 0.25,1)")
+    p.add_argument("--steps", type=int, default=None, help="real mode: optimizer steps per trial (default 6)")
+    p.add_argument("--skip-steps", type=int, default=None, help="real mode: warm-up steps not timed (default 2)")
+    p.add_argument("--trial-timeout", type=float, default=None, help="real mode: seconds per trial (default 300)")
+    p.add_argument("--launcher", choices=("torchrun", "deepspeed"), default="torchrun",
+                   help="real mode: how ranks are started (default torchrun; deepspeed is slower to start)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    p.set_defaults(run=run)
+
+
+def _err(msg: str) -> int:
+    print(f"dstoolkit tune: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _scales(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--bucket-scales {text!r}: expected comma-separated numbers, e.g. 0.25,1") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ValueError(f"--bucket-scales {text!r}: expected positive numbers, e.g. 0.25,1")
+    return vals
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args) -> int:
+    import signal
+    from dstoolkit.tune.objective import DEFAULT_SKIP_STEPS, DEFAULT_STEPS, DEFAULT_TRIAL_TIMEOUT_S
+    from dstoolkit.tune.space import TuneInputError
+    from dstoolkit.tune.study import TuneOptions, run_study
+
+    # SIGTERM (Slurm, kill) is handled like Ctrl-C: the running trial's ranks are killed, the study stays
+    # resumable. Only the main thread may install handlers (tests call main() from other threads sometimes).
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    prev = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
+    try:
+        opts = TuneOptions(
+            spec_path=Path(args.spec), out_dir=Path(args.out), budget=args.budget, objective=args.objective,
+            mode=args.mode, seed=args.seed, force=args.force, seed_trials=args.seed_trials,
+            bucket_scales=_scales(args.bucket_scales),
+            steps=args.steps if args.steps is not None else DEFAULT_STEPS,
+            skip_steps=args.skip_steps if args.skip_steps is not None else DEFAULT_SKIP_STEPS,
+            trial_timeout_s=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
+            launcher=args.launcher, progress=args.progress)
+        res = run_study(opts)
+    except TuneInputError as exc:
+        return _err(str(exc))
+    except KeyboardInterrupt:
+        print(f"dstoolkit tune: interrupted; rerun the same command to resume the study in {args.out}",
+              file=sys.stderr)
+        return 130
+    except ValueError as exc:  # SpecError (YAML line), model resolution, bad --bucket-scales
+        return _err(str(exc))
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, prev)
+    counts: dict[str, int] = {}
+    for r in res.trials:
+        counts[r.get("status") or r["state"].lower()] = counts.get(r.get("status") or r["state"].lower(), 0) + 1
+    if args.format == "json":
+        print(json.dumps({"out_dir": str(res.out_dir), "resumed": res.resumed, "evaluated": res.evaluated,
+                          "stop_reason": res.stop_reason, "space_size": res.space_size, "status_counts": counts,
+                          "best": res.best, "files": res.files}, indent=1, default=str))
+    else:
+        unit = "tok/s" if args.objective == "throughput" else "bytes per rank"
+        print(f"# dstoolkit tune {args.spec}: {args.mode} mode, objective {args.objective}, seed {args.seed}"
+              + (" (resumed)" if res.resumed else ""))
+        print(f"# {res.evaluated} evaluated of budget {args.budget}; {len(res.trials)} trials "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}); space {res.space_size} points; "
+              f"stopped: {res.stop_reason}")
+        for r in res.trials:
+            v = f"{r['value']:,.0f} {unit}" if r["state"] == "COMPLETE" and r["value"] is not None else "-"
+            note = r.get("reason") or ""
+            print(f"  #{r['number']:<3} {(r.get('status') or r['state'].lower()):<10} {r.get('label') or '-':<52} "
+                  f"{v:>22}  {note[:110]}")
+        if res.best:
+            print(f"best: trial #{res.best['number']} {res.best['label']}: {res.best['value']:,.0f} {unit}")
+        else:
+            print("best: none (every trial was pruned or failed; see report.md)")
+        print(f"wrote {', '.join(res.files)} in {res.out_dir}")
+    return 0 if res.best is not None else 1
