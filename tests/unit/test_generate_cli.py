@@ -109,3 +109,13 @@ def test_nothing_fits_exits_1_without_writing(tmp_path, repo_root, capsys):
     err = capsys.readouterr().err
     assert "fits nowhere" in err and "GiB per GPU" in err
     assert not out.exists() and not os.listdir(tmp_path) == []
+
+
+def test_generate_demo_helper(tmp_path, repo_root):
+    from dstoolkit.generate import GenerateError, generate_demo
+
+    launch = generate_demo(repo_root / "ds_configs" / "tiny_cpu.yaml", tmp_path / "demo")
+    assert launch == tmp_path / "demo" / "zero2" / "launch.sh" and launch.is_file()
+    assert (tmp_path / "demo" / "zero2" / "ds_config.json").is_file()
+    with pytest.raises(GenerateError, match="was not generated"):
+        generate_demo(repo_root / "ds_configs" / "tiny_cpu.yaml", tmp_path / "demo2", strategy="zero2-ep")
