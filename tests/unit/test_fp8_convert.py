@@ -131,6 +131,11 @@ def test_te_backend_missing_says_what_to_do():
     with pytest.raises(Fp8BackendUnavailable, match=r"pip install 'dstoolkit\[te\]'.*backend='emulated'"):
         convert(model, backend="te")
     assert type(model.blocks[0].self_attn.q_proj) is nn.Linear  # untouched
+    from dstoolkit.fp8 import build_te_recipe
+    from dstoolkit.schemas.fp8 import Fp8Config
+
+    with pytest.raises(Fp8BackendUnavailable, match="Transformer Engine is not importable"):
+        build_te_recipe(Fp8Config(recipe="block", format="e4m3"))
 
 
 def test_unknown_backend():
