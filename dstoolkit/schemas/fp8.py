@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import warnings
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -121,7 +121,8 @@ class Fp8Config(_Strict):
     enabled: bool = True
     """Whether FP8 is used at all; False keeps bf16 everywhere (the section may stay in the file)."""
     format: Literal["e4m3", "hybrid"] = "hybrid"
-    """e4m3: E4M3 everywhere (DeepSeek-V3); hybrid: E4M3 forward, E5M2 gradients (TE default)."""
+    """e4m3: E4M3 everywhere (DeepSeek-V3); hybrid: E4M3 forward, E5M2 gradients. Unset, it follows TE's
+    default for the recipe: hybrid for delayed/current, e4m3 for block/mxfp8."""
     recipe: Literal["delayed", "current", "block", "mxfp8"] = "delayed"
     """Scaling: delayed (amax history, per tensor), current (per tensor, this step), block (DeepSeek 1x128
     activation tiles / 128x128 weight blocks; sm_90 + CUDA 12.9), mxfp8 (32-element E8M0 blocks; sm_100)."""
@@ -135,6 +136,15 @@ class Fp8Config(_Strict):
     """block only: tile length for activations (1 x block_size) and weight block side (block_size^2). DeepSeek: 128."""
     layers: Fp8LayerSelection = Field(default_factory=Fp8LayerSelection)
     """Which linear layers are swapped to FP8."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_format_per_recipe(cls, data: Any) -> Any:
+        # TE: Float8BlockScaling and MXFP8BlockScaling default to Format.E4M3; DelayedScaling and
+        # Float8CurrentScaling to Format.HYBRID.
+        if isinstance(data, dict) and "format" not in data and data.get("recipe") in ("block", "mxfp8"):
+            data = {**data, "format": "e4m3"}
+        return data
 
     @model_validator(mode="after")
     def _check_history_only_for_delayed(self) -> "Fp8Config":

@@ -32,6 +32,13 @@ def test_defaults_are_transformer_engines():
     assert (E4M3_MAX, E5M2_MAX) == (448.0, 57344.0)
 
 
+def test_format_default_follows_te_per_recipe():
+    # TE: DelayedScaling / Float8CurrentScaling default HYBRID; Float8BlockScaling / MXFP8BlockScaling E4M3.
+    assert [Fp8Config(recipe=r).format for r in ("delayed", "current", "block", "mxfp8")] == [
+        "hybrid", "hybrid", "e4m3", "e4m3"]
+    assert Fp8Config(recipe="block", format="hybrid").format == "hybrid"
+
+
 def test_history_fields_rejected_for_non_delayed_recipe():
     with pytest.raises(ValidationError, match=r"fp8.amax_history_len=16 only apply to fp8.recipe='delayed'"):
         Fp8Config(recipe="current", amax_history_len=16)
