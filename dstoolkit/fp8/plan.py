@@ -209,8 +209,9 @@ def _enumerate(shape: ModelShape, m: int, tp: int, ep: int) -> list[_Lin]:
         if shape.is_moe_layer(i):
             local = shape.num_experts // ep
             ffn = shape.expert_ffn_size
-            # Average routed rows per expert: M * top_k / num_experts (tokens from all ep ranks arrive via all-to-all).
-            me = max(1, m * shape.num_experts_per_tok // shape.num_experts)
+            # Average rows per expert: the ep ranks of an expert-parallel group each route M tokens to top_k of
+            # num_experts experts, and the all-to-all brings an expert all of its rows: M * ep * top_k / E.
+            me = max(1, m * ep * shape.num_experts_per_tok // shape.num_experts)
             lins.append(_Lin(mp + "moe.deepspeed_moe.gate.wg", "mlp.moe.deepspeed_moe.gate.wg", h, shape.num_experts,
                              m, (i, "mlp_in")))
             for e in range(local):

@@ -79,8 +79,12 @@ def test_moe_shape_groups_experts_and_keeps_router():
     router = kinds["blocks.{3..60}.mlp.moe.deepspeed_moe.gate.wg"]
     assert not router.swapped and router.reason == "excluded by pattern '*.gate.wg'"
     experts = kinds["blocks.{3..60}.mlp.moe.deepspeed_moe.experts.deepspeed_experts.{0..3}.gate_proj"]
-    # 58 MoE layers x 256/64 local experts; M per expert = 4096 tokens * top-8 / 256 experts = 128.
-    assert (experts.count, experts.tokens, experts.in_features, experts.out_features) == (232, 128, 7168, 2048)
+    # 58 MoE layers x 256/64 local experts; rows per expert = 4096 tokens x 64 EP ranks x top-8 / 256 = 8192.
+    assert (experts.count, experts.tokens, experts.in_features, experts.out_features) == (232, 8192, 7168, 2048)
+    # Without EP the same expert sees 4096 x 8 / 256 = 128 rows: a small GEMM that FP8 slows down.
+    p1 = plan_from_shape(get_preset("deepseek-v3"), Fp8Config(recipe="block"), gpu=get_gpu("H800"), seq_len=4096)
+    small = [g for g in p1.groups if g.kind.endswith("deepspeed_experts.{0..255}.gate_proj")][0]
+    assert small.tokens == 128 and small.speed_class == "slower"
     assert p.hardware_problems == []
 
 
