@@ -263,6 +263,8 @@ class ClusterSpec(_Strict):
     """Ranks (GPUs, or CPU processes for gpu: cpu) per node."""
     gpu: Union[str, GpuSpec] = "H100-SXM"
     """A name from the hardware table (H100-SXM, H200, H800, A100-80G, A100-40G, L40S, MI300X, cpu) or explicit facts."""
+    cuda_version: Optional[str] = None
+    """CUDA toolkit version on the cluster, such as "12.9"; gates FP8 recipes (block scaling needs 12.9+). None skips that check."""
 
     @field_validator("nodes", "gpus_per_node", mode="before")
     @classmethod
@@ -366,6 +368,15 @@ class TrainingSpec(_Strict):
     """Whether ZeRO++ (qwZ/hpZ/qgZ) may be used (stage 3)."""
     batch_ramp: Optional[BatchRampSpec] = None
     """Optional batch-size ramp."""
+    fp8: Optional[dict[str, Any]] = None
+    """FP8 settings with precision fp8: the fields of `dstoolkit.schemas.fp8.Fp8Config` (recipe, format, amax_history_len, ...).
+    Kept as a mapping here because fp8.py builds on this module; `Spec._check_fp8_supported` validates it."""
+
+    def fp8_config(self):
+        """The `Fp8Config` for this plan (Transformer Engine defaults when `fp8` is not given)."""
+        from dstoolkit.schemas.fp8 import Fp8Config  # fp8.py imports GpuSpec from this module
+
+        return Fp8Config.model_validate(self.fp8 or {})
 
     @field_validator("seq_len", "global_batch", "micro_batch", "warmup_steps", "train_steps", "checkpoint_every_k",
                      "tp", "pp", "ep", "zero_stage", mode="before")
@@ -563,7 +574,17 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _check_fp8_supported(self) -> "Spec":
         if self.training.precision != "fp8":
+            if self.training.fp8 is not None:
+                raise SpecFieldError(
+                    ("training", "fp8"),
+                    f"training.fp8 is set but training.precision={self.training.precision!r}",
+                    "set precision: fp8, or remove the fp8 section",
+                )
             return self
+        from pydantic import ValidationError
+
+        from dstoolkit.schemas.fp8 import check_fp8_hardware
+
         gpu = self.cluster.gpu_spec
         if gpu.peak_fp8_flops is None:
             raise SpecFieldError(
@@ -571,6 +592,18 @@ class Spec(_Strict):
                 f"training.precision='fp8' but cluster.gpu={gpu.name!r} has no fp8 tensor cores",
                 "use bf16, or a Hopper/Ada/MI300 GPU (H100-SXM, H200, H800, L40S, MI300X)",
             )
+        try:
+            cfg = self.training.fp8_config()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise SpecFieldError(
+                ("training", "fp8", *err["loc"]),
+                err["msg"],
+                "see dstoolkit.schemas.fp8.Fp8Config for the allowed fields and values",
+            ) from None
+        problems = check_fp8_hardware(cfg, gpu, self.cluster.cuda_version)
+        if problems:
+            raise SpecFieldError(("training", "fp8"), "; ".join(problems), "pick a recipe this GPU runs, or another GPU")
         return self
 
 
