@@ -201,9 +201,9 @@ def _difference_notes(a: Candidate, b: Candidate) -> list[str]:
     notes = []
     if b.zero_stage != a.zero_stage or b.zeropp != a.zeropp:
         if b.zero_stage > a.zero_stage:
-            notes.append(f"ZeRO-{b.zero_stage} instead of ZeRO-{a.zero_stage} (more communication: "
-                         + ("parameter all-gathers every micro-step" if b.zero_stage == 3 else
-                            "gradient reduce-scatter every micro-step") + ")")
+            cost = {1: "a parameter all-gather after each step", 2: "a gradient reduce-scatter every micro-step",
+                    3: "parameter all-gathers every micro-step"}[b.zero_stage]
+            notes.append(f"ZeRO-{b.zero_stage} instead of ZeRO-{a.zero_stage} (more communication: {cost})")
         elif b.zero_stage < a.zero_stage:
             notes.append(f"ZeRO-{b.zero_stage} instead of ZeRO-{a.zero_stage} (more memory per rank)")
         if b.zeropp != a.zeropp:
