@@ -1,11 +1,6 @@
-"""Start training jobs per node on test hosts (torchrun form, deepspeed --no_ssh form) or on one host.
-
-The trained program is the package's example trainer (`dstoolkit.train.trainer`) when it is importable with
-the flags the multi-node tests need, else the fallback worker in this folder (same flags, real DeepSpeed).
-"""
+"""Start jobs per node on test hosts (torchrun form, deepspeed --no_ssh form) or on one host, and read metrics."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -18,7 +13,6 @@ from tests.dist.multinode.hosts import REPO, JobResult, TestHosts, free_port, ki
 
 VENV_BIN = pathlib.Path(sys.executable).parent
 PY = sys.executable
-FALLBACK_WORKER = str(pathlib.Path(__file__).with_name("worker.py"))
 MASTER_PORT = 29500
 """Rendezvous port on host 0. Each test run has namespaces of its own, so a fixed port cannot collide."""
 
@@ -46,17 +40,6 @@ def read_losses(path: pathlib.Path) -> dict[int, float]:
         if "loss" in rec and "step" in rec and "event" not in rec:  # events (spike, resume, ...) are not steps
             out[int(rec["step"])] = float(rec["loss"])
     return out
-
-
-def worker_argv(ds_config: pathlib.Path, steps: int, metrics: pathlib.Path, *, checkpoint_dir: Optional[pathlib.Path] = None,
-                save_every: int = 0, resume: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    """Script + flags of the trained program (fallback worker form: a script path first)."""
-    argv = [FALLBACK_WORKER, "--deepspeed_config", str(ds_config), "--steps", str(steps), "--metrics-out", str(metrics)]
-    if checkpoint_dir is not None:
-        argv += ["--checkpoint-dir", str(checkpoint_dir), "--save-every", str(save_every)]
-    if resume:
-        argv.append("--resume")
-    return argv + list(extra)
 
 
 def torchrun_node_argv(node_rank: int, nnodes: int, nproc: int, master_addr: str, script_argv: Sequence[str],
@@ -127,8 +110,3 @@ def wait_for_lines(path: pathlib.Path, n: int, timeout_s: float, procs: Sequence
             return False
         time.sleep(0.1)
     return False
-
-
-def trainer_available() -> bool:
-    """Whether the package's example trainer is importable (it may land after these tests were written)."""
-    return importlib.util.find_spec("dstoolkit.train.trainer") is not None

@@ -19,33 +19,9 @@ PG_TIMEOUT_S = 10
 DETECT_SLACK_S = 30
 """Allowed time beyond PG_TIMEOUT_S for the launchers to notice the failed ranks and exit (teardown, logging)."""
 
-Argv = Callable[..., list[str]]
-
-
-def tiny_ds_config(path: pathlib.Path, stage: int = 2, world: int = 4, micro: int = 4) -> pathlib.Path:
-    """A small fp32 ZeRO config (torch Adam: no JIT-built fused op) for the fallback worker."""
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": micro * world,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": stage},
-        "steps_per_print": 100000,
-    }
-    path.write_text(json.dumps(cfg, indent=1))
-    return path
-
-
 def _check(res: JobResult, what: str) -> None:
     if not res.ok:
         raise AssertionError(f"{what} failed: rc={res.returncodes} timed_out={res.timed_out}\n{res.tail()}")
-
-
-def two_node_torchrun(hosts: TestHosts, script: Sequence[str], logdir: pathlib.Path, tag: str,
-                      timeout_s: float = 240) -> JobResult:
-    """torchrun per node on hosts 0 and 1, static rendezvous on host 0."""
-    argvs = [jobs.torchrun_node_argv(k, 2, NPROC_PER_NODE, hosts.addrs[0], script) for k in range(2)]
-    return jobs.run_on_hosts(hosts, argvs, logdir, tag, timeout_s)
 
 
 def fault_and_resume(hosts: TestHosts, workdir: pathlib.Path, fault: str, commands_for: Callable[..., list[list[str]]],
@@ -212,8 +188,6 @@ def bench_comm_across_hosts(hosts: TestHosts, workdir: pathlib.Path, tag: str, o
                             sizes: str = "16M", nproc: int = NPROC_PER_NODE, iters: int = 3, reps: int = 3,
                             timeout_s: float = 240) -> list[dict]:
     """`dstoolkit bench comm` under torchrun on both hosts (it detects RANK/WORLD_SIZE); rank 0's JSON rows."""
-    import sys
-
     script = ["-m", "dstoolkit", "bench", "comm", "--ops", ops, "--sizes", sizes, "--backend", "gloo",
               "--iters", str(iters), "--warmup", "1", "--reps", str(reps), "--format", "json", "--no-progress",
               "--out", str(workdir / f"{tag}.jsonl")]
@@ -224,5 +198,4 @@ def bench_comm_across_hosts(hosts: TestHosts, workdir: pathlib.Path, tag: str, o
             if r.get("event") is None and "busbw" in r]
     if not rows:
         raise AssertionError(f"bench comm ({tag}) wrote no rows\n{res.tail()}")
-    del sys
     return rows
