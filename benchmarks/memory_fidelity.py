@@ -350,7 +350,22 @@ def _free_port() -> int:
 
 
 def launch(cells: list[dict], out_dir: pathlib.Path, timeout_s: int = 1800) -> list[dict]:
-    """Run the cells in one 2-rank torchrun launch; return the per-rank records."""
+    """Run the cells on 2 ranks; return the per-rank records.
+
+    Dense cells share one torchrun launch; MoE cells get one launch per expert-parallel size, because
+    DeepSpeed keeps process-global MoE state (expert groups): a second MoE model with another ep_size in the
+    same process was measured to save different activations than the same model in a fresh process.
+    """
+    batches: dict[tuple, list[dict]] = {}
+    for c in cells:
+        batches.setdefault((c["moe"], c["ep"]) if c["moe"] else ("dense",), []).append(c)
+    recs: list[dict] = []
+    for i, batch in enumerate(batches.values()):
+        recs += _launch_one(batch, out_dir / f"launch{i}", timeout_s)
+    return recs
+
+
+def _launch_one(cells: list[dict], out_dir: pathlib.Path, timeout_s: int) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     cells_path = out_dir / "cells.json"
     cells_path.write_text(json.dumps(cells))
@@ -494,9 +509,9 @@ def main(argv=None) -> int:
     md_path = out / f"memory_fidelity_cpu_{stamp}.md"
     json_path.write_text(json.dumps(summary, indent=1))
     md_path.write_text(render_md(summary, env))
-    for f in work.iterdir():
-        f.unlink()
-    work.rmdir()
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
     print(render_md(summary, env))
     print(f"wrote {json_path} and {md_path} in {summary['wall_s']} s")
     return 0

@@ -341,6 +341,12 @@ def main(argv=None) -> int:
     stamp = _dt.datetime.utcnow().strftime("%Y%m")
     (out / f"step_time_fidelity_cpu_{stamp}.json").write_text(json.dumps(res, indent=1))
     (out / f"step_time_fidelity_cpu_{stamp}.md").write_text(render_md(res))
+    # the probes alone, for `Calibration(**...)` in other estimates on this machine
+    cal = {k: v for k, v in res["calibration"].items() if k != "probe_s"}
+    (out / f"calibration_cpu_{stamp}.json").write_text(json.dumps(
+        dict(calibration=cal, loadavg_before=res["loadavg_before"], env=res["env"],
+             note="per-rank rates measured with 2 ranks on 2 cores; matmul_flops_per_s_<precision> is a block "
+                  "forward+backward rate; comm_busbw is gloo all_reduce busbw (nccl-tests convention)"), indent=1))
     cfg_path.unlink()
     res_path.unlink()
     work.rmdir()

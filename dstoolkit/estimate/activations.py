@@ -128,6 +128,10 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
     # -- MLP --
     if shape.is_moe_layer(layer_index):
         mlp = _moe_bytes(plan, tok, p, pl)
+        if p != FP32_BYTES:
+            # the router reads input.float() (a copy it keeps) and dispatch keeps only indices, so the
+            # low-precision norm output feeding the MoE layer is not kept (fp32: .float() is that tensor)
+            outside -= pl * tok * h / sp_div
     else:
         i = shape.intermediate_size
         if shape.mlp_gated:
