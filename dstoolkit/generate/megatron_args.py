@@ -156,7 +156,7 @@ def _optimizer_args(spec: Spec) -> list[Arg]:
     out += [("--lr", (repr(t.lr),)), ("--clip-grad", (str(GRADIENT_CLIPPING),))]
     if t.train_steps:
         out += [("--train-iters", (str(t.train_steps),)), ("--lr-decay-style", ("cosine",)),
-                ("--min-lr", (repr(t.lr * MIN_LR_RATIO),))]
+                ("--min-lr", (f"{t.lr * MIN_LR_RATIO:.6g}",))]
     if t.warmup_steps:
         out.append(("--lr-warmup-iters", (str(t.warmup_steps),)))
     return out
