@@ -84,3 +84,37 @@ def test_recompute_saving_matches_estimate(measured, name):
     saved_measured = m["none"] - m[name]
     saved_est = _estimate(shape, POLICIES["none"]) - _estimate(shape, POLICIES[name])
     assert abs(saved_est - saved_measured) / saved_measured <= ACTIVATION_TOLERANCE
+
+
+_DS_BACKEND_SCRIPT = """
+import os, sys, torch, deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+from dstoolkit.models import get_preset
+from dstoolkit.models.torch_model import build_model, synthetic_batch
+from dstoolkit.schemas.checkpoint import CheckpointPolicy
+from dstoolkit.train.checkpointing import apply_checkpoint_policy
+shape = get_preset("tiny").model_copy(update={"num_hidden_layers": 2})
+x, y = synthetic_batch(shape, 1, 16, step=0, rank=0)
+grads = []
+for backend in ("torch", "deepspeed"):
+    m = build_model(shape)
+    apply_checkpoint_policy(m, CheckpointPolicy(kind="full"), backend=backend)
+    m(x, y).backward()
+    grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+print("EQUAL" if torch.equal(grads[0], grads[1]) else "DIFFERENT")
+"""
+
+
+def test_deepspeed_checkpointing_backend_gives_identical_gradients(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from dstoolkit.train.launch import free_port
+
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", _DS_BACKEND_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "EQUAL"
