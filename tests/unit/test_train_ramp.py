@@ -99,3 +99,14 @@ def test_megatron_args_refuse_inexact_increment():
     r = BatchRamp(start_batch=4, end_batch=16, increment=5, ramp_samples=24, micro_batch=2, dp_size=2)
     with pytest.raises(ValueError, match="multiple of batch_ramp.increment=5"):
         r.megatron_rampup_args()
+
+
+def test_lr_schedule_counts_tokens_not_steps():
+    from dstoolkit.train.trainer import LR_DECAY_FLOOR, _lr_at
+
+    # warm-up over 1000 tokens, cosine to LR_DECAY_FLOOR x peak at 11000 tokens
+    assert _lr_at(0, 1.0, 1000, 11000) == pytest.approx(1 / 1000)
+    assert _lr_at(499, 1.0, 1000, 11000) == pytest.approx(0.5)
+    assert _lr_at(1000, 1.0, 1000, 11000) == pytest.approx(1.0)
+    assert _lr_at(6000, 1.0, 1000, 11000) == pytest.approx(LR_DECAY_FLOOR + (1 - LR_DECAY_FLOOR) * 0.5)
+    assert _lr_at(50_000, 1.0, 1000, 11000) == pytest.approx(LR_DECAY_FLOOR)
