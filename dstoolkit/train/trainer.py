@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-backend", choices=["torch", "deepspeed"], default="torch",
                    help="recompute through torch.utils.checkpoint or deepspeed.checkpointing")
     p.add_argument("--monitor-every", type=int, default=5)
-    p.add_argument("--monitor-dir", default=None, help="enable DeepSpeed's csv monitor writing here")
+    p.add_argument("--monitor-dir", default=None, help="enable DeepSpeed's csv monitor (and tensorboard when installed) writing here")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="peak FLOP/s per rank for MFU (default: a matmul probe on CPU, hardware table on GPU)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar with ETA")
@@ -289,6 +289,11 @@ def train(args: argparse.Namespace) -> int:
     if args.monitor_dir:
         ds_config["csv_monitor"] = {"enabled": True, "output_path": str(args.monitor_dir),
                                     "job_name": "dstoolkit_train"}
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is not None:  # DeepSpeed's TB backend needs the package
+            ds_config["tensorboard"] = {"enabled": True, "output_path": str(args.monitor_dir),
+                                        "job_name": "dstoolkit_train_tb"}
     policy = policy_from_spec(spec.training)
     model = build_model(shape, ep_size=ep_size if shape.is_moe else 1, seed=args.seed)
     apply_checkpoint_policy(model, policy, backend=args.checkpoint_backend)
