@@ -397,6 +397,8 @@ def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: O
 
 def _spawn_entry(rank: int, world: int, opts: CommOptions, port: int, rows_path: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.stdout.flush()
+    os.dup2(2, 1)  # spawned ranks' logs go to stderr: stdout carries only the parent's table / JSON
     rank_main(rank, world, rank, opts, port, rows_path)
 
 

@@ -5,10 +5,12 @@ For each DeepSpeed config, each ``overlap_comm`` setting and each ``reduce_bucke
 1. **Overlapped step** (N ranks, the real engine): median wall time of forward + backward + optimizer step.
 2. **Communication only** (same N ranks): DeepSpeed's comms logger records every collective one real step
    issues (op and bytes); those calls are replayed alone with torch.distributed, timed the same way.
-3. **Compute only** (one rank, no peers): the same model, micro batch and config on a data-parallel group of
-   one. Its forward+backward is the compute of one rank; its optimizer step updates the whole model where
-   a ZeRO (or bf16-optimizer) rank of N updates 1/N of it, so that phase is scaled by 1/N (Adam's update
-   is linear in the elements it touches; ZeRO §3.1 partitions exactly those).
+3. **Compute only** (no peers): N independent single-rank engines run *at the same time*, one per device (or
+   CPU core), so each gets the same resources as a rank of the real job. Each runs the same model, micro
+   batch and config on a data-parallel group of one. Its forward+backward is the compute of one rank; its
+   optimizer step updates the whole model where a ZeRO (or bf16-optimizer) rank of N updates 1/N of it, so
+   that phase is scaled by 1/N (Adam's update is linear in the elements it touches; ZeRO §3.1 partitions
+   exactly those). Per step, the slowest of the N engines counts, as in the real job.
 
 Then (Lee et al., arXiv 2507.03114, and anchors.md 'Overlap'):
 
@@ -322,9 +324,22 @@ def _free_engine(engine) -> None:
     gc.collect()
 
 
-def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str) -> None:
+def _stdout_to_stderr() -> None:
+    """Spawned ranks log (DeepSpeed prints to stdout); keep the parent's stdout for the table / JSON only."""
+    sys.stdout.flush()
+    os.dup2(2, 1)
+
+
+def compute_only_entry(index: int, ports: list[int], payload: dict, out_dir: str) -> None:
+    """Spawn target for the compute-only phase: engine `index` of N, each in its own 1-rank process group."""
+    rank_main(0, 1, ports[index], payload, str(pathlib.Path(out_dir) / f"single_{index}.jsonl"), device_index=index)
+
+
+def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str, device_index: Optional[int] = None) -> None:
     """Overlapped + comm-only measurements (world >= 2) or compute-only (world == 1) for every variant."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+    device_index = rank if device_index is None else device_index
+    _stdout_to_stderr()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(device_index), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -336,7 +351,7 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str) ->
 
     backend = payload["backend"]
     if backend == "nccl":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(device_index)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
     steps, warmup = payload["steps"], payload["warmup"]
     for v in payload["variants"]:
@@ -344,7 +359,7 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str) ->
         ep = v["ep_size"] if world > 1 else 1  # compute-only: every expert local (same tokens per expert)
         engine = _engine(shape, v["ds_config"], ep)
         mb = v["ds_config"]["train_micro_batch_size_per_gpu"]
-        batches = _batches(shape, mb, v["seq_len"], rank, engine.device)
+        batches = _batches(shape, mb, v["seq_len"], device_index, engine.device)
         res: dict[str, Any] = {"key": v["key"]}
         for i in range(warmup):
             loss = engine(*batches[i % len(batches)])
@@ -392,6 +407,26 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str) ->
 # --------------------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------------------
+
+
+def merge_compute_only(per_engine: Sequence[Sequence[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per variant, the slowest of the N concurrent single-rank engines at each step (pure; unit-tested)."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for recs in per_engine:
+        for r in recs:
+            by_key.setdefault(r["key"], []).append(r)
+    out = {}
+    for key, recs in by_key.items():
+        if len(recs) != len(per_engine):
+            continue  # an engine is missing this variant: no result
+        fb = [list(r["compute_fb_samples_s"]) for r in recs]
+        op = [list(r["compute_opt_samples_s"]) for r in recs]
+        n = min(len(x) for x in fb)
+        slowest = [max(range(len(recs)), key=lambda j: fb[j][i] + op[j][i]) for i in range(n)]
+        out[key] = {"key": key, "compute_fb_samples_s": [fb[j][i] for i, j in enumerate(slowest)],
+                    "compute_opt_samples_s": [op[j][i] for i, j in enumerate(slowest)],
+                    "engines": len(recs), "loss": recs[0].get("loss")}
+    return out
 
 
 def combine(v: Variant, world: int, multi: dict[str, Any], single: dict[str, Any]) -> dict[str, Any]:
@@ -472,13 +507,18 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                 payload = {"backend": backend, "steps": steps, "warmup": warmup, "profile": profile,
                            "variants": [{"key": v.key, "ds_config": v.ds_config, "ep_size": v.ep_size,
                                          "shape": shapes[name].model_dump(), "seq_len": seqs[name]} for v in group]}
-                multi_path, single_path = tmp / "multi.jsonl", tmp / "single.jsonl"
-                for p in (multi_path, single_path):
-                    p.unlink(missing_ok=True)
+                multi_path = tmp / "multi.jsonl"
+                single_dir = tmp / "single"
+                multi_path.unlink(missing_ok=True)
+                if single_dir.exists():
+                    for p in single_dir.glob("*.jsonl"):
+                        p.unlink()
+                single_dir.mkdir(exist_ok=True)
                 spawn_ranks(rank_main, world_size, (world_size, harness.free_port(), payload, str(multi_path)), timeout_s)
-                spawn_ranks(rank_main, 1, (1, harness.free_port(), payload, str(single_path)), timeout_s)
+                ports = [harness.free_port() for _ in range(world_size)]
+                spawn_ranks(compute_only_entry, world_size, (ports, payload, str(single_dir)), timeout_s)
                 multi = {r["key"]: r for r in harness.read_records(multi_path)}
-                single = {r["key"]: r for r in harness.read_records(single_path)}
+                single = merge_compute_only([harness.read_records(p) for p in sorted(single_dir.glob("single_*.jsonl"))])
                 for v in group:
                     if v.key not in multi or v.key not in single:
                         raise RuntimeError(f"overlap variant {v.key}: a rank produced no result")

@@ -63,3 +63,13 @@ def test_combine_computes_eta_from_medians():
     assert rec["compute_s"]["median"] == pytest.approx(1.0)
     assert rec["exposed_comm_s"] == pytest.approx(0.25)
     assert rec["eta"] == pytest.approx(1 - 0.25 / 0.4)
+
+
+def test_merge_compute_only_takes_the_slowest_engine_per_step():
+    a = [{"key": "k", "compute_fb_samples_s": [1.0, 1.0], "compute_opt_samples_s": [0.1, 0.5]}]
+    b = [{"key": "k", "compute_fb_samples_s": [1.2, 0.8], "compute_opt_samples_s": [0.1, 0.1]},
+         {"key": "only-b", "compute_fb_samples_s": [1.0], "compute_opt_samples_s": [0.1]}]
+    merged = overlap.merge_compute_only([a, b])
+    assert set(merged) == {"k"}  # a variant missing from one engine gives no result
+    assert merged["k"]["compute_fb_samples_s"] == [1.2, 1.0]
+    assert merged["k"]["compute_opt_samples_s"] == [0.1, 0.5]
