@@ -48,6 +48,10 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def _median(xs: Sequence[float]) -> Optional[float]:
+    return harness.summarize(xs).median if xs else None
+
+
 def _pct(x: Optional[float]) -> str:
     return "–" if x is None else f"{100 * x:+.1f}%"
 
@@ -122,16 +126,29 @@ def _comm_overhead_section(recs: list[dict[str, Any]]) -> list[str]:
 
 def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
     lines = ["## Compute/communication overlap (`dstoolkit bench overlap`)", "",
-             "η = 1 − exposed / total communication, where exposed = overlapped step − compute-only step and total = "
-             "the same collectives replayed alone (clamped to [0, 1]). Compute slowdown = compute time inside the "
-             "overlapped step ÷ compute-only step − 1. Times are medians (s).", "", _env_line(recs), "",
-             "| config | ZeRO | overlap_comm | reduce bucket | compute-only | comm-only | overlapped | exposed | η | slowdown |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "η = 1 − exposed / total communication. **η (timing)**: exposed = overlapped step − compute-only step "
+             "(N concurrent single-rank engines), total = the step's collectives replayed alone; clamped to [0, 1]. "
+             "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
+             "compute span covers, over the communication spans (one measurement, so immune to load drift between "
+             "phases). Compute slowdown = (overlapped − exposed from the trace) ÷ compute-only − 1. Times are medians (s).",
+             "", _env_line(recs), "",
+             "| config | ZeRO | overlap_comm | reduce bucket | compute-only | comm-only | overlapped | exposed | η (timing) "
+             "| η (trace) | slowdown |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         lines.append(
             f"| {r.get('config_name')} | {r.get('zero_stage')} | {r.get('overlap_comm')} | {_fmt(r.get('reduce_bucket_size'))} | "
             f"{_fmt(r['compute_s']['median'], 4)} | {_fmt(r['comm_s']['median'], 4)} | {_fmt(r['overlapped_s']['median'], 4)} | "
-            f"{_fmt(r.get('exposed_comm_s'), 4)} | {_fmt(r.get('eta'))} | {_pct(r.get('compute_slowdown'))} |")
+            f"{_fmt(r.get('exposed_comm_s'), 4)} | {_fmt(r.get('eta'))} | {_fmt(r.get('eta_profiler'))} | "
+            f"{_pct(r.get('compute_slowdown'))} |")
+    for label, flag in (("on", True), ("off", False)):
+        sel = [r for r in recs if r.get("overlap_comm") is flag]
+        if sel:
+            t = [r["eta"] for r in sel if r.get("eta") is not None]
+            p = [r["eta_profiler"] for r in sel if r.get("eta_profiler") is not None]
+            lines.append("")
+            lines.append(f"overlap_comm {label}: median η (timing) {_fmt(_median(t))}, median η (trace) {_fmt(_median(p))} "
+                         f"over {len(sel)} variants.")
     lines.append("")
     plot = _plot_overlap(recs, out_dir, prefix)
     if plot:
@@ -222,8 +239,12 @@ def _plot_overlap(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str
     labels = [f"{r.get('config_name')}\noc={'on' if r.get('overlap_comm') else 'off'} b={_fmt(r.get('reduce_bucket_size'))}"
               for r in recs]
     etas = [r.get("eta") or 0.0 for r in recs]
+    etas_p = [r.get("eta_profiler") if r.get("eta_profiler") is not None else float("nan") for r in recs]
     colors = ["tab:blue" if r.get("overlap_comm") else "tab:gray" for r in recs]
-    ax.bar(range(len(recs)), etas, color=colors)
+    xs = list(range(len(recs)))
+    ax.bar([x - 0.2 for x in xs], etas, width=0.4, color=colors, label="η (timing)")
+    ax.bar([x + 0.2 for x in xs], etas_p, width=0.4, color=colors, alpha=0.45, hatch="//", label="η (trace)")
+    ax.legend(fontsize=7)
     ax.set_xticks(range(len(recs)))
     ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
     ax.set_ylim(0, 1)
