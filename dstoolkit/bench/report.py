@@ -294,7 +294,7 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
         results_dir: folder of JSON Lines result files.
         out: markdown file to write (default ``RESULTS_DIR/report.md``); PNGs go next to it.
         force: replace an existing report file (otherwise refuse, so nothing is overwritten silently).
-        pattern: glob of the result files to include (e.g. ``*_h200x8_*.jsonl`` for one machine's results).
+        pattern: comma-separated globs of the result files to include (e.g. ``comm_*.jsonl,train_*.jsonl``).
 
     Raises:
         BenchInputError: the folder is missing, holds no records, or the report exists without ``force``.
@@ -302,7 +302,7 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     results_dir = pathlib.Path(results_dir)
     if not results_dir.is_dir():
         raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} is not a directory; pass the folder holding *.jsonl results")
-    files = sorted(results_dir.glob(pattern))
+    files = sorted({f for pat in pattern.split(",") if pat.strip() for f in results_dir.glob(pat.strip())})
     records = [r for f in files if f.suffix == ".jsonl" for r in harness.read_records(f)]
     latest = _latest(records)
     if not latest:

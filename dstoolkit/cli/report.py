@@ -11,7 +11,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder holding the *.jsonl files written by `dstoolkit bench`")
     p.add_argument("--out", default=None, metavar="REPORT.md", help="markdown file to write (default RESULTS_DIR/report.md)")
     p.add_argument("--include", default="*.jsonl", metavar="GLOB",
-                   help="only result files matching this glob (e.g. '*_cpu_*.jsonl'); default all *.jsonl")
+                   help="only result files matching these comma-separated globs (e.g. 'comm_*.jsonl,train_*.jsonl'); default *.jsonl")
     p.add_argument("--force", action="store_true", help="replace an existing report (the JSONL files are never touched)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: print the markdown; json: print what was written")
