@@ -106,8 +106,19 @@ def predict(spec_path: pathlib.Path, ds_config: dict, cal: dict, inter_busbw: fl
     as_run = [dataclasses.replace(o, collective="all_reduce") if o.name.startswith("zero_reduce_scatter") else o
               for o in cp.ops]
     split_as_run = sum(op_time_s(op, intra, inter_busbw, calib.comm_latency_s) for op in as_run)
+    # Diagnostic: groups that run side by side over one node's link share it. The data-parallel ring over all
+    # ranks crosses each node boundary once per direction; the expert-data-parallel groups (stride tp*ep) are
+    # ep separate groups, each with its own flow over the same link, so each gets link / ep.
+    shared = 0.0
+    for op in as_run:
+        stride = plan.tp * plan.ep if op.name.endswith("_experts") else plan.tp
+        nodes_spanned = max(1, -(-op.group_size * stride // plan.gpus_per_node))
+        per_node = max(1, op.group_size // nodes_spanned)
+        concurrent = max(1, plan.gpus_per_node // (per_node * plan.tp)) if op.cross_node else 1
+        shared += op_time_s(op, intra, inter_busbw / concurrent, calib.comm_latency_s)
     bd = est.step_time.model_dump()
     return {
+        "predicted_grad_all_reduce_shared_link_s": est.step_time_s - bd["comm_exposed_s"] + shared,
         "predicted_grad_all_reduce_s": est.step_time_s - bd["comm_exposed_s"] + split_as_run,
         "estimator_step_time_s": est.step_time_s,
         "estimator_breakdown_s": bd,
@@ -164,7 +175,12 @@ def _fill_predictions(r: dict, spec: pathlib.Path, ds: dict, cal: dict, nominal_
     dm = measured - r["unthrottled_step_time_s"]
     dp = pn["predicted_step_time_s"] - pf["predicted_step_time_s"]
     dp_ar = pn["predicted_grad_all_reduce_s"] - pf["predicted_grad_all_reduce_s"]
+    dp_sh = pn["predicted_grad_all_reduce_shared_link_s"] - pf["predicted_grad_all_reduce_shared_link_s"]
     r.update({
+        "throttle_delta_predicted_grad_all_reduce_shared_link_s": dp_sh,
+        "throttle_delta_error_grad_all_reduce_shared_link": dp_sh / dm - 1 if dm > 0 else None,
+        "predicted_grad_all_reduce_shared_link_s": pn["predicted_grad_all_reduce_shared_link_s"],
+        "error_grad_all_reduce_shared_link": pn["predicted_grad_all_reduce_shared_link_s"] / measured - 1,
         "throttle_delta_measured_s": dm,
         "throttle_delta_predicted_s": dp,
         "throttle_delta_error": dp / dm - 1 if dm > 0 else None,
@@ -191,6 +207,8 @@ def _ratios(result: dict) -> None:
         "measured_step_time": z3["measured_step_time_s"] / z2["measured_step_time_s"],
         "predicted_cross_node_bytes": z3["prediction"]["cross_node_bytes"] / z2["prediction"]["cross_node_bytes"],
         "predicted_step_time": z3["predicted_step_time_s"] / z2["predicted_step_time_s"],
+        "predicted_step_time_grads_as_all_reduce": z3["predicted_grad_all_reduce_s"] / z2["predicted_grad_all_reduce_s"],
+        "measured_link_share": z3["throttle_delta_measured_s"] / z2["throttle_delta_measured_s"],
     }
 
 
@@ -299,35 +317,45 @@ def render_md(res: dict) -> str:
     lines += ["", "## Step time under the throttle: predicted vs measured", "",
               "Predicted = `estimate_run` with a 4-rank calibration, cross-node collectives timed at the throttle "
               "rate (nominal) or at the measured cross-host all-reduce busbw; 'as is' = the estimator with its single "
-              "calibrated busbw for every collective.", "",
+              "calibrated busbw for every collective. Diagnostics (nominal bw): 'grads as all-reduce' times ZeRO-1/2 "
+              "gradient reduction as DeepSpeed 0.19.8 runs it (dist.all_reduce per bucket, "
+              "use_multi_rank_bucket_allreduce=true) instead of a reduce-scatter; '+ shared link' also divides the "
+              "link among groups that cross it side by side (the ep expert-data-parallel groups).", "",
               "| strategy | ZeRO | measured median (s) | spread (s) | predicted, nominal bw (s) | error | "
-              "predicted, measured bw (s) | error | estimator as is (s) | error | grads as all-reduce (s) | error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "predicted, measured bw (s) | error | estimator as is (s) | error | grads as all-reduce (s) | error | "
+              "+ shared link (s) | error |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("runs", []):
         lines.append(f"| {r['strategy']} | {r['zero_stage']} | {r['measured_step_time_s']:.3f} | "
                      f"{r['measured_spread_s'][0]:.3f}-{r['measured_spread_s'][1]:.3f} | {r['predicted_step_time_s']:.3f} | "
                      f"{100 * r['error']:+.0f}% | {r['predicted_with_measured_busbw_s']:.3f} | "
                      f"{100 * r['error_with_measured_busbw']:+.0f}% | {r['estimator_as_is_s']:.3f} | "
                      f"{100 * r['error_estimator_as_is']:+.0f}% | {r['predicted_grad_all_reduce_s']:.3f} | "
-                     f"{100 * r['error_grad_all_reduce']:+.0f}% |")
+                     f"{100 * r['error_grad_all_reduce']:+.0f}% | {r['predicted_grad_all_reduce_shared_link_s']:.3f} | "
+                     f"{100 * r['error_grad_all_reduce_shared_link']:+.0f}% |")
     lines += ["", "### The link's share: throttled minus unthrottled step time", "",
               "Compute, optimizer and framework overheads cancel in the difference; what remains is the time the "
               "cross-node collectives take at the throttled rate instead of the unthrottled one.", "",
               "| strategy | unthrottled median (s) | throttled median (s) | measured difference (s) | "
-              "predicted difference (s) | error | predicted, grads as all-reduce (s) | error |",
-              "|---|---|---|---|---|---|---|---|"]
+              "predicted difference (s) | error | grads as all-reduce (s) | error | + shared link (s) | error |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("runs", []):
         e1 = "-" if r["throttle_delta_error"] is None else f"{100 * r['throttle_delta_error']:+.0f}%"
         e2 = "-" if r["throttle_delta_error_grad_all_reduce"] is None else \
             f"{100 * r['throttle_delta_error_grad_all_reduce']:+.0f}%"
         lines.append(f"| {r['strategy']} | {r['unthrottled_step_time_s']:.3f} | {r['measured_step_time_s']:.3f} | "
                      f"{r['throttle_delta_measured_s']:.3f} | {r['throttle_delta_predicted_s']:.3f} | {e1} | "
-                     f"{r['throttle_delta_predicted_grad_all_reduce_s']:.3f} | {e2} |")
+                     f"{r['throttle_delta_predicted_grad_all_reduce_s']:.3f} | {e2} | "
+                     f"{r['throttle_delta_predicted_grad_all_reduce_shared_link_s']:.3f} | "
+                     f"{100 * r['throttle_delta_error_grad_all_reduce_shared_link']:+.0f}% |")
     if "zero3_over_zero2" in res:
         z = res["zero3_over_zero2"]
         lines += ["", f"ZeRO-3 / ZeRO-2: measured step time x{z['measured_step_time']:.2f}, predicted x"
-                      f"{z['predicted_step_time']:.2f}; predicted cross-node bytes x{z['predicted_cross_node_bytes']:.2f} "
-                      "(ZeRO paper: 3Ψ vs 2Ψ = 1.5)."]
+                      f"{z['predicted_step_time']:.2f} (x{z['predicted_step_time_grads_as_all_reduce']:.2f} with the "
+                      f"gradients all-reduced as DeepSpeed does); the link's share (throttled - unthrottled) "
+                      f"x{z['measured_link_share']:.2f}. Estimator cross-node bytes x{z['predicted_cross_node_bytes']:.2f} "
+                      "(ZeRO paper: 3Ψ vs 2Ψ = 1.5); DeepSpeed 0.19.8's stage 2 all-reduces gradients (2Ψ) and "
+                      "all-gathers parameters (Ψ), as many bytes as stage 3."]
     return "\n".join(lines) + "\n"
 
 
