@@ -129,14 +129,17 @@ def probe(rank: int) -> dict:
     block_flops = (6 * block_params + f.attention) * tokens
     for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         blk = Block(shape, 0, 1).to(dtype)
-        x = torch.randn(2, SEQ, shape.hidden_size, dtype=dtype, requires_grad=True)
+        # two sizes: GEMM efficiency grows with size, the estimator interpolates in log(tokens x hidden)
+        for label, mb in (("", 2), ("_large", 8)):
+            x = torch.randn(mb, SEQ, shape.hidden_size, dtype=dtype, requires_grad=True)
 
-        def fb():
-            y, _ = blk(x)
-            y.float().sum().backward()
+            def fb():
+                y, _ = blk(x)
+                y.float().sum().backward()
 
-        t = _median_time(fb, reps=5, warmup=2)
-        out[f"matmul_flops_per_s_{prec}"] = block_flops / t
+            t = _median_time(fb, reps=5 if not label else 3, warmup=1)
+            out[f"matmul_flops_per_s_{prec}{label}"] = block_flops * (mb / 2) / t
+            out[f"matmul_work{label}"] = mb * SEQ * shape.hidden_size
     # optimizer traffic: torch AdamW step over n fp32 elements (what DeepSpeed's torch_adam path runs)
     n = 2_000_000
     p = torch.nn.Parameter(torch.zeros(n))
@@ -216,6 +219,9 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
         shape = ModelShape(**SHAPES[c["shape"]])
         policy = CheckpointPolicy(kind=c.get("ckpt", "none"))
         calib = Calibration(matmul_flops_per_s=cal[f"matmul_flops_per_s_{c['prec']}"],
+                            matmul_work=cal["matmul_work"],
+                            matmul_flops_per_s_large=cal[f"matmul_flops_per_s_{c['prec']}_large"],
+                            matmul_work_large=cal["matmul_work_large"],
                             mem_bw_bytes_per_s=cal["mem_bw_bytes_per_s"],
                             comm_busbw_bytes_per_s=cal["comm_busbw_bytes_per_s"],
                             comm_latency_s=cal["comm_latency_s"], step_overhead_s=cal["step_overhead_s"])
@@ -279,8 +285,9 @@ def render_md(res: dict) -> str:
         f"{len(res['rows'])} configs; whole run {res['wall_s']} s.",
         "",
         "Calibration (probes on shapes that are not test configs): "
-        f"fp32 {cal['matmul_flops_per_s_fp32'] / 1e9:.2f} GFLOP/s, bf16 {cal['matmul_flops_per_s_bf16'] / 1e9:.2f} GFLOP/s per rank "
-        f"(block fwd+bwd), optimizer traffic {cal['mem_bw_bytes_per_s'] / 1e9:.2f} GB/s, gloo busbw "
+        f"block fwd+bwd per rank fp32 {cal['matmul_flops_per_s_fp32'] / 1e9:.2f} -> {cal['matmul_flops_per_s_fp32_large'] / 1e9:.2f} GFLOP/s, "
+        f"bf16 {cal['matmul_flops_per_s_bf16'] / 1e9:.2f} -> {cal['matmul_flops_per_s_bf16_large'] / 1e9:.2f} GFLOP/s "
+        f"(tokens x hidden {cal['matmul_work']:.0f} -> {cal['matmul_work_large']:.0f}), optimizer traffic {cal['mem_bw_bytes_per_s'] / 1e9:.2f} GB/s, gloo busbw "
         f"{cal['comm_busbw_bytes_per_s'] / 1e9:.3f} GB/s + {cal['comm_latency_s'] * 1e6:.0f} us/call, DeepSpeed step overhead "
         f"{cal['step_overhead_s'] * 1e3:.1f} ms.",
         "",

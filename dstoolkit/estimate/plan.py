@@ -149,12 +149,20 @@ def read_ds_config(ds: dict, world_size: int, dp: int) -> DsView:
 
 
 class Calibration(BaseModel):
-    """Measured rates that replace the GPU table's nominal ones in the step-time model (see `calibrate`)."""
+    """Measured rates that replace the GPU table's nominal ones in the step-time model
+    (benchmarks/step_time_fidelity.py measures them; results in benchmarks/results/calibration_*)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     matmul_flops_per_s: float = Field(gt=0)
-    """Achieved dense-matmul FLOP/s per rank on shapes like the model's."""
+    """Achieved training FLOP/s per rank (transformer-block forward+backward probe)."""
+    matmul_work: Optional[float] = Field(default=None, gt=0)
+    """Size of that probe: tokens per micro batch x hidden size (None: one rate for every size)."""
+    matmul_flops_per_s_large: Optional[float] = Field(default=None, gt=0)
+    """Rate of a second, larger probe; with it the rate is interpolated in log(size) (GEMM efficiency grows
+    with size), and clamped outside the two probes."""
+    matmul_work_large: Optional[float] = Field(default=None, gt=0)
+    """Size of the larger probe (tokens x hidden)."""
     mem_bw_bytes_per_s: float = Field(gt=0)
     """Achieved elementwise streaming bandwidth per rank (optimizer update, casts, copies)."""
     comm_busbw_bytes_per_s: float = Field(gt=0)
@@ -165,6 +173,17 @@ class Calibration(BaseModel):
     """Fixed framework cost per transformer block per micro step (hooks, small kernels)."""
     step_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed framework cost per optimizer step (DeepSpeed bookkeeping)."""
+
+    def rate_at(self, work: float) -> float:
+        """FLOP/s for a micro batch of `work` = tokens x hidden, interpolated between the probes."""
+        import math as _m
+
+        if not (self.matmul_work and self.matmul_flops_per_s_large and self.matmul_work_large):
+            return self.matmul_flops_per_s
+        x0, x1 = _m.log(self.matmul_work), _m.log(self.matmul_work_large)
+        x = min(max(_m.log(work), min(x0, x1)), max(x0, x1))
+        frac = (x - x0) / (x1 - x0) if x1 != x0 else 0.0
+        return self.matmul_flops_per_s + frac * (self.matmul_flops_per_s_large - self.matmul_flops_per_s)
 
 
 class RunPlan(BaseModel):

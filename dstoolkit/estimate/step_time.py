@@ -77,7 +77,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
         flops *= 1.0 + (plan.pp - 1) / max(1, ds.grad_accum)
     if cal is not None:
-        rate = cal.matmul_flops_per_s
+        rate = cal.rate_at(ds.micro_batch * plan.seq_len * plan.shape.hidden_size / plan.tp)
         intra = inter = cal.comm_busbw_bytes_per_s
         latency = cal.comm_latency_s
         mem_bw = cal.mem_bw_bytes_per_s
