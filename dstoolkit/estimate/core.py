@@ -104,6 +104,9 @@ class Estimate(_Frozen):
     step_time_s: float
     step_time: StepTimeOut
     mfu: float
+    """Model FLOPs utilisation: tokens/s x (6N + 12LHQT) / (peak x GPUs)."""
+    hfu: float
+    """Hardware FLOPs utilisation: as MFU, counting the recomputed forward too."""
     fits: bool
     """total device bytes <= the GPU's memory."""
     gpu_memory_bytes: int
@@ -138,6 +141,7 @@ class Estimate(_Frozen):
             "step_time_s": self.step_time_s,
             "step_time_breakdown_s": self.step_time.model_dump(),
             "mfu": self.mfu,
+            "hfu": self.hfu,
             "fits": self.fits,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "paper_view": self.paper_view.model_dump(),
@@ -204,6 +208,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
                                                               "optimizer_s", "offload_s", "overhead_s",
                                                               "overlap_efficiency")}, total_s=step_s),
         mfu=mfu(achieved_tokens_per_s, fpt.model, peak_flops(plan), plan.world_size),
+        hfu=mfu(achieved_tokens_per_s, fpt.hardware, peak_flops(plan), plan.world_size),
         fits=total <= plan.gpu.memory_bytes,
         gpu_memory_bytes=plan.gpu.memory_bytes,
         paper_view=PaperViewOut(psi=paper.psi, dp=paper.dp, baseline_bytes=paper.baseline_bytes,
