@@ -198,9 +198,11 @@ class Monitor:
                               f"collectives took {comm_share * 100:.0f}% of step time "
                               f"(> {self.comm_bound_share * 100:.0f}%, DeepSpeed comms_logger)"))
         if not flags and util < self.idle_utilization:
+            hint = ("" if comm_share is not None else
+                    "; comms_logger is off, so time blocked in collectives counts here (enable it to attribute)")
             flags.append(Flag("idle-compute",
                               f"compute busy {util * 100:.0f}% of wall time (< {self.idle_utilization * 100:.0f}%) "
-                              "with no input or comm wait to explain it"))
+                              f"with no input or comm wait to explain it{hint}"))
         losses = [s.loss for s in samples]
         return MonitorReport(
             step=samples[-1].step, steps=len(samples), tokens_per_s=tps, mfu=mfu,
