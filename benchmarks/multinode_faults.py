@@ -102,7 +102,7 @@ def render_md(res: dict) -> str:
              f"{res['steps']} steps, checkpoint every {res['save_every']}; process-group timeout "
              f"{res['pg_timeout_s']} s on every group (cut-link run); load average before "
              f"{res['loadavg_before'][0]:.1f}, after {res['loadavg_after'][0]:.1f}.", "",
-             "| fault | steps logged at fault | first failure after (s) | all launchers exited after (s) | exit codes "
+             "| fault | steps logged at fault | first launcher exited non-zero after (s) | all launchers exited after (s) | exit codes "
              "| resumed from step | steps compared | max abs loss diff | bitwise equal |",
              "|---|---|---|---|---|---|---|---|---|"]
     for f in res.get("faults", []):
