@@ -136,6 +136,8 @@ class JobResult:
     """Seconds from start to the first non-zero exit; None when all succeeded."""
     timed_out: bool
     logs: list[pathlib.Path]
+    exit_s: list[Optional[float]] = dataclasses.field(default_factory=list)
+    """Seconds from start to each command's exit (None: killed at the deadline)."""
 
     @property
     def ok(self) -> bool:
@@ -167,17 +169,21 @@ def wait_all(procs: Sequence[subprocess.Popen], logs: Sequence[pathlib.Path], ti
     """Wait for every process up to timeout_s (from t0), then kill whatever is left."""
     t0 = time.monotonic() if t0 is None else t0
     first_fail: Optional[float] = None
+    exits: list[Optional[float]] = [None] * len(procs)
     while True:
         rcs = [p.poll() for p in procs]
         now = time.monotonic() - t0
+        for i, rc in enumerate(rcs):
+            if rc is not None and exits[i] is None:
+                exits[i] = now
         if first_fail is None and any(rc not in (None, 0) for rc in rcs):
             first_fail = now
         if all(rc is not None for rc in rcs):
-            return JobResult(rcs, now, first_fail, False, list(logs))
+            return JobResult(rcs, now, first_fail, False, list(logs), exits)
         if now > timeout_s:
             for p in procs:
                 kill_group(p)
-            return JobResult([None if rc is None else rc for rc in rcs], now, first_fail, True, list(logs))
+            return JobResult([None if rc is None else rc for rc in rcs], now, first_fail, True, list(logs), exits)
         time.sleep(0.2)
 
 

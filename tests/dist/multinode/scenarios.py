@@ -72,6 +72,7 @@ def fault_and_resume(hosts: TestHosts, workdir: pathlib.Path, fault: str, comman
         "fault_timed_out": res.timed_out,
         "seconds_fault_to_all_exited": round(res.wall_s, 2),
         "seconds_fault_to_first_failure": None if res.first_exit_s is None else round(res.first_exit_s, 2),
+        "seconds_fault_to_host0_exit": None if not res.exit_s or res.exit_s[0] is None else round(res.exit_s[0], 2),
         "pg_timeout_s": PG_TIMEOUT_S,
         "steps_compared": len(common),
         "steps_expected": len(reference),
