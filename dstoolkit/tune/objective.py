@@ -129,6 +129,43 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+STALE_LOCK_GRACE_S = 5.0  # a live holder of a torch-extension lock on a warm cache releases it well within this
+
+
+def torch_extensions_dir() -> pathlib.Path:
+    """Where torch JIT-builds C++ extensions (DeepSpeed's cpu_adam, shm_comm...): TORCH_EXTENSIONS_DIR or
+    ~/.cache/torch_extensions (torch.utils.cpp_extension._get_build_directory)."""
+    return pathlib.Path(os.environ.get("TORCH_EXTENSIONS_DIR") or pathlib.Path.home() / ".cache" / "torch_extensions")
+
+
+def clear_stale_extension_locks(since_s: float, grace_s: float = STALE_LOCK_GRACE_S) -> list[str]:
+    """Remove torch-extension `lock` files created since `since_s` (epoch seconds) that outlive `grace_s`.
+
+    torch takes a file baton (`<build dir>/lock`) on every extension load, even when nothing is rebuilt; a rank
+    SIGKILLed while holding it leaves the file behind, and every later process that loads the same op (e.g.
+    DeepSpeed's cpu_adam for CPU offload) then waits forever. Called after this module kills a trial's ranks.
+
+    Returns:
+        The paths removed.
+    """
+    root = torch_extensions_dir()
+    if not root.is_dir():
+        return []
+    candidates = [p for p in list(root.glob("*/lock")) + list(root.glob("*/*/lock"))
+                  if p.is_file() and p.stat().st_mtime >= since_s - 1.0]
+    if not candidates:
+        return []
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(p.exists() for p in candidates):
+        time.sleep(0.25)
+    removed = []
+    for p in candidates:
+        if p.exists():
+            p.unlink(missing_ok=True)
+            removed.append(str(p))
+    return removed
+
+
 def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, *, objective: str = "throughput",
                    ranks: int = 2, steps: int = DEFAULT_STEPS, skip_steps: int = DEFAULT_SKIP_STEPS,
                    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S, launcher: str = "torchrun",
@@ -168,6 +205,8 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
     env.update(extra_env or {})
     est = estimate_summary(space.spec, check)
     t0 = time.perf_counter()
+    started_epoch_s = time.time()
+    removed_locks: list[str] = []
     timed_out = False
     log_path = work_dir / "log.txt"
     with open(log_path, "w") as log:
@@ -180,9 +219,11 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
             timed_out = True
             kill_tree(proc.pid)
             rc = proc.wait()
+            removed_locks = clear_stale_extension_locks(started_epoch_s)
         except BaseException:  # KeyboardInterrupt / SIGTERM: take the ranks down with us, then propagate
             kill_tree(proc.pid)
             proc.wait()
+            clear_stale_extension_locks(started_epoch_s)
             raise
     wall = time.perf_counter() - t0
     tail = log_path.read_text(errors="replace")[-4000:]
@@ -191,6 +232,8 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
         status, reason = _failure(rc, tail, timeout_s, timed_out)
         if rc == 0 and not timed_out:
             status, reason = "error", "the trainer exited 0 but wrote no metrics"
+        if timed_out and removed_locks:
+            reason += f"; removed {len(removed_locks)} torch-extension lock(s) the killed ranks left behind"
         return TrialOutcome(status=status, reason=reason, code=status, estimate=est, wall_s=wall,
                             measured={"returncode": rc, "command": " ".join(cmd)})
     try:

@@ -121,3 +121,21 @@ def test_failure_classification():
     st, why = _failure(1, "noise\ndstoolkit.train.trainer: training failed on rank 0: RuntimeError: boom\ntb\n", 10,
                        False)
     assert st == "error" and "RuntimeError: boom" in why and "(exit 1)" in why
+
+
+def test_stale_torch_extension_lock_is_removed_only_if_new(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from dstoolkit.tune.objective import clear_stale_extension_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    old = tmp_path / "py311_cpu" / "fused_adam" / "lock"
+    new = tmp_path / "py311_cpu" / "cpu_adam" / "lock"
+    for p in (old, new):
+        p.parent.mkdir(parents=True)
+        p.write_text("")
+    past = time.time() - 3600
+    os.utime(old, (past, past))  # someone else's lock, older than the trial: left alone
+    removed = clear_stale_extension_locks(time.time() - 10, grace_s=0.2)
+    assert removed == [str(new)] and not new.exists() and old.exists()
