@@ -12,15 +12,19 @@ import json
 import sys
 
 
-def add_parser(subparsers) -> None:
-    from dstoolkit.generate.candidates import STRATEGIES
+# The strategy names, spelled out so that building the parser imports nothing (dstoolkit validate must start
+# fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
+STRATEGY_NAMES = ("zero0", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload", "zero++", "zero0-ep",
+                  "zero1-ep", "zero2-ep")
 
+
+def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate DeepSpeed / Megatron / launch files from a spec",
                               description=__doc__.splitlines()[0])
     p.add_argument("spec", metavar="SPEC.yaml", help="model + cluster + training spec")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created atomically)")
     p.add_argument("--strategy", action="append", default=None, metavar="NAME",
-                   help=f"only these strategies (repeatable): {', '.join(STRATEGIES)}")
+                   help=f"only these strategies (repeatable): {', '.join(STRATEGY_NAMES)}")
     p.add_argument("--force", action="store_true", help="replace DIR if an earlier `dstoolkit generate` wrote it")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.set_defaults(run=run)

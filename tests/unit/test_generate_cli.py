@@ -119,3 +119,17 @@ def test_generate_demo_helper(tmp_path, repo_root):
     assert (tmp_path / "demo" / "zero2" / "ds_config.json").is_file()
     with pytest.raises(GenerateError, match="was not generated"):
         generate_demo(repo_root / "ds_configs" / "tiny_cpu.yaml", tmp_path / "demo2", strategy="zero2-ep")
+
+
+def test_cli_strategy_list_matches_catalog_and_parser_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    from dstoolkit.cli.generate import STRATEGY_NAMES
+    from dstoolkit.generate.candidates import STRATEGIES
+
+    assert STRATEGY_NAMES == tuple(STRATEGIES)
+    code = ("import sys; from dstoolkit.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'deepspeed', 'dstoolkit.generate'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.strip() == "[]"
