@@ -133,3 +133,23 @@ def test_cli_strategy_list_matches_catalog_and_parser_imports_nothing_heavy():
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'deepspeed', 'dstoolkit.generate'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert out.strip() == "[]"
+
+
+def test_hf_config_spec_is_copied_next_to_the_spec(tmp_path, repo_root):
+    hf = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+          "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 2048, "tie_word_embeddings": False,
+          "max_position_embeddings": 2048}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_text(json.dumps(hf))
+    spec = yaml.safe_load((repo_root / "ds_configs" / "tiny_cpu.yaml").read_text())
+    spec["model"] = {"hf_config": "models/config.json"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "o"
+    assert main(["generate", str(tmp_path / "s.yaml"), "--out", str(out), "--strategy", "zero1"]) == 0
+    copied = yaml.safe_load((out / "spec.yaml").read_text())
+    assert copied["model"] == {"hf_config": "model_config.json"}
+    assert json.loads((out / "model_config.json").read_text()) == hf
+    from dstoolkit.generate.io import load_spec_and_shape
+
+    _, shape = load_spec_and_shape(out / "spec.yaml")  # the folder is self-contained
+    assert shape.hidden_size == 256
