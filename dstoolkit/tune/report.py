@@ -114,11 +114,14 @@ def render_plot(result, opts, path: pathlib.Path) -> None:
     ax.plot(xs, ys, "o", color="tab:blue", label="evaluated")
     if bx:
         ax.step(bx, by, where="post", color="tab:green", label="best so far")
-    fails = [r["number"] for r in result.trials if r["state"] == "FAIL"]
+    fails = [r["number"] for r in result.trials if r["state"] == "FAIL" and r.get("status") != "interrupted"]
+    stopped = [r["number"] for r in result.trials if r.get("status") == "interrupted"]
     pruned = [r["number"] for r in result.trials if r["state"] == "PRUNED"]
     lo = min(ys) if ys else 0.0
     if fails:
         ax.plot(fails, [lo] * len(fails), "x", color="tab:red", label="failed (OOM/error/timeout)")
+    if stopped:
+        ax.plot(stopped, [lo] * len(stopped), "s", mfc="none", color="tab:orange", label="interrupted (retried)")
     if pruned:
         ax.plot(pruned, [lo] * len(pruned), "|", color="tab:gray", label="pruned before running")
     ax.set_xlabel("trial")
