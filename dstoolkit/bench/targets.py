@@ -172,7 +172,7 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
             targets += targets_from_folder(p, spec_path, f"{p.name}/" if multi else "")
         elif p.suffix.lower() in (".yaml", ".yml"):
             gen = work_dir / f"generated-{p.stem}"
-            generate_from_spec(p.resolve(), gen, strategies)
+            generate_from_spec(p.resolve(), gen)  # every strategy; --strategy filters below (names may be spec/strategy)
             targets += targets_from_folder(gen, p.resolve(), f"{p.stem}/" if multi else "")
         else:
             targets.append(BenchTarget(name=p.stem, ds_config=load_json_config(p), ds_config_path=p.resolve(),
@@ -180,7 +180,8 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
     if strategies:
         targets = [t for t in targets if t.strategy in strategies or t.name in strategies]
         if not targets:
-            raise BenchInputError(f"--strategy {', '.join(strategies)}: no such strategy among the targets")
+            known = ", ".join(t.name for t in targets)
+            raise BenchInputError(f"--strategy {', '.join(strategies)}: no such strategy among the targets (known: {known})")
     if not targets:
         raise BenchInputError("no DeepSpeed configs found in the targets")
     for t in targets:

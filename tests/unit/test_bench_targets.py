@@ -18,7 +18,7 @@ def test_two_specs_give_unique_prefixed_names_and_ep(tmp_path, repo_root):
     assert all(t.spec_path is not None and t.spec_path.is_file() for t in ts)
     only = targets.resolve_targets(specs[1:], None, ["zero2-ep"], tmp_path, 2)
     assert [(t.name, t.ep_size) for t in only] == [("zero2-ep", 2)]
-    with pytest.raises(BenchInputError, match="unknown strategy .zero9."):
+    with pytest.raises(BenchInputError, match="no such strategy"):
         targets.resolve_targets(specs[:1], None, ["zero9"], tmp_path, 2)
 
 
