@@ -65,6 +65,7 @@ def zero_config(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_overlap_bench_two_ranks(results, zero_config, capsys):
     out = results / "overlap.jsonl"
     rc = main(["bench", "overlap", str(zero_config), "--model", "tiny", "--bucket-sizes", "1e6", "--overlap", "on",
@@ -82,6 +83,7 @@ def test_overlap_bench_two_ranks(results, zero_config, capsys):
     assert rec["comm_s"]["median"] > 0 and rec["compute_s"]["median"] > 0
 
 
+@pytest.mark.slow
 def test_train_bench_two_ranks_with_estimate(results, zero_config, repo_root, capsys):
     out = results / "train.jsonl"
     rc = main(["bench", "train", str(zero_config), "--spec", str(repo_root / "ds_configs" / "tiny_cpu.yaml"),
