@@ -131,36 +131,21 @@ def policy_from_spec(training: Any) -> Any:
     return CheckpointPolicy(kind=kind)
 
 
-def flops_per_token(shape: Any, seq_len: int) -> float:
-    """Training FLOPs per token: 6N + 12*L*H*Q*T (Kaplan 2020 + PaLM App. B attention term; anchors.md).
+def model_flops_per_token(shape: Any, seq_len: int) -> float:
+    """MFU numerator: 6N + 12*L*H*Q*T from `dstoolkit.estimate.flops_per_token` (anchors.md; recompute excluded)."""
+    from dstoolkit.estimate import flops_per_token
 
-    N counts the parameters active per token without the embedding lookup (PaLM App. B).
-    """
-    try:
-        from dstoolkit.models import count_params
-
-        counts = count_params(shape)
-        n_active = counts.active
-    except Exception:  # TODO(#3): count_params not available yet -> count from the shape here
-        n_active = _approx_active_params(shape)
-    n = n_active - shape.vocab_size * shape.hidden_size * (1 if not shape.tie_word_embeddings else 0)
-    attn = 12 * shape.num_hidden_layers * shape.num_attention_heads * shape.head_size * seq_len
-    return 6.0 * n + attn
+    return flops_per_token(shape, seq_len).model
 
 
-def _approx_active_params(shape: Any) -> int:
-    h, d = shape.hidden_size, shape.head_size
-    attn = h * d * (2 * shape.num_attention_heads + 2 * shape.kv_heads)
-    per_layer = []
-    for i in range(shape.num_hidden_layers):
-        if shape.is_moe_layer(i):
-            ffn = 3 * h * shape.expert_ffn_size * (shape.num_experts_per_tok + shape.num_shared_experts)
-            ffn += h * shape.num_experts
-        else:
-            ffn = 3 * h * shape.intermediate_size
-        per_layer.append(attn + ffn + 2 * h)
-    emb = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
-    return sum(per_layer) + emb + h
+def peak_flops_per_rank(gpu: Any, on_cuda: bool, dtype: Any) -> float:
+    """Peak FLOP/s for MFU: the hardware table's bf16 peak on GPU; a matmul probe on CPU (the table's CPU
+    row is a placeholder)."""
+    if on_cuda:
+        from dstoolkit.schemas.hardware import get_gpu
+
+        return get_gpu(gpu).peak_bf16_flops
+    return matmul_peak_flops(dtype)
 
 
 def matmul_peak_flops(dtype: Any, n: int = 512, reps: int = 3) -> float:
@@ -327,9 +312,9 @@ def train(args: argparse.Namespace) -> int:
         and args.checkpoint_dir else 0, lr_scale=args.lr_scale, lr_scale_steps=args.lr_scale_steps))
     mgr = CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank) if args.checkpoint_dir else None
     writer = MetricsWriter(args.metrics_out, enabled=(rank == 0))
-    peak = args.peak_flops or (None if on_cuda else matmul_peak_flops(
-        torch.bfloat16 if engine.bfloat16_enabled() else torch.float32))
-    monitor = Monitor(args.monitor_every, flops_per_token=flops_per_token(shape, seq_len), peak_flops=peak,
+    peak = args.peak_flops or peak_flops_per_rank(
+        spec.cluster.gpu, on_cuda, torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
+    monitor = Monitor(args.monitor_every, flops_per_token=model_flops_per_token(shape, seq_len), peak_flops=peak,
                       world_size=world, threads=torch.get_num_threads(), ds_monitor=getattr(engine, "monitor", None))
     state = RunState()
     data_seed = args.seed + DATA_SEED_OFFSET
