@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--escalate-after", type=int, default=2, help="consecutive skips that trigger a rollback")
     g.add_argument("--lr-scale", type=float, default=0.1)
     g.add_argument("--lr-scale-steps", type=int, default=10)
+    g.add_argument("--max-rollbacks", type=int, default=5,
+                   help="give up (exit 1) after this many rollbacks: the damage is not transient")
     f = p.add_argument_group("fault injection (tests and demos)")
     f.add_argument("--inject-poison", type=int, action="append", default=[],
                    help="at this step, the first micro-batch (every rank) gets random labels")
@@ -375,9 +377,15 @@ def train(args: argparse.Namespace) -> int:
             lrs.append(g["lr"])
         return lrs[0]
 
+    rollbacks_done = [0]
+
     def rollback(spike_step: int, reason: str, offending: list[int]) -> bool:
         if mgr is None:
             return False
+        if rollbacks_done[0] >= args.max_rollbacks:
+            raise RuntimeError(f"step {spike_step}: {args.max_rollbacks} rollbacks did not clear the spike "
+                               f"({reason}); stopping instead of looping (raise --max-rollbacks or inspect the data)")
+        rollbacks_done[0] += 1
         found = mgr.latest_valid(max_step=guard.rollback_limit(spike_step), require_healthy=True)
         if found.tag is None:
             writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
