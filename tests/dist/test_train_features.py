@@ -1,6 +1,7 @@
 """One real 2-rank DeepSpeed run (the deepspeed launcher, gloo, ZeRO-2 bf16) of the example trainer that
 checks several helpers at once: the batch ramp drives set_train_batch_size, the spec's checkpoint policy
-trains, the monitor flags a deliberately slow data iterator as input-bound with evidence and writes
+trains, the monitor flags a deliberately slow data iterator as input-bound with evidence, reads the
+communication share from DeepSpeed's comms_logger, and writes
 through DeepSpeed's csv monitor, the progress bar shows an ETA, and the loss falls."""
 import json
 import re
@@ -28,7 +29,8 @@ def test_ramp_policy_monitor_progress_in_one_run(tmp_path):
                          "batch_ramp": RAMP}}
     ds = {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}},
-          "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+          "zero_optimization": {"stage": 2}, "bf16": {"enabled": True},
+          "comms_logger": {"enabled": True, "prof_all": True, "verbose": False}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     metrics, mon_dir = tmp_path / "m.jsonl", tmp_path / "monitor"
@@ -61,6 +63,7 @@ def test_ramp_policy_monitor_progress_in_one_run(tmp_path):
         flag = [f for f in r["flags"] if f["name"] == "input-bound"]
         assert flag and "on the data iterator" in flag[0]["evidence"]
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["peak_rss_bytes"] > 0
+        assert 0 < r["comm_share"] < 1  # ZeRO-2 reduce/all-gather time from DeepSpeed's comms_logger
     csvs = {p.name for p in mon_dir.rglob("*.csv")}
     assert "Monitor_input_wait_share.csv" in csvs and "Monitor_flag_input-bound.csv" in csvs, csvs
 
