@@ -48,6 +48,10 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def _oc(v: Optional[bool]) -> str:
+    return "n/a" if v is None else ("on" if v else "off")
+
+
 def _median(xs: Sequence[float]) -> Optional[float]:
     return harness.summarize(xs).median if xs else None
 
@@ -137,7 +141,7 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         lines.append(
-            f"| {r.get('config_name')} | {r.get('zero_stage')} | {r.get('overlap_comm')} | {_fmt(r.get('reduce_bucket_size'))} | "
+            f"| {r.get('config_name')} | {r.get('zero_stage')} | {_oc(r.get('overlap_comm'))} | {_fmt(r.get('reduce_bucket_size'))} | "
             f"{_fmt(r['compute_s']['median'], 4)} | {_fmt(r['comm_s']['median'], 4)} | {_fmt(r['overlapped_s']['median'], 4)} | "
             f"{_fmt(r.get('exposed_comm_s'), 4)} | {_fmt(r.get('eta'))} | {_fmt(r.get('eta_profiler'))} | "
             f"{_pct(r.get('compute_slowdown'))} |")
@@ -236,7 +240,7 @@ def _plot_overlap(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(recs) + 2), 4))
-    labels = [f"{r.get('config_name')}\noc={'on' if r.get('overlap_comm') else 'off'} b={_fmt(r.get('reduce_bucket_size'))}"
+    labels = [f"{r.get('config_name')}\noc={_oc(r.get('overlap_comm'))} b={_fmt(r.get('reduce_bucket_size'))}"
               for r in recs]
     etas = [r.get("eta") or 0.0 for r in recs]
     etas_p = [r.get("eta_profiler") if r.get("eta_profiler") is not None else float("nan") for r in recs]
