@@ -11,6 +11,7 @@ INSTALL_REQUIRES = [
     "pydantic>=2.6,<3",
     "pyyaml>=6.0",
     "hjson>=3.1",
+    "tqdm>=4.60",
 ]
 
 EXTRAS = {
