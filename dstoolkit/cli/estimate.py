@@ -146,6 +146,7 @@ def render_table(plan, est, assumptions: list[str]) -> str:
     st = est.step_time
     lines += ["", f"step time {est.step_time_s:.4g} s = compute {st.compute_s:.4g} + exposed comm {st.comm_exposed_s:.4g} "
                   f"(of {st.comm_total_s:.4g}, overlap eta={st.overlap_efficiency}) + optimizer {st.optimizer_s:.4g} "
+                  f"+ memory-bound {st.memory_s:.4g} "
                   f"+ offload {st.offload_s:.4g} + overhead {st.overhead_s:.4g}",
               f"MFU {est.mfu:.1%}"]
     return "\n".join(lines)

@@ -81,6 +81,7 @@ class StepTimeOut(_Frozen):
     comm_total_s: float
     comm_exposed_s: float
     optimizer_s: float
+    memory_s: float
     offload_s: float
     overhead_s: float
     overlap_efficiency: float
@@ -190,7 +191,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     else:
         part = per_rank
     tokens_per_replica = ds.micro_batch * ds.grad_accum * plan.seq_len
-    st = step_time(plan, fpt, comm, part, tokens_per_replica)
+    st = step_time(plan, fpt, comm, part, tokens_per_replica, local_numel=per_rank)
     step_s = st.total_s
     achieved_tokens_per_s = tps / step_s if step_s > 0 else 0.0
     paper = paper_model_states(per_rank, plan.dp, ds.zero_stage)
@@ -205,7 +206,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         comm_bytes_per_step=comm.by_name(),
         step_time_s=step_s,
         step_time=StepTimeOut(**{k: getattr(st, k) for k in ("compute_s", "comm_total_s", "comm_exposed_s",
-                                                              "optimizer_s", "offload_s", "overhead_s",
+                                                              "optimizer_s", "memory_s", "offload_s", "overhead_s",
                                                               "overlap_efficiency")}, total_s=step_s),
         mfu=mfu(achieved_tokens_per_s, fpt.model, peak_flops(plan), plan.world_size),
         hfu=mfu(achieved_tokens_per_s, fpt.hardware, peak_flops(plan), plan.world_size),

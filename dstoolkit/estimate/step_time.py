@@ -29,6 +29,16 @@ PCIE_BYTES_PER_S = 25e9
 CPU_ADAM_PARAMS_PER_S = 1.0e9
 """DeepSpeedCPUAdam throughput per rank (AVX-512, several cores): order of magnitude from ZeRO-Offload
 (arXiv 2101.06840 §4.2 reports ~6x over torch CPU Adam)."""
+GRAD_HANDLING_PASSES = 6
+"""Memory passes over each local gradient element per micro step, in units of the model dtype: autograd
+writes it, DeepSpeed copies it into the reduce bucket (read + write) and the reduction reads and writes it
+(stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads / engine buffered all-reduce)."""
+PARAM_WRITEBACK_PASSES = 2
+"""Per step and local parameter: the updated fp32 master is copied into the low-precision flat buffer, and the
+all-gather writes the other partitions (in units of the model dtype)."""
+LOSS_FP32_PASSES = 6
+"""fp32 passes over the (tokens x vocab) logits per micro step outside the matmuls: the .float() copy, log-softmax
+forward output, its backward read/write and the gradient cast back (torch_model / HF cross-entropy)."""
 BACKWARD_SHARE = 2.0 / 3.0
 """Backward is ~2/3 of training compute (4N of 6N), the window gradient reduction can hide in."""
 
@@ -41,13 +51,15 @@ class StepTime:
     comm_total_s: float
     comm_exposed_s: float
     optimizer_s: float
+    memory_s: float
+    """Memory-bound work besides the optimizer: gradient handling, parameter write-back, fp32 loss."""
     offload_s: float
     overhead_s: float
     overlap_efficiency: float
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.comm_exposed_s + self.optimizer_s + self.offload_s + self.overhead_s
+        return self.compute_s + self.comm_exposed_s + self.optimizer_s + self.memory_s + self.offload_s + self.overhead_s
 
 
 def peak_flops(plan: RunPlan) -> float:
@@ -59,7 +71,7 @@ def peak_flops(plan: RunPlan) -> float:
 
 
 def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel: int,
-              tokens_per_rank_step: float) -> StepTime:
+              tokens_per_rank_step: float, local_numel: int = 0) -> StepTime:
     """Predict one optimizer step.
 
     Args:
@@ -68,6 +80,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         comm: collectives of the step.
         partition_numel: parameters this rank's optimizer updates (its fp32 partition).
         tokens_per_rank_step: tokens one data-parallel replica processes per step (micro·accum·seq).
+        local_numel: parameters this rank holds (after TP/PP/EP), for the memory-bound gradient handling.
     """
     cal = plan.calibration
     ds = plan.ds
@@ -109,5 +122,10 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         offload = 0.0 if cal is not None else partition_numel * (4 + 2) / PCIE_BYTES_PER_S
     else:
         optimizer = partition_numel * ADAM_BYTES_PER_PARAM_UPDATE / mem_bw
+    # memory-bound work outside the GEMMs and the optimizer: gradient handling, parameter write-back, and the
+    # fp32 loss over the vocabulary (on the last pipeline stage)
+    pb = 4 if plan.precision == "fp32" else 2
+    traffic = local_numel * pb * (GRAD_HANDLING_PASSES * ds.grad_accum + PARAM_WRITEBACK_PASSES)
+    traffic += LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
-                    offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
+                    memory_s=traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)

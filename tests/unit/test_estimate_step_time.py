@@ -27,7 +27,7 @@ def test_rate_is_interpolated_in_log_size_and_clamped():
 
 def test_step_time_is_the_sum_of_its_parts():
     st = estimate_run(_plan()).step_time
-    assert st.total_s == pytest.approx(st.compute_s + st.comm_exposed_s + st.optimizer_s + st.offload_s + st.overhead_s)
+    assert st.total_s == pytest.approx(st.compute_s + st.comm_exposed_s + st.optimizer_s + st.memory_s + st.offload_s + st.overhead_s)
     assert st.overhead_s == CAL.step_overhead_s
     assert st.comm_exposed_s == st.comm_total_s  # calibrated CPU ranks: nothing overlaps (eta = 0)
 
