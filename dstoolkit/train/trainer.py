@@ -4,9 +4,11 @@ Launch (stable CLI; generated launch.sh, the demo and the benchmarks call exactl
 
     deepspeed --num_gpus 2 --module dstoolkit.train.trainer --deepspeed_config DS.json --spec SPEC.yaml \
         --steps N --metrics-out metrics.jsonl [--seed 0] [--ep-size E] [--checkpoint-dir DIR] [--save-every K] [--resume]
+        [--dist-timeout-s 600]
     torchrun --nproc_per_node 2 -m dstoolkit.train.trainer <same args>
 
-What it does: init the process group (gloo on CPU, nccl on CUDA), build the model from the spec's model
+What it does: init the process group (gloo on CPU, nccl on CUDA; every group, world and the ZeRO / expert
+groups DeepSpeed creates later, with the --dist-timeout-s timeout), build the model from the spec's model
 section with the spec's checkpoint policy, start a DeepSpeed engine from the JSON (batch triad from the JSON),
 train N optimizer steps on `synthetic_batch` data with the batch ramp, spike guard, monitor and atomic
 checkpoints, and have rank 0 append JSON lines to --metrics-out:
@@ -22,6 +24,7 @@ the resume path in tests and demos; they are off by default.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -37,6 +40,10 @@ DATA_SEED_OFFSET = 7_777
 """Data seed = --seed + this, so weight and data streams differ."""
 LR_DECAY_FLOOR = 0.1
 """Cosine decay ends at this fraction of the peak LR (Chinchilla / Llama practice)."""
+DEFAULT_DIST_TIMEOUT_S = 600.0
+"""Process-group timeout: DeepSpeed's own init default (10 min). Long enough for a rank to wait out a peer's
+checkpoint write or first-use C++ op compile (cpu_adam: 46 s on a 2-core host); short enough that a dead link or frozen node
+fails the job in minutes, not after torch's 30 min gloo default that `dist.new_group` groups get otherwise."""
 
 
 class UsageError(Exception):
@@ -56,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (0: never)")
     p.add_argument("--keep-checkpoints", type=int, default=3)
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint (if any)")
+    p.add_argument("--dist-timeout-s", type=float, default=DEFAULT_DIST_TIMEOUT_S,
+                   help="timeout of every process group, world and the ZeRO / expert groups DeepSpeed makes with "
+                        "new_group (which otherwise get torch's default, 30 min on gloo): a collective stuck on a "
+                        "dead peer or cut link fails after this long instead of hanging. Default 600 s, DeepSpeed's "
+                        "own init default: room for a peer's checkpoint write or op compile, yet a dead link costs "
+                        "minutes, not half an hour. Replaces DEEPSPEED_TIMEOUT")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--checkpoint-backend", choices=["torch", "deepspeed"], default="torch",
                    help="recompute through torch.utils.checkpoint or deepspeed.checkpointing")
@@ -166,6 +179,53 @@ def matmul_peak_flops(dtype: Any, n: int = 512, reps: int = 3) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# process groups
+
+
+def set_default_group_timeout(timeout_s: float) -> datetime.timedelta:
+    """Make every process group created from now on without an explicit timeout use `timeout_s`.
+
+    DeepSpeed 0.19.8 creates its ZeRO data-parallel group (`groups._clone_world_group`), expert and
+    expert-data-parallel groups with `deepspeed.comm.new_group(ranks)`, which calls
+    `torch.distributed.new_group(ranks)` with no timeout; torch 2.13 then reads the module globals
+    `distributed_c10d.default_pg_timeout` (gloo and others: 30 min) or `default_pg_nccl_timeout` (NCCL: 10 min)
+    through `_get_default_timeout` at creation time. Setting both here covers every later group.
+
+    Args:
+        timeout_s: seconds (> 0).
+
+    Returns:
+        The timeout as a timedelta (pass it to `deepspeed.init_distributed` for the world group).
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"process-group timeout {timeout_s} s must be a positive number of seconds, e.g. 600")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    if c10d.default_pg_nccl_timeout is not None:  # None when torch is built without NCCL (CPU wheels)
+        c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
+def init_distributed(backend: str, timeout_s: float) -> None:
+    """`deepspeed.init_distributed` with `timeout_s` on the world group AND on every group made afterwards.
+
+    Call it before `deepspeed.initialize` (and before building an MoE model): the groups DeepSpeed creates
+    there take the timeout set here. A collective waiting on a rank that stopped answering then raises after
+    about `timeout_s` instead of hanging.
+
+    Args:
+        backend: "gloo" or "nccl".
+        timeout_s: seconds (> 0).
+    """
+    timeout = set_default_group_timeout(timeout_s)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # the run
 
 
@@ -253,6 +313,8 @@ def train(args: argparse.Namespace) -> int:
     except ValueError as e:  # pydantic ValidationError included: names the field
         raise UsageError(f"--spec {args.spec}: {e}") from None
     blowups = _parse_blowups(args.inject_lr_blowup)
+    if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
+        raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
 
     import deepspeed
     import deepspeed.comm as dist
@@ -265,7 +327,7 @@ def train(args: argparse.Namespace) -> int:
     from dstoolkit.train.spike import SpikeGuard, SpikeGuardConfig
 
     on_cuda = torch.cuda.is_available()
-    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo")
+    init_distributed("nccl" if on_cuda else "gloo", args.dist_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
