@@ -64,6 +64,13 @@ def _raise_interrupt(signum, frame):
 
 def run(args) -> int:
     import signal
+
+    try:  # the tuner's own dependencies: a clear message rather than a traceback when they are missing
+        import matplotlib  # noqa: F401
+        import optuna  # noqa: F401
+    except ImportError as exc:
+        return _err(f"{exc.name} is not installed; `dstoolkit tune` needs optuna and matplotlib "
+                    "(pip install 'optuna>=4.0' 'matplotlib>=3.8')")
     from dstoolkit.tune.objective import DEFAULT_SKIP_STEPS, DEFAULT_STEPS, DEFAULT_TRIAL_TIMEOUT_S
     from dstoolkit.tune.space import TuneInputError
     from dstoolkit.tune.study import TuneOptions, run_study
