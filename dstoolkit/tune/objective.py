@@ -158,12 +158,27 @@ def clear_stale_extension_locks(since_s: float, grace_s: float = STALE_LOCK_GRAC
     deadline = time.time() + grace_s
     while time.time() < deadline and any(p.exists() for p in candidates):
         time.sleep(0.25)
+    building = _extensions_being_built()
     removed = []
     for p in candidates:
-        if p.exists():
+        # A lock whose extension is being compiled right now (another venv or a changed source) is live.
+        if p.exists() and p.parent.name not in building:
             p.unlink(missing_ok=True)
             removed.append(str(p))
     return removed
+
+
+def _extensions_being_built() -> set[str]:
+    """Extension names that a live compiler process is building (torch passes -DTORCH_EXTENSION_NAME=<name>)."""
+    import psutil
+
+    names: set[str] = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        for arg in proc.info.get("cmdline") or []:  # `sh -c "c++ ..."` passes the flags inside one argument
+            for tok in arg.split():
+                if tok.startswith("-DTORCH_EXTENSION_NAME="):
+                    names.add(tok.split("=", 1)[1])
+    return names
 
 
 def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, *, objective: str = "throughput",
