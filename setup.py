@@ -12,6 +12,9 @@ INSTALL_REQUIRES = [
     "pyyaml>=6.0",
     "hjson>=3.1",
     "tqdm>=4.60",
+    "psutil>=5.9",
+    "optuna>=4.0",       # dstoolkit tune
+    "matplotlib>=3.8",   # dstoolkit report / tune plots
 ]
 
 EXTRAS = {
@@ -20,8 +23,6 @@ EXTRAS = {
         "pytest>=8",
         "pytest-timeout>=2.3",
         "hypothesis>=6.100",
-        "matplotlib>=3.8",
-        "optuna>=4.0",
     ],
 }
 
