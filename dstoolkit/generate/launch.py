@@ -17,6 +17,7 @@ TRAIN_MODULE = "dstoolkit.train.trainer"
 DEFAULT_STEPS = 20  # a short smoke run; override with STEPS=N
 DEFAULT_MASTER_PORT = 29500  # torch.distributed / DeepSpeed default rendezvous port
 GPU_OMP_THREADS = 8  # CPU threads per GPU rank for data loading / host work (16-core-per-8-GPU nodes and up)
+DEFAULT_DIST_TIMEOUT_S = 600  # trainer --dist-timeout-s default (DeepSpeed's init default, 10 min); see trainer.py
 
 
 def slurm_safe_name(name: str) -> str:
@@ -47,12 +48,19 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         f"# dstoolkit generate: strategy {strategy}. Regenerate instead of editing.",
         "#",
         "#   bash launch.sh                      # deepspeed launcher, with the hostfile next to this script",
+        "#   NO_SSH=1 NODE_RANK=k bash launch.sh # deepspeed launcher run on every node k, no ssh between nodes",
         "#   LAUNCHER=torchrun bash launch.sh    # torchrun alternative (multi-node: run on every node, set NODE_RANK)",
         "#   DRY_RUN=1 bash launch.sh            # print the command instead of running it",
-        "#   bash launch.sh --no-progress        # extra arguments go to the trainer",
+        "#   bash launch.sh --no-progress        # extra arguments go to the trainer (both launchers)",
+        "#",
+        "# Restart after a failure: run with --checkpoint-dir D --save-every K, then relaunch the same command",
+        "# with --resume added (on every node): it continues from the newest intact checkpoint.",
         "#",
         "# Overrides (environment): STEPS, SEED, METRICS_OUT, HOSTFILE, MASTER_ADDR, MASTER_PORT, NODE_RANK,",
-        "# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: see megatron_args.txt).",
+        "# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: see megatron_args.txt),",
+        f"# DIST_TIMEOUT_S (default {DEFAULT_DIST_TIMEOUT_S}): every process group's timeout; a collective stuck on a dead",
+        "# peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),",
+        "# NO_SSH=1 (deepspeed launcher: start only this node's ranks, node NODE_RANK of the hostfile).",
         "set -euo pipefail",
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         "",
@@ -66,6 +74,7 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         'HOSTFILE="${HOSTFILE:-$HERE/hostfile}"',
         "MASTER_ADDR=\"${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' \"$HOSTFILE\")}\"",
         f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
+        f'DIST_TIMEOUT_S="${{DIST_TIMEOUT_S:-{DEFAULT_DIST_TIMEOUT_S}}}"',
         "",
     ]
     if cpu:
@@ -79,20 +88,23 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
     lines.append('export DSTOOLKIT_RUN_NAME="$RUN_NAME"')
     lines.append("")
     train = ('TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" '
-             '--steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT"')
+             '--steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S"')
     if is_moe:
         train += f" --ep-size {q(str(cand.ep))}"
     lines.append(train + ")")
+    lines.append('TRAIN_ARGS+=("$@")  # extra arguments: to the trainer, whichever launcher')
     ssh = " --no_ssh_check" if nodes == 1 else ""
     lines += [
         "",
         'case "${LAUNCHER:-deepspeed}" in',
         "  deepspeed)",
-        f'    CMD=(deepspeed --hostfile "$HOSTFILE"{ssh} --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"',
-        '         --module "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;',
+        "    NODE_ARGS=()",
+        '    if [ "${NO_SSH:-0}" != 0 ]; then NODE_ARGS=(--no_ssh --node_rank "${NODE_RANK:-0}"); fi',
+        f'    CMD=(deepspeed --hostfile "$HOSTFILE"{ssh} "${{NODE_ARGS[@]}}" --master_addr "$MASTER_ADDR"',
+        '         --master_port "$MASTER_PORT" --module "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;',
         "  torchrun)",
         '    CMD=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE" --node_rank "${NODE_RANK:-0}"',
-        '         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m "$TRAIN_MODULE" "${TRAIN_ARGS[@]}" "$@") ;;',
+        '         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;',
         "  *)",
         '    echo "launch.sh: LAUNCHER must be deepspeed or torchrun, got ${LAUNCHER@Q}" >&2',
         "    exit 2 ;;",
@@ -122,6 +134,8 @@ def render_sbatch(spec: Spec, *, strategy: str) -> str:
         f"# dstoolkit generate: strategy {strategy}. Submit from this folder: sbatch slurm.sbatch",
         "# (sbatch runs a copy of this file, so the folder comes from STRATEGY_DIR or SLURM_SUBMIT_DIR).",
         "# SLURM_LAUNCHER=torchrun runs torchrun on every node through srun (no ssh between nodes needed).",
+        "# Arguments after the script name go to launch.sh and on to the trainer:",
+        "#   sbatch slurm.sbatch --checkpoint-dir D --save-every K   (after a failure: the same plus --resume)",
         "set -euo pipefail",
         'HERE="${STRATEGY_DIR:-${SLURM_SUBMIT_DIR:-$(pwd)}}"',
         f"SLOTS={q(str(g))}",
@@ -131,9 +145,9 @@ def render_sbatch(spec: Spec, *, strategy: str) -> str:
         f'export MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
         'if [ "${SLURM_LAUNCHER:-deepspeed}" = torchrun ]; then',
         '  srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
-        '    bash -c \'NODE_RANK="$SLURM_NODEID" LAUNCHER=torchrun exec bash "$1/launch.sh"\' _ "$HERE"',
+        '    bash -c \'NODE_RANK="$SLURM_NODEID" LAUNCHER=torchrun exec bash "$1/launch.sh" "${@:2}"\' _ "$HERE" "$@"',
         "else",
-        '  exec bash "$HERE/launch.sh"',
+        '  exec bash "$HERE/launch.sh" "$@"',
         "fi",
     ]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from dstoolkit.cli import main
+from dstoolkit.generate import launch
+from dstoolkit.train import trainer
 
 EVIL_NAME = "x'; touch PWNED1; echo '$(touch PWNED2)`touch PWNED3`\ntouch PWNED4 #"
 
@@ -37,6 +39,53 @@ def test_dry_run_deepspeed_command(tiny_out):
     assert argv[argv.index("--steps") + 1] == "7"
     assert argv[argv.index("--ep-size") + 1] == "2"
     assert argv[argv.index("--deepspeed_config") + 1] == str(tiny_out / "zero1-ep" / "ds_config.json")
+    assert argv[argv.index("--dist-timeout-s") + 1] == str(launch.DEFAULT_DIST_TIMEOUT_S)
+    assert "--no_ssh" not in argv and "--node_rank" not in argv  # NO_SSH unset: the launcher starts every node
+
+
+def test_launch_default_timeout_is_the_trainers():
+    assert float(launch.DEFAULT_DIST_TIMEOUT_S) == trainer.DEFAULT_DIST_TIMEOUT_S
+
+
+def test_dry_run_deepspeed_no_ssh_timeout_and_passthrough(tiny_out):
+    """The restart path: NO_SSH=1 per node, DIST_TIMEOUT_S, and extra arguments reach the trainer."""
+    r = _bash(["launch.sh", "--checkpoint-dir", "/ck pt", "--save-every", "2", "--resume"], cwd=tiny_out / "zero2",
+              env={"DRY_RUN": "1", "NO_SSH": "1", "NODE_RANK": "1", "DIST_TIMEOUT_S": "42"})
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stdout)
+    assert argv[0] == "deepspeed"
+    # Launcher options, before the module: DeepSpeed 0.19.8's per-node form.
+    module_at = argv.index("--module")
+    assert argv.index("--no_ssh") < module_at and argv[argv.index("--node_rank") + 1] == "1"
+    assert argv.index("--node_rank") < module_at
+    assert argv[argv.index("--dist-timeout-s") + 1] == "42"
+    assert argv[-5:] == ["--checkpoint-dir", "/ck pt", "--save-every", "2", "--resume"]
+
+
+def test_no_ssh_flags_parse_with_deepspeed_launcher(tiny_out):
+    from deepspeed.launcher.runner import parse_args
+
+    r = _bash(["launch.sh"], cwd=tiny_out / "zero2", env={"DRY_RUN": "1", "NO_SSH": "1", "NODE_RANK": "0"})
+    argv = shlex.split(r.stdout)
+    args = parse_args(argv[1:])
+    assert args.no_ssh and args.node_rank == 0 and args.module and args.user_script == "dstoolkit.train.trainer"
+    assert args.user_args[args.user_args.index("--dist-timeout-s") + 1] == "600"
+
+
+def test_sbatch_passes_its_arguments_to_launch(tiny_out, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text('#!/usr/bin/env bash\necho "$3"\n')  # stand-in: `show hostnames LIST`
+    (bindir / "scontrol").chmod(0o755)
+    folder = tiny_out / "zero2"
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "7",
+           "STRATEGY_DIR": str(folder), "DRY_RUN": "1"}
+    r = _bash([str(folder / "slurm.sbatch"), "--resume", "--save-every", "3"], cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (folder / "hostfile.slurm-7").read_text() == "localhost slots=2\n"
+    (folder / "hostfile.slurm-7").unlink()
+    argv = shlex.split(r.stdout)
+    assert argv[0] == "deepspeed" and argv[-3:] == ["--resume", "--save-every", "3"]
 
 
 def test_dry_run_torchrun_alternative_and_passthrough(tiny_out):
@@ -74,10 +123,20 @@ def test_malicious_spec_name_cannot_inject(tmp_path, repo_root):
         assert r.returncode == 0, f"{script} is not valid bash: {r.stderr}"
     r = _bash(["launch.sh"], cwd=folder, env={"DRY_RUN": "1"})
     assert r.returncode == 0, r.stderr
+    # Environment overrides and extra arguments stay data too, with either launcher.
+    for launcher in ("deepspeed", "torchrun"):
+        r = _bash(["launch.sh", "; touch PWNED5", "$(touch PWNED6)"], cwd=folder,
+                  env={"DRY_RUN": "1", "LAUNCHER": launcher, "NO_SSH": "1", "NODE_RANK": "$(touch PWNED7)",
+                       "DIST_TIMEOUT_S": "1; touch PWNED8"})
+        assert r.returncode == 0, r.stderr
+        argv = shlex.split(r.stdout)
+        assert argv[-2:] == ["; touch PWNED5", "$(touch PWNED6)"]
+        assert argv[argv.index("--dist-timeout-s") + 1] == "1; touch PWNED8"
+        assert argv[argv.index("--node_rank") + 1] == "$(touch PWNED7)"
     # the name round-trips as data
     r2 = _bash(["-c", 'source <(sed -n "/^RUN_NAME=/,/^NNODES=/p" launch.sh); printf %s "$RUN_NAME"'], cwd=folder)
     assert r2.stdout == EVIL_NAME
-    for n in range(1, 5):
+    for n in range(1, 9):
         assert not (folder / f"PWNED{n}").exists() and not (tmp_path / f"PWNED{n}").exists()
     sbatch = (folder / "slurm.sbatch").read_text()
     job = next(ln for ln in sbatch.splitlines() if ln.startswith("#SBATCH --job-name="))

@@ -47,6 +47,7 @@ def test_cli_parser_and_pure_helpers_do_not_import_torch():
     (["--steps", "0"], "--steps=0 must be > 0"),
     (["--steps", "3", "--save-every", "2"], "need --checkpoint-dir"),
     (["--steps", "3", "--inject-lr-blowup", "x"], "expected STEP:FACTOR"),
+    (["--steps", "3", "--dist-timeout-s", "0"], "--dist-timeout-s=0.0 must be a positive number of seconds"),
 ])
 def test_trainer_usage_errors_exit_2(files, tmp_path, capsys, extra, match):
     spec, ds = files

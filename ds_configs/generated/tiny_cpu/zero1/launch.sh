@@ -2,12 +2,19 @@
 # dstoolkit generate: strategy zero1. Regenerate instead of editing.
 #
 #   bash launch.sh                      # deepspeed launcher, with the hostfile next to this script
+#   NO_SSH=1 NODE_RANK=k bash launch.sh # deepspeed launcher run on every node k, no ssh between nodes
 #   LAUNCHER=torchrun bash launch.sh    # torchrun alternative (multi-node: run on every node, set NODE_RANK)
 #   DRY_RUN=1 bash launch.sh            # print the command instead of running it
-#   bash launch.sh --no-progress        # extra arguments go to the trainer
+#   bash launch.sh --no-progress        # extra arguments go to the trainer (both launchers)
+#
+# Restart after a failure: run with --checkpoint-dir D --save-every K, then relaunch the same command
+# with --resume added (on every node): it continues from the newest intact checkpoint.
 #
 # Overrides (environment): STEPS, SEED, METRICS_OUT, HOSTFILE, MASTER_ADDR, MASTER_PORT, NODE_RANK,
-# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: see megatron_args.txt).
+# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: see megatron_args.txt),
+# DIST_TIMEOUT_S (default 600): every process group's timeout; a collective stuck on a dead
+# peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),
+# NO_SSH=1 (deepspeed launcher: start only this node's ranks, node NODE_RANK of the hostfile).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -21,20 +28,24 @@ METRICS_OUT="${METRICS_OUT:-$HERE/metrics.jsonl}"
 HOSTFILE="${HOSTFILE:-$HERE/hostfile}"
 MASTER_ADDR="${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
+DIST_TIMEOUT_S="${DIST_TIMEOUT_S:-600}"
 
 # One BLAS thread per rank: CPU ranks share the cores (the deepspeed launcher does not set it).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
-TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT")
+TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S")
+TRAIN_ARGS+=("$@")  # extra arguments: to the trainer, whichever launcher
 
 case "${LAUNCHER:-deepspeed}" in
   deepspeed)
-    CMD=(deepspeed --hostfile "$HOSTFILE" --no_ssh_check --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
-         --module "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;
+    NODE_ARGS=()
+    if [ "${NO_SSH:-0}" != 0 ]; then NODE_ARGS=(--no_ssh --node_rank "${NODE_RANK:-0}"); fi
+    CMD=(deepspeed --hostfile "$HOSTFILE" --no_ssh_check "${NODE_ARGS[@]}" --master_addr "$MASTER_ADDR"
+         --master_port "$MASTER_PORT" --module "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;
   torchrun)
     CMD=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE" --node_rank "${NODE_RANK:-0}"
-         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m "$TRAIN_MODULE" "${TRAIN_ARGS[@]}" "$@") ;;
+         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" -m "$TRAIN_MODULE" "${TRAIN_ARGS[@]}") ;;
   *)
     echo "launch.sh: LAUNCHER must be deepspeed or torchrun, got ${LAUNCHER@Q}" >&2
     exit 2 ;;
