@@ -450,7 +450,7 @@ def _env() -> dict:
 
 def render_md(summary: dict, env: dict) -> str:
     def pct(x):
-        return "" if x is None else f"{100 * x:+.2f}%"
+        return "" if x is None else f"{100 * x:+.4f}%"
 
     def mib(x):
         return f"{x / 2**20:.2f}"
