@@ -356,9 +356,16 @@ def launch(cells: list[dict], out_dir: pathlib.Path, timeout_s: int = 1800) -> l
     DeepSpeed keeps process-global MoE state (expert groups): a second MoE model with another ep_size in the
     same process was measured to save different activations than the same model in a fresh process.
     """
-    batches: dict[tuple, list[dict]] = {}
+    batches: dict[int, list[dict]] = {}
     for c in cells:
-        batches.setdefault((c["moe"], c["ep"]) if c["moe"] else ("dense",), []).append(c)
+        if c["moe"]:
+            batches.setdefault(c["ep"], []).append(c)
+    dense = [c for c in cells if not c["moe"]]
+    if batches:
+        first = next(iter(batches))
+        batches[first] = dense + batches[first]  # dense models create no expert groups: they can share
+    else:
+        batches[0] = dense
     recs: list[dict] = []
     for i, batch in enumerate(batches.values()):
         recs += _launch_one(batch, out_dir / f"launch{i}", timeout_s)

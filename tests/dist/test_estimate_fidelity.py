@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # one 2-rank launch, ~60 s on 2 quiet cores
 
 
 def _bench(repo_root):
