@@ -2,6 +2,25 @@
 
 Volumes are the bytes of the tensor each rank passes to the collective (nccl-tests' "size"), summed over a
 step. Time = size × busbw factor ÷ busbw (nccl-tests doc/PERFORMANCE.md; anchors.md "Collective bandwidth").
+
+Two views of ZeRO-1/2 gradient reduction (`comm_plan(plan, view=...)`):
+- "deepspeed" (default): what DeepSpeed 0.19.8 runs. stage_1_and_2.py `average_tensor` all-reduces each
+  bucket (`dist.all_reduce` via `allreduce_and_scatter`) because `zero_optimization.use_multi_rank_bucket_allreduce`
+  defaults to true (runtime/zero/config.py); with it false it sends one `dist.reduce` per destination
+  partition; with `reduce_scatter: false` or `contiguous_gradients: false` (`buffered_reduce_fallback`) it
+  all-reduces. MoE expert params take the same path over the expert-data-parallel group (stage 2 asserts
+  contiguous_gradients and reduce_scatter for MoE). So stage 2 moves 2Ψ (grads) + Ψ (params) of bus bytes,
+  as many as stage 3; measured across two throttled hosts, the ZeRO-3/ZeRO-2 link share was 0.87×, not 1.5×
+  (benchmarks/results/multinode_throttle_cpu_202611.md).
+- "paper": the ZeRO paper's accounting (§7): reduce-scatter + all-gather = 2Ψ for stages 1/2, 3Ψ for stage 3.
+
+Links shared by groups side by side: when several groups of one collective (e.g. the ep expert-data-parallel
+groups) each cross the same node's uplink at once, they split it. `CommOp.concurrent_groups` counts the
+spanning groups with a rank on one node; `op_time_s` divides the inter-node busbw by
+ceil(concurrent_groups / links_per_node). Assumption: the inter-node busbw is what ONE group's ring gets
+over one link (a ring crosses each node boundary once per direction, whatever its ranks per node), and
+concurrent groups share it fairly. Measured: ZeRO-2 + ep=2 on 2 hosts x 2 ranks took 1.39 s of link time
+where one 2-rank group at the full rate predicts 0.79 s, two at half rate 1.26 s (multinode_throttle_cpu_202611.md).
 No torch import.
 """
 from __future__ import annotations
@@ -49,6 +68,9 @@ class CommOp:
     """Collective calls in the step (for the latency term)."""
     overlappable: bool
     """Whether DeepSpeed can overlap it with compute (overlap_comm / prefetch)."""
+    concurrent_groups: int = 1
+    """Groups of this collective that span nodes and have a rank on one node: they run side by side and
+    share that node's inter-node link(s) (1 when the group stays inside a node)."""
 
 
 @dataclass
@@ -62,14 +84,72 @@ class CommPlan:
         return out
 
 
-def _group_cross_node(plan: RunPlan, group_size: int, stride: int) -> bool:
-    """Ranks of a group are `stride` apart (Megatron order tp, then dp/ep, then pp); it spans nodes when
-    its extent exceeds one node."""
-    return group_size * stride > plan.gpus_per_node
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where one kind of process group sits on the nodes."""
+
+    cross_node: bool
+    """Some group of this kind has ranks on more than one node."""
+    concurrent_groups: int
+    """Groups of this kind that span nodes and have a rank on the busiest node (they share its uplink)."""
 
 
-def comm_plan(plan: RunPlan) -> CommPlan:
-    """Collectives one rank takes part in during one optimizer step."""
+def group_layout(world_size: int, gpus_per_node: int, group_size: int, stride: int) -> GroupLayout:
+    """Layout of the groups whose ranks are `stride` apart (Megatron order tp, then dp/ep, then pp).
+
+    The group holding rank r is base + i·stride (i < group_size), base = r − r mod (group_size·stride) +
+    r mod stride; rank r sits on node r // gpus_per_node. A group spans nodes when its ranks are not all on
+    one node. O(world_size).
+    """
+    if group_size <= 1:
+        return GroupLayout(False, 1)
+    block = group_size * stride
+    busiest = 0
+    any_cross = False
+    for node in range(math.ceil(world_size / gpus_per_node)):
+        spanning = set()
+        for r in range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node)):
+            base = r - r % block + r % stride
+            last = min(base + (group_size - 1) * stride, world_size - 1)
+            # ranks increase along the group, so it spans nodes iff its first and last rank do
+            if base // gpus_per_node != last // gpus_per_node:
+                spanning.add(base)
+        any_cross = any_cross or bool(spanning)
+        busiest = max(busiest, len(spanning))
+    return GroupLayout(any_cross, max(1, busiest))
+
+
+def zero12_grad_collective(stage: int, *, contiguous_gradients: bool, reduce_scatter: bool,
+                           use_multi_rank_bucket_allreduce: bool, view: str = "deepspeed") -> tuple[str, str]:
+    """(op name, collective) DeepSpeed 0.19.8 uses to reduce ZeRO-1/2 gradients for a config.
+
+    runtime/zero/stage_1_and_2.py: `reduce_ipg_grads` -> `average_tensor` when contiguous_gradients, else
+    `buffered_reduce_fallback` -> `allreduce_no_retain(rank=None)` (all-reduce). In `average_tensor`,
+    reduce_scatter=false -> `gradient_reduction_w_predivide` (all-reduce); otherwise every slice goes to an
+    ("allreduce", group) bucket when use_multi_rank_bucket_allreduce (default true) -> `allreduce_and_scatter`
+    (`dist.all_reduce`), else to ("reduce", dst, group) -> `allreduce_no_retain(rank=dst)` (`dist.reduce`).
+    view="paper": the ZeRO paper's reduce-scatter (§7).
+    """
+    if stage not in (1, 2):
+        raise ValueError(f"zero stage {stage}: gradient reduction of stages 1/2 only")
+    if view == "paper":
+        return "zero_reduce_scatter", "reduce_scatter"
+    if view != "deepspeed":
+        raise ValueError(f"view={view!r}: use 'deepspeed' (what DeepSpeed 0.19.8 runs) or 'paper' (ZeRO §7)")
+    if contiguous_gradients and reduce_scatter and not use_multi_rank_bucket_allreduce:
+        return "zero_grad_reduce", "reduce"
+    return "zero_grad_all_reduce", "all_reduce"
+
+
+def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
+    """Collectives one rank takes part in during one optimizer step.
+
+    Args:
+        plan: the run.
+        view: "deepspeed" = the collectives DeepSpeed 0.19.8 runs for this config (default); "paper" = the
+            ZeRO paper's volumes (2Ψ / 2Ψ / 3Ψ for stages 1 / 2 / 3, ZeRO §7). They differ only in ZeRO-1/2
+            gradient reduction (see the module docstring).
+    """
     ds = plan.ds
     shape = plan.shape
     pb = param_bytes(plan.precision)
@@ -79,45 +159,58 @@ def comm_plan(plan: RunPlan) -> CommPlan:
     ga = ds.grad_accum
     out = CommPlan()
     dp, edp = plan.dp, plan.edp
-    dp_cross = _group_cross_node(plan, dp, plan.tp)
-    edp_cross = _group_cross_node(plan, edp, plan.tp * plan.ep)
+    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, plan.tp)
+    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, plan.tp * plan.ep)
+    dp_cross, edp_cross = dp_lay.cross_node, edp_lay.cross_node
     nlayers = math.ceil(shape.num_hidden_layers / plan.pp)
 
-    def add(name, coll, nbytes, n, cross, calls, overlap):
+    def add(name, coll, nbytes, n, cross, calls, overlap, concurrent=1):
         if n > 1 and nbytes > 0:
-            out.ops.append(CommOp(name, coll, int(nbytes), n, cross, int(calls), overlap))
+            out.ops.append(CommOp(name, coll, int(nbytes), n, cross, int(calls), overlap,
+                                  int(concurrent) if cross else 1))
 
     bucket = max(1, ds.reduce_bucket_size)
     stage = ds.zero_stage
     if stage == 0:
         # engine.allreduce_gradients at the accumulation boundary: DP all-reduce, 2Ψ (ZeRO §7)
-        add("dp_all_reduce", "all_reduce", dense * pb, dp, dp_cross, math.ceil(dense / bucket), False)
-        add("dp_all_reduce_experts", "all_reduce", expert * pb, edp, edp_cross, math.ceil(expert / bucket) if expert else 0, False)
+        add("dp_all_reduce", "all_reduce", dense * pb, dp, dp_cross, math.ceil(dense / bucket), False,
+            dp_lay.concurrent_groups)
+        add("dp_all_reduce_experts", "all_reduce", expert * pb, edp, edp_cross,
+            math.ceil(expert / bucket) if expert else 0, False, edp_lay.concurrent_groups)
     elif stage in (1, 2):
-        # ZeRO §7: reduce-scatter of gradients + all-gather of updated parameters = 2Ψ.
-        # Stage 2 reduces in every micro step; stage 1 once per accumulation boundary.
+        # Gradient reduction + all-gather of updated parameters. ZeRO §7 (view="paper"): reduce-scatter, 2Ψ in
+        # all. DeepSpeed 0.19.8 (view="deepspeed"): an all-reduce per bucket by default (zero12_grad_collective),
+        # 3Ψ in all. Stage 2 reduces in every micro step; stage 1 once per accumulation boundary.
         reps = ga if stage == 2 else 1
-        add("zero_reduce_scatter", "reduce_scatter", dense * pb * reps, dp, dp_cross,
-            reps * math.ceil(dense / bucket), ds.overlap_comm)
-        add("zero_reduce_scatter_experts", "reduce_scatter", expert * pb * reps, edp, edp_cross,
-            reps * (math.ceil(expert / bucket) if expert else 0), ds.overlap_comm)
+        name, coll = zero12_grad_collective(
+            stage, contiguous_gradients=ds.contiguous_gradients, reduce_scatter=ds.reduce_scatter,
+            use_multi_rank_bucket_allreduce=ds.use_multi_rank_bucket_allreduce, view=view)
+        # dist.reduce path: one call per destination partition in each bucket
+        per_bucket = dp if coll == "reduce" else 1
+        add(name, coll, dense * pb * reps, dp, dp_cross, reps * per_bucket * math.ceil(dense / bucket),
+            ds.overlap_comm, dp_lay.concurrent_groups)
+        add(name + "_experts", coll, expert * pb * reps, edp, edp_cross,
+            reps * (edp if coll == "reduce" else 1) * (math.ceil(expert / bucket) if expert else 0),
+            ds.overlap_comm, edp_lay.concurrent_groups)
         agb = max(1, ds.allgather_bucket_size)
-        add("zero_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), False)
+        add("zero_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), False,
+            dp_lay.concurrent_groups)
         add("zero_all_gather_experts", "all_gather", expert * pb, edp, edp_cross,
-            math.ceil(expert / agb) if expert else 0, False)
+            math.ceil(expert / agb) if expert else 0, False, edp_lay.concurrent_groups)
     else:
         # ZeRO §7: stage 3 gathers parameters in forward and again in backward, and reduce-scatters grads: 3Ψ
         fwd_bytes = QWZ_BYTES_PER_PARAM if ds.zeropp_qwz else pb
         grad_bytes = QGZ_BYTES_PER_PARAM if ds.zeropp_qgz else pb
         hpz = ds.zeropp_hpz > 1
         calls = ga * 2 * nlayers * 4
-        add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2, True)
+        c = dp_lay.concurrent_groups
+        add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2, True, c)
         # hpZ: the backward gather reads the secondary partition inside the node (ZeRO++ §3.2)
         add("zero3_param_all_gather_bwd", "all_gather", dense * (fwd_bytes if not hpz else pb) * ga,
-            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, True)
+            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, True, c)
         add("zero3_grad_reduce_scatter" if not ds.zeropp_qgz else "zeropp_qgz_all_to_all",
             "reduce_scatter" if not ds.zeropp_qgz else "all_to_all", dense * grad_bytes * ga, dp, dp_cross,
-            ga * math.ceil(dense / bucket), True)
+            ga * math.ceil(dense / bucket), True, c)
     # Expert parallelism: dispatch + combine all-to-all in forward, and the same two in backward, per MoE layer
     if shape.is_moe and plan.ep > 1:
         from dstoolkit.estimate.activations import moe_capacity
@@ -126,8 +219,9 @@ def comm_plan(plan: RunPlan) -> CommPlan:
         moe_layers = sum(shape.is_moe_layer(i) for i in range(nlayers))
         cap = moe_capacity(plan, tok)
         per_a2a = shape.num_experts * cap * shape.hidden_size * pb  # the capacity-padded (E, C, h) buffer
+        ep_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.ep, plan.tp)
         add("ep_all_to_all", "all_to_all", 4 * per_a2a * moe_layers * ga, plan.ep,
-            _group_cross_node(plan, plan.ep, plan.tp), 4 * moe_layers * ga, False)
+            ep_lay.cross_node, 4 * moe_layers * ga, False, ep_lay.concurrent_groups)
     # Megatron TP: 2 all-reduces forward + 2 backward per layer (SP: reduce-scatter + all-gather, same bytes)
     if plan.tp > 1:
         tok = plan.seq_len * ds.micro_batch
@@ -153,7 +247,30 @@ def zeropp_cross_node_bytes(psi: int, *, qwz: bool, hpz: bool, qgz: bool, weight
     return fwd + bwd + grad
 
 
-def op_time_s(op: CommOp, intra_busbw: float, inter_busbw: float, latency_s: float = 0.0) -> float:
-    """nccl-tests model: size × busbw factor ÷ busbw, plus a fixed latency per call."""
-    bw = inter_busbw if op.cross_node else intra_busbw
-    return op.bytes * busbw_factor(op.collective, op.group_size) / bw + op.calls * latency_s
+def link_share(op: CommOp, links_per_node: int) -> int:
+    """How many ways a cross-node op's per-link bandwidth is split: ceil(concurrent groups / links per node)."""
+    if not op.cross_node:
+        return 1
+    return max(1, math.ceil(op.concurrent_groups / max(1, links_per_node)))
+
+
+def op_time_s(op: CommOp, intra_busbw: float, inter_busbw: float, latency_s: float = 0.0,
+              inter_latency_s: float | None = None, links_per_node: int | None = None) -> float:
+    """nccl-tests model: size × busbw factor ÷ busbw, plus a fixed latency per call.
+
+    Args:
+        op: the collective.
+        intra_busbw: busbw of groups inside one node, bytes/s.
+        inter_busbw: busbw one group gets over a node's inter-node link, bytes/s.
+        latency_s: fixed cost per call inside a node.
+        inter_latency_s: fixed cost per call of a group spanning nodes (None: latency_s).
+        links_per_node: independent inter-node links per node; groups crossing side by side beyond it share
+            a link (`link_share`). None: no sharing (the caller's inter_busbw already is the per-group rate).
+    """
+    if op.cross_node:
+        share = 1 if links_per_node is None else link_share(op, links_per_node)
+        bw = inter_busbw / share
+        lat = latency_s if inter_latency_s is None else inter_latency_s
+    else:
+        bw, lat = intra_busbw, latency_s
+    return op.bytes * busbw_factor(op.collective, op.group_size) / bw + op.calls * lat

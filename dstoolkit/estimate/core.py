@@ -102,6 +102,9 @@ class Estimate(_Frozen):
     """Model FLOPs per optimizer step over the whole job."""
     tokens_per_step: int
     comm_bytes_per_step: dict[str, int]
+    """Per-rank bytes per step by collective, as DeepSpeed 0.19.8 runs them (ZeRO-1/2: zero_grad_all_reduce)."""
+    comm_bytes_per_step_paper: dict[str, int]
+    """The same in the ZeRO paper's accounting (ZeRO-1/2: zero_reduce_scatter, 2Ψ; ZeRO §7)."""
     step_time_s: float
     step_time: StepTimeOut
     mfu: float
@@ -139,6 +142,7 @@ class Estimate(_Frozen):
             "hardware_flops_per_token": self.hardware_flops_per_token,
             "tokens_per_step": self.tokens_per_step,
             "comm_bytes_per_step": dict(self.comm_bytes_per_step),
+            "comm_bytes_per_step_paper": dict(self.comm_bytes_per_step_paper),
             "step_time_s": self.step_time_s,
             "step_time_breakdown_s": self.step_time.model_dump(),
             "mfu": self.mfu,
@@ -204,6 +208,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         flops_per_step=fpt.model * tps,
         tokens_per_step=tps,
         comm_bytes_per_step=comm.by_name(),
+        comm_bytes_per_step_paper=comm_plan(plan, view="paper").by_name(),
         step_time_s=step_s,
         step_time=StepTimeOut(**{k: getattr(st, k) for k in ("compute_s", "comm_total_s", "comm_exposed_s",
                                                               "optimizer_s", "memory_s", "offload_s", "overhead_s",

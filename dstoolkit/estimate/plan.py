@@ -43,6 +43,11 @@ class DsView(BaseModel):
     offload_param: bool
     overlap_comm: bool
     contiguous_gradients: bool
+    reduce_scatter: bool
+    """zero_optimization.reduce_scatter (DeepSpeed default true)."""
+    use_multi_rank_bucket_allreduce: bool
+    """zero_optimization.use_multi_rank_bucket_allreduce (DeepSpeed 0.19.8 default true: ZeRO-1/2 gradients
+    are all-reduced per bucket, not reduce-scattered; estimate.comm.zero12_grad_collective)."""
     reduce_bucket_size: int
     allgather_bucket_size: int
     prefetch_bucket_size: int
@@ -127,6 +132,8 @@ def read_ds_config(ds: dict, world_size: int, dp: int) -> DsView:
         offload_param=offload_param,
         overlap_comm=overlap,
         contiguous_gradients=bool(z.get("contiguous_gradients", True)),
+        reduce_scatter=bool(z.get("reduce_scatter", True)),
+        use_multi_rank_bucket_allreduce=bool(z.get("use_multi_rank_bucket_allreduce", True)),
         reduce_bucket_size=_num(z.get("reduce_bucket_size"), DS_DEFAULT_REDUCE_BUCKET_SIZE),
         allgather_bucket_size=_num(z.get("allgather_bucket_size"), DS_DEFAULT_ALLGATHER_BUCKET_SIZE),
         prefetch_bucket_size=_num(z.get("stage3_prefetch_bucket_size", z.get("prefetch_bucket_size")),
@@ -166,9 +173,18 @@ class Calibration(BaseModel):
     mem_bw_bytes_per_s: float = Field(gt=0)
     """Achieved elementwise streaming bandwidth per rank (optimizer update, casts, copies)."""
     comm_busbw_bytes_per_s: float = Field(gt=0)
-    """Achieved collective bus bandwidth (nccl-tests busbw convention)."""
+    """Achieved collective bus bandwidth (nccl-tests busbw convention) of groups inside one node; also used
+    across nodes when inter_node_busbw_bytes_per_s is None."""
     comm_latency_s: float = Field(default=0.0, ge=0)
     """Fixed cost per collective call."""
+    inter_node_busbw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
+    """Bus bandwidth one group gets across nodes (e.g. a 2-node all-reduce's busbw in `dstoolkit bench comm`),
+    used for collectives whose group spans nodes. None: comm_busbw_bytes_per_s for every collective."""
+    inter_node_latency_s: Optional[float] = Field(default=None, ge=0)
+    """Fixed cost per call of a collective spanning nodes (None: comm_latency_s)."""
+    inter_node_links_per_node: int = Field(default=1, ge=1)
+    """Independent inter-node links per node behind that busbw: groups crossing nodes side by side beyond
+    this many share one (estimate.comm.link_share). 1 = one uplink per node (the CPU test hosts)."""
     per_layer_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed framework cost per transformer block per micro step (hooks, small kernels)."""
     step_overhead_s: float = Field(default=0.0, ge=0)

@@ -1,6 +1,8 @@
 """Step-time model: compute ÷ (peak × efficiency) + exposed communication + optimizer update (+ offload).
 
-Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
+Collectives whose group spans nodes run at the inter-node rate (GpuSpec.inter_node_bw, or
+Calibration.inter_node_busbw when calibrated), divided among the groups that cross one link side by side
+(estimate.comm.link_share). Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
 overlap_comm, stage-3 prefetching) hide behind backward compute with efficiency η
 (anchors.md: η = 1 − exposed ÷ total); everything else is exposed. No torch import.
 """
@@ -91,15 +93,21 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         flops *= 1.0 + (plan.pp - 1) / max(1, ds.grad_accum)
     if cal is not None:
         rate = cal.rate_at(ds.micro_batch * plan.seq_len * plan.shape.hidden_size / plan.tp)
-        intra = inter = cal.comm_busbw_bytes_per_s
+        intra = cal.comm_busbw_bytes_per_s
+        inter = cal.inter_node_busbw_bytes_per_s or intra
         latency = cal.comm_latency_s
+        inter_latency = cal.inter_node_latency_s if cal.inter_node_latency_s is not None else latency
+        links = cal.inter_node_links_per_node
         mem_bw = cal.mem_bw_bytes_per_s
         eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
         overhead = cal.step_overhead_s + cal.per_layer_overhead_s * plan.shape.num_hidden_layers * ds.grad_accum
     else:
         rate = peak_flops(plan) * DEFAULT_COMPUTE_EFFICIENCY
         intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
-        latency = 0.0
+        latency = inter_latency = 0.0
+        # GpuSpec.inter_node_bw is per GPU (one NIC per GPU, rail-optimised): groups side by side use their
+        # own NICs, so they share one only beyond gpus_per_node of them (never, in practice)
+        links = plan.gpus_per_node
         mem_bw = DEFAULT_HBM_BW_BYTES_PER_S
         eta = DEFAULT_OVERLAP_EFFICIENCY
         overhead = 0.0
@@ -108,7 +116,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     total = 0.0
     hideable = 0.0
     for op in comm.ops:
-        t = op_time_s(op, intra, inter, latency)
+        t = op_time_s(op, intra, inter, latency, inter_latency, links)
         total += t
         if op.overlappable:
             hideable += t

@@ -150,10 +150,10 @@ def _plan(stage, world=64, **z):
                    seq_len=4096, precision="fp16")
 
 
-def _bus_volume_in_psi(plan):
+def _bus_volume_in_psi(plan, view="paper"):
     psi = count_params(plan.shape).total
     n = plan.dp
-    vol = sum(op.bytes * busbw_factor(op.collective, op.group_size) for op in comm_plan(plan).ops)
+    vol = sum(op.bytes * busbw_factor(op.collective, op.group_size) for op in comm_plan(plan, view=view).ops)
     # ZeRO §7 counts elements moved per rank in units of Ψ at large N ((n-1)/n -> 1); bytes are fp16 (2/elem)
     return vol / 2 / psi / ((n - 1) / n)
 
@@ -163,6 +163,15 @@ def test_zero_communication_volumes_2psi_2psi_3psi():
     assert _bus_volume_in_psi(_plan(1)) == pytest.approx(2.0, rel=1e-6)  # reduce-scatter + all-gather
     assert _bus_volume_in_psi(_plan(2)) == pytest.approx(2.0, rel=1e-6)
     assert _bus_volume_in_psi(_plan(3)) == pytest.approx(3.0, rel=1e-6)  # + the backward parameter gather
+
+
+def test_deepspeed_view_all_reduces_zero12_grads_3psi():
+    # DeepSpeed 0.19.8 all-reduces ZeRO-1/2 gradient buckets (use_multi_rank_bucket_allreduce defaults to true):
+    # 2Ψ grads + Ψ param all-gather = 3Ψ, as much as stage 3 (measured link share ZeRO-3/ZeRO-2 0.87x,
+    # benchmarks/results/multinode_throttle_cpu_202611.md)
+    assert _bus_volume_in_psi(_plan(1), "deepspeed") == pytest.approx(3.0, rel=1e-6)
+    assert _bus_volume_in_psi(_plan(2), "deepspeed") == pytest.approx(3.0, rel=1e-6)
+    assert _bus_volume_in_psi(_plan(3), "deepspeed") == pytest.approx(3.0, rel=1e-6)
 
 
 def test_zeropp_cuts_cross_node_volume_4x():
