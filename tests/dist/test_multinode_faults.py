@@ -1,7 +1,7 @@
 """Faults across two test hosts, on the generated torchrun launch (2 nodes x 2 ranks, ZeRO-2, example trainer):
 
-- cut link (`ip link set tb0 down` on host 1 mid-run): every launcher exits non-zero within the process-group
-  timeout plus launcher teardown, instead of hanging;
+- cut link (`ip link set tb0 down` on host 1 mid-run): with DIST_TIMEOUT_S=10 (launch.sh -> the trainer's
+  --dist-timeout-s) every launcher exits non-zero within that timeout plus launcher teardown, instead of hanging;
 - lost host (SIGKILL of every process on host 1): host 0 fails at once (its peers' sockets close);
 after each, the same launch relaunched with --resume continues from the last good checkpoint and the loss
 trajectory equals an uninterrupted run bitwise: every step present, nothing trained lost.
@@ -21,8 +21,8 @@ SAVE_EVERY = 2
 DATA_DELAY_S = 0.4
 """Data-iterator pause per batch in the faulted run only (trainer --data-delay-s): the fault lands mid-run;
 it does not touch the numerics."""
-BOUNDED = {"TRAIN_MODULE": "tests.dist.multinode.bounded_trainer"}
-"""The trainer with every process group's timeout set to DSTK_PG_TIMEOUT_S (see bounded_trainer.py)."""
+BOUNDED = {"DIST_TIMEOUT_S": str(scenarios.PG_TIMEOUT_S)}
+"""launch.sh passes it as the trainer's --dist-timeout-s: the world group and every group DeepSpeed creates later."""
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +57,8 @@ def reference(two_hosts, generated, tmp_path_factory):  # noqa: F811
 @pytest.mark.parametrize("fault", ["cut", "lost"])
 def test_fault_fails_bounded_and_resume_is_bitwise(two_hosts, generated, reference, tmp_path, fault):  # noqa: F811
     launch_env = BOUNDED if fault == "cut" else {}
-    run_env = {"DSTK_PG_TIMEOUT_S": str(scenarios.PG_TIMEOUT_S)}
     fig = scenarios.fault_and_resume(two_hosts, tmp_path, fault, _commands(two_hosts, generated, launch_env),
-                                     reference, env=run_env)
+                                     reference)
     print(fig)
     # The job ended by itself (no launcher left hanging) and reported failure.
     assert not fig["fault_timed_out"], fig

@@ -119,8 +119,8 @@ def generate(spec_path: pathlib.Path, out_dir: pathlib.Path, strategies: Sequenc
     return out_dir
 
 
-def launch_dry_run(strategy_dir: pathlib.Path, env: dict) -> list[str]:
-    """The command the generated launch.sh would exec, as an argv (DRY_RUN=1 prints it %q-quoted)."""
+def launch_dry_run(strategy_dir: pathlib.Path, env: dict, args: Sequence[str] = ()) -> list[str]:
+    """The command the generated launch.sh would exec with `args`, as an argv (DRY_RUN=1 prints it %q-quoted)."""
     import os
     import shlex
     import subprocess
@@ -129,7 +129,7 @@ def launch_dry_run(strategy_dir: pathlib.Path, env: dict) -> list[str]:
     full.update(jobs.base_env())
     full.update(env)
     full["DRY_RUN"] = "1"
-    r = subprocess.run(["bash", str(strategy_dir / "launch.sh")], capture_output=True, text=True, env=full, timeout=60)
+    r = subprocess.run(["bash", str(strategy_dir / "launch.sh"), *args], capture_output=True, text=True, env=full, timeout=60)
     if r.returncode != 0:
         raise AssertionError(f"launch.sh DRY_RUN failed (rc={r.returncode}): {r.stderr}")
     return shlex.split(r.stdout.strip().splitlines()[-1])
@@ -152,8 +152,9 @@ def node_commands(hosts: TestHosts, strategy_dir: pathlib.Path, launcher: str, m
     """Per-node argv from the generated launch.sh (DRY_RUN) for `launcher` = torchrun | deepspeed.
 
     The generated hostfile names placeholder hosts (node-0, node-1); the test writes one naming the test
-    hosts' addresses, which is what a user does. For the deepspeed launcher's per-node form (no ssh) the
-    flags `--no_ssh --node_rank K` are what DeepSpeed 0.19.8 takes; they are added when launch.sh lacks them.
+    hosts' addresses, which is what a user does. NO_SSH=1 makes launch.sh's deepspeed branch the launcher's
+    per-node form (`--no_ssh --node_rank K`, DeepSpeed 0.19.8). `extra` goes to launch.sh as arguments, which
+    it passes on to the trainer; `env` (e.g. DIST_TIMEOUT_S) overrides launch.sh's environment.
     """
     argvs = []
     for k in range(2):
@@ -163,10 +164,10 @@ def node_commands(hosts: TestHosts, strategy_dir: pathlib.Path, launcher: str, m
         if hostfile is not None:
             e["HOSTFILE"] = str(hostfile)
         e.update(env or {})
-        argv = launch_dry_run(strategy_dir, e)
-        if launcher == "deepspeed" and "--no_ssh" not in argv:
-            argv[1:1] = ["--no_ssh", "--node_rank", str(k)]
-        argvs.append(argv + list(extra))
+        argv = launch_dry_run(strategy_dir, e, extra)
+        if launcher == "deepspeed" and argv[argv.index("--node_rank") + 1] != str(k):
+            raise AssertionError(f"launch.sh with NO_SSH=1 NODE_RANK={k} did not give --node_rank {k}: {argv}")
+        argvs.append(argv)
     return argvs
 
 
