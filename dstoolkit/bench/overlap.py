@@ -16,9 +16,9 @@ Then (Lee et al., arXiv 2507.03114, and anchors.md 'Overlap'):
 
 * exposed = max(0, overlapped − compute_only)   — time the step waits for communication;
 * η = 1 − exposed / comm_only, clamped to [0, 1] (``eta_raw`` keeps the unclamped value);
-* compute slowdown = (overlapped − exposed_profiled) / compute_only − 1, where exposed_profiled is the
-  part of the communication intervals in a torch-profiler trace of the step that no compute interval
-  covers (gloo worker-thread spans vs main-thread ops on CPU; NCCL kernels vs other kernels on GPU).
+* compute slowdown = overlapped × (1 − exposed_profiled / traced step) / compute_only − 1, where
+  exposed_profiled is the part of the communication intervals in a torch-profiler trace of the step that no compute interval
+  covers (gloo worker-thread spans vs main-thread *leaf* ops on CPU; NCCL kernels vs other kernels on GPU).
   ``eta_profiler`` is the same ratio read straight from that trace.
 
 On CPU the accelerator is 'synchronized' (DeepSpeed's cpu_accelerator has no streams), so DeepSpeed issues
@@ -308,7 +308,10 @@ def _profile_steps(engine, batches, steps: int) -> list[dict[str, float]]:
                 comm.append((s, t))
             elif is_gpu:
                 compute.append((s, t))
-            elif e.thread == main and not e.name.startswith(COMM_BOOKKEEPING_PREFIXES) and not torch.cuda.is_available():
+            elif (e.thread == main and not torch.cuda.is_available() and not e.cpu_children
+                  and not e.name.startswith(COMM_BOOKKEEPING_PREFIXES)):
+                # Leaf ops only: an enclosing span (an autograd node whose gradient hook issues a blocking
+                # all-reduce, say) would otherwise count the wait for communication as compute.
                 compute.append((s, t))
         comm_s = covered_length(comm) / 1e6  # profiler times are microseconds
         out.append({"step_s": (we - ws) / 1e6, "comm_union_s": comm_s, "exposed_s": exposed_length(comm, compute) / 1e6})
@@ -460,7 +463,12 @@ def combine(v: Variant, world: int, multi: dict[str, Any], single: dict[str, Any
         union_p = sorted(p["comm_union_s"] for p in prof)[len(prof) // 2]
         rec["profiler"] = {"steps": prof, "exposed_s": exp_p, "comm_union_s": union_p}
         rec["eta_profiler"] = eta_from(exp_p, union_p)[0] if union_p > 0 else None
-        rec["compute_slowdown"] = (o_stats.median - exp_p) / c_stats.median - 1.0 if c_stats.median > 0 else None
+        # The profiler slows the traced steps, so carry over the exposed *fraction* of the traced step, not its
+        # seconds: compute inside the overlapped step = overlapped x (1 - exposed/step) from the trace.
+        frac = sorted(p["exposed_s"] / p["step_s"] for p in prof if p["step_s"] > 0)
+        f = frac[len(frac) // 2] if frac else 0.0
+        rec["profiler"]["exposed_fraction"] = f
+        rec["compute_slowdown"] = o_stats.median * (1.0 - f) / c_stats.median - 1.0 if c_stats.median > 0 else None
     return rec
 
 

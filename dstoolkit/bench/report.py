@@ -27,12 +27,20 @@ class ReportResult:
 
 
 def _latest(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Newest record per (bench, config_hash, key), in first-seen order."""
+    """Newest record per (bench, row key, backend, world size, dtype), in first-seen order.
+
+    A rerun of the same measurement (even with other repetition counts) supersedes the older row in the
+    report; the JSONL files keep every run.
+    """
     latest: dict[tuple, dict[str, Any]] = {}
     for r in records:
         if r.get("event") is not None or "bench" not in r or "key" not in r:
             continue
-        latest[(r["bench"], r.get("config_hash"), r["key"])] = r
+        env = r.get("env") or {}
+        ident = (r["bench"], r["key"], r.get("backend") or env.get("backend"),
+                 r.get("world_size") or env.get("world_size"), r.get("type"))
+        latest.pop(ident, None)  # re-insert: newest position
+        latest[ident] = r
     return list(latest.values())
 
 
@@ -134,7 +142,7 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
              "(N concurrent single-rank engines), total = the step's collectives replayed alone; clamped to [0, 1]. "
              "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
              "compute span covers, over the communication spans (one measurement, so immune to load drift between "
-             "phases). Compute slowdown = (overlapped − exposed from the trace) ÷ compute-only − 1. Times are medians (s).",
+             "phases). Compute slowdown = overlapped × (1 − exposed fraction of the traced step) ÷ compute-only − 1. Times are medians (s).",
              "", _env_line(recs), "",
              "| config | ZeRO | overlap_comm | reduce bucket | compute-only | comm-only | overlapped | exposed | η (timing) "
              "| η (trace) | slowdown |",
@@ -321,7 +329,7 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     plots: list[pathlib.Path] = []
     prefix = md_path.stem  # plots are named after the report: report.md -> report_comm_busbw.png
     lines = ["# Benchmark report", "", f"Rendered by `dstoolkit report` from {len(records)} records in "
-             f"{len(files)} JSON Lines files ({pattern}); newest record per config and row.", ""]
+             f"{len(files)} JSON Lines files ({pattern}); newest record per row (older runs stay in the files).", ""]
     if by_kind.get("comm"):
         lines += _comm_section(by_kind["comm"], md_path.parent, plots, prefix)
     if by_kind.get("comm_overhead"):
