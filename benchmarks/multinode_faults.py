@@ -70,11 +70,10 @@ def main(argv=None) -> int:
         ref = jobs.read_losses(ref_metrics)
         result["reference"] = {"losses": ref, "wall_s": round(time.time() - t0, 1)}
         runs = []
-        for fault, env in (("cut", {"TRAIN_MODULE": "tests.dist.multinode.bounded_trainer"}), ("lost", {})):
+        for fault, env in (("cut", {"DIST_TIMEOUT_S": str(args.pg_timeout_s)}), ("lost", {})):
             d = work / fault
             d.mkdir()
-            fig = scenarios.fault_and_resume(hosts, d, fault, commands(env), ref,
-                                             env={"DSTK_PG_TIMEOUT_S": str(args.pg_timeout_s)})
+            fig = scenarios.fault_and_resume(hosts, d, fault, commands(env), ref)
             fig["resumed_losses"] = jobs.read_losses(d / f"{fault}.metrics.jsonl")
             runs.append(fig)
             print(json.dumps({k: v for k, v in fig.items() if k != "resumed_losses"}), flush=True)
