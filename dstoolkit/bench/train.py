@@ -125,9 +125,13 @@ def calibration_for(raw: Optional[dict[str, Any]], precision: str):
     from dstoolkit.estimate import Calibration
 
     fields = dict(raw)
-    per_prec = fields.get(f"matmul_flops_per_s_{precision}")
-    if per_prec:
-        fields["matmul_flops_per_s"] = per_prec
+    if isinstance(fields.get("wall"), dict):  # per-clock calibration files: the bench measures wall time
+        fields = {**fields["wall"], "_source": raw.get("_source")}
+    prec = precision if f"matmul_flops_per_s_{precision}" in fields else ("bf16" if precision in ("fp16", "fp8") else precision)
+    for suffix in ("", "_large"):
+        per_prec = fields.get(f"matmul_flops_per_s_{prec}{suffix}")
+        if per_prec:
+            fields[f"matmul_flops_per_s{suffix}"] = per_prec
     try:
         return Calibration(**{k: v for k, v in fields.items() if k in Calibration.model_fields})
     except Exception as exc:
