@@ -63,3 +63,20 @@ def test_overlap_bad_world_size_exits_2(tmp_path, capsys):
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}))
     assert main(["bench", "overlap", str(cfg), "--world-size", "100000"]) == 2
     assert "--world-size 100000" in capsys.readouterr().err
+
+
+def test_calibration_reads_per_clock_files_with_per_precision_rates(tmp_path):
+    cal = {"calibration": {"wall": {"matmul_flops_per_s_bf16": 2e10, "matmul_flops_per_s_bf16_large": 3e10,
+                                    "matmul_flops_per_s_fp32": 4e10, "matmul_work": 1e4, "matmul_work_large": 4e4,
+                                    "mem_bw_bytes_per_s": 3e9, "comm_busbw_bytes_per_s": 1e9},
+                           "cpu": {"matmul_flops_per_s_bf16": 9e10}}}
+    path = tmp_path / "calibration_cpu_x.json"
+    path.write_text(json.dumps(cal))
+    raw = train.load_calibration(str(path))
+    c = train.calibration_for(raw, "bf16")
+    assert (c.matmul_flops_per_s, c.matmul_flops_per_s_large, c.comm_busbw_bytes_per_s) == (2e10, 3e10, 1e9)
+    assert train.calibration_for(raw, "fp32").matmul_flops_per_s == 4e10
+    assert train.load_calibration(None) is None
+    path.write_text("{")
+    with pytest.raises(BenchInputError, match="cannot read JSON"):
+        train.load_calibration(str(path))
