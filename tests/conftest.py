@@ -1,9 +1,17 @@
 import os
 import pathlib
+import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# Subprocesses (launchers, ranks) must find this interpreter's tools first: DeepSpeed JIT-builds its C++ ops
+# with whichever `ninja` is on PATH, and a different ninja than the last build's forces a ~30 s rebuild of
+# shm_comm / cpu_adam, which made timing-bounded dist tests flaky when pytest ran without the venv on PATH.
+_BIN = os.path.dirname(os.path.abspath(sys.executable))  # the venv's bin/ (no realpath: that leaves the venv)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 CORPUS = REPO.parent / "shared" / "corpus" / "deepspeed_configs"
 
 
