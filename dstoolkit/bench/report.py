@@ -342,5 +342,6 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     fd, tmp = tempfile.mkstemp(dir=md_path.parent, prefix=".report-", suffix=".md")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read
     os.replace(tmp, md_path)
     return ReportResult(markdown_path=md_path, plots=plots, counts={k: len(v) for k, v in by_kind.items()}, markdown=text)
