@@ -59,6 +59,8 @@ def _attention_entries(shape: ModelShape, i: int) -> list[ParamEntry]:
         add("kv_a_layernorm.weight", kv_lora, False)
         add("kv_b_proj.weight", kv_lora * a * ((shape.qk_nope_head_dim or 0) + v_head))
         add("o_proj.weight", a * v_head * h)
+        if shape.o_proj_bias:
+            add("o_proj.bias", h, False)
         return out
     d = shape.head_size
     kv = shape.kv_heads
@@ -72,15 +74,32 @@ def _attention_entries(shape: ModelShape, i: int) -> list[ParamEntry]:
     if shape.attention_bias:
         add("v_proj.bias", kv * d)
     add("o_proj.weight", a * d * h)
+    if shape.o_proj_bias:
+        add("o_proj.bias", h, False)
+    if shape.qk_norm:  # Qwen3: RMSNorm over head_dim on q and k
+        add("q_norm.weight", _norm_numel(d, shape), False)
+        add("k_norm.weight", _norm_numel(d, shape), False)
     return out
 
 
-def _mlp_entries(prefix: str, h: int, inter: int, gated: bool, kind: str, layer: int) -> list[ParamEntry]:
+def _norm_numel(width: int, shape: ModelShape) -> int:
+    """RMSNorm has a weight; LayerNorm (GPT-2) a weight and a bias, counted together as one entry."""
+    return width * (2 if shape.norm_type == "layernorm" else 1)
+
+
+def _mlp_entries(prefix: str, h: int, inter: int, gated: bool, kind: str, layer: int,
+                 bias: bool = False) -> list[ParamEntry]:
     out = []
     if gated:
         out.append(ParamEntry(prefix + "gate_proj.weight", h * inter, kind, layer, True))
+        if bias:
+            out.append(ParamEntry(prefix + "gate_proj.bias", inter, kind, layer, True))
     out.append(ParamEntry(prefix + "up_proj.weight", h * inter, kind, layer, True))
+    if bias:
+        out.append(ParamEntry(prefix + "up_proj.bias", inter, kind, layer, True))
     out.append(ParamEntry(prefix + "down_proj.weight", inter * h, kind, layer, True))
+    if bias:
+        out.append(ParamEntry(prefix + "down_proj.bias", h, kind, layer, False))
     return out
 
 
@@ -96,9 +115,9 @@ def param_layout(shape: ModelShape) -> tuple[ParamEntry, ...]:
     if shape.learned_positions and shape.max_position_embeddings:
         out.append(ParamEntry("embed_positions.weight", shape.max_position_embeddings * h, "embedding", -1, False))
     for i in range(shape.num_hidden_layers):
-        out.append(ParamEntry(f"blocks.{i}.input_layernorm.weight", h, "norm", i, False))
+        out.append(ParamEntry(f"blocks.{i}.input_layernorm.weight", _norm_numel(h, shape), "norm", i, False))
         out.extend(_attention_entries(shape, i))
-        out.append(ParamEntry(f"blocks.{i}.post_attention_layernorm.weight", h, "norm", i, False))
+        out.append(ParamEntry(f"blocks.{i}.post_attention_layernorm.weight", _norm_numel(h, shape), "norm", i, False))
         pre = f"blocks.{i}.mlp."
         if shape.is_moe_layer(i):
             out.append(ParamEntry(pre + "gate.wg.weight", h * shape.num_experts, "router", i, False))
@@ -114,8 +133,8 @@ def param_layout(shape: ModelShape) -> tuple[ParamEntry, ...]:
                                         shape.mlp_gated, "shared_expert", i))
                 out.append(ParamEntry(pre + "shared_expert_gate.weight", h, "router", i, False))
         else:
-            out.extend(_mlp_entries(pre, h, shape.intermediate_size, shape.mlp_gated, "dense_mlp", i))
-    out.append(ParamEntry("norm.weight", h, "norm", -1, False))
+            out.extend(_mlp_entries(pre, h, shape.intermediate_size, shape.mlp_gated, "dense_mlp", i, shape.mlp_bias))
+    out.append(ParamEntry("norm.weight", _norm_numel(h, shape), "norm", -1, False))
     if not shape.tie_word_embeddings:
         out.append(ParamEntry("lm_head.weight", shape.vocab_size * h, "lm_head", -1, True))
     return tuple(out)
