@@ -30,13 +30,13 @@ import gc
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from dstoolkit.train.launch import free_port  # noqa: E402
 
 MODEL_STATE_GOAL = 0.02
 """Issue #4 goal: model states within 2% per cell."""
@@ -343,12 +343,6 @@ def run_worker(cells: list[dict], out_path: str) -> None:
 # ----------------------------------------------------------------------------------------------- driver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(cells: list[dict], out_dir: pathlib.Path, timeout_s: int = 1800) -> list[dict]:
     """Run the cells on 2 ranks; return the per-rank records.
 
@@ -382,7 +376,7 @@ def _launch_one(cells: list[dict], out_dir: pathlib.Path, timeout_s: int) -> lis
             p.unlink()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
+           "--master_port", str(free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
            "--cells-file", str(cells_path), "--out", str(out_dir)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=str(REPO))
     recs = []

@@ -26,7 +26,6 @@ import datetime as _dt
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from dstoolkit.train.launch import free_port  # noqa: E402
 
 MAPE_GOAL = 0.15
 SPEARMAN_GOAL = 0.9
@@ -258,12 +258,6 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spearman(a: list[float], b: list[float]) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=lambda i: v[i])
@@ -352,7 +346,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
+           "--master_port", str(free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
            "--cfgs-file", str(cfg_path), "--result-file", str(res_path), "--steps", str(steps)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=str(REPO))
     if not res_path.exists():

@@ -315,11 +315,7 @@ def capture_env(world_size: int, backend: Optional[str] = None, config: Any = No
 # --------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (bind to port 0); used once per launch."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dstoolkit.train.launch import free_port  # noqa: E402,F401  (one definition; re-exported for bench callers)
 
 
 def launched_env() -> Optional[tuple[int, int, int]]:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from dstoolkit.train.launch import free_port
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
@@ -63,17 +64,11 @@ os._exit(0)  # do not tear down process groups that a frozen peer still holds
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_collective_on_deepspeed_groups_fails_after_the_dist_timeout(tmp_path, repo_root):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "result.json"
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dstoolkit.cli import main
+from dstoolkit.train.launch import free_port
 
 pytestmark = pytest.mark.dist
 
@@ -29,12 +29,6 @@ CASES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory, repo_root):
     root = tmp_path_factory.mktemp("generated")
@@ -50,7 +44,7 @@ def test_generated_launch_trains(generated, tmp_path, stem, strategy):
     metrics = tmp_path / "metrics.jsonl"
     env = {**os.environ,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "STEPS": str(STEPS), "MASTER_PORT": str(_free_port()), "METRICS_OUT": str(metrics)}
+           "STEPS": str(STEPS), "MASTER_PORT": str(free_port()), "METRICS_OUT": str(metrics)}
     env.pop("OMP_NUM_THREADS", None)  # launch.sh must set it itself
     proc = subprocess.run(["bash", str(folder / "launch.sh"), "--no-progress"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

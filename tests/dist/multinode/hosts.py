@@ -16,6 +16,8 @@ import time
 import uuid
 from typing import Optional, Sequence
 
+from dstoolkit.train.launch import free_port  # noqa: F401  (re-exported for the multinode scenarios)
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TESTHOSTS = REPO / "launch" / "testhosts.sh"
 IFNAME = "tb0"
@@ -186,11 +188,3 @@ def wait_all(procs: Sequence[subprocess.Popen], logs: Sequence[pathlib.Path], ti
             return JobResult([None if rc is None else rc for rc in rcs], now, first_fail, True, list(logs), exits)
         time.sleep(0.2)
 
-
-def free_port() -> int:
-    """A free TCP port on this namespace's loopback (the kernel picks it)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
