@@ -93,7 +93,8 @@ class SweepResult:
 # enumeration
 # ----------------------------------------------------------------------------------------------------------
 
-def _pow2_upto(n: int) -> list[int]:
+def pow2_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to n: the parallel degrees and micro-batches the sweep (and the tuner) try."""
     out, v = [], 1
     while v <= n:
         out.append(v)
@@ -134,10 +135,10 @@ def checkpoint_choices(spec: Spec) -> list[CheckpointPolicy]:
 def enumerate_candidates(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef] = None) -> Iterator[Candidate]:
     """Every combination the spec leaves open ("auto" fields), restricted to `strategy` when given."""
     t, c = spec.training, spec.cluster
-    tps = _degrees(t.tp, _pow2_upto(c.gpus_per_node))
-    pps = _degrees(t.pp, [p for p in _pow2_upto(min(c.world_size, shape.num_hidden_layers))])
+    tps = _degrees(t.tp, pow2_upto(c.gpus_per_node))
+    pps = _degrees(t.pp, [p for p in pow2_upto(min(c.world_size, shape.num_hidden_layers))])
     if shape.is_moe:
-        eps = _degrees(t.ep, [e for e in _pow2_upto(min(shape.num_experts, c.world_size))
+        eps = _degrees(t.ep, [e for e in pow2_upto(min(shape.num_experts, c.world_size))
                               if shape.num_experts % e == 0])
     else:
         eps = _degrees(t.ep, [1])

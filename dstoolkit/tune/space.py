@@ -106,14 +106,6 @@ def _checkpoint_label(p: CheckpointPolicy) -> str:
     return p.kind
 
 
-def _pow2_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
-
-
 @dataclass
 class TuneSpace:
     """Choices per dimension. Dimensions with one choice are fixed (not suggested to optuna)."""
