@@ -93,8 +93,11 @@ def rel_error(estimate: Optional[float], measured: Optional[float]) -> Optional[
 
 
 def load_calibration(path: Optional[str]) -> Optional[dict[str, Any]]:
-    """Raw calibration fields from JSON (bare, or under a "calibration" key); 'auto' = newest
-    benchmarks/results/calibration_*.json for this kind of machine, if any."""
+    """Raw calibration fields from JSON (`dstoolkit.estimate.calibration.read_calibration_file`); 'auto' = newest
+    benchmarks/results/calibration_<cpu|gpu>_*.json of this checkout, if any (else the spec's own calibration:
+    cluster.calibration or the packaged reference for gpu: cpu)."""
+    from dstoolkit.estimate.calibration import CalibrationInputError, read_calibration_file
+
     if not path:
         return None
     if path == "auto":
@@ -107,35 +110,27 @@ def load_calibration(path: Optional[str]) -> Optional[dict[str, Any]]:
             return None
         path = str(found[-1])
     try:
-        data = json.loads(pathlib.Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BenchInputError(f"--calibration {path!r}: cannot read JSON ({exc})") from None
-    if isinstance(data, list):
-        data = data[-1]
-    data = dict(data.get("calibration", data))
-    data["_source"] = str(path)
-    return data
+        return read_calibration_file(path)
+    except CalibrationInputError as exc:
+        raise BenchInputError(f"--calibration: {exc}") from None
 
 
 def calibration_for(raw: Optional[dict[str, Any]], precision: str):
-    """A `dstoolkit.estimate.Calibration` from raw fields, preferring per-precision rates
-    (``matmul_flops_per_s_<precision>``) when the file has them."""
+    """A `dstoolkit.estimate.Calibration` from raw fields (wall clock, the run's precision)."""
     if not raw:
         return None
-    from dstoolkit.estimate import Calibration
+    from dstoolkit.estimate.calibration import CalibrationInputError, calibration_from_raw
 
-    fields = dict(raw)
-    if isinstance(fields.get("wall"), dict):  # per-clock calibration files: the bench measures wall time
-        fields = {**fields["wall"], "_source": raw.get("_source")}
-    prec = precision if f"matmul_flops_per_s_{precision}" in fields else ("bf16" if precision in ("fp16", "fp8") else precision)
-    for suffix in ("", "_large"):
-        per_prec = fields.get(f"matmul_flops_per_s_{prec}{suffix}")
-        if per_prec:
-            fields[f"matmul_flops_per_s{suffix}"] = per_prec
     try:
-        return Calibration(**{k: v for k, v in fields.items() if k in Calibration.model_fields})
-    except Exception as exc:
-        raise BenchInputError(f"--calibration {raw.get('_source')!r}: {exc}") from None
+        return calibration_from_raw(raw, precision)
+    except CalibrationInputError as exc:
+        raise BenchInputError(f"--calibration: {exc}") from None
+
+
+def _spec_calibration_label(spec) -> str:
+    from dstoolkit.estimate.calibration import calibration_label
+
+    return calibration_label(spec)
 
 
 def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration_raw) -> Optional[dict[str, Any]]:
@@ -169,8 +164,9 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
         "memory_per_rank_bytes": est.memory.total,
         "flops_per_token": est.flops_per_token,
         "peak_flops_per_rank": peak,
-        "calibrated": calibration is not None,
-        "calibration_source": (calibration_raw or {}).get("_source") if calibration is not None else None,
+        "calibrated": plan.calibration is not None,
+        "calibration_source": ((calibration_raw or {}).get("_source") if calibration is not None
+                               else _spec_calibration_label(spec) if plan.calibration is not None else None),
         "step_time_breakdown_s": est.step_time.model_dump(),
     }
 

@@ -334,10 +334,13 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape) -> RunPlan:
 
     Returns:
         The plan. "auto" parallel degrees in the spec count as 1 (the DeepSpeed JSON cannot carry them).
+        Its calibration is the spec's (`dstoolkit.estimate.calibration.calibration_for_spec`).
 
     Raises:
-        ValueError: impossible combinations (tp not dividing heads, ep not dividing experts, ...).
+        ValueError: impossible combinations (tp not dividing heads, ep not dividing experts, ...), or an
+            unusable cluster.calibration file.
     """
+    from dstoolkit.estimate.calibration import calibration_for_spec
     from dstoolkit.schemas.hardware import get_gpu
 
     t = spec.training
@@ -366,4 +369,5 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape) -> RunPlan:
         flash_attention=t.flash_attention,
         sequence_parallel=t.sequence_parallel,
         precision=t.precision,
+        calibration=calibration_for_spec(spec),
     )

@@ -87,9 +87,13 @@ class EstimateInputError(ValueError):
     """The estimator refused the candidate (an impossible combination it checks itself)."""
 
 
-def estimator_source() -> str:
-    """Which estimator `estimate_candidate` uses (for summaries)."""
-    return PACKAGE_SOURCE
+def estimator_source(spec: Optional[Spec] = None) -> str:
+    """Which estimator `estimate_candidate` uses, and with which calibration when `spec` is given (for summaries)."""
+    if spec is None:
+        return PACKAGE_SOURCE
+    from dstoolkit.estimate.calibration import calibration_label
+
+    return f"{PACKAGE_SOURCE}, step times from {calibration_label(spec)}"
 
 
 def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec,
@@ -108,20 +112,25 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
 
     Raises:
         EstimateInputError: The estimator refused the combination (message says why).
+        SpecError: cluster.calibration names an unusable file.
     """
     from dstoolkit.estimate import RunPlan, estimate_run  # issue #4
+    from dstoolkit.estimate.calibration import calibration_for_spec
 
     if ds_config is None:
         from dstoolkit.generate.ds_json import build_ds_config
 
         ds_config = build_ds_config(spec, shape, cand)
     t = spec.training
+    # outside the try: an unusable cluster.calibration is the spec's error (SpecError at its YAML line), not
+    # a refusal of this one candidate
+    calibration = calibration_for_spec(spec)
     try:
         plan = RunPlan(
             shape=shape, ds_config=ds_config, world_size=spec.cluster.world_size,
             gpus_per_node=spec.cluster.gpus_per_node, gpu=gpu, seq_len=t.seq_len, tp=cand.tp, pp=cand.pp,
             ep=cand.ep, checkpoint=cand.checkpoint, flash_attention=t.flash_attention,
-            sequence_parallel=cand.sequence_parallel, precision=t.precision)
+            sequence_parallel=cand.sequence_parallel, precision=t.precision, calibration=calibration)
         est = estimate_run(plan)
     except ValueError as exc:
         raise EstimateInputError(" ".join(str(exc).split())) from None
@@ -132,5 +141,5 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         memory_per_rank_bytes=total, memory_breakdown_bytes=breakdown,
         host_memory_per_rank_bytes=int(est.host_memory_per_rank_bytes), device_memory_bytes=int(gpu.memory_bytes),
         step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=total <= usable_device_bytes(gpu),
-        source=PACKAGE_SOURCE,
+        source=estimator_source(spec),
         extras={"flops_per_step": float(est.flops_per_step), "comm_bytes_per_step": dict(est.comm_bytes_per_step)})

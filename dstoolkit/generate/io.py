@@ -13,11 +13,12 @@ class SpecLoadError(ValueError):
 
 
 def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
-    """`load_spec(path)` then `resolve_spec_model(spec)`.
+    """`load_spec(path)`, `resolve_spec_model(spec)`, and a check that its calibration file (if any) is usable.
 
     Raises:
         SpecLoadError: with the `file:line:col: error: ...` text of the underlying `SpecError`.
     """
+    from dstoolkit.estimate.calibration import calibration_for_spec
     from dstoolkit.models.resolve import resolve_spec_model
     from dstoolkit.schemas.spec import load_spec
 
@@ -27,6 +28,7 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
     try:
         spec = load_spec(p)
         shape = resolve_spec_model(spec)
+        calibration_for_spec(spec)  # cluster.calibration: a missing/unusable file is the spec's error
     except ValueError as exc:  # SpecError is a ValueError carrying file:line:col findings
         raise SpecLoadError(str(exc)) from None
     except OSError as exc:

@@ -311,7 +311,7 @@ _ESTIMATE_MEMO: dict = {}
 
 
 def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec):
-    key = (spec.model_dump_json(), shape.model_dump_json(), cand.model_dump_json())
+    key = (spec.model_dump_json(), str(spec.base_dir), shape.model_dump_json(), cand.model_dump_json())
     if key not in _ESTIMATE_MEMO:
         try:
             _ESTIMATE_MEMO[key] = estimate_candidate(spec, shape, cand, gpu)
@@ -401,7 +401,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         chosen.append(Ranked(r.candidate, r.estimate, findings=findings))
     chosen, why = explain(chosen, gpu, fit, compare_stages=strategy is None)
     result = SweepResult(ranked=chosen, dropped=dropped, considered=considered, winner_reason=why,
-                         estimator=estimator_source(), all_ranked_count=len(fit))
+                         estimator=estimator_source(spec), all_ranked_count=len(fit))
     by_code: dict[str, int] = {}
     for d in dropped:
         by_code[d.code] = by_code.get(d.code, 0) + 1

@@ -30,11 +30,15 @@ IB_200G_BUSBW_BYTES_PER_S = 24 * GBps
 
 CPU_MEMORY_PER_RANK_BYTES = 8 * GiB
 """This kind of machine has 24 GiB RAM shared by 2 ranks, the OS and other processes: budget 8 GiB per rank."""
-CPU_PLACEHOLDER_FLOPS = 20e9
-"""Placeholder only: calibrate with the estimator's probes (dstoolkit.estimate). Order of magnitude of one
-AVX2 core's fp32 matmul rate; bf16 on CPU is emulated and no faster."""
-CPU_PLACEHOLDER_BW_BYTES_PER_S = 1 * GBps
-"""Placeholder only: calibrate with the estimator's probes. Order of magnitude of gloo over shared memory."""
+CPU_REFERENCE_FLOPS = 101e9
+"""Per-rank "peak" of the reference CPU machine: the fastest rate its calibration probe measured (fp32
+transformer-block forward+backward, 2 ranks on 2 cores: 101.0 GFLOP/s; bf16 reaches 62.2; dstoolkit/data/
+calibration_cpu_reference.json, from benchmarks/results/calibration_cpu_202611.json). Not a datasheet peak: the
+MFU of a CPU run is relative to what this probe achieves. Step times on CPU use the calibration itself
+(dstoolkit.estimate.calibration), which replaces this row's rates."""
+CPU_REFERENCE_BW_BYTES_PER_S = 1.2 * GBps
+"""gloo all-reduce busbw between 2 ranks over shared memory on the reference machine (1.202 GB/s, 64 MB
+messages; same calibration file)."""
 
 GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 989 TFLOP/s bf16 and 1979 fp8 dense
@@ -119,15 +123,16 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability=None,
     ),
     # This kind of machine (2 CPU cores, 24 GiB RAM, gloo over shared memory). Memory is a conservative
-    # per-rank share of host RAM; flops and bandwidth are PLACEHOLDERS: calibrate with the estimator's probes.
-    # fp8 is emulated on CPU (dequantize + matmul), so its "peak" is the bf16 placeholder (no speed-up).
+    # per-rank share of host RAM; flops and bandwidth are the reference machine's measured rates (above), and
+    # estimates for gpu: cpu use its full calibration unless the spec names another (cluster.calibration).
+    # fp8 is emulated on CPU (dequantize + matmul), so its "peak" is the same rate (no speed-up).
     "cpu": GpuSpec(
         name="cpu",
         memory_bytes=CPU_MEMORY_PER_RANK_BYTES,
-        peak_bf16_flops=CPU_PLACEHOLDER_FLOPS,
-        peak_fp8_flops=CPU_PLACEHOLDER_FLOPS,
-        intra_node_bw_bytes_per_s=CPU_PLACEHOLDER_BW_BYTES_PER_S,
-        inter_node_bw_bytes_per_s=CPU_PLACEHOLDER_BW_BYTES_PER_S,
+        peak_bf16_flops=CPU_REFERENCE_FLOPS,
+        peak_fp8_flops=CPU_REFERENCE_FLOPS,
+        intra_node_bw_bytes_per_s=CPU_REFERENCE_BW_BYTES_PER_S,
+        inter_node_bw_bytes_per_s=CPU_REFERENCE_BW_BYTES_PER_S,
         compute_capability=None,
     ),
 }

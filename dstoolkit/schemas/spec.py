@@ -265,6 +265,10 @@ class ClusterSpec(_Strict):
     """A name from the hardware table (H100-SXM, H200, H800, A100-80G, A100-40G, L40S, MI300X, cpu) or explicit facts."""
     cuda_version: Optional[str] = None
     """CUDA toolkit version on the cluster, such as "12.9"; gates FP8 recipes (block scaling needs 12.9+). None skips that check."""
+    calibration: Optional[str] = None
+    """Measured rates for step-time estimates: a path (relative to this spec file) to a calibration JSON written
+    by benchmarks/step_time_fidelity.py, or "none" for the hardware table's nominal rates. Unset: the packaged
+    reference measurement for gpu: cpu, nominal rates for GPUs (dstoolkit.estimate.calibration)."""
 
     @field_validator("nodes", "gpus_per_node", mode="before")
     @classmethod

@@ -155,7 +155,7 @@ def model_flops_per_token(shape: Any, seq_len: int) -> float:
 
 def peak_flops_per_rank(gpu: Any, on_cuda: bool, dtype: Any) -> float:
     """Peak FLOP/s for MFU: the hardware table's bf16 peak on GPU; a matmul probe on CPU (the table's CPU
-    row is a placeholder)."""
+    row describes the reference machine, not necessarily this one)."""
     if on_cuda:
         from dstoolkit.schemas.hardware import get_gpu
 

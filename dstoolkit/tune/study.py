@@ -112,6 +112,7 @@ def check_options(opts: TuneOptions) -> None:
 
 
 def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
+    from dstoolkit.estimate.calibration import calibration_for_spec
     from dstoolkit.models import resolve_spec_model
     from dstoolkit.schemas.spec import load_spec
 
@@ -119,6 +120,7 @@ def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
         raise TuneInputError(f"{opts.spec_path}: no such spec file")
     spec = load_spec(opts.spec_path)  # SpecError (a ValueError) names the YAML line
     shape = resolve_spec_model(spec)
+    calibration_for_spec(spec)  # an unusable cluster.calibration file: SpecError before any trial
     space = TuneSpace.from_spec(spec, shape, bucket_scales=opts.bucket_scales, tune_overlap=opts.tune_overlap,
                                 data_parallel_only=opts.mode == "real")
     if opts.mode == "real":

@@ -78,5 +78,5 @@ def test_calibration_reads_per_clock_files_with_per_precision_rates(tmp_path):
     assert train.calibration_for(raw, "fp32").matmul_flops_per_s == 4e10
     assert train.load_calibration(None) is None
     path.write_text("{")
-    with pytest.raises(BenchInputError, match="cannot read JSON"):
+    with pytest.raises(BenchInputError, match="cannot read calibration JSON"):
         train.load_calibration(str(path))

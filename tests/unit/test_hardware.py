@@ -49,7 +49,24 @@ def test_every_row_cites_a_source():
         before = body[: body.index(f'"{key}": GpuSpec(')]
         comment = before.rstrip().splitlines()[-1].strip()
         assert comment.startswith("#"), f"row {key!r} has no source comment"
-    assert "calibrate with the estimator's probes" in src
+    # the cpu row is the reference machine's measurement: its file is cited next to it
+    assert "calibration_cpu_reference.json" in src and "benchmarks/results/calibration_cpu_202611.json" in src
+
+
+def test_cpu_row_rates_are_the_packaged_reference_measurement():
+    """The cpu row's peak is the fastest rate the packaged calibration measured, and its bandwidth the
+    measured gloo busbw (so MFU on the reference machine stays below 1)."""
+    import json
+    from pathlib import Path
+
+    import dstoolkit
+
+    ref = json.loads((Path(dstoolkit.__file__).parent / "data" / "calibration_cpu_reference.json").read_text())
+    wall = ref["calibration"]["wall"]
+    fastest = max(v for k, v in wall.items() if k.startswith("matmul_flops_per_s"))
+    row = get_gpu("cpu")
+    assert abs(row.peak_bf16_flops / fastest - 1) < 0.01
+    assert abs(row.intra_node_bw_bytes_per_s / wall["comm_busbw_bytes_per_s"] - 1) < 0.01
 
 
 @pytest.mark.parametrize("name", ["h100-sxm", "H100_SXM", "h100 sxm", "CPU", "mi300x", "a100-80g"])
