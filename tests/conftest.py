@@ -43,3 +43,14 @@ def corpus_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return REPO
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove DeepSpeed CPU all-reduce buffers that tests' killed or crashed ranks left in /dev/shm (the trainer
+    unlinks its own; scripts that call deepspeed.init_distributed directly do not). Only buffers no live
+    process maps are removed (dstoolkit.train.shm)."""
+    from dstoolkit.train.shm import remove_orphaned_buffers
+
+    removed = remove_orphaned_buffers()
+    if removed:
+        print(f"\nconftest: removed {len(removed)} orphaned DeepSpeed buffer(s) from /dev/shm", file=sys.stderr)

@@ -356,6 +356,10 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str, de
     if backend == "nccl":
         torch.cuda.set_device(device_index)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    if backend == "gloo":
+        from dstoolkit.train.shm import unlink_after_rendezvous
+
+        unlink_after_rendezvous()  # DeepSpeed leaves its CPU all-reduce buffers in /dev/shm otherwise
     steps, warmup = payload["steps"], payload["warmup"]
     for v in payload["variants"]:
         shape = ModelShape(**v["shape"])

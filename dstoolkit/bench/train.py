@@ -197,6 +197,9 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
     except subprocess.TimeoutExpired as exc:
         rc, tail = 124, f"timed out after {timeout_s:.0f} s: {str(exc.stderr or '')[-1000:]}"
     wall = time.perf_counter() - t0
+    from dstoolkit.train.shm import remove_orphaned_buffers
+
+    remove_orphaned_buffers()  # /dev/shm buffers of ranks that died before the trainer unlinked them
     body: dict[str, Any] = {"config_name": target.name, "command": " ".join(cmd), "wall_s": wall, "ep_size": target.ep_size,
                             "world_size": world_size, "seq_len": spec.training.seq_len, "model": shape.name,
                             "zero_stage": int((target.ds_config.get("zero_optimization") or {}).get("stage", 0)),

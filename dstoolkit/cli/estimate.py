@@ -39,6 +39,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="store the s^2 attention scores (math attention)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
+    p.add_argument("--calibration", metavar="FILE.json|none", default=None,
+                   help="measured rates for the step time (a benchmarks/step_time_fidelity.py calibration file); "
+                        "default: the spec's cluster.calibration, else the packaged reference for --gpu cpu, else "
+                        "none (the hardware table's nominal rates)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.set_defaults(run=run)
 
@@ -100,19 +104,50 @@ def _plan_from_args(args):
                    gpus_per_node=args.gpus_per_node or min(8, args.world_size), gpu=get_gpu(args.gpu),
                    seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
-                   precision=precision)
+                   precision=precision, calibration=_calibration(args.calibration, args.gpu, precision))
     return plan, []
 
 
-def _plan_from_spec(path: str):
+def _calibration(value, gpu: str, precision: str):
+    """--calibration (a file or none), else the packaged reference for the hardware row."""
+    from dstoolkit.estimate.calibration import CalibrationInputError, calibration_path, load_calibration
+
+    path = calibration_path(value, gpu)
+    if path is None:
+        return None
+    try:
+        return load_calibration(path, precision)
+    except CalibrationInputError as exc:
+        raise ValueError(f"--calibration: {exc}") from None
+
+
+def _plan_from_spec(path: str, calibration_arg=None):
     from dstoolkit.estimate.autofill import fill_autos
+    from dstoolkit.estimate.calibration import calibration_label
     from dstoolkit.models import resolve_model
     from dstoolkit.schemas.spec import load_spec
 
     spec = load_spec(path)
+    if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
+        from dstoolkit.estimate.calibration import NONE_VALUES
+
+        none = str(calibration_arg).strip().lower() in NONE_VALUES
+        spec.cluster.calibration = calibration_arg if none else str(Path(calibration_arg).expanduser().resolve())
     shape = resolve_model(spec.model, Path(path).resolve().parent)
-    filled = fill_autos(spec, shape)
-    return filled.plan, filled.assumptions
+    try:
+        filled = fill_autos(spec, shape)
+    except ValueError as exc:
+        raise ValueError(f"--calibration: {exc}" if calibration_arg is not None and "calibration" in str(exc)
+                         else str(exc)) from None
+    plan = filled.plan
+    label = calibration_label(spec)
+    return plan, filled.assumptions, label
+
+
+def _calibration_label(value, gpu) -> str:
+    from dstoolkit.estimate.calibration import calibration_path, path_label
+
+    return path_label(calibration_path(value, gpu))
 
 
 def render_table(plan, est, assumptions: list[str]) -> str:
@@ -161,9 +196,10 @@ def run(args) -> int:
         if args.spec:
             if args.config or args.model:
                 return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
-            plan, assumptions = _plan_from_spec(args.spec)
+            plan, assumptions, cal_label = _plan_from_spec(args.spec, args.calibration)
         else:
             plan, assumptions = _plan_from_args(args)
+            cal_label = _calibration_label(args.calibration, args.gpu)
         est = estimate_run(plan)
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -174,7 +210,8 @@ def run(args) -> int:
     if args.format == "json":
         out = est.to_json()
         out["assumptions"] = assumptions
+        out["step_time_calibration"] = cal_label
         print(json.dumps(out, indent=2))
     else:
-        print(render_table(plan, est, assumptions))
+        print(render_table(plan, est, assumptions) + f"\nstep time from {cal_label}")
     return 0

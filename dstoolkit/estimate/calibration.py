@@ -110,20 +110,24 @@ def packaged_calibration_path(gpu_name: str) -> Optional[pathlib.Path]:
     return PACKAGED.get(key) if key else None
 
 
+def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path] = None) -> Optional[pathlib.Path]:
+    """The calibration file for an explicit `value` (a path, relative to `base_dir`, or "none") or, when `value`
+    is None, the packaged reference of the hardware row `gpu` (a table name; explicit GpuSpec facts have none)."""
+    if value is not None:
+        if str(value).strip().lower() in NONE_VALUES:
+            return None
+        p = pathlib.Path(str(value)).expanduser()
+        return p if p.is_absolute() or base_dir is None else base_dir / p
+    return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+
+
 def calibration_path_for(spec) -> Optional[pathlib.Path]:
     """The calibration file an estimate of `spec` uses (None: the table's nominal rates).
 
     `cluster.calibration` (relative paths resolve against the spec file's folder), else the packaged reference
     for the spec's hardware row.
     """
-    value = getattr(spec.cluster, "calibration", None)
-    if value is not None:
-        if str(value).strip().lower() in NONE_VALUES:
-            return None
-        p = pathlib.Path(str(value)).expanduser()
-        return p if p.is_absolute() else spec.base_dir / p
-    gpu = spec.cluster.gpu
-    return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+    return calibration_path(getattr(spec.cluster, "calibration", None), spec.cluster.gpu, spec.base_dir)
 
 
 def calibration_for_spec(spec) -> Optional[Calibration]:
@@ -145,10 +149,8 @@ def calibration_for_spec(spec) -> Optional[Calibration]:
                          "'none' for the hardware table's nominal rates") from None
 
 
-def calibration_label(spec) -> str:
-    """How estimates of `spec` are calibrated, for summaries: the file (packaged ones by package path) or
-    "nominal hardware-table rates"."""
-    path = calibration_path_for(spec)
+def path_label(path: Optional[pathlib.Path]) -> str:
+    """How a calibration file is named in summaries: packaged ones by package path; None = nominal rates."""
     if path is None:
         return "nominal hardware-table rates"
     try:
@@ -156,3 +158,8 @@ def calibration_label(spec) -> str:
         return f"reference calibration {shown}"
     except ValueError:
         return f"calibration {path}"
+
+
+def calibration_label(spec) -> str:
+    """How estimates of `spec` are calibrated, for summaries (`path_label` of `calibration_path_for`)."""
+    return path_label(calibration_path_for(spec))

@@ -15,7 +15,7 @@ checkpoints, and have rank 0 append JSON lines to --metrics-out:
   per step  {"step", "loss", "step_time_s", "tokens_per_s", "global_batch", "micro_batch", "grad_accum",
              "peak_rss_bytes", "lr", ...}
   events    {"event": "spike"|"rollback"|"checkpoint"|"resume"|"monitor"|"inject", ...}
-  at the end {"event": "done", "steps", "final_loss", "world_size"}
+  at the end {"event": "done", "steps", "final_loss", "world_size", "shm_buffers_unlinked"}
 Exit code: 0 ok, 1 training failure, 2 bad input; the message says what and why.
 
 Fault-injection flags (--inject-poison, --inject-lr-blowup, --kill-at-step) exist to prove the guard and
@@ -208,7 +208,7 @@ def set_default_group_timeout(timeout_s: float) -> datetime.timedelta:
     return timeout
 
 
-def init_distributed(backend: str, timeout_s: float) -> None:
+def init_distributed(backend: str, timeout_s: float) -> list[str]:
     """`deepspeed.init_distributed` with `timeout_s` on the world group AND on every group made afterwards.
 
     Call it before `deepspeed.initialize` (and before building an MoE model): the groups DeepSpeed creates
@@ -218,11 +218,21 @@ def init_distributed(backend: str, timeout_s: float) -> None:
     Args:
         backend: "gloo" or "nccl".
         timeout_s: seconds (> 0).
+
+    Returns:
+        The /dev/shm buffer names this rank unlinked (`dstoolkit.train.shm.unlink_after_rendezvous`; gloo only).
     """
     timeout = set_default_group_timeout(timeout_s)
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    if backend == "gloo":
+        from dstoolkit.train.shm import unlink_after_rendezvous
+
+        # DeepSpeed never unlinks its CPU all-reduce buffers (dstoolkit.train.shm): once every rank has mapped
+        # them, drop their names so nothing is left in /dev/shm however the job ends.
+        return unlink_after_rendezvous()
+    return []
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -327,7 +337,7 @@ def train(args: argparse.Namespace) -> int:
     from dstoolkit.train.spike import SpikeGuard, SpikeGuardConfig
 
     on_cuda = torch.cuda.is_available()
-    init_distributed("nccl" if on_cuda else "gloo", args.dist_timeout_s)
+    shm_unlinked = init_distributed("nccl" if on_cuda else "gloo", args.dist_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -580,7 +590,7 @@ def train(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     writer.write({"event": "done", "steps": state.step, "final_loss": last_loss, "world_size": world,
-                  "data_pos": state.data_pos})
+                  "data_pos": state.data_pos, "shm_buffers_unlinked": len(shm_unlinked)})
     writer.close()
     dist.barrier()
     return EXIT_OK

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import yaml
 
+from dstoolkit.train.shm import remove_orphaned_buffers
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s, trial_spec_dict
 
 OBJECTIVES = ("throughput", "memory")
@@ -239,8 +240,10 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
             kill_tree(proc.pid)
             proc.wait()
             clear_stale_extension_locks(started_epoch_s)
+            remove_orphaned_buffers()
             raise
     wall = time.perf_counter() - t0
+    remove_orphaned_buffers()  # /dev/shm buffers of ranks that died before the trainer unlinked them
     tail = log_path.read_text(errors="replace")[-4000:]
     rows = harness.read_records(metrics) if metrics.exists() else []
     if rc != 0 or timed_out or not rows:

@@ -139,3 +139,30 @@ def test_every_spec_verb_refuses_a_missing_calibration_cleanly(tmp_path, verb):
     assert "Traceback" not in proc.stderr
     assert "cluster.calibration" in proc.stderr and "missing.json: no such calibration file" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _estimate_json(*args):
+    proc = subprocess.run([sys.executable, "-c", "import sys; from dstoolkit.cli import main; sys.exit(main())",
+                           "estimate", *args, "--format", "json"], capture_output=True, text=True)
+    return proc.returncode, (json.loads(proc.stdout) if proc.returncode == 0 else proc.stderr)
+
+
+def test_estimate_cli_calibration_flag(tmp_path, repo_root):
+    cfg = str(repo_root / "ds_configs" / "generated" / "tiny_cpu" / "zero1" / "ds_config.json")
+    base = ["--config", cfg, "--model", "tiny", "--world-size", "2", "--gpu", "cpu", "--seq-len", "128"]
+    rc, ref = _estimate_json(*base)
+    assert rc == 0 and ref["step_time_calibration"].startswith("reference calibration dstoolkit/data/")
+    rc, nominal = _estimate_json(*base, "--calibration", "none")
+    assert rc == 0 and nominal["step_time_calibration"] == "nominal hardware-table rates"
+    assert nominal["step_time_s"] != ref["step_time_s"]
+    (tmp_path / "slow.json").write_text(json.dumps(RATES))
+    rc, slow = _estimate_json(*base, "--calibration", str(tmp_path / "slow.json"))
+    assert rc == 0 and slow["step_time_s"] > 2 * ref["step_time_s"]
+    # memory does not depend on the calibration
+    assert slow["memory_per_rank_bytes"] == ref["memory_per_rank_bytes"] == nominal["memory_per_rank_bytes"]
+    rc, err = _estimate_json(*base, "--calibration", str(tmp_path / "missing.json"))
+    assert rc == 2 and "--calibration:" in err and "no such calibration file" in err and "Traceback" not in err
+    # the spec form: the flag overrides cluster.calibration
+    spec_at(tmp_path, calibration="missing.json")
+    rc, over = _estimate_json(str(tmp_path / "spec.yaml"), "--calibration", "none")
+    assert rc == 0 and over["step_time_calibration"] == "nominal hardware-table rates"
