@@ -33,6 +33,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from dstoolkit.bench.harness import spearman  # noqa: E402
 from dstoolkit.train.launch import free_port  # noqa: E402
 
 MAPE_GOAL = 0.15
@@ -256,28 +257,6 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
 
 
 # ------------------------------------------------------------------------------------------------ driver
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2 + 1
-            i = j + 1
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    va = sum((x - ma) ** 2 for x in ra) ** 0.5
-    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
-    return cov / (va * vb) if va and vb else float("nan")
 
 
 def render_md(res: dict) -> str:

@@ -209,28 +209,6 @@ def random_p_within(values: list[float], k: int, frac: float) -> float:
     return 1.0 - math.comb(n - m, k) / math.comb(n, k)
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2.0
-            i = j + 1
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (sx * sy) if sx and sy else 0.0
-
-
 def estimator_reading(doc) -> dict:
     """How well the estimate the tuner is seeded with orders the measured grid."""
     pairs = [(g["tokens_per_s"], g["estimated_tokens_per_s"]) for g in doc["grid"]
@@ -240,7 +218,7 @@ def estimator_reading(doc) -> dict:
     best = max(meas)
     by_est = sorted(pairs, key=lambda p: -p[1])
     return {"points": len(pairs), "within_goal": sum(1 for v in meas if v >= GOAL_FRACTION * best),
-            "spearman": spearman(meas, est), "est_min": min(est), "est_max": max(est),
+            "spearman": harness.spearman(meas, est), "est_min": min(est), "est_max": max(est),
             "meas_min": min(meas), "meas_max": best,
             "estimated_top3_measured_fraction": [m / best for m, _ in by_est[:3]],
             "median_abs_error": sorted(abs(e / m - 1) for m, e in pairs)[len(pairs) // 2]}

@@ -46,8 +46,13 @@ def unlink_job_buffers(addr: Optional[str] = None, port: Optional[str] = None,
     """Remove the names of this job's buffers. Call only once every local rank has finished DeepSpeed's
     distributed initialisation (e.g. after a barrier): a rank still opening a peer's buffer by name would wait
     for it forever. Returns the names removed (another rank may have removed some first)."""
+    return _unlink_each(job_buffers(addr, port, shm_dir))
+
+
+def _unlink_each(paths: list[pathlib.Path]) -> list[str]:
+    """Unlink each path; returns the names removed (ones already gone are skipped)."""
     removed = []
-    for p in job_buffers(addr, port, shm_dir):
+    for p in paths:
         try:
             p.unlink()
             removed.append(p.name)
@@ -88,14 +93,7 @@ def orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = p
 
 def remove_orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = pathlib.Path("/proc")) -> list[str]:
     """Remove `orphaned_buffers`; returns the names removed."""
-    removed = []
-    for p in orphaned_buffers(shm_dir, proc_dir):
-        try:
-            p.unlink()
-            removed.append(p.name)
-        except FileNotFoundError:
-            pass
-    return removed
+    return _unlink_each(orphaned_buffers(shm_dir, proc_dir))
 
 
 def unlink_after_rendezvous() -> list[str]:

@@ -76,3 +76,17 @@ def test_env_capture_has_versions_hardware_commit_and_hash():
 
 def test_config_hash_ignores_key_order():
     assert harness.config_hash({"a": 1, "b": [1, 2]}) == harness.config_hash({"b": [1, 2], "a": 1})
+
+
+def test_spearman_ranks_with_ties_and_constant_input():
+    import math
+
+    from dstoolkit.bench.harness import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert abs(spearman([1, 2, 3, 4], [4, 3, 2, 1]) + 1.0) < 1e-12
+    # ranks 1,2,3 vs 1,3,2: 1 - 6*2/(3*8) = 0.5
+    assert abs(spearman([1, 2, 3], [1, 3, 2]) - 0.5) < 1e-12
+    # ties share the average rank: [1, 2.5, 2.5, 4] vs [1, 2, 3, 4]
+    assert abs(spearman([1, 5, 5, 9], [1, 2, 3, 4]) - 0.9486832980505138) < 1e-12
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
