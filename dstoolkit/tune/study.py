@@ -56,7 +56,8 @@ class TuneOptions:
     seed: int = 0
     force: bool = False
     seed_trials: Optional[int] = None
-    """Top estimated points enqueued first (None: about a third of the budget, 1 to 5)."""
+    """Top estimated points enqueued first (None: `default_seed_trials`: a third of the budget, more when the
+    estimator ties several points, 1 to 5)."""
     startup_trials: Optional[int] = None
     """Trials (seeded ones included) before TPE models the history (None: seed_trials + 2)."""
     bucket_scales: tuple[float, ...] = DEFAULT_BUCKET_SCALES
@@ -82,9 +83,31 @@ class TuneResult:
     files: list[str] = field(default_factory=list)
 
 
-def default_seed_trials(budget: int) -> int:
-    """About a third of the budget from the estimator's ranking, at least 1, at most 5."""
-    return max(1, min(5, round(budget / 3)))
+SEED_BAND_FRACTION = 0.05
+"""Points estimated within this fraction of the best estimate are ties for the estimator: the calibrated
+step-time model's measured error is about this size (MAPE 5.5%, benchmarks/results/step_time_fidelity_cpu_202611.md),
+so only real trials can order them."""
+MAX_SEED_TRIALS = 5
+
+
+def default_seed_trials(budget: int, band_size: int = 1) -> int:
+    """Trials taken from the estimator's ranking before TPE: about a third of the budget (1 to 5), raised to
+    the number of points the estimator cannot tell apart from its best (`band_size`, see SEED_BAND_FRACTION),
+    at most half the budget (rounded up) and at most 5."""
+    base = max(1, min(MAX_SEED_TRIALS, round(budget / 3)))
+    return max(base, min(band_size, -(-budget // 2), MAX_SEED_TRIALS))
+
+
+def estimate_band_size(values: list[float], objective: str) -> int:
+    """How many of the estimated objective values (any order) lie within SEED_BAND_FRACTION of the best one
+    (higher is better for throughput, lower for memory)."""
+    if not values:
+        return 0
+    if direction(objective) == "maximize":
+        best = max(values)
+        return sum(1 for v in values if v >= best * (1 - SEED_BAND_FRACTION))
+    best = min(values)
+    return sum(1 for v in values if v <= best * (1 + SEED_BAND_FRACTION))
 
 
 def _fingerprint(spec_text: str, opts: TuneOptions) -> str:
@@ -339,17 +362,24 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
     resumed = prepare_out_dir(opts.out_dir, fp, opts.force)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    n_seed = default_seed_trials(opts.budget) if opts.seed_trials is None else opts.seed_trials
-    n_startup = opts.startup_trials if opts.startup_trials is not None else n_seed + 2
-    sampler = optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=n_startup, multivariate=True, group=True)
-    storage = f"sqlite:///{(opts.out_dir / STUDY_DB).resolve()}"
-    study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction=direction(opts.objective),
-                                sampler=sampler, load_if_exists=True)
     world = ranks or spec.cluster.world_size
     size = space.size
     checks: Optional[dict[str, PointCheck]] = None
     if size <= FULL_SCAN_MAX_POINTS:
         checks = {p.key: space.check(p, world_size=world) for p in space.points()}
+    pool_size = len(checks) if checks is not None else max(20, POOL_PER_BUDGET * opts.budget)
+    pool = estimator_ranking(space, opts.objective, checks, pool_size, world_size=world)
+    if opts.seed_trials is not None:
+        n_seed = opts.seed_trials
+    else:  # the estimator's ties (within SEED_BAND_FRACTION of its best) are worth real trials first
+        head = [(checks or {}).get(p.key) or space.check(p, world_size=world) for p in pool[:MAX_SEED_TRIALS + 1]]
+        values = [abs(_rank_key(opts.objective, c, spec)) for c in head]
+        n_seed = default_seed_trials(opts.budget, estimate_band_size(values, opts.objective))
+    n_startup = opts.startup_trials if opts.startup_trials is not None else n_seed + 2
+    sampler = optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=n_startup, multivariate=True, group=True)
+    storage = f"sqlite:///{(opts.out_dir / STUDY_DB).resolve()}"
+    study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction=direction(opts.objective),
+                                sampler=sampler, load_if_exists=True)
     if not resumed:
         study.set_user_attr(FINGERPRINT_ATTR, fp)
         study.set_user_attr("spec", str(opts.spec_path))
@@ -357,9 +387,6 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
         study.set_user_attr("mode", opts.mode)
         study.set_user_attr("space", {k: [str(x) for x in v] for k, v in space.dimensions().items()})
         study.set_user_attr("space_size", size)
-    pool_size = len(checks) if checks is not None else max(20, POOL_PER_BUDGET * opts.budget)
-    pool = estimator_ranking(space, opts.objective, checks, pool_size, world_size=world)
-    if not resumed:
         seeds = pool[:n_seed]
         for p in seeds:
             study.enqueue_trial(space.params_of(p), user_attrs={"seeded_by": "estimator ranking"})

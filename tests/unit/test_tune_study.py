@@ -123,3 +123,18 @@ def test_cli_json_and_errors(repo_root, tmp_path, capsys):
     assert rc == 2 and "use --mode estimate" in capsys.readouterr().err
     rc = main(["tune", str(tmp_path / "nope.yaml"), "--budget", "2", "--out", str(tmp_path / "f")])
     assert rc == 2 and "no such spec file" in capsys.readouterr().err
+
+
+def test_seed_count_grows_with_the_estimators_ties():
+    from dstoolkit.tune.study import default_seed_trials, estimate_band_size
+
+    # a third of the budget when the estimator has one clear best
+    assert [default_seed_trials(b) for b in (1, 3, 5, 7, 10, 30)] == [1, 1, 2, 2, 3, 5]
+    # ties: up to half the budget (rounded up), never more than 5, never fewer than the base
+    assert [default_seed_trials(b, band_size=4) for b in (1, 3, 5, 7, 10)] == [1, 2, 3, 4, 4]
+    assert default_seed_trials(20, band_size=9) == 5
+    assert default_seed_trials(10, band_size=1) == 3
+    # throughput: within 5% below the best; memory: within 5% above the least
+    assert estimate_band_size([100.0, 96.0, 95.0, 94.9, 50.0], "throughput") == 3
+    assert estimate_band_size([10.0, 10.5, 10.6, 20.0], "memory") == 2
+    assert estimate_band_size([], "throughput") == 0
