@@ -104,6 +104,9 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
+    from dstoolkit.train.shm import unlink_after_rendezvous
+
+    unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()
     arms = ("bf16", "fp8") + (("bf16_control",) if args.control else ())
     results = [_train_arm(arm, args, rank) for arm in arms]

@@ -250,6 +250,9 @@ def run_worker(cells: list[dict], out_path: str) -> None:
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
+    from dstoolkit.train.shm import unlink_after_rendezvous
+
+    unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()
     world = torch.distributed.get_world_size()
     results = []

@@ -56,6 +56,9 @@ def probe_worker(out_path: str) -> None:
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
+    from dstoolkit.train.shm import unlink_after_rendezvous
+
+    unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()
     # step_time_fidelity.probe returns one dict per clock; the step times here are wall-clock medians
     cal = probe(rank)["wall"]

@@ -212,6 +212,9 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
+    from dstoolkit.train.shm import unlink_after_rendezvous
+
+    unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()
     load_before = os.getloadavg()
     t0 = time.time()
