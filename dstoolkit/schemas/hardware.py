@@ -30,15 +30,15 @@ IB_200G_BUSBW_BYTES_PER_S = 24 * GBps
 
 CPU_MEMORY_PER_RANK_BYTES = 8 * GiB
 """This kind of machine has 24 GiB RAM shared by 2 ranks, the OS and other processes: budget 8 GiB per rank."""
-CPU_REFERENCE_FLOPS = 101e9
+CPU_REFERENCE_FLOPS = 104.8e9
 """Per-rank "peak" of the reference CPU machine: the fastest rate its calibration probe measured (fp32
-transformer-block forward+backward, 2 ranks on 2 cores: 101.0 GFLOP/s; bf16 reaches 62.2; dstoolkit/data/
+transformer-block forward+backward, 2 ranks on 2 cores: 104.8 GFLOP/s; bf16 reaches 63.6; dstoolkit/data/
 calibration_cpu_reference.json, from benchmarks/results/calibration_cpu_202611.json). Not a datasheet peak: the
 MFU of a CPU run is relative to what this probe achieves. Step times on CPU use the calibration itself
 (dstoolkit.estimate.calibration), which replaces this row's rates."""
-CPU_REFERENCE_BW_BYTES_PER_S = 1.2 * GBps
-"""gloo all-reduce busbw between 2 ranks over shared memory on the reference machine (1.202 GB/s, 64 MB
-messages; same calibration file)."""
+CPU_REFERENCE_BW_BYTES_PER_S = 1.75 * GBps
+"""All-reduce busbw between 2 ranks on the reference machine, as the calibration probe measures it (1.748 GB/s;
+same calibration file)."""
 
 GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 989 TFLOP/s bf16 and 1979 fp8 dense

@@ -85,7 +85,7 @@ class TuneResult:
 
 SEED_BAND_FRACTION = 0.05
 """Points estimated within this fraction of the best estimate are ties for the estimator: the calibrated
-step-time model's measured error is about this size (MAPE 5.5%, benchmarks/results/step_time_fidelity_cpu_202611.md),
+step-time model's measured error is about this size (MAPE 4.4-6.2%, benchmarks/results/step_time_fidelity_cpu_202611.md),
 so only real trials can order them."""
 MAX_SEED_TRIALS = 5
 
