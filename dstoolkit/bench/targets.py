@@ -133,7 +133,9 @@ def generate_from_spec(spec_path: pathlib.Path, out_dir: pathlib.Path, strategie
 
 
 def targets_from_folder(folder: pathlib.Path, spec_path: Optional[pathlib.Path], prefix: str = "") -> list[BenchTarget]:
-    """Every strategy folder (holding ds_config.json) under a `dstoolkit generate` output folder."""
+    """Every strategy folder (holding ds_config.json) under a `dstoolkit generate` output folder, or the folder
+    itself when it is one. Paths are absolute (the ranks run in their own working folder)."""
+    folder = folder.resolve()
     found = sorted(p.parent for p in folder.glob(f"*/{DS_CONFIG_FILE}"))
     if (folder / DS_CONFIG_FILE).is_file():
         found.insert(0, folder)
@@ -169,7 +171,9 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
         if not p.exists():
             raise BenchInputError(f"target {item!r}: no such file or folder; pass a DeepSpeed JSON, a spec YAML or a generate output folder")
         if p.is_dir():
-            targets += targets_from_folder(p, spec_path, f"{p.name}/" if multi else "")
+            # a strategy folder itself (holding ds_config.json) is named after its generate folder: spec/strategy
+            source = p.resolve().parent.name if (p / DS_CONFIG_FILE).is_file() else p.resolve().name
+            targets += targets_from_folder(p, spec_path, f"{source}/" if multi else "")
         elif p.suffix.lower() in (".yaml", ".yml"):
             gen = work_dir / f"generated-{p.stem}"
             generate_from_spec(p.resolve(), gen)  # every strategy; --strategy filters below (names may be spec/strategy)

@@ -44,7 +44,9 @@ def _deepspeed_cmd() -> list[str]:
 
 def trainer_command(ds_config_path: pathlib.Path, spec_path: pathlib.Path, steps: int, metrics_out: pathlib.Path,
                     world_size: int, ep_size: int, port: int) -> list[str]:
-    """The deepspeed launcher command for one config (as a generated launch.sh would run it)."""
+    """The deepspeed launcher command for one config (as a generated launch.sh would run it). Paths are made
+    absolute: the ranks run in the config's own working folder."""
+    ds_config_path, spec_path, metrics_out = (pathlib.Path(x).resolve() for x in (ds_config_path, spec_path, metrics_out))
     cmd = _deepspeed_cmd() + ["--num_gpus", str(world_size), "--master_port", str(port),
                               "--module", "dstoolkit.train.trainer",
                               "--deepspeed_config", str(ds_config_path), "--spec", str(spec_path),
