@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 from dstoolkit.bench import harness, targets as targets_mod
 from dstoolkit.bench.harness import BenchInputError
+from dstoolkit.train.shm import remove_orphaned_buffers
 
 BENCH_NAME = "train"
 
@@ -129,16 +130,11 @@ def calibration_for(raw: Optional[dict[str, Any]], precision: str):
         raise BenchInputError(f"--calibration: {exc}") from None
 
 
-def _spec_calibration_label(spec) -> str:
-    from dstoolkit.estimate.calibration import calibration_label
-
-    return calibration_label(spec)
-
-
 def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration_raw) -> Optional[dict[str, Any]]:
     """The estimate for one config as a flat dict ({"error": ...} when the estimator refuses)."""
     try:
         from dstoolkit.estimate import estimate_run, plan_from_spec
+        from dstoolkit.estimate.calibration import calibration_label
     except ImportError as exc:  # pragma: no cover - estimator is part of the package
         return {"error": f"estimator unavailable: {exc}"}
     try:
@@ -168,7 +164,7 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
         "peak_flops_per_rank": peak,
         "calibrated": plan.calibration is not None,
         "calibration_source": ((calibration_raw or {}).get("_source") if calibration is not None
-                               else _spec_calibration_label(spec) if plan.calibration is not None else None),
+                               else calibration_label(spec) if plan.calibration is not None else None),
         "step_time_breakdown_s": est.step_time.model_dump(),
     }
 
@@ -199,8 +195,6 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
     except subprocess.TimeoutExpired as exc:
         rc, tail = 124, f"timed out after {timeout_s:.0f} s: {str(exc.stderr or '')[-1000:]}"
     wall = time.perf_counter() - t0
-    from dstoolkit.train.shm import remove_orphaned_buffers
-
     remove_orphaned_buffers()  # /dev/shm buffers of ranks that died before the trainer unlinked them
     body: dict[str, Any] = {"config_name": target.name, "command": " ".join(cmd), "wall_s": wall, "ep_size": target.ep_size,
                             "world_size": world_size, "seq_len": spec.training.seq_len, "model": shape.name,

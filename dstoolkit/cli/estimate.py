@@ -110,13 +110,10 @@ def _plan_from_args(args):
 
 def _calibration(value, gpu: str, precision: str):
     """--calibration (a file or none), else the packaged reference for the hardware row."""
-    from dstoolkit.estimate.calibration import CalibrationInputError, calibration_path, load_calibration
+    from dstoolkit.estimate.calibration import CalibrationInputError, resolve_calibration
 
-    path = calibration_path(value, gpu)
-    if path is None:
-        return None
     try:
-        return load_calibration(path, precision)
+        return resolve_calibration(value, gpu, precision)
     except CalibrationInputError as exc:
         raise ValueError(f"--calibration: {exc}") from None
 

@@ -130,17 +130,27 @@ def calibration_path_for(spec) -> Optional[pathlib.Path]:
     return calibration_path(getattr(spec.cluster, "calibration", None), spec.cluster.gpu, spec.base_dir)
 
 
+def resolve_calibration(value: Optional[str], gpu, precision: str,
+                        base_dir: Optional[pathlib.Path] = None) -> Optional[Calibration]:
+    """The `Calibration` for an explicit `value` (path or "none") or the hardware row's packaged reference
+    (`calibration_path`), loaded for `precision`; None = the table's nominal rates.
+
+    Raises:
+        CalibrationInputError: the file is missing or unusable.
+    """
+    path = calibration_path(value, gpu, base_dir)
+    return None if path is None else load_calibration(path, precision)
+
+
 def calibration_for_spec(spec) -> Optional[Calibration]:
     """The `Calibration` for estimates of `spec` (see the module docstring), or None.
 
     Raises:
         SpecError: cluster.calibration names a file that is missing or unusable (located at its YAML line).
     """
-    path = calibration_path_for(spec)
-    if path is None:
-        return None
     try:
-        return load_calibration(path, spec.training.precision)
+        return resolve_calibration(getattr(spec.cluster, "calibration", None), spec.cluster.gpu,
+                                   spec.training.precision, spec.base_dir)
     except CalibrationInputError as exc:
         if getattr(spec.cluster, "calibration", None) is None:
             raise  # the packaged file itself is broken: an installation problem, not the user's spec

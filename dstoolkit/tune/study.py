@@ -226,11 +226,13 @@ def _rank_key(objective: str, check: PointCheck, spec) -> float:
 
 
 def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[str, PointCheck]], top: int,
-                      world_size: Optional[int] = None) -> list[TunePoint]:
+                      world_size: Optional[int] = None,
+                      cache: Optional[dict[str, PointCheck]] = None) -> list[TunePoint]:
     """Up to `top` runnable points, best estimate first (for the objective).
 
     With a full scan (`checks`), every runnable point is ranked; otherwise the sweep's ranking
-    (`run_sweep`, default knobs) is used, each point re-checked with this space's checks.
+    (`run_sweep`, default knobs) is used, each point re-checked with this space's checks (stored in `cache`
+    when given, so the caller does not check them again).
     """
     if top <= 0:
         return []
@@ -267,6 +269,8 @@ def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[st
             continue
         seen.add(p.key)
         chk = space.check(p, world_size=world_size)
+        if cache is not None:
+            cache[p.key] = chk
         if not chk.pruned:
             out.append(p)
         if len(out) >= top:
@@ -368,11 +372,12 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
     if size <= FULL_SCAN_MAX_POINTS:
         checks = {p.key: space.check(p, world_size=world) for p in space.points()}
     pool_size = len(checks) if checks is not None else max(20, POOL_PER_BUDGET * opts.budget)
-    pool = estimator_ranking(space, opts.objective, checks, pool_size, world_size=world)
+    check_cache: dict[str, PointCheck] = dict(checks or {})
+    pool = estimator_ranking(space, opts.objective, checks, pool_size, world_size=world, cache=check_cache)
     if opts.seed_trials is not None:
         n_seed = opts.seed_trials
     else:  # the estimator's ties (within SEED_BAND_FRACTION of its best) are worth real trials first
-        head = [(checks or {}).get(p.key) or space.check(p, world_size=world) for p in pool[:MAX_SEED_TRIALS + 1]]
+        head = [check_cache[p.key] for p in pool[:MAX_SEED_TRIALS + 1]]
         values = [abs(_rank_key(opts.objective, c, spec)) for c in head]
         n_seed = default_seed_trials(opts.budget, estimate_band_size(values, opts.objective))
     n_startup = opts.startup_trials if opts.startup_trials is not None else n_seed + 2
@@ -399,7 +404,6 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
     study.set_user_attr("budget", opts.budget)
     runnable = None if checks is None else {k for k, c in checks.items() if not c.pruned}
     rng = random.Random(opts.seed)
-    check_cache: dict[str, PointCheck] = dict(checks or {})
 
     def counted() -> int:
         return sum(1 for t in study.get_trials(deepcopy=False) if _rec(t).get("counted"))
