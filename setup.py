@@ -35,7 +35,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["dstoolkit", "dstoolkit.*"]),
     include_package_data=True,
-    package_data={"dstoolkit": ["data/*", "data/**/*"], "dstoolkit.schemas": ["*.json"]},
+    package_data={"dstoolkit": ["data/*", "data/**/*"], "dstoolkit.dsconfig": ["*.json"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["dstoolkit=dstoolkit.cli:main"]},

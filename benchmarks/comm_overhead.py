@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from dstoolkit.bench import comm, harness
+from dstoolkit.runtime.bench import comm, harness
 
 BENCH_NAME = "comm_overhead"
 

@@ -57,9 +57,9 @@ def _train_arm(arm: str, args, rank: int) -> dict:
     import deepspeed
     import torch
 
-    from dstoolkit.fp8 import convert
+    from dstoolkit.runtime.fp8 import convert
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.models.torch_model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model, synthetic_batch
 
     shape = get_preset(args.model)
     # The control arm differs from bf16 only in its weight seed: its gap is the run-to-run noise floor.
@@ -104,7 +104,7 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    from dstoolkit.train.shm import unlink_after_rendezvous
+    from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
     unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()
@@ -119,9 +119,9 @@ def _tail_mean(xs: list[float], n: int) -> float:
 
 
 def summarize(results: list[dict], args, wall_s: float) -> dict:
-    from dstoolkit.bench.harness import capture_env
+    from dstoolkit.runtime.bench.harness import capture_env
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.models.torch_model import loss_floor
+    from dstoolkit.runtime.model import loss_floor
 
     bf16, fp8 = results[0], results[1]
     control = results[2] if len(results) > 2 else None
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
 
-    from dstoolkit.bench.harness import free_port
+    from dstoolkit.runtime.bench.harness import free_port
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

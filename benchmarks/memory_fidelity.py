@@ -2,7 +2,7 @@
 """Memory fidelity: dstoolkit.estimate vs what real DeepSpeed engines allocate, on 2 gloo ranks.
 
 For each cell (ZeRO stage x precision x optimizer offload x MoE ep x checkpoint policy) a real DeepSpeed
-0.19.8 engine trains a small transformer (`dstoolkit.models.torch_model`) for 2 steps. Measured per rank:
+0.19.8 engine trains a small transformer (`dstoolkit.runtime.model`) for 2 steps. Measured per rank:
 
 * model states *during the inner optimizer step of step 2* (optimizer state exists by then: it is created
   lazily in step 1): the bytes of every distinct tensor storage that holds parameters (module params and
@@ -36,7 +36,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dstoolkit.train.launch import free_port  # noqa: E402
+from dstoolkit.runtime.train.launch import free_port  # noqa: E402
 
 MODEL_STATE_GOAL = 0.02
 """Issue #4 goal: model states within 2% per cell."""
@@ -243,14 +243,14 @@ def run_worker(cells: list[dict], out_path: str) -> None:
     from dstoolkit.estimate import RunPlan, activation_bytes
     from dstoolkit.estimate.memory import deepspeed_model_states
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.models.torch_model import MOE_CAPACITY_FACTOR, build_model, moe_param_groups, synthetic_batch
-    from dstoolkit.schemas.checkpoint import CheckpointPolicy
-    from dstoolkit.schemas.hardware import get_gpu
-    from dstoolkit.train.checkpointing import apply_checkpoint_policy
+    from dstoolkit.runtime.model import MOE_CAPACITY_FACTOR, build_model, moe_param_groups, synthetic_batch
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    from dstoolkit.train.shm import unlink_after_rendezvous
+    from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
     unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()

@@ -56,7 +56,7 @@ def probe_worker(out_path: str) -> None:
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    from dstoolkit.train.shm import unlink_after_rendezvous
+    from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
     unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()
@@ -98,7 +98,7 @@ def predict(spec_path: pathlib.Path, ds_config: dict, cal: dict, inter_busbw: fl
     from dstoolkit.estimate.comm import comm_plan, op_time_s
     from dstoolkit.estimate.plan import plan_from_spec
     from dstoolkit.models import resolve_model
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     spec = load_spec(spec_path)
     shape = resolve_model(spec.model, spec.base_dir)

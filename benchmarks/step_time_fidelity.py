@@ -33,8 +33,8 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dstoolkit.bench.harness import spearman  # noqa: E402
-from dstoolkit.train.launch import free_port  # noqa: E402
+from dstoolkit.runtime.bench.harness import spearman  # noqa: E402
+from dstoolkit.runtime.train.launch import free_port  # noqa: E402
 
 MAPE_GOAL = 0.15
 SPEARMAN_GOAL = 0.9
@@ -76,7 +76,7 @@ def configs(quick: bool) -> list[dict]:
 
 def _ds_config(c: dict) -> dict:
     from dstoolkit.estimate.autofill import ds_config_for
-    from dstoolkit.schemas.spec import Spec
+    from dstoolkit.spec import Spec
 
     spec = Spec.model_validate({
         "name": "steptime", "model": {"preset": "tiny"},
@@ -125,7 +125,7 @@ def probe(rank: int) -> dict:
 
     from dstoolkit.estimate.flops import flops_per_token
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.models.torch_model import Block
+    from dstoolkit.runtime.model import Block
 
     out: dict = {k: {} for k in CLOCKS}
     shape = ModelShape(**PROBE_SHAPE)
@@ -178,8 +178,8 @@ def _engine_step_time(shape_kw: dict, cfg: dict, ckpt: str, steps: int, warmup: 
     import torch
 
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.models.torch_model import build_model, synthetic_batch
-    from dstoolkit.schemas.checkpoint import CheckpointPolicy
+    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
 
     shape = ModelShape(**shape_kw)
     model = build_model(shape, checkpoint=CheckpointPolicy(kind=ckpt) if ckpt != "none" else None, seed=0)
@@ -207,12 +207,12 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
 
     from dstoolkit.estimate import Calibration, RunPlan, estimate_run
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.schemas.checkpoint import CheckpointPolicy
-    from dstoolkit.schemas.hardware import get_gpu
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+    from dstoolkit.hardware.table import get_gpu
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    from dstoolkit.train.shm import unlink_after_rendezvous
+    from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
     unlink_after_rendezvous()  # DeepSpeed never removes its CPU all-reduce buffers from /dev/shm
     rank = torch.distributed.get_rank()

@@ -27,9 +27,9 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dstoolkit.bench import harness  # noqa: E402
-from dstoolkit.train.ckpt import tag_for  # noqa: E402
-from dstoolkit.train.launch import read_metrics, run_local, start_local  # noqa: E402
+from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.train.ckpt import tag_for  # noqa: E402
+from dstoolkit.runtime.train.launch import read_metrics, run_local, start_local  # noqa: E402
 
 SMALL_MODEL = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
@@ -79,10 +79,10 @@ def activations() -> list[dict]:
 
     from dstoolkit.estimate import RunPlan, activation_bytes
     from dstoolkit.models import get_preset
-    from dstoolkit.models.torch_model import build_model, synthetic_batch
-    from dstoolkit.schemas.checkpoint import CheckpointPolicy
-    from dstoolkit.schemas.hardware import get_gpu
-    from dstoolkit.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
+    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
 
     policies = {"none": CheckpointPolicy(kind="none"), "full": CheckpointPolicy(kind="full"),
                 "every-2": CheckpointPolicy(kind="every-k", every_k=2),

@@ -37,7 +37,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dstoolkit.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench import harness  # noqa: E402
 from dstoolkit.tune.objective import TrialOutcome, run_real_trial  # noqa: E402
 from dstoolkit.tune.space import TuneSpace  # noqa: E402
 
@@ -64,7 +64,7 @@ QUIET_LOAD_MAX = 3.0
 
 def load_space(spec_path: pathlib.Path = SPEC):
     from dstoolkit.models import resolve_spec_model
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     spec = load_spec(spec_path)
     return TuneSpace.from_spec(spec, resolve_spec_model(spec), bucket_scales=BUCKET_SCALES, data_parallel_only=True)

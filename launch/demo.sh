@@ -11,7 +11,7 @@ STEPS="${STEPS:-12}"
 OUT="out/demo/$(date -u +%Y%m%dT%H%M%SZ)"
 read -r WORLD SEQ_LEN GPU MODEL_ARG < <(python - "$SPEC" <<'PY'
 import sys
-from dstoolkit.schemas.spec import load_spec
+from dstoolkit.spec import load_spec
 spec = load_spec(sys.argv[1])
 m = spec.model
 model = m.preset or (str((spec.base_dir / m.hf_config).resolve()) if m.hf_config else "-")

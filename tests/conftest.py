@@ -48,8 +48,8 @@ def repo_root() -> pathlib.Path:
 def pytest_sessionfinish(session, exitstatus):
     """Remove DeepSpeed CPU all-reduce buffers that tests' killed or crashed ranks left in /dev/shm (the trainer
     unlinks its own; scripts that call deepspeed.init_distributed directly do not). Only buffers no live
-    process maps are removed (dstoolkit.train.shm)."""
-    from dstoolkit.train.shm import remove_orphaned_buffers
+    process maps are removed (dstoolkit.runtime.train.shm)."""
+    from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 
     removed = remove_orphaned_buffers()
     if removed:

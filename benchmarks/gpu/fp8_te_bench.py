@@ -65,10 +65,10 @@ def run(args) -> list[dict]:
 
     import torch
 
-    from dstoolkit.bench.harness import capture_env
-    from dstoolkit.fp8 import Fp8Converter
+    from dstoolkit.runtime.bench.harness import capture_env
+    from dstoolkit.runtime.fp8 import Fp8Converter
     from dstoolkit.fp8.recipes import Fp8BackendUnavailable
-    from dstoolkit.schemas.fp8 import Fp8Config
+    from dstoolkit.dsconfig.fp8 import Fp8Config
 
     if not torch.cuda.is_available():
         print("fp8_te_bench: no CUDA GPU here; this script needs one (and transformer-engine)", file=sys.stderr)

@@ -83,17 +83,17 @@ def _err(msg: str) -> int:
 
 
 def run(args) -> int:
-    from dstoolkit.bench.harness import BenchInputError
+    from dstoolkit.runtime.bench.harness import BenchInputError
 
     try:
         if args.bench_kind == "comm":
             return _run_comm(args)
         if args.bench_kind == "overlap":
-            from dstoolkit.bench import overlap
+            from dstoolkit.runtime.bench import overlap
 
             return overlap.cli_run(args)
         if args.bench_kind == "train":
-            from dstoolkit.bench import train
+            from dstoolkit.runtime.bench import train
 
             return train.cli_run(args)
     except BenchInputError as exc:
@@ -111,7 +111,7 @@ def _default_backend() -> str:
 
 
 def _run_comm(args) -> int:
-    from dstoolkit.bench import comm
+    from dstoolkit.runtime.bench import comm
 
     opts = comm.CommOptions(
         ops=comm.parse_ops(args.ops),

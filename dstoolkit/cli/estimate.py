@@ -69,8 +69,8 @@ def _load_shape(model: str):
 
 def _plan_from_args(args):
     from dstoolkit.estimate import RunPlan
-    from dstoolkit.schemas.checkpoint import CheckpointPolicy
-    from dstoolkit.schemas.hardware import get_gpu
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+    from dstoolkit.hardware.table import get_gpu
 
     missing = [f for f, v in (("--config", args.config), ("--model", args.model), ("--world-size", args.world_size)) if v is None]
     if missing:
@@ -110,7 +110,7 @@ def _plan_from_args(args):
 
 def _calibration(value, gpu: str, precision: str):
     """--calibration (a file or none), else the packaged reference for the hardware row."""
-    from dstoolkit.estimate.calibration import CalibrationInputError, resolve_calibration
+    from dstoolkit.hardware.calibration import CalibrationInputError, resolve_calibration
 
     try:
         return resolve_calibration(value, gpu, precision)
@@ -120,13 +120,13 @@ def _calibration(value, gpu: str, precision: str):
 
 def _plan_from_spec(path: str, calibration_arg=None):
     from dstoolkit.estimate.autofill import fill_autos
-    from dstoolkit.estimate.calibration import calibration_label
+    from dstoolkit.hardware.calibration import calibration_label
     from dstoolkit.models import resolve_model
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     spec = load_spec(path)
     if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
-        from dstoolkit.estimate.calibration import NONE_VALUES
+        from dstoolkit.hardware.calibration import NONE_VALUES
 
         none = str(calibration_arg).strip().lower() in NONE_VALUES
         spec.cluster.calibration = calibration_arg if none else str(Path(calibration_arg).expanduser().resolve())
@@ -142,7 +142,7 @@ def _plan_from_spec(path: str, calibration_arg=None):
 
 
 def _calibration_label(value, gpu) -> str:
-    from dstoolkit.estimate.calibration import calibration_path, path_label
+    from dstoolkit.hardware.calibration import calibration_path, path_label
 
     return path_label(calibration_path(value, gpu))
 

@@ -2,7 +2,7 @@
 
 SPEC is a spec YAML (model, cluster.gpu, micro_batch, seq_len, tp/pp/ep are read from it); MODEL is a preset
 name (`tiny`, `llama-3-8b`, `deepseek-v3`, ...) or a Hugging Face config.json. No torch import: the plan is
-computed from the model shape, with the same layer rules as `dstoolkit.fp8.convert`.
+computed from the model shape, with the same layer rules as `dstoolkit.runtime.fp8.convert`.
 
 Exit codes: 0 ok, 1 the GPU cannot run the recipe (hardware gate), 2 bad input.
 """
@@ -61,7 +61,7 @@ class _InputError(Exception):
 def _load_fp8_config(args, spec_fp8: dict | None):
     from pydantic import ValidationError
 
-    from dstoolkit.schemas.fp8 import Fp8Config
+    from dstoolkit.dsconfig.fp8 import Fp8Config
 
     data: dict = dict(spec_fp8 or {})
     if args.config:
@@ -107,7 +107,7 @@ def _load_fp8_config(args, spec_fp8: dict | None):
 def _resolve(args):
     """(shape, gpu, parallel/batch settings, notes) from a spec file or a model name/path."""
     from dstoolkit.models import get_preset, load_hf_config
-    from dstoolkit.schemas.hardware import get_gpu
+    from dstoolkit.hardware.table import get_gpu
 
     target = args.target
     path = Path(target)
@@ -118,7 +118,7 @@ def _resolve(args):
     gpu = None
     if path.suffix in SPEC_SUFFIXES:
         from dstoolkit.models import resolve_model
-        from dstoolkit.schemas.spec import load_spec
+        from dstoolkit.spec import load_spec
 
         try:
             spec = load_spec(path)

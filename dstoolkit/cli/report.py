@@ -19,8 +19,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from dstoolkit.bench.harness import BenchInputError
-    from dstoolkit.bench.report import render_report
+    from dstoolkit.runtime.bench.harness import BenchInputError
+    from dstoolkit.runtime.bench.report import render_report
 
     try:
         res = render_report(args.results_dir, out=args.out, force=args.force, pattern=args.include)

@@ -1,5 +1,5 @@
 """`dstoolkit resolve CONFIG --world-size N --hidden-size H [...] -o OUT`: fill Hugging Face "auto" values
-the way HF Trainer does (see dstoolkit.schemas.auto), so DeepSpeed can be run on the config directly.
+the way HF Trainer does (see dstoolkit.dsconfig.auto), so DeepSpeed can be run on the config directly.
 
 Refuses to overwrite OUT without --force. Exit 0 when everything was filled and the result validates,
 1 when something could not be filled or the result has errors, 2 on bad input.
@@ -42,9 +42,9 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from dstoolkit.cli.schema import write_atomic
-    from dstoolkit.schemas.auto import resolve_auto
-    from dstoolkit.schemas.parse import decode_bytes, parse_text
-    from dstoolkit.schemas.validate import validate_config
+    from dstoolkit.dsconfig.auto import resolve_auto
+    from dstoolkit.validate.parse import decode_bytes, parse_text
+    from dstoolkit.validate.engine import validate_config
 
     if not os.path.isfile(args.config):
         print(f"dstoolkit resolve: error: {args.config}: no such file", file=sys.stderr)

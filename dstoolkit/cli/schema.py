@@ -13,14 +13,14 @@ import tempfile
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("schema", help="write the DeepSpeed config JSON Schema",
-                              description="Print (or write with -o) the JSON Schema generated from dstoolkit.schemas.")
+                              description="Print (or write with -o) the JSON Schema generated from dstoolkit.dsconfig.")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite FILE when it exists with different content")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from dstoolkit.schemas.export import schema_text
+    from dstoolkit.dsconfig.export import schema_text
 
     text = schema_text()
     if not args.output:

@@ -1,4 +1,4 @@
-"""`dstoolkit train`: launch the example trainer (dstoolkit.train.trainer) on N local ranks.
+"""`dstoolkit train`: launch the example trainer (dstoolkit.runtime.train.trainer) on N local ranks.
 
     dstoolkit train --spec SPEC.yaml --config DS.json --steps 20 [--nproc 2] [--launcher torchrun|deepspeed]
                     [--metrics-out PATH] [--dry-run] [--format table|json] [-- extra trainer flags]
@@ -31,7 +31,7 @@ def add_parser(subparsers) -> None:
 
 def launch_command(args) -> list[str]:
     """The launcher command line (a list, never a shell string)."""
-    from dstoolkit.train.launch import launch_command as _cmd
+    from dstoolkit.runtime.train.launch import launch_command as _cmd
 
     trainer = ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
                "--metrics-out", args.metrics_out, *args.extra]
@@ -71,7 +71,7 @@ def run(args) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    from dstoolkit.train.launch import launch_env
+    from dstoolkit.runtime.train.launch import launch_env
 
     rc = subprocess.run(cmd, env=launch_env(args.nproc, args.launcher)).returncode
     if not Path(args.metrics_out).is_file():

@@ -70,10 +70,10 @@ def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(args) -> int:
-    from dstoolkit.schemas.findings import Finding
-    from dstoolkit.schemas.parse import MAX_TEXT_BYTES, decode_bytes
-    from dstoolkit.schemas.validate import validate_config
-    from dstoolkit.schemas.versions import normalize_version
+    from dstoolkit.validate.findings import Finding
+    from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
+    from dstoolkit.validate.engine import validate_config
+    from dstoolkit.dsconfig.versions import normalize_version
 
     try:
         version = normalize_version(args.deepspeed_version)

@@ -3,7 +3,7 @@
 `korthikanti_layer_bytes` is the paper (arXiv 2205.05198, eq. 1-2 and Table 2) for a GPT layer with 16-bit
 activations and dropout. `layer_activation_bytes` itemises the tensors autograd really saves for one
 Llama-style block (RMSNorm, RoPE, GQA, SwiGLU or GELU MLP, DeepSpeed top-k MoE) the way
-`dstoolkit.models.torch_model` / Hugging Face implement it, using the same reasoning as the paper (each
+`dstoolkit.runtime.model` / Hugging Face implement it, using the same reasoning as the paper (each
 operation keeps the inputs its backward needs) — that is what the fidelity benchmark measures with
 `torch.autograd.graph.saved_tensors_hooks`. No torch import.
 """

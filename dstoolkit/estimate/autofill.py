@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from dstoolkit.estimate.core import Estimate, estimate_run
 from dstoolkit.estimate.plan import RunPlan, plan_from_spec
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 
 @dataclass

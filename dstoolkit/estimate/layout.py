@@ -1,4 +1,4 @@
-"""Ordered parameter layout of a `ModelShape`, in Hugging Face / `dstoolkit.models.torch_model` module order.
+"""Ordered parameter layout of a `ModelShape`, in Hugging Face / `dstoolkit.runtime.model` module order.
 
 DeepSpeed ZeRO-1/2 flattens each parameter group in registration order and cuts the flat buffer into
 equal partitions, so *which* parameters land on a rank (and how many elements a rank's gradient buffer

@@ -11,8 +11,10 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.spec import GpuSpec, Spec
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.hardware.calibration import Calibration, calibration_for_spec
+from dstoolkit.hardware.table import GpuSpec, get_gpu
+from dstoolkit.spec import Spec
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
@@ -155,53 +157,6 @@ def read_ds_config(ds: dict, world_size: int, dp: int) -> DsView:
     )
 
 
-class Calibration(BaseModel):
-    """Measured rates that replace the GPU table's nominal ones in the step-time model
-    (benchmarks/step_time_fidelity.py measures them; results in benchmarks/results/calibration_*)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    matmul_flops_per_s: float = Field(gt=0)
-    """Achieved training FLOP/s per rank (transformer-block forward+backward probe)."""
-    matmul_work: Optional[float] = Field(default=None, gt=0)
-    """Size of that probe: tokens per micro batch x hidden size (None: one rate for every size)."""
-    matmul_flops_per_s_large: Optional[float] = Field(default=None, gt=0)
-    """Rate of a second, larger probe; with it the rate is interpolated in log(size) (GEMM efficiency grows
-    with size), and clamped outside the two probes."""
-    matmul_work_large: Optional[float] = Field(default=None, gt=0)
-    """Size of the larger probe (tokens x hidden)."""
-    mem_bw_bytes_per_s: float = Field(gt=0)
-    """Achieved elementwise streaming bandwidth per rank (optimizer update, casts, copies)."""
-    comm_busbw_bytes_per_s: float = Field(gt=0)
-    """Achieved collective bus bandwidth (nccl-tests busbw convention) of groups inside one node; also used
-    across nodes when inter_node_busbw_bytes_per_s is None."""
-    comm_latency_s: float = Field(default=0.0, ge=0)
-    """Fixed cost per collective call."""
-    inter_node_busbw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
-    """Bus bandwidth one group gets across nodes (e.g. a 2-node all-reduce's busbw in `dstoolkit bench comm`),
-    used for collectives whose group spans nodes. None: comm_busbw_bytes_per_s for every collective."""
-    inter_node_latency_s: Optional[float] = Field(default=None, ge=0)
-    """Fixed cost per call of a collective spanning nodes (None: comm_latency_s)."""
-    inter_node_links_per_node: int = Field(default=1, ge=1)
-    """Independent inter-node links per node behind that busbw: groups crossing nodes side by side beyond
-    this many share one (estimate.comm.link_share). 1 = one uplink per node (the CPU test hosts)."""
-    per_layer_overhead_s: float = Field(default=0.0, ge=0)
-    """Fixed framework cost per transformer block per micro step (hooks, small kernels)."""
-    step_overhead_s: float = Field(default=0.0, ge=0)
-    """Fixed framework cost per optimizer step (DeepSpeed bookkeeping)."""
-
-    def rate_at(self, work: float) -> float:
-        """FLOP/s for a micro batch of `work` = tokens x hidden, interpolated between the probes."""
-        import math as _m
-
-        if not (self.matmul_work and self.matmul_flops_per_s_large and self.matmul_work_large):
-            return self.matmul_flops_per_s
-        x0, x1 = _m.log(self.matmul_work), _m.log(self.matmul_work_large)
-        x = min(max(_m.log(work), min(x0, x1)), max(x0, x1))
-        frac = (x - x0) / (x1 - x0) if x1 != x0 else 0.0
-        return self.matmul_flops_per_s + frac * (self.matmul_flops_per_s_large - self.matmul_flops_per_s)
-
-
 class RunPlan(BaseModel):
     """One run to estimate."""
 
@@ -334,15 +289,12 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape) -> RunPlan:
 
     Returns:
         The plan. "auto" parallel degrees in the spec count as 1 (the DeepSpeed JSON cannot carry them).
-        Its calibration is the spec's (`dstoolkit.estimate.calibration.calibration_for_spec`).
+        Its calibration is the spec's (`dstoolkit.hardware.calibration.calibration_for_spec`).
 
     Raises:
         ValueError: impossible combinations (tp not dividing heads, ep not dividing experts, ...), or an
             unusable cluster.calibration file.
     """
-    from dstoolkit.estimate.calibration import calibration_for_spec
-    from dstoolkit.schemas.hardware import get_gpu
-
     t = spec.training
     kind = _POLICY_FROM_SPEC[t.activation_checkpointing]
     if kind == "every-k":

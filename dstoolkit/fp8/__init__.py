@@ -1,8 +1,8 @@
-"""dstoolkit.fp8: FP8 layer swaps (Transformer Engine or CPU emulation), recipes and the swap plan.
+"""dstoolkit.fp8: FP8 recipes (from the schema's `Fp8Config`) and the swap plan of a model shape, without torch.
 
-Importing this package does not import torch; the torch-backed names below load on first use:
+The torch side (Transformer Engine swap, CPU emulation backend) is `dstoolkit.runtime.fp8`:
 
-    from dstoolkit.fp8 import convert, revert
+    from dstoolkit.runtime.fp8 import convert, revert
     report = convert(model, {"recipe": "block", "format": "e4m3"}, backend="emulated")
     print(report.to_table())
 """
@@ -12,14 +12,8 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "convert": "dstoolkit.fp8.converter",
-    "revert": "dstoolkit.fp8.converter",
-    "load_state_dict": "dstoolkit.fp8.converter",
-    "Fp8Converter": "dstoolkit.fp8.converter",
     "Fp8BackendUnavailable": "dstoolkit.fp8.recipes",
     "build_te_recipe": "dstoolkit.fp8.recipes",
-    "EmulatedFp8Linear": "dstoolkit.fp8.emulated",
-    "fp8_autocast": "dstoolkit.fp8.emulated",
     "SwapReport": "dstoolkit.fp8.report",
     "SwapEntry": "dstoolkit.fp8.report",
     "SkipEntry": "dstoolkit.fp8.report",

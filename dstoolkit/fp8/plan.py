@@ -1,6 +1,6 @@
 """FP8 plan from a model shape alone (no torch): which GEMMs swap, memory change per rank, speedup class.
 
-Module names follow `dstoolkit.models.torch_model` (the converter's view of the same model), so for a
+Module names follow `dstoolkit.runtime.model` (the converter's view of the same model), so for a
 shape the toolkit can build, the plan's swapped names equal `convert(...)`'s report exactly.
 
 Memory: only tensors actually *stored* in FP8 shrink (anchors.md, "Claims that are wrong": torchtitan
@@ -28,8 +28,8 @@ from pydantic import BaseModel, Field
 
 from dstoolkit.fp8.report import SkipEntry, SwapEntry, SwapReport, decide_linear
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.fp8 import MX_BLOCK, Fp8Config, check_fp8_hardware
-from dstoolkit.schemas.spec import GpuSpec
+from dstoolkit.dsconfig.fp8 import MX_BLOCK, Fp8Config, check_fp8_hardware
+from dstoolkit.hardware.table import GpuSpec
 
 BF16_BYTES = 2
 FP8_BYTES = 1

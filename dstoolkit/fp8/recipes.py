@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dstoolkit.schemas.fp8 import TE_RECIPE_CLASS, Fp8Config
+from dstoolkit.dsconfig.fp8 import TE_RECIPE_CLASS, Fp8Config
 
 TE_INSTALL_HINT = (
     "install Transformer Engine on a CUDA machine with `pip install 'dstoolkit[te]'` "
     "(transformer-engine[pytorch]; needs CUDA 12.x and an sm_89+ GPU), "
-    "or use dstoolkit.fp8.convert(model, cfg, backend='emulated') to run the FP8 numerics on CPU"
+    "or use dstoolkit.runtime.fp8.convert(model, cfg, backend='emulated') to run the FP8 numerics on CPU"
 )
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
-from dstoolkit.schemas.fp8 import Fp8Config
+from dstoolkit.dsconfig.fp8 import Fp8Config
 
 _BLOCK_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
+from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 
 class Candidate(BaseModel):

@@ -21,7 +21,7 @@ from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.sweep import Ranked, SweepResult, error_findings, run_sweep
 from dstoolkit.generate.writer import write_tree_atomic
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 SPEC_COPY = "spec.yaml"
 HF_CONFIG_COPY = "model_config.json"

@@ -13,7 +13,8 @@ from typing import Optional
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import GpuSpec, Spec
+from dstoolkit.hardware.table import GpuSpec
+from dstoolkit.spec import Spec
 
 GiB = 2**30
 
@@ -91,7 +92,7 @@ def estimator_source(spec: Optional[Spec] = None) -> str:
     """Which estimator `estimate_candidate` uses, and with which calibration when `spec` is given (for summaries)."""
     if spec is None:
         return PACKAGE_SOURCE
-    from dstoolkit.estimate.calibration import calibration_label
+    from dstoolkit.hardware.calibration import calibration_label
 
     return f"{PACKAGE_SOURCE}, step times from {calibration_label(spec)}"
 
@@ -115,7 +116,7 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         SpecError: cluster.calibration names an unusable file.
     """
     from dstoolkit.estimate import RunPlan, estimate_run  # issue #4
-    from dstoolkit.estimate.calibration import calibration_for_spec
+    from dstoolkit.hardware.calibration import calibration_for_spec
 
     if ds_config is None:
         from dstoolkit.generate.ds_json import build_ds_config

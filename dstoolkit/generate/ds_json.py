@@ -8,7 +8,7 @@ from __future__ import annotations
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.rules import hpz_partition_size
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 # Defaults DeepSpeed documents (docs/config-json, runtime/zero/config.py): 5e8-element buckets.
 REDUCE_BUCKET_ELEMENTS = 500_000_000

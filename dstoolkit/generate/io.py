@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Union
 
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 
 class SpecLoadError(ValueError):
@@ -18,9 +18,9 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
     Raises:
         SpecLoadError: with the `file:line:col: error: ...` text of the underlying `SpecError`.
     """
-    from dstoolkit.estimate.calibration import calibration_for_spec
+    from dstoolkit.hardware.calibration import calibration_for_spec
     from dstoolkit.models.resolve import resolve_spec_model
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     p = Path(path)
     if not p.is_file():

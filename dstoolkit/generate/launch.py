@@ -11,9 +11,9 @@ import shlex
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
-TRAIN_MODULE = "dstoolkit.train.trainer"
+TRAIN_MODULE = "dstoolkit.runtime.train.trainer"
 DEFAULT_STEPS = 20  # a short smoke run; override with STEPS=N
 DEFAULT_MASTER_PORT = 29500  # torch.distributed / DeepSpeed default rendezvous port
 GPU_OMP_THREADS = 8  # CPU threads per GPU rank for data loading / host work (16-core-per-8-GPU nodes and up)

@@ -12,7 +12,7 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import layers_per_stage
 from dstoolkit.generate.rules import pipeline_first_stage_layers, ramp_increment
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 Arg = tuple[str, tuple[str, ...]]
 
@@ -125,7 +125,7 @@ def _precision_args(spec: Spec) -> list[Arg]:
     if p == "bf16":
         return [("--bf16", ())]
     if p == "fp8":
-        from dstoolkit.schemas.fp8 import Fp8Config
+        from dstoolkit.dsconfig.fp8 import Fp8Config
 
         fp8 = Fp8Config().to_megatron_args().args  # Transformer Engine defaults, every knob explicit
         out: list[Arg] = [("--bf16", ())]

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 from dstoolkit.generate.candidates import MOE_STAGE3_REASON, Candidate
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 
 @dataclass(frozen=True)

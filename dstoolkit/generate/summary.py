@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec import Spec
 
 if TYPE_CHECKING:  # pragma: no cover
     from dstoolkit.generate.core import GenerateResult, StrategyOutput

@@ -17,8 +17,9 @@ from dstoolkit.generate.costing import (DEVICE_HEADROOM_FRACTION, CandidateEstim
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.spec import GpuSpec, Spec
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.hardware.table import GpuSpec
+from dstoolkit.spec import Spec
 
 GiB = 2**30
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32)  # micro-batches tried when training.micro_batch is "auto"
@@ -159,7 +160,7 @@ def enumerate_candidates(spec: Spec, shape: ModelShape, strategy: Optional[Strat
 
 def validate_candidate_config(spec: Spec, shape: ModelShape, cand: Candidate, cfg: Optional[dict] = None) -> list:
     """`validate_config` findings for the candidate's DeepSpeed JSON at the spec's world size."""
-    from dstoolkit.schemas.validate import validate_config  # schemas helper (issue #2)
+    from dstoolkit.validate.engine import validate_config  # schemas helper (issue #2)
 
     cfg = cfg if cfg is not None else build_ds_config(spec, shape, cand)
     return list(validate_config(

@@ -1,6 +1,6 @@
 """Model shapes (HF config.json reader, presets) and exact parameter counts. No torch at import.
 
-`dstoolkit.models.torch_model` is the one torch module here and is never imported by this package.
+`dstoolkit.runtime.model` is the one torch module here and is never imported by this package.
 """
 from .shape import ModelShape
 from .presets import PRESETS, get_preset

@@ -7,7 +7,7 @@ from typing import Optional, Union
 from dstoolkit.models.hf import HFConfigError, load_hf_config, shape_from_hf_dict
 from dstoolkit.models.presets import get_preset
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.spec import ModelSpec, Spec
+from dstoolkit.spec import ModelSpec, Spec
 
 
 def load_model(name_or_path: Union[str, Path]) -> ModelShape:

@@ -1,9 +1,9 @@
 """What one trial measures: a short real 2-rank run (real mode) or the estimate alone (estimate mode).
 
-No torch import at module level. Real mode launches the example trainer (`dstoolkit.train.trainer`, the same
+No torch import at module level. Real mode launches the example trainer (`dstoolkit.runtime.train.trainer`, the same
 entry generated launch.sh files use) for a few optimizer steps with the point's DeepSpeed JSON and a copy of
 the spec fixing the point's recompute policy; the per-step metrics are summarised by the train bench
-(`dstoolkit.bench.train.summarize_metrics`: warm-up steps dropped, median step time). A run that fails is a
+(`dstoolkit.runtime.bench.train.summarize_metrics`: warm-up steps dropped, median step time). A run that fails is a
 `TrialOutcome` with status "oom", "timeout" or "error" and a one-line reason: it never raises.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import yaml
 
-from dstoolkit.train.shm import remove_orphaned_buffers
+from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s, trial_spec_dict
 
 OBJECTIVES = ("throughput", "memory")
@@ -83,12 +83,12 @@ def direction(objective: str) -> str:
 def _launch_cmd(launcher: str, ranks: int, port: int, ds_path: pathlib.Path, spec_path: pathlib.Path, steps: int,
                 metrics: pathlib.Path, ep: int, peak_flops: float) -> list[str]:
     if launcher == "deepspeed":
-        from dstoolkit.bench.train import trainer_command
+        from dstoolkit.runtime.bench.train import trainer_command
 
         cmd = trainer_command(ds_path, spec_path, steps, metrics, ranks, ep, port)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "dstoolkit.train.trainer",
+               "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "dstoolkit.runtime.train.trainer",
                "--deepspeed_config", str(ds_path), "--spec", str(spec_path), "--steps", str(steps),
                "--metrics-out", str(metrics), "--no-progress"]
         if ep > 1:
@@ -202,8 +202,8 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
     Returns:
         A `TrialOutcome` (never raises for a failed run).
     """
-    from dstoolkit.bench import harness
-    from dstoolkit.bench.train import summarize_metrics
+    from dstoolkit.runtime.bench import harness
+    from dstoolkit.runtime.bench.train import summarize_metrics
 
     work_dir.mkdir(parents=True, exist_ok=True)
     ds_path = work_dir / "ds_config.json"

@@ -25,8 +25,8 @@ from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.rules import check_candidate
 from dstoolkit.generate.sweep import MICRO_BATCH_CHOICES, checkpoint_choices, enumerate_candidates, zero_modes
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.spec import Spec
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.spec import Spec
 
 GiB = 2**30
 
@@ -261,7 +261,7 @@ class TuneSpace:
         Returns:
             A `PointCheck`; `pruned_code`/`pruned_reason` say why the point must not run.
         """
-        from dstoolkit.schemas.validate import validate_config
+        from dstoolkit.validate.engine import validate_config
 
         spec, shape, cand = self.spec, self.shape, point.candidate
         v = check_candidate(spec, shape, cand)

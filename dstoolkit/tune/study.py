@@ -135,9 +135,9 @@ def check_options(opts: TuneOptions) -> None:
 
 
 def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
-    from dstoolkit.estimate.calibration import calibration_for_spec
+    from dstoolkit.hardware.calibration import calibration_for_spec
     from dstoolkit.models import resolve_spec_model
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     if not opts.spec_path.is_file():
         raise TuneInputError(f"{opts.spec_path}: no such spec file")
@@ -424,7 +424,7 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
             pick = rng.choice(untried)
             study.enqueue_trial(space.params_of(pick), user_attrs={
                 "seeded_by": f"{FALLBACK_AFTER} proposals in a row pruned or repeated: untried estimator-ranked point"})
-    from dstoolkit.bench.harness import progress_bar
+    from dstoolkit.runtime.bench.harness import progress_bar
 
     with progress_bar(max(0, opts.budget - counted()), f"tune ({opts.mode})", enabled=opts.progress) as update:
         while True:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dstoolkit.bench import harness
+from dstoolkit.runtime.bench import harness
 from dstoolkit.cli import main
 
 pytestmark = pytest.mark.dist
@@ -93,13 +93,13 @@ def test_train_bench_two_ranks_with_estimate(results, zero_config, repo_root, ca
     assert rec["status"] == "ok", rec.get("error_tail")
     m = rec["measured"]
     assert m["timed_steps"] == 2 and m["step_time_s_median"] > 0 and m["step_time_s_p90"] >= m["step_time_s_median"]
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     spec = load_spec(repo_root / "ds_configs" / "tiny_cpu.yaml")
     assert rec["seq_len"] == spec.training.seq_len
     assert m["global_batch"] == 8 and m["tokens_per_step"] == 8 * spec.training.seq_len  # mb 4 x 2 ranks
     assert m["peak_memory_bytes"] > 0 and math.isfinite(m["loss_last"])
-    assert "deepspeed" in rec["command"] and "dstoolkit.train.trainer" in rec["command"]
+    assert "deepspeed" in rec["command"] and "dstoolkit.runtime.train.trainer" in rec["command"]
     est = rec["estimate"]
     assert "error" not in est, est
     assert est["step_time_s"] > 0 and rec["error"]["step_time_s"] == pytest.approx(

@@ -25,9 +25,9 @@ def _worker(out_path: str) -> None:
     import torch
     from torch import nn
 
-    from dstoolkit.fp8 import EmulatedFp8Linear, convert, revert
+    from dstoolkit.runtime.fp8 import EmulatedFp8Linear, convert, revert
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.models.torch_model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model, synthetic_batch
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -78,8 +78,8 @@ def _worker(out_path: str) -> None:
         del engine
     # MoE (DeepSpeed native experts, built after init_distributed): the plan predicts exactly the swaps.
     from dstoolkit.fp8.plan import plan_from_shape
-    from dstoolkit.schemas.fp8 import Fp8Config
-    from dstoolkit.schemas.hardware import get_gpu
+    from dstoolkit.dsconfig.fp8 import Fp8Config
+    from dstoolkit.hardware.table import get_gpu
 
     moe_shape = get_preset("tiny-moe")
     moe_cfg = Fp8Config(recipe="block", format="e4m3")
@@ -99,7 +99,7 @@ def _worker(out_path: str) -> None:
 
 
 def test_emulated_fp8_trains_under_zero1_and_zero2(tmp_path, repo_root):
-    from dstoolkit.bench.harness import free_port
+    from dstoolkit.runtime.bench.harness import free_port
 
     out = tmp_path / "fp8_zero.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo_root))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dstoolkit.cli import main
-from dstoolkit.train.launch import free_port
+from dstoolkit.runtime.train.launch import free_port
 
 pytestmark = pytest.mark.dist
 

@@ -6,8 +6,8 @@ import json
 import pytest
 import yaml
 
-from dstoolkit.train.ckpt import tag_for
-from dstoolkit.train.launch import read_metrics, run_local, start_local
+from dstoolkit.runtime.train.ckpt import tag_for
+from dstoolkit.runtime.train.launch import read_metrics, run_local, start_local
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
-from dstoolkit.schemas.spec import BatchRampSpec
-from dstoolkit.train.launch import read_metrics, run_local
-from dstoolkit.train.ramp import BatchRamp
+from dstoolkit.spec import BatchRampSpec
+from dstoolkit.runtime.train.launch import read_metrics, run_local
+from dstoolkit.runtime.train.ramp import BatchRamp
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 import yaml
 
-from dstoolkit.train import shm
-from dstoolkit.train.launch import free_port, launch_command, launch_env, read_metrics
+from dstoolkit.runtime.train import shm
+from dstoolkit.runtime.train.launch import free_port, launch_command, launch_env, read_metrics
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from dstoolkit.train.launch import read_metrics, run_local
+from dstoolkit.runtime.train.launch import read_metrics, run_local
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from dstoolkit.cli import main
-from dstoolkit.schemas.validate import validate_config
+from dstoolkit.validate.engine import validate_config
 
 pytestmark = pytest.mark.dist
 

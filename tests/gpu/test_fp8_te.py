@@ -17,14 +17,14 @@ def _te():
 
 def _tiny_on_gpu(seed=0):
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.models.torch_model import build_model
+    from dstoolkit.runtime.model import build_model
 
     shape = get_preset("tiny")
     return shape, build_model(shape, seed=seed).to("cuda", torch.bfloat16)
 
 
 def _batch(shape):
-    from dstoolkit.models.torch_model import synthetic_batch
+    from dstoolkit.runtime.model import synthetic_batch
 
     ids, labels = synthetic_batch(shape, 4, 128, step=0, rank=0)
     return ids.cuda(), labels.cuda()
@@ -32,7 +32,7 @@ def _batch(shape):
 
 def test_te_swap_report_forward_backward_and_revert():
     _te()
-    from dstoolkit.fp8 import convert, load_state_dict, revert
+    from dstoolkit.runtime.fp8 import convert, load_state_dict, revert
 
     shape, model = _tiny_on_gpu()
     _, ref = _tiny_on_gpu()
@@ -57,7 +57,7 @@ def test_te_swap_report_forward_backward_and_revert():
 
 def test_te_fused_layernorm_mlp_matches_unfused():
     _te()
-    from dstoolkit.fp8 import convert, revert
+    from dstoolkit.runtime.fp8 import convert, revert
 
     shape, model = _tiny_on_gpu()
     _, ref = _tiny_on_gpu()
@@ -78,9 +78,9 @@ def test_te_fused_layernorm_mlp_matches_unfused():
 @pytest.mark.parametrize("recipe", ["current", "block"])
 def test_te_matches_emulation_numerically(recipe):
     _te()
-    from dstoolkit.fp8 import convert
+    from dstoolkit.runtime.fp8 import convert
     from dstoolkit.fp8.recipes import Fp8BackendUnavailable
-    from dstoolkit.schemas.fp8 import Fp8Config
+    from dstoolkit.dsconfig.fp8 import Fp8Config
 
     cfg = Fp8Config(recipe=recipe, format="e4m3")
     torch.manual_seed(0)
@@ -108,7 +108,7 @@ def test_te_matches_emulation_numerically(recipe):
 
 def test_te_backend_refuses_recipes_the_gpu_cannot_run():
     _te()
-    from dstoolkit.fp8 import Fp8Converter
+    from dstoolkit.runtime.fp8 import Fp8Converter
     from dstoolkit.fp8.recipes import Fp8BackendUnavailable
 
     major, _ = torch.cuda.get_device_capability()

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from dstoolkit.bench import comm
-from dstoolkit.bench.harness import BenchInputError
+from dstoolkit.runtime.bench import comm
+from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.cli import main
 
 

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from dstoolkit.bench import harness
+from dstoolkit.runtime.bench import harness
 
 
 def test_summarize_matches_numpy_percentiles():
@@ -81,7 +81,7 @@ def test_config_hash_ignores_key_order():
 def test_spearman_ranks_with_ties_and_constant_input():
     import math
 
-    from dstoolkit.bench.harness import spearman
+    from dstoolkit.runtime.bench.harness import spearman
 
     assert abs(spearman([1, 2, 3, 4], [10, 20, 30, 40]) - 1.0) < 1e-12
     assert abs(spearman([1, 2, 3, 4], [4, 3, 2, 1]) + 1.0) < 1e-12

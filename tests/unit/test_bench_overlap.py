@@ -1,9 +1,9 @@
 """bench overlap: interval arithmetic of the profiler trace, η, and the variant grid."""
 import pytest
 
-from dstoolkit.bench import overlap
-from dstoolkit.bench.harness import BenchInputError
-from dstoolkit.bench.targets import BenchTarget
+from dstoolkit.runtime.bench import overlap
+from dstoolkit.runtime.bench.harness import BenchInputError
+from dstoolkit.runtime.bench.targets import BenchTarget
 
 
 def test_union_and_exposed_intervals():

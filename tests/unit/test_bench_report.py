@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dstoolkit.bench import harness
+from dstoolkit.runtime.bench import harness
 from dstoolkit.cli import main
 
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from dstoolkit.bench import targets
-from dstoolkit.bench.harness import BenchInputError
+from dstoolkit.runtime.bench import targets
+from dstoolkit.runtime.bench.harness import BenchInputError
 
 
 def test_two_specs_give_unique_prefixed_names_and_ep(tmp_path, repo_root):
@@ -51,7 +51,7 @@ def test_generated_folders_given_relative_give_absolute_paths_and_spec_names(tmp
 
 
 def test_trainer_command_paths_are_absolute(tmp_path, monkeypatch):
-    from dstoolkit.bench import train
+    from dstoolkit.runtime.bench import train
 
     monkeypatch.chdir(tmp_path)
     cmd = train.trainer_command("ds.json", "s.yaml", 5, "m.jsonl", 2, 1, 12345)

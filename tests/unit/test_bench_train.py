@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from dstoolkit.bench import train
-from dstoolkit.bench.harness import BenchInputError
+from dstoolkit.runtime.bench import train
+from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.cli import main
 
 
@@ -34,7 +34,7 @@ def test_rel_error():
 
 def test_trainer_command_is_the_deepspeed_launcher(tmp_path):
     cmd = train.trainer_command(tmp_path / "ds.json", tmp_path / "s.yaml", 5, tmp_path / "m.jsonl", 2, 2, 12345)
-    assert "--module" in cmd and "dstoolkit.train.trainer" in cmd
+    assert "--module" in cmd and "dstoolkit.runtime.train.trainer" in cmd
     assert cmd[cmd.index("--num_gpus") + 1] == "2" and cmd[cmd.index("--ep-size") + 1] == "2"
     assert cmd[0].endswith("deepspeed") or "deepspeed" in " ".join(cmd[:3])
 

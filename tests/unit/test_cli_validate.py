@@ -124,16 +124,16 @@ def test_validate_imports_neither_torch_nor_deepspeed(tmp_path, repo_root):
              % path)
     out = subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, cwd=repo_root, timeout=120)
     assert "HEAVY [] 0" in out.stdout, out.stdout + out.stderr
-    code = "import sys, dstoolkit.schemas; print([m for m in ('torch', 'deepspeed') if m in sys.modules])"
+    code = "import sys, dstoolkit.validate; print([m for m in ('torch', 'deepspeed') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
 
 
-@pytest.mark.parametrize("where", ["ds_configs/schema", "dstoolkit/schemas"])
+@pytest.mark.parametrize("where", ["ds_configs/schema", "dstoolkit/dsconfig"])
 def test_committed_json_schema_matches_the_code(repo_root, where):
-    # ds_configs/schema/ is the public copy (editors, other tools); dstoolkit/schemas/ is the copy
+    # ds_configs/schema/ is the public copy (editors, other tools); dstoolkit/dsconfig/ is the copy
     # `dstoolkit validate` checks against at run time.
-    from dstoolkit.schemas.export import schema_text
+    from dstoolkit.dsconfig.export import schema_text
 
     committed = (repo_root / where / "deepspeed_config.schema.json").read_text(encoding="utf-8")
     assert committed == schema_text(), (f"{where}/deepspeed_config.schema.json is stale: run "

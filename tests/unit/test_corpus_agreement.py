@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from dstoolkit.schemas import validate_config
+from dstoolkit.validate import validate_config
 
 # file -> {(code, pointer): reason}: errors we report on configs DeepSpeed 0.19.8's DeepSpeedConfig accepts.
 EXTRA_ERRORS: dict[str, dict[tuple[str, str], str]] = {

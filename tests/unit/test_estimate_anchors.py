@@ -14,8 +14,8 @@ from dstoolkit.estimate import (
 )
 from dstoolkit.estimate.layout import param_totals
 from dstoolkit.models import count_params, get_preset
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.hardware import get_gpu
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.hardware.table import get_gpu
 
 GB = 1e9
 

@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from dstoolkit.estimate import estimate_run, plan_from_spec
-from dstoolkit.estimate.calibration import (PACKAGED, CalibrationInputError, calibration_for_spec, calibration_label,
+from dstoolkit.hardware.calibration import (PACKAGED, CalibrationInputError, calibration_for_spec, calibration_label,
                                             calibration_from_raw, read_calibration_file)
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.sweep import run_sweep
 from dstoolkit.models import resolve_spec_model
-from dstoolkit.schemas.spec import SpecError, load_spec
+from dstoolkit.spec import SpecError, load_spec
 
 SPEC = """\
 name: cal

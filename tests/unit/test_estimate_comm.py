@@ -13,7 +13,7 @@ from dstoolkit.estimate.comm import (
     zero12_grad_collective,
 )
 from dstoolkit.models import get_preset
-from dstoolkit.schemas.hardware import get_gpu
+from dstoolkit.hardware.table import get_gpu
 
 INTRA, INTER = 4e8, 2.5e7  # bytes/s; 2.5e7 = the 200 Mbit/s throttle of the measurement
 CAL = dict(matmul_flops_per_s=1e10, mem_bw_bytes_per_s=1e9, comm_busbw_bytes_per_s=INTRA, comm_latency_s=1e-3)

@@ -9,8 +9,8 @@ from dstoolkit.estimate import RunPlan, deepspeed_model_states, estimate_run
 from dstoolkit.estimate.memory import rank_param_groups
 from dstoolkit.models import count_params, get_preset
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.hardware import get_gpu
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.hardware.table import get_gpu
 
 GIB = 2**30
 

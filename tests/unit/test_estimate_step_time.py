@@ -3,8 +3,8 @@ import pytest
 
 from dstoolkit.estimate import Calibration, RunPlan, estimate_run
 from dstoolkit.models import get_preset
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.hardware import get_gpu
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.hardware.table import get_gpu
 
 CAL = Calibration(matmul_flops_per_s=1e10, matmul_work=1e5, matmul_flops_per_s_large=2e10, matmul_work_large=4e5,
                   mem_bw_bytes_per_s=1e9, comm_busbw_bytes_per_s=3e8, comm_latency_s=0.01, step_overhead_s=0.05)

@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from dstoolkit.fp8 import EmulatedFp8Linear, Fp8BackendUnavailable, convert, load_state_dict, revert
+from dstoolkit.fp8 import Fp8BackendUnavailable
+from dstoolkit.runtime.fp8 import EmulatedFp8Linear, convert, load_state_dict, revert
 from dstoolkit.models.presets import get_preset
-from dstoolkit.models.torch_model import build_model, synthetic_batch
+from dstoolkit.runtime.model import build_model, synthetic_batch
 
 
 class _MyLinear(nn.Linear):
@@ -132,7 +133,7 @@ def test_te_backend_missing_says_what_to_do():
         convert(model, backend="te")
     assert type(model.blocks[0].self_attn.q_proj) is nn.Linear  # untouched
     from dstoolkit.fp8 import build_te_recipe
-    from dstoolkit.schemas.fp8 import Fp8Config
+    from dstoolkit.dsconfig.fp8 import Fp8Config
 
     with pytest.raises(Fp8BackendUnavailable, match="Transformer Engine is not importable"):
         build_te_recipe(Fp8Config(recipe="block", format="e4m3"))

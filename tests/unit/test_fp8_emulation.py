@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from dstoolkit.fp8 import quant
-from dstoolkit.fp8.emulated import EmulatedFp8Linear, _RoleQuantizer, fp8_autocast
-from dstoolkit.schemas.fp8 import Fp8Config
+from dstoolkit.runtime.fp8 import quant
+from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear, _RoleQuantizer, fp8_autocast
+from dstoolkit.dsconfig.fp8 import Fp8Config
 
 
 def test_scale_is_fp8_max_over_amax_times_two_to_minus_margin():

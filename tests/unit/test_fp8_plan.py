@@ -7,8 +7,8 @@ from dstoolkit.cli import main
 from dstoolkit.fp8.plan import gemm_speedup, plan_from_shape, speed_class
 from dstoolkit.models.presets import get_preset
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.schemas.fp8 import Fp8Config
-from dstoolkit.schemas.hardware import get_gpu
+from dstoolkit.dsconfig.fp8 import Fp8Config
+from dstoolkit.hardware.table import get_gpu
 
 H100 = get_gpu("H100-SXM")
 SMALL = ModelShape(name="small", model_type="llama", hidden_size=128, num_hidden_layers=1, num_attention_heads=4,
@@ -17,8 +17,8 @@ SMALL = ModelShape(name="small", model_type="llama", hidden_size=128, num_hidden
 
 def test_plan_names_equal_the_converters_report_for_tiny():
     torch = pytest.importorskip("torch")  # noqa: F841
-    from dstoolkit.fp8 import convert
-    from dstoolkit.models.torch_model import build_model
+    from dstoolkit.runtime.fp8 import convert
+    from dstoolkit.runtime.model import build_model
 
     cfg = Fp8Config(recipe="block", format="e4m3", layers={"skip_last_layers": 1})
     plan = plan_from_shape(get_preset("tiny"), cfg, gpu=H100, micro_batch=2, seq_len=64)

@@ -5,7 +5,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from dstoolkit.schemas.fp8 import (
+from dstoolkit.dsconfig.fp8 import (
     E4M3_MAX,
     E5M2_MAX,
     Fp8Config,
@@ -13,8 +13,8 @@ from dstoolkit.schemas.fp8 import (
     check_fp8_hardware,
     parse_version,
 )
-from dstoolkit.schemas.hardware import get_gpu
-from dstoolkit.schemas.spec import GpuSpec
+from dstoolkit.hardware.table import get_gpu
+from dstoolkit.hardware.table import GpuSpec
 
 
 def _gpu(cc):
@@ -125,6 +125,6 @@ def test_layer_selection_patterns():
 
 
 def test_schema_import_does_not_import_torch():
-    code = "import sys, dstoolkit.schemas.fp8, dstoolkit.fp8.report; print('torch' in sys.modules)"
+    code = "import sys, dstoolkit.dsconfig.fp8, dstoolkit.fp8.report; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

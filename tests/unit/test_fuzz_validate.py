@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstoolkit.cli import main
-from dstoolkit.schemas import validate_config
-from dstoolkit.schemas.findings import Finding
+from dstoolkit.validate import validate_config
+from dstoolkit.validate.findings import Finding
 
 VALID = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
          "gradient_clipping": 1.0, "bf16": {"enabled": True},

@@ -8,7 +8,7 @@ import pytest
 
 from dstoolkit.generate.bundled import BUNDLED_SPECS, cached_bundled
 from dstoolkit.generate.io import load_spec_and_shape
-from dstoolkit.schemas.validate import validate_config
+from dstoolkit.validate.engine import validate_config
 
 
 def _configs(repo_root):

@@ -10,7 +10,7 @@ import yaml
 
 from dstoolkit.cli import main
 from dstoolkit.generate import launch
-from dstoolkit.train import trainer
+from dstoolkit.runtime.train import trainer
 
 EVIL_NAME = "x'; touch PWNED1; echo '$(touch PWNED2)`touch PWNED3`\ntouch PWNED4 #"
 
@@ -35,7 +35,7 @@ def test_dry_run_deepspeed_command(tiny_out):
     assert argv[argv.index("--hostfile") + 1] == str(tiny_out / "zero1-ep" / "hostfile")
     assert "--no_ssh_check" in argv  # one node
     assert argv[argv.index("--master_port") + 1] == "12345"
-    assert argv[argv.index("--module") + 1] == "dstoolkit.train.trainer"
+    assert argv[argv.index("--module") + 1] == "dstoolkit.runtime.train.trainer"
     assert argv[argv.index("--steps") + 1] == "7"
     assert argv[argv.index("--ep-size") + 1] == "2"
     assert argv[argv.index("--deepspeed_config") + 1] == str(tiny_out / "zero1-ep" / "ds_config.json")
@@ -68,7 +68,7 @@ def test_no_ssh_flags_parse_with_deepspeed_launcher(tiny_out):
     r = _bash(["launch.sh"], cwd=tiny_out / "zero2", env={"DRY_RUN": "1", "NO_SSH": "1", "NODE_RANK": "0"})
     argv = shlex.split(r.stdout)
     args = parse_args(argv[1:])
-    assert args.no_ssh and args.node_rank == 0 and args.module and args.user_script == "dstoolkit.train.trainer"
+    assert args.no_ssh and args.node_rank == 0 and args.module and args.user_script == "dstoolkit.runtime.train.trainer"
     assert args.user_args[args.user_args.index("--dist-timeout-s") + 1] == "600"
 
 
@@ -94,7 +94,7 @@ def test_dry_run_torchrun_alternative_and_passthrough(tiny_out):
     assert r.returncode == 0, r.stderr
     argv = shlex.split(r.stdout)
     assert argv[:1] == ["torchrun"] and argv[argv.index("--nproc_per_node") + 1] == "2"
-    assert argv[argv.index("-m") + 1] == "dstoolkit.train.trainer" and argv[-1] == "--no-progress"
+    assert argv[argv.index("-m") + 1] == "dstoolkit.runtime.train.trainer" and argv[-1] == "--no-progress"
     assert argv[argv.index("--ep-size") + 1] == "1"
 
 

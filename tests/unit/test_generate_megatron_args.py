@@ -10,7 +10,7 @@ from dstoolkit.generate.bundled import cached_bundled
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.io import load_spec_and_shape
 from dstoolkit.generate.megatron_args import build_megatron_args
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
+from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 
 def _flags(text: str) -> dict[str, list[str]]:

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from dstoolkit.schemas import hardware
-from dstoolkit.schemas.hardware import GPU_TABLE, get_gpu
-from dstoolkit.schemas.spec import GpuSpec
+from dstoolkit.hardware import table as hardware
+from dstoolkit.hardware.table import GPU_TABLE, get_gpu
+from dstoolkit.hardware.table import GpuSpec
 
 TFLOPS = 1e12
 

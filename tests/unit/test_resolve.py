@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 from dstoolkit.cli import main
-from dstoolkit.schemas import validate_config
-from dstoolkit.schemas.auto import resolve_auto
+from dstoolkit.validate import validate_config
+from dstoolkit.dsconfig.auto import resolve_auto
 
 HF = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
       "gradient_clipping": "auto", "bf16": {"enabled": "auto"},

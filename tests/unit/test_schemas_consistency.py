@@ -7,13 +7,13 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dstoolkit.schemas import DeepSpeedConfig
-from dstoolkit.schemas import facts
-from dstoolkit.schemas.ds_misc import ActivationCheckpointingConfig
-from dstoolkit.schemas.ds_zero import ALIASES, OffloadOptimizerConfig, OffloadParamConfig
-from dstoolkit.schemas.parse import parse_text
-from dstoolkit.schemas.schema_check import check_config, load_schema
-from dstoolkit.schemas.validate import pydantic_schema_issues
+from dstoolkit.dsconfig import DeepSpeedConfig
+from dstoolkit.dsconfig import facts
+from dstoolkit.dsconfig.ds_misc import ActivationCheckpointingConfig
+from dstoolkit.dsconfig.ds_zero import ALIASES, OffloadOptimizerConfig, OffloadParamConfig
+from dstoolkit.validate.parse import parse_text
+from dstoolkit.validate.schema_check import check_config, load_schema
+from dstoolkit.validate.engine import pydantic_schema_issues
 
 _KIND = {"unknown_key": "DS101", "type": "DS102", "range": "DS103", "missing": "DS108"}
 

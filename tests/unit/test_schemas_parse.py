@@ -7,7 +7,7 @@ import json
 import hjson
 import pytest
 
-from dstoolkit.schemas.parse import MAX_DEPTH, decode_bytes, parse_text
+from dstoolkit.validate.parse import MAX_DEPTH, decode_bytes, parse_text
 
 
 def test_same_data_as_hjson_on_every_json_corpus_file(corpus_dir):

@@ -1,7 +1,7 @@
 """Spec-level FP8 gate: the recipe must run on the spec's GPU and CUDA (issue #6)."""
 import pytest
 
-from dstoolkit.schemas.spec import SpecError, spec_from_dict
+from dstoolkit.spec import SpecError, spec_from_dict
 
 
 def _spec(gpu, fp8=None, cuda=None, precision="fp8"):

@@ -6,8 +6,8 @@ import textwrap
 import pytest
 
 from dstoolkit.models import count_params, get_preset, resolve_model, resolve_spec_model
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.spec import Spec, SpecError, TrainingSpec, load_spec, spec_from_dict
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.spec import Spec, SpecError, TrainingSpec, load_spec, spec_from_dict
 
 HF = pathlib.Path(__file__).resolve().parents[1] / "golden" / "hf_configs"
 

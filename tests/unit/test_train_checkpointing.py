@@ -8,10 +8,10 @@ import torch
 
 from dstoolkit.estimate import RunPlan, activation_bytes
 from dstoolkit.models import get_preset
-from dstoolkit.models.torch_model import build_model, synthetic_batch
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.schemas.hardware import get_gpu
-from dstoolkit.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
+from dstoolkit.runtime.model import build_model, synthetic_batch
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.hardware.table import get_gpu
+from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
 
 ACTIVATION_TOLERANCE = 0.10  # issue #4: activations within 10% of measurement
 SEQ, MICRO = 64, 2
@@ -90,9 +90,9 @@ _DS_BACKEND_SCRIPT = """
 import os, sys, torch, deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
 from dstoolkit.models import get_preset
-from dstoolkit.models.torch_model import build_model, synthetic_batch
-from dstoolkit.schemas.checkpoint import CheckpointPolicy
-from dstoolkit.train.checkpointing import apply_checkpoint_policy
+from dstoolkit.runtime.model import build_model, synthetic_batch
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
 shape = get_preset("tiny").model_copy(update={"num_hidden_layers": 2})
 x, y = synthetic_batch(shape, 1, 16, step=0, rank=0)
 grads = []
@@ -110,7 +110,7 @@ def test_deepspeed_checkpointing_backend_gives_identical_gradients(tmp_path):
     import subprocess
     import sys
 
-    from dstoolkit.train.launch import free_port
+    from dstoolkit.runtime.train.launch import free_port
 
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")

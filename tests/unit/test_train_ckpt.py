@@ -1,7 +1,7 @@
 """Checkpoint manifest: truncation and corruption are detected, the previous checkpoint is chosen."""
 import json
 
-from dstoolkit.train.ckpt import MANIFEST_NAME, CheckpointManager, tag_for, verify, write_manifest
+from dstoolkit.runtime.train.ckpt import MANIFEST_NAME, CheckpointManager, tag_for, verify, write_manifest
 
 
 def _fake_ckpt(root, step, healthy=True):

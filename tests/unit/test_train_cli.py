@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from dstoolkit.cli import main
-from dstoolkit.train import trainer
+from dstoolkit.runtime.train import trainer
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def test_dry_run_prints_the_launch_command(files, capsys):
                "--dry-run", "--", "--save-every", "2"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "--num_gpus 2" in out and "--module dstoolkit.train.trainer" in out
+    assert "--num_gpus 2" in out and "--module dstoolkit.runtime.train.trainer" in out
     assert out.rstrip().endswith("--save-every 2") and f"--spec {spec}" in out
 
 
@@ -36,8 +36,8 @@ def test_missing_files_exit_2(files, capsys):
 
 
 def test_cli_parser_and_pure_helpers_do_not_import_torch():
-    code = ("import sys, dstoolkit.cli.train, dstoolkit.train, dstoolkit.train.ramp, dstoolkit.train.spike, "
-            "dstoolkit.train.monitor, dstoolkit.train.ckpt, dstoolkit.train.launch; "
+    code = ("import sys, dstoolkit.cli.train, dstoolkit.runtime.train, dstoolkit.runtime.train.ramp, dstoolkit.runtime.train.spike, "
+            "dstoolkit.runtime.train.monitor, dstoolkit.runtime.train.ckpt, dstoolkit.runtime.train.launch; "
             "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

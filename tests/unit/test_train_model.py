@@ -4,7 +4,7 @@ import torch
 
 from dstoolkit.models import count_params, get_preset
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.models.torch_model import TinyTransformer, build_model, loss_floor, synthetic_batch
+from dstoolkit.runtime.model import TinyTransformer, build_model, loss_floor, synthetic_batch
 
 SMALL = ModelShape(name="small", model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, intermediate_size=128, vocab_size=256)

@@ -1,7 +1,7 @@
 """Monitor: bottleneck flags with evidence, MFU per anchors.md, DeepSpeed monitor events."""
 import pytest
 
-from dstoolkit.train.monitor import Monitor, StepSample, _slope
+from dstoolkit.runtime.train.monitor import Monitor, StepSample, _slope
 
 
 class Recorder:

@@ -1,10 +1,10 @@
-"""dstoolkit.train.shm: which /dev/shm buffers are a job's, which are orphaned, and that removal spares live ones."""
+"""dstoolkit.runtime.train.shm: which /dev/shm buffers are a job's, which are orphaned, and that removal spares live ones."""
 from __future__ import annotations
 
 import mmap
 import os
 
-from dstoolkit.train import shm
+from dstoolkit.runtime.train import shm
 
 
 def make(dirpath, name, size=4096):

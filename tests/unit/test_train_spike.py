@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from dstoolkit.train.spike import SpikeGuard, SpikeGuardConfig, robust_z
+from dstoolkit.runtime.train.spike import SpikeGuard, SpikeGuardConfig, robust_z
 
 BAND = [2.00, 2.02, 1.98, 2.01, 1.99, 2.03, 1.97, 2.00]
 

@@ -6,8 +6,8 @@ import signal
 import pytest
 
 from dstoolkit.models import resolve_spec_model
-from dstoolkit.schemas.spec import Spec, load_spec
-from dstoolkit.schemas.validate import validate_config
+from dstoolkit.spec import Spec, load_spec
+from dstoolkit.validate.engine import validate_config
 from dstoolkit.tune.objective import _failure
 from dstoolkit.tune.space import TuneInputError, TuneSpace, trial_spec_dict
 
@@ -118,7 +118,7 @@ def test_failure_classification():
     st, why = _failure(1, "x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n", 10, False)
     assert st == "oom" and "Tried to allocate" in why
     assert _failure(-9, "", 30, True) == ("timeout", "no result within 30 s (--trial-timeout)")
-    st, why = _failure(1, "noise\ndstoolkit.train.trainer: training failed on rank 0: RuntimeError: boom\ntb\n", 10,
+    st, why = _failure(1, "noise\ndstoolkit.runtime.train.trainer: training failed on rank 0: RuntimeError: boom\ntb\n", 10,
                        False)
     assert st == "error" and "RuntimeError: boom" in why and "(exit 1)" in why
 

@@ -7,7 +7,7 @@ import optuna
 import pytest
 
 from dstoolkit.cli import main
-from dstoolkit.schemas.validate import validate_config
+from dstoolkit.validate.engine import validate_config
 from dstoolkit.tune import TuneInputError, TuneOptions, run_study
 from dstoolkit.tune.study import STUDY_DB, STUDY_NAME
 
@@ -39,7 +39,7 @@ def test_estimate_mode_on_bundled_large_specs(repo_root, tmp_path, name):
     assert report["best"]["value"] == max(t["value"] for t in ok)
     best_cfg = json.loads((tmp_path / "o" / "best_ds_config.json").read_text())
     cand = report["best"]["point"]["candidate"]
-    from dstoolkit.schemas.spec import load_spec
+    from dstoolkit.spec import load_spec
 
     spec = load_spec(repo_root / "ds_configs" / f"{name}.yaml")
     findings = validate_config(best_cfg, world_size=spec.cluster.world_size, tp=cand["tp"], pp=cand["pp"],

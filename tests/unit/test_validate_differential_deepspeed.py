@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from dstoolkit.schemas import validate_config
-from dstoolkit.schemas.findings import pointer_of
+from dstoolkit.validate import validate_config
+from dstoolkit.validate.findings import pointer_of
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dstoolkit.schemas import validate_config
+from dstoolkit.validate import validate_config
 
 BASE = {"train_micro_batch_size_per_gpu": 1}
 
@@ -141,7 +141,7 @@ def test_positions_point_at_the_key_in_the_text():
 
 
 def test_dstoolkit_section_is_accepted_and_strippable():
-    from dstoolkit.schemas import strip_dstoolkit_section
+    from dstoolkit.dsconfig import strip_dstoolkit_section
 
     cfg = {**BASE, "dstoolkit": {"moe": {"num_experts": 8, "ep_size": 2, "top_k": 2}}}
     assert validate_config(cfg, world_size=2) == []

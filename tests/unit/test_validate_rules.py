@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dstoolkit.schemas import DeepSpeedConfig, validate_config
-from dstoolkit.schemas import rules
+from dstoolkit.dsconfig import DeepSpeedConfig
+from dstoolkit.validate import validate_config
+from dstoolkit.dsconfig import rules
 
 BASE = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
 

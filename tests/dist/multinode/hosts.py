@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Optional, Sequence
 
-from dstoolkit.train.launch import free_port  # noqa: F401  (re-exported for the multinode scenarios)
+from dstoolkit.runtime.train.launch import free_port  # noqa: F401  (re-exported for the multinode scenarios)
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TESTHOSTS = REPO / "launch" / "testhosts.sh"

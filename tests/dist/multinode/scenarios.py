@@ -112,7 +112,7 @@ def generate(spec_path: pathlib.Path, out_dir: pathlib.Path, strategies: Sequenc
     else:  # TODO(#9): drop once `dstoolkit generate` (cli/generate.py) is committed
         from dstoolkit.generate.core import generate as gen, write_generated
         from dstoolkit.models import resolve_model
-        from dstoolkit.schemas.spec import load_spec
+        from dstoolkit.spec import load_spec
 
         spec = load_spec(spec_path)
         write_generated(gen(spec, resolve_model(spec.model, spec.base_dir), list(strategies)), out_dir)

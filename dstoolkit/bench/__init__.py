@@ -1,1 +1,0 @@
-"""dstoolkit.bench"""

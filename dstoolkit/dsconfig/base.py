@@ -1,0 +1,66 @@
+"""Shared base model and value types for the DeepSpeed config schemas.
+
+The types are stricter than DeepSpeed's own (DeepSpeed validates most sections with lax pydantic or not
+at all): a string is never silently turned into a number or a bool. An integral float such as ``5e8`` is
+accepted where an int is expected, because hjson (DeepSpeed's parser) and DeepSpeed's pydantic both accept it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from typing_extensions import Annotated
+
+Auto = Literal["auto"]
+"""The Hugging Face placeholder. Only valid where HF Trainer/Accelerate fill it (see ``dstoolkit.dsconfig.auto``)."""
+
+
+class DSModel(BaseModel):
+    """Base of every DeepSpeed section model: unknown keys are errors, docstrings become schema descriptions."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+        populate_by_name=True,
+        protected_namespaces=(),
+    )
+
+
+def _strict_int(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got boolean {str(value).lower()}")
+    if isinstance(value, float):
+        if math.isfinite(value) and value == int(value):
+            return int(value)
+        raise ValueError(f"expected an integer, got {value!r}")
+    if not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _strict_float(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+Int = Annotated[int, BeforeValidator(_strict_int)]
+"""An int; integral floats (5e8) are accepted, strings and bools are not."""
+Float = Annotated[float, BeforeValidator(_strict_float)]
+"""A finite number; strings and bools are not accepted."""
+Bool = StrictBool
+"""A JSON boolean; "true" strings and 0/1 are not accepted."""
+IntOrAuto = Union[Int, Auto]
+FloatOrAuto = Union[Float, Auto]
+BoolOrAuto = Union[Bool, Auto]
+
+PosInt = Annotated[int, Field(gt=0), BeforeValidator(_strict_int)]
+"""An int > 0."""
+NonNegInt = Annotated[int, Field(ge=0), BeforeValidator(_strict_int)]
+"""An int >= 0."""
+PosIntOrAuto = Union[PosInt, Auto]
+NonNegIntOrAuto = Union[NonNegInt, Auto]

@@ -1,0 +1,276 @@
+"""`DeepSpeedConfig`: the whole DeepSpeed JSON config (deepspeed 0.19.8), plus our optional `dstoolkit` section.
+
+Top-level keys are exactly the ones deepspeed 0.19.8 reads (``runtime/config.py``
+``DeepSpeedConfig._initialize_params`` and the section readers it calls). Everything else is an unknown key.
+
+The ``dstoolkit`` section
+-------------------------
+DeepSpeed sets MoE up in code (``deepspeed.moe.layer.MoE(num_experts, ep_size, k, ...)``), not in its JSON,
+so the facts the validator needs about experts live in our own optional top-level section::
+
+    "dstoolkit": {"moe": {"num_experts": 8, "ep_size": 2, "top_k": 2}, "fp8": {...}}
+
+(or come from ``dstoolkit validate --num-experts N --ep-size E``). DeepSpeed 0.19 itself accepts an unknown
+top-level key silently, but we never hand it ours: **generated DeepSpeed JSON is emitted without the section**
+(`strip_dstoolkit_section`), and the generator passes the MoE facts to `validate_config` as arguments. A
+hand-written config that carries the section validates here; strip it before giving it to DeepSpeed.
+
+Cross-field rules are the ``_check_<rule>`` validators below; each delegates to the function of the same name
+in ``dstoolkit.dsconfig.rules`` (so `validate_config` can run every rule and collect all findings, while
+``DeepSpeedConfig.model_validate`` stops at the first). Pass ``context={"world_size": N, ...}`` to
+``model_validate`` for the rules that need the cluster shape.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from dstoolkit.dsconfig import rules
+from dstoolkit.dsconfig.base import Bool, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto
+from dstoolkit.dsconfig.ds_misc import (ActivationCheckpointingConfig, AioConfig, AutotuningConfig, CheckpointConfig,
+                                       CometConfig, CommsLoggerConfig, CompileConfig, CSVConfig, ExpertParallelConfig,
+                                       FlopsProfilerConfig, HybridEngineConfig, PipelineConfig, TensorBoardConfig,
+                                       TensorParallelConfig, TimersConfig, WandbConfig)
+from dstoolkit.dsconfig.ds_optim import OptimizerConfig, SchedulerConfig
+from dstoolkit.dsconfig.ds_precision import BF16Config, DataTypesConfig, FP16Config, TorchAutocastConfig
+from dstoolkit.dsconfig.ds_zero import ZeroConfig
+
+
+
+class MoeFacts(DSModel):
+    """`dstoolkit.moe`: the expert layout DeepSpeed is given in code (deepspeed.moe.layer.MoE)."""
+
+    num_experts: PosInt
+    """Total experts per MoE layer (MoE(num_experts=...))."""
+    ep_size: PosInt = 1
+    """Expert-parallel degree (MoE(ep_size=...)); must divide num_experts and the world size."""
+    top_k: PosInt = 1
+    """Experts per token (MoE(k=...)); <= num_experts."""
+
+
+class DstoolkitSection(DSModel):
+    """`dstoolkit`: our facts that DeepSpeed's JSON has no place for. Stripped before DeepSpeed sees the config."""
+
+    moe: Optional[MoeFacts] = None
+    """Expert-parallel layout."""
+    fp8: Optional[dict[str, Any]] = None
+    """FP8 settings, validated as dstoolkit.dsconfig.fp8.Fp8Config (imported only when the key is present,
+    to keep `dstoolkit validate` start-up fast)."""
+
+    @field_validator("fp8", mode="after")
+    @classmethod
+    def _check_fp8_section(cls, value: Optional[dict]) -> Any:
+        if value is None:
+            return None
+        try:
+            from dstoolkit.dsconfig.fp8 import Fp8Config
+        except ImportError:  # pragma: no cover - fp8 module missing: accept the dict as is
+            return value
+        return Fp8Config.model_validate(value)
+
+
+class DeepSpeedConfig(DSModel):
+    """A DeepSpeed 0.19 config file. Batch triad: train_batch_size = micro_batch * grad_accum * dp_size."""
+
+    train_batch_size: Optional[PosIntOrAuto] = None
+    """Global batch in samples per optimizer step (> 0) = micro * grad_accum * data-parallel size."""
+    train_micro_batch_size_per_gpu: Optional[PosIntOrAuto] = None
+    """Samples per GPU per forward/backward (> 0)."""
+    gradient_accumulation_steps: Optional[PosIntOrAuto] = None
+    """Micro-batches accumulated per optimizer step (> 0)."""
+    managed_gradient_accumulation: Bool = True
+    """Let the engine manage accumulation boundaries."""
+    steps_per_print: Optional[Int] = None
+    """Print progress every N steps (None: never)."""
+    dump_state: Bool = False
+    """Print the engine state after initialisation."""
+    disable_python_gc: Bool = False
+    """Disable Python's cyclic GC during training."""
+    disable_allgather: Bool = False
+    """Disable all-gather (legacy)."""
+    communication_data_type: Optional[Literal["fp32", "fp16", "bf16", "FP32", "FP16", "BF16"]] = None
+    """Dtype of gradient communication (default: the training dtype)."""
+    seq_parallel_communication_data_type: Optional[Literal["fp32", "fp16", "bf16", "FP32", "FP16", "BF16"]] = None
+    """Dtype of Ulysses sequence-parallel communication."""
+    prescale_gradients: Bool = False
+    """Divide gradients before all-reduce instead of after."""
+    gradient_predivide_factor: Float = 1.0
+    """Divide gradients by this before all-reduce, the rest after."""
+    gradient_allreduce_op: Literal["mean", "sum", "MEAN", "SUM", "Mean", "Sum"] = "mean"
+    """Reduction of data-parallel gradients; 'sum' is not allowed at ZeRO stage 3."""
+    zero_optimization: Optional[Union[ZeroConfig, Bool]] = None
+    """ZeRO settings (a bare boolean is the deprecated pre-0.3 form: true = stage 1)."""
+    activation_checkpointing: Optional[ActivationCheckpointingConfig] = None
+    """Activation checkpointing (deepspeed.checkpointing)."""
+    comms_logger: Optional[CommsLoggerConfig] = None
+    """Collective-call logging."""
+    tensorboard: Optional[TensorBoardConfig] = None
+    """TensorBoard monitor."""
+    wandb: Optional[WandbConfig] = None
+    """Weights & Biases monitor."""
+    csv_monitor: Optional[CSVConfig] = None
+    """CSV monitor."""
+    comet: Optional[CometConfig] = None
+    """Comet monitor."""
+    gradient_clipping: FloatOrAuto = 1.0
+    """Clip the global gradient norm to this (0 disables). HF fills "auto" from --max_grad_norm."""
+    fp16: Optional[FP16Config] = None
+    """fp16 mixed precision. Exclusive with bf16."""
+    bf16: Optional[BF16Config] = None
+    """bf16 mixed precision. Exclusive with fp16."""
+    bfloat16: Optional[BF16Config] = None
+    """Legacy name of bf16 (read only when bf16 is absent)."""
+    torch_autocast: Optional[TorchAutocastConfig] = None
+    """torch.autocast mixed precision."""
+    optimizer: Optional[OptimizerConfig] = None
+    """Optimizer built by DeepSpeed (omit when passing one from code)."""
+    zero_allow_untested_optimizer: Bool = False
+    """Allow a client optimizer DeepSpeed has not tested with ZeRO."""
+    zero_force_ds_cpu_optimizer: Bool = True
+    """Require DeepSpeedCPUAdam when offloading the optimizer."""
+    scheduler: Optional[SchedulerConfig] = None
+    """LR scheduler built by DeepSpeed."""
+    flops_profiler: Optional[FlopsProfilerConfig] = None
+    """FLOPs profiler."""
+    wall_clock_breakdown: Bool = False
+    """Time forward/backward/step separately."""
+    memory_breakdown: Bool = False
+    """Print memory use per stage."""
+    autotuning: Optional[AutotuningConfig] = None
+    """Autotuner settings."""
+    use_data_before_expert_parallelism: Bool = False
+    """Rank order: data-parallel before expert-parallel."""
+    hybrid_engine: Optional[HybridEngineConfig] = None
+    """RLHF hybrid engine."""
+    pipeline: Optional[PipelineConfig] = None
+    """Pipeline engine settings."""
+    data_efficiency: Optional[dict[str, Any]] = None
+    """Data efficiency library (data_sampling incl. curriculum_learning, data_routing incl. random_ltd).
+    Contents are not modelled here."""
+    checkpoint: Optional[CheckpointConfig] = None
+    """Checkpoint settings."""
+    data_types: Optional[DataTypesConfig] = None
+    """Accumulation / parameter / buffer dtypes."""
+    aio: Optional[AioConfig] = None
+    """Async I/O for NVMe offload."""
+    dataloader_drop_last: Bool = False
+    """Drop the last incomplete batch in deepspeed_io()."""
+    log_level: Optional[str] = None
+    """DeepSpeed logger level."""
+    datastates_ckpt: Optional[Any] = None
+    """DataStates-LLM asynchronous checkpointing settings (passed through)."""
+    weight_quantization: Optional[dict[str, Any]] = None
+    """Weight quantisation for inference (post_init_quant / quantized_initialization)."""
+    compile: Optional[CompileConfig] = None
+    """DeepCompile settings."""
+    timers: Optional[TimersConfig] = None
+    """Timers."""
+    tensor_parallel: Optional[TensorParallelConfig] = None
+    """AutoTP training."""
+    expert_parallel: Optional[ExpertParallelConfig] = None
+    """AutoEP for Hugging Face MoE models."""
+    vocabulary_size: Optional[Int] = None
+    """Only used for a tensor-core alignment warning."""
+    sequence_parallel_size: Optional[PosInt] = None
+    """Ulysses degree when no mpu is given (HF zero.init path)."""
+    dstoolkit: Optional[DstoolkitSection] = None
+    """Our section (MoE facts, FP8). Not DeepSpeed's: stripped before DeepSpeed sees the config."""
+
+    # -- cross-field rules: each delegates to dstoolkit.dsconfig.rules --------------------------------------
+    def _rule_input(self, info: ValidationInfo) -> tuple[dict, "rules.RuleContext"]:
+        ctx = rules.RuleContext.from_mapping(info.context if isinstance(info.context, dict) else {})
+        return self.model_dump(by_alias=True, exclude_unset=True), ctx
+
+    @model_validator(mode="after")
+    def _check_batch_triad(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_batch_triad, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_fp16_bf16_exclusive(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_fp16_bf16_exclusive, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_fp16_dynamic_loss_scale(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_fp16_dynamic_loss_scale, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_offload_param_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_offload_param_stage, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_nvme_path(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_nvme_path, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_zeropp_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_zeropp_stage, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_hpz_divides_node(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_hpz_divides_node, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_optimizer_type(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_optimizer_type, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_optimizer_params(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_optimizer_params, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_scheduler_type(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_scheduler_type, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_scheduler_params(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_scheduler_params, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_moe_layout(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_moe_layout, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_moe_not_stage3(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_moe_not_stage3, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_partial_offload_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_partial_offload_stage, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_master_weights_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_master_weights_stage, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_compute_grad_norm_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_compute_grad_norm_stage, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_allreduce_sum_stage3(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_allreduce_sum_stage3, *self._rule_input(info))
+        return self
+
+    @model_validator(mode="after")
+    def _check_parallel_sizes(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        rules.enforce(rules._check_parallel_sizes, *self._rule_input(info))
+        return self
+
+
+from dstoolkit.dsconfig.strip import DSTOOLKIT_SECTION, strip_dstoolkit_section  # noqa: E402,F401  (re-export)

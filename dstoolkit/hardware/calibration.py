@@ -1,0 +1,224 @@
+"""Which measured rates (a `Calibration`) an estimate uses, and reading them from JSON files.
+
+No torch import. A calibration replaces the hardware table's nominal rates in the step-time model
+(`dstoolkit.estimate.step_time`). Where it comes from, in order:
+
+1. `cluster.calibration` in the spec: a path (relative to the spec file) to a calibration JSON, or "none" for
+   the hardware table's nominal rates;
+2. otherwise the packaged reference measurement for a table row that has one: ``gpu: cpu`` uses
+   dstoolkit/data/calibration_cpu_reference.json (measured by benchmarks/step_time_fidelity.py on the reference
+   2-core machine). GPU rows have none: their datasheet peaks with published efficiencies are the default.
+
+A calibration JSON holds `Calibration` fields, bare or under a "calibration" key; files written by
+benchmarks/step_time_fidelity.py keep one set per clock ("wall", "cpu") and per precision
+(``matmul_flops_per_s_<precision>[_large]``): the wall clock and the spec's precision are picked.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import json
+import pathlib
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dstoolkit.hardware.table import lookup_gpu_name
+
+class Calibration(BaseModel):
+    """Measured rates that replace the GPU table's nominal ones in the step-time model
+    (benchmarks/step_time_fidelity.py measures them; results in benchmarks/results/calibration_*)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    matmul_flops_per_s: float = Field(gt=0)
+    """Achieved training FLOP/s per rank (transformer-block forward+backward probe)."""
+    matmul_work: Optional[float] = Field(default=None, gt=0)
+    """Size of that probe: tokens per micro batch x hidden size (None: one rate for every size)."""
+    matmul_flops_per_s_large: Optional[float] = Field(default=None, gt=0)
+    """Rate of a second, larger probe; with it the rate is interpolated in log(size) (GEMM efficiency grows
+    with size), and clamped outside the two probes."""
+    matmul_work_large: Optional[float] = Field(default=None, gt=0)
+    """Size of the larger probe (tokens x hidden)."""
+    mem_bw_bytes_per_s: float = Field(gt=0)
+    """Achieved elementwise streaming bandwidth per rank (optimizer update, casts, copies)."""
+    comm_busbw_bytes_per_s: float = Field(gt=0)
+    """Achieved collective bus bandwidth (nccl-tests busbw convention) of groups inside one node; also used
+    across nodes when inter_node_busbw_bytes_per_s is None."""
+    comm_latency_s: float = Field(default=0.0, ge=0)
+    """Fixed cost per collective call."""
+    inter_node_busbw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
+    """Bus bandwidth one group gets across nodes (e.g. a 2-node all-reduce's busbw in `dstoolkit bench comm`),
+    used for collectives whose group spans nodes. None: comm_busbw_bytes_per_s for every collective."""
+    inter_node_latency_s: Optional[float] = Field(default=None, ge=0)
+    """Fixed cost per call of a collective spanning nodes (None: comm_latency_s)."""
+    inter_node_links_per_node: int = Field(default=1, ge=1)
+    """Independent inter-node links per node behind that busbw: groups crossing nodes side by side beyond
+    this many share one (estimate.comm.link_share). 1 = one uplink per node (the CPU test hosts)."""
+    per_layer_overhead_s: float = Field(default=0.0, ge=0)
+    """Fixed framework cost per transformer block per micro step (hooks, small kernels)."""
+    step_overhead_s: float = Field(default=0.0, ge=0)
+    """Fixed framework cost per optimizer step (DeepSpeed bookkeeping)."""
+
+    def rate_at(self, work: float) -> float:
+        """FLOP/s for a micro batch of `work` = tokens x hidden, interpolated between the probes."""
+        if not (self.matmul_work and self.matmul_flops_per_s_large and self.matmul_work_large):
+            return self.matmul_flops_per_s
+        x0, x1 = math.log(self.matmul_work), math.log(self.matmul_work_large)
+        x = min(max(math.log(work), min(x0, x1)), max(x0, x1))
+        frac = (x - x0) / (x1 - x0) if x1 != x0 else 0.0
+        return self.matmul_flops_per_s + frac * (self.matmul_flops_per_s_large - self.matmul_flops_per_s)
+
+
+
+DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / "data"
+PACKAGED = {"cpu": DATA_DIR / "calibration_cpu_reference.json"}
+"""Hardware-table rows (by name) with a packaged reference calibration."""
+NONE_VALUES = ("none", "off", "false")
+"""cluster.calibration values that switch calibration off (use the table's nominal rates)."""
+CLOCKS = ("wall", "cpu")
+"""Per-clock sections a step_time_fidelity calibration file holds; estimates use wall-clock rates."""
+
+
+class CalibrationInputError(ValueError):
+    """A calibration file that cannot be used; the message names the file and what is wrong."""
+
+
+def read_calibration_file(path: Union[str, pathlib.Path]) -> dict[str, Any]:
+    """Raw calibration fields from a JSON file (the "calibration" section when there is one; the last
+    record of a list). The source path is kept under "_source".
+
+    Raises:
+        CalibrationInputError: missing, unreadable or not-JSON file, or no object inside.
+    """
+    p = pathlib.Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CalibrationInputError(f"{p}: no such calibration file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationInputError(f"{p}: cannot read calibration JSON ({exc})") from None
+    if isinstance(data, list) and data:
+        data = data[-1]
+    if not isinstance(data, dict):
+        raise CalibrationInputError(f"{p}: expected a JSON object of Calibration fields, got {type(data).__name__}")
+    section = data.get("calibration", data)
+    if not isinstance(section, dict):
+        raise CalibrationInputError(f"{p}: 'calibration' must be an object of Calibration fields")
+    return {**section, "_source": str(p)}
+
+
+def calibration_from_raw(raw: dict[str, Any], precision: str, clock: str = "wall") -> Calibration:
+    """A `Calibration` from raw fields: the `clock` section when the file has per-clock sets, and the
+    ``matmul_flops_per_s_<precision>`` rates when it has per-precision ones (fp16/fp8 fall back to bf16).
+
+    Raises:
+        CalibrationInputError: a field is missing or out of range (message names the file and the field).
+    """
+    fields = dict(raw)
+    if isinstance(fields.get(clock), dict):
+        fields = {**fields[clock], "_source": raw.get("_source")}
+    prec = precision if f"matmul_flops_per_s_{precision}" in fields else (
+        "bf16" if precision in ("fp16", "fp8") else precision)
+    for suffix in ("", "_large"):
+        per_prec = fields.get(f"matmul_flops_per_s_{prec}{suffix}")
+        if per_prec:
+            fields[f"matmul_flops_per_s{suffix}"] = per_prec
+    kept = {k: v for k, v in fields.items() if k in Calibration.model_fields}
+    try:
+        return Calibration(**kept)
+    except Exception as exc:  # pydantic ValidationError: name the fields
+        errors = getattr(exc, "errors", lambda: [])()
+        detail = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in errors) or str(exc)
+        raise CalibrationInputError(
+            f"{raw.get('_source', 'calibration')}: not a usable calibration ({detail}); it needs at least "
+            "matmul_flops_per_s, mem_bw_bytes_per_s and comm_busbw_bytes_per_s (benchmarks/step_time_fidelity.py "
+            "writes such a file)") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _cached(path: str, mtime_ns: int, precision: str) -> Calibration:
+    return calibration_from_raw(read_calibration_file(path), precision)
+
+
+def load_calibration(path: Union[str, pathlib.Path], precision: str) -> Calibration:
+    """`read_calibration_file` + `calibration_from_raw`, cached per file version and precision."""
+    p = pathlib.Path(path)
+    try:
+        mtime = p.stat().st_mtime_ns
+    except OSError:
+        mtime = -1  # read_calibration_file raises the readable error
+    return _cached(str(p), mtime, precision)
+
+
+def packaged_calibration_path(gpu_name: str) -> Optional[pathlib.Path]:
+    """The packaged reference calibration for a hardware-table row, if it has one."""
+
+
+    key = lookup_gpu_name(gpu_name) if isinstance(gpu_name, str) else None
+    return PACKAGED.get(key) if key else None
+
+
+def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path] = None) -> Optional[pathlib.Path]:
+    """The calibration file for an explicit `value` (a path, relative to `base_dir`, or "none") or, when `value`
+    is None, the packaged reference of the hardware row `gpu` (a table name; explicit GpuSpec facts have none)."""
+    if value is not None:
+        if str(value).strip().lower() in NONE_VALUES:
+            return None
+        p = pathlib.Path(str(value)).expanduser()
+        return p if p.is_absolute() or base_dir is None else base_dir / p
+    return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+
+
+def calibration_path_for(spec) -> Optional[pathlib.Path]:
+    """The calibration file an estimate of `spec` uses (None: the table's nominal rates).
+
+    `cluster.calibration` (relative paths resolve against the spec file's folder), else the packaged reference
+    for the spec's hardware row.
+    """
+    return calibration_path(getattr(spec.cluster, "calibration", None), spec.cluster.gpu, spec.base_dir)
+
+
+def resolve_calibration(value: Optional[str], gpu, precision: str,
+                        base_dir: Optional[pathlib.Path] = None) -> Optional[Calibration]:
+    """The `Calibration` for an explicit `value` (path or "none") or the hardware row's packaged reference
+    (`calibration_path`), loaded for `precision`; None = the table's nominal rates.
+
+    Raises:
+        CalibrationInputError: the file is missing or unusable.
+    """
+    path = calibration_path(value, gpu, base_dir)
+    return None if path is None else load_calibration(path, precision)
+
+
+def calibration_for_spec(spec) -> Optional[Calibration]:
+    """The `Calibration` for estimates of `spec` (see the module docstring), or None.
+
+    Raises:
+        SpecError: cluster.calibration names a file that is missing or unusable (located at its YAML line).
+    """
+    try:
+        return resolve_calibration(getattr(spec.cluster, "calibration", None), spec.cluster.gpu,
+                                   spec.training.precision, spec.base_dir)
+    except CalibrationInputError as exc:
+        if getattr(spec.cluster, "calibration", None) is None:
+            raise  # the packaged file itself is broken: an installation problem, not the user's spec
+        raise spec.error(("cluster", "calibration"), str(exc),
+                         "point cluster.calibration at a JSON written by benchmarks/step_time_fidelity.py, or "
+                         "'none' for the hardware table's nominal rates") from None
+
+
+def path_label(path: Optional[pathlib.Path]) -> str:
+    """How a calibration file is named in summaries: packaged ones by package path; None = nominal rates."""
+    if path is None:
+        return "nominal hardware-table rates"
+    try:
+        shown = "dstoolkit/" + path.resolve().relative_to(DATA_DIR.parent).as_posix()
+        return f"reference calibration {shown}"
+    except ValueError:
+        return f"calibration {path}"
+
+
+def calibration_label(spec) -> str:
+    """How estimates of `spec` are calibrated, for summaries (`path_label` of `calibration_path_for`)."""
+    return path_label(calibration_path_for(spec))

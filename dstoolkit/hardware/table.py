@@ -1,0 +1,212 @@
+"""Hardware table: one `GpuSpec` per accelerator the spec can name (`cluster.gpu: H100-SXM`).
+
+No torch import. Figures are vendor datasheet numbers (dense math, no structured sparsity) and published
+nccl-tests bus bandwidths; each row cites its sources. Memory is the capacity the vendor markets, read as
+GiB of physical HBM (CUDA reports slightly less usable; the estimator keeps its own runtime reserve).
+
+Bandwidth fields are *achievable bus bandwidth* (nccl-tests busbw, see ../shared/docs/anchors.md), not link
+line rates: the step-time model divides collective bytes by them directly.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class GpuSpec(_Strict):
+    """One accelerator's facts (explicit form of `cluster.gpu`, or a row of the hardware table)."""
+
+    name: str = "custom"
+    """Display name."""
+    memory_bytes: int = Field(gt=0)
+    """Device memory per GPU in bytes."""
+    peak_bf16_flops: float = Field(gt=0)
+    """Dense (no sparsity) bf16 peak FLOP/s per GPU."""
+    peak_fp8_flops: Optional[float] = Field(default=None, gt=0)
+    """Dense fp8 peak FLOP/s per GPU; None when the GPU has no fp8 tensor cores."""
+    intra_node_bw_bytes_per_s: float = Field(gt=0)
+    """Achievable all-reduce bus bandwidth inside a node (nccl-tests busbw), bytes/s."""
+    inter_node_bw_bytes_per_s: float = Field(gt=0)
+    """Achievable bus bandwidth per GPU across nodes, bytes/s."""
+    compute_capability: Optional[str] = None
+    """CUDA compute capability such as "9.0" (gates FP8 recipes); None for non-NVIDIA or CPU."""
+
+
+GiB = 2**30
+"""Bytes per GiB."""
+TFLOPS = 1e12
+"""FLOP/s per TFLOP/s."""
+GBps = 1e9
+"""Bytes/s per GB/s (decimal, as nccl-tests prints)."""
+
+IB_400G_BUSBW_BYTES_PER_S = 50 * GBps
+"""One 400 Gb/s InfiniBand NIC per GPU: ~50 GB/s busbw (anchors.md, Collective bandwidth table; DeepSeek-V3
+paper §3.1 quotes 50 GB/s IB per H800 GPU)."""
+IB_200G_BUSBW_BYTES_PER_S = 24 * GBps
+"""One 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100): 25 GB/s line rate, ~24 GB/s achievable busbw."""
+
+CPU_MEMORY_PER_RANK_BYTES = 8 * GiB
+"""This kind of machine has 24 GiB RAM shared by 2 ranks, the OS and other processes: budget 8 GiB per rank."""
+CPU_REFERENCE_FLOPS = 104.8e9
+"""Per-rank "peak" of the reference CPU machine: the fastest rate its calibration probe measured (fp32
+transformer-block forward+backward, 2 ranks on 2 cores: 104.8 GFLOP/s; bf16 reaches 63.6; dstoolkit/data/
+calibration_cpu_reference.json, from benchmarks/results/calibration_cpu_202611.json). Not a datasheet peak: the
+MFU of a CPU run is relative to what this probe achieves. Step times on CPU use the calibration itself
+(dstoolkit.hardware.calibration), which replaces this row's rates."""
+CPU_REFERENCE_BW_BYTES_PER_S = 1.75 * GBps
+"""All-reduce busbw between 2 ranks on the reference machine, as the calibration probe measures it (1.748 GB/s;
+same calibration file)."""
+
+GPU_TABLE: dict[str, GpuSpec] = {
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 989 TFLOP/s bf16 and 1979 fp8 dense
+    # (the datasheet's 1979/3958 are with sparsity). NVLink4 ring all-reduce busbw ~365-370 GB/s (nccl-tests,
+    # anchors.md). One 400 Gb/s NIC per GPU (DGX H100).
+    "H100-SXM": GpuSpec(
+        name="H100-SXM",
+        memory_bytes=80 * GiB,
+        peak_bf16_flops=989 * TFLOPS,
+        peak_fp8_flops=1979 * TFLOPS,
+        intra_node_bw_bytes_per_s=365 * GBps,
+        inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
+        compute_capability="9.0",
+    ),
+    # NVIDIA H200 Tensor Core GPU product brief: 141 GB HBM3e, same Hopper compute as H100 SXM (989 bf16,
+    # 1979 fp8 dense). All-reduce busbw ~475 GB/s (anchors.md). One 400 Gb/s NIC per GPU (HGX H200).
+    "H200": GpuSpec(
+        name="H200",
+        memory_bytes=141 * GiB,
+        peak_bf16_flops=989 * TFLOPS,
+        peak_fp8_flops=1979 * TFLOPS,
+        intra_node_bw_bytes_per_s=475 * GBps,
+        inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
+        compute_capability="9.0",
+    ),
+    # H800 (China export SKU of H100 SXM): compute as H100 (anchors.md), NVLink cut to 400 GB/s
+    # bidirectional; all-reduce busbw ~215 GB/s (anchors.md). DeepSeek-V3 paper §3.1: 8 GPUs per node,
+    # IB 50 GB/s per GPU across nodes.
+    "H800": GpuSpec(
+        name="H800",
+        memory_bytes=80 * GiB,
+        peak_bf16_flops=989 * TFLOPS,
+        peak_fp8_flops=1979 * TFLOPS,
+        intra_node_bw_bytes_per_s=215 * GBps,
+        inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
+        compute_capability="9.0",
+    ),
+    # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense, no fp8 tensor cores.
+    # NVLink3 600 GB/s bidirectional; nccl-tests all-reduce busbw on DGX A100 ~230 GB/s.
+    # One 200 Gb/s HDR NIC per GPU (DGX A100).
+    "A100-80G": GpuSpec(
+        name="A100-80G",
+        memory_bytes=80 * GiB,
+        peak_bf16_flops=312 * TFLOPS,
+        peak_fp8_flops=None,
+        intra_node_bw_bytes_per_s=230 * GBps,
+        inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
+        compute_capability="8.0",
+    ),
+    # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): as A100-80G with 40 GB HBM2.
+    "A100-40G": GpuSpec(
+        name="A100-40G",
+        memory_bytes=40 * GiB,
+        peak_bf16_flops=312 * TFLOPS,
+        peak_fp8_flops=None,
+        intra_node_bw_bytes_per_s=230 * GBps,
+        inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
+        compute_capability="8.0",
+    ),
+    # NVIDIA L40S datasheet: 48 GB GDDR6, 362.05 TFLOP/s bf16 and 733 fp8 dense (733 / 1466 with sparsity).
+    # No NVLink: PCIe Gen4 x16 (64 GB/s bidirectional, ~25 GB/s achievable all-reduce busbw through the host).
+    # Typical L40S servers have 200 Gb/s networking per GPU pair; use the 200 Gb/s figure.
+    "L40S": GpuSpec(
+        name="L40S",
+        memory_bytes=48 * GiB,
+        peak_bf16_flops=362.05 * TFLOPS,
+        peak_fp8_flops=733 * TFLOPS,
+        intra_node_bw_bytes_per_s=25 * GBps,
+        inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
+        compute_capability="8.9",
+    ),
+    # AMD Instinct MI300X datasheet: 192 GB HBM3, 1307.4 TFLOP/s bf16 and 2614.9 fp8 dense.
+    # Infinity Fabric 7 links x 128 GB/s = 896 GB/s aggregate per GPU; RCCL all-reduce busbw on 8x MI300X
+    # is published at ~300 GB/s for large messages (AMD ROCm blogs). 400 Gb/s NIC per GPU.
+    "MI300X": GpuSpec(
+        name="MI300X",
+        memory_bytes=192 * GiB,
+        peak_bf16_flops=1307.4 * TFLOPS,
+        peak_fp8_flops=2614.9 * TFLOPS,
+        intra_node_bw_bytes_per_s=300 * GBps,
+        inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
+        compute_capability=None,
+    ),
+    # This kind of machine (2 CPU cores, 24 GiB RAM, gloo over shared memory). Memory is a conservative
+    # per-rank share of host RAM; flops and bandwidth are the reference machine's measured rates (above), and
+    # estimates for gpu: cpu use its full calibration unless the spec names another (cluster.calibration).
+    # fp8 is emulated on CPU (dequantize + matmul), so its "peak" is the same rate (no speed-up).
+    "cpu": GpuSpec(
+        name="cpu",
+        memory_bytes=CPU_MEMORY_PER_RANK_BYTES,
+        peak_bf16_flops=CPU_REFERENCE_FLOPS,
+        peak_fp8_flops=CPU_REFERENCE_FLOPS,
+        intra_node_bw_bytes_per_s=CPU_REFERENCE_BW_BYTES_PER_S,
+        inter_node_bw_bytes_per_s=CPU_REFERENCE_BW_BYTES_PER_S,
+        compute_capability=None,
+    ),
+}
+
+
+def _normalize(name: str) -> str:
+    """Case- and punctuation-insensitive key: 'h100_sxm', 'H100 SXM' and 'H100-SXM' all match."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+_BY_NORMALIZED = {_normalize(k): k for k in GPU_TABLE}
+
+
+def known_gpu_names() -> list[str]:
+    """The table's names, in table order."""
+    return list(GPU_TABLE)
+
+
+def gpu_name_error(name: str) -> str:
+    """The message for an unknown GPU name: known names plus a did-you-mean when one is close."""
+    close = difflib.get_close_matches(_normalize(name), list(_BY_NORMALIZED), n=1, cutoff=0.5)
+    hint = f"did you mean {_BY_NORMALIZED[close[0]]!r}? " if close else ""
+    return (
+        f"unknown GPU {name!r} ({hint}known: {', '.join(GPU_TABLE)}; or give explicit facts: memory_bytes, "
+        "peak_bf16_flops, peak_fp8_flops, intra_node_bw_bytes_per_s, inter_node_bw_bytes_per_s)"
+    )
+
+
+def lookup_gpu_name(name: str) -> str | None:
+    """The table key a name refers to (case/punctuation-insensitive), or None."""
+    return _BY_NORMALIZED.get(_normalize(name))
+
+
+def get_gpu(name_or_spec: Union[str, GpuSpec]) -> GpuSpec:
+    """Return the `GpuSpec` for a table name, or the spec itself.
+
+    Args:
+        name_or_spec: A table name (case-insensitive: "h100-sxm", "H200", "cpu") or an explicit `GpuSpec`.
+
+    Returns:
+        A copy of the table row (safe to modify), or the given spec itself.
+
+    Raises:
+        ValueError: Unknown name; the message lists the known names and a did-you-mean.
+    """
+    if isinstance(name_or_spec, GpuSpec):
+        return name_or_spec
+    if not isinstance(name_or_spec, str):
+        raise ValueError(f"gpu must be a name or a GpuSpec, got {type(name_or_spec).__name__}")
+    key = lookup_gpu_name(name_or_spec)
+    if key is None:
+        raise ValueError(gpu_name_error(name_or_spec))
+    return GPU_TABLE[key].model_copy()

@@ -1,0 +1,1 @@
+"""dstoolkit.runtime.bench"""

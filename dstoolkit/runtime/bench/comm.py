@@ -1,0 +1,506 @@
+"""Collective-communication bench with nccl-tests' columns, busbw factors and a correctness check per row.
+
+Conventions (nccl-tests doc/PERFORMANCE.md, quoted in shared/docs/anchors.md):
+
+* ``size`` is the bytes of the largest buffer of the op, as nccl-tests prints it: the all-reduce buffer,
+  the gathered output of all-gather, the input of reduce-scatter, the per-rank buffer of all-to-all,
+  the broadcast buffer. ``count`` is ``size`` in elements of ``type``.
+* ``algbw = size / time`` in GB/s (1 GB = 1e9 bytes).
+* ``busbw = algbw x factor`` with factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+  reduce-scatter and all-to-all, 1 for broadcast. This is *not* DeepSpeedExamples' all-reduce
+  "throughput" 2*S/t (which equals busbw only as n -> infinity).
+* ``time_us`` is the median over repetitions of the per-op time, where each repetition's time is the
+  slowest rank's (a collective is done when every rank is done).
+* ``#wrong`` counts elements, summed over ranks, that differ from the analytically expected result
+  of one extra call made after timing on freshly patterned buffers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench.harness import BenchInputError
+
+BENCH_NAME = "comm"
+
+#: Supported collectives, in the order they are run and printed.
+OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests bus-bandwidth factor (doc/PERFORMANCE.md; anchors.md 'Collective bandwidth')."""
+    n = world_size
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n  # each byte crosses the bus 2(n-1)/n times in a ring
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n  # (n-1)/n of the buffer leaves each rank
+    if op == "broadcast":
+        return 1.0
+    raise BenchInputError(f"--ops: unknown op {op!r}; choose from {', '.join(OPS)}")
+
+
+#: User-facing dtype names -> (torch dtype attribute, nccl-tests type name).
+DTYPES: dict[str, tuple[str, str]] = {
+    "float32": ("float32", "float"), "float": ("float32", "float"), "fp32": ("float32", "float"),
+    "float16": ("float16", "half"), "half": ("float16", "half"), "fp16": ("float16", "half"),
+    "bfloat16": ("bfloat16", "bfloat16"), "bf16": ("bfloat16", "bfloat16"),
+    "float64": ("float64", "double"), "double": ("float64", "double"),
+    "int32": ("int32", "int32"), "int": ("int32", "int32"),
+    "int64": ("int64", "int64"),
+    "int8": ("int8", "int8"), "uint8": ("uint8", "uint8"),
+}
+
+#: Bytes per element for each torch dtype name above (avoids importing torch to parse arguments).
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
+
+#: Relative tolerance of the correctness check per dtype. The test pattern uses small integers, which
+#: are exact in every type for world sizes up to 8; the tolerance only matters beyond that.
+_RTOL = {"float32": 1e-6, "float64": 1e-12, "float16": 1e-3, "bfloat16": 8e-3}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B?)?\s*$", re.IGNORECASE)
+#: nccl-tests' -b/-e suffixes are binary: 1K = 1024 bytes.
+_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """Parse '64M', '1K', '4096' (binary suffixes, as nccl-tests) into bytes; size 0 is an error."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise BenchInputError(f"--sizes: cannot parse size {text!r}; use e.g. 1K, 64M, 1G or a byte count")
+    value = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    if value < 1:
+        raise BenchInputError(f"--sizes: size {text!r} is 0 bytes; every size must be at least 1 byte (e.g. 1K)")
+    return int(value)
+
+
+def parse_sizes(spec: str) -> list[int]:
+    """Parse a size list: 'MIN:MAX' (x2 steps), 'MIN:MAX:FACTOR', or comma-separated sizes; mixable by commas."""
+    sizes: list[int] = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ":" in part:
+            fields = part.split(":")
+            if len(fields) not in (2, 3):
+                raise BenchInputError(f"--sizes: {part!r} must be MIN:MAX or MIN:MAX:FACTOR")
+            lo, hi = parse_size(fields[0]), parse_size(fields[1])
+            factor = float(fields[2]) if len(fields) == 3 else 2.0
+            if factor <= 1:
+                raise BenchInputError(f"--sizes: step factor {fields[2]!r} in {part!r} must be > 1")
+            if hi < lo:
+                raise BenchInputError(f"--sizes: MAX {fields[1]!r} is below MIN {fields[0]!r} in {part!r}")
+            s = float(lo)
+            while s <= hi * (1 + 1e-9):
+                sizes.append(int(s))
+                s *= factor
+        else:
+            sizes.append(parse_size(part))
+    if not sizes:
+        raise BenchInputError(f"--sizes: {spec!r} gives no sizes; use e.g. 1K:256M")
+    return sorted(set(sizes))
+
+
+def parse_ops(spec: str | Sequence[str]) -> list[str]:
+    """Parse 'all_reduce,all_gather' (or 'all'); unknown names are an error naming the valid ones."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    items = [i.strip().replace("-", "_") for i in items if i.strip()]
+    if items == ["all"]:
+        return list(OPS)
+    bad = [i for i in items if i not in OPS]
+    if bad:
+        raise BenchInputError(f"--ops: unknown op {bad[0]!r}; choose from {', '.join(OPS)} (or 'all')")
+    if not items:
+        raise BenchInputError("--ops: no op given; choose from " + ", ".join(OPS))
+    return [op for op in OPS if op in items]
+
+
+def parse_dtype(name: str) -> str:
+    """User dtype name -> canonical torch dtype name."""
+    try:
+        return DTYPES[name.lower()][0]
+    except KeyError:
+        raise BenchInputError(f"--dtype: unknown dtype {name!r}; choose from {', '.join(sorted(DTYPES))}") from None
+
+
+@dataclasses.dataclass
+class CommOptions:
+    """Everything `run_comm` needs (the CLI fills this from flags)."""
+
+    ops: list[str]
+    sizes: list[int]
+    dtype: str = "float32"
+    iters: int = 20
+    """Ops per timed repetition (nccl-tests -n)."""
+    warmup: int = 5
+    """Untimed ops before timing (nccl-tests -w)."""
+    reps: int = 5
+    """Timed repetitions per row: the samples behind the median and spread."""
+    backend: str = "gloo"
+    world_size: int = 2
+    out: Optional[str] = None
+    """JSON Lines file to append rows to (resumable)."""
+    resume: bool = True
+    time_budget_s: float = 20.0
+    """Per-row timing budget: iters is reduced (never below 1) for sizes where iters x reps would exceed it."""
+    timeout_s: float = 1800.0
+    progress: bool = True
+
+    def check(self) -> None:
+        """Validate values that argparse cannot (exit 2 in the CLI)."""
+        parse_ops(self.ops)
+        if self.backend not in ("gloo", "nccl"):
+            raise BenchInputError(f"--backend: {self.backend!r} is not supported; use gloo (CPU) or nccl (GPU)")
+        if self.world_size < 2:
+            raise BenchInputError(f"--world-size: {self.world_size} ranks measure no communication; use at least 2")
+        if self.iters < 1 or self.reps < 1 or self.warmup < 0:
+            raise BenchInputError(
+                f"--iters {self.iters}, --reps {self.reps}, --warmup {self.warmup}: iters and reps must be >= 1, warmup >= 0"
+            )
+        if any(s <= 0 for s in self.sizes):
+            raise BenchInputError("--sizes: every size must be at least 1 byte")
+
+    def config(self) -> dict[str, Any]:
+        """The fields that define 'the same experiment' (hashed for resume and comparison)."""
+        return {"bench": BENCH_NAME, "ops": self.ops, "sizes": self.sizes, "dtype": self.dtype, "iters": self.iters,
+                "warmup": self.warmup, "reps": self.reps, "backend": self.backend, "world_size": self.world_size,
+                "time_budget_s": self.time_budget_s}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Buffer geometry of one op at one requested size."""
+
+    size_bytes: int
+    """Bytes of the op's largest buffer (nccl-tests 'size'), after rounding to the world size."""
+    count: int
+    """size_bytes in elements."""
+    in_numel: int
+    out_numel: int
+
+
+def layout(op: str, size_bytes: int, element_bytes: int, world_size: int) -> Layout:
+    """Round a requested size to whole elements divisible by the world size where the op needs it."""
+    count = max(1, size_bytes // element_bytes)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        count = max(world_size, count // world_size * world_size)
+    per_rank = count // world_size
+    if op == "all_reduce" or op == "broadcast":
+        in_n, out_n = count, count
+    elif op == "all_gather":
+        in_n, out_n = per_rank, count
+    elif op == "reduce_scatter":
+        in_n, out_n = count, per_rank
+    else:  # all_to_all
+        in_n, out_n = count, count
+    return Layout(size_bytes=count * element_bytes, count=count, in_numel=in_n, out_numel=out_n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rank-side work (torch imported here only)
+# --------------------------------------------------------------------------------------------------
+
+
+def _pattern(torch, numel: int, rank: int, offset: int, dtype):
+    """Rank r's test values: (r + 1) * ((offset + i) % 7 + 1), small integers exact in every dtype."""
+    idx = torch.arange(offset, offset + numel, dtype=torch.int64)
+    return ((idx % 7 + 1) * (rank + 1)).to(dtype)
+
+
+def _expected(torch, op: str, lay: Layout, rank: int, world: int, dtype):
+    """The analytically correct output of `op` on rank `rank` for the `_pattern` inputs."""
+    rank_sum = world * (world + 1) // 2  # sum over ranks of (r + 1)
+    per = lay.count // world if op != "broadcast" and op != "all_reduce" else lay.count
+    if op == "all_reduce":
+        return _pattern(torch, lay.count, rank_sum - 1, 0, torch.int64).to(dtype)
+    if op == "broadcast":
+        return _pattern(torch, lay.count, 0, 0, dtype)
+    if op == "all_gather":
+        return torch.cat([_pattern(torch, per, j, 0, dtype) for j in range(world)])
+    if op == "reduce_scatter":
+        return (_pattern(torch, per, 0, rank * per, torch.int64) * rank_sum).to(dtype)
+    # all_to_all: chunk j of the output is chunk `rank` of rank j's input
+    return torch.cat([_pattern(torch, per, j, rank * per, dtype) for j in range(world)])
+
+
+def _op_callable(torch, dist, op: str, inp, out, group=None) -> Callable[[], Any]:
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(inp, group=group)
+    if op == "broadcast":
+        return lambda: dist.broadcast(inp, src=0, group=group)
+    if op == "all_gather":
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: fn(out, inp, group=group)
+    if op == "reduce_scatter":
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: fn(out, inp, group=group)
+    if op == "all_to_all":
+        return lambda: dist.all_to_all_single(out, inp, group=group)
+    raise BenchInputError(f"unknown op {op!r}")
+
+
+def count_wrong(torch, got, expected) -> int:
+    """Elements of `got` that differ from `expected` (relative tolerance per float dtype, exact for integers)."""
+    if got.shape != expected.shape:
+        return int(max(got.numel(), expected.numel()))
+    if got.dtype.is_floating_point:
+        rtol = _RTOL.get(str(got.dtype).replace("torch.", ""), 1e-6)
+        ok = torch.isclose(got.double(), expected.double(), rtol=rtol, atol=0.0)
+    else:
+        ok = got == expected
+    return int((~ok).sum())
+
+
+def _check_wrong(torch, dist, op: str, lay: Layout, rank: int, world: int, dtype, device) -> int:
+    """Run `op` once on patterned buffers and count wrong elements summed over ranks."""
+    if op == "broadcast" and rank != 0:
+        inp = torch.zeros(lay.in_numel, dtype=dtype, device=device)
+    else:
+        inp = _pattern(torch, lay.in_numel, rank, 0, dtype).to(device)
+    out = torch.zeros(lay.out_numel, dtype=dtype, device=device) if op in ("all_gather", "reduce_scatter", "all_to_all") else None
+    _op_callable(torch, dist, op, inp, out)()
+    got = (out if out is not None else inp).cpu()
+    exp = _expected(torch, op, lay, rank, world, dtype)
+    wrong = torch.tensor([count_wrong(torch, got, exp)], dtype=torch.int64, device=device)
+    dist.all_reduce(wrong)
+    return int(wrong.item())
+
+
+def measure_row(torch, dist, op: str, size_bytes: int, opts: CommOptions, rank: int, world: int, device,
+                progress: Optional[Callable[[], None]] = None) -> dict[str, Any]:
+    """Time one (op, size) on the current process group and check correctness. Collective: all ranks call it."""
+    dtype = getattr(torch, opts.dtype)
+    lay = layout(op, size_bytes, _ELEMENT_BYTES[opts.dtype], world)
+    # Timing buffers are zeros: repeated in-place sums stay finite (no inf/denormal slow paths).
+    inp = torch.zeros(lay.in_numel, dtype=dtype, device=device)
+    out = torch.zeros(lay.out_numel, dtype=dtype, device=device) if op in ("all_gather", "reduce_scatter", "all_to_all") else None
+    fn = _op_callable(torch, dist, op, inp, out)
+
+    # Size the inner loop to the time budget from one timed warm-up call (same value on every rank).
+    harness.sync_all()
+    t0 = time.perf_counter()
+    fn()
+    harness.sync_all()
+    probe = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(probe, op=dist.ReduceOp.MAX)
+    est_s = max(float(probe.item()), 1e-7)
+    iters = opts.iters
+    if est_s * iters * opts.reps > opts.time_budget_s:
+        iters = max(1, int(opts.time_budget_s / (est_s * opts.reps)))
+    warmup = min(opts.warmup, max(1, iters)) if iters < opts.iters else opts.warmup
+
+    samples = harness.time_repeated(fn, warmup=warmup, reps=opts.reps, inner=iters, progress=progress)
+    # A repetition lasts as long as its slowest rank.
+    t = torch.tensor(samples, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    samples = [float(x) for x in t.cpu().tolist()]
+
+    wrong = _check_wrong(torch, dist, op, lay, rank, world, dtype, device)
+    factor = busbw_factor(op, world)
+    time_stats = harness.summarize([s * 1e6 for s in samples])
+    algbw_samples = [lay.size_bytes / s / 1e9 for s in samples]
+    busbw_samples = [a * factor for a in algbw_samples]
+    alg_stats, bus_stats = harness.summarize(algbw_samples), harness.summarize(busbw_samples)
+    return {
+        "op": op,
+        "size": lay.size_bytes,
+        "requested_size": size_bytes,
+        "count": lay.count,
+        "type": DTYPES[opts.dtype][1],
+        "time_us": time_stats.median,
+        "algbw": alg_stats.median,
+        "busbw": bus_stats.median,
+        "#wrong": wrong,
+        "busbw_factor": factor,
+        "bw_unit": "GB/s (1e9 bytes/s)",
+        "bw_convention": "nccl-tests: algbw=size/time, busbw=algbw*factor",
+        "time_us_stats": time_stats.to_dict(),
+        "busbw_stats": bus_stats.to_dict(),
+        "samples_us": [s * 1e6 for s in samples],
+        "iters": iters,
+        "reps": opts.reps,
+        "warmup": warmup,
+        "world_size": world,
+        "backend": opts.backend,
+        "dtype": opts.dtype,
+    }
+
+
+def row_key(op: str, size: int) -> str:
+    """Resume key of one row."""
+    return f"{op}:{size}"
+
+
+def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: Optional[int],
+              rows_path: Optional[str]) -> list[dict[str, Any]]:
+    """Body of one rank: init the process group (unless already initialised), run every row, return rows on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    if opts.backend == "gloo":
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    device = torch.device("cpu")
+    if opts.backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    own_group = False
+    if not dist.is_initialized():
+        init = f"tcp://127.0.0.1:{port}" if port is not None else "env://"
+        dist.init_process_group(opts.backend, init_method=init, rank=rank, world_size=world,
+                                timeout=__import__("datetime").timedelta(seconds=opts.timeout_s))
+        own_group = True
+    try:
+        cfg = opts.config()
+        cfg_hash = harness.config_hash(cfg)
+        state = harness.open_run(opts.out, BENCH_NAME, cfg_hash, resume=opts.resume) if rank == 0 else None
+        # Everyone must skip the same rows: broadcast rank 0's resume set.
+        obj = [sorted(state.done_keys) if state else None, state.run_id if state else None]
+        dist.broadcast_object_list(obj, src=0)
+        done, run_id = set(obj[0]), obj[1]
+        todo = [(op, s) for op in opts.ops for s in opts.sizes if row_key(op, s) not in done]
+        env = harness.capture_env(world, opts.backend, cfg) if rank == 0 else {}
+        if rank == 0 and done:
+            print(f"# resuming run {run_id}: {len(done)} rows already in {opts.out}, {len(todo)} to go", file=sys.stderr)
+        rows: list[dict[str, Any]] = []
+        with harness.progress_bar(len(todo) * opts.reps, "bench comm", enabled=opts.progress and rank == 0) as update:
+            for op, size in todo:
+                row = measure_row(torch, dist, op, size, opts, rank, world, device, progress=lambda: update(1))
+                if rank == 0:
+                    env["load_avg"] = harness.load_average()
+                    rec = harness.base_record(BENCH_NAME, run_id, row_key(op, size), dict(env))
+                    rec.update(row)
+                    rows.append(rec)
+                    if opts.out:
+                        harness.append_records(opts.out, [rec])
+                    if rows_path:
+                        harness.append_records(rows_path, [rec])
+        if rank == 0 and opts.out:
+            harness.close_run(opts.out, BENCH_NAME, cfg_hash, run_id)
+        if rank == 0 and done and opts.out:
+            # Return the whole run (earlier rows included) so the table is complete after a resume.
+            rows = [r for r in harness.read_records(opts.out) if r.get("run_id") == run_id and r.get("event") is None
+                    and r.get("bench") == BENCH_NAME]
+        dist.barrier()
+        return rows if rank == 0 else []
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _spawn_entry(rank: int, world: int, opts: CommOptions, port: int, rows_path: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.stdout.flush()
+    os.dup2(2, 1)  # spawned ranks' logs go to stderr: stdout carries only the parent's table / JSON
+    rank_main(rank, world, rank, opts, port, rows_path)
+
+
+def spawn_ranks(entry: Callable, world: int, args: tuple, timeout_s: float) -> None:
+    """Start `world` spawned processes running ``entry(rank, *args)``; fail (and kill them) after timeout_s.
+
+    Raises:
+        RuntimeError: a rank failed or the timeout passed.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(entry, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ranks did not finish within {timeout_s:.0f} s (raise --timeout-s)")
+    except mp.ProcessRaisedException as exc:
+        raise RuntimeError(f"a rank failed: {str(exc).strip().splitlines()[-1]}") from None
+    except mp.ProcessExitedException as exc:
+        raise RuntimeError(f"a rank exited abnormally: {exc}") from None
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+
+
+def check_world_size(backend: str, world_size: int) -> None:
+    """Refuse more local ranks than this node has devices (nccl) or CPU cores (gloo)."""
+    limit = harness.max_local_ranks(backend)
+    if world_size > limit:
+        what = "CUDA devices" if backend == "nccl" else "CPU cores (one gloo rank per core)"
+        raise BenchInputError(
+            f"--world-size {world_size}: this machine has {limit} {what}; use --world-size {max(limit, 2) if limit >= 2 else 2}"
+            + (" on a machine with at least 2 GPUs" if backend == "nccl" and limit < 2 else "")
+            + " or run under torchrun across nodes"
+        )
+
+
+def run_comm(opts: CommOptions) -> list[dict[str, Any]]:
+    """Run the comm bench: inside the current launcher's ranks, or by spawning `opts.world_size` local ranks.
+
+    Returns:
+        Rank 0's result rows (other ranks under a launcher get an empty list).
+    """
+    opts.check()
+    launched = harness.launched_env()
+    if launched is not None:
+        rank, world, local = launched
+        opts.world_size = world
+        return rank_main(rank, world, local, opts, None, None)
+    check_world_size(opts.backend, opts.world_size)
+    port = harness.free_port()
+    with tempfile.TemporaryDirectory(prefix="dstoolkit-comm-") as tmp:
+        rows_path = str(pathlib.Path(tmp) / "rows.jsonl")
+        spawn_ranks(_spawn_entry, opts.world_size, (opts.world_size, opts, port, rows_path), opts.timeout_s)
+        rows = harness.read_records(rows_path)
+    if opts.out and rows:
+        run_id = rows[0]["run_id"]
+        rows = [r for r in harness.read_records(opts.out) if r.get("run_id") == run_id and r.get("event") is None
+                and r.get("bench") == BENCH_NAME]
+    for r in rows:
+        r.pop("_file", None)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------------
+
+TABLE_COLUMNS = ("size", "count", "type", "time_us", "algbw", "busbw", "#wrong")
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """nccl-tests-style text table, one block per op, with the bandwidth convention stated."""
+    if not rows:
+        return "# no rows"
+    r0 = rows[0]
+    lines = [
+        f"# dstoolkit bench comm  backend={r0.get('backend')}  world_size={r0.get('world_size')}  "
+        f"reps={r0.get('reps')}  (time = median over reps of the slowest rank; spread = p10-p90 busbw)",
+        "# algbw = size/time, busbw = algbw x factor [all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all "
+        "(n-1)/n; broadcast 1] -- nccl-tests convention, GB/s = 1e9 B/s; NOT DeepSpeedExamples' 2S/t 'throughput'",
+    ]
+    for op in OPS:
+        op_rows = [r for r in rows if r.get("op") == op]
+        if not op_rows:
+            continue
+        lines.append(f"# {op}")
+        lines.append(f"#{'size':>12} {'count':>12} {'type':>9} {'time_us':>12} {'algbw':>8} {'busbw':>8} "
+                     f"{'#wrong':>7} {'busbw p10-p90':>15} {'iters':>6}")
+        for r in sorted(op_rows, key=lambda r: r["size"]):
+            st = r.get("busbw_stats", {})
+            spread = f"{st.get('p10', 0):.3f}-{st.get('p90', 0):.3f}" if st else ""
+            lines.append(f" {r['size']:>12} {r['count']:>12} {r['type']:>9} {r['time_us']:>12.1f} {r['algbw']:>8.3f} "
+                         f"{r['busbw']:>8.3f} {r['#wrong']:>7} {spread:>15} {r.get('iters', ''):>6}")
+    wrong = sum(int(r.get("#wrong", 0)) for r in rows)
+    lines.append(f"# out-of-bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def json_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """One JSON record per op and size (nccl-tests column names plus stats and env)."""
+    return json.dumps(list(rows), indent=1, default=str)

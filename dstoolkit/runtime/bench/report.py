@@ -1,0 +1,347 @@
+"""Render benchmark JSON Lines results into markdown tables and matplotlib PNG plots.
+
+Everything here is derived from the result files; nothing is measured. For each (bench, config hash, row key)
+only the newest record is shown, so re-running a bench updates the report while the JSONL keeps the history.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import tempfile
+from typing import Any, Iterable, Optional, Sequence
+
+from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench.harness import BenchInputError
+
+
+@dataclasses.dataclass
+class ReportResult:
+    """What `render_report` wrote."""
+
+    markdown_path: pathlib.Path
+    plots: list[pathlib.Path]
+    counts: dict[str, int]
+    """Rows shown per bench kind."""
+    markdown: str
+
+
+def _latest(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Newest record per (bench, row key, backend, world size, dtype), in first-seen order.
+
+    A rerun of the same measurement (even with other repetition counts) supersedes the older row in the
+    report; the JSONL files keep every run.
+    """
+    latest: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        if r.get("event") is not None or "bench" not in r or "key" not in r:
+            continue
+        env = r.get("env") or {}
+        ident = (r["bench"], r["key"], r.get("backend") or env.get("backend"),
+                 r.get("world_size") or env.get("world_size"), r.get("type"))
+        latest.pop(ident, None)  # re-insert: newest position
+        latest[ident] = r
+    return list(latest.values())
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        if x != x:  # NaN
+            return "–"
+        if abs(x) >= 1e5 or (abs(x) < 1e-3 and x != 0):
+            return f"{x:.3g}"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _oc(v: Optional[bool]) -> str:
+    return "n/a" if v is None else ("on" if v else "off")
+
+
+def _median(xs: Sequence[float]) -> Optional[float]:
+    return harness.summarize(xs).median if xs else None
+
+
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None else f"{100 * x:+.1f}%"
+
+
+def _gib(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x / 2**30:.2f}"
+
+
+def _human_size(n: int) -> str:
+    for unit, div in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def _env_line(recs: Sequence[dict[str, Any]]) -> str:
+    envs = [r.get("env", {}) for r in recs if r.get("env")]
+    if not envs:
+        return ""
+    e = envs[-1]
+    loads = [r["env"]["load_avg"][0] for r in recs if r.get("env", {}).get("load_avg")]
+    load = f"1-min load avg {min(loads):.2f}–{max(loads):.2f}" if loads else "load unknown"
+    hw = e.get("gpu_model") or e.get("cpu_model")
+    return (f"_Environment: torch {e.get('torch')}, deepspeed {e.get('deepspeed')}, TE {e.get('transformer_engine') or 'none'}, "
+            f"{hw} ({e.get('cpu_count')} CPUs), backend {e.get('backend')}, world size {e.get('world_size')}, "
+            f"commit {str(e.get('git_commit'))[:12]}, {load}, measured {e.get('timestamp_utc')}._")
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------
+
+
+def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
+    lines = ["## Collectives (`dstoolkit bench comm`)", "",
+             "nccl-tests convention: algbw = size / time, busbw = algbw × factor (all-reduce 2(n−1)/n; all-gather, "
+             "reduce-scatter, all-to-all (n−1)/n; broadcast 1). GB/s = 10⁹ B/s. time = median over repetitions of "
+             "the slowest rank; spread = busbw p10–p90.", ""]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in recs:
+        groups.setdefault((r.get("backend"), r.get("world_size"), r.get("type")), []).append(r)
+    for (backend, world, typ), rows in groups.items():
+        lines.append(f"### {backend}, {world} ranks, {typ}")
+        lines.append(_env_line(rows))
+        lines.append("")
+        lines.append("| op | size | count | time_us | algbw GB/s | busbw GB/s | busbw p10–p90 | #wrong |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in sorted(rows, key=lambda r: (r["op"], r["size"])):
+            st = r.get("busbw_stats") or {}
+            lines.append(f"| {r['op']} | {_human_size(r['size'])} | {r['count']} | {_fmt(r['time_us'], 1)} | "
+                         f"{_fmt(r['algbw'])} | {_fmt(r['busbw'])} | {_fmt(st.get('p10'))}–{_fmt(st.get('p90'))} | {r['#wrong']} |")
+        lines.append("")
+    plot = _plot_comm(groups, out_dir, prefix)
+    if plot:
+        plots.append(plot)
+        lines += [f"![busbw vs size]({plot.name})", ""]
+    return lines
+
+
+def _comm_overhead_section(recs: list[dict[str, Any]]) -> list[str]:
+    if not recs:
+        return []
+    lines = ["## Harness overhead (`benchmarks/comm_overhead.py`)", "",
+             "busbw from the `bench comm` harness against a bare `torch.distributed` timing loop on the same sizes, "
+             "interleaved in the same ranks.", "", _env_line(recs), "",
+             "| op | size | harness busbw | bare busbw | harness / bare − 1 |", "|---|---:|---:|---:|---:|"]
+    for r in sorted(recs, key=lambda r: (r.get("op", ""), r.get("size", 0))):
+        lines.append(f"| {r.get('op')} | {_human_size(r['size'])} | {_fmt(r.get('harness_busbw'))} | {_fmt(r.get('bare_busbw'))} | "
+                     f"{_pct(r.get('rel_diff'))} |")
+    return lines + [""]
+
+
+def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
+    lines = ["## Compute/communication overlap (`dstoolkit bench overlap`)", "",
+             "η = 1 − exposed / total communication. **η (timing)**: exposed = overlapped step − compute-only step "
+             "(N concurrent single-rank engines), total = the step's collectives replayed alone; clamped to [0, 1]. "
+             "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
+             "compute span covers, over the communication spans (one measurement, so immune to load drift between "
+             "phases). Compute slowdown = overlapped × (1 − exposed fraction of the traced step) ÷ compute-only − 1. Times are medians (s).",
+             "", _env_line(recs), "",
+             "| config | ZeRO | overlap_comm | reduce bucket | compute-only | comm-only | overlapped | exposed | η (timing) "
+             "| η (trace) | slowdown |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in recs:
+        lines.append(
+            f"| {r.get('config_name')} | {r.get('zero_stage')} | {_oc(r.get('overlap_comm'))} | {_fmt(r.get('reduce_bucket_size'))} | "
+            f"{_fmt(r['compute_s']['median'], 4)} | {_fmt(r['comm_s']['median'], 4)} | {_fmt(r['overlapped_s']['median'], 4)} | "
+            f"{_fmt(r.get('exposed_comm_s'), 4)} | {_fmt(r.get('eta'))} | {_fmt(r.get('eta_profiler'))} | "
+            f"{_pct(r.get('compute_slowdown'))} |")
+    for label, flag in (("on", True), ("off", False)):
+        sel = [r for r in recs if r.get("overlap_comm") is flag]
+        if sel:
+            t = [r["eta"] for r in sel if r.get("eta") is not None]
+            p = [r["eta_profiler"] for r in sel if r.get("eta_profiler") is not None]
+            lines.append("")
+            lines.append(f"overlap_comm {label}: median η (timing) {_fmt(_median(t))}, median η (trace) {_fmt(_median(p))} "
+                         f"over {len(sel)} variants.")
+    lines.append("")
+    plot = _plot_overlap(recs, out_dir, prefix)
+    if plot:
+        plots.append(plot)
+        lines += [f"![eta per config]({plot.name})", ""]
+    return lines
+
+
+def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
+    lines = ["## Training throughput (`dstoolkit bench train`)", "",
+             "Measured over the timed steps (warm-up steps excluded) through the `deepspeed` launcher; the estimate "
+             "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", "", _env_line(recs), "",
+             "| config | steps | tokens/s (est) | err | step median s (est) | err | step p90 s | peak mem GiB (est) | err | "
+             "MFU (est) | loss first→last |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in recs:
+        m, e, err = r.get("measured", {}), r.get("estimate") or {}, r.get("error") or {}
+        lines.append(
+            f"| {r.get('config_name')} | {m.get('timed_steps')} | {_fmt(m.get('tokens_per_s'), 1)} ({_fmt(e.get('tokens_per_s'), 1)}) | "
+            f"{_pct(err.get('tokens_per_s'))} | {_fmt(m.get('step_time_s_median'), 4)} ({_fmt(e.get('step_time_s'), 4)}) | "
+            f"{_pct(err.get('step_time_s'))} | {_fmt(m.get('step_time_s_p90'), 4)} | "
+            f"{_gib(m.get('peak_memory_bytes'))} ({_gib(e.get('memory_per_rank_bytes'))}) | {_pct(err.get('memory_bytes'))} | "
+            f"{_fmt(m.get('mfu'), 4)} ({_fmt(e.get('mfu'), 4)}) | {_fmt(m.get('loss_first'))}→{_fmt(m.get('loss_last'))} |")
+    errs = [abs(r["error"]["step_time_s"]) for r in recs if (r.get("error") or {}).get("step_time_s") is not None]
+    if errs:
+        worst = max(recs, key=lambda r: abs((r.get("error") or {}).get("step_time_s") or 0))
+        lines += ["", f"Worst step-time error: {_pct(worst['error']['step_time_s'])} ({worst.get('config_name')}); "
+                      f"mean absolute error {100 * sum(errs) / len(errs):.1f}% over {len(errs)} configs."]
+    lines.append("")
+    plot = _plot_train(recs, out_dir, prefix)
+    if plot:
+        plots.append(plot)
+        lines += [f"![predicted vs measured step time]({plot.name})", ""]
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: files only
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: pathlib.Path) -> pathlib.Path:
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def _plot_comm(groups: dict[tuple, list[dict[str, Any]]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
+    if not groups:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (backend, world, typ), rows in groups.items():
+        for op in sorted({r["op"] for r in rows}):
+            pts = sorted((r["size"], r["busbw"], (r.get("busbw_stats") or {})) for r in rows if r["op"] == op)
+            xs = [p[0] for p in pts]
+            ys = [p[1] for p in pts]
+            line, = ax.plot(xs, ys, marker="o", ms=3, label=f"{op} ({backend}, n={world})")
+            lo = [p[2].get("p10", p[1]) for p in pts]
+            hi = [p[2].get("p90", p[1]) for p in pts]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s, nccl-tests convention)")
+    ax.set_title("Collective bus bandwidth vs size (median, p10–p90 band)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    path = _save(fig, out_dir / f"{prefix}_comm_busbw.png")
+    plt.close(fig)
+    return path
+
+
+def _plot_overlap(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
+    if not recs:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(recs) + 2), 4))
+    labels = [f"{r.get('config_name')}\noc={_oc(r.get('overlap_comm'))} b={_fmt(r.get('reduce_bucket_size'))}"
+              for r in recs]
+    etas = [r.get("eta") or 0.0 for r in recs]
+    etas_p = [r.get("eta_profiler") if r.get("eta_profiler") is not None else float("nan") for r in recs]
+    colors = ["tab:blue" if r.get("overlap_comm") else "tab:gray" for r in recs]
+    xs = list(range(len(recs)))
+    ax.bar([x - 0.2 for x in xs], etas, width=0.4, color=colors, label="η (timing)")
+    ax.bar([x + 0.2 for x in xs], etas_p, width=0.4, color=colors, alpha=0.45, hatch="//", label="η (trace)")
+    ax.legend(fontsize=7)
+    ax.set_xticks(range(len(recs)))
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("η = 1 − exposed/total comm")
+    ax.set_title("Overlap efficiency per config (blue: overlap_comm on)")
+    ax.grid(True, axis="y", alpha=0.3)
+    path = _save(fig, out_dir / f"{prefix}_overlap_eta.png")
+    plt.close(fig)
+    return path
+
+
+def _plot_train(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
+    pts = [(r["estimate"]["step_time_s"], r["measured"]["step_time_s_median"], r.get("config_name"))
+           for r in recs if (r.get("estimate") or {}).get("step_time_s") and (r.get("measured") or {}).get("step_time_s_median")]
+    if not pts:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    ax.scatter(xs, ys)
+    for x, y, name in pts:
+        ax.annotate(str(name), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.2
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="predicted = measured")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("predicted step time (s)")
+    ax.set_ylabel("measured step time, median (s)")
+    ax.set_title("Step time: estimate vs measurement")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+    path = _save(fig, out_dir / f"{prefix}_train_step_time.png")
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | str] = None,
+                  force: bool = False, pattern: str = "*.jsonl") -> ReportResult:
+    """Render markdown + PNGs from every ``*.jsonl`` file in ``results_dir``.
+
+    Args:
+        results_dir: folder of JSON Lines result files.
+        out: markdown file to write (default ``RESULTS_DIR/report.md``); PNGs go next to it.
+        force: replace an existing report file (otherwise refuse, so nothing is overwritten silently).
+        pattern: comma-separated globs of the result files to include (e.g. ``comm_*.jsonl,train_*.jsonl``).
+
+    Raises:
+        BenchInputError: the folder is missing, holds no records, or the report exists without ``force``.
+    """
+    results_dir = pathlib.Path(results_dir)
+    if not results_dir.is_dir():
+        raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} is not a directory; pass the folder holding *.jsonl results")
+    files = sorted({f for pat in pattern.split(",") if pat.strip() for f in results_dir.glob(pat.strip())})
+    records = [r for f in files if f.suffix == ".jsonl" for r in harness.read_records(f)]
+    latest = _latest(records)
+    if not latest:
+        raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} holds no benchmark records ({pattern}); run `dstoolkit bench ... --out` first")
+    md_path = pathlib.Path(out) if out else results_dir / "report.md"
+    if md_path.exists() and not force:
+        raise BenchInputError(f"{md_path} exists; pass --force to replace it (the JSONL results are never touched)")
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in latest:
+        by_kind.setdefault(r["bench"], []).append(r)
+    plots: list[pathlib.Path] = []
+    prefix = md_path.stem  # plots are named after the report: report.md -> report_comm_busbw.png
+    lines = ["# Benchmark report", "", f"Rendered by `dstoolkit report` from {len(records)} records in "
+             f"{len(files)} JSON Lines files ({pattern}); newest record per row (older runs stay in the files).", ""]
+    if by_kind.get("comm"):
+        lines += _comm_section(by_kind["comm"], md_path.parent, plots, prefix)
+    if by_kind.get("comm_overhead"):
+        lines += _comm_overhead_section(by_kind["comm_overhead"])
+    if by_kind.get("overlap"):
+        lines += _overlap_section(by_kind["overlap"], md_path.parent, plots, prefix)
+    if by_kind.get("train"):
+        lines += _train_section(by_kind["train"], md_path.parent, plots, prefix)
+    text = "\n".join(lines).rstrip() + "\n"
+    fd, tmp = tempfile.mkstemp(dir=md_path.parent, prefix=".report-", suffix=".md")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read
+    os.replace(tmp, md_path)
+    return ReportResult(markdown_path=md_path, plots=plots, counts={k: len(v) for k, v in by_kind.items()}, markdown=text)

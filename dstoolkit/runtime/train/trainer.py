@@ -1,0 +1,616 @@
+"""Example DeepSpeed trainer: TinyTransformer on synthetic data, with every training helper wired in.
+
+Launch (stable CLI; generated launch.sh, the demo and the benchmarks call exactly this):
+
+    deepspeed --num_gpus 2 --module dstoolkit.runtime.train.trainer --deepspeed_config DS.json --spec SPEC.yaml \
+        --steps N --metrics-out metrics.jsonl [--seed 0] [--ep-size E] [--checkpoint-dir DIR] [--save-every K] [--resume]
+        [--dist-timeout-s 600]
+    torchrun --nproc_per_node 2 -m dstoolkit.runtime.train.trainer <same args>
+
+What it does: init the process group (gloo on CPU, nccl on CUDA; every group, world and the ZeRO / expert
+groups DeepSpeed creates later, with the --dist-timeout-s timeout), build the model from the spec's model
+section with the spec's checkpoint policy, start a DeepSpeed engine from the JSON (batch triad from the JSON),
+train N optimizer steps on `synthetic_batch` data with the batch ramp, spike guard, monitor and atomic
+checkpoints, and have rank 0 append JSON lines to --metrics-out:
+  per step  {"step", "loss", "step_time_s", "tokens_per_s", "global_batch", "micro_batch", "grad_accum",
+             "peak_rss_bytes", "lr", ...}
+  events    {"event": "spike"|"rollback"|"checkpoint"|"resume"|"monitor"|"inject", ...}
+  at the end {"event": "done", "steps", "final_loss", "world_size", "shm_buffers_unlinked"}
+Exit code: 0 ok, 1 training failure, 2 bad input; the message says what and why.
+
+Fault-injection flags (--inject-poison, --inject-lr-blowup, --kill-at-step) exist to prove the guard and
+the resume path in tests and demos; they are off by default.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DATA_SEED_OFFSET = 7_777
+"""Data seed = --seed + this, so weight and data streams differ."""
+LR_DECAY_FLOOR = 0.1
+"""Cosine decay ends at this fraction of the peak LR (Chinchilla / Llama practice)."""
+DEFAULT_DIST_TIMEOUT_S = 600.0
+"""Process-group timeout: DeepSpeed's own init default (10 min). Long enough for a rank to wait out a peer's
+checkpoint write or first-use C++ op compile (cpu_adam: 46 s on a 2-core host); short enough that a dead link or frozen node
+fails the job in minutes, not after torch's 30 min gloo default that `dist.new_group` groups get otherwise."""
+
+
+class UsageError(Exception):
+    """Bad input: exit code 2 with the message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dstoolkit.runtime.train.trainer", description=__doc__.split("\n")[0])
+    p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config", required=True,
+                   help="DeepSpeed JSON (batch triad, ZeRO, precision, optimizer, monitors)")
+    p.add_argument("--spec", required=True, help="spec YAML: model, training.seq_len, checkpoint policy, ramp")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run (total, including resumed ones)")
+    p.add_argument("--metrics-out", required=True, help="JSON-lines file rank 0 appends to")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ep-size", type=int, default=None, help="expert-parallel degree (default: spec training.ep or 1)")
+    p.add_argument("--checkpoint-dir", default=None, help="root for atomic DeepSpeed checkpoints")
+    p.add_argument("--save-every", type=int, default=0, help="save every K steps (0: never)")
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint (if any)")
+    p.add_argument("--dist-timeout-s", type=float, default=DEFAULT_DIST_TIMEOUT_S,
+                   help="timeout of every process group, world and the ZeRO / expert groups DeepSpeed makes with "
+                        "new_group (which otherwise get torch's default, 30 min on gloo): a collective stuck on a "
+                        "dead peer or cut link fails after this long instead of hanging. Default 600 s, DeepSpeed's "
+                        "own init default: room for a peer's checkpoint write or op compile, yet a dead link costs "
+                        "minutes, not half an hour. Replaces DEEPSPEED_TIMEOUT")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint-backend", choices=["torch", "deepspeed"], default="torch",
+                   help="recompute through torch.utils.checkpoint or deepspeed.checkpointing")
+    p.add_argument("--monitor-every", type=int, default=5)
+    p.add_argument("--monitor-dir", default=None, help="enable DeepSpeed's csv monitor (and tensorboard when installed) writing here")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="peak FLOP/s per rank for MFU (default: a matmul probe on CPU, hardware table on GPU)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar with ETA")
+    p.add_argument("--data-delay-s", type=float, default=0.0, help="sleep per batch in the data iterator")
+    g = p.add_argument_group("spike guard")
+    g.add_argument("--spike-guard", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--spike-z", type=float, default=6.0)
+    g.add_argument("--spike-window", type=int, default=20)
+    g.add_argument("--spike-action", choices=["none", "skip", "lr_scale", "rollback"], default="skip")
+    g.add_argument("--grad-spike-action", choices=["none", "lr_scale", "rollback"], default="lr_scale")
+    g.add_argument("--escalate-after", type=int, default=2, help="consecutive skips that trigger a rollback")
+    g.add_argument("--lr-scale", type=float, default=0.1)
+    g.add_argument("--lr-scale-steps", type=int, default=10)
+    g.add_argument("--max-rollbacks", type=int, default=5,
+                   help="give up (exit 1) after this many rollbacks: the damage is not transient")
+    f = p.add_argument_group("fault injection (tests and demos)")
+    f.add_argument("--inject-poison", type=int, action="append", default=[],
+                   help="at this step, the first micro-batch (every rank) gets random labels")
+    f.add_argument("--inject-lr-blowup", action="append", default=[], metavar="STEP:FACTOR",
+                   help="multiply the LR of one step by FACTOR (once)")
+    f.add_argument("--kill-at-step", type=int, default=None, help="SIGKILL one rank after this step")
+    f.add_argument("--kill-rank", type=int, default=1)
+    return p
+
+
+# ----------------------------------------------------------------------------------------------------------
+# spec -> shape, policy, ramp
+
+
+def load_spec_and_shape(path: str) -> tuple[Any, Any]:
+    """(Spec, ModelShape) from a spec YAML, through the models package when it provides the readers."""
+    from dstoolkit import spec as spec_mod
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--spec {path}: no such file")
+    if hasattr(spec_mod, "load_spec"):
+        spec = spec_mod.load_spec(p)
+    else:  # TODO(#3): drop once load_spec lands everywhere
+        import yaml
+
+        spec = spec_mod.Spec.model_validate(yaml.safe_load(p.read_text()))
+    try:
+        from dstoolkit.models import resolve_model
+    except ImportError:
+        resolve_model = None
+    if resolve_model is not None:
+        shape = resolve_model(spec.model, p.parent)
+    else:  # TODO(#3): inline-only fallback until dstoolkit.models.resolve_model lands
+        from dstoolkit.models.shape import ModelShape
+
+        extra = dict(spec.model.model_extra or {})
+        if spec.model.preset or spec.model.hf_config:
+            raise UsageError("spec model.preset / model.hf_config need dstoolkit.models.resolve_model")
+        shape = ModelShape(**extra)
+    return spec, shape
+
+
+def policy_from_spec(training: Any) -> Any:
+    """CheckpointPolicy from training.activation_checkpointing (+ every_k / ratio); "auto" means none here."""
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+
+    kind = training.activation_checkpointing
+    if kind == "every-k":
+        return CheckpointPolicy(kind="every-k", every_k=training.checkpoint_every_k)
+    if kind == "ratio":
+        return CheckpointPolicy(kind="ratio", ratio=training.checkpoint_ratio)
+    if kind in ("none", "auto"):
+        return CheckpointPolicy(kind="none")
+    return CheckpointPolicy(kind=kind)
+
+
+def model_flops_per_token(shape: Any, seq_len: int) -> float:
+    """MFU numerator: 6N + 12*L*H*Q*T from `dstoolkit.estimate.flops_per_token` (anchors.md; recompute excluded)."""
+    from dstoolkit.estimate import flops_per_token
+
+    return flops_per_token(shape, seq_len).model
+
+
+def peak_flops_per_rank(gpu: Any, on_cuda: bool, dtype: Any) -> float:
+    """Peak FLOP/s for MFU: the hardware table's bf16 peak on GPU; a matmul probe on CPU (the table's CPU
+    row describes the reference machine, not necessarily this one)."""
+    if on_cuda:
+        from dstoolkit.hardware.table import get_gpu
+
+        return get_gpu(gpu).peak_bf16_flops
+    return matmul_peak_flops(dtype)
+
+
+def matmul_peak_flops(dtype: Any, n: int = 512, reps: int = 3) -> float:
+    """Best-of-reps FLOP/s of one n^3 matmul on this process's threads (a CPU stand-in for the spec sheet)."""
+    import torch
+
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+# ----------------------------------------------------------------------------------------------------------
+# process groups
+
+
+def set_default_group_timeout(timeout_s: float) -> datetime.timedelta:
+    """Make every process group created from now on without an explicit timeout use `timeout_s`.
+
+    DeepSpeed 0.19.8 creates its ZeRO data-parallel group (`groups._clone_world_group`), expert and
+    expert-data-parallel groups with `deepspeed.comm.new_group(ranks)`, which calls
+    `torch.distributed.new_group(ranks)` with no timeout; torch 2.13 then reads the module globals
+    `distributed_c10d.default_pg_timeout` (gloo and others: 30 min) or `default_pg_nccl_timeout` (NCCL: 10 min)
+    through `_get_default_timeout` at creation time. Setting both here covers every later group.
+
+    Args:
+        timeout_s: seconds (> 0).
+
+    Returns:
+        The timeout as a timedelta (pass it to `deepspeed.init_distributed` for the world group).
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"process-group timeout {timeout_s} s must be a positive number of seconds, e.g. 600")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    if c10d.default_pg_nccl_timeout is not None:  # None when torch is built without NCCL (CPU wheels)
+        c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
+def init_distributed(backend: str, timeout_s: float) -> list[str]:
+    """`deepspeed.init_distributed` with `timeout_s` on the world group AND on every group made afterwards.
+
+    Call it before `deepspeed.initialize` (and before building an MoE model): the groups DeepSpeed creates
+    there take the timeout set here. A collective waiting on a rank that stopped answering then raises after
+    about `timeout_s` instead of hanging.
+
+    Args:
+        backend: "gloo" or "nccl".
+        timeout_s: seconds (> 0).
+
+    Returns:
+        The /dev/shm buffer names this rank unlinked (`dstoolkit.runtime.train.shm.unlink_after_rendezvous`; gloo only).
+    """
+    timeout = set_default_group_timeout(timeout_s)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    if backend == "gloo":
+        from dstoolkit.runtime.train.shm import unlink_after_rendezvous
+
+        # DeepSpeed never unlinks its CPU all-reduce buffers (dstoolkit.runtime.train.shm): once every rank has mapped
+        # them, drop their names so nothing is left in /dev/shm however the job ends.
+        return unlink_after_rendezvous()
+    return []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class RunState:
+    """Trainer position; stored in every checkpoint's client_state."""
+
+    step: int = 0
+    """Completed optimizer steps."""
+    data_pos: int = 0
+    """Micro-batches this rank has drawn from the data stream (consumed or skipped)."""
+    consumed_samples: int = 0
+    """Global sequences trained on (drives the ramp)."""
+    tokens: int = 0
+    """Global tokens trained on (drives the LR schedule)."""
+    skip_positions: list[int] = field(default_factory=list)
+    """Data positions never to train on (batches a rollback marked as offending)."""
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "data_pos": self.data_pos, "consumed_samples": self.consumed_samples,
+                "tokens": self.tokens, "skip_positions": sorted(self.skip_positions)}
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per line and flushes (so a killed run keeps what it wrote)."""
+
+    def __init__(self, path: str, enabled: bool) -> None:
+        self.enabled = enabled
+        self.f = None
+        if enabled:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.f = open(path, "a", buffering=1)
+
+    def write(self, obj: dict) -> None:
+        if self.f is not None:
+            self.f.write(json.dumps(obj, default=float) + "\n")
+            self.f.flush()
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+def _parse_blowups(specs: list[str]) -> dict[int, float]:
+    out = {}
+    for s in specs:
+        try:
+            step, factor = s.split(":")
+            out[int(step)] = float(factor)
+        except ValueError:
+            raise UsageError(f"--inject-lr-blowup {s!r}: expected STEP:FACTOR, e.g. 18:1000") from None
+    return out
+
+
+def _lr_at(tokens: int, base_lr: float, warmup_tokens: int, total_tokens: Optional[int]) -> float:
+    """Token-counted LR: linear warm-up, then cosine to LR_DECAY_FLOOR x peak (kept in tokens so a batch
+    ramp does not distort it)."""
+    if warmup_tokens > 0 and tokens < warmup_tokens:
+        return base_lr * (tokens + 1) / warmup_tokens
+    if total_tokens and total_tokens > warmup_tokens:
+        frac = min(1.0, (tokens - warmup_tokens) / (total_tokens - warmup_tokens))
+        return base_lr * (LR_DECAY_FLOOR + (1 - LR_DECAY_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
+    return base_lr
+
+
+def train(args: argparse.Namespace) -> int:
+    """Run the training loop (called on every rank)."""
+    import torch
+
+    if args.steps <= 0:
+        raise UsageError(f"--steps={args.steps} must be > 0")
+    if args.save_every < 0:
+        raise UsageError(f"--save-every={args.save_every} must be >= 0")
+    if (args.save_every or args.resume or args.spike_action == "rollback") and not args.checkpoint_dir:
+        raise UsageError("--save-every / --resume / --spike-action rollback need --checkpoint-dir")
+    cfg_path = Path(args.deepspeed_config)
+    if not cfg_path.is_file():
+        raise UsageError(f"--deepspeed_config {cfg_path}: no such file")
+    try:
+        ds_config = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise UsageError(f"--deepspeed_config {cfg_path}: not valid JSON ({e})") from None
+    try:
+        spec, shape = load_spec_and_shape(args.spec)
+    except ValueError as e:  # pydantic ValidationError included: names the field
+        raise UsageError(f"--spec {args.spec}: {e}") from None
+    blowups = _parse_blowups(args.inject_lr_blowup)
+    if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
+        raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
+
+    import deepspeed
+    import deepspeed.comm as dist
+
+    from dstoolkit.runtime.model import build_model, moe_param_groups, synthetic_batch
+    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
+    from dstoolkit.runtime.train.ckpt import CheckpointManager
+    from dstoolkit.runtime.train.monitor import Monitor, StepSample, comms_logger_total_s, cpu_time_s, peak_rss_bytes
+    from dstoolkit.runtime.train.ramp import BatchRamp
+    from dstoolkit.runtime.train.spike import SpikeGuard, SpikeGuardConfig
+
+    on_cuda = torch.cuda.is_available()
+    shm_unlinked = init_distributed("nccl" if on_cuda else "gloo", args.dist_timeout_s)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if on_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+    ep_size = args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
+    if shape.is_moe and world % ep_size != 0:
+        raise UsageError(f"--ep-size={ep_size} must divide the world size {world}")
+    if args.monitor_dir:
+        ds_config["csv_monitor"] = {"enabled": True, "output_path": str(args.monitor_dir),
+                                    "job_name": "dstoolkit_train"}
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is not None:  # DeepSpeed's TB backend needs the package
+            ds_config["tensorboard"] = {"enabled": True, "output_path": str(args.monitor_dir),
+                                        "job_name": "dstoolkit_train_tb"}
+    policy = policy_from_spec(spec.training)
+    model = build_model(shape, ep_size=ep_size if shape.is_moe else 1, seed=args.seed)
+    apply_checkpoint_policy(model, policy, backend=args.checkpoint_backend)
+
+    client_opt = None
+    if "optimizer" not in ds_config:  # no optimizer in the JSON: the spec's AdamW at the spec's LR
+        groups = moe_param_groups(model)
+        client_opt = torch.optim.AdamW(groups, lr=spec.training.lr)
+        engine, optimizer, _, lr_sched = deepspeed.initialize(model=model, optimizer=client_opt, config=ds_config)
+    else:
+        engine, optimizer, _, lr_sched = deepspeed.initialize(
+            model=model, model_parameters=moe_param_groups(model), config=ds_config)
+
+    micro = engine.train_micro_batch_size_per_gpu()
+    dp = engine.dp_world_size
+    seq_len = spec.training.seq_len
+    end_batch = engine.train_batch_size()
+    ramp = None
+    if spec.training.batch_ramp is not None:
+        ramp = BatchRamp.from_spec(spec.training.batch_ramp, global_batch=end_batch, micro_batch=micro,
+                                   dp_size=dp, seq_len=seq_len)
+    base_lrs = [g["lr"] for g in optimizer.param_groups]
+    own_schedule = lr_sched is None
+    warmup_tokens = spec.training.warmup_steps * end_batch * seq_len
+    total_tokens = spec.training.train_steps * end_batch * seq_len if spec.training.train_steps else None
+
+    guard = SpikeGuard(SpikeGuardConfig(
+        window=args.spike_window, z_threshold=args.spike_z, on_loss_spike=args.spike_action,
+        on_nonfinite="skip" if args.spike_action in ("skip", "none") else args.spike_action,
+        on_grad_norm_spike=args.grad_spike_action, escalate_after=args.escalate_after if args.spike_action == "skip"
+        and args.checkpoint_dir else 0, lr_scale=args.lr_scale, lr_scale_steps=args.lr_scale_steps))
+    mgr = CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank) if args.checkpoint_dir else None
+    writer = MetricsWriter(args.metrics_out, enabled=(rank == 0))
+    peak = args.peak_flops or peak_flops_per_rank(
+        spec.cluster.gpu, on_cuda, torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
+    monitor = Monitor(args.monitor_every, flops_per_token=model_flops_per_token(shape, seq_len), peak_flops=peak,
+                      world_size=world, threads=torch.get_num_threads(), ds_monitor=getattr(engine, "monitor", None))
+    state = RunState()
+    data_seed = args.seed + DATA_SEED_OFFSET
+
+    def log(msg: str) -> None:
+        if rank == 0:
+            print(f"[dstoolkit.runtime.train] {msg}", file=sys.stderr, flush=True)
+
+    def client_state() -> dict:
+        return {"dstoolkit": {"run": state.as_dict(), "guard": guard.state_dict()}}
+
+    def restore(cs: dict, keep_skips: bool) -> None:
+        run = cs["dstoolkit"]["run"]
+        skips = set(state.skip_positions) if keep_skips else set()
+        state.step, state.data_pos = run["step"], run["data_pos"]
+        state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
+        state.skip_positions = sorted(skips | set(run["skip_positions"]))
+        guard.load_state_dict(cs["dstoolkit"]["guard"])
+
+    def load(tag: str) -> dict:
+        path, cs = engine.load_checkpoint(str(mgr.root), tag=tag)
+        if path is None or cs is None or "dstoolkit" not in cs:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {mgr.root}")
+        return cs
+
+    if args.resume and mgr is not None:
+        found = mgr.latest_valid()
+        for reason in found.rejected:
+            log(f"resume: skipping checkpoint: {reason}")
+        if found.tag is not None:
+            restore(load(found.tag), keep_skips=False)
+            writer.write({"event": "resume", "tag": found.tag, "step": state.step, "data_pos": state.data_pos,
+                          "rejected": found.rejected})
+            log(f"resumed from {found.tag} (step {state.step}, data position {state.data_pos})")
+        else:
+            writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
+            log("resume: no intact checkpoint, starting from step 0")
+
+    bar = None
+    if rank == 0 and args.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, initial=state.step, desc="train", unit="step", file=sys.stderr,
+                   dynamic_ncols=True, mininterval=0.5)
+
+    def global_mean(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item()) / world
+
+    def set_lr(mult: float) -> float:
+        lrs = []
+        for g, base in zip(optimizer.param_groups, base_lrs):
+            if own_schedule:
+                g["lr"] = _lr_at(state.tokens, base, warmup_tokens, total_tokens) * mult
+            else:  # DeepSpeed's scheduler set g["lr"] at the last engine.step(); scale on top of it
+                g["lr"] = g["lr"] * mult
+            lrs.append(g["lr"])
+        return lrs[0]
+
+    rollbacks_done = [0]
+
+    def rollback(spike_step: int, reason: str, offending: list[int]) -> bool:
+        if mgr is None:
+            return False
+        if rollbacks_done[0] >= args.max_rollbacks:
+            raise RuntimeError(f"step {spike_step}: {args.max_rollbacks} rollbacks did not clear the spike "
+                               f"({reason}); stopping instead of looping (raise --max-rollbacks or inspect the data)")
+        rollbacks_done[0] += 1
+        found = mgr.latest_valid(max_step=guard.rollback_limit(spike_step), require_healthy=True)
+        if found.tag is None:
+            writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
+                          "rejected": found.rejected})
+            log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; continuing")
+            return False
+        from_step = state.step
+        restore(load(found.tag), keep_skips=True)
+        state.skip_positions = sorted(set(state.skip_positions) | set(offending))
+        guard.after_rollback()
+        writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": found.tag,
+                      "to_step": state.step, "reason": reason, "skip_positions": offending,
+                      "lr_scale": guard.config.lr_scale, "lr_scale_steps": guard.config.lr_scale_steps})
+        log(f"step {spike_step}: ROLLBACK to {found.tag}: {reason}; skipping data positions {offending}")
+        return True
+
+    fired: set[tuple[str, int]] = set()
+    incident_positions: list[int] = []
+    last_loss = float("nan")
+    while state.step < args.steps:
+        target = state.step + 1
+        if ramp is not None:
+            ramp.apply(engine, state.consumed_samples)
+        gas = engine.gradient_accumulation_steps()
+        gb = engine.train_batch_size()
+        mult = guard.lr_multiplier()
+        if target in blowups and ("lr", target) not in fired:
+            fired.add(("lr", target))
+            mult *= blowups[target]
+            writer.write({"event": "inject", "kind": "lr_blowup", "step": target, "factor": blowups[target]})
+        lr = set_lr(mult)
+        t_step, cpu0 = time.perf_counter(), cpu_time_s()
+        comm0 = comms_logger_total_s()
+        input_wait = 0.0
+        accepted: list[float] = []
+        rolled_back = False
+        while len(accepted) < gas:
+            pos = state.data_pos
+            if pos in state.skip_positions:
+                state.data_pos += 1
+                continue
+            t_in = time.perf_counter()
+            if args.data_delay_s > 0:
+                time.sleep(args.data_delay_s)
+            x, y = synthetic_batch(shape, micro, seq_len, step=pos, rank=rank, seed=data_seed)
+            if target in args.inject_poison and ("poison", target) not in fired and not accepted:
+                gen = torch.Generator().manual_seed(pos)  # every rank's batch: a globally bad batch
+                y = torch.randint(0, shape.vocab_size, y.shape, generator=gen)
+            input_wait += time.perf_counter() - t_in
+            if target in args.inject_poison and ("poison", target) not in fired and not accepted:
+                fired.add(("poison", target))
+                writer.write({"event": "inject", "kind": "poison", "step": target, "data_pos": pos})
+            if on_cuda:
+                x, y = x.cuda(), y.cuda()
+            torch.manual_seed((args.seed * 1_000_003 + pos) & 0x7FFFFFFF)  # per-batch RNG: resume-exact
+            loss = engine(x, y)
+            gl = global_mean(float(loss.detach().float().item()))
+            decision = guard.check_loss(gl, target) if args.spike_guard else None
+            if decision is not None and decision.action != "none":
+                writer.write({"event": "spike", "step": target, "data_pos": pos, **decision.as_dict()})
+                log(f"step {target}: {decision.kind} -> {decision.action}: {decision.reason}")
+                incident_positions.append(pos)
+                if decision.action == "skip":
+                    del loss
+                    state.data_pos += 1
+                    continue
+                if decision.action == "rollback":
+                    del loss
+                    if rollback(target, decision.reason, incident_positions):
+                        incident_positions = []
+                        rolled_back = True
+                        break
+                    state.data_pos += 1  # no checkpoint: at least do not train on it
+                    guard.consecutive_skips = 0
+                    continue
+                if decision.action == "lr_scale":
+                    guard.lr_cooldown_left = guard.config.lr_scale_steps
+                    lr = set_lr(guard.lr_multiplier())
+            engine.backward(loss)
+            engine.step()
+            accepted.append(gl)
+            state.data_pos += 1
+        if rolled_back:
+            if bar is not None:
+                bar.n = state.step
+                bar.refresh()
+            continue
+        incident_positions = []
+        step_time = time.perf_counter() - t_step
+        state.step = target
+        state.consumed_samples += gb
+        state.tokens += gb * seq_len
+        step_loss = sum(accepted) / len(accepted)
+        last_loss = step_loss
+        grad_norm = engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        if args.spike_guard:
+            d = guard.observe_step(step_loss, grad_norm, target)
+            if d.action != "none":
+                writer.write({"event": "spike", "step": target, **d.as_dict()})
+                log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
+                if d.action == "rollback" and rollback(target + 1, d.reason, []):
+                    continue
+        guard.end_step()
+        tps = gb * seq_len / step_time
+        rss = peak_rss_bytes()
+        writer.write({"step": state.step, "loss": step_loss, "step_time_s": step_time, "tokens_per_s": tps,
+                      "global_batch": gb, "micro_batch": micro, "grad_accum": gas, "peak_rss_bytes": rss,
+                      "lr": lr, "grad_norm": grad_norm, "data_pos": state.data_pos, "tokens": state.tokens,
+                      "input_wait_s": input_wait, "lr_mult": mult})
+        comm1 = comms_logger_total_s()
+        report = monitor.record(StepSample(
+            step=state.step, step_time_s=step_time, input_wait_s=input_wait, tokens=gb * seq_len, loss=step_loss,
+            cpu_time_s=cpu_time_s() - cpu0, comm_time_s=(comm1 - comm0) if comm0 is not None else None))
+        if report is not None:
+            writer.write({"event": "monitor", **report.as_dict()})
+            if bar is not None:
+                bar.write(report.line(), file=sys.stderr)
+            else:
+                log(report.line())
+        if bar is not None:
+            bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+            bar.update(1)
+        if mgr is not None and args.save_every and state.step % args.save_every == 0:
+            tag = mgr.save(engine, state.step, client_state(), healthy=guard.healthy(), barrier=dist.barrier)
+            writer.write({"event": "checkpoint", "tag": tag, "step": state.step, "data_pos": state.data_pos,
+                          "healthy": guard.healthy()})
+        if args.kill_at_step is not None and state.step == args.kill_at_step and rank == args.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like an OOM-killed / preempted rank
+    if bar is not None:
+        bar.close()
+    writer.write({"event": "done", "steps": state.step, "final_loss": last_loss, "world_size": world,
+                  "data_pos": state.data_pos, "shm_buffers_unlinked": len(shm_unlinked)})
+    writer.close()
+    dist.barrier()
+    return EXIT_OK
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return train(args)
+    except UsageError as e:
+        print(f"dstoolkit.runtime.train.trainer: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # a clear one-line reason first, the traceback after for debugging
+        import traceback
+
+        print(f"dstoolkit.runtime.train.trainer: training failed on rank {os.environ.get('RANK', '0')}: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        traceback.print_exc()
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

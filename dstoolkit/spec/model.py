@@ -1,0 +1,458 @@
+"""The training spec: model + cluster + training plan, as a pydantic schema.
+
+This is the contract between generation, estimation, sweeps and real runs. No torch import. The YAML file
+format and its line-located errors live in `dstoolkit.spec.loader`. The model section is resolved to a
+`dstoolkit.models.shape.ModelShape` by `dstoolkit.models.resolve_model`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
+from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
+
+Auto = Literal["auto"]
+
+# ----------------------------------------------------------------------------------------------------------
+# Schema
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+def _reject_bool(value: Any, field: str) -> Any:
+    # YAML `yes`/`true` would otherwise pass as 1 for an int or Literal[0, 1, 2, 3] field.
+    if isinstance(value, bool):
+        raise SpecFieldError((), f"{field}={value!r} is a boolean", "give a number" + (" or 'auto'" if field in _AUTO_FIELDS else ""))
+    return value
+
+
+_AUTO_FIELDS = {"micro_batch", "tp", "pp", "ep", "zero_stage"}
+
+
+
+class ModelSpec(BaseModel):
+    """Exactly one of: `preset`, `hf_config`, or inline Hugging Face config fields (model_type, hidden_size, ...)."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    preset: Optional[str] = None
+    """Name of a bundled preset (llama-3-8b, llama-3-70b, llama-3.1-405b, mixtral-8x7b, deepseek-v3, tiny, ...)."""
+    hf_config: Optional[str] = None
+    """Path to a Hugging Face config.json, relative to the spec file."""
+
+    _source: Optional[SpecSource] = PrivateAttr(default=None)
+    _loc: Loc = PrivateAttr(default=("model",))
+
+    @property
+    def inline(self) -> dict[str, Any]:
+        """The inline Hugging Face fields (everything except preset / hf_config); empty for the other forms."""
+        return dict(self.model_extra or {})
+
+    @property
+    def form(self) -> Literal["preset", "hf_config", "inline"]:
+        """Which of the three forms this is."""
+        if self.preset is not None:
+            return "preset"
+        if self.hf_config is not None:
+            return "hf_config"
+        return "inline"
+
+    def error(self, field: Optional[Union[str, Loc]], problem: str, fix: str, at_key: bool = False) -> SpecError:
+        """A `SpecError` located at `model.<field>` in the spec file (when loaded from a file).
+
+        Used by `dstoolkit.models.resolve_model` so that a bad preset name, a missing HF field or an unreadable
+        hf_config points at its YAML line.
+        """
+        sub: Loc = () if field is None else ((field,) if isinstance(field, str) else tuple(field))
+        loc = tuple(self._loc) + sub
+        if self._source is not None:
+            return SpecError([self._source.finding(loc, problem, fix, at_key)])
+        return SpecError([SpecFinding("", None, None, _dotted(loc), problem, fix)])
+
+    @model_validator(mode="after")
+    def _check_exactly_one_form(self) -> "ModelSpec":
+        inline = self.model_extra or {}
+        if self.preset is None and self.hf_config is None and not inline:
+            raise SpecFieldError(
+                (), "no model given",
+                "set `preset: NAME`, `hf_config: path/to/config.json`, or inline HF fields starting with `model_type:`",
+            )
+        if self.preset is not None and self.hf_config is not None:
+            raise SpecFieldError(
+                ("hf_config",), f"preset={self.preset!r} and hf_config={self.hf_config!r} are exclusive",
+                "keep exactly one of preset / hf_config / inline fields",
+            )
+        if inline and (self.preset is not None or self.hf_config is not None):
+            first = next(iter(inline))
+            other = "preset" if self.preset is not None else "hf_config"
+            raise SpecFieldError(
+                (first,), f"inline field {first!r} cannot be combined with {other}",
+                f"remove {first!r}, or drop {other} and give every field inline",
+            )
+        if inline and "model_type" not in inline:
+            for key in inline:
+                guess = _did_you_mean(key, ["preset", "hf_config", "model_type"])
+                if guess:
+                    raise SpecFieldError((key,), f"unknown key {key!r}", f"did you mean {guess!r}?")
+            raise SpecFieldError(
+                ("model_type",), "inline model fields need model_type",
+                "add e.g. `model_type: llama` (llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gpt2)",
+            )
+        return self
+
+
+class ClusterSpec(_Strict):
+    """Where the job runs."""
+
+    nodes: int = Field(default=1, ge=1)
+    """Number of nodes."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """Ranks (GPUs, or CPU processes for gpu: cpu) per node."""
+    gpu: Union[str, GpuSpec] = "H100-SXM"
+    """A name from the hardware table (H100-SXM, H200, H800, A100-80G, A100-40G, L40S, MI300X, cpu) or explicit facts."""
+    cuda_version: Optional[str] = None
+    """CUDA toolkit version on the cluster, such as "12.9"; gates FP8 recipes (block scaling needs 12.9+). None skips that check."""
+    calibration: Optional[str] = None
+    """Measured rates for step-time estimates: a path (relative to this spec file) to a calibration JSON written
+    by benchmarks/step_time_fidelity.py, or "none" for the hardware table's nominal rates. Unset: the packaged
+    reference measurement for gpu: cpu, nominal rates for GPUs (dstoolkit.hardware.calibration)."""
+
+    @field_validator("nodes", "gpus_per_node", mode="before")
+    @classmethod
+    def _check_not_bool(cls, value: Any, info) -> Any:
+        return _reject_bool(value, info.field_name)
+
+    @field_validator("gpu")
+    @classmethod
+    def _check_gpu_known(cls, value: Union[str, GpuSpec]) -> Union[str, GpuSpec]:
+        if isinstance(value, str):
+            if lookup_gpu_name(value) is None:
+                message = gpu_name_error(value)
+                problem, _, fix = message.partition(" (")
+                raise SpecFieldError((), problem, fix.rstrip(")"))
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        """The `GpuSpec` for `gpu` (a table row for a name, or the explicit facts)."""
+        return get_gpu(self.gpu)
+
+
+class BatchRampSpec(_Strict):
+    """Batch-size ramp. Either token-based (DeepSeek-style) or Megatron's rampup_batch_size triple."""
+
+    kind: Literal["tokens", "megatron"] = "tokens"
+    """tokens: start_batch -> global_batch over ramp_tokens; megatron: start, increment, ramp_samples."""
+    start_batch: int = Field(gt=0)
+    """Global batch (sequences) at step 0."""
+    increment: Optional[int] = Field(default=None, gt=0)
+    """Sequences added per ramp step (megatron) or the rounding step (tokens; default micro x dp)."""
+    ramp_tokens: Optional[int] = Field(default=None, gt=0)
+    """tokens kind: tokens over which the batch ramps to training.global_batch."""
+    ramp_samples: Optional[int] = Field(default=None, gt=0)
+    """megatron kind: samples over which the batch ramps."""
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> "BatchRampSpec":
+        if self.kind == "tokens":
+            if self.ramp_tokens is None:
+                raise SpecFieldError(("ramp_tokens",), "kind='tokens' needs ramp_tokens", "add ramp_tokens: <tokens over which the batch ramps>")
+            if self.ramp_samples is not None:
+                raise SpecFieldError(("ramp_samples",), "ramp_samples is only used with kind='megatron'", "use ramp_tokens, or set kind: megatron")
+        else:
+            for name in ("increment", "ramp_samples"):
+                if getattr(self, name) is None:
+                    raise SpecFieldError((name,), f"kind='megatron' needs {name}", f"add {name} (Megatron --rampup-batch-size START INCREMENT SAMPLES)")
+            if self.ramp_tokens is not None:
+                raise SpecFieldError(("ramp_tokens",), "ramp_tokens is only used with kind='tokens'", "use ramp_samples, or set kind: tokens")
+        return self
+
+
+class TrainingSpec(_Strict):
+    """The training plan."""
+
+    seq_len: int = Field(gt=0)
+    """Tokens per sequence."""
+    global_batch: int = Field(gt=0)
+    """Sequences per optimizer step over all data-parallel ranks."""
+    micro_batch: Union[int, Auto] = "auto"
+    """Sequences per rank per forward/backward; "auto" lets the generator pick the largest that fits."""
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    """Compute precision; fp8 means FP8 GEMMs with bf16 elsewhere."""
+    optimizer: Literal["adamw", "adam", "sgd", "lamb", "adafactor"] = "adamw"
+    """Optimizer family."""
+    lr: float = Field(default=3e-4, gt=0)
+    """Peak learning rate."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear LR warm-up steps."""
+    train_steps: Optional[int] = Field(default=None, gt=0)
+    """Total optimizer steps (for the scheduler); None leaves the decay open."""
+    activation_checkpointing: Literal["none", "full", "every-k", "ratio", "selective", "auto"] = "none"
+    """Recompute policy; see checkpoint_every_k / checkpoint_ratio."""
+    checkpoint_every_k: int = Field(default=1, ge=1)
+    """every-k policy: checkpoint one of every k layers."""
+    checkpoint_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """ratio policy: fraction of layers checkpointed."""
+    flash_attention: bool = True
+    """Fused/flash attention (removes the s^2 score activations)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism alongside TP."""
+    tp: Union[int, Auto] = 1
+    """Tensor-parallel degree."""
+    pp: Union[int, Auto] = 1
+    """Pipeline-parallel degree."""
+    ep: Union[int, Auto] = 1
+    """Expert-parallel degree (MoE only)."""
+    zero_stage: Union[Literal[0, 1, 2, 3], Auto] = "auto"
+    """ZeRO stage."""
+    offload: bool = False
+    """Whether CPU offload of optimizer (and at stage 3 parameters) may be used."""
+    zeropp: bool = False
+    """Whether ZeRO++ (qwZ/hpZ/qgZ) may be used (stage 3)."""
+    batch_ramp: Optional[BatchRampSpec] = None
+    """Optional batch-size ramp."""
+    fp8: Optional[dict[str, Any]] = None
+    """FP8 settings with precision fp8: the fields of `dstoolkit.dsconfig.fp8.Fp8Config` (recipe, format, amax_history_len, ...).
+    Kept as a mapping so a located finding can name the bad sub-field; `Spec._check_fp8_supported` validates it."""
+
+    def fp8_config(self):
+        """The `Fp8Config` for this plan (Transformer Engine defaults when `fp8` is not given)."""
+        return Fp8Config.model_validate(self.fp8 or {})
+
+    @field_validator("seq_len", "global_batch", "micro_batch", "warmup_steps", "train_steps", "checkpoint_every_k",
+                     "tp", "pp", "ep", "zero_stage", mode="before")
+    @classmethod
+    def _check_not_bool(cls, value: Any, info) -> Any:
+        return _reject_bool(value, info.field_name)
+
+    @field_validator("micro_batch", "tp", "pp", "ep")
+    @classmethod
+    def _check_positive_degree(cls, value: Union[int, str], info) -> Union[int, str]:
+        if isinstance(value, int) and value < 1:
+            raise SpecFieldError((), f"{info.field_name}={value} must be >= 1", "give a positive integer or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _check_checkpoint_params_match_policy(self) -> "TrainingSpec":
+        if self.activation_checkpointing != "every-k" and self.checkpoint_every_k != 1:
+            raise SpecFieldError(
+                ("checkpoint_every_k",),
+                f"checkpoint_every_k={self.checkpoint_every_k} is only used with activation_checkpointing='every-k' "
+                f"(training.activation_checkpointing={self.activation_checkpointing!r})",
+                "set activation_checkpointing: every-k, or remove checkpoint_every_k",
+            )
+        if self.activation_checkpointing != "ratio" and self.checkpoint_ratio != 1.0:
+            raise SpecFieldError(
+                ("checkpoint_ratio",),
+                f"checkpoint_ratio={self.checkpoint_ratio} is only used with activation_checkpointing='ratio' "
+                f"(training.activation_checkpointing={self.activation_checkpointing!r})",
+                "set activation_checkpointing: ratio, or remove checkpoint_ratio",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_zeropp_needs_stage3(self) -> "TrainingSpec":
+        # ZeRO++ qwZ/hpZ/qgZ are stage-3 features (ZeRO++ paper §3; DeepSpeed zero_quantized_weights etc.).
+        if self.zeropp and self.zero_stage not in (3, "auto"):
+            raise SpecFieldError(
+                ("zeropp",), f"zeropp=True needs ZeRO stage 3 (training.zero_stage={self.zero_stage})",
+                "set zero_stage: 3 (or auto), or zeropp: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_offload_needs_zero(self) -> "TrainingSpec":
+        # DeepSpeed's offload_optimizer/offload_param live in zero_optimization: stage 0 has no offload.
+        if self.offload and self.zero_stage == 0:
+            raise SpecFieldError(
+                ("offload",), "offload=True needs ZeRO stage 1-3 (training.zero_stage=0)",
+                "set zero_stage to 1, 2, 3 or auto, or offload: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_pp_zero_compatible(self) -> "TrainingSpec":
+        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
+        if isinstance(self.pp, int) and self.pp > 1 and self.zero_stage in (2, 3):
+            raise SpecFieldError(
+                ("zero_stage",), f"training.zero_stage={self.zero_stage} is incompatible with training.pp={self.pp} "
+                "(DeepSpeed's pipeline engine supports ZeRO 0-1 only)",
+                "use zero_stage: 1 with pipeline parallelism, or pp: 1",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_batch_ramp_bounds(self) -> "TrainingSpec":
+        ramp = self.batch_ramp
+        if ramp is None:
+            return self
+        if ramp.start_batch > self.global_batch:
+            raise SpecFieldError(
+                ("batch_ramp", "start_batch"),
+                f"training.batch_ramp.start_batch={ramp.start_batch} exceeds training.global_batch={self.global_batch}",
+                "the ramp grows the batch up to global_batch: lower start_batch",
+            )
+        if ramp.kind == "megatron" and ramp.increment and (self.global_batch - ramp.start_batch) % ramp.increment:
+            # Megatron-LM RampupBatchsizeNumMicroBatches asserts (global - start) % increment == 0.
+            raise SpecFieldError(
+                ("batch_ramp", "increment"),
+                f"training.global_batch - training.batch_ramp.start_batch = {self.global_batch - ramp.start_batch} "
+                f"is not a multiple of training.batch_ramp.increment={ramp.increment}",
+                "pick an increment that divides the difference (Megatron requires it)",
+            )
+        return self
+
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        """The `CheckpointPolicy` for activation_checkpointing / checkpoint_every_k / checkpoint_ratio.
+
+        Raises:
+            ValueError: activation_checkpointing is "auto" (the generator or sweep must choose first).
+        """
+        kind = self.activation_checkpointing
+        if kind == "auto":
+            raise ValueError(
+                "training.activation_checkpointing='auto' has no policy yet "
+                "(resolve it first: the generator/sweep picks none, selective, every-k or full)"
+            )
+        if kind == "every-k":
+            return CheckpointPolicy(kind="every-k", every_k=self.checkpoint_every_k)
+        if kind == "ratio":
+            return CheckpointPolicy(kind="ratio", ratio=self.checkpoint_ratio)
+        return CheckpointPolicy(kind=kind)
+
+
+class Spec(_Strict):
+    """A whole spec file."""
+
+    name: str = "spec"
+    """Short name used for output folders."""
+    model: ModelSpec
+    """Which model."""
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    """Where it runs."""
+    training: TrainingSpec
+    """How it trains."""
+
+    _source: Optional[SpecSource] = PrivateAttr(default=None)
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks: cluster.nodes * cluster.gpus_per_node."""
+        return self.cluster.world_size
+
+    @property
+    def source_path(self) -> Optional[Path]:
+        """The YAML file this spec came from (None when built in Python)."""
+        return self._source.path if self._source is not None else None
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory relative paths (model.hf_config) resolve against: the spec file's folder, else the cwd."""
+        return self._source.path.parent if self._source is not None else Path.cwd()
+
+    def error(self, loc: Union[str, Loc], problem: str, fix: str, at_key: bool = False) -> SpecError:
+        """A `SpecError` at a field path such as ("training", "ep") or "training.ep" (line:col when loaded
+        from a file). For rules that need more than the spec, e.g. the resolved model shape."""
+        path: Loc = tuple(loc.split(".")) if isinstance(loc, str) else tuple(loc)
+        if self._source is not None:
+            return SpecError([self._source.finding(path, problem, fix, at_key)])
+        return SpecError([SpecFinding("", None, None, _dotted(path), problem, fix)])
+
+    @model_validator(mode="after")
+    def _check_parallel_divides_world(self) -> "Spec":
+        t = self.training
+        if isinstance(t.tp, int) and isinstance(t.pp, int) and self.world_size % (t.tp * t.pp):
+            raise SpecFieldError(
+                ("training", "tp"),
+                f"training.tp * training.pp = {t.tp} * {t.pp} = {t.tp * t.pp} does not divide the world size "
+                f"{self.world_size} (cluster.nodes={self.cluster.nodes} x cluster.gpus_per_node={self.cluster.gpus_per_node})",
+                "pick tp and pp whose product divides the world size, or 'auto'",
+            )
+        return self
+
+    def _data_parallel_size(self) -> Optional[int]:
+        t = self.training
+        if isinstance(t.tp, int) and isinstance(t.pp, int) and self.world_size % (t.tp * t.pp) == 0:
+            return self.world_size // (t.tp * t.pp)
+        return None
+
+    @model_validator(mode="after")
+    def _check_global_batch_divisible(self) -> "Spec":
+        # DeepSpeed: train_batch_size = micro_batch_per_gpu * gradient_accumulation_steps * dp_world_size.
+        t, dp = self.training, self._data_parallel_size()
+        if dp is None:
+            return self
+        if isinstance(t.micro_batch, int):
+            if t.global_batch % (t.micro_batch * dp):
+                raise SpecFieldError(
+                    ("training", "global_batch"),
+                    f"training.global_batch={t.global_batch} is not a multiple of training.micro_batch * dp = "
+                    f"{t.micro_batch} * {dp} = {t.micro_batch * dp} (dp = world {self.world_size} / (tp*pp))",
+                    f"use a global_batch multiple of {t.micro_batch * dp}, or micro_batch: auto",
+                )
+        elif t.global_batch % dp:
+            raise SpecFieldError(
+                ("training", "global_batch"),
+                f"training.global_batch={t.global_batch} is not a multiple of the data-parallel size {dp} "
+                f"(world {self.world_size} / (tp*pp))",
+                f"use a global_batch multiple of {dp}",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_ep_divides_dp(self) -> "Spec":
+        # DeepSpeed groups._create_expert_and_data_parallel: the expert-parallel size must divide the
+        # data-parallel world (experts are sharded over ep ranks, replicated over dp/ep).
+        t, dp = self.training, self._data_parallel_size()
+        if dp is not None and isinstance(t.ep, int) and dp % t.ep:
+            raise SpecFieldError(
+                ("training", "ep"),
+                f"training.ep={t.ep} does not divide the data-parallel size {dp} (world {self.world_size} / (tp*pp))",
+                "pick an ep that divides the data-parallel size",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_fp8_supported(self) -> "Spec":
+        if self.training.precision != "fp8":
+            if self.training.fp8 is not None:
+                raise SpecFieldError(
+                    ("training", "fp8"),
+                    f"training.fp8 is set but training.precision={self.training.precision!r}",
+                    "set precision: fp8, or remove the fp8 section",
+                )
+            return self
+        gpu = self.cluster.gpu_spec
+        if gpu.peak_fp8_flops is None:
+            raise SpecFieldError(
+                ("training", "precision"),
+                f"training.precision='fp8' but cluster.gpu={gpu.name!r} has no fp8 tensor cores",
+                "use bf16, or a Hopper/Ada/MI300 GPU (H100-SXM, H200, H800, L40S, MI300X)",
+            )
+        try:
+            cfg = self.training.fp8_config()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise SpecFieldError(
+                ("training", "fp8", *err["loc"]),
+                err["msg"],
+                "see dstoolkit.dsconfig.fp8.Fp8Config for the allowed fields and values",
+            ) from None
+        problems = check_fp8_hardware(cfg, gpu, self.cluster.cuda_version)
+        if problems:
+            raise SpecFieldError(("training", "fp8"), "; ".join(problems), "pick a recipe this GPU runs, or another GPU")
+        return self
+
+
