@@ -1,0 +1,14 @@
+"""dstoolkit.layout: the parallel layout, once. `dims` holds the arithmetic (ParallelDims, dp/edp, the batch
+triad, layers per stage, hpZ groups, the ramp increment); `constraints` the registry of layout rules, each
+with a code (LY0xx), a title, the facts it reads, an explanation and a check.
+
+Pure Python and at the bottom of the core (beside `hardware`): the spec loader, `validate`'s cross-field
+rules, the sweep, the estimator, the tuner and the trainer all ask it."""
+from dstoolkit.layout.constraints import (CONSTRAINTS, LayoutFacts, Violation, check_layout, explain,
+                                          first_violation, require)
+from dstoolkit.layout.dims import (BatchTriad, LayoutError, ParallelDims, data_parallel_size,
+                                   pipeline_first_stage_layers, ramp_increment, resolve_batch, stage_layers)
+
+__all__ = ["BatchTriad", "CONSTRAINTS", "LayoutError", "LayoutFacts", "ParallelDims", "Violation", "check_layout",
+           "data_parallel_size", "explain", "first_violation", "pipeline_first_stage_layers", "ramp_increment",
+           "require", "resolve_batch", "stage_layers"]

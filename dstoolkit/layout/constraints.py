@@ -1,0 +1,374 @@
+"""The layout constraints, each declared once with a stable code, a title, the facts it reads, an explanation
+and a check. Pure Python, imports only `dstoolkit.layout.dims`.
+
+Callers build a `LayoutFacts` from what they know (a spec, a sweep candidate, a DeepSpeed JSON plus
+--world-size, a `RunPlan`) and ask `check_layout`. Unknown facts are None and the constraints that need them
+stay quiet. `names` maps fact names to the caller's field names, so a spec error says ``training.tp`` and a
+sweep drop reason says ``tp``:
+
+    facts = LayoutFacts(world=16, tp=4, pp=8)
+    [v.code for v in check_layout(facts)]   # ['LY001']
+
+`python -m dstoolkit.layout.constraints` prints the table (code, title, facts, explanation).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Mapping, Optional
+
+from dstoolkit.layout.dims import LayoutError, data_parallel_size, ramp_increment, stage_layers
+
+
+@dataclass(frozen=True)
+class LayoutFacts:
+    """What the constraints read. None: unknown to the caller (the constraints that need it are skipped)."""
+
+    world: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    tp: Optional[int] = 1
+    pp: Optional[int] = 1
+    ep: Optional[int] = 1
+    sp: Optional[int] = 1
+    """DeepSpeed Ulysses sequence_parallel_size."""
+    zero_stage: Optional[int] = None
+    micro_batch: Optional[int] = None
+    global_batch: Optional[int] = None
+    num_heads: Optional[int] = None
+    kv_heads: Optional[int] = None
+    is_mla: bool = False
+    """Multi-head latent attention (DeepSeek): KV heads are not split by tp."""
+    num_layers: Optional[int] = None
+    num_experts: Optional[int] = None
+    """Routed experts; 0 for a dense model."""
+    native_moe: bool = True
+    """Experts are DeepSpeed's own `deepspeed.moe.layer.MoE` (refused at ZeRO-3), not plain PyTorch modules."""
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    zeropp: bool = False
+    megatron_sp: bool = False
+    """Megatron sequence parallelism (reuses the TP group)."""
+    cpu: bool = False
+    """Ranks are CPU processes (DeepSpeed's CPU accelerator)."""
+    ramp_start: Optional[int] = None
+    ramp_increment: Optional[int] = None
+    ramp_kind: Optional[str] = None
+
+    @property
+    def dp(self) -> Optional[int]:
+        if self.world is None or None in (self.tp, self.pp, self.sp):
+            return None
+        return data_parallel_size(self.world, self.tp, self.pp, self.sp)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken constraint: `fields` are the facts involved (first = where to point)."""
+
+    code: str
+    title: str
+    message: str
+    fix: str
+    fields: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.fix})"
+
+
+Names = Callable[[str], str]
+Check = Callable[[LayoutFacts, Names], Optional[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    code: str
+    title: str
+    fields: tuple[str, ...]
+    explanation: str
+    check: Check
+
+
+CONSTRAINTS: dict[str, Constraint] = {}
+
+
+def constraint(code: str, title: str, fields_: tuple[str, ...], explanation: str) -> Callable[[Check], Check]:
+    """Register `check` under `code` (declared once; the registry is the codes table)."""
+
+    def deco(fn: Check) -> Check:
+        if code in CONSTRAINTS:
+            raise RuntimeError(f"layout constraint {code} declared twice")
+        CONSTRAINTS[code] = Constraint(code, title, fields_, explanation, fn)
+        return fn
+
+    return deco
+
+
+def _known(*vals) -> bool:
+    return all(v is not None for v in vals)
+
+
+@constraint("LY001", "model-parallel degrees must divide the world size", ("tp", "pp", "sp", "world"),
+            "Each model replica spans tp * pp * sp ranks; the rest is data parallelism, so the product must divide "
+            "the number of ranks (Megatron-LM parallel_state.initialize_model_parallel; DeepSpeed groups.py).")
+def _mp_divides_world(f: LayoutFacts, n: Names):
+    if not _known(f.world, f.tp, f.pp, f.sp) or f.dp is not None:
+        return None
+    sp = f" * {n('sp')}" if f.sp != 1 else ""
+    sp_v = f" * {f.sp}" if f.sp != 1 else ""
+    prod = f.tp * f.pp * f.sp
+    return (f"{n('tp')} * {n('pp')}{sp} = {f.tp} * {f.pp}{sp_v} = {prod} does not divide the world size {f.world}",
+            "pick degrees whose product divides the world size")
+
+
+@constraint("LY002", "tensor parallelism stays inside a node", ("tp", "gpus_per_node"),
+            "TP all-reduces run once per layer in forward and backward; across nodes they would be bound by the "
+            "inter-node link, so generated layouts keep tp a divisor of the ranks per node (Megatron-LM paper §5).")
+def _tp_inside_node(f: LayoutFacts, n: Names):
+    if not _known(f.tp, f.gpus_per_node) or (f.tp <= f.gpus_per_node and f.gpus_per_node % f.tp == 0):
+        return None
+    return (f"{n('tp')}={f.tp} must divide {n('gpus_per_node')}={f.gpus_per_node}",
+            "keep tensor parallelism inside a node")
+
+
+@constraint("LY003", "tp must divide the attention heads", ("tp", "num_heads"),
+            "Attention heads are split over TP ranks column-wise; a rank cannot hold part of a head.")
+def _tp_divides_heads(f: LayoutFacts, n: Names):
+    if not _known(f.tp, f.num_heads) or f.num_heads % f.tp == 0:
+        return None
+    return (f"{n('tp')}={f.tp} does not divide num_attention_heads={f.num_heads}",
+            f"choose tp from the divisors of {f.num_heads}")
+
+
+@constraint("LY004", "tp must divide the key/value heads", ("tp", "kv_heads"),
+            "With grouped-query attention each TP rank holds whole KV groups: Megatron-LM asserts "
+            "num_query_groups % tensor_model_parallel_size == 0. MLA (DeepSeek) has no KV heads to split.")
+def _tp_divides_kv_heads(f: LayoutFacts, n: Names):
+    if f.is_mla or not _known(f.tp, f.kv_heads) or f.kv_heads % f.tp == 0:
+        return None
+    return (f"{n('tp')}={f.tp} does not divide num_key_value_heads={f.kv_heads}",
+            f"choose tp from the divisors of {f.kv_heads} (Megatron --num-query-groups must be a multiple of tp)")
+
+
+@constraint("LY005", "every pipeline stage needs a layer", ("pp", "num_layers"),
+            "Stages after the first take ceil(L / pp) layers and stage 0 the rest; pp above the layer count, "
+            "or a split that leaves stage 0 empty, has no valid assignment.")
+def _pp_layers(f: LayoutFacts, n: Names):
+    if not _known(f.pp, f.num_layers):
+        return None
+    try:
+        stage_layers(f.num_layers, f.pp)
+    except LayoutError as exc:
+        return exc.message.replace("pp=", f"{n('pp')}=", 1), exc.fix
+    return None
+
+
+@constraint("LY006", "pipeline parallelism allows ZeRO stage 0-1 only", ("zero_stage", "pp"),
+            "DeepSpeed's PipelineEngine raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' "
+            "(deepspeed/runtime/pipe/engine.py).")
+def _pp_zero(f: LayoutFacts, n: Names):
+    if not _known(f.pp, f.zero_stage) or f.pp <= 1 or f.zero_stage < 2:
+        return None
+    return (f"{n('zero_stage')}={f.zero_stage} is incompatible with {n('pp')}={f.pp} "
+            "(DeepSpeed's pipeline engine supports ZeRO 0-1 only)", "use ZeRO stage 1 with pipeline parallelism, or pp 1")
+
+
+@constraint("LY007", "expert parallelism needs experts", ("ep", "num_experts"),
+            "ep > 1 shards experts over ranks; a dense model has none.")
+def _ep_dense(f: LayoutFacts, n: Names):
+    if not _known(f.ep, f.num_experts) or f.ep == 1 or f.num_experts > 0:
+        return None
+    return f"{n('ep')}={f.ep} but the model has no experts (dense model)", "use ep 1"
+
+
+@constraint("LY008", "ep must divide the number of experts", ("ep", "num_experts"),
+            "Each expert-parallel rank holds num_experts / ep whole experts.")
+def _ep_divides_experts(f: LayoutFacts, n: Names):
+    if not _known(f.ep, f.num_experts) or f.num_experts == 0 or f.num_experts % f.ep == 0:
+        return None
+    return (f"{n('ep')}={f.ep} does not divide the number of experts {f.num_experts}",
+            f"choose ep from the divisors of {f.num_experts}")
+
+
+@constraint("LY009", "ep must divide the data-parallel size", ("ep", "world", "tp", "pp"),
+            "DeepSpeed builds expert-parallel groups inside the data-parallel group "
+            "(deepspeed/utils/groups.py _create_expert_and_data_parallel).")
+def _ep_divides_dp(f: LayoutFacts, n: Names):
+    dp = f.dp
+    if not _known(f.ep, dp) or dp % f.ep == 0:
+        return None
+    return (f"{n('ep')}={f.ep} does not divide the data-parallel size {dp} "
+            f"(world {f.world} / ({n('tp')} {f.tp} x {n('pp')} {f.pp}))", "pick an ep that divides the data-parallel size")
+
+
+MOE_STAGE3_REASON = (
+    "DeepSpeed refuses native MoE at ZeRO stage 3 (engine.py: 'Native DeepSpeed MoE is not supported with "
+    "ZeRO Stage 3'), so no stage-3 strategy is generated for an MoE model")
+
+
+@constraint("LY010", "native DeepSpeed MoE at ZeRO stage 3", ("zero_stage", "num_experts"),
+            "DeepSpeed 0.19.8 raises 'Native DeepSpeed MoE is not supported with ZeRO Stage 3' at engine start "
+            "for deepspeed.moe layers (measured). Plain PyTorch MoE modules (HF models) are not affected.")
+def _moe_stage3(f: LayoutFacts, n: Names):
+    if not f.native_moe or not _known(f.zero_stage, f.num_experts) or f.num_experts == 0 or f.zero_stage != 3:
+        return None
+    return MOE_STAGE3_REASON, "use ZeRO stage 1 or 2 for native DeepSpeed MoE"
+
+
+@constraint("LY011", "offload needs the right ZeRO stage", ("offload_param", "offload_optimizer", "zero_stage"),
+            "offload_optimizer lives in zero_optimization (stage 1-3); offload_param is read by stage 3 only "
+            "(deepspeed/runtime/zero/stage3.py).")
+def _offload_stage(f: LayoutFacts, n: Names):
+    if f.zero_stage is None:
+        return None
+    if f.offload_param and f.zero_stage != 3:
+        return (f"parameter offload needs {n('zero_stage')}=3 (got {f.zero_stage})",
+                "use ZeRO stage 3, or offload the optimizer only")
+    if f.offload_optimizer and f.zero_stage == 0:
+        return (f"{n('offload_optimizer')}=True needs ZeRO stage 1-3 ({n('zero_stage')}=0)",
+                "use ZeRO stage 1, 2 or 3, or no offload")
+    return None
+
+
+@constraint("LY012", "ZeRO++ needs ZeRO stage 3", ("zeropp", "zero_stage"),
+            "qwZ, hpZ and qgZ are implemented in stage 3 only (ZeRO++ paper §3; deepspeed/runtime/zero/stage3.py).")
+def _zeropp_stage(f: LayoutFacts, n: Names):
+    if not f.zeropp or f.zero_stage is None or f.zero_stage == 3:
+        return None
+    return f"{n('zeropp')}=True needs ZeRO stage 3 ({n('zero_stage')}={f.zero_stage})", "use ZeRO stage 3, or no ZeRO++"
+
+
+@constraint("LY013", "ZeRO++ is not combined with offload", ("zeropp", "offload_optimizer", "offload_param"),
+            "hpZ keeps a secondary weight copy in device memory; offload moves weights out of it.")
+def _zeropp_offload(f: LayoutFacts, n: Names):
+    if f.zeropp and (f.offload_optimizer or f.offload_param):
+        return "ZeRO++ is not combined with offload here", "drop offload or ZeRO++"
+    return None
+
+
+@constraint("LY014", "ZeRO++ needs CUDA quantizer kernels", ("zeropp", "cpu"),
+            "qwZ/qgZ call DeepSpeed's QuantizerBuilder, which the CPU accelerator does not have.")
+def _zeropp_cpu(f: LayoutFacts, n: Names):
+    if f.zeropp and f.cpu:
+        return ("ZeRO++ qwZ/qgZ need DeepSpeed's CUDA quantizer kernels; the CPU accelerator has no "
+                "QuantizerBuilder (cluster.gpu='cpu')", "use ZeRO-3 without ZeRO++ on CPU")
+    return None
+
+
+@constraint("LY015", "hpZ partition must divide dp", ("zeropp", "gpus_per_node", "tp"),
+            "The hpZ secondary partition (gpus_per_node / tp ranks, capped at dp) must tile the data-parallel group.")
+def _zeropp_hpz(f: LayoutFacts, n: Names):
+    dp = f.dp
+    if not f.zeropp or not _known(dp, f.tp):
+        return None
+    hpz = max(1, min((f.gpus_per_node or f.world) // f.tp, dp))
+    if dp % hpz:
+        return f"hpZ partition {hpz} does not divide dp={dp}", "choose tp so gpus_per_node / tp divides dp"
+    return None
+
+
+@constraint("LY016", "Megatron sequence parallelism needs tp > 1", ("megatron_sp", "tp"),
+            "Megatron sequence parallelism splits the norm/dropout activations over the TP group; with tp = 1 "
+            "there is nothing to split.")
+def _megatron_sp(f: LayoutFacts, n: Names):
+    if f.megatron_sp and f.tp == 1:
+        return (f"sequence parallelism needs tp > 1 ({n('megatron_sp')} with {n('tp')}=1)",
+                "set tp > 1, or turn sequence parallelism off")
+    return None
+
+
+@constraint("LY017", "global batch must be a multiple of micro batch x dp", ("global_batch", "micro_batch", "world"),
+            "DeepSpeed: train_batch_size = micro_batch * gradient_accumulation_steps * dp "
+            "(deepspeed/runtime/config.py _batch_assertion).")
+def _batch_divisible(f: LayoutFacts, n: Names):
+    dp = f.dp
+    if not _known(f.global_batch, dp):
+        return None
+    where = f"(dp = world {f.world} / ({n('tp')}*{n('pp')}))"
+    if f.micro_batch is not None:
+        step = f.micro_batch * dp
+        if f.global_batch % step:
+            return (f"{n('global_batch')}={f.global_batch} is not a multiple of {n('micro_batch')} * dp = "
+                    f"{f.micro_batch} * {dp} = {step} {where}",
+                    f"use a global batch multiple of {step}, or micro_batch: auto")
+    elif f.global_batch % dp:
+        return (f"{n('global_batch')}={f.global_batch} is not a multiple of the data-parallel size {dp} {where}",
+                f"use a global batch multiple of {dp}")
+    return None
+
+
+@constraint("LY018", "batch ramp must step in whole micro batches", ("ramp_start", "ramp_increment", "global_batch"),
+            "Every ramp batch must be a multiple of micro_batch * dp, and global - start a multiple of the increment "
+            "(Megatron-LM RampupBatchsizeNumMicroBatches asserts both).")
+def _ramp(f: LayoutFacts, n: Names):
+    if f.ramp_start is None or f.global_batch is None:
+        return None
+    if f.ramp_start > f.global_batch:
+        return (f"{n('ramp_start')}={f.ramp_start} exceeds {n('global_batch')}={f.global_batch}",
+                "the ramp grows the batch up to global_batch: lower start_batch")
+    dp = f.dp
+    if f.micro_batch is None or dp is None:
+        if (f.ramp_kind == "megatron" and f.ramp_increment
+                and (f.global_batch - f.ramp_start) % f.ramp_increment):
+            return (f"{n('global_batch')} - {n('ramp_start')} = {f.global_batch - f.ramp_start} is not a multiple "
+                    f"of {n('ramp_increment')}={f.ramp_increment}",
+                    "pick an increment that divides the difference (Megatron requires it)")
+        return None
+    step = f.micro_batch * dp
+    if f.ramp_start % step:
+        return (f"{n('ramp_start')}={f.ramp_start} is not a multiple of micro_batch*dp = {step}",
+                f"use a start batch multiple of {step}")
+    inc = ramp_increment(f.ramp_increment, f.micro_batch, dp)
+    if inc % step:
+        return f"{n('ramp_increment')}={inc} is not a multiple of micro_batch*dp = {step}", f"use a multiple of {step}"
+    if (f.global_batch - f.ramp_start) % inc:
+        return (f"global_batch - start_batch = {f.global_batch} - {f.ramp_start} is not a multiple of the "
+                f"increment {inc} (Megatron --rampup-batch-size)", "pick an increment that divides the difference")
+    return None
+
+
+def check_layout(facts: LayoutFacts, codes: Optional[tuple[str, ...]] = None,
+                 names: Optional[Mapping[str, str]] = None) -> list[Violation]:
+    """Every violated constraint (all of them, or those in `codes`), in code order."""
+    names = dict(names or {})
+
+    def n(field: str) -> str:
+        return names.get(field, field)
+
+    out: list[Violation] = []
+    for code, c in CONSTRAINTS.items():
+        if codes is not None and code not in codes:
+            continue
+        hit = c.check(facts, n)
+        if hit is not None:
+            out.append(Violation(code, c.title, hit[0], hit[1], c.fields))
+    return out
+
+
+def first_violation(facts: LayoutFacts, codes: Optional[tuple[str, ...]] = None,
+                    names: Optional[Mapping[str, str]] = None) -> Optional[Violation]:
+    """The first violated constraint, or None."""
+    found = check_layout(facts, codes, names)
+    return found[0] if found else None
+
+
+def require(facts: LayoutFacts, codes: Optional[tuple[str, ...]] = None,
+            names: Optional[Mapping[str, str]] = None) -> None:
+    """Raise `LayoutError` for the first violated constraint."""
+    v = first_violation(facts, codes, names)
+    if v is not None:
+        raise LayoutError(v.code, v.message, v.fix)
+
+
+def explain(code: str) -> str:
+    """A constraint's code, title, facts and explanation, for `--explain` and the docs."""
+    c = CONSTRAINTS.get(code.upper())
+    if c is None:
+        raise KeyError(f"no layout constraint {code!r} (known: {', '.join(CONSTRAINTS)})")
+    return f"{c.code}: {c.title}\nreads: {', '.join(c.fields)}\n\n{c.explanation}"
+
+
+FACT_NAMES = tuple(f.name for f in fields(LayoutFacts))
+
+
+if __name__ == "__main__":  # pragma: no cover - documentation helper
+    for c in CONSTRAINTS.values():
+        print(f"{c.code}  {c.title}  [{', '.join(c.fields)}]")

@@ -1,0 +1,163 @@
+"""Parallel dimensions: the arithmetic of world, tp, pp, sp, dp, ep and the batch, written once.
+
+Every caller (the spec loader, `dstoolkit validate`'s cross-field rules, the sweep, the estimator, the tuner
+and the trainer) asks this module instead of repeating ``world // (tp * pp)``. Pure Python, imports nothing
+else from dstoolkit, so the lowest layers can use it.
+
+Group structure (DeepSpeed 0.19.8 deepspeed/utils/groups.py; Megatron-LM parallel_state.py):
+- model-parallel ranks = tp * pp (* sp for DeepSpeed Ulysses sequence parallelism, which splits the sequence
+  over ranks taken out of the data-parallel group);
+- dp = world / (tp * pp * sp);
+- expert parallelism carves ep-sized groups out of the data-parallel group: edp = dp / ep
+  (DeepSpeed `_create_expert_and_data_parallel`);
+- DeepSpeed's batch rule: train_batch_size = micro_batch * gradient_accumulation_steps * dp
+  (deepspeed/runtime/config.py `_set_batch_related_parameters` and `_batch_assertion`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+
+class LayoutError(ValueError):
+    """An impossible layout. `code` is the constraint code (dstoolkit.layout.constraints), `fix` says what to change."""
+
+    def __init__(self, code: str, message: str, fix: str):
+        super().__init__(f"{message} ({fix})" if fix else message)
+        self.code = code
+        self.message = message
+        self.fix = fix
+
+
+def data_parallel_size(world: int, tp: int = 1, pp: int = 1, sp: int = 1) -> Optional[int]:
+    """dp = world / (tp * pp * sp); None when that product does not divide the world size."""
+    denom = max(tp, 1) * max(pp, 1) * max(sp, 1)
+    if world <= 0 or world % denom:
+        return None
+    return world // denom
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """One layout's degrees. Construct only layouts whose model-parallel product divides `world`."""
+
+    world: int
+    """Total ranks."""
+    tp: int = 1
+    """Tensor-parallel degree (inside a node)."""
+    pp: int = 1
+    """Pipeline stages."""
+    ep: int = 1
+    """Expert-parallel degree (a divisor of dp)."""
+    sp: int = 1
+    """Sequence-parallel ranks of DeepSpeed Ulysses (taken out of dp). Megatron's sequence parallelism reuses
+    the TP group and is not a degree here."""
+    gpus_per_node: Optional[int] = None
+    """Ranks per node; None when unknown (single node assumed by `nodes`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("world", "tp", "pp", "ep", "sp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise LayoutError("LY000", f"{name}={v!r} must be a positive integer", f"give {name} >= 1")
+        if data_parallel_size(self.world, self.tp, self.pp, self.sp) is None:
+            raise LayoutError("LY001", f"tp * pp * sp = {self.tp} * {self.pp} * {self.sp} = {self.model_ranks} does "
+                              f"not divide the world size {self.world}", "pick degrees whose product divides the world size")
+
+    @property
+    def model_ranks(self) -> int:
+        """Ranks one model replica spans: tp * pp * sp."""
+        return self.tp * self.pp * self.sp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: world / (tp * pp * sp)."""
+        return self.world // self.model_ranks
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: dp / ep (DeepSpeed's expert_data_parallel_group size)."""
+        return self.dp // self.ep
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the job spans (1 when gpus_per_node is unknown)."""
+        return math.ceil(self.world / self.gpus_per_node) if self.gpus_per_node else 1
+
+    def hpz_partition_size(self) -> int:
+        """ZeRO++ hpZ secondary partition: the data-parallel ranks of one node, gpus_per_node / tp, capped at dp
+        (ZeRO++ paper §3.2: the secondary copy is partitioned inside a node)."""
+        per_node = (self.gpus_per_node or self.world) // self.tp
+        return max(1, min(per_node, self.dp))
+
+
+@dataclass(frozen=True)
+class BatchTriad:
+    """DeepSpeed's three batch numbers, consistent: train_batch = micro_batch * grad_accum * dp."""
+
+    micro_batch: int
+    grad_accum: int
+    train_batch: int
+
+
+def resolve_batch(train_batch: Optional[int], micro_batch: Optional[int], grad_accum: Optional[int],
+                  dp: int) -> BatchTriad:
+    """Complete the batch triad the way DeepSpeed does: any two determine the third; one alone takes
+    grad_accum = 1 (deepspeed/runtime/config.py `_set_batch_related_parameters`).
+
+    Raises:
+        LayoutError: none of the three is given (LY020), or the given ones disagree with dp (LY017).
+    """
+    tb, mb, ga = train_batch, micro_batch, grad_accum
+    if tb is None and mb is None:
+        raise LayoutError("LY020", "neither train_batch_size nor train_micro_batch_size_per_gpu is set",
+                          "set train_micro_batch_size_per_gpu")
+    if mb is not None and ga is not None:
+        triad = BatchTriad(mb, ga, mb * ga * dp)
+        if tb is not None and tb != triad.train_batch:
+            raise LayoutError("LY017", f"train_batch_size {tb} != micro batch {mb} x gradient accumulation {ga} x "
+                              f"dp {dp} = {triad.train_batch}", "make the three agree")
+        return triad
+    if mb is not None and tb is not None:
+        ga = tb // (mb * dp)
+    elif ga is not None and tb is not None:
+        mb = tb // (ga * dp)
+    elif tb is not None:
+        ga, mb = 1, tb // dp
+    else:
+        ga = 1
+    if mb is None or ga is None or mb < 1 or ga < 1 or (tb is not None and tb != mb * ga * dp):
+        raise LayoutError("LY017", f"train_batch_size {tb} is not a multiple of the micro batch x gradient "
+                          f"accumulation x dp {dp}", f"use a train_batch_size that is a multiple of {(mb or 1) * dp}")
+    return BatchTriad(mb, ga, mb * ga * dp)
+
+
+def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per pipeline stage: ceil(L / pp) on every stage after the first, the rest on stage 0
+    (Megatron-LM's --decoder-first-pipeline-num-layers convention for an uneven split).
+
+    Raises:
+        LayoutError: pp exceeds the layer count, or stage 0 would get no layer (LY005).
+    """
+    if pp < 1 or pp > num_layers:
+        raise LayoutError("LY005", f"pp={pp} exceeds num_hidden_layers={num_layers}", "each stage needs a layer")
+    if num_layers % pp == 0:
+        return (num_layers // pp,) * pp
+    per_stage = -(-num_layers // pp)
+    first = num_layers - (pp - 1) * per_stage
+    if first < 1:
+        raise LayoutError("LY005", f"num_hidden_layers={num_layers} cannot be split over pp={pp} stages "
+                          "(stage 0 would get no layer)", "pick a pp that leaves stage 0 at least one layer")
+    return (first,) + (per_stage,) * (pp - 1)
+
+
+def pipeline_first_stage_layers(num_layers: int, pp: int) -> Optional[int]:
+    """Layers on stage 0 for an uneven split (None for an even one); raises `LayoutError` when none exists."""
+    layers = stage_layers(num_layers, pp)
+    return None if len(set(layers)) == 1 else layers[0]
+
+
+def ramp_increment(increment: Optional[int], micro_batch: int, dp: int) -> int:
+    """A batch ramp's increment: the spec's, or micro_batch * dp (the finest step DeepSpeed can take)."""
+    return increment if increment else micro_batch * dp
