@@ -38,9 +38,16 @@ QGZ_BYTES_PER_PARAM = 0.5
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests bus-bandwidth factor: busbw = algbw × factor (doc/PERFORMANCE.md)."""
-    if n <= 1:
-        return 0.0
+    """nccl-tests bus-bandwidth factor: busbw = algbw × factor (doc/PERFORMANCE.md; shared/docs/anchors.md
+    'Collective bandwidth (nccl-tests doc/PERFORMANCE.md)').
+
+    all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce 1 (p2p, nccl-tests'
+    sendrecv, also 1). The formulas hold at n = 1 as written, as nccl-tests applies them for one rank: 0 for
+    the reduce/gather/all-to-all family (no byte crosses a bus), 1 for broadcast/reduce. The one definition:
+    the bench (dstoolkit.runtime.bench.comm) imports it. `comm_plan` never emits a group of one rank.
+    """
+    if n < 1:
+        raise ValueError(f"group size {n}: a collective needs at least one rank")
     if collective == "all_reduce":
         return 2.0 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):

@@ -16,6 +16,17 @@ def test_busbw_factors_are_nccl_tests(op, n, factor):
     assert comm.busbw_factor(op, n) == pytest.approx(factor)
 
 
+@pytest.mark.parametrize("op,factor", [("all_reduce", 0.0), ("all_gather", 0.0), ("reduce_scatter", 0.0),
+                                       ("all_to_all", 0.0), ("broadcast", 1.0)])
+def test_busbw_factor_one_rank_is_the_formula(op, factor):
+    # one rank: the anchors.md formulas as written (2(n-1)/n = 0, (n-1)/n = 0, broadcast 1), and the bench
+    # uses the estimate's definition, so both sides agree at every n
+    from dstoolkit.estimate.comm import busbw_factor
+
+    assert comm.busbw_factor is busbw_factor
+    assert comm.busbw_factor(op, 1) == factor
+
+
 def test_parse_sizes_ranges_and_lists():
     assert comm.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
     assert comm.parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]

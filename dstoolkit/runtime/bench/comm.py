@@ -26,6 +26,7 @@ import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from dstoolkit.estimate.comm import busbw_factor  # the one definition (re-exported); parse_ops vets op names first
 from dstoolkit.runtime.bench import harness
 from dstoolkit.runtime.bench.harness import BenchInputError
 
@@ -33,18 +34,6 @@ BENCH_NAME = "comm"
 
 #: Supported collectives, in the order they are run and printed.
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-
-
-def busbw_factor(op: str, world_size: int) -> float:
-    """nccl-tests bus-bandwidth factor (doc/PERFORMANCE.md; anchors.md 'Collective bandwidth')."""
-    n = world_size
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n  # each byte crosses the bus 2(n-1)/n times in a ring
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n  # (n-1)/n of the buffer leaves each rank
-    if op == "broadcast":
-        return 1.0
-    raise BenchInputError(f"--ops: unknown op {op!r}; choose from {', '.join(OPS)}")
 
 
 #: User-facing dtype names -> (torch dtype attribute, nccl-tests type name).
