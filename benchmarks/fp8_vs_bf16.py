@@ -30,7 +30,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DEEPSEEK_V3_REL_LOSS_GAP = 0.0025
-"""DeepSeek-V3 (arXiv 2412.19437 §3.3 / anchors.md): FP8 vs BF16 relative loss error stays below 0.25%."""
+"""DeepSeek-V3 (arXiv 2412.19437 §3.3 / docs/anchors.md): FP8 vs BF16 relative loss error stays below 0.25%."""
 EVAL_STEP_OFFSET = 1_000_000
 """Eval batches use data positions far from training ones, so they are held out."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 DEFAULT_SEQ_LEN = 4096
-"""Sequence length for a bare MODEL target (DeepSeek-V3 pre-training used 4K; anchors.md)."""
+"""Sequence length for a bare MODEL target (DeepSeek-V3 pre-training used 4K; docs/anchors.md)."""
 
 
 def _positive_int(text: str) -> int:

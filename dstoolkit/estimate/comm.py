@@ -1,7 +1,7 @@
 """Communication volume per step by collective, and its time under the nccl-tests bus-bandwidth model.
 
 Volumes are the bytes of the tensor each rank passes to the collective (nccl-tests' "size"), summed over a
-step. Time = size × busbw factor ÷ busbw (nccl-tests doc/PERFORMANCE.md; anchors.md "Collective bandwidth").
+step. Time = size × busbw factor ÷ busbw (nccl-tests doc/PERFORMANCE.md; docs/anchors.md "Collective bandwidth").
 
 Two views of ZeRO-1/2 gradient reduction (`comm_plan(plan, view=...)`):
 - "deepspeed" (default): what DeepSpeed 0.19.8 runs. stage_1_and_2.py `average_tensor` all-reduces each
@@ -38,7 +38,7 @@ QGZ_BYTES_PER_PARAM = 0.5
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests bus-bandwidth factor: busbw = algbw × factor (doc/PERFORMANCE.md; shared/docs/anchors.md
+    """nccl-tests bus-bandwidth factor: busbw = algbw × factor (doc/PERFORMANCE.md; docs/anchors.md
     'Collective bandwidth (nccl-tests doc/PERFORMANCE.md)').
 
     all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce 1 (p2p, nccl-tests'

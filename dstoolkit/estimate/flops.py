@@ -1,4 +1,4 @@
-"""Training FLOPs per token and per step, and MFU (../shared/docs/anchors.md, "FLOPs and MFU"). No torch import."""
+"""Training FLOPs per token and per step, and MFU (docs/anchors.md, "FLOPs and MFU"). No torch import."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -93,7 +93,7 @@ def tokens_per_step(plan: RunPlan) -> int:
 
 
 def mfu(tokens_per_s: float, model_flops_per_token: float, peak_flops_per_gpu: float, num_gpus: int) -> float:
-    """MFU = achieved tokens/s × FLOPs per token ÷ (peak × GPUs) (anchors.md; PaLM App. B)."""
+    """MFU = achieved tokens/s × FLOPs per token ÷ (peak × GPUs) (docs/anchors.md; PaLM App. B)."""
     if tokens_per_s < 0 or peak_flops_per_gpu <= 0 or num_gpus <= 0:
         raise ValueError("tokens_per_s must be >= 0, peak and GPU count > 0")
     return tokens_per_s * model_flops_per_token / (peak_flops_per_gpu * num_gpus)

@@ -4,7 +4,7 @@ Collectives whose group spans nodes run at the inter-node rate (GpuSpec.inter_no
 Calibration.inter_node_busbw when calibrated), divided among the groups that cross one link side by side
 (estimate.comm.link_share). Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
 overlap_comm, stage-3 prefetching) hide behind backward compute with efficiency η
-(anchors.md: η = 1 − exposed ÷ total); everything else is exposed. No torch import.
+(docs/anchors.md: η = 1 − exposed ÷ total); everything else is exposed. No torch import.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from dstoolkit.estimate.plan import RunPlan
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.55
 """Fraction of dense peak a training step sustains without calibration: published end-to-end MFU is
-38-56% (Llama 3 405B 38-43%, Megatron 51-56%, MegaScale 55.2%; anchors.md), and the matmul alone reaches
-~80% (788/989 TFLOP/s measured on H200, anchors.md)."""
+38-56% (Llama 3 405B 38-43%, Megatron 51-56%, MegaScale 55.2%; docs/anchors.md), and the matmul alone reaches
+~80% (788/989 TFLOP/s measured on H200, docs/anchors.md)."""
 DEFAULT_OVERLAP_EFFICIENCY = 0.8
 """η for overlappable collectives on GPUs (separate comm streams); Lee et al. 2025 measure sequential
 execution only 10.2% slower than overlapped, i.e. most but not all communication hides."""

@@ -3,7 +3,7 @@
 Module names follow `dstoolkit.runtime.model` (the converter's view of the same model), so for a
 shape the toolkit can build, the plan's swapped names equal `convert(...)`'s report exactly.
 
-Memory: only tensors actually *stored* in FP8 shrink (anchors.md, "Claims that are wrong": torchtitan
+Memory: only tensors actually *stored* in FP8 shrink (docs/anchors.md, "Claims that are wrong": torchtitan
 measured -0.3% with float8 linears). Master weights, gradients, optimizer state and the bf16 weights
 are unchanged. What changes per rank:
 

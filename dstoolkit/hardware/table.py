@@ -4,7 +4,7 @@ No torch import. Figures are vendor datasheet numbers (dense math, no structured
 nccl-tests bus bandwidths; each row cites its sources. Memory is the capacity the vendor markets, read as
 GiB of physical HBM (CUDA reports slightly less usable; the estimator keeps its own runtime reserve).
 
-Bandwidth fields are *achievable bus bandwidth* (nccl-tests busbw, see ../shared/docs/anchors.md), not link
+Bandwidth fields are *achievable bus bandwidth* (nccl-tests busbw, see docs/anchors.md), not link
 line rates: the step-time model divides collective bytes by them directly.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ GBps = 1e9
 """Bytes/s per GB/s (decimal, as nccl-tests prints)."""
 
 IB_400G_BUSBW_BYTES_PER_S = 50 * GBps
-"""One 400 Gb/s InfiniBand NIC per GPU: ~50 GB/s busbw (anchors.md, Collective bandwidth table; DeepSeek-V3
+"""One 400 Gb/s InfiniBand NIC per GPU: ~50 GB/s busbw (docs/anchors.md, Collective bandwidth table; DeepSeek-V3
 paper §3.1 quotes 50 GB/s IB per H800 GPU)."""
 IB_200G_BUSBW_BYTES_PER_S = 24 * GBps
 """One 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100): 25 GB/s line rate, ~24 GB/s achievable busbw."""
@@ -67,7 +67,7 @@ same calibration file)."""
 GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 989 TFLOP/s bf16 and 1979 fp8 dense
     # (the datasheet's 1979/3958 are with sparsity). NVLink4 ring all-reduce busbw ~365-370 GB/s (nccl-tests,
-    # anchors.md). One 400 Gb/s NIC per GPU (DGX H100).
+    # docs/anchors.md). One 400 Gb/s NIC per GPU (DGX H100).
     "H100-SXM": GpuSpec(
         name="H100-SXM",
         memory_bytes=80 * GiB,
@@ -78,7 +78,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="9.0",
     ),
     # NVIDIA H200 Tensor Core GPU product brief: 141 GB HBM3e, same Hopper compute as H100 SXM (989 bf16,
-    # 1979 fp8 dense). All-reduce busbw ~475 GB/s (anchors.md). One 400 Gb/s NIC per GPU (HGX H200).
+    # 1979 fp8 dense). All-reduce busbw ~475 GB/s (docs/anchors.md). One 400 Gb/s NIC per GPU (HGX H200).
     "H200": GpuSpec(
         name="H200",
         memory_bytes=141 * GiB,
@@ -88,8 +88,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
         compute_capability="9.0",
     ),
-    # H800 (China export SKU of H100 SXM): compute as H100 (anchors.md), NVLink cut to 400 GB/s
-    # bidirectional; all-reduce busbw ~215 GB/s (anchors.md). DeepSeek-V3 paper §3.1: 8 GPUs per node,
+    # H800 (China export SKU of H100 SXM): compute as H100 (docs/anchors.md), NVLink cut to 400 GB/s
+    # bidirectional; all-reduce busbw ~215 GB/s (docs/anchors.md). DeepSeek-V3 paper §3.1: 8 GPUs per node,
     # IB 50 GB/s per GPU across nodes.
     "H800": GpuSpec(
         name="H800",

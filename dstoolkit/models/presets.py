@@ -1,7 +1,7 @@
 """Bundled model shapes, written from public facts (model cards, papers, published config.json values).
 
 Nothing is downloaded. Each preset cites where its numbers come from; `tests/unit/test_params_presets.py`
-pins the resulting counts to the published totals in ../shared/docs/anchors.md.
+pins the resulting counts to the published totals in docs/anchors.md.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ PRESETS: dict[str, ModelShape] = {
     ),
     # Mixtral 8x7B: "Mixtral of Experts" (arXiv 2401.04088) Table 1: dim 4096, 32 layers, head_dim 128,
     # 32 heads, 8 KV heads, hidden_dim 14336, vocab 32000, 8 experts, top-2, context 32768.
-    # Published: 46.7B total, 12.9B active (anchors.md; embeddings counted).
+    # Published: 46.7B total, 12.9B active (docs/anchors.md; embeddings counted).
     "mixtral-8x7b": ModelShape(
         name="mixtral-8x7b", model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, intermediate_size=14336, vocab_size=32000, tie_word_embeddings=False,

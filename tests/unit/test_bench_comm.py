@@ -8,7 +8,7 @@ from dstoolkit.cli import main
 
 
 @pytest.mark.parametrize("op,n,factor", [
-    # nccl-tests doc/PERFORMANCE.md (anchors.md 'Collective bandwidth')
+    # nccl-tests doc/PERFORMANCE.md (docs/anchors.md 'Collective bandwidth')
     ("all_reduce", 8, 2 * 7 / 8), ("all_reduce", 2, 1.0),
     ("all_gather", 8, 7 / 8), ("reduce_scatter", 4, 3 / 4), ("all_to_all", 2, 0.5), ("broadcast", 8, 1.0),
 ])
@@ -19,7 +19,7 @@ def test_busbw_factors_are_nccl_tests(op, n, factor):
 @pytest.mark.parametrize("op,factor", [("all_reduce", 0.0), ("all_gather", 0.0), ("reduce_scatter", 0.0),
                                        ("all_to_all", 0.0), ("broadcast", 1.0)])
 def test_busbw_factor_one_rank_is_the_formula(op, factor):
-    # one rank: the anchors.md formulas as written (2(n-1)/n = 0, (n-1)/n = 0, broadcast 1), and the bench
+    # one rank: the docs/anchors.md formulas as written (2(n-1)/n = 0, (n-1)/n = 0, broadcast 1), and the bench
     # uses the estimate's definition, so both sides agree at every n
     from dstoolkit.estimate.comm import busbw_factor
 

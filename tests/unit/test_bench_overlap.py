@@ -17,7 +17,7 @@ def test_union_and_exposed_intervals():
 
 
 def test_eta_definition_and_clamp():
-    # η = 1 − exposed / total communication (anchors.md 'Overlap')
+    # η = 1 − exposed / total communication (docs/anchors.md 'Overlap')
     assert overlap.eta_from(0.25, 1.0) == (0.75, 0.75)
     assert overlap.eta_from(2.0, 1.0) == (0.0, -1.0)
     assert overlap.eta_from(0.0, 0.0) == (1.0, 1.0)

@@ -1,4 +1,4 @@
-"""Published anchors the estimators must reproduce (../shared/docs/anchors.md)."""
+"""Published anchors the estimators must reproduce (docs/anchors.md)."""
 import pytest
 
 from dstoolkit.estimate import (
@@ -96,7 +96,7 @@ def test_llama3_8b_flops_per_token_is_6n_plus_attention_term():
     # Kaplan's N counts matmul parameters: everything but the input-embedding lookup and the norms
     n_matmul = pc.total - pc.embedding - pc.norms
     assert f.model == pytest.approx(6 * n_matmul + attention, rel=1e-9)
-    # and with N = 8.03B total (anchors.md) it agrees within the embedding share (6.5%)
+    # and with N = 8.03B total (docs/anchors.md) it agrees within the embedding share (6.5%)
     assert f.model == pytest.approx(6 * 8.03e9 + attention, rel=0.07)
 
 
@@ -124,7 +124,7 @@ def test_layout_counts_match_the_models_package_exactly():
 
 
 def test_mfu_definition_torchtitan_llama3_8b():
-    # torchtitan Llama3-8B on 8xH100 bf16 FSDP: 5,762 tokens/s/GPU (anchors.md); MFU = tokens/s x FLOPs/token / peak
+    # torchtitan Llama3-8B on 8xH100 bf16 FSDP: 5,762 tokens/s/GPU (docs/anchors.md); MFU = tokens/s x FLOPs/token / peak
     f = flops_per_token(get_preset("llama-3-8b"), 8192).model
     got = mfu(5762 * 8, f, 989e12, 8)
     assert got == pytest.approx(5762 * f / 989e12)

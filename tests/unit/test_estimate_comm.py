@@ -125,7 +125,7 @@ def test_calibrated_ep_plan_shares_the_link_between_expert_groups():
 @pytest.mark.parametrize("coll,factor", [("all_reduce", 0.0), ("all_gather", 0.0), ("reduce_scatter", 0.0),
                                          ("all_to_all", 0.0), ("broadcast", 1.0), ("reduce", 1.0)])
 def test_busbw_factor_at_one_rank_is_the_nccl_tests_formula(coll, factor):
-    # shared/docs/anchors.md 'Collective bandwidth (nccl-tests)': 2(n-1)/n, (n-1)/n, 1, evaluated at n = 1
+    # docs/anchors.md 'Collective bandwidth (nccl-tests)': 2(n-1)/n, (n-1)/n, 1, evaluated at n = 1
     assert busbw_factor(coll, 1) == factor
 
 

@@ -157,7 +157,7 @@ def test_checkpoint_policy_shrinks_activations_as_the_runtime_applies_it():
     full = estimate_run(_plan(shape, _ds(2), checkpoint=CheckpointPolicy(kind="full")))
     k4 = estimate_run(_plan(shape, _ds(2), checkpoint=CheckpointPolicy(kind="every-k", every_k=4)))
     assert full.memory.activations < k4.memory.activations < none.memory.activations
-    # every-4 recomputes 8 of 32 blocks: the other 24 keep everything (anchors.md: not "60% saved")
+    # every-4 recomputes 8 of 32 blocks: the other 24 keep everything (docs/anchors.md: not "60% saved")
     assert k4.memory.activations_saved > 0.7 * none.memory.activations_saved
 
 

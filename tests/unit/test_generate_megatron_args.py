@@ -65,7 +65,7 @@ def test_deepseek_ramp_fp8_and_uneven_pipeline(repo_root):
     assert samples == math.ceil(469_000_000_000 / 4096)
     assert inc == c.micro_batch * dp and (15360 - 3072) % inc == 0
     assert f["--fp8-format"] and f["--bf16"] == []
-    # 61 layers (anchors.md) over pp stages: the other stages take ceil(61/pp) each, stage 0 the rest.
+    # 61 layers (docs/anchors.md) over pp stages: the other stages take ceil(61/pp) each, stage 0 the rest.
     if c.pp > 1 and 61 % c.pp:
         per = math.ceil(61 / c.pp)
         assert f["--decoder-first-pipeline-num-layers"] == [str(61 - (c.pp - 1) * per)]

@@ -18,14 +18,14 @@ def test_table_has_the_required_names():
 
 
 def test_published_dense_peaks():
-    # anchors.md "Peak (dense, no sparsity)": H100/H200 SXM 989 bf16 and 1979 fp8; A100 312; H800 as H100.
+    # docs/anchors.md "Peak (dense, no sparsity)": H100/H200 SXM 989 bf16 and 1979 fp8; A100 312; H800 as H100.
     for name in ("H100-SXM", "H200", "H800"):
         assert get_gpu(name).peak_bf16_flops == 989 * TFLOPS
         assert get_gpu(name).peak_fp8_flops == 1979 * TFLOPS
     for name in ("A100-80G", "A100-40G"):
         assert get_gpu(name).peak_bf16_flops == 312 * TFLOPS
         assert get_gpu(name).peak_fp8_flops is None  # Ampere has no fp8 tensor cores
-    # anchors.md measured busbw: H100 NVLink ring ~365-370, H200 ~475, H800 ~215 GB/s; IB 400G ~50 GB/s.
+    # docs/anchors.md measured busbw: H100 NVLink ring ~365-370, H200 ~475, H800 ~215 GB/s; IB 400G ~50 GB/s.
     assert 365e9 <= get_gpu("H100-SXM").intra_node_bw_bytes_per_s <= 370e9
     assert get_gpu("H200").intra_node_bw_bytes_per_s == 475e9
     assert get_gpu("H800").intra_node_bw_bytes_per_s == 215e9

@@ -31,7 +31,7 @@ PUBLISHED = [
     ("deepseek-v2", 236e9, None, None),  # DeepSeek-V2 paper: 236B total
     ("deepseek-v3", 671e9, None, None),  # DeepSeek-V3 paper: 671B total (MTP excluded)
     ("mistral-7b", 7.24e9, None, None),  # checkpoint count on the model page
-    ("mixtral-8x7b", 46.7e9, 12.9e9, None),  # anchors.md
+    ("mixtral-8x7b", 46.7e9, 12.9e9, None),  # docs/anchors.md
     ("llama-3.2-1b", 1.23e9, None, None),  # Llama 3.2 model card
     ("gpt2", 124e6, None, None),  # GPT-2 small checkpoint (124M)
 ]

@@ -1,16 +1,16 @@
-"""Preset parameter counts pinned to published totals (../shared/docs/anchors.md), within 0.5%."""
+"""Preset parameter counts pinned to published totals (docs/anchors.md), within 0.5%."""
 import pytest
 
 from dstoolkit.models import PRESETS, ParamCount, count_params, get_preset
 
 REL_TOL = 0.005  # the brief's tolerance: published totals within 0.5%
 
-# (preset, published total, published active or None), anchors.md "Other public model sizes" and DeepSeek-V3.
+# (preset, published total, published active or None), docs/anchors.md "Other public model sizes" and DeepSeek-V3.
 PUBLISHED = [
     ("llama-3-8b", 8.03e9, None),
     ("llama-3-70b", 70.6e9, None),
     ("llama-3.1-405b", 405.9e9, None),
-    ("mixtral-8x7b", 46.7e9, 12.9e9),  # active counts embeddings (anchors.md)
+    ("mixtral-8x7b", 46.7e9, 12.9e9),  # active counts embeddings (docs/anchors.md)
     ("deepseek-v3", 671e9, None),  # active: see test_deepseek_v3_active below
 ]
 
@@ -35,7 +35,7 @@ def test_deepseek_v3_active_is_37b():
 
 
 def test_deepseek_v3_excludes_mtp_module():
-    # The public checkpoint is 685B because it carries the 14B MTP module (anchors.md); counts exclude it.
+    # The public checkpoint is 685B because it carries the 14B MTP module (docs/anchors.md); counts exclude it.
     shape = get_preset("deepseek-v3")
     assert shape.num_nextn_predict_layers == 1
     assert count_params(shape).total < 672e9

@@ -18,7 +18,7 @@ GB = 1e9
 
 
 def test_zero_paper_model_states_anchor():
-    # ZeRO §3.1 (anchors.md): psi = 7.5B, N = 64: DP 120 GB, ZeRO-2 16.6 GB, ZeRO-3 1.88 GB.
+    # ZeRO §3.1 (docs/anchors.md): psi = 7.5B, N = 64: DP 120 GB, ZeRO-2 16.6 GB, ZeRO-3 1.88 GB.
     psi = 7.5e9
     assert zero_model_state_bytes(psi, 0, dp=1, ep=1, zero_stage=0) / GB == pytest.approx(120, rel=0.01)
     assert zero_model_state_bytes(psi, 0, dp=64, ep=1, zero_stage=2) / GB == pytest.approx(16.6, rel=0.01)
@@ -91,7 +91,7 @@ def test_fits_nowhere_says_what_is_needed_and_what_would_fit(tmp_path, capsys):
     assert main(["sweep", str(path)]) == 1
     out = capsys.readouterr().out
     assert "fits nowhere on 1 x 8 A100-40G" in out and "GiB per GPU" in out
-    # 70.6B params (anchors.md) at ZeRO-2 on 8 GPUs: 2 bytes/param of weights alone is ~131 GiB > 40 GiB
+    # 70.6B params (docs/anchors.md) at ZeRO-2 on 8 GPUs: 2 bytes/param of weights alone is ~131 GiB > 40 GiB
     needed = float(out.split("still needs at least ")[1].split(" GiB")[0])
     assert needed > 70.6e9 * 2 / 2**30
     assert "What would make it fit:" in out

@@ -1,4 +1,4 @@
-"""Monitor: bottleneck flags with evidence, MFU per anchors.md, DeepSpeed monitor events."""
+"""Monitor: bottleneck flags with evidence, MFU per docs/anchors.md, DeepSpeed monitor events."""
 import pytest
 
 from dstoolkit.runtime.train.monitor import Monitor, StepSample, _slope
@@ -42,7 +42,7 @@ def test_idle_flag_only_when_unexplained():
 
 
 def test_mfu_is_tokens_per_s_times_flops_over_peak():
-    # anchors.md: MFU = tokens/s x FLOPs per token / peak; 10,000 tok/s x 6e6 / (2 ranks x 1e11) = 0.3
+    # docs/anchors.md: MFU = tokens/s x FLOPs per token / peak; 10,000 tok/s x 6e6 / (2 ranks x 1e11) = 0.3
     rep = _feed(Monitor(1, flops_per_token=6e6, peak_flops=1e11, world_size=2), 1)
     assert rep.tokens_per_s == pytest.approx(10_000) and rep.mfu == pytest.approx(0.3)
 

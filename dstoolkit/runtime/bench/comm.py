@@ -1,6 +1,6 @@
 """Collective-communication bench with nccl-tests' columns, busbw factors and a correctness check per row.
 
-Conventions (nccl-tests doc/PERFORMANCE.md, quoted in shared/docs/anchors.md):
+Conventions (nccl-tests doc/PERFORMANCE.md, quoted in docs/anchors.md):
 
 * ``size`` is the bytes of the largest buffer of the op, as nccl-tests prints it: the all-reduce buffer,
   the gathered output of all-gather, the input of reduce-scatter, the per-rank buffer of all-to-all,

@@ -12,7 +12,7 @@ For each DeepSpeed config, each ``overlap_comm`` setting and each ``reduce_bucke
    that phase is scaled by 1/N (Adam's update is linear in the elements it touches; ZeRO §3.1 partitions
    exactly those). Per step, the slowest of the N engines counts, as in the real job.
 
-Then (Lee et al., arXiv 2507.03114, and anchors.md 'Overlap'):
+Then (Lee et al., arXiv 2507.03114, and docs/anchors.md 'Overlap'):
 
 * exposed = max(0, overlapped − compute_only)   — time the step waits for communication;
 * η = 1 − exposed / comm_only, clamped to [0, 1] (``eta_raw`` keeps the unclamped value);
@@ -42,7 +42,7 @@ from dstoolkit.runtime.bench.harness import BenchInputError
 
 BENCH_NAME = "overlap"
 
-#: DeepSpeed 0.19.8 default reduce_bucket_size (elements; deepspeed/runtime/zero/config.py, anchors.md).
+#: DeepSpeed 0.19.8 default reduce_bucket_size (elements; deepspeed/runtime/zero/config.py, docs/anchors.md).
 DS_DEFAULT_REDUCE_BUCKET = 500_000_000
 
 #: Profiler event name prefixes that are communication work (gloo worker spans, NCCL kernels).

@@ -9,7 +9,7 @@ steps (engine warm-up, lazy optimizer state) are excluded, and the rest give
 * peak memory: peak RSS of rank 0 on CPU (which includes the ~0.3 GB torch runtime; the estimate counts
   model states + activations + buffers only) -- on GPU the same field the trainer reports;
 * MFU: measured tokens/s × the estimate's FLOPs per token ÷ (peak FLOP/s × ranks), i.e. the same definition
-  and the same peak as the estimate's own MFU (anchors.md 'FLOPs and MFU');
+  and the same peak as the estimate's own MFU (docs/anchors.md 'FLOPs and MFU');
 * loss: first and last step.
 
 Beside each, the estimate from `dstoolkit.estimate.estimate_run` and the error (estimate ÷ measured − 1).

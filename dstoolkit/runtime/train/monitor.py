@@ -5,7 +5,7 @@ Every `every` steps it summarises the recorded steps and flags what it sees, wit
   * comm-bound: DeepSpeed's comms_logger timed more than `comm_bound_share` of the step in collectives;
   * idle compute: the process (or GPU) was busy less than `idle_util` of the time and neither of the above
     explains it.
-MFU follows anchors.md: achieved tokens/s x FLOPs per token / peak (PaLM App. B). Reports are written
+MFU follows docs/anchors.md: achieved tokens/s x FLOPs per token / peak (PaLM App. B). Reports are written
 through DeepSpeed's monitor backends (`engine.monitor.write_events`: csv, tensorboard, wandb as configured)
 and as one compact line. No torch import at module level.
 """
@@ -182,7 +182,7 @@ class Monitor:
         tps = tokens / wall if wall > 0 else 0.0
         mfu = None
         if self.flops_per_token and self.peak_flops:
-            mfu = tps * self.flops_per_token / (self.peak_flops * self.world_size)  # anchors.md MFU
+            mfu = tps * self.flops_per_token / (self.peak_flops * self.world_size)  # docs/anchors.md MFU
         comm_share = None
         if all(s.comm_time_s is not None for s in samples):
             comm_share = sum(s.comm_time_s for s in samples) / wall if wall > 0 else 0.0

@@ -147,7 +147,7 @@ def policy_from_spec(training: Any) -> Any:
 
 
 def model_flops_per_token(shape: Any, seq_len: int) -> float:
-    """MFU numerator: 6N + 12*L*H*Q*T from `dstoolkit.estimate.flops_per_token` (anchors.md; recompute excluded)."""
+    """MFU numerator: 6N + 12*L*H*Q*T from `dstoolkit.estimate.flops_per_token` (docs/anchors.md; recompute excluded)."""
     from dstoolkit.estimate import flops_per_token
 
     return flops_per_token(shape, seq_len).model
