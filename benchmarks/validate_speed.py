@@ -29,7 +29,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "corpus" / "deepspeed_configs"
+DEFAULT_CORPUS = REPO / "tests" / "corpus"
 RESULTS = REPO / "benchmarks" / "results"
 
 _DS_SNIPPET = (

@@ -12,7 +12,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _BIN = os.path.dirname(os.path.abspath(sys.executable))  # the venv's bin/ (no realpath: that leaves the venv)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
-CORPUS = REPO.parent / "shared" / "corpus" / "deepspeed_configs"
+CORPUS = REPO / "tests" / "corpus"
+"""The DeepSpeed config corpus (real configs + SOURCES.tsv with origin and DeepSpeed's verdicts), in the repo."""
 
 
 def _has_cuda() -> bool:
@@ -35,8 +36,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def corpus_dir() -> pathlib.Path:
-    if not CORPUS.is_dir():
-        pytest.skip(f"corpus not found at {CORPUS}")
+    # Part of the repo: a missing corpus is a broken checkout and must fail, never skip.
+    if not (CORPUS / "SOURCES.tsv").is_file():
+        pytest.fail(f"corpus missing: {CORPUS}/SOURCES.tsv not found (tests/corpus/ is part of the repo)")
     return CORPUS
 
 
