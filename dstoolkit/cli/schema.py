@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
+
+from dstoolkit.common.atomic import atomic_write_text as write_atomic  # cli/resolve.py imports it from here
 
 
 def add_parser(subparsers) -> None:
@@ -41,21 +42,3 @@ def run(args) -> int:
     write_atomic(args.output, text)
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write via a temporary file in the same directory, then rename (no half-written file on failure)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

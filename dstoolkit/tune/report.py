@@ -1,32 +1,21 @@
 """Outputs of a tuning study: the best config (validated), a report of every trial (markdown + JSON), a plot.
 
-Files are written atomically (temporary file + rename) into the study's output folder; they are derived
+Files are written atomically (dstoolkit.common.atomic: temporary file, fsync, rename) into the study's output folder; they are derived
 from the study database and rewritten when a study is resumed.
 """
 from __future__ import annotations
 
+import io
 import json
-import os
 import pathlib
-import tempfile
 from typing import Any, Optional
 
 import yaml
 
+from dstoolkit.common.atomic import atomic_write_bytes, atomic_write_text
 from dstoolkit.tune.space import TunePoint, TuneSpace, trial_spec_dict
 
 GiB = 2**30
-
-
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fmt_value(objective: str, v: Optional[float]) -> str:
@@ -130,14 +119,12 @@ def render_plot(result, opts, path: pathlib.Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
+    buf = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
+        fig.savefig(buf, format="png", dpi=100)
     finally:
         plt.close(fig)
-        pathlib.Path(tmp).unlink(missing_ok=True)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def write_outputs(result, space: TuneSpace, opts) -> list[str]:
@@ -157,14 +144,14 @@ def write_outputs(result, space: TuneSpace, opts) -> list[str]:
             raise RuntimeError(f"internal: the best point {point.label} fails its checks: {chk.pruned_reason}")
         best_cfg = chk.ds_config
         findings = list(chk.warnings)
-        _atomic_write(out / "best_ds_config.json", (json.dumps(best_cfg, indent=2) + "\n").encode())
+        atomic_write_text(out / "best_ds_config.json", json.dumps(best_cfg, indent=2) + "\n")
         spec_text = (f"# {space.spec.name}: the spec with the best tuned layout fixed ({point.label}); "
                      "written by dstoolkit tune\n"
                      + yaml.safe_dump(trial_spec_dict(space.spec, point), sort_keys=False))
-        _atomic_write(out / "best_spec.yaml", spec_text.encode())
+        atomic_write_text(out / "best_spec.yaml", spec_text)
         written += ["best_ds_config.json", "best_spec.yaml"]
     md = render_markdown(result, space, opts, findings)
-    _atomic_write(out / "report.md", md.encode())
+    atomic_write_text(out / "report.md", md)
     doc: dict[str, Any] = {
         "spec": str(opts.spec_path), "objective": opts.objective, "mode": opts.mode, "seed": opts.seed,
         "budget": opts.budget, "evaluated": result.evaluated, "stop_reason": result.stop_reason,
@@ -173,7 +160,7 @@ def write_outputs(result, space: TuneSpace, opts) -> list[str]:
                   for k, vs in space.dimensions().items()},
         "best": result.best, "best_ds_config": best_cfg, "best_config_findings": findings,
         "trials": result.trials}
-    _atomic_write(out / "report.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    atomic_write_text(out / "report.json", json.dumps(doc, indent=1, default=str) + "\n")
     render_plot(result, opts, out / "objective_vs_trial.png")
     written += ["report.md", "report.json", "objective_vs_trial.png"]
     return written

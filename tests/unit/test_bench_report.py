@@ -60,3 +60,43 @@ def test_report_refuses_overwrite_and_empty_dirs(tmp_path, capsys):
     assert main(["report", str(empty)]) == 2
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_markdown_table_aligns_pads_and_renders_none_empty():
+    from dstoolkit.runtime.bench.report import render_markdown_table
+
+    lines = render_markdown_table([["a", 1, None], ["FAILED: x"]], ["name", ("n", "r"), ("note", "c")])
+    assert lines == ["| name | n | note |", "|---|---:|:---:|", "| a | 1 |  |", "| FAILED: x |  |  |"]
+    with pytest.raises(ValueError, match="3 cells for 2 columns"):
+        render_markdown_table([[1, 2, 3]], ["a", "b"])
+
+
+def test_atomic_write_replaces_whole_file_and_cleans_up_on_failure(tmp_path, monkeypatch):
+    import os
+
+    from dstoolkit.common import atomic
+    from dstoolkit.runtime.bench.report import write_report
+
+    target = tmp_path / "sub" / "r.md"
+    write_report(target, ["# t", "", "x"])
+    assert target.read_text() == "# t\n\nx\n"
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # not mkstemp's private 0600
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(atomic.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        atomic.atomic_write_text(target, "new")
+    monkeypatch.undo()
+    assert target.read_text() == "# t\n\nx\n"  # the old file, whole
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r.md"]  # no temp file left
+    assert os.path.exists(target)
+
+
+def _umask() -> int:
+    import os
+
+    m = os.umask(0)
+    os.umask(m)
+    return m

@@ -6,11 +6,12 @@ only the newest record is shown, so re-running a bench updates the report while 
 from __future__ import annotations
 
 import dataclasses
-import os
+import io
+import json
 import pathlib
-import tempfile
 from typing import Any, Iterable, Optional, Sequence
 
+from dstoolkit.common.atomic import atomic_write_bytes, atomic_write_text
 from dstoolkit.runtime.bench import harness
 from dstoolkit.runtime.bench.harness import BenchInputError
 
@@ -24,6 +25,58 @@ class ReportResult:
     counts: dict[str, int]
     """Rows shown per bench kind."""
     markdown: str
+
+
+# --------------------------------------------------------------------------------------------------
+# The one markdown reporter (dstoolkit report and every benchmarks/*.py script)
+# --------------------------------------------------------------------------------------------------
+
+_ALIGN = {"": "---", "l": "---", "left": "---", "r": "---:", "right": "---:", "c": ":---:", "center": ":---:"}
+
+
+def render_markdown_table(rows: Iterable[Sequence[Any]], columns: Sequence[str | tuple[str, str]]) -> list[str]:
+    """A GitHub markdown table as lines: header, separator, one line per row.
+
+    Args:
+        rows: cell values per row, in column order; None renders empty, anything else with str(). A row
+            shorter than the header is padded with empty cells (a FAILED row with one message cell).
+        columns: header texts, or (header, align) with align "l" / "r" / "c" (default left).
+    """
+    heads, seps = [], []
+    for col in columns:
+        head, align = (col, "") if isinstance(col, str) else col
+        if align not in _ALIGN:
+            raise ValueError(f"column {head!r}: align {align!r}, use one of l, r, c")
+        heads.append(head)
+        seps.append(_ALIGN[align])
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join(seps) + "|"]
+    for row in rows:
+        cells = ["" if c is None else str(c) for c in row]
+        if len(cells) > len(heads):
+            raise ValueError(f"row has {len(cells)} cells for {len(heads)} columns: {cells[:3]}...")
+        cells += [""] * (len(heads) - len(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(path: pathlib.Path | str, text: str | Sequence[str]) -> pathlib.Path:
+    """Write a markdown report atomically (dstoolkit.common.atomic); lines are joined with newlines and
+    the file ends with exactly one. Returns the path."""
+    if not isinstance(text, str):
+        text = "\n".join(text)
+    return atomic_write_text(path, text.rstrip("\n") + "\n")
+
+
+def write_json(path: pathlib.Path | str, doc: Any, indent: int = 1) -> pathlib.Path:
+    """Write a JSON result atomically (``default=str`` for paths, dates and numpy scalars)."""
+    return atomic_write_text(path, json.dumps(doc, indent=indent, default=str))
+
+
+def env_brief(env: dict[str, Any]) -> str:
+    """'DeepSpeed X, torch Y, commit Z, <UTC time>' from `harness.capture_env` (or the older per-script
+    environments in committed results, which named the time ``date``)."""
+    when = env.get("timestamp_utc") or env.get("date")
+    return f"DeepSpeed {env.get('deepspeed')}, torch {env.get('torch')}, commit {env.get('git_commit')}, {when}"
 
 
 def _latest(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -211,11 +264,16 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, path: pathlib.Path | str, *, dpi: int = 110, **savefig_kw: Any) -> pathlib.Path:
+    """Render a matplotlib figure to PNG and write it atomically (dstoolkit.common.atomic): a reader never
+    sees half a plot. The one figure writer for `dstoolkit report` and benchmarks/*.py."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, **savefig_kw)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
 def _save(fig, path: pathlib.Path) -> pathlib.Path:
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def _plot_comm(groups: dict[tuple, list[dict[str, Any]]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
@@ -339,9 +397,5 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     if by_kind.get("train"):
         lines += _train_section(by_kind["train"], md_path.parent, plots, prefix)
     text = "\n".join(lines).rstrip() + "\n"
-    fd, tmp = tempfile.mkstemp(dir=md_path.parent, prefix=".report-", suffix=".md")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read
-    os.replace(tmp, md_path)
+    write_report(md_path, text)
     return ReportResult(markdown_path=md_path, plots=plots, counts={k: len(v) for k, v in by_kind.items()}, markdown=text)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from dstoolkit.common.atomic import atomic_write_text
+
 MANIFEST_NAME = "dstoolkit_manifest.json"
 TAG_PREFIX = "step_"
 HASH_CHUNK_BYTES = 1 << 20
@@ -45,23 +47,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file + fsync + os.replace, so readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(ckpt_dir: Path, meta: dict) -> dict:
     files = {}
     for p in sorted(ckpt_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST_NAME:
             files[str(p.relative_to(ckpt_dir))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
     manifest = {"format": 1, "files": files, **meta}
-    write_text_atomic(ckpt_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
+    atomic_write_text(ckpt_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 
@@ -148,7 +140,7 @@ class CheckpointManager:
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 os.replace(staging / tag, final)
-            write_text_atomic(self.root / "latest", tag)
+            atomic_write_text(self.root / "latest", tag)
             self._prune()
         barrier()
         return tag
