@@ -11,6 +11,8 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dstoolkit.layout import ParallelDims
+from dstoolkit.layout.constraints import MOE_STAGE3_REASON
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 
@@ -41,8 +43,8 @@ class Candidate(BaseModel):
     """Megatron sequence parallelism (only meaningful with tp > 1)."""
 
     def dp(self, world_size: int) -> int:
-        """Data-parallel degree at this world size (ranks / (tp * pp))."""
-        return world_size // (self.tp * self.pp)
+        """Data-parallel degree at this world size (`dstoolkit.layout.ParallelDims.dp`)."""
+        return ParallelDims(world=world_size, tp=self.tp, pp=self.pp).dp
 
     def grad_accum(self, world_size: int, global_batch: int) -> int:
         """Gradient-accumulation steps: global_batch / (micro_batch * dp)."""
@@ -118,11 +120,6 @@ STRATEGIES: dict[str, StrategyDef] = {s.name: s for s in (
     StrategyDef("zero2-ep", 2, expert_parallel=True,
                 description="ZeRO-2 with experts sharded over an expert-parallel group"),
 )}
-
-MOE_STAGE3_REASON = (
-    "DeepSpeed refuses native MoE at ZeRO stage 3 (engine.py: 'Native DeepSpeed MoE is not supported with "
-    "ZeRO Stage 3'), so no stage-3 strategy is generated for an MoE model")
-
 
 def strategy_unavailable_reason(strategy: StrategyDef, *, is_moe: bool) -> Optional[str]:
     """Why a strategy cannot exist for this model at all (independent of memory), or None."""

@@ -65,6 +65,7 @@ class Violation:
     """A broken constraint: `fields` are the facts involved (first = where to point)."""
 
     code: str
+    name: str
     title: str
     message: str
     fix: str
@@ -75,12 +76,15 @@ class Violation:
 
 
 Names = Callable[[str], str]
-Check = Callable[[LayoutFacts, Names], Optional[tuple[str, str]]]
+Check = Callable[[LayoutFacts, Names], Optional[tuple]]
+"""A check returns None, or (message, fix) or (message, fix, fact to point at)."""
 
 
 @dataclass(frozen=True)
 class Constraint:
     code: str
+    name: str
+    """Short stable label (sweep drop reasons group by it)."""
     title: str
     fields: tuple[str, ...]
     explanation: str
@@ -90,13 +94,13 @@ class Constraint:
 CONSTRAINTS: dict[str, Constraint] = {}
 
 
-def constraint(code: str, title: str, fields_: tuple[str, ...], explanation: str) -> Callable[[Check], Check]:
+def constraint(code: str, name: str, title: str, fields_: tuple[str, ...], explanation: str) -> Callable[[Check], Check]:
     """Register `check` under `code` (declared once; the registry is the codes table)."""
 
     def deco(fn: Check) -> Check:
         if code in CONSTRAINTS:
             raise RuntimeError(f"layout constraint {code} declared twice")
-        CONSTRAINTS[code] = Constraint(code, title, fields_, explanation, fn)
+        CONSTRAINTS[code] = Constraint(code, name, title, fields_, explanation, fn)
         return fn
 
     return deco
@@ -106,7 +110,7 @@ def _known(*vals) -> bool:
     return all(v is not None for v in vals)
 
 
-@constraint("LY001", "model-parallel degrees must divide the world size", ("tp", "pp", "sp", "world"),
+@constraint("LY001", "mp-world", "model-parallel degrees must divide the world size", ("tp", "pp", "sp", "world"),
             "Each model replica spans tp * pp * sp ranks; the rest is data parallelism, so the product must divide "
             "the number of ranks (Megatron-LM parallel_state.initialize_model_parallel; DeepSpeed groups.py).")
 def _mp_divides_world(f: LayoutFacts, n: Names):
@@ -119,7 +123,7 @@ def _mp_divides_world(f: LayoutFacts, n: Names):
             "pick degrees whose product divides the world size")
 
 
-@constraint("LY002", "tensor parallelism stays inside a node", ("tp", "gpus_per_node"),
+@constraint("LY002", "tp-node", "tensor parallelism stays inside a node", ("tp", "gpus_per_node"),
             "TP all-reduces run once per layer in forward and backward; across nodes they would be bound by the "
             "inter-node link, so generated layouts keep tp a divisor of the ranks per node (Megatron-LM paper §5).")
 def _tp_inside_node(f: LayoutFacts, n: Names):
@@ -129,7 +133,7 @@ def _tp_inside_node(f: LayoutFacts, n: Names):
             "keep tensor parallelism inside a node")
 
 
-@constraint("LY003", "tp must divide the attention heads", ("tp", "num_heads"),
+@constraint("LY003", "tp-heads", "tp must divide the attention heads", ("tp", "num_heads"),
             "Attention heads are split over TP ranks column-wise; a rank cannot hold part of a head.")
 def _tp_divides_heads(f: LayoutFacts, n: Names):
     if not _known(f.tp, f.num_heads) or f.num_heads % f.tp == 0:
@@ -138,7 +142,7 @@ def _tp_divides_heads(f: LayoutFacts, n: Names):
             f"choose tp from the divisors of {f.num_heads}")
 
 
-@constraint("LY004", "tp must divide the key/value heads", ("tp", "kv_heads"),
+@constraint("LY004", "tp-kv-heads", "tp must divide the key/value heads", ("tp", "kv_heads"),
             "With grouped-query attention each TP rank holds whole KV groups: Megatron-LM asserts "
             "num_query_groups % tensor_model_parallel_size == 0. MLA (DeepSeek) has no KV heads to split.")
 def _tp_divides_kv_heads(f: LayoutFacts, n: Names):
@@ -148,7 +152,7 @@ def _tp_divides_kv_heads(f: LayoutFacts, n: Names):
             f"choose tp from the divisors of {f.kv_heads} (Megatron --num-query-groups must be a multiple of tp)")
 
 
-@constraint("LY005", "every pipeline stage needs a layer", ("pp", "num_layers"),
+@constraint("LY005", "pp-layers", "every pipeline stage needs a layer", ("pp", "num_layers"),
             "Stages after the first take ceil(L / pp) layers and stage 0 the rest; pp above the layer count, "
             "or a split that leaves stage 0 empty, has no valid assignment.")
 def _pp_layers(f: LayoutFacts, n: Names):
@@ -161,17 +165,18 @@ def _pp_layers(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY006", "pipeline parallelism allows ZeRO stage 0-1 only", ("zero_stage", "pp"),
+@constraint("LY006", "pp-zero", "pipeline parallelism allows ZeRO stage 0-1 only", ("zero_stage", "pp"),
             "DeepSpeed's PipelineEngine raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' "
             "(deepspeed/runtime/pipe/engine.py).")
 def _pp_zero(f: LayoutFacts, n: Names):
     if not _known(f.pp, f.zero_stage) or f.pp <= 1 or f.zero_stage < 2:
         return None
-    return (f"{n('zero_stage')}={f.zero_stage} is incompatible with {n('pp')}={f.pp} "
-            "(DeepSpeed's pipeline engine supports ZeRO 0-1 only)", "use ZeRO stage 1 with pipeline parallelism, or pp 1")
+    return (f"{n('zero_stage')}={f.zero_stage} is incompatible with {n('pp')}={f.pp}: DeepSpeed's pipeline engine "
+            "raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
+            "use ZeRO stage 1 with pipeline parallelism, or pp 1")
 
 
-@constraint("LY007", "expert parallelism needs experts", ("ep", "num_experts"),
+@constraint("LY007", "ep-dense", "expert parallelism needs experts", ("ep", "num_experts"),
             "ep > 1 shards experts over ranks; a dense model has none.")
 def _ep_dense(f: LayoutFacts, n: Names):
     if not _known(f.ep, f.num_experts) or f.ep == 1 or f.num_experts > 0:
@@ -179,7 +184,7 @@ def _ep_dense(f: LayoutFacts, n: Names):
     return f"{n('ep')}={f.ep} but the model has no experts (dense model)", "use ep 1"
 
 
-@constraint("LY008", "ep must divide the number of experts", ("ep", "num_experts"),
+@constraint("LY008", "ep-experts", "ep must divide the number of experts", ("ep", "num_experts"),
             "Each expert-parallel rank holds num_experts / ep whole experts.")
 def _ep_divides_experts(f: LayoutFacts, n: Names):
     if not _known(f.ep, f.num_experts) or f.num_experts == 0 or f.num_experts % f.ep == 0:
@@ -188,7 +193,7 @@ def _ep_divides_experts(f: LayoutFacts, n: Names):
             f"choose ep from the divisors of {f.num_experts}")
 
 
-@constraint("LY009", "ep must divide the data-parallel size", ("ep", "world", "tp", "pp"),
+@constraint("LY009", "ep-dp", "ep must divide the data-parallel size", ("ep", "world", "tp", "pp"),
             "DeepSpeed builds expert-parallel groups inside the data-parallel group "
             "(deepspeed/utils/groups.py _create_expert_and_data_parallel).")
 def _ep_divides_dp(f: LayoutFacts, n: Names):
@@ -204,7 +209,7 @@ MOE_STAGE3_REASON = (
     "ZeRO Stage 3'), so no stage-3 strategy is generated for an MoE model")
 
 
-@constraint("LY010", "native DeepSpeed MoE at ZeRO stage 3", ("zero_stage", "num_experts"),
+@constraint("LY010", "moe-zero3", "native DeepSpeed MoE at ZeRO stage 3", ("zero_stage", "num_experts"),
             "DeepSpeed 0.19.8 raises 'Native DeepSpeed MoE is not supported with ZeRO Stage 3' at engine start "
             "for deepspeed.moe layers (measured). Plain PyTorch MoE modules (HF models) are not affected.")
 def _moe_stage3(f: LayoutFacts, n: Names):
@@ -213,7 +218,7 @@ def _moe_stage3(f: LayoutFacts, n: Names):
     return MOE_STAGE3_REASON, "use ZeRO stage 1 or 2 for native DeepSpeed MoE"
 
 
-@constraint("LY011", "offload needs the right ZeRO stage", ("offload_param", "offload_optimizer", "zero_stage"),
+@constraint("LY011", "offload-stage", "offload needs the right ZeRO stage", ("offload_param", "offload_optimizer", "zero_stage"),
             "offload_optimizer lives in zero_optimization (stage 1-3); offload_param is read by stage 3 only "
             "(deepspeed/runtime/zero/stage3.py).")
 def _offload_stage(f: LayoutFacts, n: Names):
@@ -221,14 +226,14 @@ def _offload_stage(f: LayoutFacts, n: Names):
         return None
     if f.offload_param and f.zero_stage != 3:
         return (f"parameter offload needs {n('zero_stage')}=3 (got {f.zero_stage})",
-                "use ZeRO stage 3, or offload the optimizer only")
+                "use ZeRO stage 3, or offload the optimizer only", "offload_param")
     if f.offload_optimizer and f.zero_stage == 0:
         return (f"{n('offload_optimizer')}=True needs ZeRO stage 1-3 ({n('zero_stage')}=0)",
-                "use ZeRO stage 1, 2 or 3, or no offload")
+                "use ZeRO stage 1, 2 or 3, or no offload", "offload_optimizer")
     return None
 
 
-@constraint("LY012", "ZeRO++ needs ZeRO stage 3", ("zeropp", "zero_stage"),
+@constraint("LY012", "zeropp-stage", "ZeRO++ needs ZeRO stage 3", ("zeropp", "zero_stage"),
             "qwZ, hpZ and qgZ are implemented in stage 3 only (ZeRO++ paper §3; deepspeed/runtime/zero/stage3.py).")
 def _zeropp_stage(f: LayoutFacts, n: Names):
     if not f.zeropp or f.zero_stage is None or f.zero_stage == 3:
@@ -236,7 +241,7 @@ def _zeropp_stage(f: LayoutFacts, n: Names):
     return f"{n('zeropp')}=True needs ZeRO stage 3 ({n('zero_stage')}={f.zero_stage})", "use ZeRO stage 3, or no ZeRO++"
 
 
-@constraint("LY013", "ZeRO++ is not combined with offload", ("zeropp", "offload_optimizer", "offload_param"),
+@constraint("LY013", "zeropp-offload", "ZeRO++ is not combined with offload", ("zeropp", "offload_optimizer", "offload_param"),
             "hpZ keeps a secondary weight copy in device memory; offload moves weights out of it.")
 def _zeropp_offload(f: LayoutFacts, n: Names):
     if f.zeropp and (f.offload_optimizer or f.offload_param):
@@ -244,7 +249,7 @@ def _zeropp_offload(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY014", "ZeRO++ needs CUDA quantizer kernels", ("zeropp", "cpu"),
+@constraint("LY014", "zeropp-cpu", "ZeRO++ needs CUDA quantizer kernels", ("zeropp", "cpu"),
             "qwZ/qgZ call DeepSpeed's QuantizerBuilder, which the CPU accelerator does not have.")
 def _zeropp_cpu(f: LayoutFacts, n: Names):
     if f.zeropp and f.cpu:
@@ -253,7 +258,7 @@ def _zeropp_cpu(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY015", "hpZ partition must divide dp", ("zeropp", "gpus_per_node", "tp"),
+@constraint("LY015", "zeropp-hpz", "hpZ partition must divide dp", ("zeropp", "gpus_per_node", "tp"),
             "The hpZ secondary partition (gpus_per_node / tp ranks, capped at dp) must tile the data-parallel group.")
 def _zeropp_hpz(f: LayoutFacts, n: Names):
     dp = f.dp
@@ -265,7 +270,7 @@ def _zeropp_hpz(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY016", "Megatron sequence parallelism needs tp > 1", ("megatron_sp", "tp"),
+@constraint("LY016", "sp-tp", "Megatron sequence parallelism needs tp > 1", ("megatron_sp", "tp"),
             "Megatron sequence parallelism splits the norm/dropout activations over the TP group; with tp = 1 "
             "there is nothing to split.")
 def _megatron_sp(f: LayoutFacts, n: Names):
@@ -275,7 +280,7 @@ def _megatron_sp(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY017", "global batch must be a multiple of micro batch x dp", ("global_batch", "micro_batch", "world"),
+@constraint("LY017", "batch", "global batch must be a multiple of micro batch x dp", ("global_batch", "micro_batch", "world"),
             "DeepSpeed: train_batch_size = micro_batch * gradient_accumulation_steps * dp "
             "(deepspeed/runtime/config.py _batch_assertion).")
 def _batch_divisible(f: LayoutFacts, n: Names):
@@ -295,7 +300,7 @@ def _batch_divisible(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY018", "batch ramp must step in whole micro batches", ("ramp_start", "ramp_increment", "global_batch"),
+@constraint("LY018", "ramp", "batch ramp must step in whole micro batches", ("ramp_start", "ramp_increment", "global_batch"),
             "Every ramp batch must be a multiple of micro_batch * dp, and global - start a multiple of the increment "
             "(Megatron-LM RampupBatchsizeNumMicroBatches asserts both).")
 def _ramp(f: LayoutFacts, n: Names):
@@ -303,14 +308,14 @@ def _ramp(f: LayoutFacts, n: Names):
         return None
     if f.ramp_start > f.global_batch:
         return (f"{n('ramp_start')}={f.ramp_start} exceeds {n('global_batch')}={f.global_batch}",
-                "the ramp grows the batch up to global_batch: lower start_batch")
+                "the ramp grows the batch up to global_batch: lower start_batch", "ramp_start")
     dp = f.dp
     if f.micro_batch is None or dp is None:
         if (f.ramp_kind == "megatron" and f.ramp_increment
                 and (f.global_batch - f.ramp_start) % f.ramp_increment):
             return (f"{n('global_batch')} - {n('ramp_start')} = {f.global_batch - f.ramp_start} is not a multiple "
                     f"of {n('ramp_increment')}={f.ramp_increment}",
-                    "pick an increment that divides the difference (Megatron requires it)")
+                    "pick an increment that divides the difference (Megatron requires it)", "ramp_increment")
         return None
     step = f.micro_batch * dp
     if f.ramp_start % step:
@@ -318,7 +323,8 @@ def _ramp(f: LayoutFacts, n: Names):
                 f"use a start batch multiple of {step}")
     inc = ramp_increment(f.ramp_increment, f.micro_batch, dp)
     if inc % step:
-        return f"{n('ramp_increment')}={inc} is not a multiple of micro_batch*dp = {step}", f"use a multiple of {step}"
+        return (f"{n('ramp_increment')}={inc} is not a multiple of micro_batch*dp = {step}", f"use a multiple of {step}",
+                "ramp_increment")
     if (f.global_batch - f.ramp_start) % inc:
         return (f"global_batch - start_batch = {f.global_batch} - {f.ramp_start} is not a multiple of the "
                 f"increment {inc} (Megatron --rampup-batch-size)", "pick an increment that divides the difference")
@@ -327,19 +333,21 @@ def _ramp(f: LayoutFacts, n: Names):
 
 def check_layout(facts: LayoutFacts, codes: Optional[tuple[str, ...]] = None,
                  names: Optional[Mapping[str, str]] = None) -> list[Violation]:
-    """Every violated constraint (all of them, or those in `codes`), in code order."""
+    """Every violated constraint: all of them in code order, or those in `codes` in that order."""
     names = dict(names or {})
 
     def n(field: str) -> str:
         return names.get(field, field)
 
     out: list[Violation] = []
-    for code, c in CONSTRAINTS.items():
-        if codes is not None and code not in codes:
-            continue
+    order = list(CONSTRAINTS) if codes is None else [c for c in codes if c in CONSTRAINTS]
+    for code in order:
+        c = CONSTRAINTS[code]
         hit = c.check(facts, n)
         if hit is not None:
-            out.append(Violation(code, c.title, hit[0], hit[1], c.fields))
+            # A check may name the fact to point at as a third element; it goes first in `fields`.
+            pointed = (hit[2],) + tuple(f for f in c.fields if f != hit[2]) if len(hit) > 2 else c.fields
+            out.append(Violation(code, c.name, c.title, hit[0], hit[1], pointed))
     return out
 
 
@@ -363,7 +371,7 @@ def explain(code: str) -> str:
     c = CONSTRAINTS.get(code.upper())
     if c is None:
         raise KeyError(f"no layout constraint {code!r} (known: {', '.join(CONSTRAINTS)})")
-    return f"{c.code}: {c.title}\nreads: {', '.join(c.fields)}\n\n{c.explanation}"
+    return f"{c.code} ({c.name}): {c.title}\nreads: {', '.join(c.fields)}\n\n{c.explanation}"
 
 
 FACT_NAMES = tuple(f.name for f in fields(LayoutFacts))
@@ -371,4 +379,4 @@ FACT_NAMES = tuple(f.name for f in fields(LayoutFacts))
 
 if __name__ == "__main__":  # pragma: no cover - documentation helper
     for c in CONSTRAINTS.values():
-        print(f"{c.code}  {c.title}  [{', '.join(c.fields)}]")
+        print(f"{c.code}  {c.name:15} {c.title}  [{', '.join(c.fields)}]")

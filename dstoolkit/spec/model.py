@@ -6,15 +6,17 @@ format and its line-located errors live in `dstoolkit.spec.loader`. The model se
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
+from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
-from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 
 Auto = Literal["auto"]
 
@@ -35,6 +37,39 @@ def _reject_bool(value: Any, field: str) -> Any:
 
 
 _AUTO_FIELDS = {"micro_batch", "tp", "pp", "ep", "zero_stage"}
+
+
+SPEC_FACT_PATHS: dict[str, tuple[str, ...]] = {
+    "tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "zero_stage": ("zero_stage",), "micro_batch": ("micro_batch",),
+    "global_batch": ("global_batch",), "offload_optimizer": ("offload",), "offload_param": ("offload",),
+    "zeropp": ("zeropp",), "megatron_sp": ("sequence_parallel",), "ramp_start": ("batch_ramp", "start_batch"),
+    "ramp_increment": ("batch_ramp", "increment"),
+}
+"""Where each layout fact lives under `training:` (errors point there)."""
+
+
+def _int_or_none(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _training_facts(t: "TrainingSpec") -> LayoutFacts:
+    """The layout facts a training section fixes ("auto" is unknown: None)."""
+    ramp = t.batch_ramp
+    return LayoutFacts(
+        tp=_int_or_none(t.tp), pp=_int_or_none(t.pp), ep=_int_or_none(t.ep), zero_stage=_int_or_none(t.zero_stage),
+        micro_batch=_int_or_none(t.micro_batch), global_batch=t.global_batch, offload_optimizer=t.offload,
+        zeropp=t.zeropp, ramp_start=ramp.start_batch if ramp else None,
+        ramp_increment=ramp.increment if ramp else None, ramp_kind=ramp.kind if ramp else None)
+
+
+def _raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc) -> None:
+    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to."""
+    names = {k: ".".join(("training",) + v) for k, v in SPEC_FACT_PATHS.items()}
+    v = first_violation(facts, codes, names)
+    if v is None:
+        return
+    loc = next((SPEC_FACT_PATHS[f] for f in v.fields if f in SPEC_FACT_PATHS), ())
+    raise SpecFieldError(prefix + loc, v.message, v.fix)
 
 
 
@@ -263,55 +298,9 @@ class TrainingSpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _check_zeropp_needs_stage3(self) -> "TrainingSpec":
-        # ZeRO++ qwZ/hpZ/qgZ are stage-3 features (ZeRO++ paper §3; DeepSpeed zero_quantized_weights etc.).
-        if self.zeropp and self.zero_stage not in (3, "auto"):
-            raise SpecFieldError(
-                ("zeropp",), f"zeropp=True needs ZeRO stage 3 (training.zero_stage={self.zero_stage})",
-                "set zero_stage: 3 (or auto), or zeropp: false",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_offload_needs_zero(self) -> "TrainingSpec":
-        # DeepSpeed's offload_optimizer/offload_param live in zero_optimization: stage 0 has no offload.
-        if self.offload and self.zero_stage == 0:
-            raise SpecFieldError(
-                ("offload",), "offload=True needs ZeRO stage 1-3 (training.zero_stage=0)",
-                "set zero_stage to 1, 2, 3 or auto, or offload: false",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_pp_zero_compatible(self) -> "TrainingSpec":
-        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
-        if isinstance(self.pp, int) and self.pp > 1 and self.zero_stage in (2, 3):
-            raise SpecFieldError(
-                ("zero_stage",), f"training.zero_stage={self.zero_stage} is incompatible with training.pp={self.pp} "
-                "(DeepSpeed's pipeline engine supports ZeRO 0-1 only)",
-                "use zero_stage: 1 with pipeline parallelism, or pp: 1",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_batch_ramp_bounds(self) -> "TrainingSpec":
-        ramp = self.batch_ramp
-        if ramp is None:
-            return self
-        if ramp.start_batch > self.global_batch:
-            raise SpecFieldError(
-                ("batch_ramp", "start_batch"),
-                f"training.batch_ramp.start_batch={ramp.start_batch} exceeds training.global_batch={self.global_batch}",
-                "the ramp grows the batch up to global_batch: lower start_batch",
-            )
-        if ramp.kind == "megatron" and ramp.increment and (self.global_batch - ramp.start_batch) % ramp.increment:
-            # Megatron-LM RampupBatchsizeNumMicroBatches asserts (global - start) % increment == 0.
-            raise SpecFieldError(
-                ("batch_ramp", "increment"),
-                f"training.global_batch - training.batch_ramp.start_batch = {self.global_batch - ramp.start_batch} "
-                f"is not a multiple of training.batch_ramp.increment={ramp.increment}",
-                "pick an increment that divides the difference (Megatron requires it)",
-            )
+    def _check_layout(self) -> "TrainingSpec":
+        # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
+        _raise_layout(_training_facts(self), ("LY012", "LY011", "LY006", "LY018"), prefix=())
         return self
 
     def checkpoint_policy(self) -> CheckpointPolicy:
@@ -371,57 +360,11 @@ class Spec(_Strict):
         return SpecError([SpecFinding("", None, None, _dotted(path), problem, fix)])
 
     @model_validator(mode="after")
-    def _check_parallel_divides_world(self) -> "Spec":
-        t = self.training
-        if isinstance(t.tp, int) and isinstance(t.pp, int) and self.world_size % (t.tp * t.pp):
-            raise SpecFieldError(
-                ("training", "tp"),
-                f"training.tp * training.pp = {t.tp} * {t.pp} = {t.tp * t.pp} does not divide the world size "
-                f"{self.world_size} (cluster.nodes={self.cluster.nodes} x cluster.gpus_per_node={self.cluster.gpus_per_node})",
-                "pick tp and pp whose product divides the world size, or 'auto'",
-            )
-        return self
-
-    def _data_parallel_size(self) -> Optional[int]:
-        t = self.training
-        if isinstance(t.tp, int) and isinstance(t.pp, int) and self.world_size % (t.tp * t.pp) == 0:
-            return self.world_size // (t.tp * t.pp)
-        return None
-
-    @model_validator(mode="after")
-    def _check_global_batch_divisible(self) -> "Spec":
-        # DeepSpeed: train_batch_size = micro_batch_per_gpu * gradient_accumulation_steps * dp_world_size.
-        t, dp = self.training, self._data_parallel_size()
-        if dp is None:
-            return self
-        if isinstance(t.micro_batch, int):
-            if t.global_batch % (t.micro_batch * dp):
-                raise SpecFieldError(
-                    ("training", "global_batch"),
-                    f"training.global_batch={t.global_batch} is not a multiple of training.micro_batch * dp = "
-                    f"{t.micro_batch} * {dp} = {t.micro_batch * dp} (dp = world {self.world_size} / (tp*pp))",
-                    f"use a global_batch multiple of {t.micro_batch * dp}, or micro_batch: auto",
-                )
-        elif t.global_batch % dp:
-            raise SpecFieldError(
-                ("training", "global_batch"),
-                f"training.global_batch={t.global_batch} is not a multiple of the data-parallel size {dp} "
-                f"(world {self.world_size} / (tp*pp))",
-                f"use a global_batch multiple of {dp}",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_ep_divides_dp(self) -> "Spec":
-        # DeepSpeed groups._create_expert_and_data_parallel: the expert-parallel size must divide the
-        # data-parallel world (experts are sharded over ep ranks, replicated over dp/ep).
-        t, dp = self.training, self._data_parallel_size()
-        if dp is not None and isinstance(t.ep, int) and dp % t.ep:
-            raise SpecFieldError(
-                ("training", "ep"),
-                f"training.ep={t.ep} does not divide the data-parallel size {dp} (world {self.world_size} / (tp*pp))",
-                "pick an ep that divides the data-parallel size",
-            )
+    def _check_layout(self) -> "Spec":
+        # The layout constraints that need the world size (dstoolkit.layout.constraints).
+        facts = dataclasses.replace(_training_facts(self.training), world=self.world_size,
+                                    gpus_per_node=self.cluster.gpus_per_node)
+        _raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",))
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from typing import Any, Optional
 
+from dstoolkit.layout import LayoutError, resolve_batch
 from dstoolkit.runtime.bench.harness import BenchInputError
 
 #: Folder names `dstoolkit generate` writes per strategy contain this file.
@@ -75,11 +76,11 @@ def _deepspeed_accepts(ds: dict, name: str, world_size: int) -> None:
     stage = (ds.get("zero_optimization") or {}).get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise BenchInputError(f"config {name!r}: zero_optimization.stage={stage!r} must be 0, 1, 2 or 3")
-    tb, mb, ga = ds.get("train_batch_size"), ds.get("train_micro_batch_size_per_gpu"), ds.get("gradient_accumulation_steps")
-    if tb and mb and ga and tb != mb * ga * world_size:
-        raise BenchInputError(
-            f"config {name!r}: train_batch_size={tb} != train_micro_batch_size_per_gpu={mb} x "
-            f"gradient_accumulation_steps={ga} x world_size={world_size}; fix one of them")
+    try:  # DeepSpeed's batch rule, from the layout core (the bench runs pure data parallelism: dp = world)
+        resolve_batch(ds.get("train_batch_size"), ds.get("train_micro_batch_size_per_gpu"),
+                      ds.get("gradient_accumulation_steps"), world_size)
+    except LayoutError as exc:
+        raise BenchInputError(f"config {name!r}: {exc.message} at world size {world_size}; {exc.fix}") from None
 
 
 def _ep_from_launch(folder: pathlib.Path) -> Optional[int]:
