@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pg-timeout-s", type=int, default=10)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args(argv)
-    from tests.dist.multinode import jobs, scenarios
-    from tests.dist.multinode.hosts import TestHosts, reap_stale, unavailable_reason
+    from dstoolkit.runtime.testhosts import jobs, scenarios
+    from dstoolkit.runtime.testhosts.hosts import TestHosts, reap_stale, unavailable_reason
 
     why = unavailable_reason()
     if why:

@@ -72,7 +72,7 @@ def probe_worker(out_path: str) -> None:
 
 
 def calibrate(work: pathlib.Path) -> dict:
-    from tests.dist.multinode import jobs
+    from dstoolkit.runtime.testhosts import jobs
 
     out = work / "calibration.json"
     res = jobs.run_single_host(4, [str(pathlib.Path(__file__).resolve()), "--probe-worker", str(out)], work,
@@ -145,7 +145,7 @@ def _factor(op: dict) -> float:
 
 
 def run_strategy(hosts, work: pathlib.Path, preset: str, ep: str, strategy: str, steps: int) -> dict:
-    from tests.dist.multinode import jobs, scenarios
+    from dstoolkit.runtime.testhosts import jobs, scenarios
 
     d = work / strategy
     d.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def _spec_path(r: dict, work: pathlib.Path) -> pathlib.Path:
     spec = pathlib.Path(r["prediction_inputs"]["spec"])
     if spec.exists():
         return spec
-    from tests.dist.multinode import scenarios
+    from dstoolkit.runtime.testhosts import scenarios
 
     ep = next(e for p, e, st in STRATEGIES if st == r["strategy"])
     spec = work / r["strategy"] / "spec.yaml"
@@ -266,8 +266,8 @@ def main(argv=None) -> int:
         pathlib.Path(args.repredict).with_suffix(".md").write_text(md)
         print(md)
         return 0
-    from tests.dist.multinode import scenarios
-    from tests.dist.multinode.hosts import TestHosts, unavailable_reason
+    from dstoolkit.runtime.testhosts import scenarios
+    from dstoolkit.runtime.testhosts.hosts import TestHosts, unavailable_reason
 
     why = unavailable_reason()
     if why:

@@ -12,7 +12,8 @@
 # namespace of its own (NAME-sw), so nothing is ever added to the root namespace. Every host's link is
 # called $TESTHOSTS_IF (tb0), so GLOO_SOCKET_IFNAME=tb0 is the same on every host.
 # Safety: hosts get only their /24 connected route (no default route, no gateway) and loopback, so no
-# address outside the namespaces can be reached from inside them. Used by tests only; needs root.
+# address outside the namespaces can be reached from inside them. Used by the multi-node tests and benchmarks
+# (through dstoolkit/runtime/testhosts/hosts.py); needs root.
 set -euo pipefail
 
 # One private /24 of our own (RFC 1918 10/8); it exists only inside these namespaces.

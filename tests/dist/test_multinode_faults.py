@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist.multinode import jobs, scenarios
+from dstoolkit.runtime.testhosts import jobs, scenarios
 from tests.dist.multinode.fixtures import two_hosts  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from tests.dist.multinode import jobs, scenarios
+from dstoolkit.runtime.testhosts import jobs, scenarios
 from tests.dist.multinode.fixtures import two_hosts  # noqa: F401  (fixture)
 
 STEPS = 6

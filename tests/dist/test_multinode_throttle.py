@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist.multinode import scenarios
+from dstoolkit.runtime.testhosts import scenarios
 from tests.dist.multinode.fixtures import two_hosts  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

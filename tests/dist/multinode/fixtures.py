@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.dist.multinode.hosts import TestHosts, reap_stale, unavailable_reason
+from dstoolkit.runtime.testhosts.hosts import TestHosts, reap_stale, unavailable_reason
 
 
 def _sigterm_to_interrupt(signum, frame):

@@ -1,4 +1,4 @@
-"""Test hosts (network namespaces from launch/testhosts.sh) and per-node job control for the multi-node tests.
+"""Test hosts (network namespaces from launch/testhosts.sh) and per-node job control, for multi-node tests and benchmarks.
 
 `TestHosts` brings N hosts up under a name unique to this run and always tears them down; `NodeJob` starts
 one command per host (`ip netns exec`) and waits with a hard deadline, killing everything it started on

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from tests.dist.multinode.hosts import REPO, JobResult, TestHosts, free_port, kill_group, wait_all
+from dstoolkit.runtime.testhosts.hosts import REPO, JobResult, TestHosts, free_port, kill_group, wait_all
 
 VENV_BIN = pathlib.Path(sys.executable).parent
 PY = sys.executable

@@ -9,8 +9,8 @@ import pathlib
 import time
 from typing import Callable, Optional, Sequence
 
-from tests.dist.multinode import jobs
-from tests.dist.multinode.hosts import JobResult, TestHosts, wait_all
+from dstoolkit.runtime.testhosts import jobs
+from dstoolkit.runtime.testhosts.hosts import JobResult, TestHosts, wait_all
 
 NPROC_PER_NODE = 2
 """Ranks per test host (the 2 nodes x 2 ranks layout of the issue)."""
