@@ -235,6 +235,236 @@ def init_distributed(backend: str, timeout_s: float) -> list[str]:
     return []
 
 
+def _parse_blowups(specs: list[str]) -> dict[int, float]:
+    out = {}
+    for s in specs:
+        try:
+            step, factor = s.split(":")
+            out[int(step)] = float(factor)
+        except ValueError:
+            raise UsageError(f"--inject-lr-blowup {s!r}: expected STEP:FACTOR, e.g. 18:1000") from None
+    return out
+
+
+def _lr_at(tokens: int, base_lr: float, warmup_tokens: int, total_tokens: Optional[int]) -> float:
+    """Token-counted LR: linear warm-up, then cosine to LR_DECAY_FLOOR x peak (kept in tokens so a batch
+    ramp does not distort it)."""
+    if warmup_tokens > 0 and tokens < warmup_tokens:
+        return base_lr * (tokens + 1) / warmup_tokens
+    if total_tokens and total_tokens > warmup_tokens:
+        frac = min(1.0, (tokens - warmup_tokens) / (total_tokens - warmup_tokens))
+        return base_lr * (LR_DECAY_FLOOR + (1 - LR_DECAY_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
+    return base_lr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# inputs and builders (model, engine, data, guard, monitor), each on its own; `train` below calls them in order
+
+
+@dataclass
+class Inputs:
+    """What the command line names, read and checked before torch / deepspeed are imported."""
+
+    ds_config: dict
+    spec: Any
+    shape: Any
+    blowups: dict[int, float]
+
+
+def read_inputs(args: argparse.Namespace) -> Inputs:
+    """Check the flags and read the DeepSpeed JSON and the spec; every problem is a UsageError (exit 2)."""
+    if args.steps <= 0:
+        raise UsageError(f"--steps={args.steps} must be > 0")
+    if args.save_every < 0:
+        raise UsageError(f"--save-every={args.save_every} must be >= 0")
+    if (args.save_every or args.resume or args.spike_action == "rollback") and not args.checkpoint_dir:
+        raise UsageError("--save-every / --resume / --spike-action rollback need --checkpoint-dir")
+    cfg_path = Path(args.deepspeed_config)
+    if not cfg_path.is_file():
+        raise UsageError(f"--deepspeed_config {cfg_path}: no such file")
+    try:
+        ds_config = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise UsageError(f"--deepspeed_config {cfg_path}: not valid JSON ({e})") from None
+    try:
+        spec, shape = load_spec_and_shape(args.spec)
+    except ValueError as e:  # pydantic ValidationError included: names the field
+        raise UsageError(f"--spec {args.spec}: {e}") from None
+    blowups = _parse_blowups(args.inject_lr_blowup)
+    if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
+        raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
+    return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups)
+
+
+def add_monitor_backends(ds_config: dict, monitor_dir: Optional[str]) -> None:
+    """--monitor-dir: DeepSpeed's csv monitor, and its tensorboard monitor when the package is installed."""
+    if not monitor_dir:
+        return
+    ds_config["csv_monitor"] = {"enabled": True, "output_path": str(monitor_dir), "job_name": "dstoolkit_train"}
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:  # DeepSpeed's TB backend needs the package
+        ds_config["tensorboard"] = {"enabled": True, "output_path": str(monitor_dir),
+                                    "job_name": "dstoolkit_train_tb"}
+
+
+def build_model_for_run(args: argparse.Namespace, spec: Any, shape: Any, world: int) -> Any:
+    """The tiny transformer of the spec's model section (experts split over --ep-size), with the spec's
+    activation-checkpoint policy applied. Call after `init_distributed`: MoE layers make expert groups."""
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
+
+    ep_size = args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
+    if shape.is_moe and world % ep_size != 0:
+        raise UsageError(f"--ep-size={ep_size} must divide the world size {world}")
+    model = build_model(shape, ep_size=ep_size if shape.is_moe else 1, seed=args.seed)
+    apply_checkpoint_policy(model, policy_from_spec(spec.training), backend=args.checkpoint_backend)
+    return model
+
+
+def build_engine(model: Any, ds_config: dict, spec: Any) -> tuple[Any, Any, Any]:
+    """(engine, optimizer, lr_scheduler) from `deepspeed.initialize`; with no optimizer in the JSON, the
+    spec's AdamW at the spec's LR (then lr_scheduler is None and the trainer schedules the LR itself)."""
+    import deepspeed
+    import torch
+
+    from dstoolkit.runtime.model import moe_param_groups
+
+    if "optimizer" not in ds_config:  # no optimizer in the JSON: the spec's AdamW at the spec's LR
+        client_opt = torch.optim.AdamW(moe_param_groups(model), lr=spec.training.lr)
+        engine, optimizer, _, lr_sched = deepspeed.initialize(model=model, optimizer=client_opt, config=ds_config)
+    else:
+        engine, optimizer, _, lr_sched = deepspeed.initialize(
+            model=model, model_parameters=moe_param_groups(model), config=ds_config)
+    return engine, optimizer, lr_sched
+
+
+class SyntheticData:
+    """The data stream: batch `pos` of this rank (`synthetic_batch`, deterministic in pos, rank and seed),
+    after the optional --data-delay-s that stands in for a slow loader."""
+
+    def __init__(self, shape: Any, micro: int, seq_len: int, rank: int, seed: int, delay_s: float) -> None:
+        self.shape, self.micro, self.seq_len, self.rank, self.seed, self.delay_s = shape, micro, seq_len, rank, seed, delay_s
+
+    def batch(self, pos: int) -> tuple[Any, Any]:
+        from dstoolkit.runtime.model import synthetic_batch
+
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        return synthetic_batch(self.shape, self.micro, self.seq_len, step=pos, rank=self.rank, seed=self.seed)
+
+
+def build_data(args: argparse.Namespace, shape: Any, engine: Any, seq_len: int, rank: int) -> SyntheticData:
+    return SyntheticData(shape, engine.train_micro_batch_size_per_gpu(), seq_len, rank,
+                         seed=args.seed + DATA_SEED_OFFSET, delay_s=args.data_delay_s)
+
+
+def build_ramp(spec: Any, engine: Any) -> Any:
+    """The spec's batch ramp (None without one), ending at the JSON's global batch."""
+    from dstoolkit.runtime.train.ramp import BatchRamp
+
+    if spec.training.batch_ramp is None:
+        return None
+    return BatchRamp.from_spec(spec.training.batch_ramp, global_batch=engine.train_batch_size(),
+                               micro_batch=engine.train_micro_batch_size_per_gpu(), dp_size=engine.dp_world_size,
+                               seq_len=spec.training.seq_len)
+
+
+def build_guard(args: argparse.Namespace) -> Any:
+    """The spike guard from the --spike-* flags (escalation to rollback only with skips and checkpoints)."""
+    from dstoolkit.runtime.train.spike import SpikeGuard, SpikeGuardConfig
+
+    return SpikeGuard(SpikeGuardConfig(
+        window=args.spike_window, z_threshold=args.spike_z, on_loss_spike=args.spike_action,
+        on_nonfinite="skip" if args.spike_action in ("skip", "none") else args.spike_action,
+        on_grad_norm_spike=args.grad_spike_action, escalate_after=args.escalate_after if args.spike_action == "skip"
+        and args.checkpoint_dir else 0, lr_scale=args.lr_scale, lr_scale_steps=args.lr_scale_steps))
+
+
+def build_checkpoint_manager(args: argparse.Namespace, rank: int) -> Any:
+    """Atomic, verified checkpoints under --checkpoint-dir (None without one)."""
+    from dstoolkit.runtime.train.ckpt import CheckpointManager
+
+    return CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank) if args.checkpoint_dir else None
+
+
+def build_monitor(args: argparse.Namespace, spec: Any, shape: Any, engine: Any, world: int, on_cuda: bool) -> Any:
+    """Throughput / MFU / time-split monitor; peak FLOP/s from --peak-flops or `peak_flops_per_rank`."""
+    import torch
+
+    from dstoolkit.runtime.train.monitor import Monitor
+
+    peak = args.peak_flops or peak_flops_per_rank(
+        spec.cluster.gpu, on_cuda, torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
+    return Monitor(args.monitor_every, flops_per_token=model_flops_per_token(shape, spec.training.seq_len),
+                   peak_flops=peak, world_size=world, threads=torch.get_num_threads(),
+                   ds_monitor=getattr(engine, "monitor", None))
+
+
+class LrControl:
+    """Sets the LR of every param group for the next step: the token-counted schedule (`_lr_at`) when the
+    JSON has no scheduler, else DeepSpeed's value; times a multiplier (spike-guard cool-down, injected blow-up)."""
+
+    def __init__(self, optimizer: Any, own_schedule: bool, spec: Any, global_batch: int, state: "RunState") -> None:
+        seq_len = spec.training.seq_len
+        self.optimizer, self.own_schedule, self.state = optimizer, own_schedule, state
+        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.warmup_tokens = spec.training.warmup_steps * global_batch * seq_len
+        self.total_tokens = spec.training.train_steps * global_batch * seq_len if spec.training.train_steps else None
+
+    def set(self, mult: float) -> float:
+        lrs = []
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
+            if self.own_schedule:
+                g["lr"] = _lr_at(self.state.tokens, base, self.warmup_tokens, self.total_tokens) * mult
+            else:  # DeepSpeed's scheduler set g["lr"] at the last engine.step(); scale on top of it
+                g["lr"] = g["lr"] * mult
+            lrs.append(g["lr"])
+        return lrs[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fault injection (tests and demos; every fault fires once, even when a rollback replays its step)
+
+
+class FaultInjector:
+    """--inject-poison, --inject-lr-blowup and --kill-at-step."""
+
+    def __init__(self, args: argparse.Namespace, blowups: dict[int, float], writer: "MetricsWriter") -> None:
+        self.poison_steps = args.inject_poison
+        self.blowups = blowups
+        self.kill_at_step, self.kill_rank = args.kill_at_step, args.kill_rank
+        self.writer = writer
+        self.fired: set[tuple[str, int]] = set()
+
+    def lr_factor(self, step: int) -> float:
+        """The blow-up factor for this step's LR (1.0 when none is due)."""
+        if step in self.blowups and ("lr", step) not in self.fired:
+            self.fired.add(("lr", step))
+            self.writer.write({"event": "inject", "kind": "lr_blowup", "step": step, "factor": self.blowups[step]})
+            return self.blowups[step]
+        return 1.0
+
+    def poison_due(self, step: int) -> bool:
+        return step in self.poison_steps and ("poison", step) not in self.fired
+
+    @staticmethod
+    def poisoned_labels(labels: Any, pos: int, vocab_size: int) -> Any:
+        """Random labels seeded by the data position: every rank's batch is bad (a globally bad batch)."""
+        import torch
+
+        gen = torch.Generator().manual_seed(pos)
+        return torch.randint(0, vocab_size, labels.shape, generator=gen)
+
+    def poisoned(self, step: int, pos: int) -> None:
+        self.fired.add(("poison", step))
+        self.writer.write({"event": "inject", "kind": "poison", "step": step, "data_pos": pos})
+
+    def maybe_kill(self, step: int, rank: int) -> None:
+        if self.kill_at_step is not None and step == self.kill_at_step and rank == self.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # die like an OOM-killed / preempted rank
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the run
 
@@ -279,317 +509,293 @@ class MetricsWriter:
             self.f.close()
 
 
-def _parse_blowups(specs: list[str]) -> dict[int, float]:
-    out = {}
-    for s in specs:
-        try:
-            step, factor = s.split(":")
-            out[int(step)] = float(factor)
-        except ValueError:
-            raise UsageError(f"--inject-lr-blowup {s!r}: expected STEP:FACTOR, e.g. 18:1000") from None
-    return out
+class Checkpoints:
+    """Save, resume and roll back through the atomic CheckpointManager (all no-ops without --checkpoint-dir).
+    The trainer's RunState and the spike guard's state travel in every checkpoint's client_state."""
+
+    def __init__(self, mgr: Any, args: argparse.Namespace, engine: Any, state: RunState, guard: Any,
+                 writer: MetricsWriter, log) -> None:
+        self.mgr = mgr
+        self.engine, self.state, self.guard, self.writer, self.log = engine, state, guard, writer, log
+        self.max_rollbacks = args.max_rollbacks
+        self.rollbacks_done = 0
+
+    def client_state(self) -> dict:
+        return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
+
+    def _restore(self, cs: dict, keep_skips: bool) -> None:
+        run, state = cs["dstoolkit"]["run"], self.state
+        skips = set(state.skip_positions) if keep_skips else set()
+        state.step, state.data_pos = run["step"], run["data_pos"]
+        state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
+        state.skip_positions = sorted(skips | set(run["skip_positions"]))
+        self.guard.load_state_dict(cs["dstoolkit"]["guard"])
+
+    def _load(self, tag: str) -> dict:
+        path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
+        if path is None or cs is None or "dstoolkit" not in cs:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
+        return cs
+
+    def resume(self) -> None:
+        """Continue from the newest intact checkpoint (corrupt / truncated ones are skipped and reported)."""
+        if self.mgr is None:
+            return
+        found = self.mgr.latest_valid()
+        for reason in found.rejected:
+            self.log(f"resume: skipping checkpoint: {reason}")
+        if found.tag is not None:
+            self._restore(self._load(found.tag), keep_skips=False)
+            self.writer.write({"event": "resume", "tag": found.tag, "step": self.state.step,
+                               "data_pos": self.state.data_pos, "rejected": found.rejected})
+            self.log(f"resumed from {found.tag} (step {self.state.step}, data position {self.state.data_pos})")
+        else:
+            self.writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
+            self.log("resume: no intact checkpoint, starting from step 0")
+
+    def rollback(self, spike_step: int, reason: str, offending: list[int]) -> bool:
+        """Go back to the newest healthy checkpoint before the spike and never train on `offending` again.
+        False when there is no checkpoint to go back to; an error after --max-rollbacks."""
+        if self.mgr is None:
+            return False
+        if self.rollbacks_done >= self.max_rollbacks:
+            raise RuntimeError(f"step {spike_step}: {self.max_rollbacks} rollbacks did not clear the spike "
+                               f"({reason}); stopping instead of looping (raise --max-rollbacks or inspect the data)")
+        self.rollbacks_done += 1
+        found = self.mgr.latest_valid(max_step=self.guard.rollback_limit(spike_step), require_healthy=True)
+        if found.tag is None:
+            self.writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
+                               "rejected": found.rejected})
+            self.log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; continuing")
+            return False
+        from_step = self.state.step
+        self._restore(self._load(found.tag), keep_skips=True)
+        self.state.skip_positions = sorted(set(self.state.skip_positions) | set(offending))
+        self.guard.after_rollback()
+        self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": found.tag,
+                           "to_step": self.state.step, "reason": reason, "skip_positions": offending,
+                           "lr_scale": self.guard.config.lr_scale, "lr_scale_steps": self.guard.config.lr_scale_steps})
+        self.log(f"step {spike_step}: ROLLBACK to {found.tag}: {reason}; skipping data positions {offending}")
+        return True
+
+    def maybe_save(self, every: int, barrier) -> None:
+        if self.mgr is None or not every or self.state.step % every != 0:
+            return
+        healthy = self.guard.healthy()
+        tag = self.mgr.save(self.engine, self.state.step, self.client_state(), healthy=healthy, barrier=barrier)
+        self.writer.write({"event": "checkpoint", "tag": tag, "step": self.state.step,
+                           "data_pos": self.state.data_pos, "healthy": self.guard.healthy()})
 
 
-def _lr_at(tokens: int, base_lr: float, warmup_tokens: int, total_tokens: Optional[int]) -> float:
-    """Token-counted LR: linear warm-up, then cosine to LR_DECAY_FLOOR x peak (kept in tokens so a batch
-    ramp does not distort it)."""
-    if warmup_tokens > 0 and tokens < warmup_tokens:
-        return base_lr * (tokens + 1) / warmup_tokens
-    if total_tokens and total_tokens > warmup_tokens:
-        frac = min(1.0, (tokens - warmup_tokens) / (total_tokens - warmup_tokens))
-        return base_lr * (LR_DECAY_FLOOR + (1 - LR_DECAY_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
-    return base_lr
+@dataclass
+class Run:
+    """Everything one training run holds, built once by `train`."""
+
+    args: argparse.Namespace
+    rank: int
+    world: int
+    on_cuda: bool
+    shape: Any
+    seq_len: int
+    engine: Any
+    data: SyntheticData
+    ramp: Any
+    lr: LrControl
+    guard: Any
+    monitor: Any
+    ckpt: Checkpoints
+    faults: FaultInjector
+    writer: MetricsWriter
+    state: RunState
+    log: Any
+
+    def global_mean(self, value: float) -> float:
+        import deepspeed.comm as dist
+        import torch
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
 
 
-def train(args: argparse.Namespace) -> int:
-    """Run the training loop (called on every rank)."""
+@dataclass
+class Accumulated:
+    """One optimizer step's micro-batches: the global losses trained on, time spent waiting for data, the LR
+    in force, and whether a rollback abandoned the step."""
+
+    losses: list[float]
+    input_wait_s: float
+    lr: float
+    rolled_back: bool = False
+
+
+def accumulate(run: Run, target: int, gas: int, lr: float) -> Accumulated:
+    """Forward/backward `gas` accepted micro-batches for step `target`, the spike guard judging each loss
+    (skip the batch, scale the LR, or roll back to a checkpoint)."""
     import torch
 
-    if args.steps <= 0:
-        raise UsageError(f"--steps={args.steps} must be > 0")
-    if args.save_every < 0:
-        raise UsageError(f"--save-every={args.save_every} must be >= 0")
-    if (args.save_every or args.resume or args.spike_action == "rollback") and not args.checkpoint_dir:
-        raise UsageError("--save-every / --resume / --spike-action rollback need --checkpoint-dir")
-    cfg_path = Path(args.deepspeed_config)
-    if not cfg_path.is_file():
-        raise UsageError(f"--deepspeed_config {cfg_path}: no such file")
-    try:
-        ds_config = json.loads(cfg_path.read_text())
-    except ValueError as e:
-        raise UsageError(f"--deepspeed_config {cfg_path}: not valid JSON ({e})") from None
-    try:
-        spec, shape = load_spec_and_shape(args.spec)
-    except ValueError as e:  # pydantic ValidationError included: names the field
-        raise UsageError(f"--spec {args.spec}: {e}") from None
-    blowups = _parse_blowups(args.inject_lr_blowup)
-    if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
-        raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
+    state, guard, args = run.state, run.guard, run.args
+    accepted: list[float] = []
+    incidents: list[int] = []
+    input_wait = 0.0
+    while len(accepted) < gas:
+        pos = state.data_pos
+        if pos in state.skip_positions:
+            state.data_pos += 1
+            continue
+        t_in = time.perf_counter()
+        x, y = run.data.batch(pos)
+        poison = run.faults.poison_due(target) and not accepted
+        if poison:
+            y = run.faults.poisoned_labels(y, pos, run.shape.vocab_size)
+        input_wait += time.perf_counter() - t_in
+        if poison:
+            run.faults.poisoned(target, pos)
+        if run.on_cuda:
+            x, y = x.cuda(), y.cuda()
+        torch.manual_seed((args.seed * 1_000_003 + pos) & 0x7FFFFFFF)  # per-batch RNG: resume-exact
+        loss = run.engine(x, y)
+        gl = run.global_mean(float(loss.detach().float().item()))
+        decision = guard.check_loss(gl, target) if args.spike_guard else None
+        if decision is not None and decision.action != "none":
+            run.writer.write({"event": "spike", "step": target, "data_pos": pos, **decision.as_dict()})
+            run.log(f"step {target}: {decision.kind} -> {decision.action}: {decision.reason}")
+            incidents.append(pos)
+            if decision.action == "skip":
+                del loss
+                state.data_pos += 1
+                continue
+            if decision.action == "rollback":
+                del loss
+                if run.ckpt.rollback(target, decision.reason, incidents):
+                    return Accumulated(accepted, input_wait, lr, rolled_back=True)
+                state.data_pos += 1  # no checkpoint: at least do not train on it
+                guard.consecutive_skips = 0
+                continue
+            if decision.action == "lr_scale":
+                guard.lr_cooldown_left = guard.config.lr_scale_steps
+                lr = run.lr.set(guard.lr_multiplier())
+        run.engine.backward(loss)
+        run.engine.step()
+        accepted.append(gl)
+        state.data_pos += 1
+    return Accumulated(accepted, input_wait, lr)
 
-    import deepspeed
+
+def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
+    """Process groups, then the builders in dependency order; returns the run and the /dev/shm names unlinked."""
     import deepspeed.comm as dist
-
-    from dstoolkit.runtime.model import build_model, moe_param_groups, synthetic_batch
-    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
-    from dstoolkit.runtime.train.ckpt import CheckpointManager
-    from dstoolkit.runtime.train.monitor import Monitor, StepSample, comms_logger_total_s, cpu_time_s, peak_rss_bytes
-    from dstoolkit.runtime.train.ramp import BatchRamp
-    from dstoolkit.runtime.train.spike import SpikeGuard, SpikeGuardConfig
+    import torch
 
     on_cuda = torch.cuda.is_available()
     shm_unlinked = init_distributed("nccl" if on_cuda else "gloo", args.dist_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    spec, shape, ds_config = inputs.spec, inputs.shape, inputs.ds_config
 
-    ep_size = args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
-    if shape.is_moe and world % ep_size != 0:
-        raise UsageError(f"--ep-size={ep_size} must divide the world size {world}")
-    if args.monitor_dir:
-        ds_config["csv_monitor"] = {"enabled": True, "output_path": str(args.monitor_dir),
-                                    "job_name": "dstoolkit_train"}
-        import importlib.util
-
-        if importlib.util.find_spec("tensorboard") is not None:  # DeepSpeed's TB backend needs the package
-            ds_config["tensorboard"] = {"enabled": True, "output_path": str(args.monitor_dir),
-                                        "job_name": "dstoolkit_train_tb"}
-    policy = policy_from_spec(spec.training)
-    model = build_model(shape, ep_size=ep_size if shape.is_moe else 1, seed=args.seed)
-    apply_checkpoint_policy(model, policy, backend=args.checkpoint_backend)
-
-    client_opt = None
-    if "optimizer" not in ds_config:  # no optimizer in the JSON: the spec's AdamW at the spec's LR
-        groups = moe_param_groups(model)
-        client_opt = torch.optim.AdamW(groups, lr=spec.training.lr)
-        engine, optimizer, _, lr_sched = deepspeed.initialize(model=model, optimizer=client_opt, config=ds_config)
-    else:
-        engine, optimizer, _, lr_sched = deepspeed.initialize(
-            model=model, model_parameters=moe_param_groups(model), config=ds_config)
-
-    micro = engine.train_micro_batch_size_per_gpu()
-    dp = engine.dp_world_size
+    model = build_model_for_run(args, spec, shape, world)
+    add_monitor_backends(ds_config, args.monitor_dir)
+    engine, optimizer, lr_sched = build_engine(model, ds_config, spec)
     seq_len = spec.training.seq_len
-    end_batch = engine.train_batch_size()
-    ramp = None
-    if spec.training.batch_ramp is not None:
-        ramp = BatchRamp.from_spec(spec.training.batch_ramp, global_batch=end_batch, micro_batch=micro,
-                                   dp_size=dp, seq_len=seq_len)
-    base_lrs = [g["lr"] for g in optimizer.param_groups]
-    own_schedule = lr_sched is None
-    warmup_tokens = spec.training.warmup_steps * end_batch * seq_len
-    total_tokens = spec.training.train_steps * end_batch * seq_len if spec.training.train_steps else None
-
-    guard = SpikeGuard(SpikeGuardConfig(
-        window=args.spike_window, z_threshold=args.spike_z, on_loss_spike=args.spike_action,
-        on_nonfinite="skip" if args.spike_action in ("skip", "none") else args.spike_action,
-        on_grad_norm_spike=args.grad_spike_action, escalate_after=args.escalate_after if args.spike_action == "skip"
-        and args.checkpoint_dir else 0, lr_scale=args.lr_scale, lr_scale_steps=args.lr_scale_steps))
-    mgr = CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank) if args.checkpoint_dir else None
-    writer = MetricsWriter(args.metrics_out, enabled=(rank == 0))
-    peak = args.peak_flops or peak_flops_per_rank(
-        spec.cluster.gpu, on_cuda, torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
-    monitor = Monitor(args.monitor_every, flops_per_token=model_flops_per_token(shape, seq_len), peak_flops=peak,
-                      world_size=world, threads=torch.get_num_threads(), ds_monitor=getattr(engine, "monitor", None))
     state = RunState()
-    data_seed = args.seed + DATA_SEED_OFFSET
+    lr = LrControl(optimizer, own_schedule=lr_sched is None, spec=spec, global_batch=engine.train_batch_size(),
+                   state=state)
+    ramp = build_ramp(spec, engine)
+    guard = build_guard(args)
+    mgr = build_checkpoint_manager(args, rank)
+    writer = MetricsWriter(args.metrics_out, enabled=(rank == 0))
+    monitor = build_monitor(args, spec, shape, engine, world, on_cuda)
 
     def log(msg: str) -> None:
         if rank == 0:
             print(f"[dstoolkit.runtime.train] {msg}", file=sys.stderr, flush=True)
 
-    def client_state() -> dict:
-        return {"dstoolkit": {"run": state.as_dict(), "guard": guard.state_dict()}}
+    run = Run(args=args, rank=rank, world=world, on_cuda=on_cuda, shape=shape, seq_len=seq_len, engine=engine,
+              data=build_data(args, shape, engine, seq_len, rank), ramp=ramp, lr=lr, guard=guard,
+              monitor=monitor, ckpt=Checkpoints(mgr, args, engine, state, guard, writer, log),
+              faults=FaultInjector(args, inputs.blowups, writer), writer=writer, state=state, log=log)
+    return run, shm_unlinked
 
-    def restore(cs: dict, keep_skips: bool) -> None:
-        run = cs["dstoolkit"]["run"]
-        skips = set(state.skip_positions) if keep_skips else set()
-        state.step, state.data_pos = run["step"], run["data_pos"]
-        state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
-        state.skip_positions = sorted(skips | set(run["skip_positions"]))
-        guard.load_state_dict(cs["dstoolkit"]["guard"])
 
-    def load(tag: str) -> dict:
-        path, cs = engine.load_checkpoint(str(mgr.root), tag=tag)
-        if path is None or cs is None or "dstoolkit" not in cs:
-            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {mgr.root}")
-        return cs
+def train(args: argparse.Namespace) -> int:
+    """Run the training loop (called on every rank)."""
+    inputs = read_inputs(args)
 
-    if args.resume and mgr is not None:
-        found = mgr.latest_valid()
-        for reason in found.rejected:
-            log(f"resume: skipping checkpoint: {reason}")
-        if found.tag is not None:
-            restore(load(found.tag), keep_skips=False)
-            writer.write({"event": "resume", "tag": found.tag, "step": state.step, "data_pos": state.data_pos,
-                          "rejected": found.rejected})
-            log(f"resumed from {found.tag} (step {state.step}, data position {state.data_pos})")
-        else:
-            writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
-            log("resume: no intact checkpoint, starting from step 0")
+    import deepspeed.comm as dist
 
+    from dstoolkit.runtime.train.monitor import StepSample, comms_logger_total_s, cpu_time_s, peak_rss_bytes
+
+    run, shm_unlinked = setup(args, inputs)
+    engine, state, guard, writer = run.engine, run.state, run.guard, run.writer
+    if args.resume:
+        run.ckpt.resume()
     bar = None
-    if rank == 0 and args.progress:
+    if run.rank == 0 and args.progress:
         from tqdm import tqdm
 
         bar = tqdm(total=args.steps, initial=state.step, desc="train", unit="step", file=sys.stderr,
                    dynamic_ncols=True, mininterval=0.5)
 
-    def global_mean(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t)
-        return float(t.item()) / world
-
-    def set_lr(mult: float) -> float:
-        lrs = []
-        for g, base in zip(optimizer.param_groups, base_lrs):
-            if own_schedule:
-                g["lr"] = _lr_at(state.tokens, base, warmup_tokens, total_tokens) * mult
-            else:  # DeepSpeed's scheduler set g["lr"] at the last engine.step(); scale on top of it
-                g["lr"] = g["lr"] * mult
-            lrs.append(g["lr"])
-        return lrs[0]
-
-    rollbacks_done = [0]
-
-    def rollback(spike_step: int, reason: str, offending: list[int]) -> bool:
-        if mgr is None:
-            return False
-        if rollbacks_done[0] >= args.max_rollbacks:
-            raise RuntimeError(f"step {spike_step}: {args.max_rollbacks} rollbacks did not clear the spike "
-                               f"({reason}); stopping instead of looping (raise --max-rollbacks or inspect the data)")
-        rollbacks_done[0] += 1
-        found = mgr.latest_valid(max_step=guard.rollback_limit(spike_step), require_healthy=True)
-        if found.tag is None:
-            writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
-                          "rejected": found.rejected})
-            log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; continuing")
-            return False
-        from_step = state.step
-        restore(load(found.tag), keep_skips=True)
-        state.skip_positions = sorted(set(state.skip_positions) | set(offending))
-        guard.after_rollback()
-        writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": found.tag,
-                      "to_step": state.step, "reason": reason, "skip_positions": offending,
-                      "lr_scale": guard.config.lr_scale, "lr_scale_steps": guard.config.lr_scale_steps})
-        log(f"step {spike_step}: ROLLBACK to {found.tag}: {reason}; skipping data positions {offending}")
-        return True
-
-    fired: set[tuple[str, int]] = set()
-    incident_positions: list[int] = []
     last_loss = float("nan")
     while state.step < args.steps:
         target = state.step + 1
-        if ramp is not None:
-            ramp.apply(engine, state.consumed_samples)
+        if run.ramp is not None:
+            run.ramp.apply(engine, state.consumed_samples)
         gas = engine.gradient_accumulation_steps()
         gb = engine.train_batch_size()
         mult = guard.lr_multiplier()
-        if target in blowups and ("lr", target) not in fired:
-            fired.add(("lr", target))
-            mult *= blowups[target]
-            writer.write({"event": "inject", "kind": "lr_blowup", "step": target, "factor": blowups[target]})
-        lr = set_lr(mult)
+        mult *= run.faults.lr_factor(target)
+        lr = run.lr.set(mult)
         t_step, cpu0 = time.perf_counter(), cpu_time_s()
         comm0 = comms_logger_total_s()
-        input_wait = 0.0
-        accepted: list[float] = []
-        rolled_back = False
-        while len(accepted) < gas:
-            pos = state.data_pos
-            if pos in state.skip_positions:
-                state.data_pos += 1
-                continue
-            t_in = time.perf_counter()
-            if args.data_delay_s > 0:
-                time.sleep(args.data_delay_s)
-            x, y = synthetic_batch(shape, micro, seq_len, step=pos, rank=rank, seed=data_seed)
-            if target in args.inject_poison and ("poison", target) not in fired and not accepted:
-                gen = torch.Generator().manual_seed(pos)  # every rank's batch: a globally bad batch
-                y = torch.randint(0, shape.vocab_size, y.shape, generator=gen)
-            input_wait += time.perf_counter() - t_in
-            if target in args.inject_poison and ("poison", target) not in fired and not accepted:
-                fired.add(("poison", target))
-                writer.write({"event": "inject", "kind": "poison", "step": target, "data_pos": pos})
-            if on_cuda:
-                x, y = x.cuda(), y.cuda()
-            torch.manual_seed((args.seed * 1_000_003 + pos) & 0x7FFFFFFF)  # per-batch RNG: resume-exact
-            loss = engine(x, y)
-            gl = global_mean(float(loss.detach().float().item()))
-            decision = guard.check_loss(gl, target) if args.spike_guard else None
-            if decision is not None and decision.action != "none":
-                writer.write({"event": "spike", "step": target, "data_pos": pos, **decision.as_dict()})
-                log(f"step {target}: {decision.kind} -> {decision.action}: {decision.reason}")
-                incident_positions.append(pos)
-                if decision.action == "skip":
-                    del loss
-                    state.data_pos += 1
-                    continue
-                if decision.action == "rollback":
-                    del loss
-                    if rollback(target, decision.reason, incident_positions):
-                        incident_positions = []
-                        rolled_back = True
-                        break
-                    state.data_pos += 1  # no checkpoint: at least do not train on it
-                    guard.consecutive_skips = 0
-                    continue
-                if decision.action == "lr_scale":
-                    guard.lr_cooldown_left = guard.config.lr_scale_steps
-                    lr = set_lr(guard.lr_multiplier())
-            engine.backward(loss)
-            engine.step()
-            accepted.append(gl)
-            state.data_pos += 1
-        if rolled_back:
+
+        micro = accumulate(run, target, gas, lr)
+        if micro.rolled_back:
             if bar is not None:
                 bar.n = state.step
                 bar.refresh()
             continue
-        incident_positions = []
         step_time = time.perf_counter() - t_step
         state.step = target
         state.consumed_samples += gb
-        state.tokens += gb * seq_len
-        step_loss = sum(accepted) / len(accepted)
-        last_loss = step_loss
+        state.tokens += gb * run.seq_len
+        step_loss = last_loss = sum(micro.losses) / len(micro.losses)
         grad_norm = engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
         if args.spike_guard:
             d = guard.observe_step(step_loss, grad_norm, target)
             if d.action != "none":
                 writer.write({"event": "spike", "step": target, **d.as_dict()})
-                log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
-                if d.action == "rollback" and rollback(target + 1, d.reason, []):
+                run.log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
+                if d.action == "rollback" and run.ckpt.rollback(target + 1, d.reason, []):
                     continue
         guard.end_step()
-        tps = gb * seq_len / step_time
-        rss = peak_rss_bytes()
+
+        tps = gb * run.seq_len / step_time
         writer.write({"step": state.step, "loss": step_loss, "step_time_s": step_time, "tokens_per_s": tps,
-                      "global_batch": gb, "micro_batch": micro, "grad_accum": gas, "peak_rss_bytes": rss,
-                      "lr": lr, "grad_norm": grad_norm, "data_pos": state.data_pos, "tokens": state.tokens,
-                      "input_wait_s": input_wait, "lr_mult": mult})
+                      "global_batch": gb, "micro_batch": run.data.micro, "grad_accum": gas,
+                      "peak_rss_bytes": peak_rss_bytes(), "lr": micro.lr, "grad_norm": grad_norm,
+                      "data_pos": state.data_pos, "tokens": state.tokens, "input_wait_s": micro.input_wait_s,
+                      "lr_mult": mult})
         comm1 = comms_logger_total_s()
-        report = monitor.record(StepSample(
-            step=state.step, step_time_s=step_time, input_wait_s=input_wait, tokens=gb * seq_len, loss=step_loss,
-            cpu_time_s=cpu_time_s() - cpu0, comm_time_s=(comm1 - comm0) if comm0 is not None else None))
+        report = run.monitor.record(StepSample(
+            step=state.step, step_time_s=step_time, input_wait_s=micro.input_wait_s, tokens=gb * run.seq_len,
+            loss=step_loss, cpu_time_s=cpu_time_s() - cpu0, comm_time_s=(comm1 - comm0) if comm0 is not None else None))
         if report is not None:
             writer.write({"event": "monitor", **report.as_dict()})
             if bar is not None:
                 bar.write(report.line(), file=sys.stderr)
             else:
-                log(report.line())
+                run.log(report.line())
         if bar is not None:
             bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
             bar.update(1)
-        if mgr is not None and args.save_every and state.step % args.save_every == 0:
-            tag = mgr.save(engine, state.step, client_state(), healthy=guard.healthy(), barrier=dist.barrier)
-            writer.write({"event": "checkpoint", "tag": tag, "step": state.step, "data_pos": state.data_pos,
-                          "healthy": guard.healthy()})
-        if args.kill_at_step is not None and state.step == args.kill_at_step and rank == args.kill_rank:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like an OOM-killed / preempted rank
+        run.ckpt.maybe_save(args.save_every, barrier=dist.barrier)
+        run.faults.maybe_kill(state.step, run.rank)
     if bar is not None:
         bar.close()
-    writer.write({"event": "done", "steps": state.step, "final_loss": last_loss, "world_size": world,
+    writer.write({"event": "done", "steps": state.step, "final_loss": last_loss, "world_size": run.world,
                   "data_pos": state.data_pos, "shm_buffers_unlinked": len(shm_unlinked)})
     writer.close()
     dist.barrier()
