@@ -7,25 +7,32 @@ accepted where an int is expected, because hjson (DeepSpeed's parser) and DeepSp
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Union
+from typing import Any, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool
 from typing_extensions import Annotated
 
-Auto = Literal["auto"]
-"""The Hugging Face placeholder. Only valid where HF Trainer/Accelerate fill it (see ``dstoolkit.dsconfig.auto``)."""
+from dstoolkit.common.model import Auto, StrictModel  # noqa: F401  (Auto re-exported: the HF placeholder here)
 
 
-class DSModel(BaseModel):
-    """Base of every DeepSpeed section model: unknown keys are errors, docstrings become schema descriptions."""
+class DSModel(StrictModel):
+    """Base of every DeepSpeed section model: strict (unknown keys are errors, docstrings become schema
+    descriptions), and aliased keys accept both spellings, as DeepSpeed's own models do."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        use_attribute_docstrings=True,
-        populate_by_name=True,
-        protected_namespaces=(),
-    )
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
+
+
+def deprecated(new_param: Optional[str] = None, *, use: Optional[str] = None) -> dict[str, Any]:
+    """``json_schema_extra`` for a deprecated DeepSpeed key, declared on its field (as DeepSpeed's own config
+    models do). `new_param`: the key DeepSpeed moves the value to (it asserts when both are given); `use`: what
+    to write instead when that is not one key. The exported schema carries both, and `validate_config` reads
+    them from there (``"deprecated": true`` is the JSON Schema 2020-12 annotation editors show)."""
+    extra: dict[str, Any] = {"deprecated": True}
+    if new_param is not None:
+        extra["new_param"] = new_param
+    if use is not None:
+        extra["use"] = use
+    return extra
 
 
 def _strict_int(value: Any) -> Any:

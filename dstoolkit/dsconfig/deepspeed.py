@@ -15,19 +15,19 @@ top-level key silently, but we never hand it ours: **generated DeepSpeed JSON is
 (`strip_dstoolkit_section`), and the generator passes the MoE facts to `validate_config` as arguments. A
 hand-written config that carries the section validates here; strip it before giving it to DeepSpeed.
 
-Cross-field rules are the ``_check_<rule>`` validators below; each delegates to the function of the same name
-in ``dstoolkit.dsconfig.rules`` (so `validate_config` can run every rule and collect all findings, while
-``DeepSpeedConfig.model_validate`` stops at the first). Pass ``context={"world_size": N, ...}`` to
-``model_validate`` for the rules that need the cluster shape.
+Cross-field rules are declared once, in the registry (``dstoolkit.dsconfig.registry``, rules in
+``dstoolkit.dsconfig.rules``); the one model validator below runs them all (`validate_config` runs the same
+rules and collects every finding, while ``DeepSpeedConfig.model_validate`` stops at the first error). Pass
+``context={"world_size": N, ...}`` to ``model_validate`` for the rules that need the cluster shape.
 """
 from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dstoolkit.dsconfig import rules
-from dstoolkit.dsconfig.base import Bool, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto
+from dstoolkit.dsconfig.base import Bool, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto, deprecated
 from dstoolkit.dsconfig.ds_misc import (ActivationCheckpointingConfig, AioConfig, AutotuningConfig, CheckpointConfig,
                                        CometConfig, CommsLoggerConfig, CompileConfig, CSVConfig, ExpertParallelConfig,
                                        FlopsProfilerConfig, HybridEngineConfig, PipelineConfig, TensorBoardConfig,
@@ -119,7 +119,7 @@ class DeepSpeedConfig(DSModel):
     """fp16 mixed precision. Exclusive with bf16."""
     bf16: Optional[BF16Config] = None
     """bf16 mixed precision. Exclusive with fp16."""
-    bfloat16: Optional[BF16Config] = None
+    bfloat16: Optional[BF16Config] = Field(None, json_schema_extra=deprecated("bf16"))
     """Legacy name of bf16 (read only when bf16 is absent)."""
     torch_autocast: Optional[TorchAutocastConfig] = None
     """torch.autocast mixed precision."""
@@ -177,99 +177,12 @@ class DeepSpeedConfig(DSModel):
     dstoolkit: Optional[DstoolkitSection] = None
     """Our section (MoE facts, FP8). Not DeepSpeed's: stripped before DeepSpeed sees the config."""
 
-    # -- cross-field rules: each delegates to dstoolkit.dsconfig.rules --------------------------------------
-    def _rule_input(self, info: ValidationInfo) -> tuple[dict, "rules.RuleContext"]:
+    # -- cross-field rules: generated from the registry (dstoolkit.dsconfig.registry) --------------------------
+    @model_validator(mode="after")
+    def _check_rules(self, info: ValidationInfo) -> "DeepSpeedConfig":
+        """Every registered cross-field rule, in registry order; the first error raises (warnings are dropped)."""
         ctx = rules.RuleContext.from_mapping(info.context if isinstance(info.context, dict) else {})
-        return self.model_dump(by_alias=True, exclude_unset=True), ctx
-
-    @model_validator(mode="after")
-    def _check_batch_triad(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_batch_triad, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_fp16_bf16_exclusive(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_fp16_bf16_exclusive, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_fp16_dynamic_loss_scale(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_fp16_dynamic_loss_scale, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_offload_param_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_offload_param_stage, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_nvme_path(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_nvme_path, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_zeropp_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_zeropp_stage, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_hpz_divides_node(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_hpz_divides_node, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_optimizer_type(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_optimizer_type, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_optimizer_params(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_optimizer_params, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_scheduler_type(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_scheduler_type, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_scheduler_params(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_scheduler_params, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_moe_layout(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_moe_layout, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_moe_not_stage3(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_moe_not_stage3, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_partial_offload_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_partial_offload_stage, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_master_weights_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_master_weights_stage, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_compute_grad_norm_stage(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_compute_grad_norm_stage, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_allreduce_sum_stage3(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_allreduce_sum_stage3, *self._rule_input(info))
-        return self
-
-    @model_validator(mode="after")
-    def _check_parallel_sizes(self, info: ValidationInfo) -> "DeepSpeedConfig":
-        rules.enforce(rules._check_parallel_sizes, *self._rule_input(info))
+        rules.enforce_all(self.model_dump(by_alias=True, exclude_unset=True), ctx)
         return self
 
 

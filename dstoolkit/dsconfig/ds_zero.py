@@ -3,8 +3,9 @@
 
 Field names are DeepSpeed's pydantic field names; the ``stage3_`` spellings are aliases, exactly as in
 DeepSpeed (both spellings are accepted; DeepSpeed's own docs use the prefixed ones).
-Defaults and ranges are DeepSpeed's. Deprecated keys are modelled so they parse; `validate_config` warns
-about them and names the replacement.
+Defaults and ranges are DeepSpeed's. Deprecated keys are modelled so they parse, and declared deprecated on
+the field (`deprecated`: the replacement travels in the exported schema); `validate_config` warns about them
+and names the replacement.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
-from dstoolkit.dsconfig.base import Bool, DSModel, Float, Int, NonNegIntOrAuto, PosIntOrAuto
+from dstoolkit.dsconfig.base import Bool, DSModel, Float, Int, NonNegIntOrAuto, PosIntOrAuto, deprecated
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -146,11 +147,12 @@ class ZeroConfig(DSModel):
     """ZenFlow settings."""
     sub_group_size: Int = Field(1_000_000_000, ge=0)
     """Parameter elements per optimizer-step tile (>= 0). Stage 3 (ZeRO-Offload/Infinity)."""
-    cpu_offload_param: Optional[Bool] = None
+    cpu_offload_param: Optional[Bool] = Field(None, json_schema_extra=deprecated("offload_param"))
     """Deprecated: use offload_param {"device": "cpu"}."""
-    cpu_offload_use_pin_memory: Optional[Bool] = None
+    cpu_offload_use_pin_memory: Optional[Bool] = Field(
+        None, json_schema_extra=deprecated(use="offload_param/offload_optimizer pin_memory"))
     """Deprecated: use offload_param/offload_optimizer pin_memory."""
-    cpu_offload: Optional[Bool] = None
+    cpu_offload: Optional[Bool] = Field(None, json_schema_extra=deprecated("offload_optimizer"))
     """Deprecated: use offload_optimizer {"device": "cpu"}."""
     prefetch_bucket_size: NonNegIntOrAuto = Field(50_000_000, alias="stage3_prefetch_bucket_size")
     """Stage 3: parameter elements prefetched ahead of use (>= 0). HF "auto" = 0.9 * hidden_size^2."""
@@ -170,7 +172,8 @@ class ZeroConfig(DSModel):
     """Stage 3: fetch parameters with all-reduce instead of all-gather."""
     allgather_sequential: Bool = Field(False, alias="stage3_allgather_sequential")
     """Stage 3: all-gather parameters one by one, without bucketing."""
-    stage3_gather_fp16_weights_on_model_save: Bool = False
+    stage3_gather_fp16_weights_on_model_save: Bool = Field(
+        False, json_schema_extra=deprecated("stage3_gather_16bit_weights_on_model_save"))
     """Deprecated: use gather_16bit_weights_on_model_save (stage3_gather_16bit_weights_on_model_save)."""
     ignore_unused_parameters: Bool = True
     """Stage 2: do not fail on parameters that get no gradient."""

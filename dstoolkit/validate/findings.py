@@ -2,6 +2,8 @@
 
 Codes are stable: tools may filter on them. ``DS0xx`` are input problems (the file cannot be read as a
 config; the CLI exits 2), ``DS01x`` syntax notes, ``DS1xx`` per-key findings, ``DS2xx`` cross-field rules.
+``CODES`` (code -> title) is `KEY_CODES` plus the titles the rule registry declares. Spec files use the same
+`Finding` with their own codes (``SPxxx``, dstoolkit.spec.errors) and layout codes (``LYxxx``).
 """
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ from typing import Any, Literal, Optional
 
 Severity = Literal["error", "warning"]
 
-# code -> short title (used in docs and --format json consumers)
-CODES: dict[str, str] = {
+KEY_CODES: dict[str, str] = {
     "DS001": "file cannot be parsed as JSON/hjson",
     "DS002": "NaN or Infinity literal",
     "DS003": "nesting too deep",
@@ -20,6 +21,7 @@ CODES: dict[str, str] = {
     "DS006": "YAML where a JSON config was expected",
     "DS007": "top level is not a JSON object",
     "DS008": "file cannot be read",
+    "DS009": "validator could not check this input",
     "DS010": "comment (hjson extension)",
     "DS011": "trailing comma (hjson extension)",
     "DS012": "unquoted value, read as a string by hjson",
@@ -35,27 +37,20 @@ CODES: dict[str, str] = {
     "DS108": "required key missing",
     "DS110": '"auto" in strict mode',
     "DS111": '"auto" where nothing fills it',
-    "DS201": "batch sizes disagree with the data-parallel size",
-    "DS202": "no batch size given",
-    "DS203": "fp16 and bf16 both enabled",
-    "DS204": "offload_param needs ZeRO stage 3",
-    "DS205": "NVMe offload needs nvme_path",
-    "DS206": "NVMe offload without an aio section",
-    "DS207": "zero_hpz_partition_size does not divide gpus per node",
-    "DS208": "ZeRO++ option needs ZeRO stage 3",
-    "DS209": "optimizer type unknown or removed",
-    "DS210": "optimizer parameter invalid for this optimizer",
-    "DS211": "scheduler type unknown",
-    "DS212": "scheduler parameter invalid for this scheduler",
-    "DS213": "expert parallel size does not divide world size / experts",
-    "DS214": "native DeepSpeed MoE at ZeRO stage 3",
-    "DS215": "partial optimizer offload needs ZeRO stage 3",
-    "DS216": "master-weight / optimizer-state precision option needs ZeRO stage 1-3",
-    "DS217": "compute_grad_norm=false needs ZeRO stage 1 or 2",
-    "DS218": "gradient_allreduce_op 'sum' at ZeRO stage 3",
-    "DS219": "parallel sizes do not divide world size",
-    "DS220": "fp16 dynamic loss scaling with a non-positive window or floor",
 }
+"""The codes that are not cross-field rules (input, syntax and per-key findings): code -> short title.
+The DS2xx titles are declared with their rules (dstoolkit.dsconfig.registry)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CODES":  # built on first use, so importing Finding loads no rule module
+        from dstoolkit.dsconfig.rules import RULES
+
+        codes = {**KEY_CODES, **{code: r.title for code, r in RULES.items()}}
+        globals()["CODES"] = codes
+        return codes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 INPUT_ERROR_PREFIX = "DS00"
 """Codes starting with this are input errors: the CLI exits 2 for them."""
@@ -85,10 +80,25 @@ class Finding:
     """What is wrong, naming the field and the value."""
     suggestion: Optional[str] = None
     """How to fix it (a replacement key, a value, a section)."""
+    path: Optional[str] = None
+    """The field path as a hand-written file names it (a spec's ``training.tp``, ``<yaml>`` for the syntax
+    itself). Set for spec findings, which print as ``file:line:col: <path>: <problem> (<fix>)``; None for
+    DeepSpeed configs, located by `pointer` alone."""
 
     def model_dump(self) -> dict[str, Any]:
-        """The fields as a dict (file, pointer, line, column, severity, code, message, suggestion)."""
-        return asdict(self)
+        """The fields as a dict (file, pointer, line, column, severity, code, message, suggestion; path when set)."""
+        out = asdict(self)
+        if out["path"] is None:
+            del out["path"]
+        return out
+
+    def __str__(self) -> str:
+        if self.path is None:
+            return self.format_text()
+        where = (f"{self.file}:{self.line}:{self.column or 1}: " if self.line is not None
+                 else (f"{self.file}: " if self.file else ""))
+        text = f"{where}{self.path + ': ' if self.path else ''}{self.message}"
+        return text + (f" ({self.suggestion})" if self.suggestion is not None else "")
 
     @property
     def is_input_error(self) -> bool:
@@ -114,3 +124,38 @@ def escape_pointer_token(token: str) -> str:
 def pointer_of(path: tuple) -> str:
     """JSON pointer for a tuple of keys/indices."""
     return "".join("/" + escape_pointer_token(str(p)) for p in path)
+
+
+class Collector:
+    """Accumulates the findings of one file: positions from the parse (when there is one), one finding per
+    (code, pointer, severity)."""
+
+    def __init__(self, source: str, parsed: Any = None):
+        self.source = source
+        self.parsed = parsed
+        """A `dstoolkit.validate.parse.ParseResult`, or None for an already-parsed dict."""
+        self.findings: list[Finding] = []
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def position(self, pointer: str, value: bool = False) -> tuple[Optional[int], Optional[int]]:
+        if self.parsed is None:
+            return None, None
+        table = self.parsed.value_positions if value else self.parsed.positions
+        p = pointer
+        while True:
+            if p in table:
+                return table[p]
+            if p in self.parsed.positions:
+                return self.parsed.positions[p]
+            if not p:
+                return 1, 1
+            p = p.rsplit("/", 1)[0]
+
+    def add(self, code: str, severity: str, pointer: str, message: str, suggestion: Optional[str] = None,
+            at_value: bool = False) -> None:
+        if (code, pointer, severity) in self.seen:
+            return
+        self.seen.add((code, pointer, severity))
+        line, col = self.position(pointer, at_value)
+        self.findings.append(Finding(file=self.source, pointer=pointer, line=line, column=col, severity=severity,
+                                     code=code, message=message, suggestion=suggestion))

@@ -1,0 +1,145 @@
+"""Schema issues -> findings: unknown keys (with did-you-mean), types, ranges and missing keys, from the
+committed JSON Schema (no pydantic on this path), plus the FP8 sub-section through its pydantic model.
+`pydantic_schema_issues` is the same check through `DeepSpeedConfig`, for the tests that show the two agree.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from dstoolkit.common.text import did_you_mean
+from dstoolkit.validate import schema_check as _schema_check
+from dstoolkit.validate.findings import Collector, pointer_of
+from dstoolkit.validate.keys import TOP_LEVEL_RENAMES
+
+
+def check_schema(clean: dict, version: str, out: Collector) -> None:
+    """Unknown keys, types and ranges, against the committed JSON Schema (no pydantic on this path)."""
+    fp8 = None
+    ds = clean.get("dstoolkit")
+    if isinstance(ds, dict) and "fp8" in ds:
+        fp8 = ds.pop("fp8")  # Fp8Config has cross-field validators: checked with pydantic below
+    for issue in _schema_check.check_config(clean):
+        _report_issue(clean, issue, out)
+    if fp8 is not None:
+        _check_fp8(fp8, out)
+
+
+def _check_fp8(fp8: Any, out: Collector) -> None:
+    try:
+        from pydantic import ValidationError
+
+        from dstoolkit.dsconfig.fp8 import Fp8Config
+    except ImportError:  # pragma: no cover - fp8 module absent
+        return
+    if fp8 is None:
+        return
+    try:
+        Fp8Config.model_validate(fp8)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            path = ("dstoolkit", "fp8") + tuple(err["loc"])
+            code = "DS101" if err["type"] == "extra_forbidden" else (
+                "DS103" if err["type"] in ("literal_error", "greater_than", "greater_than_equal", "less_than",
+                                           "less_than_equal", "value_error") else "DS102")
+            msg = err["msg"].replace("Value error, ", "").replace("Input should be", "must be")
+            out.add(code, "error", pointer_of(path), f"dstoolkit.fp8: {msg}", None)
+
+
+def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> None:
+    path = issue.path
+    ptr = pointer_of(path)
+    field = ".".join(str(p) for p in path) or "config"
+    if issue.kind == "unknown_key":
+        key = str(path[-1])
+        if len(path) == 1 and key in TOP_LEVEL_RENAMES:
+            return
+        section = ".".join(str(p) for p in path[:-1]) or "the top level"
+        message = f"unknown key {key!r} in {section}"
+        if len(path) == 1:
+            message += "; DeepSpeed ignores unknown top-level keys silently"
+        if path[0] == "zero_optimization" and len(path) == 2:
+            message += "; DeepSpeed refuses the config"
+        hint = did_you_mean(key, issue.choices, cutoff=0.72)
+        suggestion = f"did you mean {hint!r}?" if hint else None
+        if not suggestion and path[0] == "compile":
+            suggestion = "the torch.compile backend is set in code (engine.compile(backend=...)), not in the config"
+        out.add("DS101", "error", ptr, message, suggestion)
+        return
+    if issue.kind == "missing":
+        out.add("DS108", "error", ptr, f"required key {ptr} is missing", None)
+        return
+    node = _node_at(clean, path)
+    shown = _schema_check._show(node)
+    if issue.kind == "range":
+        out.add("DS103", "error", ptr, f"{field} = {shown}: {issue.message}", None, at_value=True)
+        return
+    message = f"{field} = {shown}: {issue.message}"
+    if isinstance(node, str) and node.strip() and node.replace(",", "").replace("_", "").isupper():
+        message += " (an unfilled template placeholder?)"
+    out.add("DS102", "error", ptr, message, _type_hint(node), at_value=True)
+
+
+def _node_at(root: Any, path: tuple) -> Any:
+    node = root
+    for p in path:
+        node = node[p]
+    return node
+
+
+def _type_hint(node: Any) -> Optional[str]:
+    if isinstance(node, str):
+        try:
+            float(node)
+            return f"write the number without quotes: {node}"
+        except ValueError:
+            pass
+        if node.lower() in ("true", "false"):
+            return f"write the boolean without quotes: {node.lower()}"
+    return None
+
+
+def pydantic_schema_issues(clean: dict) -> set[tuple[str, str]]:
+    """(code, pointer) of the per-key errors pydantic's `DeepSpeedConfig` reports for ``clean`` (the same kinds
+    `_check_schema` reports from the JSON Schema). Used by tests to show the two paths agree; imports pydantic."""
+    from pydantic import ValidationError
+
+    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
+
+    try:
+        DeepSpeedConfig.model_validate(clean, context={"skip": True})
+        return set()
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    out: set[tuple[str, str]] = set()
+    paths = {_data_path(tuple(e["loc"]), clean) for e in errors}
+    for err in errors:
+        path = _data_path(tuple(err["loc"]), clean)
+        if err["type"] == "extra_forbidden":
+            out.add(("DS101", pointer_of(path)))
+            continue
+        node = _node_at(clean, path)
+        if isinstance(node, (dict, list)) and any(p != path and p[:len(path)] == path for p in paths):
+            continue
+        if err["type"] == "missing":
+            out.add(("DS108", pointer_of(path)))
+        elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "literal_error",
+                             "enum") and not (err["type"] == "literal_error" and "'auto'" in str(err.get("ctx"))):
+            out.add(("DS103", pointer_of(path)))
+        elif err["type"] != "literal_error":
+            out.add(("DS102", pointer_of(path)))
+    # a pointer reported both as a type and a range error by different union branches counts once, as range
+    return {(c, p) for c, p in out if not (c == "DS102" and ("DS103", p) in out)}
+
+
+def _data_path(loc: tuple, data: Any) -> tuple:
+    """Keep the parts of a pydantic loc that address the data (drop union-branch labels)."""
+    path: list = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append(part)
+            node = node[part]
+    return tuple(path)
