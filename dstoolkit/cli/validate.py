@@ -16,7 +16,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("validate", help="check DeepSpeed config files (exit 0 ok, 1 errors, 2 bad input)",
                               description="Check DeepSpeed JSON configs against DeepSpeed's schema and cross-field "
                                           "rules. A directory is searched recursively for *.json.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="config files or directories")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="config files or directories")
+    p.add_argument("--explain", metavar="CODE", help="print a rule's code, title and explanation (DS204, LY001, ...)"
+                   " and exit; docs/rules.md lists them all")
     p.add_argument("--world-size", type=_positive_int, help="total ranks (enables the exact batch-triad check)")
     p.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (ZeRO++ hpZ check)")
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (dp = world / (tp*pp))")
@@ -69,7 +71,23 @@ def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
     return files, problems
 
 
+def _explain(code: str) -> int:
+    from dstoolkit.validate.explain import UnknownCode, explain
+
+    try:
+        _print(explain(code))
+    except UnknownCode as exc:
+        print(f"dstoolkit validate: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "explain", None):
+        return _explain(args.explain)
+    if not args.paths:
+        print("dstoolkit validate: error: give config files or directories (or --explain CODE)", file=sys.stderr)
+        return 2
     from dstoolkit.validate.findings import Finding
     from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
     from dstoolkit.validate.engine import validate_config
