@@ -3,23 +3,34 @@
 No torch import. A calibration replaces the hardware table's nominal rates in the step-time model
 (`dstoolkit.estimate.step_time`). Where it comes from, in order:
 
-1. `cluster.calibration` in the spec: a path (relative to the spec file) to a calibration JSON, or "none" for
-   the hardware table's nominal rates;
-2. otherwise the packaged reference measurement for a table row that has one: ``gpu: cpu`` uses
-   dstoolkit/data/calibration_cpu_reference.json (measured by benchmarks/step_time_fidelity.py on the reference
-   2-core machine). GPU rows have none: their datasheet peaks with published efficiencies are the default.
+1. `cluster.calibration` in the spec: a path (relative to the spec file) to a calibration JSON, "none" for
+   the hardware table's nominal rates, "reference" for the packaged reference measurement, or "machine";
+2. otherwise the environment variable DSTOOLKIT_CALIBRATION (same values);
+3. otherwise, for ``gpu: cpu``, this machine ("machine"): a calibration probed once per CPU model, core count
+   and torch version (`dstoolkit.runtime.probe`, started as a subprocess so this module never imports torch)
+   and cached under ~/.cache/dstoolkit/calibration/. A CPU's rates differ by up to 60x between machines (bf16
+   without native support), so no packaged number can stand in for them. Without torch installed there is
+   nothing to probe with, and the packaged reference (dstoolkit/data/calibration_cpu_reference.json, measured
+   on a 2-core machine with native bf16) is used, and named so. GPU rows have no default calibration: their
+   datasheet peaks with published efficiencies are the default.
 
-A calibration JSON holds `Calibration` fields, bare or under a "calibration" key; files written by
-benchmarks/step_time_fidelity.py keep one set per clock ("wall", "cpu") and per precision
+A calibration JSON holds `Calibration` fields, bare or under a "calibration" key; files written by the probe
+and by benchmarks/step_time_fidelity.py keep one set per clock ("wall", "cpu") and per precision
 (``matmul_flops_per_s_<precision>[_large]``): the wall clock and the spec's precision are picked.
 """
 from __future__ import annotations
 
 import functools
-import math
+import hashlib
+import importlib.metadata
+import importlib.util
 import json
+import math
+import os
 import pathlib
-from typing import Any, Optional, Union
+import subprocess
+import sys
+from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,6 +87,14 @@ PACKAGED = {"cpu": DATA_DIR / "calibration_cpu_reference.json"}
 """Hardware-table rows (by name) with a packaged reference calibration."""
 NONE_VALUES = ("none", "off", "false")
 """cluster.calibration values that switch calibration off (use the table's nominal rates)."""
+REFERENCE = "reference"
+"""cluster.calibration value for the packaged reference measurement of the hardware row."""
+MACHINE = "machine"
+"""cluster.calibration value for this machine's probed (and cached) calibration; the default for gpu: cpu."""
+ENV_VAR = "DSTOOLKIT_CALIBRATION"
+"""Environment variable giving the calibration for specs that name none (same values as cluster.calibration)."""
+PROBE_RANKS = 2
+"""Ranks the probe runs side by side: the CPU jobs here run 2 ranks on 2 cores, and per-rank rates depend on it."""
 CLOCKS = ("wall", "cpu")
 """Per-clock sections a step_time_fidelity calibration file holds; estimates use wall-clock rates."""
 
@@ -153,21 +172,123 @@ def load_calibration(path: Union[str, pathlib.Path], precision: str) -> Calibrat
 
 def packaged_calibration_path(gpu_name: str) -> Optional[pathlib.Path]:
     """The packaged reference calibration for a hardware-table row, if it has one."""
-
-
     key = lookup_gpu_name(gpu_name) if isinstance(gpu_name, str) else None
     return PACKAGED.get(key) if key else None
 
 
 def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path] = None) -> Optional[pathlib.Path]:
-    """The calibration file for an explicit `value` (a path, relative to `base_dir`, or "none") or, when `value`
-    is None, the packaged reference of the hardware row `gpu` (a table name; explicit GpuSpec facts have none)."""
-    if value is not None:
-        if str(value).strip().lower() in NONE_VALUES:
-            return None
-        p = pathlib.Path(str(value)).expanduser()
-        return p if p.is_absolute() or base_dir is None else base_dir / p
-    return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+    """The calibration file for `value` (a path relative to `base_dir`, "none", "reference" or "machine"); when
+    `value` is None, DSTOOLKIT_CALIBRATION's value, else this machine's for a CPU row ("machine"), else none."""
+    if value is None:
+        value = os.environ.get(ENV_VAR) or None
+        base_dir = None if value is not None else base_dir  # the variable's relative paths are the cwd's
+    if value is None:
+        value = MACHINE if isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu" else None
+    if value is None:
+        return None
+    word = str(value).strip().lower()
+    if word in NONE_VALUES:
+        return None
+    if word == REFERENCE:
+        return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+    if word == MACHINE:
+        return machine_calibration_path() if isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu" else None
+    p = pathlib.Path(str(value)).expanduser()
+    return p if p.is_absolute() or base_dir is None else base_dir / p
+
+
+# ---------------------------------------------------------------------------------------------- this machine
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> list[str]:
+    """The CPU features that change GEMM rates by dtype (native bf16 / AMX / AVX-512)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    return sorted(f for f in set(flags) if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_vnni"))
+
+
+def _torch_version() -> Optional[str]:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_key(ranks: int = PROBE_RANKS) -> dict[str, Any]:
+    """What a CPU calibration depends on: CPU model and features, usable cores, torch version, ranks."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return {"cpu": _cpu_model(), "flags": _cpu_flags(), "cores": cores, "torch": _torch_version(), "ranks": ranks}
+
+
+def cache_dir() -> pathlib.Path:
+    """Where machine calibrations are cached: $DSTOOLKIT_CACHE_DIR, else $XDG_CACHE_HOME/dstoolkit, else
+    ~/.cache/dstoolkit (one file per machine key under calibration/)."""
+    root = os.environ.get("DSTOOLKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dstoolkit")
+    return pathlib.Path(root) / "calibration"
+
+
+def _key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
+    cmd = [sys.executable, "-m", "dstoolkit.runtime.probe", "--out", str(out), "--ranks", str(key["ranks"]),
+           "--key", json.dumps(key)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 or not out.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise CalibrationInputError(f"probing this machine failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+
+def machine_calibration_path(key: Optional[dict[str, Any]] = None,
+                             probe: Optional[Callable[[pathlib.Path, dict], None]] = None,
+                             announce: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)
+                             ) -> Optional[pathlib.Path]:
+    """This machine's calibration file: cached for `key` (`machine_key()`), else probed now (once) and cached.
+
+    Without torch installed nothing can be probed: the packaged CPU reference is returned and `announce`
+    says so. `probe(out_path, key)` runs the probe (default: `python -m dstoolkit.runtime.probe` in a
+    subprocess).
+
+    Raises:
+        CalibrationInputError: the probe failed (the message has the end of its output).
+    """
+    key = key or machine_key()
+    path = cache_dir() / f"cpu-{_key_digest(key)}.json"
+    if path.is_file():
+        return path
+    if probe is None:
+        if key.get("torch") is None or importlib.util.find_spec("torch") is None:
+            announce("[dstoolkit] torch is not installed, so this CPU cannot be probed: CPU estimates use the "
+                     "packaged reference calibration (measured on another machine; install dstoolkit[train] "
+                     "to calibrate this one)")
+            return PACKAGED["cpu"]
+        probe = _probe_subprocess
+    announce(f"[dstoolkit] calibrating this CPU once ({key['cpu']}, {key['cores']} cores, torch {key['torch']}); "
+             f"cached in {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    probe(path, key)
+    return path
 
 
 def calibration_path_for(spec) -> Optional[pathlib.Path]:
@@ -212,6 +333,8 @@ def path_label(path: Optional[pathlib.Path]) -> str:
     """How a calibration file is named in summaries: packaged ones by package path; None = nominal rates."""
     if path is None:
         return "nominal hardware-table rates"
+    if path.parent == cache_dir():
+        return f"this machine's calibration {path}"
     try:
         shown = "dstoolkit/" + path.resolve().relative_to(DATA_DIR.parent).as_posix()
         return f"reference calibration {shown}"

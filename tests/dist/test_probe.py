@@ -1,0 +1,29 @@
+"""The real machine probe (dstoolkit.runtime.probe) on 2 gloo ranks: it writes a calibration the estimator
+reads, and the cache answers the second time without probing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dstoolkit.hardware import calibration as cal
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+def test_probe_writes_a_usable_calibration_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSTOOLKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("DSTOOLKIT_CALIBRATION", raising=False)
+    said = []
+    path = cal.machine_calibration_path(announce=said.append)
+    assert path.parent == tmp_path / "calibration" and len(said) == 1
+    rec = json.loads(path.read_text())
+    assert rec["machine"] == cal.machine_key()
+    for clock in ("wall", "cpu"):
+        c = rec["calibration"][clock]
+        assert all(c[f"matmul_flops_per_s_{p}{s}"] > 0 for p in ("fp32", "bf16") for s in ("", "_large"))
+        assert c["comm_busbw_bytes_per_s"] > 0 and c["mem_bw_bytes_per_s"] > 0 and c["step_overhead_s"] > 0
+    for prec in ("fp32", "bf16"):
+        assert cal.load_calibration(path, prec).matmul_flops_per_s == rec["calibration"]["wall"][f"matmul_flops_per_s_{prec}"]
+    again = []
+    assert cal.machine_calibration_path(announce=again.append) == path and again == []
