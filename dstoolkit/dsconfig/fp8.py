@@ -27,8 +27,9 @@ import fnmatch
 import warnings
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from dstoolkit.common.model import StrictModel
 from dstoolkit.hardware.table import GpuSpec
 
 # Largest finite magnitudes of the two OCP FP8 formats (OCP 8-bit FP spec v1.0; TE Format.E4M3/E5M2 max_fwd).
@@ -66,11 +67,7 @@ _BLOCK_MIN_CUDA = (12, 9)
 _ADA_MIN_CUDA = (12, 1)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
-
-
-class Fp8LayerSelection(_Strict):
+class Fp8LayerSelection(StrictModel):
     """Which linear layers run in FP8. A layer must pass every rule; skipped layers keep bf16."""
 
     skip_first_layers: int = Field(default=0, ge=0)
@@ -115,7 +112,7 @@ class MegatronFp8Args(BaseModel):
     """One line per place where Megatron's default differs from TE's and the value was not set explicitly."""
 
 
-class Fp8Config(_Strict):
+class Fp8Config(StrictModel):
     """FP8 GEMM settings: format, scaling recipe and which layers. Defaults are Transformer Engine's."""
 
     enabled: bool = True

@@ -9,18 +9,16 @@ line rates: the step-time model divides collective bytes by them directly.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from dstoolkit.common.model import StrictModel
+from dstoolkit.common.text import did_you_mean
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
-
-
-class GpuSpec(_Strict):
+class GpuSpec(StrictModel):
     """One accelerator's facts (explicit form of `cluster.gpu`, or a row of the hardware table)."""
 
     name: str = "custom"
@@ -177,8 +175,8 @@ def known_gpu_names() -> list[str]:
 
 def gpu_name_error(name: str) -> str:
     """The message for an unknown GPU name: known names plus a did-you-mean when one is close."""
-    close = difflib.get_close_matches(_normalize(name), list(_BY_NORMALIZED), n=1, cutoff=0.5)
-    hint = f"did you mean {_BY_NORMALIZED[close[0]]!r}? " if close else ""
+    close = did_you_mean(_normalize(name), _BY_NORMALIZED, cutoff=0.5)
+    hint = f"did you mean {_BY_NORMALIZED[close]!r}? " if close else ""
     return (
         f"unknown GPU {name!r} ({hint}known: {', '.join(GPU_TABLE)}; or give explicit facts: memory_bytes, "
         "peak_bf16_flops, peak_fp8_flops, intra_node_bw_bytes_per_s, inter_node_bw_bytes_per_s)"

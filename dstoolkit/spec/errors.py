@@ -1,14 +1,30 @@
-"""Located spec errors: field paths mapped back to the YAML line and column of the spec file. No torch import."""
+"""Located spec errors: field paths mapped back to the YAML line and column of the spec file. No torch import.
+
+A spec problem is a `dstoolkit.validate.findings.Finding`, the same record `dstoolkit validate` returns for
+DeepSpeed configs, with a code of its own (`SPEC_CODES`; layout violations keep their ``LYxxx`` code) and
+`path` set, so it prints ``file:line:col: <field path>: <problem> (<fix>)``.
+"""
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
 import yaml
 
+from dstoolkit.common.text import did_you_mean
+from dstoolkit.validate.findings import Finding, pointer_of
+
 Loc = tuple[Union[str, int], ...]
+
+SPEC_CODES: dict[str, str] = {
+    "SP001": "YAML syntax error, duplicate key, or a file that is not a mapping",
+    "SP002": "unknown key",
+    "SP003": "wrong type or value",
+    "SP004": "cross-field rule",
+    "SP005": "required field missing",
+    "SP006": "spec file cannot be read",
+}
+"""Codes of spec findings (layout constraints keep their LYxxx code, dstoolkit.layout.constraints)."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -20,37 +36,43 @@ class SpecFieldError(ValueError):
     """A validation problem tied to a field path, raised inside validators.
 
     `loc` is relative to the model whose validator raises it (pydantic prepends the model's own location),
-    so `load_spec` can point at the exact YAML line of the offending key.
+    so `load_spec` can point at the exact YAML line of the offending key. `code`: the finding's code (an
+    ``LYxxx`` layout code, say); None lets the loader choose (SP003 for a field's own value, SP004 for a
+    cross-field rule).
     """
 
-    def __init__(self, loc: Loc, problem: str, fix: str):
+    def __init__(self, loc: Loc, problem: str, fix: str, code: Optional[str] = None):
         self.loc = tuple(loc)
         self.problem = problem
         self.fix = fix
+        self.code = code
         path = ".".join(str(p) for p in self.loc)
         super().__init__(f"{path + ': ' if path else ''}{problem} ({fix})")
 
 
-@dataclass(frozen=True)
-class SpecFinding:
-    """One located problem in a spec file."""
+def spec_finding(file: str, line: Optional[int], col: Optional[int], loc: Union[Loc, str], problem: str,
+                 fix: str, code: str = "SP004") -> Finding:
+    """A located spec `Finding`. `loc` is the field path (a tuple, or already dotted text such as "<yaml>")."""
+    if isinstance(loc, str):
+        path, pointer = loc, (pointer_of(tuple(loc.split("."))) if loc and not loc.startswith("<") else "")
+    else:
+        path, pointer = _dotted(loc), pointer_of(loc)
+    return Finding(file=file, pointer=pointer, line=line, column=col, severity="error", code=code, message=problem,
+                   suggestion=fix, path=path)
 
-    file: str
-    line: Optional[int]
-    col: Optional[int]
-    path: str
-    problem: str
-    fix: str
 
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.col}: " if self.line is not None else (f"{self.file}: " if self.file else "")
-        return f"{where}{self.path + ': ' if self.path else ''}{self.problem} ({self.fix})"
+def SpecFinding(file: str, line: Optional[int], col: Optional[int], path: str, problem: str, fix: str,  # noqa: N802
+                code: str = "SP004") -> Finding:
+    """The former spec-only record's constructor, kept for callers that build one positionally; returns a
+    `Finding` (use `spec_finding`)."""
+    return spec_finding(file, line, col, path, problem, fix, code)
 
 
 class SpecError(ValueError):
-    """Invalid spec. Each line of the message reads ``file:line:col: <field path>: <problem> (<fix>)``."""
+    """Invalid spec. Each line of the message reads ``file:line:col: <field path>: <problem> (<fix>)``;
+    `findings` holds the `Finding`s."""
 
-    def __init__(self, findings: Sequence[SpecFinding]):
+    def __init__(self, findings: Sequence[Finding]):
         self.findings = list(findings)
         super().__init__("\n".join(str(f) for f in self.findings))
 
@@ -80,9 +102,9 @@ class SpecSource:
             return 1, 1
         return target.start_mark.line + 1, target.start_mark.column + 1
 
-    def finding(self, loc: Loc, problem: str, fix: str, at_key: bool = False) -> SpecFinding:
+    def finding(self, loc: Loc, problem: str, fix: str, at_key: bool = False, code: str = "SP004") -> Finding:
         line, col = self.locate(loc, at_key)
-        return SpecFinding(str(self.path), line, col, _dotted(loc), problem, fix)
+        return spec_finding(str(self.path), line, col, tuple(loc), problem, fix, code)
 
 
 def _mapping_get(node: yaml.MappingNode, key: Union[str, int]) -> Optional[tuple[yaml.Node, yaml.Node]]:
@@ -122,7 +144,7 @@ def _dotted(loc: Iterable[Union[str, int]]) -> str:
 
 
 def _did_you_mean(word: str, options: Iterable[str]) -> Optional[str]:
-    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
-    return close[0] if close else None
+    """`dstoolkit.common.text.did_you_mean` at the spec's cutoff (0.6)."""
+    return did_you_mean(str(word), options, cutoff=0.6)
 
 

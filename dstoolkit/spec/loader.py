@@ -4,13 +4,16 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted, _walk
+from dstoolkit.layout.dims import LayoutError
+from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecSource, _did_you_mean, _dotted, _walk, spec_finding
+from dstoolkit.validate.findings import Finding
 from dstoolkit.spec.model import ModelSpec, Spec
 
 # ----------------------------------------------------------------------------------------------------------
@@ -25,9 +28,9 @@ def _check_duplicate_keys(node: Optional[yaml.Node], source: SpecSource, loc: Lo
             key = k.value if isinstance(k, yaml.ScalarNode) else None
             if key is not None and key in seen:
                 first = seen[key].start_mark.line + 1
-                raise SpecError([SpecFinding(
-                    str(source.path), k.start_mark.line + 1, k.start_mark.column + 1, _dotted(loc + (key,)),
-                    f"duplicate key {key!r} (first given on line {first})", "remove one of them",
+                raise SpecError([spec_finding(
+                    str(source.path), k.start_mark.line + 1, k.start_mark.column + 1, loc + (key,),
+                    f"duplicate key {key!r} (first given on line {first})", "remove one of them", "SP001",
                 )])
             if key is not None:
                 seen[key] = k
@@ -69,11 +72,13 @@ def _describe(info: Any) -> str:
     return "expected: " + " ".join(info.description.split())
 
 
-def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[SpecFinding]:
+def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[Finding]:
     raw = []
     for e in err.errors(include_url=False):
         loc: Loc = tuple(e["loc"])
         ctx_err = (e.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, LayoutError):  # a validator that let dstoolkit.layout's error through
+            ctx_err = SpecFieldError((), ctx_err.message, ctx_err.fix, ctx_err.code)
         custom = isinstance(ctx_err, SpecFieldError)
         if custom:
             loc = loc + ctx_err.loc
@@ -109,19 +114,21 @@ def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[
     for clean, items in grouped.items():
         e, _, _, ce = items[0]
         if ce is not None:
-            findings.append(source.finding(clean, ce.problem, ce.fix))
+            # a field validator's own value (no sub-path) is SP003; a rule across fields SP004
+            findings.append(source.finding(clean, ce.problem, ce.fix, code=ce.code or ("SP004" if ce.loc else "SP003")))
             continue
         if e["type"] == "missing":
             parent = _dotted(clean[:-1]) or "the top level"
             _, info = _model_class_at(clean)
-            findings.append(source.finding(clean, "required field is missing", f"add `{clean[-1]}:` under {parent}; {_describe(info)}"))
+            findings.append(source.finding(clean, "required field is missing",
+                                           f"add `{clean[-1]}:` under {parent}; {_describe(info)}", code="SP005"))
             continue
         if e["type"] == "extra_forbidden":
             cls, _ = _model_class_at(clean)
             allowed = list(cls.model_fields) if cls is not None else []
             guess = _did_you_mean(str(clean[-1]), allowed)
             fix = f"did you mean {guess!r}?" if guess else f"remove it; allowed keys: {', '.join(allowed)}"
-            findings.append(source.finding(clean, f"unknown key {clean[-1]!r}", fix, at_key=True))
+            findings.append(source.finding(clean, f"unknown key {clean[-1]!r}", fix, at_key=True, code="SP002"))
             continue
         if e["type"] in ("model_type", "model_attributes_type", "dict_type") and len(items) == 1:
             cls, info = _model_class_at(clean)
@@ -132,12 +139,12 @@ def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[
                 if section is ModelSpec and isinstance(value, str):
                     fix = f"write `model: {{preset: {value}}}` (or hf_config: / inline HF fields)"
                 shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
-                findings.append(source.finding(clean, f"{shown} is not a mapping", fix))
+                findings.append(source.finding(clean, f"{shown} is not a mapping", fix, code="SP003"))
                 continue
         if e["type"] == "value_error" and len(items) == 1:
             msg = e["msg"].removeprefix("Value error, ")
             _, info = _model_class_at(clean)
-            findings.append(source.finding(clean, msg, _describe(info)))
+            findings.append(source.finding(clean, msg, _describe(info), code="SP003"))
             continue
         msgs = []
         for it in items:
@@ -147,8 +154,8 @@ def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[
         _, info = _model_class_at(clean)
         value = e.get("input")
         shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
-        findings.append(source.finding(clean, f"{shown} is not valid: {' or '.join(msgs)}", _describe(info)))
-    findings.sort(key=lambda f: (f.line or 0, f.col or 0))
+        findings.append(source.finding(clean, f"{shown} is not valid: {' or '.join(msgs)}", _describe(info), code="SP003"))
+    findings.sort(key=lambda f: (f.line or 0, f.column or 0))
     return findings
 
 
@@ -170,7 +177,8 @@ def load_spec(path: Union[str, Path]) -> Spec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError([SpecFinding(str(path), None, None, "", f"cannot read spec file: {exc.strerror or exc}", "check the path")]) from None
+        raise SpecError([spec_finding(str(path), None, None, (), f"cannot read spec file: {exc.strerror or exc}",
+                                      "check the path", "SP006")]) from None
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -181,12 +189,14 @@ def load_spec(path: Union[str, Path]) -> Spec:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([SpecFinding(str(path), line, col, "<yaml>", f"YAML syntax error: {problem}", "fix the YAML syntax at this position")]) from None
+        raise SpecError([spec_finding(str(path), line, col, "<yaml>", f"YAML syntax error: {problem}",
+                                      "fix the YAML syntax at this position", "SP001")]) from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
         what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
-        raise SpecError([SpecFinding(str(path), 1, 1, "", f"spec file is {what}", "write a mapping with model:, cluster: and training: sections")])
+        raise SpecError([spec_finding(str(path), 1, 1, (), f"spec file is {what}",
+                                      "write a mapping with model:, cluster: and training: sections", "SP001")])
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
@@ -207,4 +217,4 @@ def spec_from_dict(data: dict, *, name: str = "<spec>") -> Spec:
         except yaml.YAMLError:
             root = yaml.MappingNode("tag:yaml.org,2002:map", [])
         findings = _findings_from_validation(exc, SpecSource(Path(name), root))
-        raise SpecError([SpecFinding(name, None, None, f.path, f.problem, f.fix) for f in findings]) from None
+        raise SpecError([dataclasses.replace(f, file=name, line=None, column=None) for f in findings]) from None

@@ -12,21 +12,16 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from dstoolkit.common.model import Auto, StrictModel as _Strict  # the one strict base and "auto"
 from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
 from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
 
-Auto = Literal["auto"]
-
 # ----------------------------------------------------------------------------------------------------------
 # Schema
 # ----------------------------------------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 def _reject_bool(value: Any, field: str) -> Any:

@@ -400,3 +400,26 @@ def test_section_that_is_not_a_mapping(tmp_path):
     assert lines[0].endswith(":2:8: model: 'llama-3-8b' is not a mapping (write `model: {preset: llama-3-8b}` (or hf_config: / inline HF fields))")
     lines, _ = error_lines(tmp_path, GOOD.replace("cluster:\n  nodes: 1\n  gpus_per_node: 2\n  gpu: cpu", "cluster: 2"))
     assert "cluster: 2 is not a mapping (write cluster as a mapping with keys: nodes, gpus_per_node, gpu, cuda_version, calibration)" in lines[0]
+
+
+def test_spec_findings_are_findings_with_codes(tmp_path):
+    # one Finding type for specs and DeepSpeed configs; spec problems carry SPxxx codes, the spec text format
+    from dstoolkit.validate.findings import Finding
+
+    cases = [
+        (GOOD.replace("global_batch: 8", "global_batch: 8\n  micro_bach: 2"), "SP002", "training.micro_bach",
+         "/training/micro_bach"),
+        (GOOD.replace("seq_len: 128", "seq_len: abc"), "SP003", "training.seq_len", "/training/seq_len"),
+        (GOOD.replace("  seq_len: 128", "  seq_len: [128"), "SP001", "<yaml>", ""),
+        (GOOD.replace("  seq_len: 128\n", ""), "SP005", "training.seq_len", "/training/seq_len"),
+        (GOOD.replace("zero_stage: 2", "zero_stage: 2\n  checkpoint_every_k: 2"), "SP004", "training.checkpoint_every_k",
+         "/training/checkpoint_every_k"),
+    ]
+    for text, code, path, pointer in cases:
+        _, err = error_lines(tmp_path, text)
+        [f] = err.findings
+        assert isinstance(f, Finding) and (f.code, f.path, f.pointer, f.severity) == (code, path, pointer, "error"), f
+        assert str(f) == f"{f.file}:{f.line}:{f.column}: {f.path}: {f.message} ({f.suggestion})"
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "nope.yaml")
+    assert info.value.findings[0].code == "SP006" and info.value.findings[0].line is None
