@@ -1,5 +1,7 @@
 # Sourced by launch/demo.sh and launch/test.sh: create or reuse .venv and install dstoolkit into it.
-# Re-installs only when setup.py changed since the last install (stamp file), so reruns are fast.
+# Re-installs only when pyproject.toml changed since the last install (stamp file), so reruns are fast.
+# $1 is the extra to install: train (default; what launch/demo.sh needs), dev (the test suite), bench, tune,
+# hf, te, or core (no extra: no torch, no deepspeed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DSTOOLKIT_VENV:-$ROOT/.venv}"
@@ -10,12 +12,14 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 STAMP="$VENV/.dstoolkit-installed"
-EXTRA="${1:-}"
-want="$(cat "$ROOT/setup.py" | sha256sum | cut -c1-16)-$EXTRA"
+EXTRA="${1:-train}"
+if [ "$EXTRA" = core ]; then EXTRA=""; fi
+want="$(sha256sum < "$ROOT/pyproject.toml" | cut -c1-16)-$EXTRA"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "[dstoolkit] installing dstoolkit${EXTRA:+[$EXTRA]} into $VENV (first run takes a few minutes)"
   # Keep an existing torch (a CUDA build, say); only a venv with no torch gets the pinned CPU-capable wheel.
-  if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  # Every extra but tune pulls torch==2.13.0: install that pin first, on its own, never an unpinned torch.
+  if [ -n "$EXTRA" ] && [ "$EXTRA" != tune ] && ! "$PY" -c "import torch" >/dev/null 2>&1; then
     "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
   fi
   "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT${EXTRA:+[$EXTRA]}"
