@@ -29,9 +29,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from dstoolkit.dsconfig import rules
 from dstoolkit.dsconfig.base import Bool, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto, deprecated
 from dstoolkit.dsconfig.ds_misc import (ActivationCheckpointingConfig, AioConfig, AutotuningConfig, CheckpointConfig,
-                                       CometConfig, CommsLoggerConfig, CompileConfig, CSVConfig, ExpertParallelConfig,
-                                       FlopsProfilerConfig, HybridEngineConfig, PipelineConfig, TensorBoardConfig,
-                                       TensorParallelConfig, TimersConfig, WandbConfig)
+                                       CompileConfig, ExpertParallelConfig, HybridEngineConfig, PipelineConfig,
+                                       TensorParallelConfig)
+from dstoolkit.dsconfig.ds_monitor import (CometConfig, CommsLoggerConfig, CSVConfig, FlopsProfilerConfig,
+                                          TensorBoardConfig, TimersConfig, WandbConfig)
 from dstoolkit.dsconfig.ds_optim import OptimizerConfig, SchedulerConfig
 from dstoolkit.dsconfig.ds_precision import BF16Config, DataTypesConfig, FP16Config, TorchAutocastConfig
 from dstoolkit.dsconfig.ds_zero import ZeroConfig
