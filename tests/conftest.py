@@ -1,3 +1,4 @@
+import functools
 import os
 import pathlib
 import sys
@@ -20,6 +21,7 @@ CORPUS = REPO / "tests" / "corpus"
 """The DeepSpeed config corpus (real configs + SOURCES.tsv with origin and DeepSpeed's verdicts), in the repo."""
 
 
+@functools.lru_cache(maxsize=None)
 def _has_cuda() -> bool:
     try:
         import torch
@@ -29,13 +31,11 @@ def _has_cuda() -> bool:
         return False
 
 
-def pytest_collection_modifyitems(config, items):
-    gpu_items = [item for item in items if "gpu" in item.keywords]
-    if not gpu_items or _has_cuda():  # torch is imported only when gpu tests were collected
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
-    for item in gpu_items:
-        item.add_marker(skip_gpu)
+def pytest_runtest_setup(item):
+    """gpu tests skip without CUDA. Checked when such a test is set up, not at collection: asking torch at
+    collection would import it (seconds) for every run, --collect-only included."""
+    if "gpu" in item.keywords and not _has_cuda():
+        pytest.skip("needs a CUDA GPU (none on this machine)")
 
 
 @pytest.fixture(scope="session")

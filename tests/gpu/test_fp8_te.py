@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is imported inside the tests (importorskip): collecting this module must not import torch.
 pytestmark = pytest.mark.gpu
 
 
@@ -16,6 +16,7 @@ def _te():
 
 
 def _tiny_on_gpu(seed=0):
+    torch = pytest.importorskip("torch")
     from dstoolkit.models.presets import get_preset
     from dstoolkit.runtime.model import build_model
 
@@ -31,6 +32,7 @@ def _batch(shape):
 
 
 def test_te_swap_report_forward_backward_and_revert():
+    torch = pytest.importorskip("torch")
     _te()
     from dstoolkit.runtime.fp8 import convert, load_state_dict, revert
 
@@ -56,6 +58,7 @@ def test_te_swap_report_forward_backward_and_revert():
 
 
 def test_te_fused_layernorm_mlp_matches_unfused():
+    torch = pytest.importorskip("torch")
     _te()
     from dstoolkit.runtime.fp8 import convert, revert
 
@@ -77,6 +80,7 @@ def test_te_fused_layernorm_mlp_matches_unfused():
 
 @pytest.mark.parametrize("recipe", ["current", "block"])
 def test_te_matches_emulation_numerically(recipe):
+    torch = pytest.importorskip("torch")
     _te()
     from dstoolkit.runtime.fp8 import convert
     from dstoolkit.fp8.recipes import Fp8BackendUnavailable
@@ -107,6 +111,7 @@ def test_te_matches_emulation_numerically(recipe):
 
 
 def test_te_backend_refuses_recipes_the_gpu_cannot_run():
+    torch = pytest.importorskip("torch")
     _te()
     from dstoolkit.runtime.fp8 import Fp8Converter
     from dstoolkit.fp8.recipes import Fp8BackendUnavailable

@@ -1,6 +1,5 @@
 """bench comm: argument parsing, nccl-tests factors, buffer layout and the correctness oracle."""
 import pytest
-import torch
 
 from dstoolkit.runtime.bench import comm
 from dstoolkit.runtime.bench.harness import BenchInputError
@@ -57,6 +56,8 @@ def test_layout_rounds_to_world_size():
 
 def _simulate(op, lay, world, dtype):
     """Independent oracle: compute each rank's output from every rank's input with plain tensor algebra."""
+    import torch
+
     inputs = [comm._pattern(torch, lay.in_numel, r, 0, torch.float64) for r in range(world)]
     total = sum(inputs)
     per = lay.count // world
@@ -77,8 +78,11 @@ def _simulate(op, lay, world, dtype):
 
 @pytest.mark.parametrize("op", comm.OPS)
 @pytest.mark.parametrize("world", [2, 3, 8])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
-def test_expected_results_match_simulated_collective(op, world, dtype):
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "int32"])  # names: no torch import at collection
+def test_expected_results_match_simulated_collective(op, world, dtype_name):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
     lay = comm.layout(op, 4096, 4, world)
     sim = _simulate(op, lay, world, dtype)
     for r in range(world):
@@ -87,6 +91,8 @@ def test_expected_results_match_simulated_collective(op, world, dtype):
 
 
 def test_count_wrong_counts_each_bad_element():
+    import torch
+
     exp = torch.arange(10, dtype=torch.float32)
     got = exp.clone()
     got[[1, 5, 7]] += 1

@@ -2,44 +2,49 @@
 import importlib.util
 
 import pytest
-import torch
-from torch import nn
 
 from dstoolkit.fp8 import Fp8BackendUnavailable
-from dstoolkit.runtime.fp8 import EmulatedFp8Linear, convert, load_state_dict, revert
 from dstoolkit.models.presets import get_preset
-from dstoolkit.runtime.model import build_model, synthetic_batch
+
+# torch, dstoolkit.runtime.fp8 and dstoolkit.runtime.model are imported inside the tests: collecting this
+# module must not import torch.
 
 
-class _MyLinear(nn.Linear):
-    pass
+def _Toy():
+    """The toy model (classes defined here, not at module level, so that collection does not import torch)."""
+    from torch import nn
 
+    class _MyLinear(nn.Linear):
+        pass
 
-class _Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(32)
-        self.up = nn.Linear(32, 64)
-        self.odd = nn.Linear(64, 24)  # 24 is not a multiple of 16
-        self.small = nn.Linear(24, 16)  # in 24: dims fail too
-        self.custom = _MyLinear(16, 32)
+    class _Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.up = nn.Linear(32, 64)
+            self.odd = nn.Linear(64, 24)  # 24 is not a multiple of 16
+            self.small = nn.Linear(24, 16)  # in 24: dims fail too
+            self.custom = _MyLinear(16, 32)
 
+    class _Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 32)
+            self.layers = nn.ModuleList([_Block() for _ in range(3)])
+            self.lm_head = nn.Linear(32, 10)
 
-class _Toy(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(10, 32)
-        self.layers = nn.ModuleList([_Block() for _ in range(3)])
-        self.lm_head = nn.Linear(32, 10)
+        def forward(self, ids):
+            x = self.emb(ids)
+            for b in self.layers:
+                x = b.custom(b.small(b.odd(b.up(b.norm(x)))))
+            return self.lm_head(x)
 
-    def forward(self, ids):
-        x = self.emb(ids)
-        for b in self.layers:
-            x = b.custom(b.small(b.odd(b.up(b.norm(x)))))
-        return self.lm_head(x)
+    return _Toy()
 
 
 def test_report_lists_every_module_with_a_reason_and_never_stops_early():
+    from dstoolkit.runtime.fp8 import convert
+
     model = _Toy()
     rep = convert(model, {"layers": {"skip_first_layers": 1, "skip_last_layers": 1}}, backend="emulated")
     skipped = {s.name: s.reason for s in rep.skipped}
@@ -60,6 +65,8 @@ def test_report_lists_every_module_with_a_reason_and_never_stops_early():
 
 
 def test_min_dims_and_include_patterns():
+    from dstoolkit.runtime.fp8 import convert
+
     model = _Toy()
     rep = convert(model, {"layers": {"include": ["*.up"], "min_out_features": 128}}, backend="emulated")
     skipped = {s.name: s.reason for s in rep.skipped}
@@ -70,11 +77,19 @@ def test_min_dims_and_include_patterns():
 
 
 def _tiny():
+    from dstoolkit.runtime.model import build_model
+
     shape = get_preset("tiny")
     return shape, build_model(shape, seed=0)
 
 
 def test_tiny_model_swap_state_dicts_and_revert():
+    import torch
+    from torch import nn
+
+    from dstoolkit.runtime.fp8 import EmulatedFp8Linear, convert, load_state_dict, revert
+    from dstoolkit.runtime.model import build_model, synthetic_batch
+
     shape, model = _tiny()
     ref_sd = {k: v.clone() for k, v in model.state_dict().items()}
     ids, labels = synthetic_batch(shape, 2, 32, step=0, rank=0)
@@ -101,6 +116,11 @@ def test_tiny_model_swap_state_dicts_and_revert():
 
 
 def test_optimizer_built_before_convert_still_updates_swapped_layers():
+    import torch
+
+    from dstoolkit.runtime.fp8 import convert
+    from dstoolkit.runtime.model import synthetic_batch
+
     shape, model = _tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = model.blocks[0].mlp.down_proj.weight.detach().clone()
@@ -120,6 +140,8 @@ def test_optimizer_built_before_convert_still_updates_swapped_layers():
 
 
 def test_convert_twice_reports_already_converted():
+    from dstoolkit.runtime.fp8 import convert
+
     _, model = _tiny()
     convert(model, backend="emulated", cfg={"recipe": "current"})
     again = convert(model, backend="emulated", cfg={"recipe": "current"})
@@ -128,6 +150,10 @@ def test_convert_twice_reports_already_converted():
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed here")
 def test_te_backend_missing_says_what_to_do():
+    from torch import nn
+
+    from dstoolkit.runtime.fp8 import convert
+
     _, model = _tiny()
     with pytest.raises(Fp8BackendUnavailable, match=r"pip install 'dstoolkit\[te\]'.*backend='emulated'"):
         convert(model, backend="te")
@@ -140,5 +166,9 @@ def test_te_backend_missing_says_what_to_do():
 
 
 def test_unknown_backend():
+    from torch import nn
+
+    from dstoolkit.runtime.fp8 import convert
+
     with pytest.raises(ValueError, match="backend='tpu' is not one of 'te', 'emulated'"):
         convert(nn.Linear(16, 16), backend="tpu")

@@ -1,13 +1,16 @@
 """Emulation numerics against hand-computed values (scale, saturation, amax history, block scales)."""
 import pytest
-import torch
 
-from dstoolkit.runtime.fp8 import quant
-from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear, _RoleQuantizer, fp8_autocast
 from dstoolkit.dsconfig.fp8 import Fp8Config
+
+# torch and dstoolkit.runtime.fp8 are imported inside the tests: collecting this module must not import torch.
 
 
 def test_scale_is_fp8_max_over_amax_times_two_to_minus_margin():
+    import torch
+
+    from dstoolkit.runtime.fp8 import quant
+
     amax = torch.tensor([2.0, 7.0, 0.0, float("inf")])
     # 448 / 2 = 224; 448 / 7 = 64; zero or non-finite amax -> neutral scale 1.
     assert quant.scale_from_amax(amax, 448.0).tolist() == [224.0, 64.0, 1.0, 1.0]
@@ -17,6 +20,10 @@ def test_scale_is_fp8_max_over_amax_times_two_to_minus_margin():
 
 
 def test_saturation_at_448_and_57344():
+    import torch
+
+    from dstoolkit.runtime.fp8 import quant
+
     one = torch.tensor(1.0)
     q = quant.cast_fp8(torch.tensor([1000.0, -1000.0, 448.0, 500.0]), one, "e4m3")
     assert q.dtype == torch.float8_e4m3fn and q.float().tolist() == [448.0, -448.0, 448.0, 448.0]
@@ -25,6 +32,10 @@ def test_saturation_at_448_and_57344():
 
 
 def test_rounding_is_the_format_grid():
+    import torch
+
+    from dstoolkit.runtime.fp8 import quant
+
     one = torch.tensor(1.0)
     # E4M3 spacing in [1, 2) is 1/8: 1.06 -> 1.0, 1.07 -> 1.125 (midpoint 1.0625).
     assert quant.fake_quant(torch.tensor([1.06, 1.07, 0.5]), one, "e4m3").tolist() == [1.0, 1.125, 0.5]
@@ -33,6 +44,10 @@ def test_rounding_is_the_format_grid():
 
 
 def test_amax_history_roll_and_algorithms():
+    import torch
+
+    from dstoolkit.runtime.fp8 import quant
+
     h = quant.AmaxHistory(3, "max", 448.0)
     assert h.scale.item() == 1.0  # TE's initial scale
     for a in (1.0, 2.0, 3.0, 4.0):
@@ -53,6 +68,10 @@ def test_amax_history_roll_and_algorithms():
 
 
 def test_delayed_quantizer_uses_previous_steps_scale():
+    import torch
+
+    from dstoolkit.runtime.fp8.emulated import _RoleQuantizer
+
     q = _RoleQuantizer(Fp8Config(amax_history_len=4), "input")
     x = torch.tensor([[0.001, -0.0005]])
     first = q.per_tensor(x)
@@ -64,6 +83,10 @@ def test_delayed_quantizer_uses_previous_steps_scale():
 
 
 def test_block_scales_on_256x256_with_planted_outliers():
+    import torch
+
+    from dstoolkit.runtime.fp8 import quant
+
     x = torch.full((256, 256), 0.5)
     x[5, 200] = 100.0
     x[130, 3] = -50.0
@@ -89,6 +112,10 @@ def test_block_scales_on_256x256_with_planted_outliers():
 
 
 def test_partial_blocks_and_mx_power_of_two_scales():
+    import torch
+
+    from dstoolkit.runtime.fp8 import quant
+
     x = torch.tensor([[3.0] + [0.0] * 31 + [0.3] + [0.0] * 7])  # 40 columns: a full and a partial 32-block
     mx = quant.quantize_blocks(x, (1, 32), "e4m3", power_of_two=True)
     # OCP MX: scale = 2^(8 - floor(log2 amax)): amax 3 -> 2^7, amax 0.3 -> 2^10.
@@ -99,6 +126,10 @@ def test_partial_blocks_and_mx_power_of_two_scales():
 
 
 def _identity_linear(cfg):
+    import torch
+
+    from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear
+
     lin = torch.nn.Linear(16, 16, bias=False)
     with torch.no_grad():
         lin.weight.copy_(torch.eye(16))
@@ -107,6 +138,10 @@ def _identity_linear(cfg):
 
 @pytest.mark.parametrize("fmt,expected", [("hybrid", 20480.0 / 57344.0), ("e4m3", 144.0 / 448.0)])
 def test_gradients_use_e5m2_for_hybrid(fmt, expected):
+    import torch
+
+    from dstoolkit.runtime.fp8.emulated import fp8_autocast
+
     mod = _identity_linear(Fp8Config(recipe="current", format=fmt))
     x = torch.zeros(1, 16, requires_grad=True)
     g = torch.zeros(1, 16)
@@ -119,6 +154,10 @@ def test_gradients_use_e5m2_for_hybrid(fmt, expected):
 
 
 def test_forward_exact_on_grid_and_plain_outside_autocast():
+    import torch
+
+    from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear, fp8_autocast
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 16)
     with torch.no_grad():  # values on a grid that a power-of-two scale maps onto E4M3 exactly
@@ -136,6 +175,10 @@ def test_forward_exact_on_grid_and_plain_outside_autocast():
 
 @pytest.mark.parametrize("recipe", ["delayed", "current", "block", "mxfp8"])
 def test_every_recipe_tracks_bf16_closely(recipe):
+    import torch
+
+    from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear, fp8_autocast
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 128)
     cfg = Fp8Config(recipe=recipe, format="e4m3" if recipe in ("block", "mxfp8") else "hybrid")
@@ -158,6 +201,10 @@ def test_every_recipe_tracks_bf16_closely(recipe):
 
 
 def test_activation_checkpoint_recompute_repeats_the_fp8_forward():
+    import torch
+
+    from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear, fp8_autocast
+
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)

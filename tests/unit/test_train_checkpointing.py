@@ -4,14 +4,13 @@ Measured with torch.autograd.graph.saved_tensors_hooks on CPU (bf16 weights, the
 the estimate comes from the SAME CheckpointPolicy object through RunPlan.checkpoint.
 """
 import pytest
-import torch
 
 from dstoolkit.estimate import RunPlan, activation_bytes
 from dstoolkit.models import get_preset
-from dstoolkit.runtime.model import build_model, synthetic_batch
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.hardware.table import get_gpu
-from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
+
+# torch and dstoolkit.runtime.* are imported inside the tests: collecting this module must not import torch.
 
 ACTIVATION_TOLERANCE = 0.10  # issue #4: activations within 10% of measurement
 SEQ, MICRO = 64, 2
@@ -26,6 +25,11 @@ POLICIES = {
 
 @pytest.fixture(scope="module")
 def measured():
+    import torch
+
+    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
+
     shape = get_preset("tiny")
     model = build_model(shape).to(torch.bfloat16)
     x, y = synthetic_batch(shape, MICRO, SEQ, step=0, rank=0)
@@ -44,6 +48,9 @@ def _estimate(shape, policy):
 
 
 def test_policy_flags_reach_the_blocks():
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
+
     model = build_model(get_preset("tiny"))
     flags = apply_checkpoint_policy(model, CheckpointPolicy(kind="every-k", every_k=3))
     assert flags == model.checkpointed == [True, False, False, True]
@@ -54,6 +61,10 @@ def test_policy_flags_reach_the_blocks():
 
 
 def test_recompute_gives_identical_gradients():
+    import torch
+
+    from dstoolkit.runtime.model import build_model, synthetic_batch
+
     shape = get_preset("tiny").model_copy(update={"num_hidden_layers": 2})
     x, y = synthetic_batch(shape, 1, 16, step=0, rank=0)
     grads = []

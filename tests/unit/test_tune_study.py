@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import optuna
 import pytest
 
 from dstoolkit.cli import main
@@ -23,6 +22,8 @@ def _opts(repo_root, name, out, **kw):
 
 @pytest.mark.parametrize("name", ["llama3_8b_1x8_h100", "mixtral_8x7b_2x8_h100", "deepseek_v3_32x8_h800"])
 def test_estimate_mode_on_bundled_large_specs(repo_root, tmp_path, name):
+    import optuna
+
     res = run_study(_opts(repo_root, name, tmp_path / "o"))
     assert res.evaluated == 4, res.stop_reason
     # Every trial in the database is in the report, pruned ones with their reason.
@@ -72,6 +73,8 @@ def test_resume_continues_the_same_study(repo_root, tmp_path):
 
 
 def test_interrupted_trial_is_closed_and_retried_on_resume(repo_root, tmp_path):
+    import optuna
+
     out = tmp_path / "i"
     calls = []
 
