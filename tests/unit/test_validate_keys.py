@@ -148,3 +148,17 @@ def test_dstoolkit_section_is_accepted_and_strippable():
     out = strip_dstoolkit_section(cfg)
     assert "dstoolkit" not in out and "dstoolkit" in cfg
     assert find({**BASE, "dstoolkit": {"moe": {"num_experts": 8, "ep": 2}}}, "DS101")[0].pointer == "/dstoolkit/moe/ep"
+
+
+def test_one_did_you_mean_for_every_caller():
+    from dstoolkit.common.text import did_you_mean
+
+    assert did_you_mean("comm_overlap", ["overlap_comm", "stage"]) == "overlap_comm"  # words reordered
+    assert did_you_mean("ADAMW", ["AdamW", "Adam"]) == "AdamW"  # case only
+    assert did_you_mean("pin_memmory", ["pin_memory", "device"], cutoff=0.72) == "pin_memory"
+    assert did_you_mean("xyz", ["pin_memory"]) is None
+    # the cutoff is the caller's: spec keys 0.6, GPU names (normalised) 0.5
+    assert did_you_mean("micro_bach", ["micro_batch", "seq_len"], cutoff=0.6) == "micro_batch"
+    from dstoolkit.hardware.table import gpu_name_error
+
+    assert "did you mean 'H100-SXM'?" in gpu_name_error("H10-SXM")
