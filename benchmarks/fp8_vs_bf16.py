@@ -194,11 +194,16 @@ def plot(summary: dict, path: pathlib.Path) -> None:
     ax2.set_ylabel("(fp8 - bf16) / bf16 [%]")
     ax2.set_title(f"eval gap {summary['relative_gap_eval'] * 100:+.3f}% (DeepSeek-V3: |gap| < 0.25%, dashed)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from dstoolkit.runtime.bench.report import save_figure
+
+    save_figure(fig, path, dpi=110)
+    plt.close(fig)
 
 
 def render_md(summary: dict, png_name: str) -> str:
     """Markdown summary rendered from the JSON result."""
+    from dstoolkit.runtime.bench.report import render_markdown_table
+
     c = summary["config"]
     ctl = summary.get("control")
     lines = [
@@ -207,13 +212,14 @@ def render_md(summary: dict, png_name: str) -> str:
         f"lr {c['lr']} (warm-up {c['warmup']}, cosine to 10%), same weights and data in both arms.",
         f"FP8: {summary['fp8']['format']} everywhere, 1x128 activation tiles, 128x128 weight blocks, "
         f"{len(summary['swap_report']['swapped'])} linears swapped, lm_head kept in bf16.", "",
-        "| | bf16 | FP8 emulated | relative gap |", "|---|---|---|---|",
-        f"| final train loss (mean of last {summary['final_train_loss']['averaged_over_last_steps']} steps) | "
-        f"{summary['final_train_loss']['bf16']:.4f} | {summary['final_train_loss']['fp8']:.4f} | "
-        f"{summary['relative_gap_train'] * 100:+.3f}% |",
-        f"| held-out eval loss ({summary['eval_loss']['batches']} batches) | {summary['eval_loss']['bf16']:.4f} | "
-        f"{summary['eval_loss']['fp8']:.4f} | {summary['relative_gap_eval'] * 100:+.3f}% |",
     ]
+    lines += render_markdown_table([
+        [f"final train loss (mean of last {summary['final_train_loss']['averaged_over_last_steps']} steps)",
+         f"{summary['final_train_loss']['bf16']:.4f}", f"{summary['final_train_loss']['fp8']:.4f}",
+         f"{summary['relative_gap_train'] * 100:+.3f}%"],
+        [f"held-out eval loss ({summary['eval_loss']['batches']} batches)", f"{summary['eval_loss']['bf16']:.4f}",
+         f"{summary['eval_loss']['fp8']:.4f}", f"{summary['relative_gap_eval'] * 100:+.3f}%"],
+    ], ("", "bf16", "FP8 emulated", "relative gap"))
     if ctl:
         lines += ["", f"Control: bf16 with another weight seed lands {ctl['relative_gap_eval'] * 100:+.3f}% (eval) / "
                   f"{ctl['relative_gap_train'] * 100:+.3f}% (train) from the bf16 run: this is the run-to-run noise "
@@ -246,7 +252,13 @@ def main(argv=None) -> int:
     p.add_argument("--tag", default="fp8_vs_bf16_tiny_cpu2_202611")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--raw", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--render-from", metavar="JSON", help="print the markdown of an existing result JSON (its PNG "
+                   "named after it) and exit; nothing is run or written")
     args = p.parse_args(argv)
+    if args.render_from:
+        src = pathlib.Path(args.render_from)
+        sys.stdout.write(render_md(json.loads(src.read_text()), src.with_suffix(".png").name))
+        return 0
     if args.worker:
         worker(args)
         return 0
@@ -270,11 +282,11 @@ def main(argv=None) -> int:
     summary = summarize(json.loads(raw.read_text()), args, time.time() - t0)
     raw.unlink()
     json_path, png_path = out / f"{args.tag}.json", out / f"{args.tag}.png"
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(json_path)
+    from dstoolkit.runtime.bench.report import write_json, write_report
+
+    write_json(json_path, summary)
     plot(summary, png_path)
-    (out / f"{args.tag}.md").write_text(render_md(summary, png_path.name))
+    write_report(out / f"{args.tag}.md", render_md(summary, png_path.name))
     print(f"final train loss  bf16 {summary['final_train_loss']['bf16']:.4f}  fp8 {summary['final_train_loss']['fp8']:.4f}"
           f"  relative gap {summary['relative_gap_train'] * 100:+.3f}%")
     print(f"held-out eval     bf16 {summary['eval_loss']['bf16']:.4f}  fp8 {summary['eval_loss']['fp8']:.4f}"

@@ -36,7 +36,8 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dstoolkit.runtime.train.launch import free_port  # noqa: E402
+from dstoolkit.runtime.bench.harness import capture_env, free_port  # noqa: E402
+from dstoolkit.runtime.bench.report import env_brief, render_markdown_table, write_json, write_report  # noqa: E402
 
 MODEL_STATE_GOAL = 0.02
 """Issue #4 goal: model states within 2% per cell."""
@@ -437,19 +438,8 @@ def summarize(recs: list[dict]) -> dict:
     )
 
 
-def _env() -> dict:
-    import platform
-
-    import deepspeed
-    import torch
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except Exception:
-        commit = None
-    return dict(torch=torch.__version__, deepspeed=deepspeed.__version__, python=platform.python_version(),
-                machine=platform.machine(), cpus=os.cpu_count(), git_commit=commit,
-                date=_dt.datetime.utcnow().isoformat(timespec="seconds") + "Z")
+TABLE_COLUMNS = ("cell", "rank", "DeepSpeed optimizer", "measured MiB", "estimate MiB", "error", "params err",
+                 "master+opt err", "grads+buffers err", "act measured MiB", "act estimate MiB", "act err")
 
 
 def render_md(summary: dict, env: dict) -> str:
@@ -462,7 +452,7 @@ def render_md(summary: dict, env: dict) -> str:
     lines = [
         "# Memory fidelity: dstoolkit.estimate vs real DeepSpeed (2 gloo ranks, CPU)",
         "",
-        f"DeepSpeed {env['deepspeed']}, torch {env['torch']}, commit {env['git_commit']}, {env['date']}.",
+        f"{env_brief(env)}.",
         f"Model states measured inside the inner optimizer step of step 2; activations with saved_tensors_hooks. "
         f"Goals: model states within {MODEL_STATE_GOAL:.0%} per cell, activations within {ACTIVATION_GOAL:.0%}.",
         "",
@@ -471,20 +461,18 @@ def render_md(summary: dict, env: dict) -> str:
         f"**Worst activation error:** {pct(summary['worst_activation_error'][0]) if summary['worst_activation_error'] else 'n/a'}"
         f" ({summary['worst_activation_error'][1] if summary['worst_activation_error'] else ''}).",
         "",
-        "| cell | rank | DeepSpeed optimizer | measured MiB | estimate MiB | error | params err | master+opt err | grads+buffers err | act measured MiB | act estimate MiB | act err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for x in summary["rows"]:
         if not x["ok"]:
-            lines.append(f"| {x['cell']} | {x['rank']} | FAILED: {x['error'][:80]} |  |  |  |  |  |  |  |  |  |")
+            rows.append([x["cell"], x["rank"], f"FAILED: {x['error'][:80]}"])
             continue
-        lines.append(
-            f"| {x['cell']} | {x['rank']} | {x['optimizer_class']} | {mib(x['measured_total'])} | {mib(x['estimate_total'])} | "
-            f"{pct(x['err_total'])} | {pct(x['err_params'])} | {pct(x['err_master_opt'])} | {pct(x['err_grads_buffers'])} | "
-            f"{mib(x['measured_activations']) if 'measured_activations' in x else ''} | "
-            f"{mib(x['estimate_activations']) if 'estimate_activations' in x else ''} | "
-            f"{pct(x.get('err_activations'))} |"
-        )
+        rows.append([x["cell"], x["rank"], x["optimizer_class"], mib(x["measured_total"]), mib(x["estimate_total"]),
+                     pct(x["err_total"]), pct(x["err_params"]), pct(x["err_master_opt"]), pct(x["err_grads_buffers"]),
+                     mib(x["measured_activations"]) if "measured_activations" in x else "",
+                     mib(x["estimate_activations"]) if "estimate_activations" in x else "",
+                     pct(x.get("err_activations"))])
+    lines += render_markdown_table(rows, TABLE_COLUMNS)
     return "\n".join(lines) + "\n"
 
 
@@ -494,7 +482,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cells-file", help=argparse.SUPPRESS)
     ap.add_argument("--grid", choices=["full", "quick"], default="full")
     ap.add_argument("--out", help="output directory (default benchmarks/results, files memory_fidelity_cpu_<yyyymm>.*)")
+    ap.add_argument("--render-from", metavar="JSON", help="print the markdown of an existing result JSON and exit "
+                    "(nothing is run or written)")
     args = ap.parse_args(argv)
+    if args.render_from:
+        summary = json.loads(pathlib.Path(args.render_from).read_text())
+        sys.stdout.write(render_md(summary, summary["env"]))
+        return 0
     if args.worker:
         rank = int(os.environ.get("RANK", "0"))
         run_worker(json.loads(pathlib.Path(args.cells_file).read_text()), os.path.join(args.out, f"rank{rank}.jsonl"))
@@ -505,14 +499,14 @@ def main(argv=None) -> int:
     t0 = time.time()
     recs = launch(cells, work)
     summary = summarize(recs)
-    env = _env()
+    env = capture_env(2, "gloo", {"grid": args.grid, "cells": [c["name"] for c in cells]})
     summary["env"] = env
     summary["wall_s"] = round(time.time() - t0, 1)
     stamp = _dt.datetime.utcnow().strftime("%Y%m")
     json_path = out / f"memory_fidelity_cpu_{stamp}.json"
     md_path = out / f"memory_fidelity_cpu_{stamp}.md"
-    json_path.write_text(json.dumps(summary, indent=1))
-    md_path.write_text(render_md(summary, env))
+    write_json(json_path, summary)
+    write_report(md_path, render_md(summary, env))
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)

@@ -24,7 +24,6 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def main(argv=None) -> int:
@@ -33,7 +32,14 @@ def main(argv=None) -> int:
     ap.add_argument("--save-every", type=int, default=2)
     ap.add_argument("--pg-timeout-s", type=int, default=10)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--render-from", metavar="JSON", help="print the markdown of an existing result JSON and exit "
+                    "(nothing is run or written; no root needed)")
     args = ap.parse_args(argv)
+    if args.render_from:
+        sys.stdout.write(render_md(json.loads(pathlib.Path(args.render_from).read_text())))
+        return 0
+    from dstoolkit.runtime.bench.harness import capture_env
+    from dstoolkit.runtime.bench.report import write_json, write_report
     from dstoolkit.runtime.testhosts import jobs, scenarios
     from dstoolkit.runtime.testhosts.hosts import TestHosts, reap_stale, unavailable_reason
 
@@ -83,31 +89,30 @@ def main(argv=None) -> int:
     result["loadavg_before"] = load_before
     result["loadavg_after"] = os.getloadavg()
     result["wall_s"] = round(time.time() - t_start, 1)
-    from memory_fidelity import _env
-
-    result["env"] = _env()
+    result["env"] = capture_env(4, "gloo", {k: result[k] for k in ("layout", "steps", "save_every", "pg_timeout_s")})
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m")
-    (out / f"multinode_faults_cpu_{stamp}.json").write_text(json.dumps(result, indent=1, default=str))
+    write_json(out / f"multinode_faults_cpu_{stamp}.json", result)
     md = render_md(result)
-    (out / f"multinode_faults_cpu_{stamp}.md").write_text(md)
+    write_report(out / f"multinode_faults_cpu_{stamp}.md", md)
     print(md)
     return 0
 
 
 def render_md(res: dict) -> str:
+    from dstoolkit.runtime.bench.report import render_markdown_table
+
     lines = [f"# Across nodes: faults and resume ({res['layout']})", "",
              f"{res['steps']} steps, checkpoint every {res['save_every']}; process-group timeout "
              f"{res['pg_timeout_s']} s on every group (cut-link run); load average before "
-             f"{res['loadavg_before'][0]:.1f}, after {res['loadavg_after'][0]:.1f}.", "",
-             "| fault | steps logged at fault | all launchers exited after (s) | exit codes (host 0, host 1) "
-             "| resumed from step | steps compared | max abs loss diff | bitwise equal |",
-             "|---|---|---|---|---|---|---|---|"]
-    for f in res.get("faults", []):
-        lines.append(f"| {f['fault']} | {f['steps_logged_before_fault']} | "
-                     f"{f['seconds_fault_to_all_exited']} | {f['fault_returncodes']} | {f['resumed_from_step']} | "
-                     f"{f['steps_compared']}/{f['steps_expected']} | {f['max_abs_loss_diff']} | {f['bitwise_equal']} |")
+             f"{res['loadavg_before'][0]:.1f}, after {res['loadavg_after'][0]:.1f}.", ""]
+    lines += render_markdown_table(
+        ([f["fault"], f["steps_logged_before_fault"], f["seconds_fault_to_all_exited"], f["fault_returncodes"],
+          f["resumed_from_step"], f"{f['steps_compared']}/{f['steps_expected']}", f["max_abs_loss_diff"],
+          f["bitwise_equal"]] for f in res.get("faults", [])),
+        ("fault", "steps logged at fault", "all launchers exited after (s)", "exit codes (host 0, host 1)",
+         "resumed from step", "steps compared", "max abs loss diff", "bitwise equal"))
     lines += ["", "cut: `ip link set tb0 down` inside host 1 (both launchers are left to notice by themselves); "
               "lost: SIGKILL of every process on host 1 (its launcher dies at once, exit -9; the time is host 0's "
               "launcher noticing). Resume: the same generated launch with `--resume` on both hosts; the steps after "

@@ -255,15 +255,23 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", type=int, default=3, help="first steps not timed (default 3)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--repredict", metavar="RESULT.json", help="recompute predictions of a result file and rewrite it")
+    ap.add_argument("--render-from", metavar="JSON", help="print the markdown of an existing result JSON and exit "
+                    "(nothing is run or written; no root needed)")
     args = ap.parse_args(argv)
+    if args.render_from:
+        sys.stdout.write(render_md(json.loads(pathlib.Path(args.render_from).read_text())))
+        return 0
+    from dstoolkit.runtime.bench.harness import capture_env
+    from dstoolkit.runtime.bench.report import write_json, write_report
+
     if args.probe_worker:
         probe_worker(args.probe_worker)
         return 0
     if args.repredict:
         res = repredict(pathlib.Path(args.repredict))
-        pathlib.Path(args.repredict).write_text(json.dumps(res, indent=1, default=str))
+        write_json(args.repredict, res)
         md = render_md(res)
-        pathlib.Path(args.repredict).with_suffix(".md").write_text(md)
+        write_report(pathlib.Path(args.repredict).with_suffix(".md"), md)
         print(md)
         return 0
     from dstoolkit.runtime.testhosts import scenarios
@@ -318,7 +326,7 @@ def main(argv=None) -> int:
             run["prediction_inputs"] = {"spec": r["spec"], "ds_config": r["ds_config"]}
             runs.append(run)
             # keep the measurements even if a prediction fails later (--repredict recomputes them)
-            (work / "raw_result.json").write_text(json.dumps(dict(result, runs=runs), indent=1, default=str))
+            write_json(work / "raw_result.json", dict(result, runs=runs))
         result["runs"] = runs
     finally:
         hosts.down()
@@ -330,31 +338,30 @@ def main(argv=None) -> int:
     result["loadavg_before"] = load_before
     result["loadavg_after"] = os.getloadavg()
     result["wall_s"] = round(time.time() - t_start, 1)
-    from memory_fidelity import _env
-
-    result["env"] = _env()
+    result["env"] = capture_env(4, "gloo", {"rate": args.rate, "steps": args.steps, "skip": args.skip})
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m")
-    (out / f"multinode_throttle_cpu_{stamp}.json").write_text(json.dumps(result, indent=1, default=str))
+    write_json(out / f"multinode_throttle_cpu_{stamp}.json", result)
     md = render_md(result)
-    (out / f"multinode_throttle_cpu_{stamp}.md").write_text(md)
+    write_report(out / f"multinode_throttle_cpu_{stamp}.md", md)
     print(md)
     return 0
 
 
 def render_md(res: dict) -> str:
+    from dstoolkit.runtime.bench.report import render_markdown_table
+
     mb = res["rate_bytes_per_s"] / 1e6
     lines = [f"# Across nodes: throttled link ({res['rate']} = {mb:.1f} MB/s per direction), CPU test hosts",
              "",
              f"{res['layout']}; load average before {res['loadavg_before'][0]:.1f}, after {res['loadavg_after'][0]:.1f}"
              " (2 shared cores: CPU timings are noisy).", "",
-             "## `dstoolkit bench comm` across hosts", "",
-             "| link | op | size | time (us) | busbw (GB/s) | busbw / throttle | #wrong |", "|---|---|---|---|---|---|---|"]
-    for k, rows in res["comm"].items():
-        for r in rows:
-            lines.append(f"| {k} | {r['op']} | {r['size']} | {r['time_us']:.0f} | {r['busbw_GBps']:.4f} | "
-                         f"{r['busbw_over_rate']:.2f} | {r['wrong']} |")
+             "## `dstoolkit bench comm` across hosts", ""]
+    lines += render_markdown_table(
+        ([k, r["op"], r["size"], f"{r['time_us']:.0f}", f"{r['busbw_GBps']:.4f}", f"{r['busbw_over_rate']:.2f}", r["wrong"]]
+         for k, rows in res["comm"].items() for r in rows),
+        ("link", "op", "size", "time (us)", "busbw (GB/s)", "busbw / throttle", "#wrong"))
     lines += ["", "## Step time under the throttle: predicted vs measured", "",
               "'Estimator as is' = `estimate_run` fed the 4-rank one-host calibration plus "
               "`Calibration.inter_node_busbw_bytes_per_s` = the measured throttled cross-host all-reduce busbw "
@@ -365,33 +372,31 @@ def render_md(res: dict) -> str:
               "the ZeRO paper; the first run's 'estimator as is' column, which predates the step-time model's memory-bound term, "
               "0.05-0.08 s here). 'Paper grads, link rate' = the first "
               "run's 'predicted, nominal bw' column (paper-view collectives, cross-node ones at the tbf rate, no "
-              "link sharing).", "",
-              "| strategy | ZeRO | measured median (s) | spread (s) | estimator as is (s) | error | "
-              "as is, nominal bw (s) | error | old estimator (s) | error | paper grads, link rate (s) | error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "link sharing).", ""]
 
     def pct(x):
         return "-" if x is None else f"{100 * x:+.0f}%"
 
-    for r in res.get("runs", []):
-        lines.append(f"| {r['strategy']} | {r['zero_stage']} | {r['measured_step_time_s']:.3f} | "
-                     f"{r['measured_spread_s'][0]:.3f}-{r['measured_spread_s'][1]:.3f} | {r['estimator_as_is_s']:.3f} | "
-                     f"{pct(r['error_estimator_as_is'])} | {r['estimator_as_is_nominal_bw_s']:.3f} | "
-                     f"{pct(r['error_estimator_as_is_nominal_bw'])} | {r['old_estimator_single_busbw_s']:.3f} | "
-                     f"{pct(r['error_old_estimator_single_busbw'])} | {r['predicted_paper_split_bw_s']:.3f} | "
-                     f"{pct(r['error_paper_split_bw'])} |")
+    lines += render_markdown_table(
+        ([r["strategy"], r["zero_stage"], f"{r['measured_step_time_s']:.3f}",
+          f"{r['measured_spread_s'][0]:.3f}-{r['measured_spread_s'][1]:.3f}", f"{r['estimator_as_is_s']:.3f}",
+          pct(r["error_estimator_as_is"]), f"{r['estimator_as_is_nominal_bw_s']:.3f}",
+          pct(r["error_estimator_as_is_nominal_bw"]), f"{r['old_estimator_single_busbw_s']:.3f}",
+          pct(r["error_old_estimator_single_busbw"]), f"{r['predicted_paper_split_bw_s']:.3f}",
+          pct(r["error_paper_split_bw"])] for r in res.get("runs", [])),
+        ("strategy", "ZeRO", "measured median (s)", "spread (s)", "estimator as is (s)", "error",
+         "as is, nominal bw (s)", "error", "old estimator (s)", "error", "paper grads, link rate (s)", "error"))
     lines += ["", "### The link's share: throttled minus unthrottled step time", "",
               "Compute, optimizer and framework overheads cancel in the difference; what remains is the time the "
               "cross-node collectives take at the throttled rate instead of the unthrottled one (estimator: "
-              "measured throttled busbw minus measured unthrottled busbw; paper: tbf rate minus unthrottled).", "",
-              "| strategy | unthrottled median (s) | throttled median (s) | measured difference (s) | "
-              "estimator as is (s) | error | paper grads, link rate (s) | error |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in res.get("runs", []):
-        lines.append(f"| {r['strategy']} | {r['unthrottled_step_time_s']:.3f} | {r['measured_step_time_s']:.3f} | "
-                     f"{r['throttle_delta_measured_s']:.3f} | {r['throttle_delta_estimator_s']:.3f} | "
-                     f"{pct(r['throttle_delta_error_estimator'])} | {r['throttle_delta_paper_split_bw_s']:.3f} | "
-                     f"{pct(r['throttle_delta_error_paper_split_bw'])} |")
+              "measured throttled busbw minus measured unthrottled busbw; paper: tbf rate minus unthrottled).", ""]
+    lines += render_markdown_table(
+        ([r["strategy"], f"{r['unthrottled_step_time_s']:.3f}", f"{r['measured_step_time_s']:.3f}",
+          f"{r['throttle_delta_measured_s']:.3f}", f"{r['throttle_delta_estimator_s']:.3f}",
+          pct(r["throttle_delta_error_estimator"]), f"{r['throttle_delta_paper_split_bw_s']:.3f}",
+          pct(r["throttle_delta_error_paper_split_bw"])] for r in res.get("runs", [])),
+        ("strategy", "unthrottled median (s)", "throttled median (s)", "measured difference (s)",
+         "estimator as is (s)", "error", "paper grads, link rate (s)", "error"))
     if any(r["throttle_delta_measured_s"] <= 0 for r in res.get("runs", [])):
         lines += ["", "A measured difference <= 0 means the unthrottled run (CPU-bound: compute and gloo on the shared "
                       "cores) was slowed by other load on the machine more than the throttle slowed the other run; "

@@ -33,8 +33,8 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dstoolkit.runtime.bench.harness import spearman  # noqa: E402
-from dstoolkit.runtime.train.launch import free_port  # noqa: E402
+from dstoolkit.runtime.bench.harness import capture_env, free_port, spearman  # noqa: E402
+from dstoolkit.runtime.bench.report import env_brief, render_markdown_table, write_json, write_report  # noqa: E402
 
 MAPE_GOAL = 0.15
 SPEARMAN_GOAL = 0.9
@@ -266,7 +266,7 @@ def render_md(res: dict) -> str:
     lines = [
         "# Step-time fidelity: dstoolkit.estimate vs real DeepSpeed steps (2 gloo ranks, CPU)",
         "",
-        f"DeepSpeed {res['env']['deepspeed']}, torch {res['env']['torch']}, commit {res['env']['git_commit']}, {res['env']['date']}.",
+        f"{env_brief(res['env'])}.",
         f"loadavg before {tuple(round(x, 2) for x in res['loadavg_before'])}, after {tuple(round(x, 2) for x in res['loadavg_after'])} "
         "(2 cores: values well above 2 mean other processes competed for the CPU, and wall-clock timings are noisy).",
         "",
@@ -291,15 +291,17 @@ def render_md(res: dict) -> str:
             f"{cal['mem_bw_bytes_per_s'] / 1e9:.2f} GB/s, gloo all-reduce busbw {cal['comm_busbw_bytes_per_s'] / 1e9:.3f} GB/s + "
             f"{cal['comm_latency_s'] * 1e6:.0f} us/call, DeepSpeed step overhead {cal['step_overhead_s'] * 1e3:.1f} ms.",
             "",
-            "| config | predicted s | measured s | error | compute s | comm s | optimizer s | memory-bound s | overhead s |",
-            "|---|---|---|---|---|---|---|---|---|",
         ]
+        rows = []
         for r in res["rows"]:
             b = r["breakdown"][k]
-            lines.append(f"| {r['config']['name']} | {r['predicted_s'][k]:.3f} | {r['measured_s'][k]:.3f} | {r['err'][k]:+.1%} | "
-                         f"{b['compute_s']:.3f} | {b['comm_exposed_s']:.3f} | {b['optimizer_s']:.3f} | {b['memory_s']:.3f} | {b['overhead_s']:.3f} |")
+            rows.append([r["config"]["name"], f"{r['predicted_s'][k]:.3f}", f"{r['measured_s'][k]:.3f}", f"{r['err'][k]:+.1%}",
+                         f"{b['compute_s']:.3f}", f"{b['comm_exposed_s']:.3f}", f"{b['optimizer_s']:.3f}",
+                         f"{b['memory_s']:.3f}", f"{b['overhead_s']:.3f}"])
         for r in res.get("failed", []):
-            lines.append(f"| {r['config']['name']} | {r['predicted_s'][k]:.3f} | FAILED: {r['error'][:60]} |  |  |  |  |  |  |")
+            rows.append([r["config"]["name"], f"{r['predicted_s'][k]:.3f}", f"FAILED: {r['error'][:60]}"])
+        lines += render_markdown_table(rows, ("config", "predicted s", "measured s", "error", "compute s", "comm s",
+                                              "optimizer s", "memory-bound s", "overhead s"))
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -312,7 +314,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="8 configs and fewer timed steps")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per config (default 5, quick 3)")
     ap.add_argument("--out", help="output directory (default benchmarks/results)")
+    ap.add_argument("--render-from", metavar="JSON", help="print the markdown of an existing result JSON and exit "
+                    "(nothing is run or written)")
     args = ap.parse_args(argv)
+    if args.render_from:
+        sys.stdout.write(render_md(json.loads(pathlib.Path(args.render_from).read_text())))
+        return 0
     steps = args.steps or (3 if args.quick else 5)
     if args.worker:
         run_worker(json.loads(pathlib.Path(args.cfgs_file).read_text()), args.result_file, steps, warmup=2)
@@ -348,18 +355,16 @@ def main(argv=None) -> int:
         for k in CLOCKS
     }
     res["wall_s"] = round(time.time() - t0, 1)
-    from memory_fidelity import _env  # same directory
-
-    res["env"] = _env()
+    res["env"] = capture_env(2, "gloo", {"quick": args.quick, "steps": steps})
     stamp = _dt.datetime.utcnow().strftime("%Y%m")
-    (out / f"step_time_fidelity_cpu_{stamp}.json").write_text(json.dumps(res, indent=1))
-    (out / f"step_time_fidelity_cpu_{stamp}.md").write_text(render_md(res))
+    write_json(out / f"step_time_fidelity_cpu_{stamp}.json", res)
+    write_report(out / f"step_time_fidelity_cpu_{stamp}.md", render_md(res))
     # the probes alone, for `Calibration(**...)` in other estimates on this machine
     cal = res["calibration"]
-    (out / f"calibration_cpu_{stamp}.json").write_text(json.dumps(
-        dict(calibration=cal, loadavg_before=res["loadavg_before"], env=res["env"],
-             note="per-rank rates measured with 2 ranks on 2 cores; matmul_flops_per_s_<precision> is a block "
-                  "forward+backward rate; comm_busbw is gloo all_reduce busbw (nccl-tests convention)"), indent=1))
+    write_json(out / f"calibration_cpu_{stamp}.json", dict(
+        calibration=cal, loadavg_before=res["loadavg_before"], env=res["env"],
+        note="per-rank rates measured with 2 ranks on 2 cores; matmul_flops_per_s_<precision> is a block "
+             "forward+backward rate; comm_busbw is gloo all_reduce busbw (nccl-tests convention)"))
     cfg_path.unlink()
     res_path.unlink()
     work.rmdir()

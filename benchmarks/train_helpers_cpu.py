@@ -27,6 +27,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dstoolkit.common.atomic import atomic_write_text  # noqa: E402
 from dstoolkit.runtime.bench import harness  # noqa: E402
 from dstoolkit.runtime.train.ckpt import tag_for  # noqa: E402
 from dstoolkit.runtime.train.launch import read_metrics, run_local, start_local  # noqa: E402
@@ -160,31 +161,34 @@ def spike(work: pathlib.Path) -> dict:
 
 
 def to_markdown(res: dict) -> str:
+    from dstoolkit.runtime.bench.report import render_markdown_table
+
     L = [f"# Training helpers on CPU, 2 gloo ranks ({res['env']['timestamp_utc']})", "",
          f"torch {res['env']['torch']}, deepspeed {res['env']['deepspeed']}, {res['env']['cpu_model']} "
          f"({res['env']['cpu_count']} cores), load {res['env']['load_avg']}, commit {res['env']['git_commit']}", ""]
     if "step_time" in res:
-        L += ["## Seconds per step (example trainer, ZeRO-2 bf16, seq 64, global batch 8, micro 4)", "",
-              "| model | ep | median s/step | p10 | p90 | tokens/s | loss first -> last | monitor flags |",
-              "|---|---|---|---|---|---|---|---|"]
+        L += ["## Seconds per step (example trainer, ZeRO-2 bf16, seq 64, global batch 8, micro 4)", ""]
+        rows = []
         for r in res["step_time"]:
             if "error" in r:
-                L.append(f"| {r['model']} | error | | | | | | |")
+                rows.append([r["model"], "error"])
                 continue
             s = r["step_time_s"]
-            L.append(f"| {r['model']} | {r['ep']} | {s['median']:.3f} | {s['p10']:.3f} | {s['p90']:.3f} | "
-                     f"{r['tokens_per_s_median']:.0f} | {r['first_loss']:.3f} -> {r['last_loss']:.3f} | "
-                     f"{', '.join(r['monitor_flags']) or '-'} |")
+            rows.append([r["model"], r["ep"], f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}",
+                         f"{r['tokens_per_s_median']:.0f}", f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}",
+                         ", ".join(r["monitor_flags"]) or "-"])
+        L += render_markdown_table(rows, ("model", "ep", "median s/step", "p10", "p90", "tokens/s",
+                                          "loss first -> last", "monitor flags"))
         L.append("")
     if "activations" in res:
-        L += ["## Activation bytes per checkpoint policy: measured (saved_tensors_hooks) vs estimate", "",
-              "| model | s x b | policy | measured | estimated | error | saving measured | saving estimated | saving error |",
-              "|---|---|---|---|---|---|---|---|---|"]
-        for r in res["activations"]:
-            se = f"{r['saving_error'] * 100:+.1f}%" if r["saving_error"] is not None else "-"
-            L.append(f"| {r['model']} | {r['seq_len']}x{r['micro_batch']} | {r['policy']} | {r['measured_bytes']:,} | "
-                     f"{r['estimated_bytes']:,} | {r['error'] * 100:+.2f}% | {r['saving_measured_bytes']:,} | "
-                     f"{r['saving_estimated_bytes']:,} | {se} |")
+        L += ["## Activation bytes per checkpoint policy: measured (saved_tensors_hooks) vs estimate", ""]
+        L += render_markdown_table(
+            ([r["model"], f"{r['seq_len']}x{r['micro_batch']}", r["policy"], f"{r['measured_bytes']:,}",
+              f"{r['estimated_bytes']:,}", f"{r['error'] * 100:+.2f}%", f"{r['saving_measured_bytes']:,}",
+              f"{r['saving_estimated_bytes']:,}",
+              f"{r['saving_error'] * 100:+.1f}%" if r["saving_error"] is not None else "-"] for r in res["activations"]),
+            ("model", "s x b", "policy", "measured", "estimated", "error", "saving measured", "saving estimated",
+             "saving error"))
         L.append("")
     if "resume" in res:
         r = res["resume"]
@@ -207,9 +211,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--skip-steps", type=int, default=5)
     p.add_argument("--parts", default="step_time,activations,resume,spike")
+    p.add_argument("--render-from", metavar="JSON", help="print the markdown of an existing result JSON and exit "
+                   "(nothing is run or written)")
     args = p.parse_args(argv)
+    if args.render_from:
+        sys.stdout.write(to_markdown(json.loads(pathlib.Path(args.render_from).read_text())))
+        return 0
+    from dstoolkit.runtime.bench.report import write_report
     parts = args.parts.split(",")
-    res: dict = {"env": harness.capture_env(world_size=2, backend="gloo", config=vars(args))}
+    res: dict = {"env": harness.capture_env(world_size=2, backend="gloo", config={k: v for k, v in vars(args).items() if k != "render_from"})}
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         if "activations" in parts:
@@ -224,8 +234,8 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = out / f"train_helpers_cpu2_{stamp}"
-    base.with_suffix(".json").write_text(json.dumps(res, indent=1, default=float))
-    base.with_suffix(".md").write_text(to_markdown(res))
+    atomic_write_text(base.with_suffix(".json"), json.dumps(res, indent=1, default=float))
+    write_report(base.with_suffix(".md"), to_markdown(res))
     print(to_markdown(res))
     return 0
 

@@ -37,7 +37,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dstoolkit.common.atomic import atomic_write_text  # noqa: E402
 from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench.report import render_markdown_table, save_figure, write_report  # noqa: E402
 from dstoolkit.tune.objective import TrialOutcome, run_real_trial  # noqa: E402
 from dstoolkit.tune.space import TuneSpace  # noqa: E402
 
@@ -187,8 +189,8 @@ def run_tune(args) -> int:
                      "estimated_tokens_per_s": estimate_now.get(r["key"]),
                      "wall_s": r["wall_s"], "loadavg_before": r["loadavg_before"][0]} for r in grid_sorted]}
     OUT = args.out_stem
-    OUT.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    OUT.with_suffix(".md").write_text(render_md(doc))
+    atomic_write_text(OUT.with_suffix(".json"), json.dumps(doc, indent=1) + "\n")
+    write_report(OUT.with_suffix(".md"), render_md(doc))
     render_png(doc, OUT.with_suffix(".png"))
     print(f"wrote {OUT}.json/.md/.png")
     return 0
@@ -234,15 +236,15 @@ def render_md(doc) -> str:
          + f", best {doc['grid_best']} at {doc['grid_best_tokens_per_s']:,.0f} tok/s. Goal: {doc['goal']}. "
          f"1-min load average during the grid: {load['min']:.1f}-{load['max']:.1f} on 2 cores"
          + (" (the grid's own 2 ranks are a load of ~2: the machine was otherwise idle)." if quiet else
-            ": other jobs competed for the cores, so the timings are noisy."), "",
-         "| budget (evaluated trials) | share of grid (goal <= 30%) | fraction of grid best, seeds 0/1/2 | mean | "
-         "min (goal >= 0.95) | goal met | random search: expected fraction | random search: P(within 5%) |",
-         "|---|---|---|---|---|---|---|---|"]
-    for s in doc["summary"]:
-        L.append(f"| {s['budget']} | {s['share_of_grid']:.0%} | {' / '.join(f'{f:.3f}' for f in s['fractions'])} | "
-                 f"{s['mean_fraction']:.3f} | {s['min_fraction']:.3f} | "
-                 f"{'yes' if s['meets_goal'] else 'no' if s['share_of_grid'] <= GOAL_TRIAL_SHARE else 'over 30%'} | "
-                 f"{s['random_search_expected_fraction']:.3f} | {s['random_search_p_within_goal']:.2f} |")
+            ": other jobs competed for the cores, so the timings are noisy."), ""]
+    L += render_markdown_table(
+        ([s["budget"], f"{s['share_of_grid']:.0%}", " / ".join(f"{f:.3f}" for f in s["fractions"]),
+          f"{s['mean_fraction']:.3f}", f"{s['min_fraction']:.3f}",
+          "yes" if s["meets_goal"] else "no" if s["share_of_grid"] <= GOAL_TRIAL_SHARE else "over 30%",
+          f"{s['random_search_expected_fraction']:.3f}", f"{s['random_search_p_within_goal']:.2f}"]
+         for s in doc["summary"]),
+        ("budget (evaluated trials)", "share of grid (goal <= 30%)", "fraction of grid best, seeds 0/1/2", "mean",
+         "min (goal >= 0.95)", "goal met", "random search: expected fraction", "random search: P(within 5%)"))
     met = [s for s in doc["summary"] if s["meets_goal"]]
     L += ["", (f"Goal met at budget {met[0]['budget']} ({met[0]['share_of_grid']:.0%} of the grid's trials): every seed "
                f"within {1 - GOAL_FRACTION:.0%} of the grid's best." if met else
@@ -256,12 +258,12 @@ def render_md(doc) -> str:
           f"Spearman {r['spearman']:.2f} (median |error| {r['median_abs_error']:.0%}), and its top three estimated "
           f"points measure {top3} of the grid's best. Random search (exact expectation over the same grid) is the "
           "baseline to beat."]
-    L += ["", "## Grid (measured once, sorted)", "", "| config | tok/s | estimate tok/s (now) | load before |",
-          "|---|---|---|---|"]
-    for g in doc["grid"]:
-        v = f"{g['tokens_per_s']:,.0f}" if g["tokens_per_s"] else g["status"]
-        e = f"{g['estimated_tokens_per_s']:,.0f}" if g.get("estimated_tokens_per_s") else "-"
-        L.append(f"| {g['label']} | {v} | {e} | {g['loadavg_before']:.1f} |")
+    L += ["", "## Grid (measured once, sorted)", ""]
+    L += render_markdown_table(
+        ([g["label"], f"{g['tokens_per_s']:,.0f}" if g["tokens_per_s"] else g["status"],
+          f"{g['estimated_tokens_per_s']:,.0f}" if g.get("estimated_tokens_per_s") else "-",
+          f"{g['loadavg_before']:.1f}"] for g in doc["grid"]),
+        ("config", "tok/s", "estimate tok/s (now)", "load before"))
     L += ["", "## Tuner runs", "", "Seeded trials (the estimator's ranking) are marked with *.", ""]
     for r in doc["runs"]:
         seeded = set(r.get("seeded", []))
@@ -299,7 +301,7 @@ def render_png(doc, path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 

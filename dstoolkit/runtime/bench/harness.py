@@ -296,13 +296,17 @@ def load_average() -> Optional[list[float]]:
         return None
 
 
-def capture_env(world_size: int, backend: Optional[str] = None, config: Any = None) -> dict[str, Any]:
-    """Everything a reader needs to compare one result with another.
+def capture_env(world_size: int, backend: Optional[str] = None, config: Any = None,
+                packages: Sequence[str] = ()) -> dict[str, Any]:
+    """Everything a reader needs to compare one result with another: the one environment capture of the
+    `dstoolkit bench` verbs and every benchmarks/*.py script.
 
     Args:
         world_size: ranks taking part.
         backend: torch.distributed backend (gloo, nccl) if any.
         config: the bench configuration; its hash goes in ``config_hash``.
+        packages: further distributions whose versions matter to this bench (``packages``: name -> version,
+            read from their metadata without importing them); the key is absent when none are asked for.
     """
     env: dict[str, Any] = {
         "torch": _pkg_version("torch"),
@@ -322,6 +326,8 @@ def capture_env(world_size: int, backend: Optional[str] = None, config: Any = No
         "config_hash": config_hash(config) if config is not None else None,
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if packages:
+        env["packages"] = {name: _pkg_version(name) for name in packages}
     try:
         import torch
 

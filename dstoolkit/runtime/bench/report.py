@@ -162,12 +162,12 @@ def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list
         lines.append(f"### {backend}, {world} ranks, {typ}")
         lines.append(_env_line(rows))
         lines.append("")
-        lines.append("| op | size | count | time_us | algbw GB/s | busbw GB/s | busbw p10–p90 | #wrong |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for r in sorted(rows, key=lambda r: (r["op"], r["size"])):
-            st = r.get("busbw_stats") or {}
-            lines.append(f"| {r['op']} | {_human_size(r['size'])} | {r['count']} | {_fmt(r['time_us'], 1)} | "
-                         f"{_fmt(r['algbw'])} | {_fmt(r['busbw'])} | {_fmt(st.get('p10'))}–{_fmt(st.get('p90'))} | {r['#wrong']} |")
+        lines += render_markdown_table(
+            ([r["op"], _human_size(r["size"]), r["count"], _fmt(r["time_us"], 1), _fmt(r["algbw"]), _fmt(r["busbw"]),
+              f"{_fmt((r.get('busbw_stats') or {}).get('p10'))}–{_fmt((r.get('busbw_stats') or {}).get('p90'))}",
+              r["#wrong"]] for r in sorted(rows, key=lambda r: (r["op"], r["size"]))),
+            ["op"] + [(c, "r") for c in ("size", "count", "time_us", "algbw GB/s", "busbw GB/s", "busbw p10–p90",
+                                         "#wrong")])
         lines.append("")
     plot = _plot_comm(groups, out_dir, prefix)
     if plot:
@@ -181,11 +181,11 @@ def _comm_overhead_section(recs: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["## Harness overhead (`benchmarks/comm_overhead.py`)", "",
              "busbw from the `bench comm` harness against a bare `torch.distributed` timing loop on the same sizes, "
-             "interleaved in the same ranks.", "", _env_line(recs), "",
-             "| op | size | harness busbw | bare busbw | harness / bare − 1 |", "|---|---:|---:|---:|---:|"]
-    for r in sorted(recs, key=lambda r: (r.get("op", ""), r.get("size", 0))):
-        lines.append(f"| {r.get('op')} | {_human_size(r['size'])} | {_fmt(r.get('harness_busbw'))} | {_fmt(r.get('bare_busbw'))} | "
-                     f"{_pct(r.get('rel_diff'))} |")
+             "interleaved in the same ranks.", "", _env_line(recs), ""]
+    lines += render_markdown_table(
+        ([r.get("op"), _human_size(r["size"]), _fmt(r.get("harness_busbw")), _fmt(r.get("bare_busbw")),
+          _pct(r.get("rel_diff"))] for r in sorted(recs, key=lambda r: (r.get("op", ""), r.get("size", 0)))),
+        ["op"] + [(c, "r") for c in ("size", "harness busbw", "bare busbw", "harness / bare − 1")])
     return lines + [""]
 
 
@@ -196,16 +196,15 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
              "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
              "compute span covers, over the communication spans (one measurement, so immune to load drift between "
              "phases). Compute slowdown = overlapped × (1 − exposed fraction of the traced step) ÷ compute-only − 1. Times are medians (s).",
-             "", _env_line(recs), "",
-             "| config | ZeRO | overlap_comm | reduce bucket | compute-only | comm-only | overlapped | exposed | η (timing) "
-             "| η (trace) | slowdown |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in recs:
-        lines.append(
-            f"| {r.get('config_name')} | {r.get('zero_stage')} | {_oc(r.get('overlap_comm'))} | {_fmt(r.get('reduce_bucket_size'))} | "
-            f"{_fmt(r['compute_s']['median'], 4)} | {_fmt(r['comm_s']['median'], 4)} | {_fmt(r['overlapped_s']['median'], 4)} | "
-            f"{_fmt(r.get('exposed_comm_s'), 4)} | {_fmt(r.get('eta'))} | {_fmt(r.get('eta_profiler'))} | "
-            f"{_pct(r.get('compute_slowdown'))} |")
+             "", _env_line(recs), ""]
+    lines += render_markdown_table(
+        ([r.get("config_name"), r.get("zero_stage"), _oc(r.get("overlap_comm")), _fmt(r.get("reduce_bucket_size")),
+          _fmt(r["compute_s"]["median"], 4), _fmt(r["comm_s"]["median"], 4), _fmt(r["overlapped_s"]["median"], 4),
+          _fmt(r.get("exposed_comm_s"), 4), _fmt(r.get("eta")), _fmt(r.get("eta_profiler")),
+          _pct(r.get("compute_slowdown"))] for r in recs),
+        ["config", ("ZeRO", "r"), "overlap_comm"] + [(c, "r") for c in (
+            "reduce bucket", "compute-only", "comm-only", "overlapped", "exposed", "η (timing)", "η (trace)",
+            "slowdown")])
     for label, flag in (("on", True), ("off", False)):
         sel = [r for r in recs if r.get("overlap_comm") is flag]
         if sel:
@@ -225,18 +224,19 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
 def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
     lines = ["## Training throughput (`dstoolkit bench train`)", "",
              "Measured over the timed steps (warm-up steps excluded) through the `deepspeed` launcher; the estimate "
-             "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", "", _env_line(recs), "",
-             "| config | steps | tokens/s (est) | err | step median s (est) | err | step p90 s | peak mem GiB (est) | err | "
-             "MFU (est) | loss first→last |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", "", _env_line(recs), ""]
+    rows = []
     for r in recs:
         m, e, err = r.get("measured", {}), r.get("estimate") or {}, r.get("error") or {}
-        lines.append(
-            f"| {r.get('config_name')} | {m.get('timed_steps')} | {_fmt(m.get('tokens_per_s'), 1)} ({_fmt(e.get('tokens_per_s'), 1)}) | "
-            f"{_pct(err.get('tokens_per_s'))} | {_fmt(m.get('step_time_s_median'), 4)} ({_fmt(e.get('step_time_s'), 4)}) | "
-            f"{_pct(err.get('step_time_s'))} | {_fmt(m.get('step_time_s_p90'), 4)} | "
-            f"{_gib(m.get('peak_memory_bytes'))} ({_gib(e.get('memory_per_rank_bytes'))}) | {_pct(err.get('memory_bytes'))} | "
-            f"{_fmt(m.get('mfu'), 4)} ({_fmt(e.get('mfu'), 4)}) | {_fmt(m.get('loss_first'))}→{_fmt(m.get('loss_last'))} |")
+        rows.append([
+            r.get("config_name"), m.get("timed_steps"), f"{_fmt(m.get('tokens_per_s'), 1)} ({_fmt(e.get('tokens_per_s'), 1)})",
+            _pct(err.get("tokens_per_s")), f"{_fmt(m.get('step_time_s_median'), 4)} ({_fmt(e.get('step_time_s'), 4)})",
+            _pct(err.get("step_time_s")), _fmt(m.get("step_time_s_p90"), 4),
+            f"{_gib(m.get('peak_memory_bytes'))} ({_gib(e.get('memory_per_rank_bytes'))})", _pct(err.get("memory_bytes")),
+            f"{_fmt(m.get('mfu'), 4)} ({_fmt(e.get('mfu'), 4)})", f"{_fmt(m.get('loss_first'))}→{_fmt(m.get('loss_last'))}"])
+    lines += render_markdown_table(rows, ["config"] + [(c, "r") for c in (
+        "steps", "tokens/s (est)", "err", "step median s (est)", "err", "step p90 s", "peak mem GiB (est)", "err",
+        "MFU (est)")] + ["loss first→last"])
     errs = [abs(r["error"]["step_time_s"]) for r in recs if (r.get("error") or {}).get("step_time_s") is not None]
     if errs:
         worst = max(recs, key=lambda r: abs((r.get("error") or {}).get("step_time_s") or 0))
