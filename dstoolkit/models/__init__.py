@@ -1,11 +1,14 @@
 """Model shapes (HF config.json reader, presets) and exact parameter counts. No torch at import.
 
-`dstoolkit.runtime.model` is the one torch module here and is never imported by this package.
+Configs of the hand-written families are read analytically; any other config transformers can build is
+built on the meta device by `dstoolkit.models.from_transformers` (torch and transformers imported lazily,
+inside its functions). `dstoolkit.runtime.model` is the project's torch model and is never imported here.
 """
 from .shape import ModelShape
 from .presets import PRESETS, get_preset
-from .hf import FAMILIES, HFConfigError, load_hf_config, shape_from_hf_dict
-from .params import ParamCount, count_params
+from .hf import FAMILIES, HFConfigError, load_hf_config, shape_from_hf_dict, shape_from_transformers
+from .measured import LayerParams, MeasuredParams, measured_layout
+from .params import ParamCount, count_measured, count_params
 from .resolve import check_model_fits_spec, load_model, resolve_model, resolve_spec_model
 
 __all__ = [
@@ -16,6 +19,11 @@ __all__ = [
     "HFConfigError",
     "load_hf_config",
     "shape_from_hf_dict",
+    "shape_from_transformers",
+    "LayerParams",
+    "MeasuredParams",
+    "measured_layout",
+    "count_measured",
     "ParamCount",
     "count_params",
     "resolve_model",

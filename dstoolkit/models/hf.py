@@ -1,6 +1,12 @@
-"""Read a Hugging Face `config.json` (or its dict) into a `ModelShape` (no torch, no transformers import).
+"""Read a Hugging Face `config.json` (or its dict) into a `ModelShape` (no torch, no transformers import here).
 
-Supported `model_type`s and the fields each needs are listed in `FAMILIES`. Optional fields take the
+Two sources: the hand-written readers of `FAMILIES` (exact, fast, no torch: the sweep calls the estimator
+thousands of times), and for every other `model_type` transformers itself
+(`dstoolkit.models.from_transformers`: the model is built on the meta device and counted, imported lazily).
+An unknown type that transformers cannot build either is refused with transformers' reason; where the
+config's `architectures` names a class transformers has, that class is offered (`model_class=`).
+
+The analytic `model_type`s and the fields each needs are listed in `FAMILIES`. Optional fields take the
 defaults of the corresponding `transformers` config class (e.g. `num_key_value_heads` defaults to
 `num_attention_heads`, Llama's `tie_word_embeddings` to False, GPT-2's to True). Module layouts the
 config does not spell out are fixed per family, as in the `transformers` modelling code:
@@ -16,6 +22,7 @@ from typing import Any, Callable, Optional, Union
 
 from pydantic import ValidationError
 
+from dstoolkit.models import from_transformers as _tf
 from dstoolkit.models.shape import ModelShape
 
 
@@ -277,35 +284,121 @@ def _check_unknown_keys(d: dict, fam: Family) -> None:
                             f"{', '.join(list(fam.required) + list(fam.optional))})")
 
 
-def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool = False) -> ModelShape:
+def _norm_type_name(t: str) -> str:
+    return "".join(ch for ch in t.lower() if ch.isalnum())
+
+
+def _safe_spelling(model_type: str) -> Optional[str]:
+    """A known model_type that differs from `model_type` only in case or separators (qwen2-moe -> qwen2_moe).
+
+    Deliberately not a spelling-distance guess: neighbours by spelling are different architectures
+    (jamba -> llama miscounts by -23%), so following such a hint would silently give a wrong count.
+    """
+    known = set(FAMILIES)
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # lazy: optional dependency
+        known |= set(CONFIG_MAPPING_NAMES)
+    except Exception:  # noqa: BLE001 - no transformers: the analytic families only
+        pass
+    key = _norm_type_name(model_type)
+    return next((k for k in sorted(known) if _norm_type_name(k) == key and k != model_type), None)
+
+
+def _refusal_fix(config: dict, model_type: str, offer: Optional[str]) -> str:
+    hints = []
+    close = _safe_spelling(model_type)
+    if close:
+        hints.append(f"did you mean {close!r}?")
+    if offer:
+        hints.append(f"the config's architectures names {offer!r}, which transformers has: build it with "
+                     f"--model-class {offer} (inline spec: model_class: {offer})")
+    if hints:
+        return "; ".join(hints)
+    return ("give a config.json that transformers can build (any model_type it knows), or name a transformers "
+            f"class with --model-class; hand-written readers: {', '.join(FAMILIES)}")
+
+
+def shape_from_transformers(config: dict, name: Optional[str] = None, *,
+                            model_class: Optional[str] = None) -> ModelShape:
+    """Build the model of `config` with transformers on the meta device and wrap its exact counts in a shape.
+
+    Raises:
+        HFConfigError: transformers is missing, or cannot build the config (reason, and the class offered
+            from `architectures` when there is one).
+    """
+    model_type = str(config.get("model_type"))
+    display = name or config.get("name") or config.get("_name_or_path") or model_type
+    clean = {k: v for k, v in config.items() if k not in ("name", "model_class")}
+    try:
+        measured = _tf.measure_config(clean, model_class)
+        kwargs = _tf.shape_fields(_tf.text_config_of(clean, model_class), measured)
+    except _tf.TransformersUnavailable as exc:
+        raise HFConfigError("model_type", f"model_type {model_type!r} has no hand-written reader and the "
+                            f"transformers model source is unavailable ({exc})",
+                            "pip install 'dstoolkit[hf]' (then any type transformers builds is accepted), or use "
+                            f"one of: {', '.join(FAMILIES)}") from None
+    except _tf.BuildError as exc:
+        raise HFConfigError("model_class" if model_class else "model_type",
+                            f"unsupported model_type {model_type!r}: {exc.reason}",
+                            _refusal_fix(config, model_type, exc.offer)) from None
+    try:
+        return ModelShape(name=str(display), model_type=model_type, source="transformers",
+                          model_class=measured.model_class, measured=measured, notes=measured.notes, **kwargs)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        field = str(e["loc"][0]) if e["loc"] else None
+        raise HFConfigError(field, e["msg"].removeprefix("Value error, "),
+                            "the transformers build gave a shape the estimator cannot use; report it") from None
+
+
+def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool = False,
+                       model_class: Optional[str] = None, source: str = "auto") -> ModelShape:
     """Build a `ModelShape` from a Hugging Face config mapping.
 
     Args:
-        config: The parsed config.json (or an inline spec mapping with HF field names).
+        config: The parsed config.json (or an inline spec mapping with HF field names). An inline
+            `model_class: ClassName` key is read like the `model_class` argument.
         name: Display name; defaults to `_name_or_path` or the model_type.
         strict: Also reject keys that are neither read nor known to be irrelevant (typos), with a
-            did-you-mean. Used for inline spec fields; a real config.json is read leniently.
+            did-you-mean. Used for inline spec fields; a real config.json is read leniently. Applies to the
+            hand-written families (transformers decides what the other types accept).
+        model_class: Build this transformers class (e.g. "DeepseekV3ForCausalLM" for a kimi_k2 config)
+            instead of resolving `model_type`; implies source "transformers".
+        source: "auto" (hand-written reader for `FAMILIES`, transformers for every other type),
+            "analytic" (hand-written readers only) or "transformers" (always build with transformers).
 
     Returns:
-        The model shape.
+        The model shape (`shape.source` says which path was used).
 
     Raises:
-        HFConfigError (a ValueError): unknown `model_type` (listing the supported ones), a missing or
+        HFConfigError (a ValueError): unknown `model_type` that transformers cannot build either (with the
+            reason, and the class from `architectures` to use when transformers has it), a missing or
             mistyped field (naming it), or an inconsistent shape.
     """
     if not isinstance(config, dict):
         raise HFConfigError(None, f"expected a mapping of HF config fields, got {type(config).__name__}",
                             "pass the parsed config.json")
+    if source not in ("auto", "analytic", "transformers"):
+        raise ValueError(f"source={source!r}: expected auto, analytic or transformers")
+    if model_class is None and "model_class" in config:
+        model_class = config["model_class"]
+        if not isinstance(model_class, str) or not model_class.isidentifier():
+            raise HFConfigError("model_class", f"expected a transformers class name, got {model_class!r}",
+                                "e.g. model_class: DeepseekV3ForCausalLM")
+        config = {k: v for k, v in config.items() if k != "model_class"}
     model_type = config.get("model_type")
-    if model_type is None:
+    if model_type is None and model_class is None:
         raise HFConfigError("model_type", "required field is missing",
-                            f"add model_type (one of: {', '.join(FAMILIES)})")
+                            f"add model_type (one of: {', '.join(FAMILIES)}, or any type transformers knows)")
     fam = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if model_class is not None or source == "transformers" or (fam is None and source == "auto"):
+        if not isinstance(model_type, (str, type(None))):
+            raise HFConfigError("model_type", f"expected a string, got {model_type!r}", "fix model_type")
+        return shape_from_transformers(config, name, model_class=model_class)
     if fam is None:
-        close = difflib.get_close_matches(str(model_type), list(FAMILIES), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise HFConfigError("model_type", f"unsupported model_type {model_type!r}",
-                            f"{hint}supported: {', '.join(FAMILIES)}")
+        raise HFConfigError("model_type", f"unsupported model_type {model_type!r} (analytic readers only)",
+                            _refusal_fix(config, str(model_type), None) if isinstance(model_type, str)
+                            else f"supported: {', '.join(FAMILIES)}")
     if strict:
         _check_unknown_keys(config, fam)
     kwargs = fam.build(config, fam)
@@ -320,12 +413,14 @@ def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool
                             "fix the config so the shape is consistent") from None
 
 
-def load_hf_config(path: Union[str, Path], name: Optional[str] = None) -> ModelShape:
+def load_hf_config(path: Union[str, Path], name: Optional[str] = None, *, model_class: Optional[str] = None,
+                   source: str = "auto") -> ModelShape:
     """Read a Hugging Face `config.json` into a `ModelShape`.
 
     Args:
         path: The config file (a directory holding config.json also works).
         name: Display name; defaults to the folder name for `config.json`, else the file's stem.
+        model_class, source: as for `shape_from_hf_dict`.
 
     Raises:
         HFConfigError (a ValueError): unreadable file, invalid JSON, or the errors of `shape_from_hf_dict`.
@@ -344,4 +439,4 @@ def load_hf_config(path: Union[str, Path], name: Optional[str] = None) -> ModelS
         raise HFConfigError(None, f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", "fix the JSON") from None
     if name is None:
         name = p.parent.name if p.stem == "config" and p.parent.name else p.stem
-    return shape_from_hf_dict(data, name=name)
+    return shape_from_hf_dict(data, name=name, model_class=model_class, source=source)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from dstoolkit.models.measured import MeasuredParams
 from dstoolkit.models.shape import ModelShape
 
 
@@ -49,6 +50,10 @@ class ParamCount(BaseModel):
     """Parameters of one routed expert (0 for a dense model)."""
     num_moe_layers: int = 0
     """MoE layers counted."""
+    other: int = 0
+    """Parameters outside every role above (learned scalars, per-layer extras); transformers-measured shapes only."""
+    source: str = "analytic"
+    """analytic (this module's formulas) or transformers (meta-device build, `ModelShape.measured`)."""
 
     @property
     def non_expert(self) -> int:
@@ -111,6 +116,18 @@ def attention_params_per_layer(shape: ModelShape) -> int:
     return n
 
 
+def count_measured(m: MeasuredParams) -> ParamCount:
+    """A `ParamCount` from a transformers meta-device measurement (exact; buffers not counted)."""
+    roles = m.by_role()
+    return ParamCount(
+        total=m.total, active=m.active, embedding=roles["embedding"], lm_head=roles["lm_head"],
+        attention=roles["attention"], dense_mlp=roles["dense_mlp"], routed_experts=roles["routed_experts"],
+        shared_experts=roles["shared_experts"], router=roles["router"], norms=roles["norms"],
+        expert_params_each=max((l.expert_params_each for l in m.layers), default=0),
+        num_moe_layers=m.num_moe_layers, other=roles["other"], source="transformers",
+    )
+
+
 def count_params(shape: ModelShape) -> ParamCount:
     """Count the parameters of `shape` exactly.
 
@@ -119,7 +136,11 @@ def count_params(shape: ModelShape) -> ParamCount:
 
     Returns:
         A `ParamCount` with the total, the active count (top-k routed experts per MoE layer) and a breakdown.
+        For a shape that transformers built (`shape.measured` set) the measured counts, exact for any
+        architecture; otherwise this module's per-family formulas.
     """
+    if shape.measured is not None:
+        return count_measured(shape.measured)
     h, L, V = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size
 
     embedding = V * h

@@ -10,11 +10,14 @@ from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import ModelSpec, Spec
 
 
-def load_model(name_or_path: Union[str, Path]) -> ModelShape:
+def load_model(name_or_path: Union[str, Path], model_class: Optional[str] = None) -> ModelShape:
     """A preset name or a path to a Hugging Face config.json (or its folder): the `--model` argument of CLIs.
 
     Args:
-        name_or_path: "llama-3-8b", "path/to/config.json" or "path/to/model_dir".
+        name_or_path: "llama-3-8b", "path/to/config.json" or "path/to/model_dir". Any config that transformers
+            can build is accepted (types without a hand-written reader are built on the meta device).
+        model_class: The `--model-class` argument: a transformers class to build the config with (for a
+            model_type transformers does not know, e.g. kimi_k2 -> DeepseekV3ForCausalLM).
 
     Raises:
         ValueError: unknown preset (with did-you-mean, listing presets) or an unreadable/invalid config.
@@ -22,7 +25,9 @@ def load_model(name_or_path: Union[str, Path]) -> ModelShape:
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.exists() or text.endswith(".json") or "/" in text or "\\" in text:
-        return load_hf_config(path)
+        return load_hf_config(path, model_class=model_class)
+    if model_class is not None:
+        raise ValueError(f"--model-class {model_class} needs a config.json, not the preset name {text!r}")
     try:
         return get_preset(text)
     except ValueError as exc:

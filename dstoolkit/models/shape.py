@@ -10,6 +10,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dstoolkit.models.measured import MeasuredParams
+
 
 class ModelShape(BaseModel):
     """Architecture facts of a decoder-only transformer (dense, MoE, MLA)."""
@@ -89,6 +91,18 @@ class ModelShape(BaseModel):
     """Per-head non-rotary part of q/k."""
     v_head_dim: Optional[int] = Field(default=None, gt=0)
     """Per-head value width."""
+
+    # --- Where the shape came from ---
+    source: Literal["analytic", "transformers"] = "analytic"
+    """analytic: a hand-written family reader or preset (counts from `count_params`'s formulas);
+    transformers: built by transformers on the meta device (exact counts in `measured`; the fields above are
+    filled from the config for the estimator's formulas)."""
+    model_class: Optional[str] = None
+    """The transformers class the counts come from (source transformers)."""
+    measured: Optional[MeasuredParams] = None
+    """Exact per-layer, per-role counts of the transformers build; `count_params` returns these when set."""
+    notes: tuple[str, ...] = ()
+    """What reading the config did that the user should know (text_config used, quantization ignored, ...)."""
 
     @property
     def is_moe(self) -> bool:

@@ -18,11 +18,21 @@ def test_supported_families():
     assert {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "deepseek_v2", "deepseek_v3", "gpt2"} <= set(FAMILIES)
 
 
-def test_unknown_model_type_lists_supported():
-    with pytest.raises(HFConfigError, match=r"model_type: unsupported model_type 'falcon' \(supported: llama, mistral"):
-        shape_from_hf_dict({**cfg("mistral-7b"), "model_type": "falcon"})
+def test_unknown_model_type_is_refused_with_the_reason():
+    pytest.importorskip("transformers")
+    # A type neither the analytic readers nor transformers know: transformers' reason, and no spelling guess.
+    with pytest.raises(HFConfigError, match=r"model_type: unsupported model_type 'jambaa': transformers .* does "
+                       r"not know model_type 'jambaa'") as info:
+        shape_from_hf_dict({**cfg("mistral-7b"), "model_type": "jambaa"})
+    assert "did you mean" not in str(info.value)
+    # Only separator/case variants are suggested (the same architecture, never a spelling neighbour).
     with pytest.raises(ValueError, match=r"did you mean 'qwen2_moe'\?"):
         shape_from_hf_dict({**cfg("qwen2-7b"), "model_type": "qwen2-moe"})
+
+
+def test_analytic_only_source_lists_supported():
+    with pytest.raises(HFConfigError, match=r"model_type: unsupported model_type 'falcon' \(analytic readers only\)"):
+        shape_from_hf_dict({**cfg("mistral-7b"), "model_type": "falcon"}, source="analytic")
 
 
 def test_missing_model_type():

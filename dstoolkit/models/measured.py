@@ -1,0 +1,206 @@
+"""Parameter counts measured on a transformers module tree, by layer and role (no torch import).
+
+`dstoolkit.models.from_transformers` builds a model on the meta device and fills a `MeasuredParams`;
+this module only holds the result, so that the core (estimate, generate, sweep, tune, fp8 plan) can use it
+without importing torch. Roles are the ones memory is sharded by:
+
+- embedding: token (and learned position) tables; sharded over TP (vocab) and held by the first PP stage.
+- lm_head: the untied output projection (0 when tied: a tied matrix is counted once, as the embedding).
+- attention: the token mixer of a layer — softmax attention, linear attention (gated delta net), or a
+  Mamba/SSM mixer — with its internal norms (q/k norms, MLA latent norms) and biases. `LayerParams.mixer`
+  says which one.
+- dense_mlp: a dense FFN (all layers of a dense model; dense layers and dense side-FFNs of MoE models).
+- routed_experts: every routed expert of the layer; sharded over EP (num_experts / ep per rank).
+- shared_experts: always-active experts (and their gates).
+- router: expert-choice gates (and their biases / scales). Not TP-sharded.
+- norms: per-layer and final norms outside the mixer. Not TP-sharded.
+- other: anything else a layer holds (learned scalars, per-layer embeddings projections); replicated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+ROLES = ("embedding", "lm_head", "attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms",
+         "other")
+"""Every role a parameter is assigned to (each parameter has exactly one)."""
+
+TP_SPLIT_ROLES = frozenset({"embedding", "lm_head", "attention", "dense_mlp", "routed_experts", "shared_experts"})
+"""Roles whose matrices Megatron-style tensor parallelism shards (norms, routers and scalars are replicated)."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class LayerParams(_Frozen):
+    """Parameters of one decoder layer, by role."""
+
+    index: int
+    """Layer number (0-based)."""
+    mixer: str = "attention"
+    """Token mixer: attention | linear_attention | mamba | none (an MLP-only layer of a hybrid model)."""
+    attention: int = 0
+    dense_mlp: int = 0
+    routed_experts: int = 0
+    shared_experts: int = 0
+    router: int = 0
+    norms: int = 0
+    other: int = 0
+    num_experts: int = 0
+    """Routed experts in this layer (0: dense layer)."""
+    experts_per_tok: int = 0
+    """Top-k routed experts a token activates in this layer."""
+
+    @property
+    def total(self) -> int:
+        return (self.attention + self.dense_mlp + self.routed_experts + self.shared_experts + self.router
+                + self.norms + self.other)
+
+    @property
+    def expert_params_each(self) -> int:
+        return self.routed_experts // self.num_experts if self.num_experts else 0
+
+    @property
+    def active(self) -> int:
+        """What one token touches: everything but the routed experts it is not sent to."""
+        return self.total - self.routed_experts + self.experts_per_tok * self.expert_params_each
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+class MeasuredParams(_Frozen):
+    """Exact parameter counts of a model that transformers built on the meta device."""
+
+    model_class: str
+    """The transformers class that was built (GptOssForCausalLM, Gemma4ForCausalLM, ...)."""
+    transformers_version: str
+    embedding: int
+    lm_head: int
+    final_norms: int
+    """Norms outside the layers (final norm)."""
+    other: int = 0
+    """Parameters outside the layers that are neither embedding, head nor norm."""
+    layers: tuple[LayerParams, ...]
+    buffers_not_counted: int = 0
+    """Non-rotary buffers transformers registers (e.g. DeepSeek-V3's e_score_correction_bias): not parameters."""
+    vision_params: int = 0
+    """Vision/audio towers and projectors of a multimodal checkpoint, reported apart (not in total)."""
+    notes: tuple[str, ...] = ()
+    """What the count did with the config (text_config used, quantization_config ignored, ...)."""
+
+    def _sum(self, role: str) -> int:
+        return sum(getattr(layer, role) for layer in self.layers)
+
+    @property
+    def attention(self) -> int:
+        return self._sum("attention")
+
+    @property
+    def dense_mlp(self) -> int:
+        return self._sum("dense_mlp")
+
+    @property
+    def routed_experts(self) -> int:
+        return self._sum("routed_experts")
+
+    @property
+    def shared_experts(self) -> int:
+        return self._sum("shared_experts")
+
+    @property
+    def router(self) -> int:
+        return self._sum("router")
+
+    @property
+    def norms(self) -> int:
+        return self._sum("norms") + self.final_norms
+
+    @property
+    def layer_other(self) -> int:
+        return self._sum("other") + self.other
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.final_norms + self.other + sum(l.total for l in self.layers)
+
+    @property
+    def active(self) -> int:
+        return self.embedding + self.lm_head + self.final_norms + self.other + sum(l.active for l in self.layers)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(l.is_moe for l in self.layers)
+
+    def by_role(self) -> dict[str, int]:
+        """Whole-model count of every role in `ROLES`."""
+        return {"embedding": self.embedding, "lm_head": self.lm_head, "attention": self.attention,
+                "dense_mlp": self.dense_mlp, "routed_experts": self.routed_experts,
+                "shared_experts": self.shared_experts, "router": self.router, "norms": self.norms,
+                "other": self.layer_other}
+
+
+@dataclass(frozen=True)
+class LayoutEntry:
+    """One block of parameters, shaped like `dstoolkit.estimate.layout.ParamEntry` (duck-typed, same fields).
+
+    Names follow the estimator's convention (`blocks.<i>.mlp.experts.<e>.weight` for routed expert e) so
+    that expert-parallel sharding picks the local experts by index.
+    """
+
+    name: str
+    numel: int
+    kind: str
+    """embedding | lm_head | attention | dense_mlp | expert | shared_expert | router | norm | other."""
+    layer: int
+    tp_split: bool
+
+    @property
+    def is_expert(self) -> bool:
+        return self.kind == "expert"
+
+
+_KIND = {"attention": "attention", "dense_mlp": "dense_mlp", "shared_experts": "shared_expert",
+         "router": "router", "norms": "norm", "other": "other"}
+
+
+@lru_cache(maxsize=64)
+def measured_layout(measured: MeasuredParams) -> tuple[LayoutEntry, ...]:
+    """The measured counts as an ordered parameter layout (embedding, layers, final norm, lm_head).
+
+    One entry per (layer, role), and one per routed expert, in module registration order as far as DeepSpeed's
+    partitioning cares (a layer's parameters stay together). The sum of numel equals `measured.total`.
+    """
+    out: list[LayoutEntry] = [LayoutEntry("embed_tokens.weight", measured.embedding, "embedding", -1, True)]
+    if measured.other:
+        out.append(LayoutEntry("other.weight", measured.other, "other", -1, False))
+    for layer in measured.layers:
+        i = layer.index
+        for role in ("norms", "attention", "router", "dense_mlp", "shared_experts", "other"):
+            n = getattr(layer, role)
+            if n:
+                out.append(LayoutEntry(f"blocks.{i}.{role}.weight", n, _KIND[role], i, role in TP_SPLIT_ROLES))
+        each = layer.expert_params_each
+        for e in range(layer.num_experts):
+            out.append(LayoutEntry(f"blocks.{i}.mlp.experts.{e}.weight", each, "expert", i, True))
+    out.append(LayoutEntry("norm.weight", measured.final_norms, "norm", -1, False))
+    if measured.lm_head:
+        out.append(LayoutEntry("lm_head.weight", measured.lm_head, "lm_head", -1, True))
+    return tuple(out)
+
+
+def layer_summary(measured: Optional[MeasuredParams]) -> str:
+    """One line: how many layers of each mixer kind and how many MoE layers (for CLI output)."""
+    if measured is None:
+        return ""
+    kinds: dict[str, int] = {}
+    for layer in measured.layers:
+        kinds[layer.mixer] = kinds.get(layer.mixer, 0) + 1
+    mixers = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    moe = measured.num_moe_layers
+    return f"{len(measured.layers)} layers ({mixers}); {moe} MoE layers" if moe else f"{len(measured.layers)} layers ({mixers})"
