@@ -96,7 +96,7 @@ def predict(spec_path: pathlib.Path, ds_config: dict, cal: dict, inter_busbw: fl
     """
     from dstoolkit.estimate import Calibration, estimate_run
     from dstoolkit.estimate.comm import comm_plan, op_time_s
-    from dstoolkit.estimate.plan import plan_from_spec
+    from dstoolkit.runplan import plan_from_spec
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
 
@@ -112,7 +112,7 @@ def predict(spec_path: pathlib.Path, ds_config: dict, cal: dict, inter_busbw: fl
                 step_overhead_s=cal["step_overhead_s"])
     # the test hosts have one veth uplink each: inter_node_links_per_node = 1
     calib = Calibration(**base, inter_node_busbw_bytes_per_s=inter_busbw, inter_node_links_per_node=1)
-    plan = plan_from_spec(spec, ds_config, shape).model_copy(update={"calibration": calib})
+    plan = plan_from_spec(spec, ds_config, shape, calibration=calib)
     est = estimate_run(plan)
     cp = comm_plan(plan)
     intra, lat = calib.comm_busbw_bytes_per_s, calib.comm_latency_s

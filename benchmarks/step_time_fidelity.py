@@ -9,9 +9,10 @@ One 2-rank gloo launch (torchrun) does everything, in this order:
    - gloo: all_reduce at two sizes on both ranks -> bus bandwidth (nccl-tests busbw) and per-call latency;
    - framework: a 1-block DeepSpeed engine step (tiny) -> fixed per-step and per-block overheads.
 2. Predict with `dstoolkit.estimate.estimate_run` (its step-time model, fed the measured `Calibration`).
-3. Run each config (>= 8, generated with `dstoolkit.estimate.autofill.ds_config_for` from the tiny CPU spec with
-   varied stage / precision / micro batch / accumulation / recompute / offload / width) for warm-up + timed
-   steps and take the median.
+3. Run each config (>= 8, generated with `dstoolkit.generate.planner.ds_config_for` from the tiny CPU spec with
+   varied stage / precision / micro batch / accumulation / recompute / offload / width, then pinned to what the
+   committed readings ran: 2e6-element buckets, no gradient clipping, DeepSpeed's default stage-3 overlap and
+   persistence threshold) for warm-up + timed steps and take the median.
 4. Report MAPE and Spearman rank correlation, with os.getloadavg() before and after (other processes on the
    machine make CPU timing noisy: rerun when the machine is quiet).
 
@@ -75,8 +76,10 @@ def configs(quick: bool) -> list[dict]:
 
 
 def _ds_config(c: dict) -> dict:
-    from dstoolkit.estimate.autofill import ds_config_for
+    from dstoolkit.generate.planner import Candidate, ds_config_for
+    from dstoolkit.models.shape import ModelShape
     from dstoolkit.spec import Spec
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
 
     spec = Spec.model_validate({
         "name": "steptime", "model": {"preset": "tiny"},
@@ -85,7 +88,13 @@ def _ds_config(c: dict) -> dict:
                      "optimizer": "adamw", "lr": 1e-3, "zero_stage": c["stage"], "offload": bool(c.get("offload")),
                      "tp": 1, "pp": 1, "ep": 1, "micro_batch": c["mb"]},
     })
-    cfg = ds_config_for(spec, stage=c["stage"], micro_batch=c["mb"], grad_accum=c["ga"], offload=bool(c.get("offload")))
+    cand = Candidate(zero_stage=c["stage"], offload_optimizer=bool(c.get("offload")), micro_batch=c["mb"],
+                     checkpoint=CheckpointPolicy(kind=c.get("ckpt", "none")))
+    cfg = ds_config_for(spec, ModelShape(**SHAPES[c["shape"]]), cand)
+    # pinned to the configs the committed readings ran (DeepSpeed's defaults where the generator differs)
+    cfg["gradient_clipping"] = 0.0
+    if c["stage"] == 3:
+        cfg["zero_optimization"].update(overlap_comm=True, stage3_param_persistence_threshold=100_000)
     cfg["optimizer"]["params"]["torch_adam"] = not c.get("offload")
     cfg["zero_optimization"].update(reduce_bucket_size=2_000_000, allgather_bucket_size=2_000_000)
     if c["stage"] == 3:

@@ -5,8 +5,10 @@
                        [--gpus-per-node G] [--gpu NAME] [--seq-len S] [--tp T] [--pp P] [--ep E]
                        [--precision bf16|fp16|fp8|fp32] [--checkpoint none|full|every-k|selective] [--every-k K]
 
-A spec's "auto" fields are filled by the rule in `dstoolkit.estimate.autofill` (each choice is printed);
-`dstoolkit sweep` ranks candidates properly. No torch import.
+A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.resolve_spec`, the same ranking
+`dstoolkit sweep` and `dstoolkit generate` use; each choice is printed). A --config JSON is checked first with
+`validate_config` (the engine of `dstoolkit validate`): errors stop the estimate (exit 1), warnings are printed
+beside it. No torch import.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def _load_shape(model: str):
 
 
 def _plan_from_args(args):
-    from dstoolkit.estimate import RunPlan
+    from dstoolkit.runplan import RunPlan
     from dstoolkit.spec.checkpoint import CheckpointPolicy
     from dstoolkit.hardware.table import get_gpu
 
@@ -85,9 +87,11 @@ def _plan_from_args(args):
         raise ValueError(f"{args.config}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
     if not isinstance(ds, dict):
         raise ValueError(f"{args.config}: the DeepSpeed config must be a JSON object")
-    shape = _load_shape(args.model)
     if args.world_size <= 0:
         raise ValueError(f"--world-size={args.world_size}: must be > 0")
+    gpus_per_node = args.gpus_per_node or min(8, args.world_size)
+    findings = _validate(text, args.config, args.world_size, gpus_per_node, args.tp, args.pp)
+    shape = _load_shape(args.model)
     precision = args.precision
     if precision is None:
         if (ds.get("bf16") or {}).get("enabled") is True:
@@ -101,11 +105,34 @@ def _plan_from_args(args):
     else:
         policy = CheckpointPolicy(kind=args.checkpoint)
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
-                   gpus_per_node=args.gpus_per_node or min(8, args.world_size), gpu=get_gpu(args.gpu),
+                   gpus_per_node=gpus_per_node, gpu=get_gpu(args.gpu),
                    seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
                    precision=precision, calibration=_calibration(args.calibration, args.gpu, precision))
-    return plan, []
+    return plan, [], findings
+
+
+class ConfigInvalid(Exception):
+    """`validate_config` found errors in --config: nothing is estimated (exit 1)."""
+
+    def __init__(self, path: str, findings: list):
+        super().__init__(f"{path}: {len(findings)} finding(s)")
+        self.path = path
+        self.findings = findings
+
+
+def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int, pp: int) -> list:
+    """`dstoolkit validate`'s engine on the --config text, with the layout as context (strict mode: no "auto").
+
+    Returns the warnings; raises `ConfigInvalid` when there is an error."""
+    from dstoolkit.validate.engine import validate_config
+
+    findings = validate_config(text, source=path, world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
+                               mode="strict")
+    if any(f.severity == "error" for f in findings):
+        raise ConfigInvalid(path, findings)
+    return findings
+
 
 
 def _calibration(value, gpu: str, precision: str):
@@ -119,7 +146,7 @@ def _calibration(value, gpu: str, precision: str):
 
 
 def _plan_from_spec(path: str, calibration_arg=None):
-    from dstoolkit.estimate.autofill import fill_autos
+    from dstoolkit.generate.planner import resolve_spec
     from dstoolkit.hardware.calibration import calibration_label
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
@@ -132,19 +159,26 @@ def _plan_from_spec(path: str, calibration_arg=None):
         spec.cluster.calibration = calibration_arg if none else str(Path(calibration_arg).expanduser().resolve())
     shape = resolve_model(spec.model, Path(path).resolve().parent)
     try:
-        filled = fill_autos(spec, shape)
+        resolved = resolve_spec(spec, shape)  # "auto" fields: the sweep's best layout
     except ValueError as exc:
         raise ValueError(f"--calibration: {exc}" if calibration_arg is not None and "calibration" in str(exc)
                          else str(exc)) from None
-    plan = filled.plan
     label = calibration_label(spec)
-    return plan, filled.assumptions, label
+    return resolved.plan, resolved.assumptions, label
 
 
 def _calibration_label(value, gpu) -> str:
     from dstoolkit.hardware.calibration import calibration_path, path_label
 
     return path_label(calibration_path(value, gpu))
+
+
+def render_findings(findings: list) -> list[str]:
+    """validate_config warnings, compiler-style, for the lines under the estimate."""
+    if not findings:
+        return []
+    return ["", f"validate_config: {len(findings)} warning(s) in the DeepSpeed config"] + [
+        f"  {f.format_text()}" for f in findings]
 
 
 def render_table(plan, est, assumptions: list[str]) -> str:
@@ -189,15 +223,23 @@ def run(args) -> int:
 
     from dstoolkit.estimate import estimate_run
 
+    findings: list = []
     try:
         if args.spec:
             if args.config or args.model:
                 return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
             plan, assumptions, cal_label = _plan_from_spec(args.spec, args.calibration)
         else:
-            plan, assumptions = _plan_from_args(args)
+            plan, assumptions, findings = _plan_from_args(args)
             cal_label = _calibration_label(args.calibration, args.gpu)
         est = estimate_run(plan)
+    except ConfigInvalid as exc:
+        for f in exc.findings:
+            print(f.format_text(), file=sys.stderr)
+        n_err = sum(f.severity == "error" for f in exc.findings)
+        print(f"dstoolkit estimate: {exc.path}: {n_err} error(s) from validate_config: not estimated "
+              "(`dstoolkit validate` shows the same findings)", file=sys.stderr)
+        return 1
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
@@ -208,7 +250,9 @@ def run(args) -> int:
         out = est.to_json()
         out["assumptions"] = assumptions
         out["step_time_calibration"] = cal_label
+        out["validation_warnings"] = [f.model_dump() for f in findings]
         print(json.dumps(out, indent=2))
     else:
-        print(render_table(plan, est, assumptions) + f"\nstep time from {cal_label}")
+        print("\n".join([render_table(plan, est, assumptions), f"step time from {cal_label}",
+                         *render_findings(findings)]))
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.runplan import RunPlan
 
 FP32_BYTES = 4
 """fp32 element size (RMSNorm's upcast, softmax log-sum-exp, the fp32 loss logits)."""

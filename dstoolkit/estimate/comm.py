@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from dstoolkit.estimate.memory import param_bytes, rank_param_groups
-from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.runplan import RunPlan
 
 QWZ_BYTES_PER_PARAM = 1
 """ZeRO++ qwZ: weights all-gathered in int8 (arXiv 2306.10209 §3.1), block scales ignored."""

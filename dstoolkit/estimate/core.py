@@ -18,7 +18,7 @@ from dstoolkit.estimate.memory import (
     paper_model_states,
     rank_param_groups,
 )
-from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.runplan import RunPlan
 from dstoolkit.estimate.step_time import peak_flops, step_time
 
 

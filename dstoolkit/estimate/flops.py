@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dstoolkit.estimate.layout import param_totals
-from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.runplan import RunPlan
 from dstoolkit.models.shape import ModelShape
 
 TRAIN_FLOPS_PER_PARAM = 6

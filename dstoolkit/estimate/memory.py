@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from dstoolkit.estimate.layout import ParamEntry, param_layout
-from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.runplan import RunPlan
 
 FP32_BYTES = 4
 """Bytes per fp32 element (master weights, Adam moments, fp32 gradients)."""

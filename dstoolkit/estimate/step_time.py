@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dstoolkit.estimate.comm import CommPlan, op_time_s
 from dstoolkit.estimate.flops import FlopsPerToken
-from dstoolkit.estimate.plan import RunPlan
+from dstoolkit.runplan import RunPlan
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.55
 """Fraction of dense peak a training step sustains without calibration: published end-to-end MFU is

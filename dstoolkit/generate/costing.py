@@ -7,13 +7,16 @@ No torch import.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
+from dstoolkit.estimate import estimate_run
 from dstoolkit.generate.candidates import Candidate
-from dstoolkit.models.shape import ModelShape
+from dstoolkit.generate.ds_json import build_ds_config
+from dstoolkit.hardware.calibration import calibration_for_spec
 from dstoolkit.hardware.table import GpuSpec
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.runplan import RunPlan, plan_from_spec
 from dstoolkit.spec import Spec
 
 GiB = 2**30
@@ -53,29 +56,6 @@ class CandidateEstimate:
     """Estimator-specific figures (flops, comm bytes) shown in summaries."""
 
 
-@dataclass(frozen=True)
-class ParamSplit:
-    """Parameters split into the part every data-parallel rank holds and the expert part sharded over EP."""
-
-    total: int
-    active: int
-    expert: int
-    """Routed-expert parameters (sharded over the expert-parallel group)."""
-
-    @property
-    def dense(self) -> int:
-        return self.total - self.expert
-
-
-@functools.lru_cache(maxsize=64)
-def param_split(shape: ModelShape) -> ParamSplit:
-    """Total/active parameters and the routed-expert share, from `dstoolkit.models.count_params`."""
-    from dstoolkit.models import count_params
-
-    counts = count_params(shape)
-    return ParamSplit(total=counts.total, active=counts.active, expert=counts.routed_experts)
-
-
 def layers_per_stage(num_layers: int, pp: int) -> int:
     """Layers on the fullest pipeline stage: ceil(L / pp) (uneven splits put the remainder on stage 0)."""
     return -(-num_layers // pp)
@@ -97,6 +77,20 @@ def estimator_source(spec: Optional[Spec] = None) -> str:
     return f"{PACKAGE_SOURCE}, step times from {calibration_label(spec)}"
 
 
+def run_plan_for(spec: Spec, shape: ModelShape, cand: Candidate, ds_config: Optional[dict] = None, *,
+                 gpu: Optional[GpuSpec] = None, calibration=None) -> RunPlan:
+    """The estimator's `RunPlan` for one candidate: `dstoolkit.runplan.plan_from_spec` with the candidate's
+    layout (degrees, recompute, sequence parallelism) and its DeepSpeed JSON (`build_ds_config` when None).
+
+    Raises:
+        ValueError: the layout or the JSON is refused (a `dstoolkit.layout` constraint, `read_ds_config`).
+    """
+    cfg = build_ds_config(spec, shape, cand) if ds_config is None else ds_config
+    extra = {} if calibration is None else {"calibration": calibration}
+    return plan_from_spec(spec, cfg, shape, tp=cand.tp, pp=cand.pp, ep=cand.ep, checkpoint=cand.checkpoint,
+                          sequence_parallel=cand.sequence_parallel, gpu=gpu, **extra)
+
+
 def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec,
                        *, ds_config: Optional[dict] = None) -> CandidateEstimate:
     """Estimate one candidate with `dstoolkit.estimate.estimate_run`.
@@ -115,24 +109,12 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         EstimateInputError: The estimator refused the combination (message says why).
         SpecError: cluster.calibration names an unusable file.
     """
-    from dstoolkit.estimate import RunPlan, estimate_run  # issue #4
-    from dstoolkit.hardware.calibration import calibration_for_spec
-
-    if ds_config is None:
-        from dstoolkit.generate.ds_json import build_ds_config
-
-        ds_config = build_ds_config(spec, shape, cand)
-    t = spec.training
+    ds_config = build_ds_config(spec, shape, cand) if ds_config is None else ds_config
     # outside the try: an unusable cluster.calibration is the spec's error (SpecError at its YAML line), not
     # a refusal of this one candidate
     calibration = calibration_for_spec(spec)
     try:
-        plan = RunPlan(
-            shape=shape, ds_config=ds_config, world_size=spec.cluster.world_size,
-            gpus_per_node=spec.cluster.gpus_per_node, gpu=gpu, seq_len=t.seq_len, tp=cand.tp, pp=cand.pp,
-            ep=cand.ep, checkpoint=cand.checkpoint, flash_attention=t.flash_attention,
-            sequence_parallel=cand.sequence_parallel, precision=t.precision, calibration=calibration)
-        est = estimate_run(plan)
+        est = estimate_run(run_plan_for(spec, shape, cand, ds_config, gpu=gpu, calibration=calibration))
     except ValueError as exc:
         raise EstimateInputError(" ".join(str(exc).split())) from None
     mem = est.memory

@@ -5,6 +5,9 @@ No torch import. MoE facts (expert count, ep size) are not DeepSpeed config keys
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.rules import hpz_partition_size
 from dstoolkit.models.shape import ModelShape
@@ -82,6 +85,30 @@ def _scheduler_section(spec: Spec) -> dict | None:
     return None
 
 
+@dataclass(frozen=True)
+class ParamSplit:
+    """Parameters split into the part every data-parallel rank holds and the expert part sharded over EP."""
+
+    total: int
+    active: int
+    expert: int
+    """Routed-expert parameters (sharded over the expert-parallel group)."""
+
+    @property
+    def dense(self) -> int:
+        return self.total - self.expert
+
+
+@functools.lru_cache(maxsize=64)
+def param_split(shape: ModelShape) -> ParamSplit:
+    """Total/active parameters and the routed-expert share, from `dstoolkit.models.count_params` (bucket sizes
+    here; the sweep's lower bound and costing import it from this module)."""
+    from dstoolkit.models import count_params
+
+    counts = count_params(shape)
+    return ParamSplit(total=counts.total, active=counts.active, expert=counts.routed_experts)
+
+
 BUCKET_ROUND_ELEMENTS = 1_000_000  # bucket sizes clamped to the model are rounded up to a million elements
 
 
@@ -91,8 +118,6 @@ def _bucket_elements(shape: ModelShape, cand: Candidate, default: int) -> int:
     A bucket larger than everything it could hold only reserves memory (stage 1-2 allocate the reduce
     bucket up front): the tiny CPU model would otherwise spend 1 GB per rank on two 5e8-element buckets.
     """
-    from dstoolkit.generate.costing import param_split
-
     per_rank = param_split(shape).total / (cand.tp * cand.pp)
     rounded = int(-(-per_rank // BUCKET_ROUND_ELEMENTS) * BUCKET_ROUND_ELEMENTS)
     return min(default, max(BUCKET_ROUND_ELEMENTS, rounded))

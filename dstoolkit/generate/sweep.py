@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 from dstoolkit.generate.candidates import Candidate, StrategyDef
 from dstoolkit.generate.costing import (DEVICE_HEADROOM_FRACTION, CandidateEstimate, EstimateInputError,
                                         estimate_candidate, estimator_source, usable_device_bytes)
-from dstoolkit.generate.ds_json import build_ds_config
+from dstoolkit.generate.ds_json import build_ds_config, param_split
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec.checkpoint import CheckpointPolicy
@@ -56,6 +56,8 @@ class FitsNowhere:
     device_memory_bytes: int
     least_memory_label: str
     suggestions: list[str]
+    least_memory_candidate: Optional[Candidate] = None
+    """The layout behind `least_memory_label` (what `dstoolkit estimate` shows when nothing fits)."""
 
     def message(self, spec: Spec, gpu: GpuSpec, model_name: str) -> str:
         lines = [
@@ -297,8 +299,6 @@ def zero_model_state_bytes(dense_params: float, expert_params: float, *, dp: int
 def model_state_lower_bound_bytes(spec: Spec, shape: ModelShape, cand: Candidate) -> int:
     """A cheap lower bound on device bytes per rank (`zero_model_state_bytes` for the candidate). Any real
     allocation is at least this, so a candidate above the device is dropped without the full estimator."""
-    from dstoolkit.generate.costing import param_split
-
     split = param_split(shape)
     mp = cand.tp * cand.pp
     fp32 = spec.training.precision == "fp32"
@@ -411,7 +411,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         least = min(estimates, key=lambda ce: ce[1])
         result.fits_nowhere = FitsNowhere(
             needed_per_gpu_bytes=int(least[1]), device_memory_bytes=int(gpu.memory_bytes),
-            least_memory_label=least[0].label,
+            least_memory_label=least[0].label, least_memory_candidate=least[0],
             suggestions=what_would_fit(spec, shape, strategy) if advise else [])
     return result
 

@@ -6,9 +6,9 @@ scale applied to the generated bucket sizes. `TuneSpace` lists the choices per d
 trial's parameters to a point, and runs the pre-run checks (structural rules, `validate_config`, the memory
 estimate) that turn a point into a pruned trial with a reason before anything is launched.
 
-The sweep API (`enumerate_candidates`, `zero_modes`, `check_candidate`, `build_ds_config`,
-`estimate_candidate`) is used as is; what it does not expose (bucket scaling, overlap_comm as a choice,
-point labels and keys) is wrapped here.
+Everything from `dstoolkit.generate` comes through its planner API (`dstoolkit.generate.planner`:
+`candidates_for`, `zero_modes`, `check_candidate`, `ds_config_for`, `estimate_candidate`); what it does not
+expose (bucket scaling, overlap_comm as a choice, point labels and keys) is wrapped here.
 """
 from __future__ import annotations
 
@@ -19,18 +19,16 @@ from typing import Any, Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dstoolkit.generate.candidates import Candidate
-from dstoolkit.generate.costing import CandidateEstimate, EstimateInputError, estimate_candidate
-from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
-from dstoolkit.generate.rules import check_candidate
-from dstoolkit.generate.sweep import MICRO_BATCH_CHOICES, checkpoint_choices, enumerate_candidates, zero_modes
+from dstoolkit.generate.planner import (MICRO_BATCH_CHOICES, Candidate, CandidateEstimate, EstimateInputError,
+                                        candidates_for, check_candidate, checkpoint_choices, ds_config_for,
+                                        estimate_candidate, is_cpu_cluster, zero_modes)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec import Spec
 
 GiB = 2**30
 
-# Bucket sizes are tuned as a multiple of what `build_ds_config` emits (DeepSpeed's 5e8-element default,
+# Bucket sizes are tuned as a multiple of what `ds_config_for` emits (DeepSpeed's 5e8-element default,
 # clamped to the parameters one rank holds): smaller buckets start communication earlier and reserve less
 # memory, at the cost of more collective calls (DeepSpeed docs, zero_optimization.reduce_bucket_size).
 DEFAULT_BUCKET_SCALES = (0.25, 1.0)
@@ -51,7 +49,7 @@ class TunePoint(BaseModel):
     candidate: Candidate
     """ZeRO stage, offload, ZeRO++, TP/PP/EP, micro-batch and recompute policy (the sweep's unit)."""
     overlap_comm: Optional[bool] = None
-    """zero_optimization.overlap_comm; None keeps what `build_ds_config` emits (off on CPU, on on GPU)."""
+    """zero_optimization.overlap_comm; None keeps what `ds_config_for` emits (off on CPU, on on GPU)."""
     bucket_scale: float = Field(default=1.0, gt=0)
     """Multiplier on the generated reduce/all-gather/prefetch bucket sizes (stage >= 1 only)."""
 
@@ -143,7 +141,7 @@ class TuneSpace:
         fixed: dict[str, str] = {}
         zero = {_zero_label(m): m for m in zero_modes(spec, None)}
         # Same degree choices as the sweep (enumerate_candidates), read off the candidates it yields.
-        cands = list(enumerate_candidates(spec, shape))
+        cands = list(candidates_for(spec, shape))
         tps = sorted({x.tp for x in cands})
         pps = sorted({x.pp for x in cands})
         eps = sorted({x.ep for x in cands})
@@ -243,8 +241,8 @@ class TuneSpace:
 
     # ------------------------------------------------------------------------------------------------------
     def ds_config(self, point: TunePoint) -> dict:
-        """The DeepSpeed JSON for a point: `build_ds_config` plus the tuned overlap and bucket sizes."""
-        cfg = build_ds_config(self.spec, self.shape, point.candidate)
+        """The DeepSpeed JSON for a point: `ds_config_for` plus the tuned overlap and bucket sizes."""
+        cfg = ds_config_for(self.spec, self.shape, point.candidate)
         z = cfg.get("zero_optimization", {})
         if point.candidate.zero_stage >= 1:
             if point.overlap_comm is not None:

@@ -240,7 +240,7 @@ def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[st
         ok = [c for c in checks.values() if not c.pruned]
         ok.sort(key=lambda c: (_rank_key(objective, c, space.spec), c.point.label))
         return [c.point for c in ok[:top]]
-    from dstoolkit.generate.sweep import run_sweep
+    from dstoolkit.generate import run_sweep
 
     res = run_sweep(space.spec, space.shape, top=max(top * 2, 8), validate=False, advise=False)
     dims = space.dimensions()

@@ -2,7 +2,6 @@
 import pytest
 
 from dstoolkit.estimate import (
-    RunPlan,
     busbw_factor,
     comm_plan,
     estimate_run,
@@ -13,6 +12,7 @@ from dstoolkit.estimate import (
     zeropp_cross_node_bytes,
 )
 from dstoolkit.estimate.layout import param_totals
+from dstoolkit.runplan import RunPlan
 from dstoolkit.models import count_params, get_preset
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.hardware.table import get_gpu

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from dstoolkit.estimate import estimate_run, plan_from_spec
+from dstoolkit.estimate import estimate_run
+from dstoolkit.runplan import plan_from_spec
 from dstoolkit.hardware.calibration import (PACKAGED, CalibrationInputError, calibration_for_spec, calibration_label,
                                             calibration_from_raw, read_calibration_file)
 from dstoolkit.generate.ds_json import build_ds_config

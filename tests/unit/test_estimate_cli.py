@@ -80,3 +80,38 @@ def test_estimate_module_does_not_import_torch():
     code = "import sys, dstoolkit.estimate, dstoolkit.cli.estimate; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_config_is_validated_first_errors_exit_1(tmp_path, capsys):
+    """--config goes through validate_config (the `dstoolkit validate` engine) before anything is estimated:
+    a misspelt section used to be ignored and estimated as ZeRO-0."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                               "zero_optimisation": {"stage": 3, "reduce_bucket_sise": 1000}}, indent=2))
+    rc = main(["estimate", "--config", str(cfg), "--model", "tiny", "--world-size", "2", "--gpu", "cpu",
+               "--seq-len", "64"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "zero_optimisation" in captured.err and "error[" in captured.err and f"{cfg}:" in captured.err
+    assert "ZeRO-0" not in captured.out and "MFU" not in captured.out
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                               "zero_optimization": {"stage": 2, "reduce_bucket_sise": 1000}}, indent=2))
+    rc = main(["estimate", "--config", str(cfg), "--model", "tiny", "--world-size", "2", "--gpu", "cpu",
+               "--seq-len", "64"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "reduce_bucket_sise" in captured.err and "reduce_bucket_size" in captured.err
+
+
+def test_config_warnings_are_printed_beside_the_estimate(tmp_path, capsys):
+    cfg = tmp_path / "ds.json"
+    # deprecated key: a warning, not an error
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                               "zero_optimization": {"stage": 1, "cpu_offload": False}}, indent=2))
+    args = ["estimate", "--config", str(cfg), "--model", "tiny", "--world-size", "2", "--gpu", "cpu", "--seq-len", "64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "MFU" in out and "warning[" in out and "cpu_offload" in out
+    assert main(args + ["--format", "json"]) == 0
+    warns = json.loads(capsys.readouterr().out)["validation_warnings"]
+    assert warns and all(w["severity"] == "warning" for w in warns)

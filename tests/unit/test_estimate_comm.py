@@ -3,7 +3,8 @@ DeepSpeed 0.19.8's ZeRO-1/2 gradient all-reduce, the inter-node rate of a calibr
 share a node's link."""
 import pytest
 
-from dstoolkit.estimate import Calibration, RunPlan, estimate_run
+from dstoolkit.estimate import Calibration, estimate_run
+from dstoolkit.runplan import RunPlan
 from dstoolkit.estimate.comm import (
     CommOp,
     busbw_factor,

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from dstoolkit.estimate import RunPlan, deepspeed_model_states, estimate_run
+from dstoolkit.estimate import deepspeed_model_states, estimate_run
+from dstoolkit.runplan import RunPlan
 from dstoolkit.estimate.memory import rank_param_groups
 from dstoolkit.models import count_params, get_preset
 from dstoolkit.models.shape import ModelShape
@@ -163,8 +164,35 @@ def test_checkpoint_policy_shrinks_activations_as_the_runtime_applies_it():
 
 # --- Error handling -----------------------------------------------------------------------------------------------
 def test_ep_not_dividing_experts_is_a_clear_error():
-    with pytest.raises(ValueError, match="ep=3 does not divide num_experts=8"):
+    # the message is dstoolkit.layout's LY008
+    with pytest.raises(ValueError, match="ep=3 does not divide the number of experts 8"):
         _plan(get_preset("mixtral-8x7b"), _ds(1), world=6, ep=3)
+
+
+def test_tp_must_divide_kv_heads_megatron_rule():
+    """LY004 (Megatron: num_query_groups % tp == 0). The old RunPlan also took tp % kv_heads == 0 (tp=16 over
+    8 KV heads); dstoolkit.layout does not."""
+    shape = get_preset("llama-3-70b")  # 64 heads, 8 KV heads
+    with pytest.raises(ValueError, match="tp=16 does not divide num_key_value_heads=8"):
+        _plan(shape, _ds(1), world=16, tp=16)
+
+
+def test_ds_config_is_read_through_deepspeed_config():
+    """DsView parses with dstoolkit.dsconfig.DeepSpeedConfig: a misspelt key is refused, not ignored, and
+    the defaults are the model's fields (DeepSpeed 0.19.8's)."""
+    from dstoolkit.dsconfig.ds_zero import ZeroConfig
+
+    ds = _ds(1)
+    ds["zero_optimization"]["reduce_bucket_sise"] = 1000
+    with pytest.raises(ValueError, match="reduce_bucket_sise"):
+        _plan(get_preset("llama-3-8b"), ds)
+    view = _plan(get_preset("llama-3-8b"), _ds(3)).ds
+    z = ZeroConfig.model_fields
+    assert view.reduce_bucket_size == z["reduce_bucket_size"].default
+    assert view.prefetch_bucket_size == z["prefetch_bucket_size"].default
+    assert view.param_persistence_threshold == z["param_persistence_threshold"].default
+    assert view.sub_group_size == z["sub_group_size"].default
+    assert view.overlap_comm is True  # unset: DeepSpeed turns it on at stage 3
 
 
 def test_tp_not_dividing_heads_is_a_clear_error():

@@ -1,7 +1,8 @@
 """Step-time model: composition, overlap assumption, calibration interpolation."""
 import pytest
 
-from dstoolkit.estimate import Calibration, RunPlan, estimate_run
+from dstoolkit.estimate import Calibration, estimate_run
+from dstoolkit.runplan import RunPlan
 from dstoolkit.models import get_preset
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.hardware.table import get_gpu

@@ -133,23 +133,19 @@ def calibration_for(raw: Optional[dict[str, Any]], precision: str):
 def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration_raw) -> Optional[dict[str, Any]]:
     """The estimate for one config as a flat dict ({"error": ...} when the estimator refuses)."""
     try:
-        from dstoolkit.estimate import estimate_run, plan_from_spec
+        from dstoolkit.estimate import estimate_run
+        from dstoolkit.runplan import plan_from_spec
         from dstoolkit.hardware.calibration import calibration_label
     except ImportError as exc:  # pragma: no cover - estimator is part of the package
         return {"error": f"estimator unavailable: {exc}"}
     try:
         calibration = calibration_for(calibration_raw, spec.training.precision)
-        plan = plan_from_spec(spec, ds_config, shape)
-        updates: dict[str, Any] = {}
-        if plan.world_size != world_size:
-            updates["world_size"] = world_size
-            updates["gpus_per_node"] = min(plan.gpus_per_node, world_size)
-        if ep_size != plan.ep:
-            updates["ep"] = ep_size
+        at = {}  # the bench may run the config on other ranks than the spec's cluster
+        if world_size != spec.cluster.world_size:
+            at = {"world_size": world_size, "gpus_per_node": min(spec.cluster.gpus_per_node, world_size)}
         if calibration is not None:
-            updates["calibration"] = calibration
-        if updates:
-            plan = plan.__class__(**{**plan.model_dump(), **updates, "calibration": calibration or plan.calibration})
+            at["calibration"] = calibration
+        plan = plan_from_spec(spec, ds_config, shape, ep=ep_size, **at)
         est = estimate_run(plan)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,12 @@
+"""dstoolkit.runplan: one run to estimate, and the one reader of a DeepSpeed JSON (no torch import).
+
+    from dstoolkit.runplan import RunPlan, DsView, read_ds_config, plan_from_spec
+
+`RunPlan` (model shape + DeepSpeed JSON + cluster + layout) checks its layout with `dstoolkit.layout`;
+`DsView` is the JSON parsed by `dstoolkit.dsconfig.DeepSpeedConfig` with DeepSpeed's defaults filled in;
+`plan_from_spec` is the one Spec -> RunPlan adapter. Sits between `models` and `estimate`.
+"""
+from dstoolkit.runplan.dsview import DsView, read_ds_config
+from dstoolkit.runplan.plan import Precision, RunPlan, plan_from_spec
+
+__all__ = ["DsView", "Precision", "RunPlan", "plan_from_spec", "read_ds_config"]
