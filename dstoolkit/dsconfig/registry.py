@@ -2,9 +2,9 @@
 
     @rule("DS204", "offload_param needs ZeRO stage 3")
     def _check_offload_param_stage(cfg, ctx):
-        \"\"\"zero_optimization.offload_param only acts at stage 3 ...\"\"\"     # the explanation
+        # docstring: the explanation (`--explain DS204`, docs/rules.md)
         ...
-        raise RuleViolation("/zero_optimization/offload_param", "...", "set \\"stage\\": 3")
+        raise RuleViolation("/zero_optimization/offload_param", message, 'set "stage": 3')
 
 The decorator carries the code and the title, the docstring is the explanation (``--explain``, docs/rules.md),
 and the function is the check. A check raises `RuleViolation` (the registry stamps the rule's code and
