@@ -64,7 +64,7 @@ def _raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc) -> No
     if v is None:
         return
     loc = next((SPEC_FACT_PATHS[f] for f in v.fields if f in SPEC_FACT_PATHS), ())
-    raise SpecFieldError(prefix + loc, v.message, v.fix)
+    raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)
 
 
 
