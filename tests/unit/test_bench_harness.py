@@ -1,13 +1,14 @@
 """Harness core: statistics, resumable append-only JSON Lines, environment capture."""
 import json
 
-import numpy as np
 import pytest
 
 from dstoolkit.runtime.bench import harness
 
 
 def test_summarize_matches_numpy_percentiles():
+    import numpy as np
+
     rng = np.random.default_rng(0)
     xs = rng.lognormal(size=37).tolist()
     st = harness.summarize(xs)
