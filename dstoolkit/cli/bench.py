@@ -6,16 +6,17 @@ torch/deepspeed are imported only inside `run`.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_calibration_flag, add_format_flag,
+                                   add_out_flag, add_world_flags, exit_map)
 
 
-def _add_common(p: argparse.ArgumentParser, default_format: str = "table") -> None:
-    p.add_argument("--out", metavar="FILE.jsonl", default=None,
-                   help="append result records to this JSON Lines file (never overwritten; an interrupted run resumes)")
+def _add_common(p: argparse.ArgumentParser) -> None:
+    add_out_flag(p, metavar="FILE.jsonl",
+                 help="append result records to this JSON Lines file (never overwritten; an interrupted run resumes)")
     p.add_argument("--no-resume", dest="resume", action="store_false",
                    help="start a new run even if the last run with the same config in --out was interrupted")
-    p.add_argument("--format", choices=("table", "json"), default=default_format, help="output format (default: table)")
+    add_format_flag(p)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars on stderr")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="kill the ranks after this many seconds (default 1800)")
 
@@ -37,8 +38,8 @@ def add_parser(subparsers) -> None:
     c.add_argument("--time-budget-s", type=float, default=20.0,
                    help="per-row budget: iters shrinks for sizes that would take longer (default 20 s)")
     c.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl if CUDA is available, else gloo")
-    c.add_argument("--world-size", type=int, default=2,
-                   help="ranks to launch on this node (ignored under torchrun/deepspeed, which set WORLD_SIZE)")
+    add_world_flags(c, gpus_per_node=False, default=2,
+                    world_help="ranks to launch on this node (ignored under torchrun/deepspeed, which set WORLD_SIZE)")
     _add_common(c)
     c.set_defaults(run=run)
 
@@ -52,7 +53,7 @@ def add_parser(subparsers) -> None:
     o.add_argument("--overlap", choices=("both", "on", "off"), default="both", help="overlap_comm settings to compare")
     o.add_argument("--steps", type=int, default=8, help="timed steps per measurement (default 8)")
     o.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    o.add_argument("--world-size", type=int, default=2, help="ranks to launch (default 2)")
+    add_world_flags(o, gpus_per_node=False, default=2, world_help="ranks to launch (default 2)")
     o.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     o.add_argument("--seq-len", type=int, default=None, help="override the spec's sequence length")
     o.add_argument("--micro-batch", type=int, default=None, help="override the config's micro batch")
@@ -67,41 +68,30 @@ def add_parser(subparsers) -> None:
     t.add_argument("--spec", default=None, help="spec YAML giving the model/cluster for JSON configs")
     t.add_argument("--steps", type=int, default=10, help="training steps per config (default 10)")
     t.add_argument("--skip-steps", type=int, default=2, help="first steps excluded from timing (warm-up; default 2)")
-    t.add_argument("--num-gpus", "--world-size", dest="world_size", type=int, default=2,
-                   help="ranks per config through the deepspeed launcher (default 2)")
+    add_world_flags(t, gpus_per_node=False, default=2, aliases=("--num-gpus",),
+                    world_help="ranks per config through the deepspeed launcher (default 2)")
     t.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
-    t.add_argument("--calibration", default="auto", metavar="FILE.json|auto|none",
-                   help="measured rates for the estimate (dstoolkit.estimate.Calibration JSON); 'auto' (default) uses "
-                        "the newest benchmarks/results/calibration_<cpu|gpu>_*.json if present, 'none' the hardware table")
+    add_calibration_flag(t, auto=True,
+                         help="measured rates for the estimate (dstoolkit.estimate.Calibration JSON); 'auto' "
+                              "(default) uses the newest benchmarks/results/calibration_<cpu|gpu>_*.json if present, "
+                              "'none' the hardware table")
     _add_common(t)
     t.set_defaults(run=run)
 
 
-def _err(msg: str) -> int:
-    print(f"dstoolkit bench: error: {msg}", file=sys.stderr)
-    return 2
-
-
+@exit_map("bench", failures=(RuntimeError,))  # BenchInputError: exit 2; RuntimeError (a rank failed): exit 1
 def run(args) -> int:
-    from dstoolkit.runtime.bench.harness import BenchInputError
+    if args.bench_kind == "comm":
+        return _run_comm(args)
+    if args.bench_kind == "overlap":
+        from dstoolkit.runtime.bench import overlap
 
-    try:
-        if args.bench_kind == "comm":
-            return _run_comm(args)
-        if args.bench_kind == "overlap":
-            from dstoolkit.runtime.bench import overlap
+        return overlap.cli_run(args)
+    if args.bench_kind == "train":
+        from dstoolkit.runtime.bench import train
 
-            return overlap.cli_run(args)
-        if args.bench_kind == "train":
-            from dstoolkit.runtime.bench import train
-
-            return train.cli_run(args)
-    except BenchInputError as exc:
-        return _err(str(exc))
-    except RuntimeError as exc:
-        print(f"dstoolkit bench: failed: {exc}", file=sys.stderr)
-        return 1
-    return _err(f"unknown bench {args.bench_kind!r}")
+        return train.cli_run(args)
+    raise InputError(f"unknown bench {args.bench_kind!r}")
 
 
 def _default_backend() -> str:
@@ -130,9 +120,9 @@ def _run_comm(args) -> int:
     )
     rows = comm.run_comm(opts)
     if not rows:  # non-zero ranks under a launcher print nothing
-        return 0
+        return EXIT_OK
     if args.format == "json":
         print(comm.json_rows(rows))
     else:
         print(comm.format_table(rows))
-    return 1 if any(int(r.get("#wrong", 0)) for r in rows) else 0
+    return EXIT_FINDINGS if any(int(r.get("#wrong", 0)) for r in rows) else EXIT_OK

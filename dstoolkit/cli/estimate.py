@@ -3,7 +3,8 @@
     dstoolkit estimate SPEC.yaml [--format table|json]
     dstoolkit estimate --config ds.json --model NAME|config.json --world-size N
                        [--gpus-per-node G] [--gpu NAME] [--seq-len S] [--tp T] [--pp P] [--ep E]
-                       [--precision bf16|fp16|fp8|fp32] [--checkpoint none|full|every-k|selective] [--every-k K]
+                       [--precision bf16|fp16|fp8|fp32] [--checkpoint none|full|every-k|ratio|selective]
+                       [--every-k K] [--checkpoint-ratio R]
 
 A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.resolve_spec`, the same ranking
 `dstoolkit sweep` and `dstoolkit generate` use; each choice is printed). A --config JSON is checked first with
@@ -17,6 +18,10 @@ import json
 import sys
 from pathlib import Path
 
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, add_calibration_flag, add_checkpoint_flags,
+                                   add_format_flag, add_parallel_flags, add_world_flags, checkpoint_policy, exit_map,
+                                   input_error)
+
 GiB = 2**30
 
 
@@ -26,32 +31,26 @@ def add_parser(subparsers) -> None:
     p.add_argument("spec", nargs="?", metavar="SPEC.yaml", help="a training spec (or use --config/--model/--world-size)")
     p.add_argument("--config", metavar="ds.json", help="a DeepSpeed JSON (no 'auto' values)")
     p.add_argument("--model", metavar="NAME|config.json", help="model preset name or a Hugging Face config.json")
-    p.add_argument("--world-size", type=int, help="total ranks (GPUs)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node (default: min(8, world size))")
+    add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
     p.add_argument("--gpu", default="H100-SXM", help="hardware table name (H100-SXM, H200, H800, A100-80G, ..., cpu)")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
+    add_parallel_flags(p, ("tp", "pp", "ep"))
     p.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
                    help="default: from the JSON (bf16/fp16 sections), else fp32")
-    p.add_argument("--checkpoint", choices=("none", "full", "every-k", "selective"), default="none",
-                   help="activation recompute policy")
-    p.add_argument("--every-k", type=int, default=2, help="with --checkpoint every-k: recompute one block in k")
+    add_checkpoint_flags(p)
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="store the s^2 attention scores (math attention)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
-    p.add_argument("--calibration", metavar="FILE.json|none", default=None,
-                   help="measured rates for the step time (a benchmarks/step_time_fidelity.py calibration file); "
-                        "default: the spec's cluster.calibration, else the packaged reference for --gpu cpu, else "
-                        "none (the hardware table's nominal rates)")
-    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_calibration_flag(p,
+                         help="measured rates for the step time (a benchmarks/step_time_fidelity.py calibration file); "
+                              "default: the spec's cluster.calibration, else the packaged reference for --gpu cpu, "
+                              "else none (the hardware table's nominal rates)")
+    add_format_flag(p)
     p.set_defaults(run=run)
 
 
 def _err(msg: str) -> int:
-    print(f"dstoolkit estimate: error: {msg}", file=sys.stderr)
-    return 2
+    return input_error("estimate", msg)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -71,7 +70,6 @@ def _load_shape(model: str):
 
 def _plan_from_args(args):
     from dstoolkit.runplan import RunPlan
-    from dstoolkit.spec.checkpoint import CheckpointPolicy
     from dstoolkit.hardware.table import get_gpu
 
     missing = [f for f, v in (("--config", args.config), ("--model", args.model), ("--world-size", args.world_size)) if v is None]
@@ -100,10 +98,7 @@ def _plan_from_args(args):
             precision = "fp16"
         else:
             precision = "fp32"
-    if args.checkpoint == "every-k":
-        policy = CheckpointPolicy(kind="every-k", every_k=args.every_k)
-    else:
-        policy = CheckpointPolicy(kind=args.checkpoint)
+    policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
                    gpus_per_node=gpus_per_node, gpu=get_gpu(args.gpu),
                    seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
@@ -132,7 +127,6 @@ def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int
     if any(f.severity == "error" for f in findings):
         raise ConfigInvalid(path, findings)
     return findings
-
 
 
 def _calibration(value, gpu: str, precision: str):
@@ -218,6 +212,7 @@ def render_table(plan, est, assumptions: list[str]) -> str:
     return "\n".join(lines)
 
 
+@exit_map("estimate")
 def run(args) -> int:
     from pydantic import ValidationError
 
@@ -239,7 +234,7 @@ def run(args) -> int:
         n_err = sum(f.severity == "error" for f in exc.findings)
         print(f"dstoolkit estimate: {exc.path}: {n_err} error(s) from validate_config: not estimated "
               "(`dstoolkit validate` shows the same findings)", file=sys.stderr)
-        return 1
+        return EXIT_FINDINGS
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
@@ -255,4 +250,4 @@ def run(args) -> int:
     else:
         print("\n".join([render_table(plan, est, assumptions), f"step time from {cal_label}",
                          *render_findings(findings)]))
-    return 0
+    return EXIT_OK

@@ -8,24 +8,15 @@ Exit codes: 0 ok, 1 the GPU cannot run the recipe (hardware gate), 2 bad input.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
+
+from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, add_parallel_flags, exit_map
+from dstoolkit.cli.options import positive_int as _positive_int
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 DEFAULT_SEQ_LEN = 4096
 """Sequence length for a bare MODEL target (DeepSeek-V3 pre-training used 4K; docs/anchors.md)."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def add_parser(subparsers) -> None:
@@ -46,16 +37,10 @@ def add_parser(subparsers) -> None:
     pl.add_argument("--cuda", metavar="VER", help="CUDA version for the hardware gates, e.g. 12.8")
     pl.add_argument("--micro-batch", type=_positive_int, help="sequences per micro-batch (default: spec, else 1)")
     pl.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: spec, else {DEFAULT_SEQ_LEN})")
-    pl.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (default: spec, else 1)")
-    pl.add_argument("--pp", type=_positive_int, help="pipeline-parallel degree (default: spec, else 1)")
-    pl.add_argument("--ep", type=_positive_int, help="expert-parallel degree (default: spec, else 1)")
+    add_parallel_flags(pl, ("tp", "pp", "ep"), default=None, help_suffix=" (default: spec, else 1)")
     pl.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: spec, else 1)")
-    pl.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    add_format_flag(pl)
     pl.set_defaults(run=run)
-
-
-class _InputError(Exception):
-    pass
 
 
 def _load_fp8_config(args, spec_fp8: dict | None):
@@ -69,19 +54,19 @@ def _load_fp8_config(args, spec_fp8: dict | None):
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise _InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
+            raise InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
         try:
             import yaml
 
             loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except Exception as exc:
-            raise _InputError(f"{path}: not valid JSON/YAML: {exc}") from None
+            raise InputError(f"{path}: not valid JSON/YAML: {exc}") from None
         if isinstance(loaded, dict) and isinstance(loaded.get("dstoolkit"), dict) and "fp8" in loaded["dstoolkit"]:
             loaded = loaded["dstoolkit"]["fp8"]
         elif isinstance(loaded, dict) and isinstance(loaded.get("fp8"), dict):
             loaded = loaded["fp8"]
         if not isinstance(loaded, dict):
-            raise _InputError(f"{path}: expected a mapping of Fp8Config fields (or dstoolkit.fp8 in a DeepSpeed JSON)")
+            raise InputError(f"{path}: expected a mapping of Fp8Config fields (or dstoolkit.fp8 in a DeepSpeed JSON)")
         data.update(loaded)
     if args.recipe:
         data["recipe"] = args.recipe
@@ -101,7 +86,7 @@ def _load_fp8_config(args, spec_fp8: dict | None):
     except ValidationError as exc:
         msgs = "; ".join(f"fp8.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
                          for e in exc.errors())
-        raise _InputError(f"invalid FP8 settings: {msgs}") from None
+        raise InputError(f"invalid FP8 settings: {msgs}") from None
 
 
 def _resolve(args):
@@ -124,7 +109,7 @@ def _resolve(args):
             spec = load_spec(path)
             shape = resolve_model(spec.model, spec.base_dir)
         except ValueError as exc:
-            raise _InputError(str(exc)) from None
+            raise InputError(str(exc)) from None
         t = spec.training
         settings["seq_len"] = t.seq_len
         for key in ("micro_batch", "tp", "pp", "ep", "zero_stage"):
@@ -141,12 +126,12 @@ def _resolve(args):
         try:
             shape = load_hf_config(path)
         except (ValueError, OSError) as exc:
-            raise _InputError(str(exc)) from None
+            raise InputError(str(exc)) from None
     else:
         try:
             shape = get_preset(target)
         except ValueError as exc:
-            raise _InputError(f"{exc}; or pass a spec .yaml or an HF config.json") from None
+            raise InputError(f"{exc}; or pass a spec .yaml or an HF config.json") from None
     for key in ("micro_batch", "seq_len", "tp", "pp", "ep", "zero_stage"):
         value = getattr(args, key)
         if value is not None:
@@ -155,23 +140,17 @@ def _resolve(args):
         try:
             gpu = get_gpu(args.gpu or gpu_name)
         except ValueError as exc:
-            raise _InputError(str(exc)) from None
+            raise InputError(str(exc)) from None
     return shape, gpu, settings, notes
 
 
+@exit_map("fp8 plan")
 def run(args) -> int:
-    try:
-        shape, gpu, settings, notes = _resolve(args)
-        cfg = _load_fp8_config(args, None)
-        from dstoolkit.fp8.plan import plan_from_shape
+    shape, gpu, settings, notes = _resolve(args)
+    cfg = _load_fp8_config(args, None)
+    from dstoolkit.fp8.plan import plan_from_shape
 
-        plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, **settings)
-    except _InputError as exc:
-        print(f"dstoolkit fp8 plan: error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"dstoolkit fp8 plan: error: {exc}", file=sys.stderr)
-        return 2
+    plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, **settings)
     plan.notes[:0] = notes
     if args.format == "json":
         d = plan.model_dump()
@@ -179,4 +158,4 @@ def run(args) -> int:
         print(json.dumps(d, indent=2))
     else:
         print(plan.to_table())
-    return 1 if plan.hardware_problems else 0
+    return EXIT_FINDINGS if plan.hardware_problems else EXIT_OK

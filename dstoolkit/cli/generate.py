@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force_flag, add_format_flag, add_out_flag,
+                                   exit_map)
 
 # The strategy names, spelled out so that building the parser imports nothing (dstoolkit validate must start
 # fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
@@ -22,36 +24,27 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate DeepSpeed / Megatron / launch files from a spec",
                               description=__doc__.splitlines()[0])
     p.add_argument("spec", metavar="SPEC.yaml", help="model + cluster + training spec")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created atomically)")
+    add_out_flag(p, required=True, metavar="DIR", help="output folder (created atomically)")
     p.add_argument("--strategy", action="append", default=None, metavar="NAME",
                    help=f"only these strategies (repeatable): {', '.join(STRATEGY_NAMES)}")
-    p.add_argument("--force", action="store_true", help="replace DIR if an earlier `dstoolkit generate` wrote it")
-    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_force_flag(p, help="replace DIR if an earlier `dstoolkit generate` wrote it")
+    add_format_flag(p)
     p.set_defaults(run=run)
 
 
-def _err(msg: str) -> int:
-    print(f"dstoolkit generate: error: {msg}", file=sys.stderr)
-    return 2
-
-
+@exit_map("generate")
 def run(args) -> int:
     from pathlib import Path
 
-    from dstoolkit.generate.core import GenerateError, generate, write_generated
-    from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
-    from dstoolkit.generate.writer import OutputExistsError, check_target
+    from dstoolkit.generate.core import generate, write_generated
+    from dstoolkit.generate.io import load_spec_and_shape
+    from dstoolkit.generate.writer import check_target
 
+    # SpecLoadError (printed as it is), OutputExistsError, GenerateError: exit 2 through exit_map
     out = Path(args.out)
-    try:
-        check_target(out, force=args.force)  # refuse early, before any work
-        spec, shape = load_spec_and_shape(args.spec)
-        result = generate(spec, shape, strategies=args.strategy)
-    except SpecLoadError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    except (OutputExistsError, GenerateError) as exc:
-        return _err(str(exc))
+    check_target(out, force=args.force)  # refuse early, before any work
+    spec, shape = load_spec_and_shape(args.spec)
+    result = generate(spec, shape, strategies=args.strategy)
     if not result.generated:
         print(f"dstoolkit generate: no configuration written for {spec.name}:", file=sys.stderr)
         for s in result.skipped:
@@ -59,13 +52,11 @@ def run(args) -> int:
         nowhere = next((s.fits_nowhere for s in result.skipped if s.fits_nowhere), None)
         if nowhere:
             print(nowhere, file=sys.stderr)
-        return 1
+        return EXIT_FINDINGS
     try:
         write_generated(result, out, force=args.force)
-    except OutputExistsError as exc:
-        return _err(str(exc))
     except OSError as exc:
-        return _err(f"cannot write {out}: {exc.strerror or exc}")
+        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
     if args.format == "json":
         doc = {
             "spec": spec.name, "out": str(out),
@@ -78,7 +69,7 @@ def run(args) -> int:
             "skipped": [{"strategy": s.name, "reason": s.reason} for s in result.skipped],
         }
         print(json.dumps(doc, indent=2))
-        return 0
+        return EXIT_OK
     print(f"{spec.name}: wrote {len(result.generated)} strategies to {out}")
     w = max(len(o.name) for o in result.generated)
     for o in result.generated:
@@ -88,4 +79,4 @@ def run(args) -> int:
     for s in result.skipped:
         print(f"  not generated: {s.name}: {s.reason}")
     print(f"details: {out / 'summary.md'}; run one: bash {out / result.generated[0].name / 'launch.sh'}")
-    return 0
+    return EXIT_OK

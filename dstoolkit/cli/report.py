@@ -4,32 +4,29 @@ from __future__ import annotations
 import json
 import sys
 
+from dstoolkit.cli.options import EXIT_OK, add_force_flag, add_format_flag, add_out_flag, exit_map
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("report", help="render benchmark results (*.jsonl) into markdown tables and PNG plots",
                               description=__doc__.splitlines()[0])
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder holding the *.jsonl files written by `dstoolkit bench`")
-    p.add_argument("--out", default=None, metavar="REPORT.md", help="markdown file to write (default RESULTS_DIR/report.md)")
+    add_out_flag(p, metavar="REPORT.md", help="markdown file to write (default RESULTS_DIR/report.md)")
     p.add_argument("--include", default="*.jsonl", metavar="GLOB",
                    help="only result files matching these comma-separated globs (e.g. 'comm_*.jsonl,train_*.jsonl'); default *.jsonl")
-    p.add_argument("--force", action="store_true", help="replace an existing report (the JSONL files are never touched)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table: print the markdown; json: print what was written")
+    add_force_flag(p, help="replace an existing report (the JSONL files are never touched)")
+    add_format_flag(p, help="text (or table): print the markdown; json: print what was written")
     p.set_defaults(run=run)
 
 
+@exit_map("report")  # BenchInputError (no results, report exists): exit 2
 def run(args) -> int:
-    from dstoolkit.runtime.bench.harness import BenchInputError
     from dstoolkit.runtime.bench.report import render_report
 
-    try:
-        res = render_report(args.results_dir, out=args.out, force=args.force, pattern=args.include)
-    except BenchInputError as exc:
-        print(f"dstoolkit report: error: {exc}", file=sys.stderr)
-        return 2
+    res = render_report(args.results_dir, out=args.out, force=args.force, pattern=args.include)
     if args.format == "json":
         print(json.dumps({"markdown": str(res.markdown_path), "plots": [str(p) for p in res.plots], "counts": res.counts}))
     else:
         print(res.markdown)
         print(f"wrote {res.markdown_path} and {len(res.plots)} plot(s)", file=sys.stderr)
-    return 0
+    return EXIT_OK

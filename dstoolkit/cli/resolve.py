@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-from dstoolkit.cli.validate import _positive_int
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_force_flag, add_format_flag,
+                                   add_out_flag, add_parallel_flags, add_world_flags, exit_map, positive_int)
 
 
 def add_parser(subparsers) -> None:
@@ -20,26 +21,26 @@ def add_parser(subparsers) -> None:
                                           "stage3_param_persistence_threshold = 10 h, optimizer/scheduler values "
                                           "from the flags (HF defaults otherwise).")
     p.add_argument("config", metavar="CONFIG")
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the resolved config")
-    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
-    p.add_argument("--world-size", type=_positive_int, required=True, help="total ranks")
-    p.add_argument("--hidden-size", type=_positive_int, help="model hidden size (ZeRO bucket sizes)")
-    p.add_argument("--tp", type=_positive_int, default=1)
-    p.add_argument("--pp", type=_positive_int, default=1)
-    p.add_argument("--micro-batch", type=_positive_int, help="per-GPU micro batch (HF per_device_train_batch_size)")
-    p.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation steps")
+    add_out_flag(p, required=True, metavar="OUT", help="where to write the resolved config", dest="output")
+    add_force_flag(p, help="overwrite OUT if it exists")
+    add_world_flags(p, required=True, gpus_per_node=False, world_help="total ranks")
+    p.add_argument("--hidden-size", type=positive_int, help="model hidden size (ZeRO bucket sizes)")
+    add_parallel_flags(p, ("tp", "pp"))
+    p.add_argument("--micro-batch", type=positive_int, help="per-GPU micro batch (HF per_device_train_batch_size)")
+    p.add_argument("--grad-accum", type=positive_int, help="gradient accumulation steps")
     p.add_argument("--lr", type=float, help="learning rate")
     p.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), help="Adam betas")
     p.add_argument("--eps", type=float, help="Adam epsilon")
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--max-grad-norm", type=float, help="gradient clipping")
     p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--total-steps", type=_positive_int, help="total optimizer steps (scheduler total_num_steps)")
+    p.add_argument("--total-steps", type=positive_int, help="total optimizer steps (scheduler total_num_steps)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), help="fills fp16/bf16 enabled")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format_flag(p)
     p.set_defaults(run=run)
 
 
+@exit_map("resolve")
 def run(args) -> int:
     from dstoolkit.cli.schema import write_atomic
     from dstoolkit.dsconfig.auto import resolve_auto
@@ -47,21 +48,19 @@ def run(args) -> int:
     from dstoolkit.validate.engine import validate_config
 
     if not os.path.isfile(args.config):
-        print(f"dstoolkit resolve: error: {args.config}: no such file", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.config}: no such file")
     if os.path.exists(args.output) and not args.force:
-        print(f"dstoolkit resolve: error: {args.output} exists; pass --force to overwrite it", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.output} exists; pass --force to overwrite it")
     with open(args.config, "rb") as fh:
         text, problem = decode_bytes(fh.read(), args.config)
     if problem is not None:
         print(problem.format_text(), file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     parsed = parse_text(text, args.config)
     if parsed.fatal:
         for f in parsed.findings:
             print(f.format_text(), file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     report = resolve_auto(parsed.data, world_size=args.world_size, hidden_size=args.hidden_size, tp=args.tp,
                           pp=args.pp, micro_batch=args.micro_batch, grad_accum=args.grad_accum, lr=args.lr,
                           betas=tuple(args.betas) if args.betas else None, eps=args.eps,
@@ -83,4 +82,4 @@ def run(args) -> int:
         for f in findings:
             print(f.format_text())
         print(f"wrote {args.output}: {len(report.filled)} filled, {len(report.unfilled)} not filled", file=sys.stderr)
-    return 1 if report.unfilled or findings else 0
+    return EXIT_FINDINGS if report.unfilled or findings else EXIT_OK

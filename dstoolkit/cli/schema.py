@@ -9,36 +9,35 @@ from __future__ import annotations
 import os
 import sys
 
+from dstoolkit.cli.options import EXIT_OK, InputError, add_force_flag, add_out_flag, exit_map
 from dstoolkit.common.atomic import atomic_write_text as write_atomic  # cli/resolve.py imports it from here
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("schema", help="write the DeepSpeed config JSON Schema",
                               description="Print (or write with -o) the JSON Schema generated from dstoolkit.dsconfig.")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    p.add_argument("--force", action="store_true", help="overwrite FILE when it exists with different content")
+    add_out_flag(p, metavar="FILE", help="write here instead of stdout", dest="output")
+    add_force_flag(p, help="overwrite FILE when it exists with different content")
     p.set_defaults(run=run)
 
 
+@exit_map("schema")
 def run(args) -> int:
     from dstoolkit.dsconfig.export import schema_text
 
     text = schema_text()
     if not args.output:
         sys.stdout.write(text)
-        return 0
+        return EXIT_OK
     if os.path.isdir(args.output):
-        print(f"dstoolkit schema: error: {args.output} is a directory", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.output} is a directory")
     if os.path.exists(args.output):
         with open(args.output, encoding="utf-8", errors="replace") as fh:
             if fh.read() == text:
                 print(f"{args.output}: up to date", file=sys.stderr)
-                return 0
+                return EXIT_OK
         if not args.force:
-            print(f"dstoolkit schema: error: {args.output} exists and differs; pass --force to overwrite",
-                  file=sys.stderr)
-            return 2
+            raise InputError(f"{args.output} exists and differs; pass --force to overwrite")
     write_atomic(args.output, text)
     print(f"wrote {args.output}", file=sys.stderr)
-    return 0
+    return EXIT_OK

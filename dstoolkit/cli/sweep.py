@@ -9,7 +9,8 @@ and what would make it fit, and exit code 1. Exit codes: 0 ranked, 1 fits nowher
 from __future__ import annotations
 
 import json
-import sys
+
+from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, exit_map
 
 GiB = 2**30
 
@@ -19,7 +20,7 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("spec", metavar="SPEC.yaml", help="model + cluster + training spec ('auto' fields are swept)")
     p.add_argument("--top", type=int, default=3, metavar="K", help="how many ranked layouts to show (default 3)")
-    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_format_flag(p)
     p.add_argument("--show-dropped", action="store_true", help="list every dropped candidate with its reason")
     p.set_defaults(run=run)
 
@@ -34,18 +35,14 @@ def _ranked_json(r) -> dict:
                          for f in r.findings]}
 
 
+@exit_map("sweep")
 def run(args) -> int:
-    from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
+    from dstoolkit.generate.io import load_spec_and_shape
     from dstoolkit.generate.sweep import run_sweep
 
     if args.top < 1:
-        print(f"dstoolkit sweep: error: --top must be >= 1 (got {args.top})", file=sys.stderr)
-        return 2
-    try:
-        spec, shape = load_spec_and_shape(args.spec)
-    except SpecLoadError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
+        raise InputError(f"--top must be >= 1 (got {args.top})")
+    spec, shape = load_spec_and_shape(args.spec)  # SpecLoadError: printed as it is, exit 2 (exit_map)
     res = run_sweep(spec, shape, top=args.top)
     gpu = spec.cluster.gpu_spec
     nowhere = res.fits_nowhere.message(spec, gpu, shape.name) if res.fits_nowhere else None
@@ -63,7 +60,7 @@ def run(args) -> int:
                 "suggestions": res.fits_nowhere.suggestions, "message": nowhere},
         }
         print(json.dumps(doc, indent=2))
-        return 1 if res.fits_nowhere is not None or not res.ranked else 0
+        return EXIT_FINDINGS if res.fits_nowhere is not None or not res.ranked else EXIT_OK
     print(f"{spec.name}: {shape.name} on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}; "
           f"{res.considered} candidates, {res.all_ranked_count} fit, {len(res.dropped)} dropped "
           f"(estimates: {res.estimator})")
@@ -90,8 +87,8 @@ def run(args) -> int:
     if nowhere:
         print()
         print(nowhere)
-        return 1
+        return EXIT_FINDINGS
     if not res.ranked:
         print("\nno candidate passed validation (see the dropped reasons above)")
-        return 1
-    return 0
+        return EXIT_FINDINGS
+    return EXIT_OK

@@ -14,6 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
+                                   exit_map)
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="run the example DeepSpeed trainer (batch ramp, spike guard, monitor)")
@@ -24,7 +27,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun")
     p.add_argument("--metrics-out", default="train_metrics.jsonl")
     p.add_argument("--dry-run", action="store_true", help="print the launch command only")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    add_format_flag(p)
     p.add_argument("extra", nargs="*", help="flags passed to the trainer after `--` (e.g. -- --save-every 5)")
     p.set_defaults(run=run)
 
@@ -59,24 +62,23 @@ def summarize(metrics_path: str) -> dict:
     }
 
 
+@exit_map("train")
 def run(args) -> int:
     for flag, path in (("--spec", args.spec), ("--config", args.config)):
         if not Path(path).is_file():
-            print(f"dstoolkit train: error: {flag} {path}: no such file", file=sys.stderr)
-            return 2
+            raise InputError(f"{flag} {path}: no such file")
     if args.steps <= 0 or args.nproc <= 0:
-        print(f"dstoolkit train: error: --steps={args.steps} and --nproc={args.nproc} must be > 0", file=sys.stderr)
-        return 2
+        raise InputError(f"--steps={args.steps} and --nproc={args.nproc} must be > 0")
     cmd = launch_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
-        return 0
+        return EXIT_OK
     from dstoolkit.runtime.train.launch import launch_env
 
     rc = subprocess.run(cmd, env=launch_env(args.nproc, args.launcher)).returncode
     if not Path(args.metrics_out).is_file():
-        print(f"dstoolkit train: error: the run wrote no metrics (exit {rc})", file=sys.stderr)
-        return 2 if rc == 2 else 1
+        print(error_message("train", f"the run wrote no metrics (exit {rc})"), file=sys.stderr)
+        return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS
     summary = summarize(args.metrics_out)
     summary["exit_code"] = rc
     if args.format == "json":
@@ -85,5 +87,5 @@ def run(args) -> int:
         for k, v in summary.items():
             print(f"{k:>20}: {v}")
     if rc == 0:
-        return 0
-    return 2 if rc == 2 else 1
+        return EXIT_OK
+    return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS  # the trainer's own exit 2 is bad input

@@ -15,6 +15,9 @@ import json
 import sys
 from pathlib import Path
 
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, InputError, add_force_flag,
+                                   add_format_flag, add_out_flag, exit_map)
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="Bayesian search over the generated config space (real runs or estimates)",
@@ -22,13 +25,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("spec", metavar="SPEC.yaml", help="a training spec")
     p.add_argument("--budget", type=int, required=True,
                    help="trials to evaluate (real runs or estimates; pruned and repeated points are free)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (holds the study database)")
+    add_out_flag(p, required=True, metavar="DIR", help="output folder (holds the study database)")
     p.add_argument("--objective", choices=("throughput", "memory"), default="throughput",
                    help="maximise tokens/s (default) or minimise memory per rank")
     p.add_argument("--mode", choices=("real", "estimate"), default="real",
                    help="real: short real runs on this machine (default); estimate: estimates only")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument("--force", action="store_true", help="replace a different study / write into a non-empty folder")
+    add_force_flag(p, help="replace a different study / write into a non-empty folder")
     p.add_argument("--seed-trials", type=int, default=None,
                    help="estimator-ranked points tried first (default: about budget/3, raised to the points estimated "
                         "within 5%% of the best, up to budget/2; 1-5)")
@@ -40,13 +43,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--launcher", choices=("torchrun", "deepspeed"), default="torchrun",
                    help="real mode: how ranks are started (default torchrun; deepspeed is slower to start)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_format_flag(p)
     p.set_defaults(run=run)
-
-
-def _err(msg: str) -> int:
-    print(f"dstoolkit tune: error: {msg}", file=sys.stderr)
-    return 2
 
 
 def _scales(text: str) -> tuple[float, ...]:
@@ -63,6 +61,7 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@exit_map("tune")  # TuneInputError, SpecError (YAML line), model resolution, bad --bucket-scales: exit 2
 def run(args) -> int:
     import signal
 
@@ -70,10 +69,9 @@ def run(args) -> int:
         import matplotlib  # noqa: F401
         import optuna  # noqa: F401
     except ImportError as exc:
-        return _err(f"{exc.name} is not installed; `dstoolkit tune` needs optuna and matplotlib "
-                    "(pip install 'optuna>=4.0' 'matplotlib>=3.8')")
+        raise InputError(f"{exc.name} is not installed; `dstoolkit tune` needs optuna and matplotlib "
+                         "(pip install 'optuna>=4.0' 'matplotlib>=3.8')") from None
     from dstoolkit.tune.objective import DEFAULT_SKIP_STEPS, DEFAULT_STEPS, DEFAULT_TRIAL_TIMEOUT_S
-    from dstoolkit.tune.space import TuneInputError
     from dstoolkit.tune.study import TuneOptions, run_study
 
     # SIGTERM (Slurm, kill) is handled like Ctrl-C: the running trial's ranks are killed, the study stays
@@ -92,14 +90,10 @@ def run(args) -> int:
             trial_timeout_s=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
             launcher=args.launcher, progress=args.progress)
         res = run_study(opts)
-    except TuneInputError as exc:
-        return _err(str(exc))
     except KeyboardInterrupt:
         print(f"dstoolkit tune: interrupted; rerun the same command to resume the study in {args.out}",
               file=sys.stderr)
-        return 130
-    except ValueError as exc:  # SpecError (YAML line), model resolution, bad --bucket-scales
-        return _err(str(exc))
+        return EXIT_INTERRUPTED
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, prev)
@@ -127,4 +121,4 @@ def run(args) -> int:
         else:
             print("best: none (every trial was pruned or failed; see report.md)")
         print(f"wrote {', '.join(res.files)} in {res.out_dir}")
-    return 0 if res.best is not None else 1
+    return EXIT_OK if res.best is not None else EXIT_FINDINGS

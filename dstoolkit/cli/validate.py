@@ -9,6 +9,10 @@ import json
 import os
 import sys
 
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, add_deepspeed_version_flag, add_format_flag,
+                                   add_parallel_flags, add_world_flags, exit_map)
+from dstoolkit.cli.options import positive_int as _positive_int
+
 CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema files, not configs)
 
 
@@ -19,29 +23,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="config files or directories")
     p.add_argument("--explain", metavar="CODE", help="print a rule's code, title and explanation (DS204, LY001, ...)"
                    " and exit; docs/rules.md lists them all")
-    p.add_argument("--world-size", type=_positive_int, help="total ranks (enables the exact batch-triad check)")
-    p.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (ZeRO++ hpZ check)")
-    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (dp = world / (tp*pp))")
-    p.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel size")
+    add_world_flags(p, world_help="total ranks (enables the exact batch-triad check)",
+                    gpus_per_node_help="GPUs per node (ZeRO++ hpZ check)")
+    add_parallel_flags(p, ("tp", "pp"))
     p.add_argument("--num-experts", type=_positive_int, help="MoE experts per layer (overrides dstoolkit.moe)")
     p.add_argument("--ep-size", type=_positive_int, help="expert-parallel size (overrides dstoolkit.moe)")
     p.add_argument("--mode", choices=("strict", "hf"), default="strict",
                    help='strict: every "auto" is an error; hf: accept "auto" where HF Trainer/Accelerate fill it')
-    p.add_argument("--deepspeed-version", default="0.19", metavar="V",
-                   help="DeepSpeed release to check against: 0.19 (default) or 0.16")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
+    add_deepspeed_version_flag(p)
+    add_format_flag(p)
     p.add_argument("--no-warnings", action="store_true", help="print errors only")
     p.set_defaults(run=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _print(text: str) -> None:
@@ -82,6 +74,7 @@ def _explain(code: str) -> int:
     return 0
 
 
+@exit_map("validate")
 def run(args) -> int:
     if getattr(args, "explain", None):
         return _explain(args.explain)
@@ -97,7 +90,7 @@ def run(args) -> int:
         version = normalize_version(args.deepspeed_version)
     except ValueError as exc:
         print(f"dstoolkit validate: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     files, problems = collect_files(args.paths)
     for msg in problems:
         print(f"dstoolkit validate: error: {msg}", file=sys.stderr)
@@ -135,8 +128,8 @@ def run(args) -> int:
         print(f"{len(files)} file(s) checked: {n_err} error(s), {n_warn} warning(s)"
               + (f" in {bad} file(s)" if bad else ""), file=sys.stderr)
     if problems or any(f.is_input_error for f in findings):
-        return 2
-    return 1 if n_err else 0
+        return EXIT_INPUT
+    return EXIT_FINDINGS if n_err else EXIT_OK
 
 
 def _standalone(argv=None) -> int:
