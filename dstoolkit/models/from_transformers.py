@@ -246,6 +246,8 @@ def _classify(model, text_cfg, skip_vision: bool) -> dict:
         elif any(s in _MLP_SEGMENTS for s in lower) or any(
                 k in c for c in classes for k in ("MLP", "FeedForward", "FFN", "Moe", "MoE")):
             rec["dense_mlp"] += n
+        elif len(segs) == 1 and type(owner).__name__ in ("Linear", "Conv1D"):
+            rec["dense_mlp"] += n  # FFN projections held by the layer itself (OPT fc1/fc2)
         else:
             rec["other"] += n
     for i, containers in expert_containers.items():
