@@ -8,6 +8,9 @@ Public API:
     build_megatron_args(spec, shape, candidate) -> list[(flag, values)]
     load_spec_and_shape(path) -> (Spec, ModelShape)
     generate_demo(spec_path, out_dir, strategy="zero2", force=True) -> Path   (the demo's one-liner)
+
+The planner API for callers above generate (the tuner, `dstoolkit estimate`): `dstoolkit.generate.planner`
+(candidates_for, check_candidate, ds_config_for, estimate_candidate, plan_for, resolve_spec).
 """
 from __future__ import annotations
 

@@ -8,21 +8,23 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from dstoolkit.dsconfig.ds_zero import ZeroConfig
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.rules import hpz_partition_size
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
-# Defaults DeepSpeed documents (docs/config-json, runtime/zero/config.py): 5e8-element buckets.
-REDUCE_BUCKET_ELEMENTS = 500_000_000
-ALLGATHER_BUCKET_ELEMENTS = 500_000_000
+_ZERO = ZeroConfig.model_fields  # DeepSpeed 0.19.8's defaults, declared once in dstoolkit.dsconfig
+# DeepSpeed's default buckets (docs/config-json, runtime/zero/config.py): 5e8 elements.
+REDUCE_BUCKET_ELEMENTS = _ZERO["reduce_bucket_size"].default
+ALLGATHER_BUCKET_ELEMENTS = _ZERO["allgather_bucket_size"].default
 # Stage-3 sizes follow the rule Hugging Face's DeepSpeed integration uses for its "auto" values
 # (transformers integrations/deepspeed.py): prefetch 0.9*h^2, persistence threshold 10*h, reduce bucket h^2.
 STAGE3_PREFETCH_FACTOR = 0.9
 STAGE3_PERSISTENCE_FACTOR = 10
-STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000  # DeepSpeed default stage3_max_live_parameters (1e9)
-STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed default stage3_max_reuse_distance (1e9)
-SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed default sub_group_size (1e9 elements per optimizer sub-group)
+STAGE3_MAX_LIVE_PARAMETERS = _ZERO["max_live_parameters"].default  # DeepSpeed default stage3_max_live_parameters (1e9)
+STAGE3_MAX_REUSE_DISTANCE = _ZERO["max_reuse_distance"].default  # DeepSpeed default stage3_max_reuse_distance (1e9)
+SUB_GROUP_SIZE = _ZERO["sub_group_size"].default  # DeepSpeed default sub_group_size (1e9 elements per sub-group)
 GRADIENT_CLIPPING = 1.0  # the usual LLM pre-training clip (Llama 3, DeepSeek-V3, GPT-3 all use 1.0)
 ADAM_BETAS = [0.9, 0.95]  # Llama 3 / DeepSeek-V3 / GPT-3 pre-training betas
 ADAM_EPS = 1e-8

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dstoolkit.generate.planner import (MICRO_BATCH_CHOICES, Candidate, CandidateEstimate, EstimateInputError,
                                         candidates_for, check_candidate, checkpoint_choices, ds_config_for,
                                         estimate_candidate, is_cpu_cluster, zero_modes)
+from dstoolkit.layout import data_parallel_size
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec import Spec
@@ -155,7 +156,7 @@ class TuneSpace:
         world = c.world_size
         if t.micro_batch == "auto":
             # Keep the micro-batches that give an integer gradient accumulation for some data-parallel degree.
-            dps = {world // (tp * pp) for tp in tps for pp in pps if world % (tp * pp) == 0}
+            dps = {dp for tp in tps for pp in pps if (dp := data_parallel_size(world, tp, pp)) is not None}
             mbs = [m for m in MICRO_BATCH_CHOICES if any(t.global_batch % (m * dp) == 0 for dp in dps)]
             if not mbs:
                 raise TuneInputError(
