@@ -145,8 +145,10 @@ def _mds_runtime_checks(args, ds_config: dict, is_moe: bool) -> list[str]:
     return out
 
 
-def _build_jobs(work: Path):
-    """Write every bundled spec x strategy folder (JSON + both targets) under `work`; return the jobs."""
+def _build_jobs(work: Path, extra_specs=()):
+    """Write every bundled spec (and each extra spec file) x strategy folder (JSON + both targets) under
+    `work`; return the jobs."""
+    from dstoolkit.generate import generate
     from dstoolkit.generate.bundled import BUNDLED_SPECS, cached_bundled
     from dstoolkit.generate.io import load_spec_and_shape
     from dstoolkit.generate.megatron import (ARGS_FILE, DEFAULT_DATA_ARGS, TARGETS, read_args_file,
@@ -154,9 +156,13 @@ def _build_jobs(work: Path):
 
     jobs = {t: [] for t in TARGETS}
     skipped = []
-    for stem in BUNDLED_SPECS:
-        spec, shape = load_spec_and_shape(REPO / "ds_configs" / f"{stem}.yaml")
-        for o in cached_bundled(str(REPO / "ds_configs"), stem).generated:
+    sources = [(stem, REPO / "ds_configs" / f"{stem}.yaml") for stem in BUNDLED_SPECS]
+    sources += [(Path(p).stem, Path(p)) for p in extra_specs]
+    for stem, path in sources:
+        spec, shape = load_spec_and_shape(path)
+        bundled = stem in BUNDLED_SPECS and path.parent == REPO / "ds_configs"
+        outs = cached_bundled(str(REPO / "ds_configs"), stem).generated if bundled else generate(spec, shape).generated
+        for o in outs:
             folder = work / stem / o.name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "ds_config.json").write_text(o.files["ds_config.json"])
@@ -189,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--megatron-deepspeed", help="Megatron-DeepSpeed source tree")
     ap.add_argument("--commit", action="append", default=[], help="TARGET=SHA when the tree is not a git checkout")
     ap.add_argument("--out", help="markdown report to write")
+    ap.add_argument("--spec", action="append", default=[], help="also check this spec file (repeatable)")
     ap.add_argument("--worker", nargs=3, metavar=("ROOT", "TARGET", "JOBS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -198,7 +205,7 @@ def main(argv=None) -> int:
     commits = dict(c.split("=", 1) for c in a.commit)
     results, facts = {}, {}
     with tempfile.TemporaryDirectory(prefix="dstoolkit-megatron-") as tmp:
-        jobs, skipped = _build_jobs(Path(tmp))
+        jobs, skipped = _build_jobs(Path(tmp), a.spec)
         for target, root in roots.items():
             if not root:
                 continue

@@ -59,6 +59,12 @@ class ModelConstants:
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     moe_aux_loss_coeff: float = 0.01
+    moe_topk_scaling_factor: Optional[float] = None
+    """DeepSeek routed_scaling_factor: routed expert outputs are scaled by it."""
+    moe_router_num_groups: Optional[int] = None
+    """DeepSeek n_group: experts are routed in groups (node-limited routing)."""
+    moe_router_group_topk: Optional[int] = None
+    """DeepSeek topk_group: groups each token may use."""
     source: str = ""
 
 
@@ -72,7 +78,8 @@ _PRESET_CONSTANTS: dict[str, ModelConstants] = {
     "mixtral-8x7b": ModelConstants(1e6, 1e-5, 0.02, moe_aux_loss_coeff=0.02, source="Mixtral-8x7B config.json"),
     # DeepSeek-V3 config.json: rope_theta 10000, rms_norm_eps 1e-6, initializer_range 0.006; the paper's
     # sequence-wise balance loss alpha = 1e-4 (arXiv 2412.19437 §4.2).
-    "deepseek-v3": ModelConstants(10000.0, 1e-6, 0.006, moe_aux_loss_coeff=1e-4, source="DeepSeek-V3 config.json"),
+    "deepseek-v3": ModelConstants(10000.0, 1e-6, 0.006, moe_aux_loss_coeff=1e-4, moe_topk_scaling_factor=2.5,
+                                  moe_router_num_groups=8, moe_router_group_topk=4, source="DeepSeek-V3 config.json"),
     # dstoolkit's tiny models (dstoolkit/runtime/model.py: ROPE_THETA, RMS_NORM_EPS, INIT_STD, MOE_AUX_LOSS_COEF).
     "tiny": ModelConstants(10000.0, 1e-5, 0.02, source="dstoolkit tiny model"),
     "tiny-moe": ModelConstants(10000.0, 1e-5, 0.02, moe_aux_loss_coeff=0.01, source="dstoolkit tiny model"),
@@ -94,7 +101,10 @@ _FAMILY_DEFAULTS: dict[str, ModelConstants] = {
 }
 _CONFIG_KEYS = {"rope_theta": ("rope_theta",), "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
                 "init_std": ("initializer_range",), "attention_dropout": ("attention_dropout",),
-                "moe_aux_loss_coeff": ("router_aux_loss_coef", "aux_loss_alpha")}
+                "moe_aux_loss_coeff": ("router_aux_loss_coef", "aux_loss_alpha"),
+                "moe_topk_scaling_factor": ("routed_scaling_factor",), "moe_router_num_groups": ("n_group",),
+                "moe_router_group_topk": ("topk_group",)}
+_INT_FIELDS = ("moe_router_num_groups", "moe_router_group_topk")
 
 
 def _hf_config_dict(spec: Spec) -> dict[str, Any]:
@@ -126,12 +136,13 @@ def model_constants(spec: Spec, shape: ModelShape) -> ModelConstants:
         base = _FAMILY_DEFAULTS.get(shape.model_type, ModelConstants(10000.0, 1e-5, 0.02, source="generic defaults"))
     d = _hf_config_dict(spec)
     vals = {k: getattr(base, k) for k in ("rope_theta", "norm_eps", "init_std", "attention_dropout",
-                                          "hidden_dropout", "moe_aux_loss_coeff")}
+                                          "hidden_dropout", "moe_aux_loss_coeff", "moe_topk_scaling_factor",
+                                          "moe_router_num_groups", "moe_router_group_topk")}
     used = []
     for field, keys in _CONFIG_KEYS.items():
         for k in keys:
             if isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool):
-                vals[field] = float(d[k])
+                vals[field] = int(d[k]) if field in _INT_FIELDS else float(d[k])
                 used.append(k)
                 break
     src = base.source + (f"; from the config: {', '.join(used)}" if used else "")
@@ -382,6 +393,11 @@ def _moe_lm(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]:
     else:
         out += ["--moe-router-load-balancing-type", "aux_loss"]
     out += ["--moe-aux-loss-coeff", repr(k.moe_aux_loss_coeff)]
+    if k.moe_topk_scaling_factor not in (None, 1.0):
+        out += ["--moe-router-topk-scaling-factor", repr(float(k.moe_topk_scaling_factor))]
+    if k.moe_router_num_groups and k.moe_router_num_groups > 1 and k.moe_router_group_topk:
+        out += ["--moe-router-num-groups", str(k.moe_router_num_groups),
+                "--moe-router-group-topk", str(k.moe_router_group_topk)]
     return out
 
 
