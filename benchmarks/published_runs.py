@@ -345,7 +345,7 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
     for key, src in sources.items():
         n = sum(1 for r in rows if r["source"] == key)
         lines.append(f"- **{key}** ({n} runs, {src['publisher']}): {src['title']}, <{src['url']}>, {src['where']}. "
-                     f"Conversion: {src['flop_formula']}")
+                     f"Conversion: {src['flop_formula']} Provenance: {src['verification']}")
     return "\n".join(lines) + "\n"
 
 
