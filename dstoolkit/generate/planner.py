@@ -122,7 +122,8 @@ def resolve_spec(spec: Spec, shape: ModelShape) -> Resolution:
     cfg = ds_config_for(spec, shape, cand)
     notes = _chosen(spec, cand)
     if notes:
-        notes.insert(0, f"layout chosen by the sweep (dstoolkit sweep): {cand.label}")
+        lead = "layout chosen by the sweep (dstoolkit sweep)" if fits else "least memory-hungry layout of the sweep"
+        notes.insert(0, f"{lead}: {cand.label}")
     if not fits:
         gpu = spec.cluster.gpu_spec
         notes.append(f"nothing fits in {gpu.memory_bytes / GiB:.0f} GiB "

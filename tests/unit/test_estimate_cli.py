@@ -115,3 +115,17 @@ def test_config_warnings_are_printed_beside_the_estimate(tmp_path, capsys):
     assert main(args + ["--format", "json"]) == 0
     warns = json.loads(capsys.readouterr().out)["validation_warnings"]
     assert warns and all(w["severity"] == "warning" for w in warns)
+
+
+def test_spec_autos_are_resolved_by_the_sweep(repo_root, capsys):
+    """estimate SPEC.yaml takes the sweep's winner (the same ranking as `dstoolkit sweep` / `generate`)."""
+    from dstoolkit.generate import load_spec_and_shape, run_sweep
+
+    path = repo_root / "ds_configs" / "tiny_cpu.yaml"
+    spec, shape = load_spec_and_shape(path)
+    winner = run_sweep(spec, shape, top=1, validate=True, advise=False).winner.candidate
+    assert main(["estimate", str(path), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert f"layout chosen by the sweep (dstoolkit sweep): {winner.label}" in out["assumptions"]
+    assert out["parallel"]["micro_batch"] == winner.micro_batch
+    assert any(a.startswith("zero_stage: auto -> ") for a in out["assumptions"])
