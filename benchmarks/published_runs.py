@@ -18,7 +18,7 @@ Summary: MAPE of tokens/s/GPU, Spearman of tokens/s and of efficiency, the layou
 worst rows. Outputs benchmarks/results/published_runs_<yyyymm>.{jsonl,md,png} (JSON Lines appended, markdown and
 plot rewritten) through dstoolkit.runtime.bench (capture_env, render_markdown_table, write_report, save_figure).
 
-    python benchmarks/published_runs.py                 # all runs, 2 estimator processes at a time (~2 CPU-min)
+    python benchmarks/published_runs.py                 # all runs, 2 estimator processes at a time (~4 min on 2 cores)
     python benchmarks/published_runs.py --only llama3   # runs whose id contains "llama3"
     python benchmarks/published_runs.py --render-from benchmarks/results/published_runs_202612.jsonl
 
