@@ -67,13 +67,23 @@ def _worker(root: str, target: str, jobs_path: str) -> None:
                     args = parse_args()
                     validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
                     core_transformer_config_from_args(args)
-                    res["facts"] = {"dp": args.data_parallel_size, "global_batch_size": args.global_batch_size,
-                                    "train_iters": args.train_iters, "train_samples": args.train_samples}
+                    _mlm_batch_schedule(args)
+                    res["facts"] = {"dp": args.data_parallel_size, "train_iters": args.train_iters,
+                                    "train_samples": args.train_samples}
                 else:
                     from megatron.arguments import parse_args, validate_args
 
                     args = parse_args()
                     validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+                    from megatron.microbatches import build_num_microbatches_calculator
+
+                    calc = build_num_microbatches_calculator(args)
+                    consumed = 0
+                    while True:  # every batch of the ramp must divide by micro-batch x dp (consistency check)
+                        calc.update(consumed, True)
+                        if calc.get_current_global_batch_size() == args.global_batch_size:
+                            break
+                        consumed += calc.get_current_global_batch_size()
                     problems = _mds_runtime_checks(args, job["ds_config"], job["is_moe"])
                     if problems:
                         raise AssertionError("; ".join(problems))
@@ -118,6 +128,36 @@ def _pretend_gpu_machine() -> None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None  # stands for TE's kernel; never called
 
 
+def _mlm_batch_schedule(args) -> None:
+    """What set_global_variables and update_train_iters do with the batch next: build the micro-batch
+    calculator (the step schedule is parsed and checked there) and count the iterations of a sample-based run."""
+    from megatron.core import num_microbatches_calculator as nmc
+
+    nmc.destroy_num_microbatches_calculator()
+    nmc.init_num_microbatches_calculator(
+        rank=0, global_batch_size=args.global_batch_size, micro_batch_size=args.micro_batch_size,
+        data_parallel_size=args.data_parallel_size * getattr(args, "gtp_weight_remat_size", 1),
+        decrease_batch_size_if_needed=args.decrease_batch_size_if_needed,
+        step_batch_size_schedule=args.step_batch_size_schedule, seq_length=args.seq_length)
+    nmc.update_num_microbatches(0, consistency_check=True)
+    if not args.train_iters:
+        assert args.train_samples, "neither --train-iters nor --train-samples"
+        if args.step_batch_size_schedule is not None:  # as update_train_iters counts them
+            last = int(args.step_batch_size_schedule.split()[-1].split(":")[0]) // args.seq_length
+            consumed, iters = 0, 0
+            while consumed < args.train_samples and consumed <= last:  # every step of the ramp checked
+                nmc.update_num_microbatches(consumed, consistency_check=True)
+                consumed += nmc.get_current_global_batch_size()
+                iters += 1
+            if consumed < args.train_samples:  # the rest at the final batch
+                nmc.update_num_microbatches(consumed, consistency_check=True)
+                iters += -(-(args.train_samples - consumed) // nmc.get_current_global_batch_size())
+            args.train_iters = iters
+        else:
+            args.train_iters = args.train_samples // args.global_batch_size
+    nmc.destroy_num_microbatches_calculator()
+
+
 def _mds_runtime_checks(args, ds_config: dict, is_moe: bool) -> list[str]:
     """Conditions Megatron-DeepSpeed + DeepSpeed 0.19.8 check only once the engine starts (facts of their code):
     - deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (the
@@ -140,9 +180,37 @@ def _mds_runtime_checks(args, ds_config: dict, is_moe: bool) -> list[str]:
         out.append("--deepspeed missing")
     if not (args.deepspeed_config and os.path.isabs(args.deepspeed_config) and os.path.isfile(args.deepspeed_config)):
         out.append(f"--deepspeed_config {args.deepspeed_config!r} is not an absolute path to an existing file")
+    if ds_config.get("train_batch_size") != args.global_batch_size:
+        out.append(f"ds_config train_batch_size {ds_config.get('train_batch_size')} != --global-batch-size "
+                   f"{args.global_batch_size}")
+    if ds_config.get("train_micro_batch_size_per_gpu") != args.micro_batch_size:
+        out.append("ds_config train_micro_batch_size_per_gpu != --micro-batch-size")
     if getattr(args, "zero_stage", None) != zero:
         out.append(f"--zero-stage {getattr(args, 'zero_stage', None)} != ds_config stage {zero}")
     return out
+
+
+def _before_jobs():
+    """The committed megatron_args.txt files (the writer this module replaces), read as `xargs` would (shlex),
+    for both targets, with the launch script's default DATA_ARGS."""
+    import shlex
+
+    from dstoolkit.generate.bundled import BUNDLED_SPECS, cached_bundled
+    from dstoolkit.generate.megatron import DEFAULT_DATA_ARGS, TARGETS
+
+    jobs = {t: [] for t in TARGETS}
+    for stem in BUNDLED_SPECS:
+        for o in cached_bundled(str(REPO / "ds_configs"), stem).generated:
+            f = REPO / "ds_configs" / "generated" / stem / o.name / "megatron_args.txt"
+            if not f.is_file():
+                continue
+            words = shlex.split(f.read_text())
+            for t in TARGETS:
+                jobs[t].append({"id": f"{stem}/{o.name}/megatron_args.txt as {t} (committed, before)",
+                                "words": words + DEFAULT_DATA_ARGS[t].split(), "world": None,  # set by the caller
+                                "cuda_device_max_connections": "1", "ds_config": o.ds_config, "is_moe": None,
+                                "layout": o.chosen.candidate.label})
+    return jobs
 
 
 def _build_jobs(work: Path, extra_specs=()):
@@ -196,6 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", action="append", default=[], help="TARGET=SHA when the tree is not a git checkout")
     ap.add_argument("--out", help="markdown report to write")
     ap.add_argument("--spec", action="append", default=[], help="also check this spec file (repeatable)")
+    ap.add_argument("--before", action="store_true", help="also check the committed megatron_args.txt files")
     ap.add_argument("--worker", nargs=3, metavar=("ROOT", "TARGET", "JOBS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -206,6 +275,15 @@ def main(argv=None) -> int:
     results, facts = {}, {}
     with tempfile.TemporaryDirectory(prefix="dstoolkit-megatron-") as tmp:
         jobs, skipped = _build_jobs(Path(tmp), a.spec)
+        if a.before:
+            from dstoolkit.generate.io import load_spec_and_shape
+
+            for t, js in _before_jobs().items():
+                for j in js:
+                    stem = j["id"].split("/")[0]
+                    spec, shape = load_spec_and_shape(REPO / "ds_configs" / f"{stem}.yaml")
+                    j["world"], j["is_moe"] = spec.world_size, shape.is_moe
+                jobs[t] = js + jobs[t]
         for target, root in roots.items():
             if not root:
                 continue
@@ -237,21 +315,29 @@ def main(argv=None) -> int:
               "Each file is passed as `mapfile -t` reads it, followed by the launch script's default DATA_ARGS, "
               "with RANK=0, WORLD_SIZE = the spec's world size and CUDA_DEVICE_MAX_CONNECTIONS as the launch "
               "script sets it."]
-    lines += ["", "| file | layout | world | result | error |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "| file | layout | world | result | checked facts / error |", "| --- | --- | --- | --- | --- |"]
     for fid, (j, r) in results.items():
         err = r.get("error", "").replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {fid} | {j['layout']} | {j['world']} | {'accepted' if r['ok'] else 'rejected'} | {err} |")
+        fx = ", ".join(f"{k}={v}" for k, v in (r.get("facts") or {}).items() if v is not None)
+        lines.append(f"| {fid} | {j['layout']} | {j['world']} | {'accepted' if r['ok'] else 'rejected'} | "
+                     f"{err if not r['ok'] else fx} |")
     if skipped:
         lines += ["", "Not generated (the target cannot express the model or layout):", ""]
         for stem, strat, t, why in skipped:
             lines.append(f"- {stem}/{strat} {t}: {why}")
-    n_ok = sum(r["ok"] for _, r in results.values())
-    lines += ["", f"Total: {n_ok} accepted, {len(results) - n_ok} rejected, {len(skipped)} not generated.", ""]
+    new = {k: v for k, v in results.items() if "(committed, before)" not in k}
+    old = {k: v for k, v in results.items() if "(committed, before)" in k}
+    n_ok = sum(r["ok"] for _, r in new.values())
+    lines += ["", f"Generated files: {n_ok} accepted, {len(new) - n_ok} rejected, {len(skipped)} not generated."]
+    if old:
+        lines.append(f"Committed megatron_args.txt (before): {sum(r['ok'] for _, r in old.values())} accepted, "
+                     f"{sum(not r['ok'] for _, r in old.values())} rejected.")
+    lines.append("")
     text = "\n".join(lines)
     if a.out:
         Path(a.out).write_text(text)
     print(text)
-    return 0 if n_ok == len(results) else 1
+    return 0 if n_ok == len(new) else 1
 
 
 if __name__ == "__main__":

@@ -288,6 +288,10 @@ def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candid
         if shape.hidden_act not in ("silu", "swish"):
             raise UnsupportedTarget(f"gated MLP with {shape.hidden_act!r}: only SwiGLU (silu) has a Megatron flag")
         out.append("--swiglu")
+    elif shape.hidden_act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        out.append("--openai-gelu")  # tanh-approximated GeLU (GPT-2); Megatron's default is the exact erf GeLU
+    elif shape.hidden_act != "gelu":
+        raise UnsupportedTarget(f"MLP activation {shape.hidden_act!r}: only gelu, tanh-gelu or SwiGLU have Megatron flags")
     if not shape.tie_word_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     return out
