@@ -373,3 +373,33 @@ def test_megatron_lm_values_build_megatron_core_configs(stem, spec, shape, o):
     ModelParallelConfig(**{k: v for k, v in kw.items() if k in mp_names})
     if shape.is_moe:
         assert cfg.num_moe_experts == shape.num_experts
+
+
+def test_gpt2_style_model_on_both_targets(tmp_path):
+    """Learned positions, LayerNorm, all biases and tanh GeLU: each target's own spelling, no RoPE flags."""
+    (tmp_path / "g.yaml").write_text(textwrap.dedent("""\
+        name: gpt2_tiny
+        model: {model_type: gpt2, n_embd: 256, n_layer: 2, n_head: 4, vocab_size: 1024, n_positions: 512}
+        cluster: {nodes: 1, gpus_per_node: 2, gpu: H100-SXM}
+        training: {seq_len: 512, global_batch: 8, micro_batch: 1, tp: 1, pp: 1, zero_stage: 2, precision: fp16}
+        """))
+    spec, shape = load_spec_and_shape(tmp_path / "g.yaml")
+    from dstoolkit.generate import generate
+
+    c = generate(spec, shape, ["zero2"]).generated[0].chosen.candidate
+    lm = flags(megatron_lm_args(spec, shape, c))
+    assert lm["--position-embedding-type"] == ["learned_absolute"] and "--rotary-base" not in lm
+    assert lm["--normalization"] == ["LayerNorm"] and "--openai-gelu" in lm and "--swiglu" not in lm
+    assert "--disable-bias-linear" not in lm and "--fp16" in lm
+    assert lm["--train-iters"] == ["20"]  # no train_steps in the spec: the smoke default, never zero
+    ds = flags(megatron_deepspeed_args(spec, shape, c, ds_config_path=tmp_path / "ds_config.json"))
+    assert ds["--normalization"] == ["layernorm"] and "--use-rotary-position-embeddings" not in ds
+    assert "--openai-gelu" in ds and "--no-pipeline-parallel" in ds and ds["--zero-stage"] == ["2"]
+
+
+def test_module_imports_no_torch():
+    import sys
+
+    code = "import sys, dstoolkit.generate.megatron; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
