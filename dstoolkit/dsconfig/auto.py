@@ -50,6 +50,22 @@ HF_AUTO_FILLERS: dict[str, str] = {
     "/zero_optimization/stage3_gather_16bit_weights_on_model_save": "Accelerate zero3_save_16bit_model",
 }
 
+# "auto" values DeepSpeed itself understands (nothing has to fill them): pipeline.stages (runtime/config.py
+# get_pipeline_config default; PipelineModule decides), ZenFlow's select_strategy/intervals
+# (runtime/zenflow/zenflow_config.py) and AutoEP's model-derived settings (module_inject/auto_ep_config.py).
+DEEPSPEED_OWN_AUTO: frozenset[str] = frozenset({
+    "/pipeline/stages",
+    "/zero_optimization/zenflow/select_strategy",
+    "/zero_optimization/zenflow/select_interval",
+    "/zero_optimization/zenflow/update_interval",
+    "/expert_parallel/top_k",
+    "/expert_parallel/routed_scaling_factor",
+    "/expert_parallel/score_func",
+    "/expert_parallel/score_apply",
+    "/expert_parallel/combine_impl",
+    "/expert_parallel/row_weighting_impl",
+})
+
 # HF TrainingArguments defaults used when a value is not given on the command line.
 HF_DEFAULT_MICRO_BATCH = 8
 HF_DEFAULT_GRAD_ACCUM = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
@@ -25,10 +25,16 @@ def _stage_not_bool(value):
     # is zero_optimization: true, not stage: true).
     if isinstance(value, bool):
         raise PydanticCustomError("literal_error", "Input should be 0, 1, 2 or 3, not a boolean")
+    # DeepSpeed 0.19.8's lax pydantic turns "1" into stage 1 (measured: deepspeed.initialize on 2 gloo ranks
+    # builds DeepSpeedZeroOptimizer); we accept the four digit strings too and rule DS222 warns about them.
+    if isinstance(value, str) and value in STAGE_STRINGS:
+        return int(value)
     return value
 
 
-Stage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_stage_not_bool)]
+STAGE_STRINGS = ("0", "1", "2", "3")
+Stage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_stage_not_bool),
+                  WithJsonSchema({"enum": [0, 1, 2, 3, *STAGE_STRINGS], "x-shown-enum": [0, 1, 2, 3]})]
 INT64_MAX = 2**63 - 1  # DeepSpeed's default for model_persistence_threshold is sys.maxsize
 
 

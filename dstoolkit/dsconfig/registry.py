@@ -49,6 +49,10 @@ class RuleContext:
     pp: int = 1
     num_experts: Optional[int] = None
     ep_size: Optional[int] = None
+    num_heads: Optional[int] = None
+    """Attention heads of the model, when known (AutoTP / Ulysses head-divisibility rules)."""
+    num_kv_heads: Optional[int] = None
+    """Key-value heads (GQA), when known."""
     mode: str = "strict"
     deepspeed_version: str = "0.19"
     skip: bool = False
@@ -161,6 +165,10 @@ def zero_section(cfg: Mapping) -> dict:
 
 
 def zero_stage(cfg: Mapping) -> Optional[int]:
-    """The ZeRO stage (0 when unset); None when it is not a valid stage."""
-    s = as_int(zero_section(cfg).get("stage", 0))
+    """The ZeRO stage (0 when unset); None when it is not a valid stage. The digit strings "0".."3" count as
+    their stage, as in DeepSpeed 0.19.8 (its lax pydantic converts them; rule DS222 warns)."""
+    raw = zero_section(cfg).get("stage", 0)
+    if isinstance(raw, str) and raw in ("0", "1", "2", "3"):
+        return int(raw)
+    s = as_int(raw)
     return s if s in (0, 1, 2, 3) else None

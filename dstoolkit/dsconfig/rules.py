@@ -154,18 +154,22 @@ def _check_fp16_dynamic_loss_scale(cfg: Mapping, ctx: RuleContext) -> None:
 
 
 # -- ZeRO -------------------------------------------------------------------------------------------------
-@rule("DS204", "offload_param needs ZeRO stage 3")
+@rule("DS204", "offload_param needs ZeRO stage 3", severity="warning")
 def _check_offload_param_stage(cfg: Mapping, ctx: RuleContext) -> None:
     """zero_optimization.offload_param (and the deprecated cpu_offload_param) only acts at ZeRO stage 3:
     runtime/zero/stage3.py is its only reader. At stages 0-2 DeepSpeed ignores it silently and the parameters
-    stay on the GPU, so the memory the offload was meant to free is not freed."""
+    stay on the GPU, so the memory the offload was meant to free is not freed. A warning, like
+    offload_optimizer at stage 0 (DS105): DeepSpeed 0.19.8 starts and trains with it (measured with
+    deepspeed.initialize on 2 gloo ranks at stages 0, 1 and 2; microsoft/DeepSpeed's own
+    tests/hybrid_engine/hybrid_engine_config.json sets it at stage 0)."""
     z = zero_section(cfg)
     op = z.get("offload_param")
     stage = zero_stage(cfg)
     if isinstance(op, dict) and op.get("device", "none") not in ("none", None) and stage is not None and stage != 3:
         raise RuleViolation("/zero_optimization/offload_param",
                             f"offload_param.device={op.get('device')!r} needs ZeRO stage 3, but "
-                            f"zero_optimization.stage={stage}; DeepSpeed ignores it and keeps parameters on GPU",
+                            f"zero_optimization.stage={stage}; DeepSpeed starts but ignores it and keeps the parameters "
+                            "on the GPU",
                             'set "stage": 3, or offload only the optimizer (offload_optimizer)')
     if z.get("cpu_offload_param") is True and stage is not None and stage != 3:
         raise RuleViolation("/zero_optimization/cpu_offload_param",
@@ -225,22 +229,51 @@ def _check_zeropp_stage(cfg: Mapping, ctx: RuleContext) -> None:
                             f"but stage={stage}; DeepSpeed ignores it", 'set "stage": 3 or remove the key')
 
 
-@rule("DS207", "zero_hpz_partition_size does not divide gpus per node")
-def _check_hpz_divides_node(cfg: Mapping, ctx: RuleContext) -> None:
-    """hpZ keeps a secondary copy of the parameters partitioned inside one node, so zero_hpz_partition_size
-    must divide the GPUs per node (--gpus-per-node) and the world size (--world-size)."""
+def _hpz(cfg: Mapping) -> Optional[int]:
     hpz = as_int(zero_section(cfg).get("zero_hpz_partition_size"))
-    if hpz is None or hpz <= 1:
+    return hpz if hpz is not None and hpz > 1 and zero_stage(cfg) == 3 else None
+
+
+@rule("DS207", "zero_hpz_partition_size does not divide the world size")
+def _check_hpz_divides_world(cfg: Mapping, ctx: RuleContext) -> None:
+    """hpZ (ZeRO++) keeps a secondary copy of the parameters partitioned over groups of consecutive ranks.
+    DeepSpeed 0.19.8 (utils/groups.py _create_zero_param_parallel_group) takes the group size as
+    min(zero_hpz_partition_size, world size) and asserts that it divides the world size, so a value larger
+    than the world size is clamped (rule DS221 warns), and a smaller one that does not divide the world size
+    fails at engine start. Needs --world-size."""
+    hpz = _hpz(cfg)
+    if hpz is None or ctx.world_size is None:
         return
-    if ctx.gpus_per_node is not None and ctx.gpus_per_node % hpz:
+    eff = min(hpz, ctx.world_size)
+    if ctx.world_size % eff:
         raise RuleViolation("/zero_optimization/zero_hpz_partition_size",
-                            f"zero_hpz_partition_size={hpz} does not divide --gpus-per-node {ctx.gpus_per_node}; "
-                            "the secondary partition must fit inside one node",
-                            f'use "zero_hpz_partition_size": {ctx.gpus_per_node}')
-    if ctx.world_size is not None and ctx.world_size % hpz:
-        raise RuleViolation("/zero_optimization/zero_hpz_partition_size",
-                            f"zero_hpz_partition_size={hpz} does not divide world size {ctx.world_size}",
+                            f"zero_hpz_partition_size={hpz} does not divide world size {ctx.world_size}; DeepSpeed "
+                            "asserts when it builds the hpZ groups (groups._create_zero_param_parallel_group)",
                             "use the number of GPUs per node")
+
+
+@rule("DS221", "zero_hpz_partition_size clamped to the world size or spanning nodes", severity="warning")
+def _check_hpz_clamped_or_cross_node(cfg: Mapping, ctx: RuleContext) -> None:
+    """A zero_hpz_partition_size larger than the world size is not an error: DeepSpeed 0.19.8 clamps the hpZ
+    group to the world size (groups.py: min(group_size, world_size); measured: hpZ 8 on 2 gloo ranks builds a
+    group of 2 and trains). The secondary partition is then the whole world, which is what a single node
+    wants. Separately, the point of hpZ is to keep the secondary partition inside one node: a size that does
+    not divide --gpus-per-node makes the groups span nodes (DeepSpeed does not check it; it runs, with the
+    backward all-gather crossing the inter-node link)."""
+    hpz = _hpz(cfg)
+    if hpz is None:
+        return
+    if ctx.world_size is not None and hpz > ctx.world_size:
+        raise RuleViolation("/zero_optimization/zero_hpz_partition_size",
+                            f"zero_hpz_partition_size={hpz} is larger than the world size {ctx.world_size}; DeepSpeed "
+                            f"clamps the hpZ group to {ctx.world_size} ranks",
+                            f'fine on one node; "zero_hpz_partition_size": {ctx.world_size} says what runs')
+    eff = min(hpz, ctx.world_size) if ctx.world_size is not None else hpz
+    if ctx.gpus_per_node is not None and ctx.gpus_per_node % eff and eff != ctx.world_size:
+        raise RuleViolation("/zero_optimization/zero_hpz_partition_size",
+                            f"zero_hpz_partition_size={hpz} does not divide --gpus-per-node {ctx.gpus_per_node}; the "
+                            "secondary partition groups span nodes (DeepSpeed runs it, without hpZ's benefit)",
+                            f'use "zero_hpz_partition_size": {ctx.gpus_per_node}')
 
 
 # The optimizer and scheduler rules (DS209-DS212) are declared in rules_optim; importing it here keeps the
@@ -346,3 +379,169 @@ def _check_parallel_sizes(cfg: Mapping, ctx: RuleContext) -> None:
     for v in check_layout(_layout_facts(cfg, ctx), ("LY001",), names):
         raise RuleViolation("", f"{v.message}, so there is no whole data-parallel size", "choose tp, pp and "
                             "sequence_parallel_size whose product divides the number of GPUs")
+
+
+# -- DeepSpeed's own parallelism: AutoTP, Ulysses, AutoEP -------------------------------------------------
+@rule("DS222", "ZeRO stage written as a string", severity="warning")
+def _check_stage_string(cfg: Mapping, ctx: RuleContext) -> None:
+    """zero_optimization.stage given as a string ("1") is converted by DeepSpeed 0.19.8's lax pydantic
+    (runtime/zero/config.py ``stage: ZeroStageEnum``; measured: ``"stage": "1"`` builds
+    DeepSpeedZeroOptimizer and trains on 2 gloo ranks). A warning: stricter readers (HF's
+    ``is_deepspeed_zero3_enabled`` compares ``stage == 3``, so ``"3"`` is not seen as ZeRO-3 there) and shell
+    templates that leave the quotes around a substituted number disagree with DeepSpeed about it."""
+    z = cfg.get("zero_optimization") if isinstance(cfg, Mapping) else None
+    raw = z.get("stage") if isinstance(z, dict) else None
+    if isinstance(raw, str) and raw in ("0", "1", "2", "3"):
+        raise RuleViolation("/zero_optimization/stage",
+                            f'zero_optimization.stage is the string "{raw}"; DeepSpeed converts it to {raw}, but HF '
+                            "Trainer/Accelerate test the stage as a number" + (" and will not treat this as ZeRO-3"
+                                                                              if raw == "3" else ""),
+                            f'write "stage": {raw}')
+
+
+def _autotp(cfg: Mapping) -> Optional[int]:
+    tp = as_int(section(cfg, "tensor_parallel").get("autotp_size"))
+    return tp if tp is not None and tp > 1 else None
+
+
+@rule("DS223", "tensor_parallel.autotp_size does not divide the world size")
+def _check_autotp_world(cfg: Mapping, ctx: RuleContext) -> None:
+    """AutoTP training builds a (data_parallel, tensor_parallel) device mesh of world / autotp_size by
+    autotp_size ranks (deepspeed 0.19.8 utils/groups.py _init_tp_mesh_device, called from the engine when
+    tensor_parallel.autotp_size > 1), so autotp_size must divide the world size (and the world / pp stage
+    size, module_inject/auto_ep_folding.py); autotp_size larger than the world leaves no whole data-parallel
+    group. Needs --world-size. The tp of --tp (Megatron) and autotp_size are two different mechanisms: both > 1
+    is refused too."""
+    tp = _autotp(cfg)
+    if tp is None:
+        return
+    if ctx.tp > 1:
+        raise RuleViolation("/tensor_parallel/autotp_size",
+                            f"tensor_parallel.autotp_size={tp} together with --tp {ctx.tp}: AutoTP and Megatron tensor "
+                            "parallelism are two ways to shard the same layers", "use one of them")
+    if ctx.world_size is None:
+        return
+    for v in check_layout(LayoutFacts(world=ctx.world_size, tp=tp, pp=max(ctx.pp, 1), sp=1), ("LY001",),
+                          {"tp": "tensor_parallel.autotp_size"}):
+        raise RuleViolation("/tensor_parallel/autotp_size",
+                            f"{v.message}; DeepSpeed cannot build the AutoTP device mesh",
+                            "use an autotp_size that divides the world size "
+                            f"({', '.join(str(d) for d in range(2, ctx.world_size + 1) if ctx.world_size % d == 0)})")
+
+
+@rule("DS224", "AutoTP size does not divide the attention heads")
+def _check_autotp_heads(cfg: Mapping, ctx: RuleContext) -> None:
+    """AutoTP shards attention column-wise by head: the tensor-parallel size must divide the attention head
+    count (DeepSpeed's AutoTP training tutorial, Limitations; layout constraint LY003). Where autotp_size
+    exceeds the key/value head count, the engine only logs that the extra ranks hold no attention shard
+    (engine._configure_tensor_parallel); that part is a warning. Needs the model's heads (num_heads /
+    num_kv_heads in the rule context)."""
+    tp = _autotp(cfg)
+    if tp is None or ctx.num_heads is None:
+        return
+    for v in check_layout(LayoutFacts(tp=tp, num_heads=ctx.num_heads), ("LY003",),
+                          {"tp": "tensor_parallel.autotp_size"}):
+        raise RuleViolation("/tensor_parallel/autotp_size", v.message, v.fix)
+    if ctx.num_kv_heads is not None and tp > ctx.num_kv_heads:
+        raise RuleViolation("/tensor_parallel/autotp_size",
+                            f"tensor_parallel.autotp_size={tp} exceeds num_key_value_heads={ctx.num_kv_heads}: ranks "
+                            "beyond the KV head count hold no attention shard (DeepSpeed warns; attention does not "
+                            "scale past it)", f"use autotp_size <= {ctx.num_kv_heads}", severity="warning")
+
+
+@rule("DS225", "AutoTP combined with a ZeRO stage or feature DeepSpeed 0.16 refuses")
+def _check_autotp_stage(cfg: Mapping, ctx: RuleContext) -> None:
+    """AutoTP training (tensor_parallel.autotp_size > 1) runs with ZeRO stages 0, 1 and 2 in both modelled
+    releases. ZeRO stage 3 is refused by DeepSpeed 0.16's AutoTP training (its tutorial lists 'ZeRO Stage 3
+    not supported'); 0.19.8 partitions AutoTP shards over the data-parallel group at stage 3
+    (engine._resolve_zero3_param_placement; measured on 2 gloo ranks: a tiny HF Llama trains at stages 0-3
+    with autotp_size 2). Pipeline parallelism (--pp > 1) with AutoTP is not supported by either."""
+    tp = _autotp(cfg)
+    if tp is None:
+        return
+    if zero_stage(cfg) == 3 and ctx.deepspeed_version.startswith("0.16"):
+        raise RuleViolation("/zero_optimization/stage",
+                            f"tensor_parallel.autotp_size={tp} at ZeRO stage 3: DeepSpeed 0.16 AutoTP training supports "
+                            "ZeRO stages 0-2 only", 'use "stage": 2 (or target DeepSpeed 0.19)')
+    if ctx.pp > 1:
+        raise RuleViolation("/tensor_parallel/autotp_size",
+                            f"tensor_parallel.autotp_size={tp} with --pp {ctx.pp}: AutoTP is not combined with the "
+                            "pipeline engine", "drop one of them")
+
+
+@rule("DS226", "sequence_parallel_size does not divide the world size or the heads")
+def _check_sequence_parallel(cfg: Mapping, ctx: RuleContext) -> None:
+    """Ulysses sequence parallelism all-to-alls the sequence shards into head shards, so
+    sequence_parallel_size must divide the world size (DeepSpeedConfig divides the world by it for the batch
+    arithmetic, runtime/config.py) and the attention heads (DeepSpeed's Ulysses asserts it when the model is
+    known, sequence/layer.py). sequence_parallel_size in the JSON only changes the batch arithmetic: the
+    script turns Ulysses on itself (UlyssesSPAttentionHF.register_with_transformers and mpu=... for HF
+    models), which dstoolkit does not generate."""
+    sp = as_int(cfg.get("sequence_parallel_size"))
+    if sp is None or sp <= 1:
+        return
+    if ctx.world_size is not None and (ctx.world_size % sp or sp > ctx.world_size):
+        raise RuleViolation("/sequence_parallel_size",
+                            f"sequence_parallel_size={sp} does not divide world size {ctx.world_size}",
+                            "use a divisor of the world size")
+    if ctx.num_heads is not None and ctx.num_heads % sp:
+        raise RuleViolation("/sequence_parallel_size",
+                            f"sequence_parallel_size={sp} does not divide num_attention_heads={ctx.num_heads}; Ulysses "
+                            "scatters whole heads", f"choose a divisor of {ctx.num_heads}")
+
+
+@rule("DS227", "AutoEP layout or ZeRO-3 combination DeepSpeed refuses")
+def _check_autoep(cfg: Mapping, ctx: RuleContext) -> None:
+    """AutoEP (expert_parallel.enabled) carves expert groups of autoep_size x expert_tensor_parallel_size ranks
+    out of each world / pp stage (module_inject/auto_ep_folding.py build_folding_spec raises when the product
+    does not divide it). At ZeRO stage 3 the 0.19.8 engine (_validate_zero3_moe_compatibility) refuses AutoEP
+    with sequence_parallel_size > 1, zero_quantized_gradients, zero_hpz_partition_size > 1 and
+    expert_tensor_parallel_size > 1."""
+    ep = section(cfg, "expert_parallel")
+    if ep.get("enabled") is not True:
+        return
+    size = as_int(ep.get("autoep_size", 1)) or 1
+    etp = as_int(ep.get("expert_tensor_parallel_size", 1)) or 1
+    if ctx.world_size is not None:
+        stage_size = ctx.world_size // max(ctx.pp, 1) if ctx.world_size % max(ctx.pp, 1) == 0 else None
+        if stage_size is not None and stage_size % (size * etp):
+            raise RuleViolation("/expert_parallel/autoep_size",
+                                f"expert_parallel.autoep_size {size} x expert_tensor_parallel_size {etp} = {size * etp} "
+                                f"does not divide the stage size {stage_size}; DeepSpeed raises in build_folding_spec",
+                                "use an autoep_size that divides the world size")
+    if zero_stage(cfg) != 3:
+        return
+    z = zero_section(cfg)
+    bad = [(f"/sequence_parallel_size", "sequence parallelism") if (as_int(cfg.get("sequence_parallel_size")) or 1) > 1
+           else None,
+           ("/zero_optimization/zero_quantized_gradients", "zero_quantized_gradients")
+           if z.get("zero_quantized_gradients") is True else None,
+           ("/zero_optimization/zero_hpz_partition_size", "hpZ secondary groups")
+           if (as_int(z.get("zero_hpz_partition_size")) or 1) > 1 else None,
+           ("/expert_parallel/expert_tensor_parallel_size", "expert_tensor_parallel_size > 1") if etp > 1 else None]
+    for item in bad:
+        if item is not None:
+            raise RuleViolation(item[0], f"AutoEP at ZeRO stage 3 does not support {item[1]} (DeepSpeed 0.19.8 asserts "
+                                "at engine start)", "drop it, or use ZeRO stage 1/2")
+
+
+AUTOEP_TRANSFORMERS_NOTE = (
+    "DeepSpeed 0.19.8 AutoEP fails at engine start under transformers >= 5: module_inject/auto_ep_presets/base.py "
+    "calls transformers' output-capturing registry as registry.get(key, default), but transformers 5 made "
+    "_CAN_RECORD_REGISTRY a dict subclass whose get(model) takes one argument (TypeError: "
+    "_CanRecordRegistry.get() takes 2 positional arguments but 3 were given)")
+"""Why AutoEP is not generated: shared by the validator (DS228) and the generator's notes."""
+
+
+@rule("DS228", "AutoEP with transformers >= 5 fails in DeepSpeed 0.19.8", severity="warning")
+def _check_autoep_transformers(cfg: Mapping, ctx: RuleContext) -> None:
+    """DeepSpeed 0.19.8's AutoEP reads transformers' output-capturing registry with ``registry.get(key,
+    default)`` (module_inject/auto_ep_presets/base.py); transformers 5.x made that registry
+    ``_CanRecordRegistry(dict)`` with a one-argument ``get(model)``, so deepspeed.initialize raises
+    ``TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`` for an HF MoE model
+    (measured with transformers 5.24.0; transformers 4.57 has a plain dict there). A warning because the
+    config itself is fine: pin transformers < 5, or use ZeRO-3 with experts replicated (leaf modules)."""
+    if section(cfg, "expert_parallel").get("enabled") is True and ctx.deepspeed_version.startswith("0.19"):
+        raise RuleViolation("/expert_parallel/enabled", AUTOEP_TRANSFORMERS_NOTE,
+                            "pin transformers<5 for AutoEP, or train the HF MoE model at ZeRO-3 with "
+                            "deepspeed.utils.set_z3_leaf_modules on its MoE block")

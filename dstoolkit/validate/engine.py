@@ -21,7 +21,8 @@ from dstoolkit.validate.schema_findings import check_schema, pydantic_schema_iss
 def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_size: Optional[int] = None,
                     gpus_per_node: Optional[int] = None, tp: int = 1, pp: int = 1,
                     num_experts: Optional[int] = None, ep_size: Optional[int] = None,
-                    mode: Literal["strict", "hf"] = "strict", deepspeed_version: str = "0.19") -> list[Finding]:
+                    mode: Literal["strict", "hf"] = "strict", deepspeed_version: str = "0.19",
+                    num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None) -> list[Finding]:
     """Validate a DeepSpeed config and return every finding (never raises).
 
     Args:
@@ -33,19 +34,21 @@ def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_si
         num_experts, ep_size: MoE facts (override the config's ``dstoolkit.moe`` section).
         mode: "strict" reports every "auto"; "hf" accepts "auto" where HF Trainer/Accelerate fill it.
         deepspeed_version: "0.19" (default) or "0.16" (also "0.19.8" style).
+        num_heads, num_kv_heads: the model's attention / key-value heads (AutoTP and Ulysses head rules).
 
     Returns:
         Findings sorted by position. Errors mean DeepSpeed would fail or silently misbehave.
     """
     try:
         return _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode,
-                         deepspeed_version)
+                         deepspeed_version, num_heads, num_kv_heads)
     except Exception as exc:  # the contract is "never raises": report instead
         return [Finding(file=source, pointer="", severity="error", code="DS009",
                         message=f"validator could not check this input ({type(exc).__name__}: {exc})"[:500])]
 
 
-def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode, version) -> list[Finding]:
+def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode, version,
+              num_heads=None, num_kv_heads=None) -> list[Finding]:
     parsed: Optional[ParseResult] = None
     if isinstance(cfg, (bytes, bytearray)):
         cfg = bytes(cfg).decode("utf-8", errors="replace")
@@ -75,7 +78,8 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
         return [Finding(file=source, pointer="", severity="error", code="DS009",
                         message=f"mode must be 'strict' or 'hf', got {mode!r}")]
     ctx = RuleContext(world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
-                             num_experts=num_experts, ep_size=ep_size, mode=mode, deepspeed_version=version)
+                             num_experts=num_experts, ep_size=ep_size, mode=mode, deepspeed_version=version,
+                             num_heads=num_heads, num_kv_heads=num_kv_heads)
     clean = copy.deepcopy(data)
     check_auto(data, clean, mode, out)
     check_sections(data, clean, version, out)

@@ -63,6 +63,8 @@ def _delete(root: Any, path: tuple) -> None:
 def check_auto(data: dict, clean: dict, mode: str, out: Collector) -> None:
     for path in _auto.find_auto(data):
         ptr = pointer_of(path)
+        if ptr in _auto.DEEPSPEED_OWN_AUTO:
+            continue  # DeepSpeed's own "auto" (e.g. pipeline.stages, its default): valid in every mode
         filler = _auto.HF_AUTO_FILLERS.get(ptr)
         if mode == "strict":
             who = f"filled by {filler}" if filler else "filled by nothing (HF does not fill this key)"

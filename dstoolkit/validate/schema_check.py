@@ -108,7 +108,8 @@ class Checker:
         if "const" in node and not _same(value, node["const"]):
             return [Issue("range", path, f"must be {node['const']!r}")]
         if "enum" in node and not any(_same(value, e) for e in node["enum"]):
-            options = [repr(e) if isinstance(e, str) else json.dumps(e) for e in node["enum"]]
+            shown = node.get("x-shown-enum", node["enum"])  # the values to name (ZeRO stage: not its tolerated strings)
+            options = [repr(e) if isinstance(e, str) else json.dumps(e) for e in shown]
             text = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
             return [Issue("range", path, f"must be {text}")]
         expected = node.get("type")

@@ -164,7 +164,9 @@ def test_configs_we_call_valid_deepspeed_accepts(judged):
     for (name, base), (ok, why) in zip(BASES.items(), judged["bases"]):
         assert _our_errors(base) == [], name
         assert ok, f"{name}: {why}"
-    assert len(judged["corpus"]) == 22  # corpus files we accept outright (see test_corpus_agreement)
+    # corpus files we accept outright (see test_corpus_agreement); 23 since offload_param below stage 3 is a
+    # warning (DS204): microsoft/DeepSpeed tests/hybrid_engine/hybrid_engine_config.json joined them
+    assert len(judged["corpus"]) == 23
     for path, (ok, why) in judged["corpus"]:
         assert ok, f"{path}: DeepSpeed rejects a file we accept: {why}"
 

@@ -68,11 +68,14 @@ def test_fp16_bf16_exclusive():
 
 
 def test_offload_param_needs_stage3():
+    # a warning, not an error: DeepSpeed 0.19.8 starts and ignores it (tests/unit/test_validate_false_errors.py)
     cfg = with_(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}})
-    assert ("DS204", "/zero_optimization/offload_param") in codes(cfg)
-    with pytest.raises(ValidationError, match="offload_param.device='cpu' needs ZeRO stage 3"):
-        DeepSpeedConfig.model_validate(cfg)
-    assert codes(with_(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}})) == set()
+    assert codes(cfg) == set()
+    warn = [f for f in validate_config(cfg) if f.code == "DS204"]
+    assert len(warn) == 1 and warn[0].severity == "warning" and "needs ZeRO stage 3" in warn[0].message
+    DeepSpeedConfig.model_validate(cfg)
+    assert not [f for f in validate_config(with_(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}))
+                if f.code == "DS204"]
 
 
 def test_nvme_needs_path_and_aio():
@@ -96,11 +99,15 @@ def test_zeropp_needs_stage3():
                                           "zero_hpz_partition_size": 8}), gpus_per_node=8) == set()
 
 
-def test_hpz_divides_gpus_per_node():
+def test_hpz_divides_world_size():
     cfg = with_(zero_optimization={"stage": 3, "zero_hpz_partition_size": 3})
-    assert ("DS207", "/zero_optimization/zero_hpz_partition_size") in codes(cfg, gpus_per_node=8)
-    with pytest.raises(ValidationError, match="does not divide --gpus-per-node 8"):
-        DeepSpeedConfig.model_validate(cfg, context={"gpus_per_node": 8})
+    assert ("DS207", "/zero_optimization/zero_hpz_partition_size") in codes(cfg, world_size=4)
+    with pytest.raises(ValidationError, match="does not divide world size 4"):
+        DeepSpeedConfig.model_validate(cfg, context={"world_size": 4})
+    # not dividing the GPUs per node spans nodes: DeepSpeed runs it, so a warning
+    spans = {**cfg, "train_batch_size": 96}
+    assert codes(spans, gpus_per_node=8, world_size=24) == set()
+    assert [f.severity for f in validate_config(spans, gpus_per_node=8, world_size=24) if f.code == "DS221"] == ["warning"]
 
 
 def test_optimizer_type_known():
@@ -183,9 +190,8 @@ def test_model_validator_runs_the_registry():
     triggers = {
         "DS201": (BASE, {"world_size": 8}), "DS202": ({"gradient_accumulation_steps": 1}, {}),
         "DS203": (with_(fp16={"enabled": True}, bf16={"enabled": True}), {}),
-        "DS204": (with_(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}), {}),
         "DS205": (with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}}), {}),
-        "DS207": (with_(zero_optimization={"stage": 3, "zero_hpz_partition_size": 3}), {"gpus_per_node": 8}),
+        "DS207": (with_(zero_optimization={"stage": 3, "zero_hpz_partition_size": 3}), {"world_size": 4}),
         "DS208": (with_(zero_optimization={"stage": 2, "zero_quantized_weights": True}), {}),
         "DS209": (with_(optimizer={"type": "AdamWW"}), {}),
         "DS210": (with_(optimizer={"type": "AdamW", "params": {"beta": 1}}), {}),
@@ -199,6 +205,12 @@ def test_model_validator_runs_the_registry():
         "DS218": (with_(zero_optimization={"stage": 3}, gradient_allreduce_op="sum"), {}),
         "DS219": (BASE, {"world_size": 6, "tp": 4}),
         "DS220": (with_(fp16={"enabled": True, "loss_scale_window": 0}), {}),
+        "DS223": (with_(tensor_parallel={"autotp_size": 8}), {"world_size": 4}),
+        "DS224": (with_(tensor_parallel={"autotp_size": 2}), {"num_heads": 3}),
+        "DS225": (with_(zero_optimization={"stage": 3}, tensor_parallel={"autotp_size": 2}),
+                  {"deepspeed_version": "0.16"}),
+        "DS226": (with_(sequence_parallel_size=3), {"num_heads": 4}),
+        "DS227": (with_(expert_parallel={"enabled": True, "autoep_size": 8}), {"world_size": 4}),
     }
     errors = {code for code, r in rules.RULES.items() if r.severity == "error"}
     assert set(triggers) == errors
