@@ -341,6 +341,10 @@ def shape_from_transformers(config: dict, name: Optional[str] = None, *,
         raise HFConfigError("model_class" if model_class else "model_type",
                             f"unsupported model_type {model_type!r}: {exc.reason}",
                             _refusal_fix(config, model_type, exc.offer)) from None
+    except Exception as exc:  # noqa: BLE001 - a config transformers accepts but we cannot read: refuse, never crash
+        raise HFConfigError("model_type", f"model_type {model_type!r}: reading the transformers build failed "
+                            f"({type(exc).__name__}: {str(exc)[:200]})",
+                            "check the config's sizes; report it if transformers builds it") from None
     try:
         return ModelShape(name=str(display), model_type=model_type, source="transformers",
                           model_class=measured.model_class, measured=measured, notes=measured.notes, **kwargs)
