@@ -526,22 +526,32 @@ def _check_autoep(cfg: Mapping, ctx: RuleContext) -> None:
 
 
 AUTOEP_TRANSFORMERS_NOTE = (
-    "DeepSpeed 0.19.8 AutoEP fails at engine start under transformers >= 5: module_inject/auto_ep_presets/base.py "
-    "calls transformers' output-capturing registry as registry.get(key, default), but transformers 5 made "
-    "_CAN_RECORD_REGISTRY a dict subclass whose get(model) takes one argument (TypeError: "
-    "_CanRecordRegistry.get() takes 2 positional arguments but 3 were given)")
+    "DeepSpeed 0.19.8 AutoEP runs with no released transformers measured here: under transformers 5.x "
+    "deepspeed.initialize raises TypeError (_CanRecordRegistry.get() takes 2 positional arguments but 3 were given: "
+    "module_inject/auto_ep_presets/base.py calls the output-capturing registry as get(key, default), transformers 5 "
+    "made it a dict subclass with get(model)); under transformers 4.57.1 that registry is a plain dict, but the "
+    "presets expect transformers 5's fused 3-D experts (gate_up_proj) and fail on 4.x's ModuleList experts "
+    "(ValueError: Could not infer hidden_size/ffn_hidden_size from experts module with storage=module_list)")
 """Why AutoEP is not generated: shared by the validator (DS228) and the generator's notes."""
 
 
-@rule("DS228", "AutoEP with transformers >= 5 fails in DeepSpeed 0.19.8", severity="warning")
+@rule("DS228", "AutoEP does not start with DeepSpeed 0.19.8 and released transformers", severity="warning")
 def _check_autoep_transformers(cfg: Mapping, ctx: RuleContext) -> None:
-    """DeepSpeed 0.19.8's AutoEP reads transformers' output-capturing registry with ``registry.get(key,
-    default)`` (module_inject/auto_ep_presets/base.py); transformers 5.x made that registry
-    ``_CanRecordRegistry(dict)`` with a one-argument ``get(model)``, so deepspeed.initialize raises
-    ``TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`` for an HF MoE model
-    (measured with transformers 5.24.0; transformers 4.57 has a plain dict there). A warning because the
-    config itself is fine: pin transformers < 5, or use ZeRO-3 with experts replicated (leaf modules)."""
+    """DeepSpeed 0.19.8's AutoEP (expert_parallel.enabled) fails at engine start for an HF MoE model with both
+    transformers lines (measured on 2 gloo ranks, tiny Qwen3-MoE, autoep_size 2, ZeRO-2):
+
+    - transformers 5.24.0: ``TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were
+      given``. module_inject/auto_ep_presets/base.py reads transformers' output-capturing registry with
+      ``registry.get(key, default)``; transformers 5 made ``_CAN_RECORD_REGISTRY`` a dict subclass whose
+      ``get(model)`` takes one argument.
+    - transformers 4.57.1: that registry is a plain dict, but every 0.19.8 preset (mixtral, qwen3_moe,
+      deepseek_v2/v3) expects transformers 5's fused 3-D expert weights (``gate_up_proj``), and 4.x builds a
+      ModuleList of experts: ``ValueError: ... Could not infer hidden_size/ffn_hidden_size from experts
+      module with storage=module_list``.
+
+    A warning because the config itself is what DeepSpeed documents. What trains instead: ZeRO-3 with the
+    experts replicated (deepspeed.utils.set_z3_leaf_modules on the MoE block class), or ZeRO-1/2."""
     if section(cfg, "expert_parallel").get("enabled") is True and ctx.deepspeed_version.startswith("0.19"):
         raise RuleViolation("/expert_parallel/enabled", AUTOEP_TRANSFORMERS_NOTE,
-                            "pin transformers<5 for AutoEP, or train the HF MoE model at ZeRO-3 with "
-                            "deepspeed.utils.set_z3_leaf_modules on its MoE block")
+                            "train the HF MoE model at ZeRO-3 with deepspeed.utils.set_z3_leaf_modules on its MoE "
+                            "block (experts replicated), or at ZeRO-1/2, until DeepSpeed fixes AutoEP")
