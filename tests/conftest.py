@@ -51,6 +51,14 @@ def repo_root() -> pathlib.Path:
     return REPO
 
 
+def pytest_sessionstart(session):
+    """A torch-extension lock left by a killed build would make every DeepSpeed test wait forever, silently:
+    remove stale ones, wait (with a message) on live ones (dstoolkit.runtime.jitlock)."""
+    from dstoolkit.runtime.jitlock import check_locks
+
+    check_locks(who="conftest")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Remove DeepSpeed CPU all-reduce buffers that tests' killed or crashed ranks left in /dev/shm (the trainer
     unlinks its own; scripts that call deepspeed.init_distributed directly do not). Only buffers no live

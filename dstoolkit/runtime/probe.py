@@ -183,6 +183,9 @@ def run_probe(out_path: pathlib.Path, ranks: int = 2, key: Optional[dict] = None
     from dstoolkit.runtime.train.launch import free_port
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from dstoolkit.runtime.jitlock import check_locks
+
+    check_locks(who="probe")  # a dead build's torch-extension lock would hang the ranks' DeepSpeed op load
     out_path.parent.mkdir(parents=True, exist_ok=True)
     mp.spawn(_worker, args=(ranks, free_port(), str(out_path), key or {}), nprocs=ranks, join=True)
     return json.loads(out_path.read_text(encoding="utf-8"))

@@ -131,55 +131,8 @@ def kill_tree(pid: int) -> None:
 
 
 STALE_LOCK_GRACE_S = 5.0  # a live holder of a torch-extension lock on a warm cache releases it well within this
-
-
-def torch_extensions_dir() -> pathlib.Path:
-    """Where torch JIT-builds C++ extensions (DeepSpeed's cpu_adam, shm_comm...): TORCH_EXTENSIONS_DIR or
-    ~/.cache/torch_extensions (torch.utils.cpp_extension._get_build_directory)."""
-    return pathlib.Path(os.environ.get("TORCH_EXTENSIONS_DIR") or pathlib.Path.home() / ".cache" / "torch_extensions")
-
-
-def clear_stale_extension_locks(since_s: float, grace_s: float = STALE_LOCK_GRACE_S) -> list[str]:
-    """Remove torch-extension `lock` files created since `since_s` (epoch seconds) that outlive `grace_s`.
-
-    torch takes a file baton (`<build dir>/lock`) on every extension load, even when nothing is rebuilt; a rank
-    SIGKILLed while holding it leaves the file behind, and every later process that loads the same op (e.g.
-    DeepSpeed's cpu_adam for CPU offload) then waits forever. Called after this module kills a trial's ranks.
-
-    Returns:
-        The paths removed.
-    """
-    root = torch_extensions_dir()
-    if not root.is_dir():
-        return []
-    candidates = [p for p in list(root.glob("*/lock")) + list(root.glob("*/*/lock"))
-                  if p.is_file() and p.stat().st_mtime >= since_s - 1.0]
-    if not candidates:
-        return []
-    deadline = time.time() + grace_s
-    while time.time() < deadline and any(p.exists() for p in candidates):
-        time.sleep(0.25)
-    building = _extensions_being_built()
-    removed = []
-    for p in candidates:
-        # A lock whose extension is being compiled right now (another venv or a changed source) is live.
-        if p.exists() and p.parent.name not in building:
-            p.unlink(missing_ok=True)
-            removed.append(str(p))
-    return removed
-
-
-def _extensions_being_built() -> set[str]:
-    """Extension names that a live compiler process is building (torch passes -DTORCH_EXTENSION_NAME=<name>)."""
-    import psutil
-
-    names: set[str] = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        for arg in proc.info.get("cmdline") or []:  # `sh -c "c++ ..."` passes the flags inside one argument
-            for tok in arg.split():
-                if tok.startswith("-DTORCH_EXTENSION_NAME="):
-                    names.add(tok.split("=", 1)[1])
-    return names
+# The one implementation of the torch-extension lock check lives in dstoolkit.runtime.jitlock (re-exported here).
+from dstoolkit.runtime.jitlock import check_locks, clear_stale_extension_locks, torch_extensions_dir  # noqa: E402,F401
 
 
 def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, *, objective: str = "throughput",
@@ -220,6 +173,7 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
     env["LOCAL_SIZE"] = str(ranks)
     env.update(extra_env or {})
     est = estimate_summary(space.spec, check)
+    check_locks(who=f"tune trial {work_dir.name}")
     t0 = time.perf_counter()
     started_epoch_s = time.time()
     removed_locks: list[str] = []

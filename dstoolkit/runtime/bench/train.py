@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 from dstoolkit.runtime.bench import harness, targets as targets_mod
 from dstoolkit.runtime.bench.harness import BenchInputError
+from dstoolkit.runtime.jitlock import check_locks
 from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 
 BENCH_NAME = "train"
@@ -184,6 +185,7 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
     cmd = trainer_command(ds_path, target.spec_path, steps, metrics, world_size, target.ep_size, harness.free_port())
     env = targets_mod.env_for_ranks()
     env.setdefault("LOCAL_SIZE", str(world_size))
+    check_locks(who=f"bench train {target.name}")
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=run_dir)

@@ -38,6 +38,14 @@ def launch_command(trainer_args: Sequence[str], *, nproc: int = 2, launcher: Lau
     raise ValueError(f"launcher={launcher!r}: use 'torchrun' or 'deepspeed'")
 
 
+def check_extension_locks(who: str = "dstoolkit train") -> None:
+    """Before a launch: remove stale torch-extension locks, wait (with a message) on live ones
+    (dstoolkit.runtime.jitlock)."""
+    from dstoolkit.runtime.jitlock import check_locks
+
+    check_locks(who=who)
+
+
 def launch_env(nproc: int, launcher: Launcher) -> dict:
     """Environment for local CPU ranks: one OpenMP thread per rank; LOCAL_SIZE for the deepspeed launcher."""
     env = dict(os.environ)
@@ -50,6 +58,7 @@ def launch_env(nproc: int, launcher: Launcher) -> dict:
 def start_local(trainer_args: Sequence[str], *, nproc: int = 2, launcher: Launcher = "torchrun",
                 log_path: Optional[Path] = None) -> subprocess.Popen:
     """Start a launch in the background (output to `log_path` or discarded)."""
+    check_extension_locks()
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
     return subprocess.Popen(launch_command(trainer_args, nproc=nproc, launcher=launcher),
                             env=launch_env(nproc, launcher), stdout=out, stderr=subprocess.STDOUT)
@@ -58,6 +67,7 @@ def start_local(trainer_args: Sequence[str], *, nproc: int = 2, launcher: Launch
 def run_local(trainer_args: Sequence[str], *, nproc: int = 2, launcher: Launcher = "torchrun",
               timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Run a launch to completion, capturing its output (text)."""
+    check_extension_locks()
     return subprocess.run(launch_command(trainer_args, nproc=nproc, launcher=launcher),
                           env=launch_env(nproc, launcher), capture_output=True, text=True, timeout=timeout_s)
 

@@ -1,0 +1,102 @@
+"""dstoolkit.runtime.jitlock with real holder processes: a live holder is waited on (message, timeout), a
+killed one leaves a stale lock that the next check removes with a message naming the op."""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from dstoolkit.runtime import jitlock
+
+# A holder the way torch takes it: torch.utils.file_baton.FileBaton keeps the O_EXCL lock fd open until release.
+HOLDER = textwrap.dedent("""
+    import os, sys, time
+    lock = sys.argv[1]
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL)
+    print("held", flush=True)
+    time.sleep(600)
+""")
+
+
+def _lock(root: pathlib.Path, op: str) -> pathlib.Path:
+    d = root / "py311_cpu" / op
+    d.mkdir(parents=True)
+    return d / "lock"
+
+
+def _start_holder(lock: pathlib.Path, cwd=None) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True, cwd=cwd)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_live_holder_waited_on_then_killed_holder_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = _lock(tmp_path, "cpu_adam")
+    holder = _start_holder(lock)
+    try:
+        msgs = []
+        t0 = time.monotonic()
+        rep = jitlock.check_locks(min_age_s=0.0, wait_timeout_s=1.0, log=msgs.append, who="job")
+        assert time.monotonic() - t0 >= 1.0
+        assert rep.still_held == [str(lock)] and lock.exists() and not rep.removed
+        assert any("waiting up to 1 s" in m and "op cpu_adam" in m and f"pid {holder.pid}" in m for m in msgs), msgs
+        assert any("gave up waiting" in m and "cpu_adam" in m for m in msgs), msgs
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert lock.exists()  # the killed holder left its lock behind
+    past = time.time() - 120
+    os.utime(lock, (past, past))
+    msgs = []
+    rep = jitlock.check_locks(wait_timeout_s=1.0, log=msgs.append, who="job")
+    assert rep.removed == [str(lock)] and not lock.exists()
+    assert len(msgs) == 1 and "removed stale torch-extension lock for op cpu_adam" in msgs[0], msgs
+    assert "no live process" in msgs[0]
+
+
+def test_holder_released_during_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = _lock(tmp_path, "deepspeed_shm_comm")
+    # A "build" running in the build dir (like ninja), which releases the lock after ~1 s.
+    code = "import os,time,sys; time.sleep(1.0); os.remove('lock')"
+    lock.write_text("")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=lock.parent)
+    try:
+        msgs = []
+        rep = jitlock.check_locks(min_age_s=0.0, wait_timeout_s=30, log=msgs.append)
+    finally:
+        p.wait()
+    assert rep.waited == [str(lock)] and not rep.still_held and not rep.removed
+    assert "works in its build dir" in msgs[0] and "released" in msgs[-1], msgs
+
+
+def test_young_unheld_lock_is_judged_once_old_enough(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = _lock(tmp_path, "fused_adam")
+    lock.write_text("")
+    rep = jitlock.check_locks(min_age_s=0.6, wait_timeout_s=0.1, log=None)
+    assert rep.removed == [str(lock)] and not rep.still_held
+
+
+def test_compiler_naming_the_op_counts_as_holder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = _lock(tmp_path, "cpu_adam")
+    lock.write_text("")
+    # torch passes -DTORCH_EXTENSION_NAME=<op> to every compile of the op
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-DTORCH_EXTENSION_NAME=cpu_adam"])
+    try:
+        time.sleep(0.3)
+        assert any(f"pid {p.pid}" in h and "builds it" in h for h in jitlock.lock_holders(lock))
+    finally:
+        p.kill()
+        p.wait()
+    assert jitlock.lock_holders(lock) == []
+
+
+def test_no_locks_no_messages(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "absent"))
+    rep = jitlock.check_locks(log=None)
+    assert rep.messages == [] and rep.removed == []
