@@ -1,0 +1,316 @@
+"""The `hf` and `accelerate` targets: what a Hugging Face Trainer (or `accelerate launch`) user needs to run one
+strategy, as pure functions of a `Candidate`, the spec and the model shape. No torch import.
+
+Per strategy folder:
+
+- ``ds_config_hf.json``: DeepSpeed JSON in HF style: "auto" wherever HF Trainer fills the value from its own
+  arguments (transformers ``integrations/deepspeed.py`` ``trainer_config_process`` / ``trainer_config_finalize``:
+  batch triad, optimizer lr/betas/eps/weight_decay, scheduler params, gradient_clipping, fp16/bf16 enabled,
+  reduce_bucket_size and the two stage-3 sizes from hidden_size), numbers where nothing fills it (the ZeRO
+  stage, offload, AutoTP size, overlap/contiguous flags). It passes ``dstoolkit validate --mode hf``.
+- ``training_args.json`` and the same values as command-line flags (`training_args_flags`), so that "auto"
+  resolves to what the estimate assumed.
+- the ``torchrun ... your_train.py --deepspeed ds_config_hf.json ...`` launch line (`hf_launch_line`).
+- for accelerate: ``accelerate_config.yaml`` (DeepSpeed plugin pointing at the JSON) and the
+  ``accelerate launch`` line. Under accelerate the script gets no ``--deepspeed``: TrainingArguments picks the
+  plugin up from ACCELERATE_USE_DEEPSPEED, and HF fills the same "auto" values.
+
+Mapping from a `Candidate`: ``tp > 1`` becomes DeepSpeed AutoTP (``tensor_parallel.autotp_size``; HF Trainer
+has no Megatron TP); ``pp > 1`` and ``ep > 1`` have no HF target (`hf_unavailable_reason` says why: the pipeline
+engine needs a `PipelineModule`, which HF Trainer cannot drive; AutoEP does not start in DeepSpeed 0.19.8, see
+``dstoolkit.dsconfig.rules.AUTOEP_TRANSFORMERS_NOTE``). An HF MoE model at ZeRO-3 is fine (its experts are plain
+modules, not ``deepspeed.moe``): the JSON names the MoE block as a ZeRO-3 leaf module and the notes say how to
+set it in code (``deepspeed.utils.set_z3_leaf_modules``).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Optional
+
+from dstoolkit.dsconfig.rules import AUTOEP_TRANSFORMERS_NOTE
+from dstoolkit.generate.candidates import Candidate
+from dstoolkit.generate.ds_json import (ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, STEPS_PER_PRINT, WEIGHT_DECAY,
+                                        is_cpu_cluster)
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.spec import Spec
+
+AUTO = "auto"
+HF_DS_CONFIG = "ds_config_hf.json"
+TRAINING_ARGS = "training_args.json"
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+USER_SCRIPT = "your_train.py"
+
+# HF MoE block classes per model_type (transformers 5.x module paths): the module ZeRO-3 should fetch whole.
+# Without it ZeRO-3 gathers each expert on first use, and ranks that route no token to an expert never gather
+# it, so the collective hangs; DeepSpeed's fix is to treat the block as a leaf.
+MOE_BLOCK_CLASSES: dict[str, str] = {
+    "qwen3_moe": "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+    "qwen2_moe": "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "mixtral": "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "deepseek_v2": "transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2Moe",
+    "deepseek_v3": "transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE",
+}
+
+PIPELINE_REASON = ("the DeepSpeed pipeline engine needs the model written as a deepspeed.pipe.PipelineModule "
+                   "(a flat list of layers, with the loss inside) and trains with engine.train_batch(); HF Trainer "
+                   "and Accelerate call model(**batch) and cannot drive it")
+ULYSSES_NOTE = ("Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only "
+                "changes DeepSpeed's batch arithmetic; the script itself must register "
+                "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to "
+                "deepspeed.initialize, which HF Trainer does not do")
+
+
+def hf_unavailable_reason(cand: Candidate, shape: ModelShape) -> Optional[str]:
+    """Why this candidate has no HF / Accelerate form, or None."""
+    if cand.pp > 1:
+        return f"pp={cand.pp}: {PIPELINE_REASON}"
+    if cand.ep > 1:
+        return f"ep={cand.ep} (AutoEP): {AUTOEP_TRANSFORMERS_NOTE}"
+    if cand.tp > 1:
+        if shape.num_attention_heads % cand.tp:
+            return f"AutoTP size {cand.tp} does not divide num_attention_heads={shape.num_attention_heads}"
+    if cand.sequence_parallel:
+        return "Megatron sequence parallelism has no HF form (it needs Megatron tensor parallelism)"
+    return None
+
+
+def _mixed_precision(spec: Spec) -> str:
+    p = spec.training.precision
+    return {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(p, "no")
+
+
+def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
+    """The HF-style DeepSpeed JSON for one candidate ("auto" where HF Trainer / Accelerate fill it).
+
+    Raises:
+        ValueError: when the candidate has no HF form (`hf_unavailable_reason`).
+    """
+    reason = hf_unavailable_reason(cand, shape)
+    if reason:
+        raise ValueError(reason)
+    on_gpu = not is_cpu_cluster(spec)
+    cfg: dict[str, Any] = {
+        "train_batch_size": AUTO,
+        "train_micro_batch_size_per_gpu": AUTO,
+        "gradient_accumulation_steps": AUTO,
+        "gradient_clipping": AUTO,
+        "steps_per_print": STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+    }
+    mp = _mixed_precision(spec)
+    if mp == "bf16":
+        cfg["bf16"] = {"enabled": AUTO}
+    elif mp == "fp16":
+        cfg["fp16"] = {"enabled": AUTO, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                       "hysteresis": 2, "min_loss_scale": 1}
+    params: dict[str, Any] = {"lr": AUTO, "betas": AUTO, "eps": AUTO, "weight_decay": AUTO}
+    if is_cpu_cluster(spec) and not cand.offload_optimizer:
+        params["torch_adam"] = True  # no FusedAdam JIT build on CPU; offload keeps DeepSpeedCPUAdam (required)
+    cfg["optimizer"] = {"type": "AdamW", "params": params}
+    cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": AUTO, "warmup_max_lr": AUTO,
+                                                            "warmup_num_steps": AUTO, "total_num_steps": AUTO}}
+    z: dict[str, Any] = {"stage": cand.zero_stage}
+    if cand.zero_stage in (1, 2):
+        z.update({"overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_scatter": True,
+                  "reduce_bucket_size": AUTO, "allgather_partitions": True})
+    elif cand.zero_stage == 3:
+        z.update({"overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_bucket_size": AUTO,
+                  "stage3_prefetch_bucket_size": AUTO, "stage3_param_persistence_threshold": AUTO,
+                  "stage3_gather_16bit_weights_on_model_save": True})
+        block = MOE_BLOCK_CLASSES.get(shape.model_type) if shape.num_experts else None
+        if block:
+            z["leaf_module"] = {"classes": [block]}
+    if cand.offload_optimizer:
+        z["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
+    if cand.offload_param:
+        z["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
+    if cand.zeropp:
+        z.update({"zero_quantized_weights": True, "zero_quantized_gradients": True,
+                  "zero_hpz_partition_size": spec.cluster.gpus_per_node})
+    cfg["zero_optimization"] = z
+    if cand.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": cand.tp}
+    return cfg
+
+
+def training_args(spec: Spec, shape: ModelShape, cand: Candidate, *, output_dir: str = "out",
+                  deepspeed: Optional[str] = HF_DS_CONFIG) -> dict:
+    """The `TrainingArguments` values that make HF fill the JSON's "auto" with what the estimate assumed.
+
+    Gradient accumulation is global_batch / (micro_batch x dp), dp = world / tp (AutoTP ranks share a batch).
+    `deepspeed=None` leaves ``deepspeed`` out (the accelerate target: the plugin comes from the YAML).
+    """
+    t = spec.training
+    world = spec.cluster.world_size
+    args: dict[str, Any] = {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": cand.micro_batch,
+        "gradient_accumulation_steps": cand.grad_accum(world, t.global_batch),
+        "learning_rate": t.lr,
+        "adam_beta1": ADAM_BETAS[0],
+        "adam_beta2": ADAM_BETAS[1],
+        "adam_epsilon": ADAM_EPS,
+        "weight_decay": WEIGHT_DECAY,
+        "max_grad_norm": GRADIENT_CLIPPING,
+        "warmup_steps": t.warmup_steps,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+    }
+    if t.train_steps:
+        args["max_steps"] = t.train_steps
+    mp = _mixed_precision(spec)
+    if mp != "no":
+        args[mp] = True
+    if cand.checkpoint.kind != "none":
+        args["gradient_checkpointing"] = True
+    if is_cpu_cluster(spec):
+        args["use_cpu"] = True
+    if deepspeed:
+        args["deepspeed"] = deepspeed
+    return args
+
+
+def training_args_flags(args: dict) -> list[str]:
+    """`training_args` as HfArgumentParser command-line flags (``--name value``; booleans as ``--name``)."""
+    out: list[str] = []
+    for k, v in args.items():
+        if v is True:
+            out.append(f"--{k}")
+        elif v is False or v is None:
+            continue
+        else:
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def _rdzv(spec: Spec) -> list[str]:
+    c = spec.cluster
+    if c.nodes == 1:
+        return ["--standalone"]
+    return ["--nnodes", str(c.nodes), "--node_rank", "$NODE_RANK", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", "$MASTER_ADDR:29500"]
+
+
+def hf_launch_line(spec: Spec, args: dict, *, script: str = USER_SCRIPT) -> str:
+    """``torchrun ... your_train.py --deepspeed ds_config_hf.json <flags>`` (one line, run on every node)."""
+    words = ["torchrun", *_rdzv(spec), "--nproc_per_node", str(spec.cluster.gpus_per_node), script,
+             *training_args_flags(args)]
+    return " ".join(w if w.startswith("$") else shlex.quote(w) for w in words)
+
+
+def accelerate_config(spec: Spec, cand: Candidate, *, ds_config: str = HF_DS_CONFIG) -> dict:
+    """An accelerate config (``accelerate launch --config_file``) whose DeepSpeed plugin reads the HF JSON."""
+    c = spec.cluster
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": ds_config, "zero3_init_flag": cand.zero_stage == 3},
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "num_machines": c.nodes,
+        "num_processes": c.world_size,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": is_cpu_cluster(spec),
+        "debug": False,
+    }
+
+
+def accelerate_config_yaml(cfg: dict) -> str:
+    """The accelerate config as YAML text (flat and one nested mapping: written by hand, no yaml import)."""
+    def scalar(v: Any) -> str:
+        return json.dumps(v) if isinstance(v, (bool, int, float)) or v is None else str(v)
+
+    lines = []
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            lines.append(f"{k}:")
+            lines += [f"  {kk}: {scalar(vv)}" for kk, vv in v.items()]
+        else:
+            lines.append(f"{k}: {scalar(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def accelerate_launch_line(spec: Spec, args: dict, *, config: str = ACCELERATE_CONFIG,
+                           script: str = USER_SCRIPT) -> str:
+    """``accelerate launch --config_file accelerate_config.yaml your_train.py <flags>`` (no --deepspeed)."""
+    words = ["accelerate", "launch", "--config_file", config]
+    if spec.cluster.nodes > 1:
+        words += ["--machine_rank", "$NODE_RANK", "--main_process_ip", "$MASTER_ADDR", "--main_process_port", "29500"]
+    words += [script, *training_args_flags({k: v for k, v in args.items() if k != "deepspeed"})]
+    return " ".join(w if w.startswith("$") else shlex.quote(w) for w in words)
+
+
+def launch_notes(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
+    """What the user's script must do besides the flags (leaf modules, AutoTP, what is not generated)."""
+    notes: list[str] = []
+    if shape.num_experts and cand.zero_stage == 3:
+        block = MOE_BLOCK_CLASSES.get(shape.model_type, f"the {shape.model_type} MoE block class")
+        cls = block.rsplit(".", 1)[-1]
+        notes.append(
+            f"HF MoE model at ZeRO-3: experts are replicated plain modules (not deepspeed.moe). Make the MoE block a "
+            f"ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = "
+            f"[{block}]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; "
+            f"set_z3_leaf_modules(model, [{cls}])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).")
+    if cand.tp > 1:
+        notes.append(f"AutoTP: tensor_parallel.autotp_size={cand.tp}; DeepSpeed shards the HF model at "
+                     f"deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see "
+                     f"the same batch; data parallel size is {cand.dp(spec.cluster.world_size)}.")
+    if cand.offload_optimizer:
+        notes.append("Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine "
+                     "(~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).")
+    notes.append(ULYSSES_NOTE)
+    return notes
+
+
+def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerate: bool = False,
+                    script: str = USER_SCRIPT) -> dict[str, str]:
+    """File name -> text for one strategy folder (`hf`; with `accelerate` also the accelerate files).
+
+    Raises:
+        ValueError: the candidate has no HF form, or the JSON fails ``validate --mode hf`` (a bug here).
+    """
+    from dstoolkit.validate import validate_config
+
+    ds = build_hf_ds_config(spec, shape, cand)
+    errors = [f for f in validate_config(ds, mode="hf", world_size=spec.cluster.world_size,
+                                         gpus_per_node=spec.cluster.gpus_per_node,
+                                         num_heads=shape.num_attention_heads,
+                                         num_kv_heads=shape.num_key_value_heads) if f.severity == "error"]
+    if errors:
+        raise ValueError("generated HF DeepSpeed JSON fails validate --mode hf: "
+                         + "; ".join(f"{f.code} {f.pointer}: {f.message}" for f in errors))
+    args = training_args(spec, shape, cand)
+    notes = launch_notes(spec, shape, cand)
+    files = {
+        HF_DS_CONFIG: json.dumps(ds, indent=2) + "\n",
+        TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
+        "launch_hf.sh": "#!/usr/bin/env bash\n# HF Trainer with DeepSpeed; run on every node.\n"
+                        + "".join(f"# NOTE: {n}\n" for n in notes) + "set -euo pipefail\n"
+                        + hf_launch_line(spec, args, script=script) + "\n",
+    }
+    if accelerate:
+        acc_args = training_args(spec, shape, cand, deepspeed=None)
+        files[ACCELERATE_CONFIG] = accelerate_config_yaml(accelerate_config(spec, cand))
+        files["launch_accelerate.sh"] = ("#!/usr/bin/env bash\n# accelerate launch with the DeepSpeed plugin.\n"
+                                         + "".join(f"# NOTE: {n}\n" for n in notes) + "set -euo pipefail\n"
+                                         + accelerate_launch_line(spec, acc_args, script=script) + "\n")
+    return files
+
+
+def write_hf_target(folder: Path, spec: Spec, shape: ModelShape, cand: Candidate, *, accelerate: bool = False,
+                    script: str = USER_SCRIPT) -> list[Path]:
+    """Write `hf_target_files` into `folder` (created); returns the paths written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, text in hf_target_files(spec, shape, cand, accelerate=accelerate, script=script).items():
+        p = folder / name
+        p.write_text(text, encoding="utf-8")
+        if name.endswith(".sh"):
+            p.chmod(0o755)
+        out.append(p)
+    return out
