@@ -235,7 +235,7 @@ def _recompute(shape: ModelShape, cand: Candidate) -> list[str]:
     return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(n)]
 
 
-def _train_length(spec: Spec, cand: Candidate, *, samples_based: bool) -> list[str]:
+def _train_length(spec: Spec, cand: Candidate) -> list[str]:
     """Train length and LR schedule: iterations without a ramp, samples with one (both targets refuse a ramp
     with iteration-based training)."""
     t = spec.training
@@ -243,15 +243,12 @@ def _train_length(spec: Spec, cand: Candidate, *, samples_based: bool) -> list[s
     warm = min(t.warmup_steps, iters - 1) if iters > 1 else 0
     out = ["--lr", repr(t.lr), "--min-lr", repr(float(f"{t.lr * MIN_LR_RATIO:.6g}")), "--lr-decay-style", "cosine"]
     ramp = ramp_plan(spec, cand)
-    if ramp is None and not samples_based:
+    if ramp is None:
         out += ["--train-iters", str(iters), "--lr-decay-iters", str(iters)]
         if warm:
             out += ["--lr-warmup-iters", str(warm)]
         return out
-    if ramp is None:
-        total, warm_s = iters * t.global_batch, warm * t.global_batch
-    else:
-        total, warm_s = ramp.samples_after(iters), ramp.samples_after(warm)
+    total, warm_s = ramp.samples_after(iters), ramp.samples_after(warm)
     out += ["--train-samples", str(total), "--lr-decay-samples", str(total)]
     if warm_s:
         out += ["--lr-warmup-samples", str(warm_s)]
@@ -370,7 +367,7 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     out += ["--attention-backend", "flash" if spec.training.flash_attention else "unfused"]
     out += _moe_lm(shape, cand, k)
     out += _batch(spec, cand, "megatron-lm")
-    out += _train_length(spec, cand, samples_based=False)
+    out += _train_length(spec, cand)
     out += _precision_lm(spec)
     out += _recompute(shape, cand)
     out += _optimizer(spec, "megatron-lm")
@@ -478,7 +475,7 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
     if shape.is_moe:
         out += _moe_mds(shape, cand, k)
     out += _batch(spec, cand, t)
-    out += _train_length(spec, cand, samples_based=False)
+    out += _train_length(spec, cand)
     p = spec.training.precision
     out += ["--fp16"] if p == "fp16" else ["--bf16"] if p == "bf16" else []
     out += _recompute(shape, cand)
@@ -496,10 +493,13 @@ def _moe_mds(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]
     layers are dense (1 = dense), else one value; dropless top-k as in the HF models; MoE param groups."""
     per_layer = [shape.num_experts if shape.is_moe_layer(i) else 1 for i in range(shape.num_hidden_layers)]
     experts = [str(shape.num_experts)] if all(e > 1 for e in per_layer) else [str(e) for e in per_layer]
-    return (["--num-experts"] + experts
-            + ["--expert-interval", "1", "--topk", str(shape.num_experts_per_tok),
-               "--moe-expert-parallel-size", str(cand.ep), "--moe-loss-coeff", repr(k.moe_aux_loss_coeff),
-               "--disable-moe-token-dropping", "--create-moe-param-group"])
+    out = (["--num-experts"] + experts
+           + ["--expert-interval", "1", "--topk", str(shape.num_experts_per_tok),
+              "--moe-expert-parallel-size", str(cand.ep), "--moe-loss-coeff", repr(k.moe_aux_loss_coeff),
+              "--disable-moe-token-dropping", "--create-moe-param-group"])
+    if cand.tp > 1:  # shard the experts over TP as Megatron-LM does by default (else each TP rank holds them whole)
+        out.append("--enable-expert-tensor-parallelism")
+    return out
 
 
 # ------------------------------------------------------------------------------------------- files

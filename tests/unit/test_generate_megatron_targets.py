@@ -137,6 +137,7 @@ def test_megatron_deepspeed_flags(stem, spec, shape, o, tmp_path):
         assert f["--num-experts"] == [str(shape.num_experts)] and f["--expert-interval"] == ["1"]
         assert f["--topk"] == [str(shape.num_experts_per_tok)] and f["--moe-expert-parallel-size"] == [str(c.ep)]
         assert "--create-moe-param-group" in f and "--moe-router-topk" not in f
+        assert ("--enable-expert-tensor-parallelism" in f) == (c.tp > 1)  # experts sharded over TP, as in Megatron-LM
 
 
 def test_deepspeed_config_path_must_be_absolute():
