@@ -19,6 +19,7 @@ must import without them, and only configs outside the analytic families need th
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -89,7 +90,11 @@ def _get(cfg: Any, *keys: str) -> Any:
         try:
             value = getattr(cfg, key)
         except Exception:  # noqa: BLE001 - per-layer (heterogeneous) attributes raise on global access
-            continue
+            layers = getattr(cfg, "per_layer_config", None) or []
+            try:
+                value = [getattr(layer, key) for layer in layers] or None
+            except Exception:  # noqa: BLE001
+                value = None
         if value is not None:
             return value
     return None
@@ -408,21 +413,35 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     if _get(text_cfg, "multi_query") is True:
         kv = 1
     else:
-        kv = _as_int(_get(text_cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
-                          "n_kv_heads"))
+        kv_raw = _get(text_cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
+                      "n_kv_heads")
+        if isinstance(kv_raw, list) and kv_raw and all(isinstance(x, int) and x > 0 for x in kv_raw):
+            kv_raw = math.gcd(*kv_raw)  # per-layer KV heads: what every layer can be split by
+        kv = _as_int(kv_raw)
     head_dim = _as_int(_get(text_cfg, "head_dim", "attention_head_dim", "kv_channels"))
     if head_dim is None:
         head_dim = max(1, h // heads)
     if kv is None or heads % kv:
         kv = heads
     vocab = _as_int(_get(text_cfg, "vocab_size", "padded_vocab_size")) or max(1, m.embedding // h)
+
+    def width_of(measured_each: int, named: Optional[int], gated_default: bool) -> tuple[int, bool]:
+        # The FFN width the config names when the measured parameters agree with it (biases aside), else the
+        # width a gated (3 matrices) or plain (2 matrices) FFN of that many parameters would have.
+        if named:
+            for gated_try in (True, False):
+                w = 3 if gated_try else 2
+                if abs(measured_each - w * h * named) <= 0.01 * measured_each:
+                    return named, gated_try
+        w = 3 if gated_default else 2
+        return max(1, measured_each // (w * h)), gated_default
+
     dense = [l.dense_mlp for l in m.layers if l.dense_mlp]
     inter_cfg = _as_int(_get(text_cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"))
-    gated = True
-    if dense and inter_cfg:
-        gated = max(dense) / (h * inter_cfg) > 2.5
-    width = 3 if gated else 2
-    inter = round(max(dense) / (width * h)) if dense else (inter_cfg or 4 * h)
+    if dense:
+        inter, gated = width_of(max(dense), inter_cfg, True)
+    else:
+        inter, gated = inter_cfg or 4 * h, True
     kw: dict = dict(
         hidden_size=h, num_hidden_layers=len(m.layers), num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=head_dim, intermediate_size=max(1, inter), vocab_size=vocab, tie_word_embeddings=m.lm_head == 0,
@@ -434,12 +453,16 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     moe = [l for l in m.layers if l.is_moe]
     if moe:
         each = max(l.expert_params_each for l in moe)
-        shared = max(l.shared_experts for l in moe)
+        named = _as_int(_get(text_cfg, "moe_intermediate_size", "expert_intermediate_size"))
+        if named is None and not dense:
+            named = inter_cfg  # Mixtral / GPT-OSS name the expert width intermediate_size
+        ie, gated_e = width_of(each, named, gated)
         kw.update(num_experts=max(l.num_experts for l in moe), num_experts_per_tok=max(l.experts_per_tok for l in moe),
-                  moe_intermediate_size=max(1, round(each / (width * h))),
+                  moe_intermediate_size=ie, mlp_gated=gated_e,
                   mlp_only_layers=tuple(l.index for l in m.layers if not l.is_moe))
+        shared = max(l.shared_experts for l in moe)
         if shared:
-            kw["shared_expert_intermediate_size"] = max(1, round(shared / (width * h)))
+            kw["shared_expert_intermediate_size"] = max(1, shared // ((3 if gated_e else 2) * h))
     mla = {k: _as_int(_get(text_cfg, k)) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
     if all(mla.values()):
         kw.update(mla, q_lora_rank=_as_int(_get(text_cfg, "q_lora_rank")), head_dim=None, num_key_value_heads=None)
