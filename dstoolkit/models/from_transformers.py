@@ -467,3 +467,60 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     if all(mla.values()):
         kw.update(mla, q_lora_rank=_as_int(_get(text_cfg, "q_lora_rank")), head_dim=None, num_key_value_heads=None)
     return kw
+
+
+def linear_layers(config: dict, model_class: Optional[str] = None) -> list[dict]:
+    """The matmul weights of the language model as transformers builds it, grouped by name pattern.
+
+    For planners that swap or shard linear layers (FP8, TP): one entry per distinct (pattern, shape), with
+    the layer index written `{i}` — e.g. `model.layers.{i}.self_attn.q_proj`, `model.layers.{i}.mlp.experts`
+    — `count` (how many modules share it), `layers` (indices) and `shape`: (out_features, in_features) for an
+    nn.Linear, or the fused expert tensor's own shape (num_experts first) with `fused_experts` True.
+    Vision/audio towers are left out.
+
+    Raises:
+        TransformersUnavailable, BuildError: as `measure_config`.
+    """
+    return [dict(g) for g in _linear_layers_cached(json.dumps(config, sort_keys=True, default=str), model_class)]
+
+
+@lru_cache(maxsize=32)
+def _linear_layers_cached(key: str, model_class: Optional[str]) -> tuple:
+    import re
+
+    torch, tf = _import()
+    config = json.loads(key)
+    level = _quiet(tf)
+    try:
+        cls, cfg = _make_config(tf, config, model_class)
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        try:
+            model = _build_on_meta(torch, cls if cls is not None else tf.AutoModelForCausalLM.from_config,
+                                   cfg if cls is not None else text)
+        except Exception:  # noqa: BLE001 - a text config with no causal-LM class: the composite model
+            model = _build_on_meta(torch, tf.AutoModelForImageTextToText.from_config, cfg)
+    finally:
+        if level is not None:
+            tf.logging.set_verbosity(level)
+    groups: dict[tuple, dict] = {}
+
+    def add(name: str, shape: tuple, fused: bool) -> None:
+        m = re.search(r"\.(\d+)\.", name)
+        layer = int(m.group(1)) if m else -1
+        pattern = re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)
+        g = groups.setdefault((pattern, shape, fused), dict(pattern=pattern, shape=shape, fused_experts=fused,
+                                                            count=0, layers=[]))
+        g["count"] += 1
+        if layer >= 0:
+            g["layers"].append(layer)
+
+    for name, mod in model.named_modules():
+        if _is_vision(name + "."):
+            continue
+        if isinstance(mod, torch.nn.Linear):
+            add(name, (mod.out_features, mod.in_features), False)
+        elif name.rsplit(".", 1)[-1] == "experts" or type(mod).__name__.endswith("Experts"):
+            for pname, p in mod.named_parameters(recurse=False):
+                if p.dim() == 3:
+                    add(f"{name}.{pname}", tuple(p.shape), True)
+    return tuple(tuple(sorted(g.items())) for g in groups.values())

@@ -237,3 +237,16 @@ def test_types_named_in_the_issue_are_accepted(model_type):
         model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
     assert c.total == sum(p.numel() for p in model.parameters())
     assert c.other <= 0.01 * c.total
+
+
+def test_linear_layers_for_planners():
+    from dstoolkit.models.from_transformers import linear_layers
+
+    cfg = json.loads((REL / "Qwen--Qwen3.5-35B-A3B.json").read_text())
+    groups = {g["pattern"]: g for g in linear_layers(cfg)}
+    # 3 of 4 layers are linear attention (gated delta net), 1 of 4 full attention: the planner sees both.
+    assert groups["model.layers.{i}.self_attn.q_proj"]["count"] == 10
+    assert groups["model.layers.{i}.linear_attn.in_proj_qkv"]["count"] == 30
+    experts = groups["model.layers.{i}.mlp.experts.gate_up_proj"]
+    assert experts["fused_experts"] and experts["shape"][0] == 256 and experts["count"] == 40
+    assert not any("visual" in p for p in groups)
