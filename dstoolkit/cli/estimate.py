@@ -188,14 +188,24 @@ def render_table(plan, est, assumptions: list[str]) -> str:
         lines.append(f"  assumed: {a}")
     lines += [
         "",
-        f"{'memory per rank':<28}{'bytes':>20}{'':>4}{'GiB':>10}",
+        f"{'memory per rank, by phase':<28}{'bytes':>20}{'':>4}{'GiB':>10}",
     ]
+    for p in m.timeline.phases:
+        mark = "  <- peak" if p.name == m.peak_phase else ""
+        lines.append(f"{p.name:<28}{p.device_bytes:>20,}{'':>4}{p.device_bytes / GiB:>10.2f}{mark}")
+    lines.append(f"{'peak (total)':<28}{m.total:>20,}{'':>4}{m.total / GiB:>10.2f}   in {m.peak_phase}: "
+                 f"{', '.join(m.peak_alive)}")
+    lines += ["", f"{'by category, each at its max':<28}{'bytes':>20}{'':>4}{'GiB':>10}"]
     for name, val in (("params", m.params), ("grads", m.grads), ("optimizer (master+states)", m.optimizer),
-                      ("activations", m.activations), ("buffers", m.buffers), ("total", m.total)):
+                      ("activations", m.activations), ("buffers", m.buffers),
+                      ("sum of parts (upper bound)", m.sum_of_parts_bytes)):
         lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}")
     lines.append(f"{'host (offload) per rank':<28}{est.host_memory_per_rank_bytes:>20,}{'':>4}"
                  f"{est.host_memory_per_rank_bytes / GiB:>10.2f}")
+    lines.append(f"{'allowance':<28}{m.allowance_bytes:>20,}{'':>4}{m.allowance_bytes / GiB:>10.2f}   "
+                 f"({m.allowance_source})")
     lines.append(f"fits in {plan.gpu.memory_bytes / GiB:.0f} GiB: {'yes' if est.fits else 'NO'}"
+                 f" (peak + allowance = {m.required_bytes / GiB:.2f} GiB)"
                  f"   (DeepSpeed path: {m.optimizer_path}; ZeRO paper view for this stage: "
                  f"{est.paper_view.stage_bytes / GiB:.2f} GiB model states)")
     lines += ["", f"FLOPs/token {est.flops_per_token:.4g} (with recompute {est.hardware_flops_per_token:.4g}); "

@@ -18,8 +18,9 @@ from dstoolkit.estimate.memory import (
     paper_model_states,
     rank_param_groups,
 )
-from dstoolkit.runplan import RunPlan
 from dstoolkit.estimate.step_time import peak_flops, step_time
+from dstoolkit.estimate.timeline import allowance_source, device_allowance_bytes, memory_timeline
+from dstoolkit.runplan import RunPlan
 
 
 class _Frozen(BaseModel):
@@ -35,8 +36,37 @@ class ParamCounts(_Frozen):
     """Parameters this rank holds before ZeRO partitioning (after TP, PP and EP sharding)."""
 
 
+class TermOut(_Frozen):
+    name: str
+    bytes: int
+    where: str
+    """device | host."""
+    source: str
+
+
+class PhaseOut(_Frozen):
+    """What is alive on one rank in one phase of a steady-state step (`dstoolkit.estimate.timeline`)."""
+
+    name: str
+    """forward_end | backward_recompute | backward_end | optimizer_step | optimizer_step_cast | offload_step."""
+    device_bytes: int
+    host_bytes: int
+    terms: list[TermOut]
+
+
+class TimelineOut(_Frozen):
+    phases: list[PhaseOut]
+    peak_bytes: int
+    """Max over phases of device bytes."""
+    peak_phase: str
+    peak_with_host_bytes: int
+    """Max over phases of device + host bytes (one RAM on a CPU-only machine)."""
+    sum_of_parts_bytes: int
+
+
 class MemoryBreakdown(_Frozen):
-    """Device bytes per rank. `total` is the sum of the five parts (each part at its own peak)."""
+    """Device bytes per rank. `total` is the peak: the maximum over the phases of a step of what is alive together
+    (`timeline`). The five parts are each at their own maximum; their sum is `sum_of_parts_bytes`, an upper bound."""
 
     params: int
     """Working (model-dtype) parameters, incl. ZeRO flat-buffer padding; stage 3: partition + persistent."""
@@ -49,7 +79,19 @@ class MemoryBreakdown(_Frozen):
     buffers: int
     """Reduce/all-gather buckets, stage-3 live parameters, offload staging, fp8 weight cache."""
     total: int
-    """Sum of the above."""
+    """Peak device bytes per rank: max over phases (== peak_bytes). Before issue #15 this was the sum of parts."""
+    peak_phase: str
+    """The phase where the peak occurs."""
+    peak_alive: list[str]
+    """What is alive at the peak, largest first (terms >= 1% of it)."""
+    sum_of_parts_bytes: int
+    """params + grads + optimizer + activations + buffers, each at its own maximum: an upper bound, not a peak."""
+    allowance_bytes: int
+    """What the rank needs beyond its tensors (GPU: CUDA context + NCCL + allocator fragmentation; CPU: 0)."""
+    allowance_source: str
+    required_bytes: int
+    """peak + allowance: what `fits` compares with the device memory."""
+    timeline: TimelineOut
     # -- details --
     master_params: int
     optimizer_states: int
@@ -112,7 +154,7 @@ class Estimate(_Frozen):
     hfu: float
     """Hardware FLOPs utilisation: as MFU, counting the recomputed forward too."""
     fits: bool
-    """total device bytes <= the GPU's memory."""
+    """peak device bytes + allowance (memory.required_bytes) <= the GPU's memory."""
     gpu_memory_bytes: int
     paper_view: PaperViewOut
     dp: int
@@ -128,6 +170,13 @@ class Estimate(_Frozen):
             "memory_per_rank_bytes": {
                 "params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
                 "buffers": m.buffers, "total": m.total,
+                "peak": m.total, "peak_phase": m.peak_phase, "peak_alive": list(m.peak_alive),
+                "sum_of_parts_bytes": m.sum_of_parts_bytes, "allowance_bytes": m.allowance_bytes,
+                "allowance_source": m.allowance_source, "required_bytes": m.required_bytes,
+                "timeline": [{"phase": p.name, "device_bytes": p.device_bytes, "host_bytes": p.host_bytes,
+                              "terms": {f"{t.where}:{t.name}" if t.where != "device" else t.name: t.bytes
+                                        for t in p.terms}} for p in m.timeline.phases],
+                "timeline_sources": {t.name: t.source for p in m.timeline.phases for t in p.terms},
                 "detail": {
                     "master_params": m.master_params, "optimizer_states": m.optimizer_states,
                     "grads_at_step": m.grads_at_step, "grads_backward_peak": m.grads_backward_peak,
@@ -179,9 +228,25 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     optimizer = ms.master_params + ms.optimizer_states
     activations = int(act.peak)
     buffers = ms.persistent_buffers + ms.transient_buffers + fp8_cache
-    total = ms.params + grads + optimizer + activations + buffers
+    # activations.py: embedding_and_loss = the ids the embedding keeps (8 bytes/token) + at pp = 1 the final norm,
+    # LM head and loss tensors, which backward frees before it reaches the last block
+    head = max(0.0, act.embedding_and_loss - 8 * plan.seq_len * ds.micro_batch) if plan.pp == 1 else 0.0
+    tl = memory_timeline(ms, act, zero_stage=ds.zero_stage, offload_optimizer=bool(ds.offload_optimizer),
+                         fp8_cache=fp8_cache, head_activations=head)
+    peak = tl.peak_phase
+    total = tl.peak_bytes
+    allowance = device_allowance_bytes(plan.gpu, total)
+    timeline = TimelineOut(
+        phases=[PhaseOut(name=p.name, device_bytes=p.device_bytes, host_bytes=p.host_bytes,
+                         terms=[TermOut(name=t.name, bytes=t.bytes, where=t.where, source=t.source) for t in p.terms])
+                for p in tl.phases],
+        peak_bytes=total, peak_phase=peak.name, peak_with_host_bytes=tl.peak_with_host_bytes,
+        sum_of_parts_bytes=tl.sum_of_parts_bytes)
     memory = MemoryBreakdown(
         params=ms.params, grads=grads, optimizer=optimizer, activations=activations, buffers=buffers, total=total,
+        peak_phase=peak.name, peak_alive=peak.alive(0.01), sum_of_parts_bytes=tl.sum_of_parts_bytes,
+        allowance_bytes=allowance, allowance_source=allowance_source(plan.gpu), required_bytes=total + allowance,
+        timeline=timeline,
         master_params=ms.master_params, optimizer_states=ms.optimizer_states, grads_at_step=ms.grads_at_step,
         grads_backward_peak=ms.grads_backward_peak, model_states_at_step=ms.device_at_step,
         activations_saved=int(act.saved), activations_recompute_transient=int(act.recompute_transient),
@@ -215,7 +280,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
                                                               "overlap_efficiency")}, total_s=step_s),
         mfu=mfu(achieved_tokens_per_s, fpt.model, peak_flops(plan), plan.world_size),
         hfu=mfu(achieved_tokens_per_s, fpt.hardware, peak_flops(plan), plan.world_size),
-        fits=total <= plan.gpu.memory_bytes,
+        fits=total + allowance <= plan.gpu.memory_bytes,
         gpu_memory_bytes=plan.gpu.memory_bytes,
         paper_view=PaperViewOut(psi=paper.psi, dp=paper.dp, baseline_bytes=paper.baseline_bytes,
                                 zero1_bytes=paper.zero1_bytes, zero2_bytes=paper.zero2_bytes,

@@ -2,7 +2,7 @@
 
 Two accountings live here, deliberately separate:
 
-* `paper_model_states` — ZeRO §3.1: 2Ψ weights + 2Ψ grads + KΨ optimizer (K = 12), divided by N per stage.
+* `paper_model_states` (paper_view.py) — ZeRO §3.1: 2Ψ weights + 2Ψ grads + KΨ optimizer (K = 12), divided by N per stage.
 * `deepspeed_model_states` — what DeepSpeed 0.19.8's code allocates, read from its source
   (runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, runtime/bf16_optimizer.py,
   runtime/fp16/fused_optimizer.py, runtime/fp16/unfused_optimizer.py, runtime/engine.py):
@@ -30,47 +30,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from dstoolkit.estimate.layout import ParamEntry, param_layout
+from dstoolkit.estimate.dtype_bytes import (  # noqa: F401 - re-exported
+    OPTIMIZER_STATE_BYTES_PER_PARAM, optimizer_state_bytes_per_param, param_bytes)
+from dstoolkit.estimate.paper_view import (  # noqa: F401 - re-exported (moved out to keep this file short)
+    ZERO_PAPER_GRAD_BYTES, ZERO_PAPER_K, ZERO_PAPER_WEIGHT_BYTES, PaperView, paper_model_states)
 from dstoolkit.runplan import RunPlan
 
 FP32_BYTES = 4
 """Bytes per fp32 element (master weights, Adam moments, fp32 gradients)."""
-ZERO_PAPER_K = 12
-"""ZeRO §3.1: K = 12 bytes/param of optimizer state for mixed-precision Adam (fp32 master + momentum + variance)."""
-ZERO_PAPER_WEIGHT_BYTES = 2
-"""ZeRO §3.1: fp16 weights, 2 bytes/param."""
-ZERO_PAPER_GRAD_BYTES = 2
-"""ZeRO §3.1: fp16 gradients, 2 bytes/param."""
 NCCL_START_ALIGNMENT_FACTOR = 2
 """stage_1_and_2.py / bf16_optimizer.py: flat buffers are padded to a multiple of 2 * dp elements."""
 FP8_WEIGHT_CACHE_BYTES_PER_PARAM = 2
 """Transformer Engine keeps an fp8 copy of each GEMM weight and (Hopper) its transpose for dgrad: 1 + 1 bytes."""
-
-OPTIMIZER_STATE_BYTES_PER_PARAM = {
-    # fp32 exp_avg + exp_avg_sq (torch.optim.Adam(W), DeepSpeed FusedAdam / DeepSpeedCPUAdam)
-    "adam": 8, "adamw": 8, "fusedadam": 8, "cpuadam": 8, "onebitadam": 8, "zerooneadam": 8,
-    # LAMB keeps the same two fp32 moments
-    "lamb": 8, "onebitlamb": 8, "fusedlamb": 8,
-    # one fp32 buffer: momentum (SGD with momentum; Lion's exp_avg; Adagrad's sum)
-    "sgd": 4, "lion": 4, "adagrad": 4,
-    # Adafactor's factored second moment is O(rows + cols): ~0 per param
-    "adafactor": 0,
-}
-"""Optimizer-state bytes per parameter of the fp32 partition the optimizer steps."""
-
-
-def optimizer_state_bytes_per_param(optimizer_type: str) -> int:
-    key = optimizer_type.lower().replace("_", "").replace("-", "")
-    if key not in OPTIMIZER_STATE_BYTES_PER_PARAM:
-        raise ValueError(
-            f"optimizer.type={optimizer_type!r} is not modelled; known: {', '.join(sorted(OPTIMIZER_STATE_BYTES_PER_PARAM))}"
-        )
-    return OPTIMIZER_STATE_BYTES_PER_PARAM[key]
-
-
-def param_bytes(precision: str) -> int:
-    """Bytes per working (low-precision) parameter: fp8 trains with bf16 weights (the fp8 copy is a cache)."""
-    return 4 if precision == "fp32" else 2
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Which parameters a rank holds (after TP, PP, EP) and how DeepSpeed groups them.
@@ -177,10 +148,16 @@ class ModelStates:
     """Gradient bytes at the end of backward, before reduction / partitioning (full grads at stage 0/1)."""
     grads_step_transient_peak: int = 0
     """Gradient bytes at their short peak inside step() (partition buffer + flat copy + fp32 copy)."""
+    grads_persistent: int = 0
+    """Part of the gradient bytes allocated once and kept across steps (stage 3's grad_partitions_flat_buffer);
+    included in grads_at_step and grads_backward_peak."""
     persistent_buffers: int = 0
     """Buffers that stay allocated across steps (stage-3 reduce bucket, offload staging buffers)."""
     transient_buffers: int = 0
-    """Peak buffers that exist only inside backward/step (ZeRO-1/2 reduce buckets, DDP all-reduce flatten)."""
+    """Peak buffers that exist only inside backward/step (ZeRO-1/2 reduce buckets, DDP all-reduce flatten; stage 3:
+    the parameters gathered around the running module, plus the persistent small ones)."""
+    gathered_forward_end: int = 0
+    """Stage 3: parameters still gathered at the end of forward (kept for reuse in backward)."""
     host_params: int = 0
     host_master_params: int = 0
     host_optimizer_states: int = 0
@@ -342,6 +319,16 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
     return ms
 
 
+DS_STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+"""deepspeed/runtime/zero/config.py: stage3_max_reuse_distance default (elements)."""
+
+
+def _stage3_max_reuse_distance(plan: RunPlan) -> int:
+    z = (plan.ds_config or {}).get("zero_optimization") or {}
+    v = z.get("stage3_max_reuse_distance", z.get("max_reuse_distance", DS_STAGE3_MAX_REUSE_DISTANCE))
+    return int(v) if isinstance(v, (int, float)) else DS_STAGE3_MAX_REUSE_DISTANCE
+
+
 def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
     ds = plan.ds
     persist_numel = 0
@@ -371,6 +358,7 @@ def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
         sub = min(part_numel, ds.sub_group_size)
         # grad_partitions_flat_buffer (model dtype, persistent) + fp32 flat copy of one sub-group at step
         ms.grads_at_step = part_numel * pb + sub * FP32_BYTES
+        ms.grads_persistent = part_numel * pb
     ms.grads_backward_peak = part_numel * pb if not ds.offload_optimizer else 0
     # stage3.py _setup_for_real_optimizer: one reduce bucket per comm dtype, allocated once and kept
     if ds.contiguous_gradients:
@@ -380,46 +368,11 @@ def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
     layer_numel = total_local / max(1, plan.shape.num_hidden_layers // plan.pp)
     live = min(ds.max_live_parameters, max(ds.prefetch_bucket_size + layer_numel, layer_numel), total_local)
     ms.transient_buffers = int(live) * pb + persist_numel * pb
+    # partitioned_param_coordinator.py __params_to_release: a param recurring within stage3_max_reuse_distance (R)
+    # elements of the trace is not released; at forward position x it recurs after ~2(P - x): the last R/2 stay.
+    reuse = _stage3_max_reuse_distance(plan)
+    ms.gathered_forward_end = (persist_numel + int(max(live, min(total_local - persist_numel, reuse // 2)))) * pb
     return ms
-
-
-# ---------------------------------------------------------------------------------------------------------
-# ZeRO paper view
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PaperView:
-    """ZeRO §3.1 model-state accounting (mixed-precision Adam, K = 12), bytes per device."""
-
-    psi: int
-    """Ψ: parameters."""
-    dp: int
-    """N: data-parallel degree."""
-    baseline_bytes: int
-    """Plain DP: (2 + 2 + K)Ψ = 16Ψ."""
-    zero1_bytes: int
-    """P_os: 4Ψ + KΨ/N."""
-    zero2_bytes: int
-    """P_os+g: 2Ψ + (2 + K)Ψ/N."""
-    zero3_bytes: int
-    """P_os+g+p: (2 + 2 + K)Ψ/N."""
-    stage: int
-    stage_bytes: int
-    """The row for the plan's ZeRO stage."""
-
-
-def paper_model_states(psi: int, dp: int, stage: int = 0) -> PaperView:
-    """ZeRO §3.1 / Figure 1 per-device model-state memory for Ψ parameters on N data-parallel ranks."""
-    k = ZERO_PAPER_K
-    w, g = ZERO_PAPER_WEIGHT_BYTES, ZERO_PAPER_GRAD_BYTES
-    base = (w + g + k) * psi  # ZeRO §3.1: 16Ψ
-    z1 = (w + g) * psi + k * psi / dp  # ZeRO §5.1 P_os: 4Ψ + KΨ/N
-    z2 = w * psi + (g + k) * psi / dp  # P_os+g: 2Ψ + 14Ψ/N
-    z3 = (w + g + k) * psi / dp  # P_os+g+p: 16Ψ/N
-    rows = [base, z1, z2, z3]
-    return PaperView(psi=psi, dp=dp, baseline_bytes=int(base), zero1_bytes=int(z1), zero2_bytes=int(z2),
-                     zero3_bytes=int(z3), stage=stage, stage_bytes=int(rows[stage]))
 
 
 def fp8_weight_cache_bytes(plan: RunPlan) -> int:

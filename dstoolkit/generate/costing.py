@@ -2,7 +2,9 @@
 
 It builds the estimators' `RunPlan` from a candidate and its DeepSpeed JSON and calls
 `dstoolkit.estimate.estimate_run` (issue #4), whose memory model is checked against real DeepSpeed
-allocations. The sweep applies `DEVICE_HEADROOM_FRACTION` on top of its `fits`.
+allocations. Memory is the *peak* over the phases of a step (`dstoolkit.estimate.timeline`, issue #15), and a
+candidate fits when peak + allowance (CUDA context, NCCL buffers, allocator fragmentation on GPUs; nothing on
+CPU ranks: `timeline.device_allowance_bytes`) is at most the device memory.
 No torch import.
 """
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dstoolkit.estimate import estimate_run
+from dstoolkit.estimate.timeline import (GPU_CONTEXT_BYTES, GPU_FRAGMENTATION_FRACTION, allowance_source,
+                                         is_cpu_device)
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.hardware.calibration import calibration_for_spec
@@ -21,15 +25,23 @@ from dstoolkit.spec import Spec
 
 GiB = 2**30
 
-DEVICE_HEADROOM_FRACTION = 0.05
-"""Share of device memory a layout may not plan for: the CUDA context (~0.5 GiB), NCCL communicator buffers and
-PyTorch caching-allocator fragmentation. Our assumption (no published figure); the estimator itself counts
-only tensors and DeepSpeed buffers."""
+DEVICE_HEADROOM_FRACTION = GPU_FRAGMENTATION_FRACTION
+"""Allocator-fragmentation share of the peak on GPUs (`dstoolkit.estimate.timeline.GPU_FRAGMENTATION_FRACTION`);
+kept under its old name for importers. The fixed CUDA/NCCL context is `timeline.GPU_CONTEXT_BYTES`."""
 
 
 def usable_device_bytes(gpu: GpuSpec) -> int:
-    """Device bytes a layout may fill: memory_bytes x (1 - DEVICE_HEADROOM_FRACTION)."""
-    return int(gpu.memory_bytes * (1 - DEVICE_HEADROOM_FRACTION))
+    """The largest tensor peak that fits one device: (memory - GPU_CONTEXT_BYTES) / (1 + GPU_FRAGMENTATION_FRACTION)
+    on GPUs, memory_bytes on CPU ranks; `peak <= usable_device_bytes(gpu)` is the same test as
+    `peak + device_allowance_bytes(gpu, peak) <= memory_bytes`."""
+    if is_cpu_device(gpu):
+        return int(gpu.memory_bytes)
+    return max(0, int((gpu.memory_bytes - GPU_CONTEXT_BYTES) / (1 + GPU_FRAGMENTATION_FRACTION)))
+
+
+def allowance_text(gpu: GpuSpec) -> str:
+    """One line for messages: what is kept free beyond the tensor peak, and why."""
+    return allowance_source(gpu)
 
 
 @dataclass(frozen=True)
@@ -37,9 +49,10 @@ class CandidateEstimate:
     """What the sweep needs from an estimate (per rank, worst pipeline stage)."""
 
     memory_per_rank_bytes: int
-    """Peak device bytes per rank (total of the breakdown)."""
+    """Peak device bytes per rank: the maximum over the phases of a step (`estimate.memory.total`)."""
     memory_breakdown_bytes: dict[str, int]
-    """params / grads / optimizer / activations / buffers, bytes per rank."""
+    """params / grads / optimizer / activations / buffers, bytes per rank, each at its own maximum (they are not
+    alive together: their sum is `sum_of_parts_bytes`, an upper bound)."""
     host_memory_per_rank_bytes: int
     """Host bytes per rank for offloaded states (0 without offload)."""
     device_memory_bytes: int
@@ -49,11 +62,19 @@ class CandidateEstimate:
     mfu: float
     """Model FLOPs utilisation: useful FLOPs / (step time x world x peak)."""
     fits: bool
-    """Whether memory_per_rank_bytes <= usable_device_bytes (device memory less DEVICE_HEADROOM_FRACTION)."""
+    """Whether peak + allowance <= device memory (equivalently memory_per_rank_bytes <= usable_device_bytes)."""
     source: str
     """Which estimator produced the numbers."""
     extras: dict = field(default_factory=dict)
     """Estimator-specific figures (flops, comm bytes) shown in summaries."""
+    peak_phase: str = ""
+    """Phase of the step where the peak occurs (forward_end, backward_end, optimizer_step, ...)."""
+    peak_alive: tuple = ()
+    """What is alive at the peak, largest first."""
+    sum_of_parts_bytes: int = 0
+    """Every category at its own maximum, added: an upper bound (the pre-issue-#15 'total')."""
+    allowance_bytes: int = 0
+    """Kept free beyond the peak: CUDA context + NCCL + fragmentation on GPUs, 0 on CPU ranks."""
 
 
 def layers_per_stage(num_layers: int, pp: int) -> int:
@@ -103,7 +124,7 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         ds_config: The DeepSpeed JSON for `cand` (built with `build_ds_config` when None).
 
     Returns:
-        A `CandidateEstimate`; `fits` includes `DEVICE_HEADROOM_FRACTION`.
+        A `CandidateEstimate`; `fits` is peak + allowance <= device memory.
 
     Raises:
         EstimateInputError: The estimator refused the combination (message says why).
@@ -119,10 +140,12 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         raise EstimateInputError(" ".join(str(exc).split())) from None
     mem = est.memory
     breakdown = {k: int(getattr(mem, k)) for k in ("params", "grads", "optimizer", "activations", "buffers")}
-    total = int(mem.total)
+    peak = int(mem.total)
     return CandidateEstimate(
-        memory_per_rank_bytes=total, memory_breakdown_bytes=breakdown,
+        memory_per_rank_bytes=peak, memory_breakdown_bytes=breakdown,
         host_memory_per_rank_bytes=int(est.host_memory_per_rank_bytes), device_memory_bytes=int(gpu.memory_bytes),
-        step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=total <= usable_device_bytes(gpu),
+        step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=peak <= usable_device_bytes(gpu),
         source=estimator_source(spec),
-        extras={"flops_per_step": float(est.flops_per_step), "comm_bytes_per_step": dict(est.comm_bytes_per_step)})
+        extras={"flops_per_step": float(est.flops_per_step), "comm_bytes_per_step": dict(est.comm_bytes_per_step)},
+        peak_phase=mem.peak_phase, peak_alive=tuple(mem.peak_alive), sum_of_parts_bytes=int(mem.sum_of_parts_bytes),
+        allowance_bytes=int(mem.allowance_bytes))

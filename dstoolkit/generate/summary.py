@@ -93,9 +93,12 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput"
     lines += ["", "## Why this layout", "", _md(out.sweep.winner_reason or ""), ""]
     lines += ["## Estimate (per rank)", "", f"Source: {est.source}.", "", "| quantity | value |", "|---|---|"]
     for k, v in est.memory_breakdown_bytes.items():
-        lines.append(f"| memory: {k} | {_gib(v)} |")
+        lines.append(f"| memory: {k} (its own max) | {_gib(v)} |")
     lines += [
-        f"| memory: total | {_gib(est.memory_per_rank_bytes)} of {_gib(est.device_memory_bytes)} |",
+        f"| memory: sum of parts (upper bound) | {_gib(est.sum_of_parts_bytes)} |",
+        f"| memory: peak ({_md(est.peak_phase)}) | {_gib(est.memory_per_rank_bytes)} of "
+        f"{_gib(est.device_memory_bytes)} |",
+        f"| memory: allowance (context, fragmentation) | {_gib(est.allowance_bytes)} |",
         f"| host memory (offload) | {_gib(est.host_memory_per_rank_bytes)} |",
         f"| step time | {est.step_time_s:.4g} s |",
         f"| MFU | {est.mfu * 100:.1f}% |",

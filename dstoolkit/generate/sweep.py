@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence
 
 from dstoolkit.generate.candidates import Candidate, StrategyDef
-from dstoolkit.generate.costing import (DEVICE_HEADROOM_FRACTION, CandidateEstimate, EstimateInputError,
+from dstoolkit.generate.costing import (CandidateEstimate, EstimateInputError, allowance_text,
                                         estimate_candidate, estimator_source, usable_device_bytes)
 from dstoolkit.generate.ds_json import build_ds_config, param_split
 from dstoolkit.generate.rules import RuleViolation, check_candidate
@@ -63,8 +63,9 @@ class FitsNowhere:
         lines = [
             f"{model_name} fits nowhere on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}: the "
             f"least memory-hungry layout ({self.least_memory_label}) still needs at least "
-            f"{self.needed_per_gpu_bytes / GiB:.1f} GiB per GPU, and one GPU has {self.device_memory_bytes / GiB:.1f} GiB "
-            f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable after {DEVICE_HEADROOM_FRACTION:.0%} headroom).",
+            f"{self.needed_per_gpu_bytes / GiB:.1f} GiB per GPU at its peak, and one GPU has "
+            f"{self.device_memory_bytes / GiB:.1f} GiB ({usable_device_bytes(gpu) / GiB:.1f} GiB usable for tensors "
+            f"after {allowance_text(gpu)}).",
         ]
         if self.suggestions:
             lines.append("What would make it fit:")
@@ -358,10 +359,9 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
         estimates.append((cand, est.memory_per_rank_bytes))
         if not est.fits:
             too_big[layout] = (cand.micro_batch, est.memory_per_rank_bytes)
-            b = est.memory_breakdown_bytes
-            parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in b.items())
-            dropped.append(Dropped(cand, "memory", f"needs {_gib(est.memory_per_rank_bytes)} per rank > "
-                                                   f"{_gib(usable)} usable on {gpu.name} ({parts} GiB)"))
+            alive = ", ".join(est.peak_alive[:4])
+            dropped.append(Dropped(cand, "memory", f"peaks at {_gib(est.memory_per_rank_bytes)} per rank in "
+                                                   f"{est.peak_phase} ({alive}) > {_gib(usable)} usable on {gpu.name}"))
             continue
         fit.append(Ranked(cand, est))
     return fit, dropped, estimates, considered
@@ -455,7 +455,7 @@ def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef
             continue
         best = _fits_somewhere(v, shape, strategy)
         if best is not None:
-            out.append(f"{text}: e.g. {best.candidate.label} needs {_gib(best.estimate.memory_per_rank_bytes)} per GPU")
+            out.append(f"{text}: e.g. {best.candidate.label} peaks at {_gib(best.estimate.memory_per_rank_bytes)} per GPU")
     scale = 2
     while scale <= MAX_NODE_SCALE:
         nodes = spec.cluster.nodes * scale
@@ -467,7 +467,7 @@ def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef
             best = _fits_somewhere(v, shape, strategy)
             if best is not None:
                 out.append(f"more GPUs: {nodes} nodes x {spec.cluster.gpus_per_node} ({world} GPUs) fit, e.g. "
-                           f"{best.candidate.label} at {_gib(best.estimate.memory_per_rank_bytes)} per GPU"
+                           f"{best.candidate.label} peaking at {_gib(best.estimate.memory_per_rank_bytes)} per GPU"
                            + (f" (global_batch rounded to {upd['global_batch']})" if upd else ""))
                 break
         scale *= 2

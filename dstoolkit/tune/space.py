@@ -284,10 +284,11 @@ class TuneSpace:
         except EstimateInputError as exc:
             return PointCheck(point, cfg, None, "estimate", f"the estimator refused it: {exc}", warns)
         if not est.fits:
-            parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in est.memory_breakdown_bytes.items())
+            alive = ", ".join(est.peak_alive[:4])
             return PointCheck(point, cfg, est, "memory",
-                              f"estimated {est.memory_per_rank_bytes / GiB:.2f} GiB per rank > "
-                              f"{est.device_memory_bytes / GiB:.2f} GiB on {gpu.name} ({parts} GiB)", warns)
+                              f"estimated peak {est.memory_per_rank_bytes / GiB:.2f} GiB per rank > "
+                              f"{est.device_memory_bytes / GiB:.2f} GiB on {gpu.name} less "
+                              f"{est.allowance_bytes / GiB:.2f} GiB allowance (peak in {est.peak_phase}: {alive})", warns)
         return PointCheck(point, cfg, est, warnings=warns)
 
 

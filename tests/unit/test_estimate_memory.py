@@ -226,7 +226,12 @@ def test_json_shape_is_stable():
     for k in ("params", "grads", "optimizer", "activations", "buffers", "total"):
         assert isinstance(js["memory_per_rank_bytes"][k], int) and js["memory_per_rank_bytes"][k] >= 0
     m = js["memory_per_rank_bytes"]
-    assert m["total"] == m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["buffers"]
+    # issue #15: `total` is the peak over phases; the sum of the category maxima is a labelled upper bound
+    assert m["sum_of_parts_bytes"] == m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["buffers"]
+    assert m["total"] == m["peak"] == max(p["device_bytes"] for p in m["timeline"]) <= m["sum_of_parts_bytes"]
+    assert m["peak_phase"] in {p["phase"] for p in m["timeline"]}
+    assert m["required_bytes"] == m["total"] + m["allowance_bytes"]
+    assert js["fits"] == (m["required_bytes"] <= js["gpu_memory_bytes"])
     assert isinstance(js["host_memory_per_rank_bytes"], int)
     assert isinstance(js["flops_per_step"], float) and js["flops_per_step"] > 0
     assert all(isinstance(v, int) for v in js["comm_bytes_per_step"].values())
