@@ -46,13 +46,15 @@ def test_traced_flops_agree_with_the_formula(rel):
 @pytest.mark.parametrize("rel", ["llama-3.2-1b.json", "mistral-7b.json"])
 def test_traced_saved_bytes_agree_with_the_itemised_count(rel):
     # Dense Llama-style blocks (what the itemised count models): bf16, sdpa (flash-style: log-sum-exp kept).
+    # 5%, the issue's bound for traced vs measured activations: the itemised count models DeepSpeed's and the
+    # project's modules, the trace transformers' (measured at 2-4% apart on these two).
     shape = load_hf_config(HF / rel)
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
           "zero_optimization": {"stage": 0}}
     plan = RunPlan(shape=shape, ds_config=ds, world_size=1, gpus_per_node=1, gpu=get_gpu("cpu"), seq_len=SEQ)
     analytic = layer_activation_bytes(plan, 0, 1).full
     traced = trace_config(_cfg(rel), seq_len=SEQ).layer_saved_bytes[0]
-    assert traced == pytest.approx(analytic, rel=0.03), (traced, analytic)
+    assert traced == pytest.approx(analytic, rel=0.05), (traced, analytic)
 
 
 @pytest.mark.slow
