@@ -86,7 +86,11 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
     t = plan.tp
     sp_div = t if plan.sequence_parallel else 1
     p, pl = _act_bytes(plan)
-    tok = s * b
+    shards = plan.cp * plan.ulysses  # each rank keeps its 1/(cp·ulysses) of the sequence
+    tok = s * b / shards
+    impl = plan.attention_kind
+    if impl == "te":
+        return _fused_layer_bytes(plan, layer_index, tok, p, pl, sp_div)
     # -- outside the TP region (replicated across TP ranks unless sequence parallel) --
     norm = (FP32_BYTES + p) * tok * h + FP32_BYTES * tok
     outside = 2 * norm + 2 * pl * tok * h  # two norms, attention input, MLP input
@@ -112,12 +116,14 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
         latent = 0.0
         rope = 4 * s * d * p  # cos and sin, built per call for q and for k
         attn_heads_dim = a * d
-    if plan.flash_attention:
-        core = FP32_BYTES * b * a * s  # log-sum-exp
+    if impl != "eager":
+        core = FP32_BYTES * b * a * s / shards  # log-sum-exp
     else:
-        core = p * a * s * s * b  # softmax output, kept for softmax backward and for probs @ V
+        # softmax output, kept for softmax backward and for probs @ V: local queries x all keys (cp), or a/u
+        # heads x the whole square (Ulysses)
+        core = p * a * s * s * b / shards
         if plan.attention_dropout:
-            core += a * s * s * b + p * a * s * s * b  # dropout mask + dropped probabilities
+            core += (a * s * s * b + p * a * s * s * b) / shards  # dropout mask + dropped probabilities
     attention = (q_bytes + k_bytes + v_bytes + o_bytes + core) / t + latent + rope
     del attn_heads_dim
     # Selective recompute checkpoints the attention core (q, k, v -> out): it keeps its inputs, so with GQA it
@@ -125,6 +131,9 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
     kv_saving = 0.0
     if not shape.is_mla and shape.kv_heads < a:
         kv_saving = 2 * p * tok * (a - shape.kv_heads) * d / t
+        if impl == "flash":  # flash-attn kernels read GQA k/v at kv heads: no repeated copies are saved
+            attention -= kv_saving
+            kv_saving = 0.0
     # -- MLP --
     if shape.is_moe_layer(layer_index):
         mlp = _moe_bytes(plan, tok, p, pl)
@@ -141,6 +150,67 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
     full = outside + attention + mlp
     checkpointed = p * tok * h / sp_div
     return LayerActivations(full=full, checkpointed=checkpointed, attention_core=core / t + kv_saving)
+
+
+TE_NORM_STATS_BYTES = FP32_BYTES
+"""Transformer Engine's fused LayerNorm/RMSNorm keeps one fp32 rsigma (and mu) per token."""
+
+
+def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: int, sp_div: int) -> LayerActivations:
+    """Saved bytes of one block with fused kernels (Transformer Engine / Megatron-Core, attention_impl 'te').
+
+    Per token (h hidden, a heads, g kv heads, d head dim, i FFN width, t TP): each fused norm+linear keeps its
+    input and its normalised output in the activation dtype plus fp32 norm statistics (2·(2p·h + 4), outside the
+    TP region unless sequence parallel); attention keeps q (a·d), k and v at kv heads (2·g·d: fused attention
+    reads GQA natively), its output (a·d, also the out-projection input) and the fp32 log-sum-exp; the MLP keeps
+    the FC1 output and the FC2 input (3i gated, 2i GELU). Korthikanti et al. 2022 eq. 1 with the dropout masks
+    and the s² term gone: 34 -> 32 bytes per token x hidden for GPT (i = 4h); ~34 for Llama 3 8B (GQA, i = 3.5h),
+    against ~47 for the Hugging Face eager itemisation.
+    """
+    shape = plan.shape
+    h, a, t = shape.hidden_size, shape.num_attention_heads, plan.tp
+    outside = 2 * (2 * p * h + TE_NORM_STATS_BYTES) * tok
+    if plan.attention_dropout:
+        outside += 2 * tok * h
+    outside /= sp_div
+    if shape.is_mla:
+        qk = (shape.qk_nope_head_dim or 0) + (shape.qk_rope_head_dim or 0)
+        vd = shape.v_head_dim or shape.head_size
+        qkv = p * tok * a * (2 * qk + vd)
+        out = p * tok * a * vd
+        latent = p * tok * ((shape.q_lora_rank or 0) + (shape.kv_lora_rank or 0)) * 2
+    else:
+        d, g = shape.head_size, shape.kv_heads
+        qkv = p * tok * (a + 2 * g) * d
+        out = p * tok * a * d
+        latent = 0.0
+    core = FP32_BYTES * tok * a
+    attention = (qkv + out + core) / t + latent
+    if shape.is_moe_layer(layer_index):
+        mlp = _fused_moe_bytes(plan, tok, p) / sp_div
+    else:
+        i = shape.intermediate_size
+        mlp = ((3 if shape.mlp_gated else 2) * p * tok * i) / t
+    full = outside + attention + mlp
+    return LayerActivations(full=full, checkpointed=p * tok * h / sp_div, attention_core=core / t)
+
+
+def _fused_moe_bytes(plan: RunPlan, tok: float, p: int) -> float:
+    """Megatron-Core dropless MoE with grouped GEMMs (alltoall dispatcher), per rank before SP sharding: the fp32
+    router logits and probabilities (2·4·E), the permuted tokens each expert FC1 reads (k·h), FC1's output and
+    FC2's input (k·3i gated, k·2i GELU), the FC2 output the unpermute/combine reads (k·h), and the shared
+    expert's FC1 output and FC2 input (3·i_s). Balanced routing: a rank computes as many routed tokens as it
+    sends."""
+    shape = plan.shape
+    h, e = shape.hidden_size, shape.num_experts
+    k = max(1, shape.num_experts_per_tok)
+    i = shape.expert_ffn_size
+    mult = 3 if shape.mlp_gated else 2
+    router = 2 * FP32_BYTES * e * tok
+    routed = p * k * tok * (2 * h + mult * i)
+    shared_width = shape.num_shared_experts * i if shape.num_shared_experts else (shape.shared_expert_intermediate_size or 0)
+    shared = p * tok * mult * shared_width
+    return router + routed + shared
 
 
 def moe_capacity(plan: RunPlan, tokens: int) -> int:
@@ -199,7 +269,7 @@ class ActivationEstimate:
     """Extra bytes while one recomputed block re-runs its forward in backward."""
     embedding_and_loss: float
     """Embedding ids, final norm, LM-head input and fp32 log-probabilities (included in `saved`)."""
-    in_flight_micro_batches: int
+    in_flight_micro_batches: float
     """Micro batches whose activations coexist (1F1B pipeline: min(pp, grad_accum) on the first stage)."""
 
     @property
@@ -230,7 +300,7 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
         else:
             saved += la.full
     p, pl = _act_bytes(plan)
-    tok = plan.seq_len * mb
+    tok = plan.seq_len * mb / (plan.cp * plan.ulysses)
     h, v = shape.hidden_size, shape.vocab_size
     emb_loss = INDEX_BYTES * tok  # embedding backward keeps the ids
     if plan.pp == 1:
@@ -238,5 +308,11 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
         emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h
         emb_loss += FP32_BYTES * tok * v / plan.tp + INDEX_BYTES * tok
     in_flight = min(plan.pp, plan.ds.grad_accum) if plan.pp > 1 else 1
+    if plan.pp > 1 and plan.pipeline_schedule == "interleaved" and plan.virtual_stages > 1 and in_flight == plan.pp:
+        # interleaved 1F1B keeps (1 + (p-1)/(p·v)) x the 1F1B activations on the first stage (Korthikanti et al.
+        # 2022 §4.2.3; Narayanan et al. 2021 §2.2.2)
+        in_flight = plan.pp * (1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages))
+    elif plan.pp > 1 and plan.pipeline_schedule == "dualpipe":
+        in_flight = min(plan.pp + 1, plan.ds.grad_accum)  # DeepSeek-V3 Table 2: PP + 1 micro batches
     return ActivationEstimate(saved=(saved + emb_loss) * in_flight, recompute_transient=transient,
                               embedding_and_loss=emb_loss, in_flight_micro_batches=in_flight)

@@ -166,8 +166,12 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     ga = ds.grad_accum
     out = CommPlan()
     dp, edp = plan.dp, plan.edp
-    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, plan.tp)
-    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, plan.tp * plan.ep)
+    shards = plan.cp * plan.ulysses  # Megatron rank order tp, cp, dp, pp: dp groups stride tp * cp
+    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, plan.tp * shards)
+    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, plan.tp * shards * plan.ep)
+    from dstoolkit.estimate.cluster_model import moe_layers_per_stage, resolved_overlap
+
+    grad_overlap, param_overlap = resolved_overlap(plan)
     dp_cross, edp_cross = dp_lay.cross_node, edp_lay.cross_node
     nlayers = math.ceil(shape.num_hidden_layers / plan.pp)
 
@@ -180,10 +184,10 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     stage = ds.zero_stage
     if stage == 0:
         # engine.allreduce_gradients at the accumulation boundary: DP all-reduce, 2Ψ (ZeRO §7)
-        add("dp_all_reduce", "all_reduce", dense * pb, dp, dp_cross, math.ceil(dense / bucket), False,
+        add("dp_all_reduce", "all_reduce", dense * pb, dp, dp_cross, math.ceil(dense / bucket), grad_overlap,
             dp_lay.concurrent_groups)
         add("dp_all_reduce_experts", "all_reduce", expert * pb, edp, edp_cross,
-            math.ceil(expert / bucket) if expert else 0, False, edp_lay.concurrent_groups)
+            math.ceil(expert / bucket) if expert else 0, grad_overlap, edp_lay.concurrent_groups)
     elif stage in (1, 2):
         # Gradient reduction + all-gather of updated parameters. ZeRO §7 (view="paper"): reduce-scatter, 2Ψ in
         # all. DeepSpeed 0.19.8 (view="deepspeed"): an all-reduce per bucket by default (zero12_grad_collective),
@@ -195,15 +199,15 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         # dist.reduce path: one call per destination partition in each bucket
         per_bucket = dp if coll == "reduce" else 1
         add(name, coll, dense * pb * reps, dp, dp_cross, reps * per_bucket * math.ceil(dense / bucket),
-            ds.overlap_comm, dp_lay.concurrent_groups)
+            grad_overlap, dp_lay.concurrent_groups)
         add(name + "_experts", coll, expert * pb * reps, edp, edp_cross,
             reps * (edp if coll == "reduce" else 1) * (math.ceil(expert / bucket) if expert else 0),
-            ds.overlap_comm, edp_lay.concurrent_groups)
+            grad_overlap, edp_lay.concurrent_groups)
         agb = max(1, ds.allgather_bucket_size)
-        add("zero_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), False,
+        add("zero_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), param_overlap,
             dp_lay.concurrent_groups)
         add("zero_all_gather_experts", "all_gather", expert * pb, edp, edp_cross,
-            math.ceil(expert / agb) if expert else 0, False, edp_lay.concurrent_groups)
+            math.ceil(expert / agb) if expert else 0, param_overlap, edp_lay.concurrent_groups)
     else:
         # ZeRO §7: stage 3 gathers parameters in forward and again in backward, and reduce-scatters grads: 3Ψ
         fwd_bytes = QWZ_BYTES_PER_PARAM if ds.zeropp_qwz else pb
@@ -211,36 +215,57 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         hpz = ds.zeropp_hpz > 1
         calls = ga * 2 * nlayers * 4
         c = dp_lay.concurrent_groups
-        add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2, True, c)
+        add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2,
+            param_overlap, c)
         # hpZ: the backward gather reads the secondary partition inside the node (ZeRO++ §3.2)
         add("zero3_param_all_gather_bwd", "all_gather", dense * (fwd_bytes if not hpz else pb) * ga,
-            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, True, c)
+            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c)
         add("zero3_grad_reduce_scatter" if not ds.zeropp_qgz else "zeropp_qgz_all_to_all",
             "reduce_scatter" if not ds.zeropp_qgz else "all_to_all", dense * grad_bytes * ga, dp, dp_cross,
-            ga * math.ceil(dense / bucket), True, c)
+            ga * math.ceil(dense / bucket), grad_overlap or plan.framework == "deepspeed", c)
     # Expert parallelism: dispatch + combine all-to-all in forward, and the same two in backward, per MoE layer
+    # of the heaviest pipeline stage (DeepSeek-V3 at pp 16: 4 MoE layers on stages 1-15, 1 on stage 0).
+    # Per TP rank: DeepSpeed drops the tokens duplicated across TP ranks before the all-to-all
+    # (deepspeed/moe/mappings.py drop_tokens) and Megatron with sequence parallelism holds tokens/tp per rank.
+    tok = plan.seq_len * ds.micro_batch / shards
     if shape.is_moe and plan.ep > 1:
         from dstoolkit.estimate.activations import moe_capacity
 
-        tok = plan.seq_len * ds.micro_batch
-        moe_layers = sum(shape.is_moe_layer(i) for i in range(nlayers))
-        cap = moe_capacity(plan, tok)
-        per_a2a = shape.num_experts * cap * shape.hidden_size * pb  # the capacity-padded (E, C, h) buffer
-        ep_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.ep, plan.tp)
+        moe_layers = max(moe_layers_per_stage(shape, plan.pp))
+        if plan.framework == "deepspeed":
+            cap = moe_capacity(plan, int(tok))
+            routed = shape.num_experts * cap  # the capacity-padded (E, C, h) buffer (sharded_moe.py)
+        else:
+            routed = tok * max(1, shape.num_experts_per_tok)  # dropless token dispatch (Megatron-Core alltoall)
+        per_a2a = routed * shape.hidden_size * pb / plan.tp
+        ep_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.ep, plan.tp * shards)
         add("ep_all_to_all", "all_to_all", 4 * per_a2a * moe_layers * ga, plan.ep,
-            ep_lay.cross_node, 4 * moe_layers * ga, False, ep_lay.concurrent_groups)
+            ep_lay.cross_node, 4 * moe_layers * ga, plan.moe_a2a_overlap, ep_lay.concurrent_groups)
+    # Context parallelism (Megatron-Core CP, ring attention): each of the cp-1 ring steps passes the local K and
+    # V chunk forward; backward passes K, V and their gradients: 3 (cp-1) chunk transfers per layer, overlapped
+    # with the attention of the chunk in hand (Megatron-Core context-parallel docs; Liu et al. 2023 ring attention)
+    if plan.cp > 1:
+        kv = 2 * tok * shape.kv_heads * shape.head_size * pb
+        add("cp_ring_p2p", "p2p", 3 * (plan.cp - 1) * kv * nlayers * ga, plan.cp,
+            plan.cp * plan.tp > plan.gpus_per_node, 3 * (plan.cp - 1) * nlayers * ga, True)
+    # DeepSpeed-Ulysses (Jacobs et al. 2023 §3.1): all-to-all of q, k, v before attention and of the output after
+    # it, and the same four in backward; each message is the rank's tokens x that tensor's width
+    if plan.ulysses > 1:
+        width = 2 * shape.num_attention_heads * shape.head_size + 2 * shape.kv_heads * shape.head_size
+        add("ulysses_all_to_all", "all_to_all", 2 * tok * width * pb * nlayers * ga, plan.ulysses,
+            plan.ulysses * plan.tp > plan.gpus_per_node, 8 * nlayers * ga, False)
     # Megatron TP: 2 all-reduces forward + 2 backward per layer (SP: reduce-scatter + all-gather, same bytes)
     if plan.tp > 1:
-        tok = plan.seq_len * ds.micro_batch
         recompute = sum(plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[:nlayers])
         n_ar = 4 * nlayers + 2 * recompute
         add("tp_all_reduce", "all_reduce", n_ar * tok * shape.hidden_size * pb * ga, plan.tp,
-            plan.tp > plan.gpus_per_node, n_ar * ga, False)
+            plan.tp > plan.gpus_per_node, n_ar * ga, plan.tp_comm_overlap)
     # PP: activations forward and their gradients backward at each stage boundary, per micro batch
     if plan.pp > 1:
-        tok = plan.seq_len * ds.micro_batch
-        add("pp_p2p", "p2p", 2 * tok * shape.hidden_size * pb // (plan.tp if plan.sequence_parallel else 1) * ga,
-            2, plan.world_size // plan.pp > plan.gpus_per_node or plan.gpus_per_node < plan.tp * 2, 2 * ga, False)
+        # interleaved: a micro batch crosses v x as many stage boundaries (Narayanan et al. 2021 §2.2.2)
+        v = plan.virtual_stages
+        add("pp_p2p", "p2p", 2 * v * tok * shape.hidden_size * pb // (plan.tp if plan.sequence_parallel else 1) * ga,
+            2, plan.world_size // plan.pp > plan.gpus_per_node or plan.gpus_per_node < plan.tp * 2, 2 * v * ga, False)
     return out
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dstoolkit.estimate import cluster_model as cm
 from dstoolkit.estimate.comm import CommPlan, op_time_s
 from dstoolkit.estimate.flops import FlopsPerToken
 from dstoolkit.runplan import RunPlan
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.55
-"""Fraction of dense peak a training step sustains without calibration: published end-to-end MFU is
-38-56% (Llama 3 405B 38-43%, Megatron 51-56%, MegaScale 55.2%; docs/anchors.md), and the matmul alone reaches
-~80% (788/989 TFLOP/s measured on H200, docs/anchors.md)."""
+"""Fraction of dense peak a training step sustains, for callers that want one number (the GPU step time itself
+uses the per-GEMM model of estimate.cluster_model): published end-to-end MFU is 38-56% (Llama 3 405B 38-43%,
+Megatron 51-56%, MegaScale 55.2%; docs/anchors.md)."""
 DEFAULT_OVERLAP_EFFICIENCY = 0.8
 """η for overlappable collectives on GPUs (separate comm streams); Lee et al. 2025 measure sequential
 execution only 10.2% slower than overlapped, i.e. most but not all communication hides."""
@@ -87,11 +88,11 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     cal = plan.calibration
     ds = plan.ds
     model_ranks = plan.tp * plan.pp
-    flops = fpt.hardware * tokens_per_rank_step / model_ranks
-    if plan.pp > 1:
-        # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
-        flops *= 1.0 + (plan.pp - 1) / max(1, ds.grad_accum)
     if cal is not None:
+        flops = fpt.hardware * tokens_per_rank_step / model_ranks
+        if plan.pp > 1:
+            # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
+            flops *= 1.0 + cm.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
         rate = cal.rate_at(ds.micro_batch * plan.seq_len * plan.shape.hidden_size / plan.tp)
         intra = cal.comm_busbw_bytes_per_s
         inter = cal.inter_node_busbw_bytes_per_s or intra
@@ -101,28 +102,36 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         mem_bw = cal.mem_bw_bytes_per_s
         eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
         overhead = cal.step_overhead_s + cal.per_layer_overhead_s * plan.shape.num_hidden_layers * ds.grad_accum
+        compute = flops / rate
     else:
-        rate = peak_flops(plan) * DEFAULT_COMPUTE_EFFICIENCY
         intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
         latency = inter_latency = 0.0
         # GpuSpec.inter_node_bw is per GPU (one NIC per GPU, rail-optimised): groups side by side use their
         # own NICs, so they share one only beyond gpus_per_node of them (never, in practice)
         links = plan.gpus_per_node
-        mem_bw = DEFAULT_HBM_BW_BYTES_PER_S
+        mem_bw = cm.hbm_bw(plan.gpu, DEFAULT_HBM_BW_BYTES_PER_S)
         eta = DEFAULT_OVERLAP_EFFICIENCY
         overhead = 0.0
-    compute = flops / rate
+        compute = gpu_compute_s(plan, mem_bw)
+
     exposed = 0.0
     total = 0.0
-    hideable = 0.0
+    hide_bwd = 0.0
+    hide_any = 0.0
     for op in comm.ops:
         t = op_time_s(op, intra, inter, latency, inter_latency, links)
         total += t
-        if op.overlappable:
-            hideable += t
-        else:
+        if not op.overlappable:
             exposed += t
-    exposed += max(0.0, hideable - eta * min(hideable, compute * BACKWARD_SHARE))
+        elif _backward_only(op.name):
+            hide_bwd += t
+        else:
+            hide_any += t
+    # gradient reduction hides only behind backward compute; parameter gathers, TP, all-to-all and CP traffic
+    # behind any compute left over; each hides with efficiency eta
+    window_bwd = min(hide_bwd, compute * BACKWARD_SHARE)
+    window_any = min(hide_any, max(0.0, compute - window_bwd))
+    exposed += (hide_bwd - eta * window_bwd) + (hide_any - eta * window_any)
     offload = 0.0
     if ds.offload_optimizer:
         optimizer = partition_numel / CPU_ADAM_PARAMS_PER_S if cal is None else \
@@ -134,6 +143,41 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     # fp32 loss over the vocabulary (on the last pipeline stage)
     pb = 4 if plan.precision == "fp32" else 2
     traffic = local_numel * pb * (GRAD_HANDLING_PASSES * ds.grad_accum + PARAM_WRITEBACK_PASSES)
-    traffic += LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp
+    traffic += LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / cm.sequence_shards(plan)
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
                     memory_s=traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
+
+
+def _backward_only(name: str) -> bool:
+    """Gradient collectives (they can only start once backward produced their bucket)."""
+    return "grad" in name or name.startswith("dp_all_reduce") or name == "zeropp_qgz_all_to_all"
+
+
+def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
+    """Compute seconds of one optimizer step on a GPU rank: the heaviest pipeline stage's blocks (each GEMM at
+    its shape's rate, the attention core at its kernel's rate, the memory-bound rest at HBM bandwidth) over
+    every micro batch, the LM head on the last stage, stretched by the schedule's bubble and divided by the
+    framework efficiency (estimate.cluster_model)."""
+    from dstoolkit.estimate.activations import layer_activation_bytes
+
+    shape, ds = plan.shape, plan.ds
+    tok = cm.tokens_per_micro(plan)
+    per_layer: dict = {}
+
+    def layer_s(i: int) -> float:
+        key = (shape.is_moe_layer(i), plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i])
+        if key not in per_layer:
+            saved = layer_activation_bytes(plan, i, ds.micro_batch).full
+            per_layer[key] = cm.layer_compute_s(plan, i, tok, saved, mem_bw)
+        return per_layer[key]
+
+    h, v = shape.hidden_size, shape.vocab_size
+    head = 6 * v * h * tok / plan.tp / cm.gemm_rate(plan.gpu, plan.precision, tok, v / plan.tp, h)
+    stages = []
+    for st in range(plan.pp):
+        t = sum(layer_s(i) for i in cm.stage_layers(shape.num_hidden_layers, plan.pp, st))
+        if st == plan.pp - 1:
+            t += head
+        stages.append(t)
+    bubble = cm.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
+    return max(stages) * ds.grad_accum * (1.0 + bubble) / cm.FRAMEWORK_EFFICIENCY

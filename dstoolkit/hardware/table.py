@@ -35,6 +35,12 @@ class GpuSpec(StrictModel):
     """Achievable bus bandwidth per GPU across nodes, bytes/s."""
     compute_capability: Optional[str] = None
     """CUDA compute capability such as "9.0" (gates FP8 recipes); None for non-NVIDIA or CPU."""
+    hbm_bw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
+    """Device-memory bandwidth (datasheet), bytes/s: the rate of the memory-bound parts of a step (optimizer
+    update, gradient handling, elementwise kernels). None: the step-time model's H100 default."""
+    gemm_fraction: Optional[float] = Field(default=None, gt=0, le=1)
+    """Fraction of the dense bf16 peak a large bf16 GEMM sustains (measured maximum achievable matmul FLOP/s);
+    None: the step-time model's default (estimate.cluster_model.DEFAULT_GEMM_FRACTION)."""
 
 
 GiB = 2**30
@@ -43,12 +49,22 @@ TFLOPS = 1e12
 """FLOP/s per TFLOP/s."""
 GBps = 1e9
 """Bytes/s per GB/s (decimal, as nccl-tests prints)."""
+TBps = 1e12
+"""Bytes/s per TB/s (decimal, as datasheets print HBM bandwidth)."""
 
 IB_400G_BUSBW_BYTES_PER_S = 50 * GBps
 """One 400 Gb/s InfiniBand NIC per GPU: ~50 GB/s busbw (docs/anchors.md, Collective bandwidth table; DeepSeek-V3
 paper §3.1 quotes 50 GB/s IB per H800 GPU)."""
 IB_200G_BUSBW_BYTES_PER_S = 24 * GBps
 """One 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100): 25 GB/s line rate, ~24 GB/s achievable busbw."""
+
+HOPPER_GEMM_FRACTION = 0.80
+"""Large bf16 GEMM on Hopper: 788 of 989 TFLOP/s measured on one H200 (8192^3, docs/anchors.md)."""
+AMPERE_GEMM_FRACTION = 0.87
+"""Large bf16 GEMM on A100 SXM: ~271 of 312 TFLOP/s (maximum achievable matmul FLOP/s table, S. Bekman,
+"Machine Learning Engineering", compute/accelerator chapter)."""
+MI300X_GEMM_FRACTION = 0.60
+"""Large bf16 GEMM on MI300X: ~780 of 1307 TFLOP/s (AMD ROCm blog "Measuring Max-Achievable FLOPs", part 2)."""
 
 CPU_MEMORY_PER_RANK_BYTES = 8 * GiB
 """This kind of machine has 24 GiB RAM shared by 2 ranks, the OS and other processes: budget 8 GiB per rank."""
@@ -74,6 +90,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=365 * GBps,
         inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
         compute_capability="9.0",
+        hbm_bw_bytes_per_s=3.35 * TBps,
+        gemm_fraction=HOPPER_GEMM_FRACTION,
     ),
     # NVIDIA H200 Tensor Core GPU product brief: 141 GB HBM3e, same Hopper compute as H100 SXM (989 bf16,
     # 1979 fp8 dense). All-reduce busbw ~475 GB/s (docs/anchors.md). One 400 Gb/s NIC per GPU (HGX H200).
@@ -85,6 +103,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=475 * GBps,
         inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
         compute_capability="9.0",
+        hbm_bw_bytes_per_s=4.8 * TBps,
+        gemm_fraction=HOPPER_GEMM_FRACTION,
     ),
     # H800 (China export SKU of H100 SXM): compute as H100 (docs/anchors.md), NVLink cut to 400 GB/s
     # bidirectional; all-reduce busbw ~215 GB/s (docs/anchors.md). DeepSeek-V3 paper §3.1: 8 GPUs per node,
@@ -97,6 +117,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=215 * GBps,
         inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
         compute_capability="9.0",
+        hbm_bw_bytes_per_s=3.35 * TBps,
+        gemm_fraction=HOPPER_GEMM_FRACTION,
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense, no fp8 tensor cores.
     # NVLink3 600 GB/s bidirectional; nccl-tests all-reduce busbw on DGX A100 ~230 GB/s.
@@ -109,6 +131,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=230 * GBps,
         inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
         compute_capability="8.0",
+        hbm_bw_bytes_per_s=2.039 * TBps,
+        gemm_fraction=AMPERE_GEMM_FRACTION,
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): as A100-80G with 40 GB HBM2.
     "A100-40G": GpuSpec(
@@ -119,6 +143,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=230 * GBps,
         inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
         compute_capability="8.0",
+        hbm_bw_bytes_per_s=1.555 * TBps,
+        gemm_fraction=AMPERE_GEMM_FRACTION,
     ),
     # NVIDIA L40S datasheet: 48 GB GDDR6, 362.05 TFLOP/s bf16 and 733 fp8 dense (733 / 1466 with sparsity).
     # No NVLink: PCIe Gen4 x16 (64 GB/s bidirectional, ~25 GB/s achievable all-reduce busbw through the host).
@@ -131,6 +157,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=25 * GBps,
         inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
         compute_capability="8.9",
+        hbm_bw_bytes_per_s=0.864 * TBps,
     ),
     # AMD Instinct MI300X datasheet: 192 GB HBM3, 1307.4 TFLOP/s bf16 and 2614.9 fp8 dense.
     # Infinity Fabric 7 links x 128 GB/s = 896 GB/s aggregate per GPU; RCCL all-reduce busbw on 8x MI300X
@@ -143,6 +170,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=300 * GBps,
         inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
         compute_capability=None,
+        hbm_bw_bytes_per_s=5.3 * TBps,
+        gemm_fraction=MI300X_GEMM_FRACTION,
     ),
     # This kind of machine (2 CPU cores, 24 GiB RAM, gloo over shared memory). Memory is a conservative
     # per-rank share of host RAM; flops and bandwidth are the reference machine's measured rates (above), and

@@ -60,6 +60,32 @@ class RunPlan(BaseModel):
     """Expert capacity factor: tokens computed per expert = cf * k * tokens / E (1.0 = exactly top-k)."""
     calibration: Optional[Calibration] = None
     """Measured rates for the step-time model; None uses the GPU table with default efficiencies."""
+    # -- the GPU cluster model (spec fields of dstoolkit.spec.cluster_fields; issue 16) --
+    framework: Literal["deepspeed", "megatron", "fsdp"] = "deepspeed"
+    """Runtime executing the model: decides the overlap defaults (estimate.cluster_model.resolved_overlap)."""
+    overlap_grad_reduce: Optional[bool] = None
+    """DP gradient reduction overlapped with backward; None = the framework's default."""
+    overlap_param_gather: Optional[bool] = None
+    """DP parameter all-gather overlapped with compute; None = the framework's default."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlapped with the GEMMs (Megatron --tp-comm-overlap)."""
+    moe_a2a_overlap: bool = False
+    """MoE all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm, DualPipe)."""
+    pipeline_schedule: Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"] = "1f1b"
+    """Pipeline schedule (bubble: estimate.cluster_model.bubble_fraction)."""
+    virtual_stages: int = Field(default=1, ge=1)
+    """Model chunks per pipeline rank (interleaved schedule)."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (sequence split over cp ranks taken out of dp; ring attention)."""
+    ulysses: int = Field(default=1, ge=1)
+    """DeepSpeed-Ulysses sequence-parallel degree (taken out of dp; all-to-all of q, k, v, out)."""
+    attention_impl: Optional[Literal["eager", "sdpa", "flash", "te"]] = None
+    """Attention / fused-kernel implementation; None = flash when flash_attention, else eager."""
+
+    @property
+    def attention_kind(self) -> str:
+        """The attention implementation in effect (attention_impl, else from flash_attention)."""
+        return self.attention_impl or ("flash" if self.flash_attention else "eager")
 
     @model_validator(mode="after")
     def _check_seq_len_positive(self) -> "RunPlan":
@@ -103,11 +129,11 @@ class RunPlan(BaseModel):
     def dims(self) -> ParallelDims:
         """The layout's degrees (`dstoolkit.layout.ParallelDims`)."""
         return ParallelDims(world=self.world_size, tp=self.tp, pp=self.pp, ep=self.ep,
-                            gpus_per_node=self.gpus_per_node)
+                            sp=self.cp * self.ulysses, gpus_per_node=self.gpus_per_node)
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: world_size / (tp * pp)."""
+        """Data-parallel degree: world_size / (tp * pp * cp * ulysses)."""
         return self.dims.dp
 
     @property
@@ -171,6 +197,10 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
             return int(given)
         return 1 if v == "auto" else int(v)
 
+    shards = t.cp * t.ulysses
+    if shards > 1:
+        ds_config = _sequence_sharded_batch(ds_config, spec, shards, deg(tp, t.tp) * deg(pp, t.pp),
+                                            world_size or spec.cluster.world_size)
     return RunPlan(
         shape=shape,
         ds_config=ds_config,
@@ -186,4 +216,32 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         sequence_parallel=t.sequence_parallel if sequence_parallel is None else sequence_parallel,
         precision=t.precision,
         calibration=calibration_for_spec(spec) if calibration is _FROM_SPEC else calibration,
+        framework=t.framework,
+        overlap_grad_reduce=None if t.overlap_grad_reduce == "auto" else t.overlap_grad_reduce,
+        overlap_param_gather=None if t.overlap_param_gather == "auto" else t.overlap_param_gather,
+        tp_comm_overlap=t.tp_comm_overlap,
+        moe_a2a_overlap=t.moe_a2a_overlap,
+        pipeline_schedule=t.pipeline_schedule,
+        virtual_stages=t.virtual_stages,
+        cp=t.cp,
+        ulysses=t.ulysses,
+        attention_impl=t.attention_impl,
     )
+
+
+def _sequence_sharded_batch(ds_config: dict, spec: Spec, shards: int, model_ranks: int, world: int) -> dict:
+    """The DeepSpeed JSON's batch triad over the data-parallel ranks left when cp x Ulysses ranks share each
+    sequence (dp = world / (tp * pp * cp * ulysses)): the generator counts dp = world / (tp * pp). The JSON's
+    sequence_parallel_size carries the shard count (DeepSpeed's own key for Ulysses; for Megatron CP the
+    nearest DeepSpeed expression)."""
+    dp = world // (model_ranks * shards)
+    mb = int(ds_config.get("train_micro_batch_size_per_gpu") or 1)
+    gb = spec.training.global_batch
+    if dp < 1 or gb % (mb * dp):
+        raise ValueError(f"global_batch {gb} is not a multiple of micro batch {mb} x dp {dp} "
+                         f"(dp = world / (tp * pp * cp * ulysses))")
+    out = dict(ds_config)
+    out["train_batch_size"] = gb
+    out["gradient_accumulation_steps"] = gb // (mb * dp)
+    out["sequence_parallel_size"] = shards  # DeepSpeed divides dp by it (runtime/config.py, as for Ulysses)
+    return out

@@ -17,6 +17,7 @@ from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
 from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.spec.cluster_fields import ClusterModelFields
 from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
 
 # ----------------------------------------------------------------------------------------------------------
@@ -210,8 +211,8 @@ class BatchRampSpec(_Strict):
         return self
 
 
-class TrainingSpec(_Strict):
-    """The training plan."""
+class TrainingSpec(ClusterModelFields):
+    """The training plan (the cluster-model fields: `dstoolkit.spec.cluster_fields`)."""
 
     seq_len: int = Field(gt=0)
     """Tokens per sequence."""

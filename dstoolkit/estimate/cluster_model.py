@@ -1,0 +1,205 @@
+"""The GPU cluster model behind the step time (issue 16): compute efficiency by GEMM shape, precision and GPU
+generation; pipeline bubbles by schedule; overlap defaults per framework; per-stage layer work (the heaviest
+pipeline stage decides the step); context/sequence-parallel communication. No torch import.
+
+Every constant cites its source. The three constants marked "fitted" were chosen on the training two thirds of
+benchmarks/data/published_runs.yaml (rows whose table index i has i % 3 != 2); the other third is held out.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dstoolkit.estimate.layout import param_layout
+from dstoolkit.hardware.table import GpuSpec
+from dstoolkit.runplan import RunPlan
+
+# -- GEMM efficiency ---------------------------------------------------------------------------------------
+GEMM_HALF_DIM = 384
+"""Fitted. GEMM efficiency falls off as d / (d + GEMM_HALF_DIM) in the smallest GEMM dimension d: a tile-level
+occupancy form (a d-wide GEMM fills d / (d + tile-quantisation waste) of the SMs); with the Hopper large-GEMM
+fraction 0.80 it gives ~0.55 of peak at d = 1024 and ~0.72 at d = 4096, the shape of published cuBLAS
+bf16 sweeps (NVIDIA "Matrix Multiplication Background" guide, Fig. 2-3)."""
+DEFAULT_GEMM_FRACTION = 0.75
+"""Large-GEMM fraction of dense peak for a GPU the table has no measurement for (between Hopper's 0.80 and the
+MI300X's ~0.6 below)."""
+FP8_GEMM_SPEEDUP = 1.45
+"""FP8 over bf16 GEMM rate as training frameworks realise it (casts, amax/scale bookkeeping included): the
+1.3-1.5x published end to end (torchtitan docs/performance.md: Llama 3 8B 5,762 -> 8,532 tokens/s with compile +
+float8, docs/anchors.md; NVIDIA NeMo performance tables fp8 vs bf16), not the 2x peak ratio."""
+FP32_GEMM_SLOWDOWN = 0.5
+"""fp32 runs use TF32 tensor cores at half the bf16 peak (A100/H100 datasheets: TF32 = bf16 / 2, dense)."""
+CAUSAL_ATTENTION_WORK = 0.5
+"""Causal flash/fused kernels skip the masked upper triangle (Dao 2023, FlashAttention-2 §3.1.1), so they run
+half the 12·L·H·Q·T attention FLOPs PaLM App. B counts; eager attention computes the full square."""
+ATTENTION_FRACTION = {"eager": 0.30, "sdpa": 0.50, "flash": 0.55, "te": 0.60}
+"""Fraction of dense bf16 peak the attention kernels sustain (fwd+bwd). flash: FlashAttention-2 reaches 50-73%
+of A100 peak fwd+bwd (Dao 2023, Fig. 5-6) and FlashAttention-3 / cuDNN fused attention 40-75% of H100 peak
+(Shah et al. 2024, Fig. 5); te (cuDNN fused attention through Transformer Engine) a little above; sdpa (torch
+picks flash or memory-efficient kernels) a little below; eager: separate QK^T, softmax and PV kernels."""
+NON_GEMM_PASSES_PER_SAVED_BYTE = 3.0
+"""Memory-bound work per layer outside the GEMMs and the attention core (norms, activation functions, residual
+adds, RoPE): each saved activation byte is written in forward and read in backward, and its gradient is written
+once (roofline accounting, Williams et al. 2009); runs at the GPU's HBM bandwidth."""
+FRAMEWORK_EFFICIENCY = 0.88
+"""Fitted. Fraction of the kernel-level rate a whole training step keeps (launch gaps, synchronisation,
+stragglers): between the 80% of matmul peak and the 38-56% end-to-end MFU published (docs/anchors.md)."""
+
+
+def gemm_fraction(gpu: GpuSpec) -> float:
+    """Large-GEMM fraction of dense bf16 peak (`GpuSpec.gemm_fraction`, else DEFAULT_GEMM_FRACTION)."""
+    return gpu.gemm_fraction if gpu.gemm_fraction is not None else DEFAULT_GEMM_FRACTION
+
+
+def shape_factor(m: float, n: float, k: float) -> float:
+    """d / (d + GEMM_HALF_DIM) for d = the smallest of the GEMM's m, n, k (see GEMM_HALF_DIM)."""
+    d = max(1.0, min(m, n, k))
+    return d / (d + GEMM_HALF_DIM)
+
+
+def precision_factor(precision: str, gpu: GpuSpec) -> float:
+    """GEMM rate relative to bf16 for the plan's precision (fp8 only where the GPU has fp8 tensor cores)."""
+    if precision == "fp8" and gpu.peak_fp8_flops:
+        return FP8_GEMM_SPEEDUP
+    if precision == "fp32":
+        return FP32_GEMM_SLOWDOWN
+    return 1.0
+
+
+def gemm_rate(gpu: GpuSpec, precision: str, m: float, n: float, k: float) -> float:
+    """Sustained FLOP/s of one (m x k) @ (k x n) GEMM on this GPU."""
+    return gpu.peak_bf16_flops * gemm_fraction(gpu) * shape_factor(m, n, k) * precision_factor(precision, gpu)
+
+
+def hbm_bw(gpu: GpuSpec, fallback: float) -> float:
+    """HBM bandwidth of the GPU (`GpuSpec.hbm_bw_bytes_per_s`), else the fallback."""
+    return gpu.hbm_bw_bytes_per_s or fallback
+
+
+# -- pipeline schedules -----------------------------------------------------------------------------------
+def bubble_fraction(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Idle time of a pipeline flush relative to the ideal compute time.
+
+    1f1b: (p-1)/m (Narayanan et al. 2021 §2.2.1); interleaved: (p-1)/(v·m) (§2.2.2); zero-bubble (ZB-H1, Qi et
+    al. 2023 §3): (p-1)(F+B-2W)/(m(F+B)) = (p-1)/(3m) with F = W = B/2; dualpipe (DeepSeek-V3 Table 2):
+    (p/2-1)(F&B+B-3W)/(m(F+B)) = (p-2)/(3m) with F&B = F+B (no intra-pair overlap credited).
+    """
+    if pp <= 1:
+        return 0.0
+    m = max(1, micro_batches)
+    if schedule == "interleaved":
+        return (pp - 1) / (max(1, virtual_stages) * m)
+    if schedule == "zero-bubble":
+        return (pp - 1) / (3.0 * m)
+    if schedule == "dualpipe":
+        return max(0.0, (pp - 2) / (3.0 * m))
+    return (pp - 1) / m
+
+
+# -- overlap defaults -------------------------------------------------------------------------------------
+def resolved_overlap(plan: RunPlan) -> tuple[bool, bool]:
+    """(gradient reduction overlapped, parameter gather overlapped) after the framework defaults.
+
+    deepspeed: the JSON's overlap_comm (DeepSpeed default false, true at stage 3: runtime/zero/config.py) for the
+    gradients; stage 3 prefetches parameters (stage3_prefetch_bucket_size), stages 1/2 gather after the step.
+    megatron: Megatron-LM --overlap-grad-reduce / --overlap-param-gather default off (arguments.py).
+    fsdp: PyTorch FSDP runs reduce-scatter and the backward prefetch on separate streams (FSDP docs).
+    """
+    g, p = plan.overlap_grad_reduce, plan.overlap_param_gather
+    if plan.framework == "deepspeed":
+        dg, dpg = plan.ds.overlap_comm, plan.ds.zero_stage == 3
+    elif plan.framework == "fsdp":
+        dg, dpg = True, True
+    else:
+        dg, dpg = False, False
+    return (dg if g is None else g), (dpg if p is None else p)
+
+
+# -- per-stage work ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerWeights:
+    """Matmul weights of one block by role (whole model, before TP)."""
+
+    attention: int
+    dense_mlp: int
+    routed_one: int
+    """One routed expert's weights (0 for a dense block)."""
+    shared: int
+    router: int
+
+
+def layer_weights(shape, i: int) -> LayerWeights:
+    att = dense = routed = shared = router = 0
+    for p in param_layout(shape):
+        if p.layer != i or p.kind == "norm" or not p.name.endswith("weight"):
+            continue
+        if p.kind == "attention" and "layernorm" not in p.name and "_norm" not in p.name:
+            att += p.numel
+        elif p.kind == "dense_mlp":
+            dense += p.numel
+        elif p.kind == "expert":
+            routed += p.numel
+        elif p.kind == "shared_expert":
+            shared += p.numel
+        elif p.kind == "router":
+            router += p.numel
+    if shape.is_moe_layer(i) and shape.num_experts:
+        routed //= shape.num_experts
+    return LayerWeights(att, dense, routed, shared, router)
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> range:
+    """Layers of pipeline stage `stage`: ceil(L/pp) contiguous blocks (the estimator's one partition)."""
+    per = math.ceil(num_layers / pp)
+    return range(stage * per, min(num_layers, (stage + 1) * per))
+
+
+def moe_layers_per_stage(shape, pp: int) -> list[int]:
+    """MoE blocks on each pipeline stage (DeepSeek-V3 at pp 16: 1 on stage 0, 4 on the others)."""
+    return [sum(shape.is_moe_layer(i) for i in stage_layers(shape.num_hidden_layers, pp, s)) for s in range(pp)]
+
+
+def sequence_shards(plan: RunPlan) -> int:
+    """Ranks one sequence is split over: context parallel x Ulysses."""
+    return plan.cp * plan.ulysses
+
+
+def tokens_per_micro(plan: RunPlan) -> float:
+    """Tokens one rank computes per micro batch (the sequence split by cp / Ulysses)."""
+    return plan.ds.micro_batch * plan.seq_len / sequence_shards(plan)
+
+
+def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_bw: float) -> float:
+    """Seconds of forward+backward(+recompute) of block i for `tok` tokens on one rank."""
+    shape, gpu, t = plan.shape, plan.gpu, plan.tp
+    h = shape.hidden_size
+    w = layer_weights(shape, i)
+    prec = plan.precision
+    recompute = 1.0
+    if plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]:
+        recompute = 4.0 / 3.0  # one more forward (2N of 6N): docs/anchors.md, "Full recompute"
+    s = 0.0
+    # attention projections: (tok x h) @ (h x heads·d / t)
+    s += 6 * w.attention * tok / t / gemm_rate(gpu, prec, tok, h / t, h)
+    if w.dense_mlp:
+        s += 6 * w.dense_mlp * tok / t / gemm_rate(gpu, prec, tok, shape.intermediate_size / t, h)
+    if w.routed_one:
+        k = max(1, shape.num_experts_per_tok)
+        per_expert = tok * k * plan.ep / shape.num_experts  # tokens one local expert receives from its EP group
+        ffn = shape.expert_ffn_size
+        s += 6 * w.routed_one * k * tok / t / gemm_rate(gpu, prec, per_expert, ffn / t, h)
+    if w.shared:
+        width = w.shared / ((3 if shape.mlp_gated else 2) * h)
+        s += 6 * w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
+    s *= recompute
+    # attention core: 12·H·Q·S per token (PaLM App. B) over the full sequence, each rank its tok queries
+    from dstoolkit.estimate.flops import attention_head_dims
+
+    H, Q = attention_head_dims(shape)
+    impl = plan.attention_kind
+    work = 12 * H * Q * plan.seq_len * tok / t * (1.0 if impl == "eager" else CAUSAL_ATTENTION_WORK)
+    if plan.checkpoint.recomputes_attention_core or recompute > 1:
+        work *= 4.0 / 3.0
+    s += work / (gpu.peak_bf16_flops * ATTENTION_FRACTION[impl])
+    s += NON_GEMM_PASSES_PER_SAVED_BYTE * saved_bytes / mem_bw
+    return s

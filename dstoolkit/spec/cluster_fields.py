@@ -1,0 +1,76 @@
+"""Training-spec fields of the GPU cluster model (issue 16): overlap, pipeline schedule, context and sequence
+parallelism, attention implementation (recompute granularity is activation_checkpointing: none / selective /
+every-k / ratio / full).
+
+`TrainingSpec` (dstoolkit.spec.model) inherits them from `ClusterModelFields`, which also validates them, so
+the main schema file stays small. The estimator reads them through `dstoolkit.runplan.plan_from_spec`. No torch.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from dstoolkit.common.model import Auto, StrictModel
+from dstoolkit.spec.errors import SpecFieldError
+
+Framework = Literal["deepspeed", "megatron", "fsdp"]
+PipelineSchedule = Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"]
+AttentionImpl = Literal["eager", "sdpa", "flash", "te"]
+
+
+class ClusterModelFields(StrictModel):
+    """How the run executes on the GPUs (what the step-time, communication and activation models read)."""
+
+    framework: Framework = "deepspeed"
+    """The runtime that executes the model; decides the overlap defaults ("auto"): deepspeed = the DeepSpeed
+    JSON's zero_optimization.overlap_comm (DeepSpeed's default: false, true at stage 3); megatron = Megatron-LM's
+    --overlap-grad-reduce / --overlap-param-gather defaults (both off); fsdp = PyTorch FSDP, whose reduce-scatter
+    and backward prefetch run on their own streams by design (both on)."""
+    overlap_grad_reduce: Union[bool, Auto] = "auto"
+    """Data-parallel gradient reduction overlapped with backward compute (DeepSpeed overlap_comm, Megatron
+    --overlap-grad-reduce); "auto" = the framework's default."""
+    overlap_param_gather: Union[bool, Auto] = "auto"
+    """Data-parallel parameter all-gather overlapped with compute (ZeRO-3 prefetch, Megatron
+    --overlap-param-gather with the distributed optimizer); "auto" = the framework's default."""
+    tp_comm_overlap: bool = False
+    """TP all-reduce / reduce-scatter / all-gather overlapped with the GEMMs (Megatron --tp-comm-overlap,
+    Transformer Engine userbuffers). Off by default in Megatron-LM."""
+    moe_a2a_overlap: bool = False
+    """MoE dispatch/combine all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm,
+    DeepSeek-V3 DualPipe). Off by default."""
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule: 1f1b (bubble (pp-1)/m), interleaved (virtual stages, bubble (pp-1)/(v·m), Narayanan et
+    al. 2021 §2.2), zero-bubble (Qi et al. 2023, ZB-H2: the backward is split into input and weight gradients
+    that fill the bubble) or dualpipe (DeepSeek-V3 §3.2.1: bubble (pp/2-1)·(F&B + B - 3W) with the all-to-all
+    hidden behind the paired micro batch)."""
+    virtual_stages: int = Field(default=1, ge=1)
+    """Model chunks per pipeline rank with the interleaved schedule (Megatron --num-layers-per-virtual-pipeline-stage)."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (Megatron-Core context parallelism: each sequence split over cp ranks, ring
+    attention exchanging K/V; the ranks come out of the data-parallel ones)."""
+    ulysses: int = Field(default=1, ge=1)
+    """DeepSpeed-Ulysses sequence-parallel degree (Jacobs et al. 2023: all-to-all of q, k, v and the attention
+    output per layer; the ranks come out of the data-parallel ones)."""
+    attention_impl: Optional[AttentionImpl] = None
+    """Attention / fused-kernel implementation, which decides what activations are saved: eager (HF eager
+    kernels: fp32 norm upcasts, repeated K/V, the s² probabilities), sdpa (HF with torch SDPA: no s² term),
+    flash (flash-attention kernels with HF-style modules), te (Transformer Engine / Megatron fused kernels).
+    None: flash when flash_attention, else eager."""
+    @field_validator("virtual_stages", "cp", "ulysses", mode="before")
+    @classmethod
+    def _check_int_not_bool(cls, value: Any, info) -> Any:
+        if isinstance(value, bool):
+            raise SpecFieldError((), f"{info.field_name}={value!r} is a boolean", "give a positive integer")
+        return value
+
+    @model_validator(mode="after")
+    def _check_cluster_fields(self) -> "ClusterModelFields":
+        if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved":
+            raise SpecFieldError(("virtual_stages",), f"virtual_stages={self.virtual_stages} needs "
+                                 f"pipeline_schedule: interleaved (got {self.pipeline_schedule!r})",
+                                 "set pipeline_schedule: interleaved, or remove virtual_stages")
+        if self.cp > 1 and self.ulysses > 1:
+            raise SpecFieldError(("ulysses",), f"cp={self.cp} and ulysses={self.ulysses}: one sequence-sharding "
+                                 "scheme at a time", "keep cp (Megatron) or ulysses (DeepSpeed), not both")
+        return self

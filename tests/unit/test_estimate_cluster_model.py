@@ -1,0 +1,184 @@
+"""The GPU cluster model (issue 16): pipeline schedules, overlap defaults, context/sequence parallelism, MoE
+all-to-all and fused-kernel activations, pinned with hand-derived numbers against their papers and docs."""
+import pytest
+
+from dstoolkit.estimate import cluster_model as cm
+from dstoolkit.estimate.activations import activation_bytes, layer_activation_bytes
+from dstoolkit.estimate.comm import comm_plan
+from dstoolkit.estimate.core import estimate_run
+from dstoolkit.hardware.table import get_gpu
+from dstoolkit.models import get_preset
+from dstoolkit.runplan import RunPlan
+from dstoolkit.spec import spec_from_dict
+from dstoolkit.spec.errors import SpecError
+
+
+def _ds(stage=1, mb=1, ga=1, **zero):
+    return {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": ga, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": stage, **zero}, "optimizer": {"type": "AdamW"}}
+
+
+def _plan(preset="llama-3-8b", world=8, stage=1, mb=1, ga=1, seq=4096, zero=None, **kw):
+    return RunPlan(shape=get_preset(preset), ds_config=_ds(stage, mb, ga, **(zero or {})), world_size=world,
+                   gpus_per_node=8, gpu=get_gpu(kw.pop("gpu", "H100-SXM")), seq_len=seq, **kw)
+
+
+# -- pipeline schedules -----------------------------------------------------------------------------------
+def test_1f1b_bubble_is_p_minus_1_over_m():
+    # Narayanan et al. 2021 §2.2.1: bubble time fraction (p - 1) / m
+    assert cm.bubble_fraction("1f1b", 8, 32) == pytest.approx(7 / 32)
+
+
+def test_interleaved_bubble_divides_by_virtual_stages():
+    # Narayanan et al. 2021 §2.2.2: (p - 1) / (v · m)
+    assert cm.bubble_fraction("interleaved", 8, 32, 4) == pytest.approx(7 / 128)
+
+
+def test_zero_bubble_and_dualpipe():
+    # ZB-H1 (Qi et al. 2023): (p-1)(F+B-2W) / (m(F+B)) with F = 1, B = 2, W = 1 -> (p-1) / (3m)
+    assert cm.bubble_fraction("zero-bubble", 8, 32) == pytest.approx(7 / 96)
+    # DeepSeek-V3 Table 2: (p/2 - 1)(F&B + B - 3W) / (m(F+B)), F&B = 3 -> (p - 2) / (3m)
+    assert cm.bubble_fraction("dualpipe", 16, 32) == pytest.approx(14 / 96)
+    assert cm.bubble_fraction("1f1b", 1, 32) == 0.0
+
+
+def test_interleaved_schedule_shortens_the_step_and_multiplies_p2p():
+    base = _plan("llama-3-70b", world=16, ga=8, tp=8, pp=2)
+    inter = base.model_copy(update={"pipeline_schedule": "interleaved", "virtual_stages": 4})
+    assert estimate_run(inter).step_time.compute_s < estimate_run(base).step_time.compute_s
+    assert comm_plan(inter).by_name()["pp_p2p"] == 4 * comm_plan(base).by_name()["pp_p2p"]
+
+
+def test_interleaved_keeps_more_micro_batches_in_flight():
+    # Korthikanti et al. 2022 §4.2.3: x (1 + (p-1)/(p·v)) on the first stage; pp 4, v 2 -> 4 · 11/8 = 5.5
+    p = _plan("llama-3-70b", world=32, ga=8, tp=8, pp=4, pipeline_schedule="interleaved", virtual_stages=2)
+    assert activation_bytes(p).in_flight_micro_batches == pytest.approx(5.5)
+
+
+# -- overlap defaults per framework ---------------------------------------------------------------------
+def test_deepspeed_overlap_defaults_follow_the_json():
+    # DeepSpeed runtime/zero/config.py: overlap_comm false unless stage 3; stages 1/2 gather after the step
+    assert cm.resolved_overlap(_plan(stage=1)) == (False, False)
+    assert cm.resolved_overlap(_plan(stage=1, zero={"overlap_comm": True})) == (True, False)
+    assert cm.resolved_overlap(_plan(stage=3)) == (True, True)
+
+
+def test_megatron_and_fsdp_defaults_and_overrides():
+    # Megatron-LM arguments.py: --overlap-grad-reduce / --overlap-param-gather default off; FSDP overlaps by design
+    assert cm.resolved_overlap(_plan(framework="megatron")) == (False, False)
+    assert cm.resolved_overlap(_plan(framework="fsdp")) == (True, True)
+    assert cm.resolved_overlap(_plan(framework="megatron", overlap_grad_reduce=True,
+                                     overlap_param_gather=True)) == (True, True)
+
+
+def test_overlap_flags_reach_the_collectives():
+    p = _plan(world=16, tp=2, framework="megatron", overlap_grad_reduce=True, overlap_param_gather=True,
+              tp_comm_overlap=True)
+    ops = {op.name: op.overlappable for op in comm_plan(p).ops}
+    assert ops["zero_grad_all_reduce"] and ops["zero_all_gather"] and ops["tp_all_reduce"]
+    q = _plan(world=16, tp=2, framework="megatron")
+    ops = {op.name: op.overlappable for op in comm_plan(q).ops}
+    assert not ops["zero_grad_all_reduce"] and not ops["zero_all_gather"] and not ops["tp_all_reduce"]
+    assert estimate_run(p).step_time.comm_exposed_s < estimate_run(q).step_time.comm_exposed_s
+
+
+# -- context and sequence parallelism -------------------------------------------------------------------
+def test_context_parallel_ring_bytes():
+    # Megatron-Core CP (ring attention): 3 (cp-1) K/V-chunk transfers per layer (fwd K,V; bwd K,V and dK,dV);
+    # chunk = 2 (K and V) x s/cp tokens x kv_heads x head_dim x 2 bytes. Llama 3 8B: 32 layers, 8 kv heads x 128
+    p = _plan(world=8, seq=8192, ga=1, cp=2)
+    chunk = 2 * (8192 // 2) * 8 * 128 * 2
+    assert comm_plan(p).by_name()["cp_ring_p2p"] == 3 * 1 * chunk * 32
+    assert p.dp == 4  # cp ranks come out of the data-parallel ones
+
+
+def test_ulysses_all_to_all_bytes():
+    # Jacobs et al. 2023 §3.1: q, k, v and out all-to-alls, fwd and bwd: 2 x s/u x (2·a·d + 2·g·d) x 2 bytes/layer
+    p = _plan(world=8, seq=8192, ulysses=4)
+    width = 2 * 32 * 128 + 2 * 8 * 128
+    assert comm_plan(p).by_name()["ulysses_all_to_all"] == 2 * (8192 // 4) * width * 2 * 32
+
+
+def test_sequence_sharding_divides_activations():
+    full = layer_activation_bytes(_plan(seq=8192, attention_impl="te"), 0, 1).full
+    half = layer_activation_bytes(_plan(seq=8192, cp=2, attention_impl="te"), 0, 1).full
+    assert half == pytest.approx(full / 2)
+
+
+def test_megatron_sp_shards_the_norm_region():
+    # Korthikanti 2022 Table 2: SP divides the non-TP (norm / dropout) activations by t too
+    no_sp = layer_activation_bytes(_plan(world=8, tp=8, attention_impl="te"), 0, 1)
+    sp = layer_activation_bytes(_plan(world=8, tp=8, sequence_parallel=True, attention_impl="te"), 0, 1)
+    outside = 2 * (2 * 2 * 4096 + 4) * 4096
+    assert no_sp.full - sp.full == pytest.approx(outside * (1 - 1 / 8))
+
+
+# -- fused kernels ---------------------------------------------------------------------------------------
+def test_te_activations_per_token_hidden():
+    # Llama 3 8B, TE: norms 2(2·2h + 4), q + k + v = 2(32 + 16)·128, out 2·32·128, lse 4·32, MLP 3·2·14336
+    per_tok = 2 * (2 * 2 * 4096 + 4) + 2 * 48 * 128 + 2 * 32 * 128 + 4 * 32 + 3 * 2 * 14336
+    la = layer_activation_bytes(_plan(seq=4096, attention_impl="te"), 0, 1)
+    assert la.full == pytest.approx(per_tok * 4096)
+    assert per_tok / 4096 == pytest.approx(34.0, abs=0.1)
+    eager = layer_activation_bytes(_plan(seq=4096, attention_impl="sdpa"), 0, 1).full
+    assert eager / 4096 / 4096 > 40  # the Hugging Face itemisation keeps fp32 norm copies and repeated K/V
+
+
+# -- MoE -------------------------------------------------------------------------------------------------
+def test_moe_layers_counted_on_the_heaviest_stage():
+    # DeepSeek-V3: 61 layers, first 3 dense; pp 16 -> 4 layers a stage: stage 0 holds 1 MoE layer, 1-14 hold 4
+    per = cm.moe_layers_per_stage(get_preset("deepseek-v3"), 16)
+    assert per[0] == 1 and per[1] == 4 and max(per) == 4 and per[15] == 1
+
+
+def test_megatron_dropless_all_to_all_per_tp_rank():
+    # Megatron-Core alltoall dispatcher: tokens x top-k x h x 2 bytes, / tp (SP), x 4 (dispatch + combine, fwd+bwd)
+    p = _plan("mixtral-8x7b", world=16, tp=2, ep=8, framework="megatron", sequence_parallel=True)
+    assert comm_plan(p).by_name()["ep_all_to_all"] == 4 * 4096 * 2 * 4096 * 2 // 2 * 32
+
+
+def test_moe_a2a_overlap_flag():
+    p = _plan("mixtral-8x7b", world=16, tp=2, ep=8, moe_a2a_overlap=True)
+    assert {op.name: op.overlappable for op in comm_plan(p).ops}["ep_all_to_all"]
+
+
+def test_layer_weights_split_routed_and_shared():
+    shape = get_preset("deepseek-v3")
+    w = cm.layer_weights(shape, 5)
+    assert w.routed_one == 3 * 7168 * 2048  # one routed expert
+    assert w.shared == 3 * 7168 * 2048  # one shared expert of the same width
+    assert w.dense_mlp == 0
+    assert cm.layer_weights(shape, 0).dense_mlp == 3 * 7168 * 18432
+
+
+# -- compute efficiency ----------------------------------------------------------------------------------
+def test_gemm_rate_by_shape_precision_and_generation():
+    h100, a100 = get_gpu("H100-SXM"), get_gpu("A100-80G")
+    assert cm.shape_factor(cm.GEMM_HALF_DIM, 1e6, 1e6) == pytest.approx(0.5)
+    big = cm.gemm_rate(h100, "bf16", 1e9, 1e9, 1e9)
+    assert big == pytest.approx(989e12 * 0.80, rel=1e-3)
+    assert cm.gemm_rate(h100, "fp8", 8192, 8192, 8192) == pytest.approx(
+        cm.FP8_GEMM_SPEEDUP * cm.gemm_rate(h100, "bf16", 8192, 8192, 8192))
+    assert cm.gemm_rate(a100, "fp8", 8192, 8192, 8192) == cm.gemm_rate(a100, "bf16", 8192, 8192, 8192)
+    assert cm.gemm_rate(h100, "bf16", 1024, 8192, 8192) < cm.gemm_rate(h100, "bf16", 8192, 8192, 8192)
+    assert 1.3 <= cm.FP8_GEMM_SPEEDUP <= 1.5
+
+
+def test_hbm_bandwidth_comes_from_the_table():
+    assert get_gpu("H200").hbm_bw_bytes_per_s == pytest.approx(4.8e12)
+    assert get_gpu("A100-80G").hbm_bw_bytes_per_s == pytest.approx(2.039e12)
+
+
+# -- spec fields -----------------------------------------------------------------------------------------
+def _spec(**training):
+    return spec_from_dict({"model": {"preset": "llama-3-8b"},
+                           "training": {"seq_len": 4096, "global_batch": 64, **training}})
+
+
+def test_spec_fields_validate():
+    s = _spec(cp=2, pipeline_schedule="interleaved", virtual_stages=2, framework="megatron", attention_impl="te")
+    assert (s.training.cp, s.training.virtual_stages, s.training.framework) == (2, 2, "megatron")
+    with pytest.raises((SpecError, ValueError)):
+        _spec(virtual_stages=2)  # needs the interleaved schedule
+    with pytest.raises((SpecError, ValueError)):
+        _spec(cp=2, ulysses=2)
