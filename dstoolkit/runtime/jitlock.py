@@ -192,6 +192,10 @@ def check_locks(*, root: Optional[pathlib.Path] = None, since_s: Optional[float]
                 say(f"{who}: removed stale torch-extension lock for op {lock.parent.name} ({lock}): "
                     f"{_fmt_age(age)} old and no live process holds or builds it (a killed build left it)")
             else:
+                if str(lock) not in announced:
+                    announced.add(str(lock))
+                    say(f"{who}: torch-extension lock for op {lock.parent.name} ({lock}) is {age:.1f} s old with no "
+                        f"visible holder; judging it when {min_age_s:.0f} s old")
                 nxt.append(lock)  # too young to judge: look again once it is min_age_s old
         pending = nxt
         if pending:
