@@ -1,5 +1,8 @@
 """`dstoolkit bench comm|overlap|train`: measure collectives, compute/comm overlap and training throughput.
 
+`dstoolkit bench train CONFIG... -- COMMAND...` runs the user's own launch for each config (placeholders as in
+`dstoolkit tune`, see dstoolkit/runtime/bench/train.py).
+
 Results are appended to JSON Lines files (``--out``); `dstoolkit report DIR` renders tables and plots from them.
 torch/deepspeed are imported only inside `run`.
 """
@@ -76,6 +79,11 @@ def add_parser(subparsers) -> None:
                               "(default) uses the newest benchmarks/results/calibration_<cpu|gpu>_*.json if present, "
                               "'none' the hardware table")
     _add_common(t)
+    from dstoolkit.cli.tune import accept_command
+
+    # `-- COMMAND...`: the user's own launch per config instead of the example trainer; placeholders as in
+    # `dstoolkit tune` ({config}, {hf_config}, {accelerate_config}, {micro_batch}, {grad_accum}, {precision}...)
+    accept_command(t)
     t.set_defaults(run=run)
 
 

@@ -1,7 +1,15 @@
 """`dstoolkit tune`: Bayesian search (optuna TPE) for the fastest (or leanest) DeepSpeed config that fits.
 
     dstoolkit tune SPEC.yaml --budget N --out DIR [--objective throughput|memory] [--mode real|estimate]
-                   [--seed S] [--force] [--format table|json]
+                   [--seed S] [--force] [--format table|json] [-- COMMAND...]
+
+With `-- COMMAND...` (real mode) each trial runs the user's own launch instead of the example trainer, e.g.
+`-- torchrun --nproc_per_node 2 train.py --deepspeed {config} --per_device_train_batch_size {micro_batch}`.
+Placeholders filled per trial: {config} (the trial's DeepSpeed JSON), {hf_config} (HF Trainer form, batch /
+precision / optimizer values "auto"), {accelerate_config} (`accelerate launch --config_file` YAML),
+{micro_batch}, {grad_accum}, {global_batch}, {precision}, {precision_flag}, {max_steps}, {world_size}, {port},
+{out}. Nothing else in the command is changed. Metrics come from a DeepSpeed engine hook installed through a
+sitecustomize on PYTHONPATH (dstoolkit/runtime/bench/train.py); the run stops after --steps optimizer steps.
 
 Candidates are pruned by the structural rules, `validate_config` and the memory estimate before anything
 runs (pruned trials keep their reason); the estimator's top-ranked points are tried first. Real mode runs
@@ -44,7 +52,57 @@ def add_parser(subparsers) -> None:
                    help="real mode: how ranks are started (default torchrun; deepspeed is slower to start)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_format_flag(p)
+    accept_command(p)
     p.set_defaults(run=run)
+
+
+def accept_command(parser) -> None:
+    """Everything after the first `--` on the command line becomes `args.command` (the user's launch, kept
+    verbatim); argparse alone would mix it into the positionals. Used by `tune` and `bench train`."""
+    orig = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        cmd: list[str] = []
+        if "--" in args:
+            i = args.index("--")
+            args, cmd = args[:i], args[i + 1:]
+        ns, extra = orig(args, namespace)
+        ns.command = cmd
+        return ns, extra
+
+    parser.parse_known_args = parse_known_args
+    parser.set_defaults(command=[])
+
+
+COMMAND_FILE = "command.json"
+
+
+def command_lookup(opts, command: list[str], force: bool):
+    """The study's evaluator for a user command: each runnable point becomes OUT/trials/cmd-NNNN/ and one run
+    of `command` (dstoolkit.tune.objective.run_command_trial). The command is kept in OUT/command.json; a
+    different command on a resumed study is refused unless --force."""
+    from dstoolkit.tune.objective import run_command_trial
+    from dstoolkit.tune.study import TRIALS_DIR, _load_space
+
+    state: dict = {}
+    cmd_file = opts.out_dir / COMMAND_FILE
+    if cmd_file.is_file() and not force:
+        old = json.loads(cmd_file.read_text())
+        if old != command:
+            raise InputError(f"{opts.out_dir} holds a study of another command ({' '.join(old)}); use another "
+                             "--out or --force")
+
+    def lookup(point, chk):
+        if "space" not in state:
+            _, state["space"], _ = _load_space(opts)
+            cmd_file.write_text(json.dumps(command) + "\n")
+        trials = opts.out_dir / TRIALS_DIR
+        n = len(list(trials.glob("cmd-*"))) if trials.is_dir() else 0
+        return run_command_trial(state["space"], chk, trials / f"cmd-{n:04d}", command, objective=opts.objective,
+                                 ranks=state["space"].spec.cluster.world_size, steps=opts.steps,
+                                 skip_steps=opts.skip_steps, timeout_s=opts.trial_timeout_s)
+    return lookup
 
 
 def _scales(text: str) -> tuple[float, ...]:
@@ -89,7 +147,10 @@ def run(args) -> int:
             skip_steps=args.skip_steps if args.skip_steps is not None else DEFAULT_SKIP_STEPS,
             trial_timeout_s=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
             launcher=args.launcher, progress=args.progress)
-        res = run_study(opts)
+        command = list(getattr(args, "command", None) or [])
+        if command and args.mode != "real":
+            raise InputError("a command after `--` is run by real mode only; drop it or use --mode real")
+        res = run_study(opts, lookup=command_lookup(opts, command, args.force) if command else None)
     except KeyboardInterrupt:
         print(f"dstoolkit tune: interrupted; rerun the same command to resume the study in {args.out}",
               file=sys.stderr)

@@ -1,5 +1,8 @@
 """What one trial measures: a short real 2-rank run (real mode) or the estimate alone (estimate mode).
 
+With a user command (`dstoolkit tune ... -- <command>`) real mode runs that command instead of the example
+trainer (`run_command_trial`).
+
 No torch import at module level. Real mode launches the example trainer (`dstoolkit.runtime.train.trainer`, the same
 entry generated launch.sh files use) for a few optimizer steps with the point's DeepSpeed JSON and a copy of
 the spec fixing the point's recompute policy; the per-step metrics are summarised by the train bench
@@ -225,3 +228,37 @@ def run_estimate_trial(space: TuneSpace, check: PointCheck, objective: str) -> T
     """Estimate mode: the estimate is the measurement."""
     est = estimate_summary(space.spec, check)
     return TrialOutcome(status="ok", value=objective_from_estimate(objective, est), estimate=est)
+
+
+def run_command_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, command: list[str], *,
+                      objective: str = "throughput", ranks: int = 2, steps: int = DEFAULT_STEPS,
+                      skip_steps: int = DEFAULT_SKIP_STEPS, timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+                      extra_env: Optional[dict[str, str]] = None) -> TrialOutcome:
+    """Real mode with the user's own command (`dstoolkit tune ... -- <command>`): the point's DeepSpeed JSON
+    (and its HF / Accelerate forms) fill the command's placeholders, the run is measured by the DeepSpeed
+    engine hook (`dstoolkit.runtime.bench.train.run_command`) and stopped after `steps` optimizer steps.
+    DSTOOLKIT_SPEC points the ranks at a spec copy with the point's fields (for DstoolkitCallback / Guard's
+    estimate). Never raises for a failed run."""
+    from dstoolkit.runtime.bench.train import run_command
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = work_dir / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(trial_spec_dict(space.spec, check.point), sort_keys=False))
+    est = estimate_summary(space.spec, check)
+    env = {"DSTOOLKIT_SPEC": str(spec_path.resolve()), **(extra_env or {})}
+    body = run_command(command, check.ds_config, work_dir, steps=steps, skip_steps=skip_steps, world_size=ranks,
+                       timeout_s=timeout_s, seq_len=space.spec.training.seq_len, extra_env=env,
+                       who=f"tune trial {work_dir.name}")
+    info = {"returncode": body["returncode"], "command": body["command"], "placeholders": body["placeholders"],
+            "log": body["log"]}
+    if body["status"] != "ok":
+        return TrialOutcome(status=body["status"], reason=body["reason"], code=body["status"], estimate=est,
+                            wall_s=body["wall_s"], measured=info)
+    from dstoolkit.runtime.bench import harness
+
+    measured = {**body["measured"], **info, "load_avg": harness.load_average()}
+    value = objective_from_measured(objective, measured)
+    if value is None:
+        return TrialOutcome(status="error", reason=f"no {objective} figure in the run's metrics", code="error",
+                            measured=measured, estimate=est, wall_s=body["wall_s"])
+    return TrialOutcome(status="ok", value=value, measured=measured, estimate=est, wall_s=body["wall_s"])

@@ -1,0 +1,60 @@
+"""A user's HF Trainer script (not dstoolkit's trainer): a Llama-style model built from a config, random tokens.
+
+    torchrun --nproc_per_node 2 hf_train.py --deepspeed ds.json --per_device_train_batch_size 4 \
+        --gradient_accumulation_steps 1 --bf16 --max_steps 8 --output_dir out --use_cpu
+    accelerate launch --config_file acc.yaml hf_train.py --per_device_train_batch_size 4 ...
+
+Only HF's own flags (TrainingArguments) plus three of the script's: --seq-len, --dstoolkit-callback (attach
+dstoolkit.runtime.train.hf.DstoolkitCallback) and --poison-step (one batch of huge-loss labels, for the spike
+test).
+"""
+from dataclasses import dataclass
+
+import torch
+from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+
+@dataclass
+class ScriptArgs:
+    seq_len: int = 32
+    dstoolkit_callback: bool = False
+    poison_step: int = 0
+    spec: str = ""
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Learnable random sequences: token t+1 = (token t * 3 + 1) % vocab."""
+
+    def __init__(self, n, seq_len, vocab):
+        g = torch.Generator().manual_seed(0)
+        start = torch.randint(0, vocab, (n, 1), generator=g)
+        seq = [start]
+        for _ in range(seq_len - 1):
+            seq.append((seq[-1] * 3 + 1) % vocab)
+        self.x = torch.cat(seq, 1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def main():
+    script, args = HfArgumentParser((ScriptArgs, TrainingArguments)).parse_args_into_dataclasses()
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=256, max_position_embeddings=script.seq_len)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    callbacks = []
+    if script.dstoolkit_callback:
+        from dstoolkit.runtime.train.hf import DstoolkitCallback
+
+        callbacks.append(DstoolkitCallback(spec=script.spec or None, poison_step=script.poison_step or None))
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(4096, script.seq_len, cfg.vocab_size),
+                      callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+
+
+if __name__ == "__main__":
+    main()
