@@ -577,12 +577,16 @@ class TargetFiles:
 
 def megatron_target_files(folder: Union[str, Path], spec: Spec, shape: ModelShape, cand: Candidate,
                           targets: Iterable[str] = TARGETS, *, strategy: str = "",
-                          pretrain_script: Optional[dict[str, str]] = None) -> TargetFiles:
+                          pretrain_script: Union[None, str, Path, dict[str, str]] = None) -> TargetFiles:
     """The argument file and launch script of each target for one strategy folder, in memory.
 
     `folder` is where the folder will live (its absolute path goes into --deepspeed_config).
+    `pretrain_script`: target -> path of that project's pretrain_gpt.py, or one path for every target.
     """
     folder = Path(folder).expanduser().resolve()
+    targets = list(targets)
+    if isinstance(pretrain_script, (str, Path)):
+        pretrain_script = {t: str(pretrain_script) for t in targets}
     scripts = {**DEFAULT_PRETRAIN, **(pretrain_script or {})}
     files: dict[str, str] = {}
     skipped: dict[str, str] = {}
@@ -605,12 +609,12 @@ def megatron_target_files(folder: Union[str, Path], spec: Spec, shape: ModelShap
 
 def write_megatron_targets(folder: Union[str, Path], spec: Spec, shape: ModelShape, cand: Candidate,
                            targets: Iterable[str] = TARGETS, *,
-                           pretrain_script: Optional[dict[str, str]] = None) -> TargetFiles:
+                           pretrain_script: Union[None, str, Path, dict[str, str]] = None) -> TargetFiles:
     """Write each target's argument file and launch script into `folder` (which must exist).
 
     Args:
-        pretrain_script: target -> path of that project's pretrain_gpt.py (default: a relative placeholder;
-            PRETRAIN=... overrides it when launching).
+        pretrain_script: target -> path of that project's pretrain_gpt.py, or one path for all targets
+            (default: a relative placeholder; PRETRAIN=... overrides it when launching).
 
     Returns:
         The files written and, per target that cannot express this model/layout, the reason (nothing written).
