@@ -224,3 +224,36 @@ class SpikeGuard:
         self.consecutive_skips = state["consecutive_skips"]
         self.lr_cooldown_left = state["lr_cooldown_left"]
         self.last_spike_step = state["last_spike_step"]
+
+
+@dataclass
+class Rollback:
+    """Rolling back after a spike, shared by the example trainer (`trainer.Checkpoints`) and the wrapper for a
+    user's own DeepSpeed loop (`dstoolkit.runtime.train.guard.Guard`): at most `max_rollbacks` times, to the
+    newest intact checkpoint saved while the guard was healthy and at least `rollback_margin_steps` older than
+    the spike (`dstoolkit.runtime.train.ckpt.CheckpointManager.latest_valid`), then the guard's skip counter is
+    reset and the LR cool-down starts. Loading is the caller's (`load(tag)`: the engine's `load_checkpoint` plus
+    whatever the caller keeps in the client state). No torch import."""
+
+    guard: SpikeGuard
+    max_rollbacks: int = 5
+    done: int = 0
+    hint: str = "raise max_rollbacks or inspect the data"
+
+    def perform(self, mgr, spike_step: int, reason: str, load) -> "tuple[Optional[str], list[str]]":
+        """Roll back for a spike at `spike_step`. Returns (tag loaded or None when there is no good checkpoint,
+        reasons the newer checkpoints were passed over).
+
+        Raises:
+            RuntimeError: `max_rollbacks` rollbacks already happened (the damage is not transient).
+        """
+        if self.done >= self.max_rollbacks:
+            raise RuntimeError(f"step {spike_step}: {self.max_rollbacks} rollbacks did not clear the spike "
+                               f"({reason}); stopping instead of looping ({self.hint})")
+        self.done += 1
+        found = mgr.latest_valid(max_step=self.guard.rollback_limit(spike_step), require_healthy=True)
+        if found.tag is None:
+            return None, found.rejected
+        load(found.tag)
+        self.guard.after_rollback()
+        return found.tag, found.rejected

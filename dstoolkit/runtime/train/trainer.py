@@ -517,8 +517,10 @@ class Checkpoints:
                  writer: MetricsWriter, log) -> None:
         self.mgr = mgr
         self.engine, self.state, self.guard, self.writer, self.log = engine, state, guard, writer, log
-        self.max_rollbacks = args.max_rollbacks
-        self.rollbacks_done = 0
+        from dstoolkit.runtime.train.spike import Rollback
+
+        self.rollbacks = Rollback(guard, max_rollbacks=args.max_rollbacks,
+                                  hint="raise --max-rollbacks or inspect the data")
 
     def client_state(self) -> dict:
         return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
@@ -555,27 +557,23 @@ class Checkpoints:
 
     def rollback(self, spike_step: int, reason: str, offending: list[int]) -> bool:
         """Go back to the newest healthy checkpoint before the spike and never train on `offending` again.
-        False when there is no checkpoint to go back to; an error after --max-rollbacks."""
+        False when there is no checkpoint to go back to; an error after --max-rollbacks.
+        The policy (count, which checkpoint, guard reset) is `dstoolkit.runtime.train.spike.Rollback`."""
         if self.mgr is None:
             return False
-        if self.rollbacks_done >= self.max_rollbacks:
-            raise RuntimeError(f"step {spike_step}: {self.max_rollbacks} rollbacks did not clear the spike "
-                               f"({reason}); stopping instead of looping (raise --max-rollbacks or inspect the data)")
-        self.rollbacks_done += 1
-        found = self.mgr.latest_valid(max_step=self.guard.rollback_limit(spike_step), require_healthy=True)
-        if found.tag is None:
+        from_step = self.state.step
+        tag, rejected = self.rollbacks.perform(
+            self.mgr, spike_step, reason, load=lambda t: self._restore(self._load(t), keep_skips=True))
+        if tag is None:
             self.writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
-                               "rejected": found.rejected})
+                               "rejected": rejected})
             self.log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; continuing")
             return False
-        from_step = self.state.step
-        self._restore(self._load(found.tag), keep_skips=True)
         self.state.skip_positions = sorted(set(self.state.skip_positions) | set(offending))
-        self.guard.after_rollback()
-        self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": found.tag,
+        self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
                            "to_step": self.state.step, "reason": reason, "skip_positions": offending,
                            "lr_scale": self.guard.config.lr_scale, "lr_scale_steps": self.guard.config.lr_scale_steps})
-        self.log(f"step {spike_step}: ROLLBACK to {found.tag}: {reason}; skipping data positions {offending}")
+        self.log(f"step {spike_step}: ROLLBACK to {tag}: {reason}; skipping data positions {offending}")
         return True
 
     def maybe_save(self, every: int, barrier) -> None:

@@ -68,19 +68,19 @@ def main():
         guard = Guard(engine, checkpoint_dir=args.ckpt or None, save_every=args.save_every,
                       metrics_path=args.metrics or None)
         guard.resume()
-    start = guard.step_count if guard else 0
-    step = start
+    step = guard.step_count if guard else 0
+    poisoned = blown = False
     while step < args.steps:
-        if blow_step and step == blow_step:
+        if blow_step and step == blow_step and not blown:  # the user's own LR blow-up, once
+            blown = True
             for g in engine.optimizer.param_groups:
                 g["lr"] *= blow_f
         for micro in range(ga):
-            x, y = batch(guard.data_pos if guard else step, micro + 10 * rank, mb, args.seq_len)
-            if args.poison_step and step == args.poison_step and (guard is None or not guard.poisoned_once):
+            pos = guard.data_pos if guard else step * ga + micro
+            x, y = batch(pos, rank, mb, args.seq_len)
+            if args.poison_step and step == args.poison_step and not poisoned:
+                poisoned = True
                 y = torch.randint(0, 256, y.shape)  # garbage labels: a loss spike
-                x = x.flip(1)
-                if guard is not None:
-                    guard.poisoned_once = True
             loss = engine(x, y)
             if guard is not None:
                 guard.step(loss)  # backward + step, or skip / roll back
@@ -88,6 +88,8 @@ def main():
                 engine.backward(loss)
                 engine.step()
         step = guard.step_count if guard else step + 1
+    if guard is not None:
+        guard.__exit__(None, None, None)
     if rank == 0:
         print(f"done steps={step}", flush=True)
 

@@ -4,9 +4,9 @@
         --gradient_accumulation_steps 1 --bf16 --max_steps 8 --output_dir out --use_cpu
     accelerate launch --config_file acc.yaml hf_train.py --per_device_train_batch_size 4 ...
 
-Only HF's own flags (TrainingArguments) plus three of the script's: --seq-len, --dstoolkit-callback (attach
-dstoolkit.runtime.train.hf.DstoolkitCallback) and --poison-step (one batch of huge-loss labels, for the spike
-test).
+Only HF's own flags (TrainingArguments) plus the script's: --seq_len, --dstoolkit_callback (attach
+dstoolkit.runtime.train.hf.DstoolkitCallback), --poison_step / --lr_blowup STEP:FACTOR (the callback's fault
+injection, for the spike test), --spec, --resume (continue from the newest checkpoint-N in --output_dir).
 """
 from dataclasses import dataclass
 
@@ -19,7 +19,9 @@ class ScriptArgs:
     seq_len: int = 32
     dstoolkit_callback: bool = False
     poison_step: int = 0
+    lr_blowup: str = ""
     spec: str = ""
+    resume: bool = False
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -50,10 +52,12 @@ def main():
     if script.dstoolkit_callback:
         from dstoolkit.runtime.train.hf import DstoolkitCallback
 
-        callbacks.append(DstoolkitCallback(spec=script.spec or None, poison_step=script.poison_step or None))
+        blow = tuple(float(v) for v in script.lr_blowup.split(":")) if script.lr_blowup else None
+        callbacks.append(DstoolkitCallback(spec=script.spec or None, poison_step=script.poison_step or None,
+                                           lr_blowup=(int(blow[0]), blow[1]) if blow else None))
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(4096, script.seq_len, cfg.vocab_size),
                       callbacks=callbacks)
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=True if script.resume else None)
 
 
 if __name__ == "__main__":

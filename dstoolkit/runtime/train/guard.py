@@ -1,0 +1,261 @@
+"""The spike guard, rollback and atomic checkpoints for a user's own DeepSpeed loop.
+
+    engine, *_ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+    guard = Guard(engine, checkpoint_dir="ckpt", save_every=50)
+    guard.resume()                               # newest intact checkpoint, if any
+    while guard.step_count < total_steps:
+        x, y = dataset[guard.data_pos]           # the position survives rollbacks and resumes
+        loss = engine(x, y)
+        guard.step(loss)                         # instead of engine.backward(loss); engine.step()
+
+or ``with Guard(engine, ...) as guard:`` (a final checkpoint and a "done" line on a clean exit).
+
+`step(loss)` takes the mean loss over the data-parallel ranks (one all-reduce of a scalar, so every rank decides
+the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
+
+* trains on the batch (`engine.backward` + `engine.step`) -> "trained";
+* skips it (no backward; the data position moves on) -> "skipped";
+* rolls back (`dstoolkit.runtime.train.spike.Rollback`: the newest healthy checkpoint at least two steps older
+  than the spike, loaded through `engine.load_checkpoint`; offending data positions are skipped from then on)
+  -> "rolled_back"; without a checkpoint the batch is skipped instead;
+* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`), runs the LR cool-down
+  (the optimizer's param-group LRs scaled by `lr_scale` for `lr_scale_steps` steps, then restored; a scheduler
+  that sets the LR every step overrides it), and saves every `save_every` steps through
+  `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename: a rank killed mid-save
+  never leaves a checkpoint that `resume` would load).
+
+Rank 0 appends one JSON line per optimizer step and per event (spike, rollback, checkpoint, resume, done) to
+`metrics_path`. The guard's and the position state travel in every checkpoint's client_state.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
+
+
+class Guard:
+    """Spike guard + rollback + checkpoints around a DeepSpeed engine (see the module docstring)."""
+
+    def __init__(self, engine: Any, *, config: Optional[SpikeGuardConfig] = None,
+                 checkpoint_dir: Optional[str] = None, save_every: int = 0, keep: int = 3, max_rollbacks: int = 5,
+                 metrics_path: Optional[str] = None, log: Any = None) -> None:
+        import deepspeed.comm as dist
+
+        self.engine = engine
+        self.guard = SpikeGuard(config or SpikeGuardConfig())
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.mgr = None
+        if checkpoint_dir:
+            from dstoolkit.runtime.train.ckpt import CheckpointManager
+
+            self.mgr = CheckpointManager(checkpoint_dir, keep=keep, rank=self.rank)
+        self.save_every = int(save_every or 0)
+        self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks, hint="raise Guard(max_rollbacks=...)")
+        self.step_count = int(getattr(engine, "global_steps", 0) or 0)
+        """Optimizer steps completed (survives rollback and resume)."""
+        self.data_pos = 0
+        """Micro-batches consumed; index your data with it so a rollback/resume replays the same stream."""
+        self.skip_positions: set[int] = set()
+        self.events: list[dict] = []
+        self._step_losses: list[float] = []
+        self._incidents: list[int] = []
+        self._base_lrs: Optional[list[float]] = None
+        self._t = time.perf_counter()
+        self._f = open(metrics_path, "a", buffering=1) if metrics_path and self.rank == 0 else None
+        self._log = log or (lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True) if self.rank == 0 else None)
+
+    # ------------------------------------------------------------------------------------------------------
+    def _write(self, obj: dict) -> None:
+        self.events.append(obj) if "event" in obj else None
+        if self._f is not None:
+            self._f.write(json.dumps(obj, default=float) + "\n")
+
+    def _mean(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        import deepspeed.comm as dist
+        import torch
+
+        dev = getattr(self.engine, "device", None)
+        t = torch.tensor([value], dtype=torch.float64, device=dev if dev is not None else "cpu")
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def _barrier(self) -> None:
+        import deepspeed.comm as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+
+    def client_state(self) -> dict:
+        return {"dstoolkit_guard": {"step": self.step_count, "data_pos": self.data_pos,
+                                    "skip_positions": sorted(self.skip_positions), "guard": self.guard.state_dict()}}
+
+    def _load(self, tag: str, keep_skips: bool) -> None:
+        path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
+        if path is None or not cs or "dstoolkit_guard" not in cs:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
+        st = cs["dstoolkit_guard"]
+        self.step_count, self.data_pos = int(st["step"]), int(st["data_pos"])
+        self.skip_positions = (self.skip_positions if keep_skips else set()) | set(st["skip_positions"])
+        self.guard.load_state_dict(st["guard"])
+        self._base_lrs = None
+
+    # ------------------------------------------------------------------------------------------------------
+    def resume(self) -> Optional[str]:
+        """Continue from the newest intact checkpoint in checkpoint_dir (None: nothing to resume)."""
+        if self.mgr is None:
+            return None
+        found = self.mgr.latest_valid()
+        for why in found.rejected:
+            self._log(f"resume: skipping checkpoint: {why}")
+        if found.tag is None:
+            self._write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
+            return None
+        self._load(found.tag, keep_skips=False)
+        self._write({"event": "resume", "tag": found.tag, "step": self.step_count, "data_pos": self.data_pos,
+                     "rejected": found.rejected})
+        self._log(f"resumed from {found.tag} (step {self.step_count}, data position {self.data_pos})")
+        return found.tag
+
+    def should_skip_position(self) -> bool:
+        """Whether the current data position was marked offending by a rollback (then call `advance()`)."""
+        return self.data_pos in self.skip_positions
+
+    def advance(self) -> None:
+        """Move past a data position without training on it."""
+        self.data_pos += 1
+
+    def step(self, loss: Any) -> str:
+        """Judge `loss` (this rank's micro-batch loss) and train on it, skip it or roll back (see the module
+        docstring). Returns "trained", "skipped" or "rolled_back"."""
+        pos = self.data_pos
+        target = self.step_count + 1
+        if pos in self.skip_positions:  # a batch a rollback marked offending: never again
+            self.data_pos += 1
+            self._write({"event": "skip_marked", "step": target, "data_pos": pos})
+            return "skipped"
+        gl = self._mean(float(loss.detach().float().item()))
+        d = self.guard.check_loss(gl, target)
+        if d.action != "none":
+            self._write({"event": "spike", "step": target, "data_pos": pos, **d.as_dict()})
+            self._log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
+            self._incidents.append(pos)
+            if d.action == "rollback" and self._rollback(target, d.reason):
+                return "rolled_back"
+            if d.action in ("skip", "rollback"):
+                if d.action == "rollback":
+                    self.guard.consecutive_skips = 0
+                self.data_pos += 1
+                return "skipped"
+            # lr_scale: the cool-down starts with this step
+        before = self.engine.global_steps
+        self.engine.backward(loss)
+        self.engine.step()
+        self.data_pos += 1
+        self._step_losses.append(gl)
+        if self.engine.global_steps == before:
+            return "trained"  # inside gradient accumulation
+        return self._after_optimizer_step()
+
+    def _after_optimizer_step(self) -> str:
+        self.step_count = int(self.engine.global_steps)
+        now = time.perf_counter()
+        loss = sum(self._step_losses) / len(self._step_losses)
+        self._step_losses = []
+        try:
+            gn = self.engine.get_global_grad_norm()
+            gn = float(gn) if gn is not None else None
+        except Exception:
+            gn = None
+        d = self.guard.observe_step(loss, gn, self.step_count)
+        self.guard.end_step()
+        lr = self._apply_lr()
+        self._write({"step": self.step_count, "loss": loss, "grad_norm": gn, "lr": lr, "data_pos": self.data_pos,
+                     "step_time_s": now - self._t, "lr_multiplier": self.guard.lr_multiplier()})
+        self._t = now
+        self._incidents = []
+        if d.action != "none":
+            self._write({"event": "spike", "step": self.step_count, "data_pos": self.data_pos - 1, **d.as_dict()})
+            self._log(f"step {self.step_count}: {d.kind} -> {d.action}: {d.reason}")
+            if d.action == "rollback" and self._rollback(self.step_count + 1, d.reason):
+                return "rolled_back"
+            if d.action == "lr_scale":
+                self._apply_lr()
+        if self.mgr is not None and self.save_every and self.step_count % self.save_every == 0:
+            self.save()
+        return "trained"
+
+    def _apply_lr(self) -> Optional[float]:
+        groups = getattr(getattr(self.engine, "optimizer", None), "param_groups", None)
+        if not groups:
+            return None
+        m = self.guard.lr_multiplier()
+        if m != 1.0:
+            if self._base_lrs is None:
+                self._base_lrs = [g["lr"] for g in groups]
+            for g, b in zip(groups, self._base_lrs):
+                g["lr"] = b * m
+        elif self._base_lrs is not None:
+            for g, b in zip(groups, self._base_lrs):
+                g["lr"] = b
+            self._base_lrs = None
+        return float(groups[0]["lr"])
+
+    def _rollback(self, spike_step: int, reason: str) -> bool:
+        if self.mgr is None:
+            self._log(f"step {spike_step}: rollback wanted ({reason}) but Guard has no checkpoint_dir; skipping")
+            return False
+        offending = list(self._incidents)
+        from_step = self.step_count
+        tag, rejected = self.rollbacks.perform(self.mgr, spike_step, reason,
+                                               load=lambda t: self._load(t, keep_skips=True))
+        if tag is None:
+            self._write({"event": "rollback_unavailable", "step": spike_step, "reason": reason, "rejected": rejected})
+            self._log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; skipping")
+            return False
+        self.skip_positions |= set(offending)
+        self._incidents, self._step_losses = [], []
+        self._apply_lr()
+        self._write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
+                     "to_step": self.step_count, "reason": reason, "skip_positions": offending})
+        self._log(f"step {spike_step}: ROLLBACK to {tag}: {reason}; skipping data positions {offending}")
+        self._t = time.perf_counter()
+        return True
+
+    def save(self) -> Optional[str]:
+        """Write a checkpoint now (atomic; marked healthy when the guard is not cooling down)."""
+        if self.mgr is None:
+            return None
+        healthy = self.guard.healthy()
+        tag = self.mgr.save(self.engine, self.step_count, self.client_state(), healthy=healthy,
+                            barrier=self._barrier)
+        self._write({"event": "checkpoint", "tag": tag, "step": self.step_count, "data_pos": self.data_pos,
+                     "healthy": healthy})
+        return tag
+
+    def close(self) -> None:
+        self._write({"event": "done", "step": self.step_count, "data_pos": self.data_pos,
+                     "rollbacks": self.rollbacks.done})
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> "Guard":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self.mgr is not None and self.save_every and self.step_count % self.save_every:
+            self.save()
+        self.close()
+
+
+def guard(engine: Any, **kwargs: Any) -> Guard:
+    """`with dstoolkit.runtime.train.guard.guard(engine, ...) as g:` -- the same as `Guard(engine, ...)`."""
+    return Guard(engine, **kwargs)

@@ -1,0 +1,361 @@
+"""`DstoolkitCallback`: the spike guard, rollback, monitor and the estimate inside an HF Trainer run.
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[DstoolkitCallback(spec="spec.yaml")])
+
+What it does, and how (HF Trainer with DeepSpeed, `--deepspeed ds.json` or `accelerate launch`):
+
+* Spike guard (`dstoolkit.runtime.train.spike.SpikeGuard`): a forward hook on the model sees every training
+  micro-batch's loss, takes its mean over the ranks (one scalar all-reduce, so every rank decides the same) and
+  asks the guard. *Skip*: the loss the Trainer back-propagates is multiplied by 0, so the batch adds no gradient
+  (the optimizer still takes its step on the other micro-batches' gradients; with a single micro-batch per step
+  Adam's momentum still moves the weights a little). *LR cool-down*: after each optimizer step during the
+  cool-down the param-group LRs (just set by the Trainer's scheduler) are multiplied by `lr_scale`.
+  Grad-norm spikes are judged after each step (`engine.get_global_grad_norm()`).
+* Rollback, through the Trainer's own checkpointing: at every `on_save` the callback writes
+  `dstoolkit_guard.json` (healthy flag, guard state) into `checkpoint-N`; on a rollback decision
+  (`dstoolkit.runtime.train.spike.Rollback`: bounded count, newest healthy checkpoint at least two steps older)
+  it loads that folder's DeepSpeed checkpoint into the live engine (`engine.load_checkpoint`: weights,
+  optimizer, scheduler). The Trainer's own step counter and data order continue: the offending batches are
+  not replayed, the steps in between are lost.
+* Batch ramp: not possible. The Trainer builds its DataLoader with a fixed per-device batch and fixes the
+  accumulation count at train start (and DeepSpeed's engine has its batch from the config); the callback logs
+  the ramp the spec asks for and that it is not applied. Use the example trainer or Megatron's
+  --rampup-batch-size for a ramp.
+* Monitor: every `logging_steps` (on_log) tokens/s over the window, MFU against the estimator's peak
+  (FLOPs/token x tokens/s / (peak FLOP/s x ranks)), peak memory (RSS on CPU, max allocated on CUDA); beside
+  them the estimate for the run's DeepSpeed config (`dstoolkit.runtime.bench.train.estimate_for`) when a spec
+  is given (`spec=` or DSTOOLKIT_SPEC, which `dstoolkit tune`/`bench train` set). Lines go to stderr (rank 0)
+  and to `metrics_path` as JSON.
+
+Fault injection for tests and demos: `poison_step` (garbage labels for that step's first micro-batch) and
+`lr_blowup=(step, factor)`, each firing once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from transformers import TrainerCallback
+
+from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
+
+MARKER = "dstoolkit_guard.json"
+
+
+def _find_engine(model: Any) -> Any:
+    """The DeepSpeedEngine wrapping `model` (the Trainer does not hand it to callbacks)."""
+    import gc
+
+    try:
+        from deepspeed.runtime.engine import DeepSpeedEngine
+    except ImportError:
+        return None
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, DeepSpeedEngine) and obj.module is model:
+                return obj
+        except Exception:
+            continue
+    return None
+
+
+class _HfCheckpoints:
+    """The Trainer's checkpoint-N folders, as `Rollback` expects a checkpoint manager."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.root = Path(output_dir)
+
+    def latest_valid(self, *, max_step: Optional[int] = None, require_healthy: bool = False):
+        from dstoolkit.runtime.train.ckpt import Found
+
+        rejected = []
+        dirs = []
+        for p in self.root.glob("checkpoint-*"):
+            try:
+                dirs.append((int(p.name.split("-")[1]), p))
+            except (IndexError, ValueError):
+                continue
+        for step, p in sorted(dirs, reverse=True):
+            if max_step is not None and step > max_step:
+                continue
+            marker = p / MARKER
+            if not marker.is_file() or not (p / "latest").is_file():
+                rejected.append(f"{p.name}: no {MARKER} / DeepSpeed 'latest' (saved without the callback or incomplete)")
+                continue
+            if require_healthy and not json.loads(marker.read_text()).get("healthy"):
+                rejected.append(f"{p.name}: saved while the spike guard was cooling down (not a rollback target)")
+                continue
+            return Found(str(p), step, rejected)
+        return Found(None, None, rejected)
+
+
+class DstoolkitCallback(TrainerCallback):
+    """See the module docstring."""
+
+    def __init__(self, *, spec: Optional[str] = None, config: Optional[SpikeGuardConfig] = None,
+                 max_rollbacks: int = 5, metrics_path: Optional[str] = None,
+                 poison_step: Optional[int] = None, lr_blowup: Optional[tuple[int, float]] = None) -> None:
+        self.guard = SpikeGuard(config or SpikeGuardConfig())
+        self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks,
+                                  hint="raise DstoolkitCallback(max_rollbacks=...)")
+        self.spec_path = spec or os.environ.get("DSTOOLKIT_SPEC") or None
+        self.metrics_path = metrics_path or os.environ.get("DSTOOLKIT_CALLBACK_METRICS") or None
+        self.poison_step, self.lr_blowup = poison_step, lr_blowup
+        self.events: list[dict] = []
+        self.engine = None
+        self.rank, self.world = 0, 1
+        self._step_losses: list[float] = []
+        self._pending_rollback: Optional[str] = None
+        self._tokens = 0
+        self._t_window = None
+        self._steps_window = 0
+        self._estimate: Optional[dict] = None
+        self._flops_per_token = self._peak = None
+        self._poisoned = self._blown = False
+        self._state = None
+        self._f = None
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def _write(self, obj: dict) -> None:
+        if "event" in obj:
+            self.events.append(obj)
+        if self._f is not None:
+            self._f.write(json.dumps(obj, default=float) + "\n")
+            self._f.flush()
+
+    def _say(self, msg: str) -> None:
+        if self.rank == 0:
+            print(f"[dstoolkit] {msg}", file=sys.stderr, flush=True)
+
+    def _mean(self, v: float) -> float:
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or self.world == 1:
+            return v
+        dev = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor([v], dtype=torch.float64, device=dev)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        import torch.distributed as dist
+
+        self._state = state
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.metrics_path and self.rank == 0:
+            Path(self.metrics_path).parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.metrics_path, "a")
+        self.engine = _find_engine(model)
+        self.output_dir = args.output_dir
+        model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+        model.register_forward_hook(self._post_forward, with_kwargs=True)
+        self._estimate_for_run(args)
+        self._t_window = time.perf_counter()
+        marker = Path(args.output_dir) / f"checkpoint-{state.global_step}" / MARKER
+        if state.global_step and marker.is_file():  # resumed by the Trainer: the guard's state comes back too
+            self.guard.load_state_dict(json.loads(marker.read_text())["guard"])
+            self._write({"event": "resume", "step": state.global_step})
+            self._say(f"resumed at step {state.global_step} with the spike guard's state from {marker.parent.name}")
+        self._write({"event": "begin", "engine": self.engine is not None, "estimate": self._estimate,
+                     "world_size": self.world})
+        if self.engine is None:
+            self._say("no DeepSpeed engine found: spike skip and the monitor work, rollback does not")
+
+    def _estimate_for_run(self, args) -> None:
+        if not self.spec_path:
+            return
+        try:
+            from dstoolkit.models import resolve_model
+            from dstoolkit.runtime.bench.train import estimate_for
+            from dstoolkit.spec import load_spec
+
+            spec = load_spec(Path(self.spec_path))
+            shape = resolve_model(spec.model, Path(self.spec_path).parent)
+            ds = dict(self.engine._config._param_dict) if self.engine is not None else {}
+            # the sections the estimate reads (HF adds e.g. steps_per_print=inf, which the config model refuses)
+            keep = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "zero_optimization", "bf16", "fp16", "optimizer", "activation_checkpointing")
+            ds = {k: v for k, v in ds.items() if k in keep}
+            est = estimate_for(spec, shape, ds, self.world, 1, None) if ds else None
+            if est and "error" in est:
+                self._say(f"estimate unavailable: {est['error'].splitlines()[0]}")
+            if est and "error" not in est:
+                self._estimate = {k: est.get(k) for k in ("step_time_s", "tokens_per_s", "mfu",
+                                                          "memory_per_rank_bytes")}
+                self._flops_per_token, self._peak = est.get("flops_per_token"), est.get("peak_flops_per_rank")
+            ramp = getattr(spec.training, "batch_ramp", None) or getattr(spec.training, "rampup", None)
+            if ramp:
+                self._say(f"batch ramp {ramp!r} in the spec is NOT applied: the HF Trainer fixes the per-device "
+                          "batch and the accumulation count at train start")
+        except Exception as exc:  # the estimate is an extra; never break training for it
+            self._say(f"estimate unavailable: {type(exc).__name__}: {exc}")
+
+    def _pre_forward(self, module, a, kw):
+        if not module.training:
+            return None
+        x = kw.get("input_ids") if kw else None
+        if x is None and a:
+            x = a[0]
+        if x is not None and hasattr(x, "numel"):
+            self._tokens += int(x.numel())
+        step = self._state.global_step + 1 if self._state is not None else 0
+        if self.lr_blowup and not self._blown and step >= self.lr_blowup[0] and self.engine is not None:
+            self._blown = True
+            for g in self.engine.optimizer.param_groups:
+                g["lr"] *= self.lr_blowup[1]
+            self._write({"event": "inject", "kind": "lr_blowup", "step": step, "factor": self.lr_blowup[1]})
+            # the scheduler resets the LR after the step: keep it blown up for the rest of the run
+            self._blowup_factor = self.lr_blowup[1]
+        if self.poison_step and not self._poisoned and step == self.poison_step and "labels" in (kw or {}):
+            import torch
+
+            self._poisoned = True
+            lab = kw["labels"]
+            g = torch.Generator().manual_seed(step)
+            kw = dict(kw)
+            kw["labels"] = torch.randint(0, int(lab.max()) + 1, lab.shape, generator=g).to(lab.device)
+            self._write({"event": "inject", "kind": "poison", "step": step})
+            return a, kw
+        return None
+
+    def _post_forward(self, module, a, kw, out):
+        if not module.training:
+            return None
+        loss = out.get("loss") if hasattr(out, "get") else None
+        if loss is None:
+            return None
+        step = self._state.global_step + 1 if self._state is not None else 0
+        gl = self._mean(float(loss.detach().float().item()))
+        d = self.guard.check_loss(gl, step)
+        if d.action == "none":
+            self._step_losses.append(gl)
+            return None
+        self._write({"event": "spike", "step": step, **d.as_dict()})
+        self._say(f"step {step}: {d.kind} -> {d.action}: {d.reason}")
+        if d.action in ("skip", "rollback"):
+            if d.action == "rollback":
+                self._pending_rollback = d.reason
+            out["loss"] = loss * 0.0  # this batch adds no gradient
+            return out
+        return None  # lr_scale: the cool-down counter was set by the guard
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if self._pending_rollback is not None:
+            reason, self._pending_rollback = self._pending_rollback, None
+            self._rollback(step, reason)
+        elif self._step_losses:
+            loss = sum(self._step_losses) / len(self._step_losses)
+            gn = None
+            if self.engine is not None:
+                try:
+                    g = self.engine.get_global_grad_norm()
+                    gn = float(g) if g is not None else None
+                except Exception:
+                    gn = None
+            d = self.guard.observe_step(loss, gn, step)
+            if d.action != "none":
+                self._write({"event": "spike", "step": step, **d.as_dict()})
+                self._say(f"step {step}: {d.kind} -> {d.action}: {d.reason}")
+                if d.action == "rollback":
+                    self._rollback(step + 1, d.reason)
+            self._write({"step": step, "loss": loss, "grad_norm": gn, "lr": self._lr(),
+                         "lr_multiplier": self.guard.lr_multiplier()})
+        self._step_losses = []
+        self.guard.end_step()
+        self._apply_lr()
+        self._steps_window += 1
+        return control
+
+    def _lr(self) -> Optional[float]:
+        if self.engine is None:
+            return None
+        return float(self.engine.optimizer.param_groups[0]["lr"])
+
+    def _apply_lr(self) -> None:
+        if self.engine is None:
+            return
+        m = self.guard.lr_multiplier() * getattr(self, "_blowup_factor", 1.0)
+        if m != 1.0:
+            for g in self.engine.optimizer.param_groups:
+                g["lr"] = g["lr"] * m
+
+    def _rollback(self, spike_step: int, reason: str) -> None:
+        if self.engine is None:
+            self._say(f"step {spike_step}: rollback wanted ({reason}) but no DeepSpeed engine; the batch was skipped")
+            return
+
+        def load(path: str) -> None:
+            loaded, _ = self.engine.load_checkpoint(path)
+            if loaded is None:
+                raise RuntimeError(f"DeepSpeed could not load {path}")
+            self.guard.load_state_dict(json.loads((Path(path) / MARKER).read_text())["guard"])
+
+        tag, rejected = self.rollbacks.perform(_HfCheckpoints(self.output_dir), spike_step, reason, load)
+        if tag is None:
+            self._write({"event": "rollback_unavailable", "step": spike_step, "reason": reason, "rejected": rejected})
+            self._say(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; the batch was skipped")
+            return
+        self._blowup_factor = 1.0  # the injected blow-up is undone with the optimizer state
+        self._write({"event": "rollback", "step": spike_step, "to": Path(tag).name, "reason": reason,
+                     "rejected": rejected})
+        self._say(f"step {spike_step}: ROLLBACK to {Path(tag).name} (weights, optimizer, scheduler): {reason}")
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.rank == 0:
+            d = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if d.is_dir():
+                (d / MARKER).write_text(json.dumps({"step": state.global_step, "healthy": self.guard.healthy(),
+                                                    "guard": self.guard.state_dict()}))
+                self._write({"event": "checkpoint", "step": state.global_step, "healthy": self.guard.healthy()})
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        now = time.perf_counter()
+        if self._t_window is None or not self._steps_window:
+            return control
+        dt = now - self._t_window
+        tokens = self._tokens * self.world
+        tps = tokens / dt if dt > 0 else None
+        mfu = (tps * self._flops_per_token / (self._peak * self.world)
+               if tps and self._flops_per_token and self._peak else None)
+        mem = _peak_memory()
+        rec = {"event": "monitor", "step": state.global_step, "tokens_per_s": tps, "mfu": mfu,
+               "peak_memory_bytes": mem, "step_time_s": dt / self._steps_window, "estimate": self._estimate}
+        self._write(rec)
+        est = self._estimate or {}
+        self._say(f"step {state.global_step}: {tps or 0:,.0f} tok/s"
+                  + (f" (est {est['tokens_per_s']:,.0f})" if est.get("tokens_per_s") else "")
+                  + (f", MFU {mfu:.2e}" if mfu else "") + (f" (est {est['mfu']:.2e})" if est.get("mfu") else "")
+                  + (f", peak mem {mem / 2**30:.2f} GiB" if mem else "")
+                  + (f" (est {est['memory_per_rank_bytes'] / 2**30:.2f})" if est.get("memory_per_rank_bytes") else ""))
+        self._t_window, self._tokens, self._steps_window = now, 0, 0
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._write({"event": "done", "step": state.global_step, "rollbacks": self.rollbacks.done})
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        return control
+
+
+def _peak_memory() -> Optional[int]:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.max_memory_allocated())
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:
+        return None
+
