@@ -54,12 +54,16 @@ def _find_engine(model: Any) -> Any:
         from deepspeed.runtime.engine import DeepSpeedEngine
     except ImportError:
         return None
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, DeepSpeedEngine) and obj.module is model:
-                return obj
-        except Exception:
-            continue
+    import warnings
+
+    with warnings.catch_warnings():  # isinstance on some torch module objects warns (deprecated aliases)
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, DeepSpeedEngine) and obj.module is model:
+                    return obj
+            except Exception:
+                continue
     return None
 
 
