@@ -25,105 +25,19 @@ No torch import.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from dstoolkit.estimate.layout import ParamEntry, param_layout
 from dstoolkit.estimate.dtype_bytes import (  # noqa: F401 - re-exported
     OPTIMIZER_STATE_BYTES_PER_PARAM, optimizer_state_bytes_per_param, param_bytes)
 from dstoolkit.estimate.paper_view import (  # noqa: F401 - re-exported (moved out to keep this file short)
     ZERO_PAPER_GRAD_BYTES, ZERO_PAPER_K, ZERO_PAPER_WEIGHT_BYTES, PaperView, paper_model_states)
+from dstoolkit.estimate.param_groups import (  # noqa: F401 - re-exported (moved out to keep this file short)
+    FP8_WEIGHT_CACHE_BYTES_PER_PARAM, NCCL_START_ALIGNMENT_FACTOR, ParamEntry, _expert_index, _padded,
+    _partition_grad_numels, _stage_layers, fp8_weight_cache_bytes, head_grad_numel, rank_param_groups)
 from dstoolkit.runplan import RunPlan
 
 FP32_BYTES = 4
 """Bytes per fp32 element (master weights, Adam moments, fp32 gradients)."""
-NCCL_START_ALIGNMENT_FACTOR = 2
-"""stage_1_and_2.py / bf16_optimizer.py: flat buffers are padded to a multiple of 2 * dp elements."""
-FP8_WEIGHT_CACHE_BYTES_PER_PARAM = 2
-"""Transformer Engine keeps an fp8 copy of each GEMM weight and (Hopper) its transpose for dgrad: 1 + 1 bytes."""
-
-# ---------------------------------------------------------------------------------------------------------
-# Which parameters a rank holds (after TP, PP, EP) and how DeepSpeed groups them.
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    per = math.ceil(num_layers / pp)
-    return range(stage * per, min(num_layers, (stage + 1) * per))
-
-
-def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[int]]:
-    """Parameter numels a rank holds, split into DeepSpeed optimizer param groups, in registration order.
-
-    Group 0 is every non-expert parameter; for MoE models group 1 holds the local experts (E/ep per MoE
-    layer), as `deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer` builds them.
-    TP shards matrices (and vocab) by tp; PP keeps the layers of one stage (the heaviest stage when
-    `pp_stage` is None: embedding on the first, final norm + LM head on the last).
-    """
-    return [list(g) for g in _rank_param_groups(plan.shape, plan.tp, plan.pp, plan.ep, pp_stage)]
-
-
-@lru_cache(maxsize=256)
-def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None) -> tuple[tuple[int, ...], ...]:
-    layout = param_layout(shape)
-    stages = [pp_stage] if pp_stage is not None else list(range(pp))
-    best: tuple[tuple[int, ...], ...] = ()
-    best_total = -1
-    local_experts = shape.num_experts // ep if shape.is_moe else 0
-    for st in stages:
-        layers = set(_stage_layers(shape.num_hidden_layers, pp, st))
-        dense: list[int] = []
-        experts: list[int] = []
-        for p in layout:
-            if p.layer >= 0 and p.layer not in layers:
-                continue
-            if p.layer < 0:
-                first, last = st == 0, st == pp - 1
-                if p.kind == "embedding" and not first:
-                    continue
-                if p.kind in ("lm_head", "norm") and not last:
-                    continue
-            numel = p.numel // tp if (p.tp_split and tp > 1) else p.numel
-            if p.kind == "expert":
-                if _expert_index(p) >= local_experts:
-                    continue
-                experts.append(numel)
-            else:
-                dense.append(numel)
-        groups = (tuple(dense),) + ((tuple(experts),) if shape.is_moe else ())
-        total = sum(sum(g) for g in groups)
-        if total > best_total:
-            best, best_total = groups, total
-    return best
-
-
-def _expert_index(p: ParamEntry) -> int:
-    """Expert number encoded in the name: blocks.<i>.mlp.experts.<e>.<...>."""
-    return int(p.name.split(".experts.")[1].split(".")[0])
-
-
-def _padded(numel: int, align: int) -> int:
-    return int(math.ceil(numel / align)) * align
-
-
-def _partition_grad_numels(group: list[int], dp: int) -> list[int]:
-    """stage_1_and_2.py `copy_grads_in_partition`: per rank, the sum of numels of every parameter that
-    intersects the rank's partition of the flat buffer (a parameter straddling a boundary counts whole)."""
-    padded = _padded(sum(group), NCCL_START_ALIGNMENT_FACTOR * dp)
-    part = padded // dp
-    out = [0] * dp
-    offset = 0
-    for n in group:
-        if n == 0:
-            continue
-        first = offset // part
-        last = min(dp - 1, (offset + n - 1) // part)
-        for r in range(first, last + 1):
-            out[r] += n
-        offset += n
-    return out
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Results
@@ -146,6 +60,11 @@ class ModelStates:
     """Gradient bytes alive while the inner optimizer steps (partition buffer + fp32 flat copy)."""
     grads_backward_peak: int = 0
     """Gradient bytes at the end of backward, before reduction / partitioning (full grads at stage 0/1)."""
+    grads_backward_start: int = 0
+    """Gradient bytes alive when backward reaches the last block (the LM head's gradients exist): its .grad at
+    stage 0/1; at stage 2 the partition buffer grads_in_partition on the rank whose partition holds the
+    last-registered parameters (stage_1_and_2.py copy_grads_in_partition allocates it on the first copy); 0 at
+    stage 3 (its gradient buffers persist)."""
     grads_step_transient_peak: int = 0
     """Gradient bytes at their short peak inside step() (partition buffer + flat copy + fp32 copy)."""
     grads_persistent: int = 0
@@ -220,6 +139,7 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
     ms = ModelStates(optimizer_path=path)
     largest = max((n for g in groups for n in g), default=0)
     raw = sum(sum(g) for g in groups)
+    ms.grads_backward_start = head_grad_numel(plan) * pb if ds.zero_stage < 2 else 0
 
     if path == "basic":
         ms.params = raw * pb
@@ -253,6 +173,7 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
             ms.optimizer_states += part * sb
             # bf16_optimizer.py: fp32_groups_gradients_flat is a full-size fp32 buffer (grad_acc_dtype)
             ms.grads_at_step += padded * FP32_BYTES
+            ms.grads_persistent += padded * FP32_BYTES  # allocated in __init__, kept
         if not ds.bf16_immediate_grad_update:
             # backward_epilogue(clear_lp_grads=False): the bf16 .grad tensors live until clear_lp_grads() at the
             # end of step() (bf16.immediate_grad_update=false, the default)
@@ -312,6 +233,8 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
         ms.grads_step_transient_peak = gip + flat_peak + max(fp32_parts)
         if ds.zero_stage == 2:
             ms.grads_backward_peak = gip
+            if rank is None or rank % group_dp[0] == group_dp[0] - 1:
+                ms.grads_backward_start = gip  # this rank's partition holds the LM head: allocated at once
         else:
             # stage 1 keeps full gradients until reduce_gradients() at the accumulation boundary
             ms.grads_backward_peak = full_grads
@@ -373,23 +296,6 @@ def _zero3(plan, ms, groups, group_dp, pb, sb, rank) -> ModelStates:
     reuse = _stage3_max_reuse_distance(plan)
     ms.gathered_forward_end = (persist_numel + int(max(live, min(total_local - persist_numel, reuse // 2)))) * pb
     return ms
-
-
-def fp8_weight_cache_bytes(plan: RunPlan) -> int:
-    """FP8 storage: the cast weight copies Transformer Engine keeps (only for fp8 precision)."""
-    if plan.precision != "fp8":
-        return 0
-    layout = param_layout(plan.shape)
-    local = 0
-    layers = set(_stage_layers(plan.shape.num_hidden_layers, plan.pp, 0))
-    local_experts = plan.shape.num_experts // plan.ep if plan.shape.is_moe else 0
-    for p in layout:
-        if p.kind not in ("attention", "dense_mlp", "expert", "shared_expert") or p.layer not in layers:
-            continue
-        if p.kind == "expert" and _expert_index(p) >= local_experts:
-            continue
-        local += p.numel // plan.tp if p.tp_split else p.numel
-    return local * FP8_WEIGHT_CACHE_BYTES_PER_PARAM
 
 
 __all__ = [

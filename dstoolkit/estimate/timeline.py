@@ -14,9 +14,12 @@ decides *which of them coexist*. Steady state (step >= 2: Adam's moments are cre
   (``param_persistence_threshold``) kept whole. No gradient exists yet: the engine's
   ``zero_grad`` (engine.py `zero_grad(set_to_none=True)`; stage_1_and_2.py `zero_grad`, stage3.py `zero_grad`)
   dropped them after the last step.
-* ``backward_recompute`` - with checkpointed blocks: the saved block inputs (the LM head's and loss's saved
-  tensors are already freed) + one block re-run (its full activations), at the top of backward before much
-  gradient exists.
+* ``backward_start`` - backward reaches the last block: the LM head's and loss's saved tensors are freed, the
+  head's gradients exist (stage 0/1), the reduce buckets are allocated (stage 1/2), and at stage 2 the rank
+  whose partition holds the head has its whole ``grads_in_partition`` buffer (stage_1_and_2.py
+  `copy_grads_in_partition` allocates it on the first copy).
+* ``backward_recompute`` - with checkpointed blocks: ``backward_start`` + one block re-run (its full
+  activations).
 * ``backward_end`` - activations freed; gradients at their backward peak (§5.2 P_g: full gradients at stage 0/1,
   the partition buffer ``grads_in_partition`` at stage 2, stage_1_and_2.py `copy_grads_in_partition`), the
   reduce buckets (``ipg_buckets``, 2 with ``overlap_comm``; the DDP path's flattened all-reduce bucket, engine.py
@@ -127,6 +130,7 @@ S_ACT = "activations.py activation_bytes (Korthikanti et al. §4 reasoning, item
 S_RECOMP = "activations.py: the full activations of one checkpointed block while it re-runs in backward"
 S_GATHER = "stage3.py partitioned_param_coordinator: gathered params (<= stage3_max_live_parameters, prefetch bucket, one layer) + params <= param_persistence_threshold kept whole"
 S_KEPT = "partitioned_param_coordinator.py __params_to_release: params that recur within stage3_max_reuse_distance (default 1e9 elements) are not released after forward; ~the last R/2 elements of the model stay gathered into backward"
+S_GRADS_START = "the LM head's .grad (stage 0/1); stage 2: grads_in_partition, allocated whole at the first copy (stage_1_and_2.py copy_grads_in_partition) on the rank owning the tail partition"
 S_GRADS_BWD = "ZeRO §5.2 (P_g); stage 0/1: full .grad tensors until reduction; stage 2: grads_in_partition (stage_1_and_2.py copy_grads_in_partition); bf16_optimizer.py fp32_groups_gradients_flat"
 S_BUCKETS = "stage_1_and_2.py ipg_buckets (reduce_bucket_size, x2 with overlap_comm); engine.py buffered_allreduce_fallback flatten (stage 0)"
 S_GRADS_STEP = "stage_1_and_2.py step: fp32 copy of one group's gradient partition (single_grad_partition) + grads_in_partition while a later group still holds views; stage3.py: fp32 copy of one sub_group; fused/unfused_optimizer.py fp32 grads"
@@ -172,11 +176,15 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
         if zero_stage == 3 else []
     saved = _t("activations_saved", act.saved, S_ACT)
     phases = [Phase("forward_end", tuple(base + [saved] + kept + host))]
+    buckets = [] if zero_stage == 3 else [_t("reduce_buckets", ms.transient_buffers, S_BUCKETS)]
+    # the last block's backward: head/loss activations freed, the head's gradients (and stage 1/2 buckets) exist
+    start = base + [_t("activations_saved", max(0.0, act.saved - head_activations), S_ACT),
+                    _t("grads", ms.grads_backward_start, S_GRADS_START)] + \
+        (buckets if zero_stage in (1, 2) else []) + kept
+    phases.append(Phase("backward_start", tuple(start + host)))
     if act.recompute_transient > 0:
         phases.append(Phase("backward_recompute", tuple(
-            base + [_t("activations_saved", max(0.0, act.saved - head_activations), S_ACT),
-                    _t("recompute_block", act.recompute_transient, S_RECOMP)] + kept + host)))
-    buckets = [] if zero_stage == 3 else [_t("reduce_buckets", ms.transient_buffers, S_BUCKETS)]
+            start + [_t("recompute_block", act.recompute_transient, S_RECOMP)] + host)))
     grads_bwd = max(0, ms.grads_backward_peak - grad_buf)
     phases.append(Phase("backward_end", tuple(
         base + [_t("grads", grads_bwd, S_GRADS_BWD)] + buckets + gathered + host)))

@@ -33,15 +33,20 @@ def test_zero12_phases_by_hand():
     ms = ModelStates(optimizer_path="zero12", params=200, master_params=400, optimizer_states=800,
                      grads_at_step=400, grads_backward_peak=100, grads_step_transient_peak=700,
                      transient_buffers=50)
-    tl = memory_timeline(ms, _act(1000), zero_stage=2, offload_optimizer=False)
+    tl = memory_timeline(ms, _act(1000), zero_stage=2, offload_optimizer=False, head_activations=300)
     ph = _by_name(tl)
     # persistent: 200 + 400 + 800 = 1400
     assert ph["forward_end"].device_bytes == 1400 + 1000
+    assert ph["backward_start"].device_bytes == 1400 + (1000 - 300) + 0 + 50  # head freed, bucket allocated
     assert ph["backward_end"].device_bytes == 1400 + 100 + 50  # partition grads + reduce bucket
     assert ph["optimizer_step"].device_bytes == 1400 + 400
     assert ph["optimizer_step_cast"].device_bytes == 1400 + 700
     assert "backward_recompute" not in ph and "offload_step" not in ph
     assert tl.peak_phase.name == "forward_end" and tl.peak_bytes == 2400
+    # the rank whose partition holds the LM head allocates its whole partition buffer at the first bucket
+    tail = ModelStates(**{**ms.__dict__, "grads_backward_start": 500})
+    tl2 = memory_timeline(tail, _act(1000), zero_stage=2, offload_optimizer=False, head_activations=300)
+    assert tl2.peak_phase.name == "backward_start" and tl2.peak_bytes == 1400 + 700 + 500 + 50
     # old additive total: params + max(grads) + master + states + activations + buffers
     assert tl.sum_of_parts_bytes == 200 + 700 + 400 + 800 + 1000 + 50
     assert tl.peak_phase.alive()[:2] == ["activations_saved", "optimizer_states"]
@@ -55,6 +60,7 @@ def test_zero3_recompute_and_persistent_grad_buffer_by_hand():
     ph = _by_name(tl)
     base = 100 + 200 + 400 + 30 + 50  # weights partition, master, moments, reduce bucket, grad partition buffer
     assert ph["forward_end"].device_bytes == base + 500 + 70  # + gathered params
+    assert ph["backward_start"].device_bytes == base + 500 + 70  # no bucket term: stage 3's persists in base
     assert ph["backward_recompute"].device_bytes == base + 500 + 200 + 70
     assert ph["backward_end"].device_bytes == base + 0 + 70  # the grad buffer is already in base
     assert ph["optimizer_step"].device_bytes == base + 100  # fp32 copy of one sub-group; params repartitioned
@@ -70,7 +76,8 @@ def test_offload_host_terms_live_in_every_phase():
     assert all(p.host_bytes == 1700 for p in tl.phases)
     assert ph["offload_step"].device_bytes == 210
     assert ph["forward_end"].device_bytes == 510
-    assert tl.peak_bytes == 510 and tl.peak_with_host_bytes == 510 + 1700
+    assert ph["backward_start"].device_bytes == 515  # + the reduce bucket
+    assert tl.peak_bytes == 515 and tl.peak_with_host_bytes == 515 + 1700
 
 
 def _tiny_plan(stage, *, precision="fp32", world=2, gpu="cpu", ckpt="none", seq=32, mb=2):
@@ -99,7 +106,10 @@ def test_stage0_fp32_peak_is_backward_end_by_hand():
     assert ph["forward_end"] == 12 * PSI + int(a.saved)
     assert ph["backward_end"] == 12 * PSI + 4 * PSI + 4 * PSI  # .grad + the flattened all-reduce bucket
     assert ph["optimizer_step"] == 16 * PSI
-    peak = max(12 * PSI + int(a.saved), 20 * PSI)
+    head_numel = 100 * 64 + 64  # LM head + final norm: their gradients exist when backward reaches the last block
+    head_act = a.embedding_and_loss - 8 * 32 * 2  # all but the ids the embedding keeps (8 bytes x seq x mb)
+    assert ph["backward_start"] == 12 * PSI + int(a.saved - head_act) + 4 * head_numel
+    peak = max(12 * PSI + int(a.saved), 20 * PSI, 12 * PSI + int(a.saved - head_act) + 4 * head_numel)
     assert est.memory.total == peak and est.to_json()["memory_per_rank_bytes"]["peak"] == peak
     assert est.memory.sum_of_parts_bytes == 4 * PSI + 4 * PSI + 8 * PSI + int(a.peak) + 4 * PSI
     assert est.memory.sum_of_parts_bytes > est.memory.total
