@@ -168,6 +168,7 @@ def training_args(spec: Spec, shape: ModelShape, cand: Candidate, *, output_dir:
         args["gradient_checkpointing"] = True
     if is_cpu_cluster(spec):
         args["use_cpu"] = True
+        args["ddp_backend"] = "gloo"  # DeepSpeed's CPU accelerator would pick ccl
     if deepspeed:
         args["deepspeed"] = deepspeed
     return args
