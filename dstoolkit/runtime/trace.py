@@ -83,7 +83,35 @@ def _signature(layer: LayerParams) -> tuple:
     return (layer.mixer, layer.num_experts > 0, layer.total)
 
 
-def _shrink(config: dict, measured: MeasuredParams) -> tuple[dict, int, list[int], list[str]]:
+def _per_layer(key: str, value, n_layers: int) -> bool:
+    """A per-layer setting: a list with one entry per layer, or a layer-pattern string (hybrid_override_pattern)."""
+    if key == "architectures":
+        return False
+    if isinstance(value, list):
+        return len(value) == n_layers
+    return isinstance(value, str) and "pattern" in key and len(value) == n_layers
+
+
+def truncate_layers(config: dict, n: int) -> dict:
+    """A copy of `config` (its text_config for multimodal configs) with only the first `n` layers: the layer
+    count and every per-layer list/string of the config's length (layer_types, hybrid patterns) cut to n."""
+    d = copy.deepcopy(config.get("text_config") or config)
+    if "text_config" in config:
+        d.setdefault("model_type", config["text_config"].get("model_type"))
+    key = _first(d, _LAYER_KEYS)
+    if key is None:
+        raise TraceError("the config names no layer count (num_hidden_layers / n_layer / num_layers)")
+    full = d[key]
+    for k, value in list(d.items()):
+        if _per_layer(k, value, full):
+            d[k] = value[:n]
+    for k in _LAYER_KEYS:
+        if k in d:
+            d[k] = n
+    return d
+
+
+def _shrink(config: dict, measured: MeasuredParams, full_depth: bool = False) -> tuple[dict, int, list[int], list[str]]:
     """(shrunk text config, depth, full-layer -> traced-layer map, notes)."""
     notes: list[str] = []
     d = copy.deepcopy(config.get("text_config") or config)
@@ -95,15 +123,15 @@ def _shrink(config: dict, measured: MeasuredParams) -> tuple[dict, int, list[int
     n = len(layers)
     sigs = [_signature(l) for l in layers]
     wanted = set(sigs)
-    depth = next(i + 1 for i in range(n) if set(sigs[: i + 1]) == wanted)
-    if depth > 12:
+    depth = n if full_depth else next(i + 1 for i in range(n) if set(sigs[: i + 1]) == wanted)
+    if depth > 12 and not full_depth:
         raise TraceError(f"every layer kind first appears within the first {depth} layers; too deep to trace")
     rep = {}
     for i in range(depth):
         rep.setdefault(sigs[i], i)
     mapping = [rep[s] for s in sigs]
     for key, value in list(d.items()):
-        if isinstance(value, (list, str)) and len(value) == n and key not in ("architectures",):
+        if _per_layer(key, value, n):
             d[key] = value[:depth]
     for key in _LAYER_KEYS:
         if key in d:
@@ -244,7 +272,7 @@ def _run(model, depth: int, seq_len: int, micro_batch: int):
 
 
 def trace_config(config: dict, *, seq_len: int = 256, micro_batch: int = 1, dtype: torch.dtype = torch.bfloat16,
-                 model_class: Optional[str] = None) -> TraceResult:
+                 model_class: Optional[str] = None, full_depth: bool = False) -> TraceResult:
     """Measure training FLOPs per token and saved-activation bytes of `config` on a shrunk CPU copy.
 
     Args:
@@ -252,6 +280,8 @@ def trace_config(config: dict, *, seq_len: int = 256, micro_batch: int = 1, dtyp
         seq_len, micro_batch: Tokens per sequence and sequences per micro batch of the traced step.
         dtype: Parameter/activation dtype of the traced copy (bf16 like a mixed-precision run).
         model_class: Not supported for tracing yet (the copy is built through the Auto classes).
+        full_depth: Run every layer instead of one per kind (a real run of the whole stack, to check the
+            per-kind scaling against; only sensible for configs cut with `truncate_layers`).
 
     Raises:
         TraceError: the config cannot be traced (reason given); keep the analytic accounting.
@@ -260,7 +290,7 @@ def trace_config(config: dict, *, seq_len: int = 256, micro_batch: int = 1, dtyp
         raise TraceError("tracing builds through the Auto classes; a model_class config is not traced yet")
     shape = shape_from_hf_dict(config, source="transformers")
     measured = shape.measured
-    small, depth, mapping, notes = _shrink(config, measured)
+    small, depth, mapping, notes = _shrink(config, measured, full_depth)
     model, cfg = _build_small(small, dtype)
     if cfg._attn_implementation != "sdpa":
         notes.append(f"{cfg._attn_implementation} attention (no sdpa path in transformers for this architecture): "
@@ -312,4 +342,4 @@ def analytic_flops_per_token(config: dict, seq_len: int) -> Optional[float]:
     return flops_per_token(shape, seq_len).model
 
 
-__all__ = ["TraceError", "TraceResult", "trace_config", "analytic_flops_per_token"]
+__all__ = ["TraceError", "TraceResult", "trace_config", "truncate_layers", "analytic_flops_per_token"]

@@ -76,3 +76,24 @@ def test_too_wide_to_trace_is_refused():
            "num_attention_heads": 128, "num_key_value_heads": 8, "head_dim": 128}
     with pytest.raises(TraceError, match=r"too wide to run on the host"):
         trace_config(cfg, seq_len=SEQ)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel,n", [
+    ("released/openai--gpt-oss-20b.json", 4),  # attention sinks, biased experts, sliding/full alternation
+    ("released/Qwen--Qwen3-Next-80B-A3B-Thinking.json", 8),  # gated delta net + gated attention, 3:1
+    ("released/google--gemma-4-26B-A4B.json", 6),  # dense FFN beside 128 experts, sliding/global heads
+    ("released/nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json", 8),  # Mamba-2 / attention / MoE layers
+    ("released/XiaomiMiMo--MiMo-V2-Flash.json", 4),  # dense first layer, then MoE
+])
+def test_per_kind_scaling_equals_a_real_run_of_every_layer(rel, n):
+    # Architectures without a formula: the trace runs one layer per kind and scales; a real CPU run of every
+    # layer of the same (first-n-layers) stack must save the same bytes and do the same FLOPs (within 5%).
+    from dstoolkit.runtime.trace import truncate_layers
+
+    cfg = truncate_layers(_cfg(rel), n)
+    scaled = trace_config(cfg, seq_len=SEQ)
+    real = trace_config(cfg, seq_len=SEQ, full_depth=True)
+    assert real.traced_layers == n and scaled.traced_layers <= n
+    assert sum(scaled.layer_saved_bytes) == pytest.approx(sum(real.layer_saved_bytes), rel=0.05)
+    assert scaled.flops_per_token == pytest.approx(real.flops_per_token, rel=0.05)
