@@ -1,9 +1,12 @@
-"""`dstoolkit generate`: DeepSpeed JSON, Megatron args, launch.sh / hostfile / sbatch and a summary per strategy.
+"""`dstoolkit generate`: per strategy, a DeepSpeed JSON, a summary and the files of each target's launcher.
 
-    dstoolkit generate SPEC.yaml --out DIR [--strategy NAME ...] [--force] [--format table|json]
+    dstoolkit generate SPEC.yaml --out DIR [--strategy NAME ...] [--target T ...] [--pretrain-script PATH]
+                       [--force] [--format text|json]
 
-Writes DIR/<strategy>/{ds_config.json, megatron_args.txt, launch.sh, hostfile, slurm.sbatch, summary.md},
-DIR/spec.yaml and DIR/summary.md, atomically; an existing DIR is refused without --force.
+Targets (repeatable, default deepspeed): deepspeed (launch.sh, hostfile, slurm.sbatch), megatron-lm
+(megatron_lm_args.txt + launch_megatron_lm.sh), megatron-deepspeed (megatron_deepspeed_args.txt +
+launch_megatron_deepspeed.sh). Writes DIR/<strategy>/..., DIR/spec.yaml and DIR/summary.md atomically; an
+existing DIR is refused without --force.
 Exit codes: 0 written, 1 nothing fits (no config written), 2 bad input or existing output.
 """
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force
 # fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
 STRATEGY_NAMES = ("zero0", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload", "zero++", "zero0-ep",
                   "zero1-ep", "zero2-ep")
+TARGET_NAMES = ("deepspeed", "megatron-lm", "megatron-deepspeed")
+"""Spelled out for the same reason; the test holds it equal to dstoolkit.generate.core.TARGETS."""
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +32,11 @@ def add_parser(subparsers) -> None:
     add_out_flag(p, required=True, metavar="DIR", help="output folder (created atomically)")
     p.add_argument("--strategy", action="append", default=None, metavar="NAME",
                    help=f"only these strategies (repeatable): {', '.join(STRATEGY_NAMES)}")
+    p.add_argument("--target", action="append", default=None, choices=TARGET_NAMES, metavar="TARGET",
+                   help=f"launcher(s) to write files for (repeatable; default deepspeed): {', '.join(TARGET_NAMES)}")
+    p.add_argument("--pretrain-script", default=None, metavar="PATH",
+                   help="Megatron targets: path of that project's pretrain_gpt.py written into their launch scripts "
+                        "(default: PRETRAIN must be set when launching)")
     add_force_flag(p, help="replace DIR if an earlier `dstoolkit generate` wrote it")
     add_format_flag(p)
     p.set_defaults(run=run)
@@ -44,7 +54,8 @@ def run(args) -> int:
     out = Path(args.out)
     check_target(out, force=args.force)  # refuse early, before any work
     spec, shape = load_spec_and_shape(args.spec)
-    result = generate(spec, shape, strategies=args.strategy)
+    result = generate(spec, shape, strategies=args.strategy, targets=args.target or ("deepspeed",),
+                      out_dir=out.resolve(), pretrain_script=args.pretrain_script)
     if not result.generated:
         print(f"dstoolkit generate: no configuration written for {spec.name}:", file=sys.stderr)
         for s in result.skipped:
@@ -78,5 +89,11 @@ def run(args) -> int:
               f"{e.step_time_s:10.4g} s/step")
     for s in result.skipped:
         print(f"  not generated: {s.name}: {s.reason}")
-    print(f"details: {out / 'summary.md'}; run one: bash {out / result.generated[0].name / 'launch.sh'}")
+    for o in result.generated:
+        for target, why in o.targets_skipped.items():
+            print(f"  {o.name}: no {target} files: {why}")
+    first = result.generated[0]
+    launch = next((f for f in ("launch.sh", "launch_megatron_lm.sh", "launch_megatron_deepspeed.sh") if f in first.files),
+                  None)
+    print(f"details: {out / 'summary.md'}" + (f"; run one: bash {out / first.name / launch}" if launch else ""))
     return EXIT_OK

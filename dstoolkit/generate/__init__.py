@@ -1,11 +1,11 @@
 """dstoolkit.generate: spec -> DeepSpeed JSON / Megatron args / launch commands, and sweeps. No torch import.
 
 Public API:
-    generate(spec, shape, strategies=None) -> GenerateResult      (all files, in memory)
+    generate(spec, shape, strategies=None, targets=("deepspeed",)) -> GenerateResult   (all files, in memory)
     write_generated(result, out_dir, force=False)                 (atomic; refuses existing output)
     run_sweep(spec, shape, top=3, ...) -> SweepResult             (ranked, dropped with reasons, fits_nowhere)
     build_ds_config(spec, shape, candidate) -> dict
-    build_megatron_args(spec, shape, candidate) -> list[(flag, values)]
+    megatron_lm_args / megatron_deepspeed_args(spec, shape, candidate, ...) -> list[str]   (dstoolkit.generate.megatron)
     load_spec_and_shape(path) -> (Spec, ModelShape)
     generate_demo(spec_path, out_dir, strategy="zero2", force=True) -> Path   (the demo's one-liner)
 
@@ -21,7 +21,7 @@ from dstoolkit.generate.candidates import STRATEGIES, Candidate, StrategyDef
 from dstoolkit.generate.core import GenerateError, GenerateResult, generate, write_generated
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
-from dstoolkit.generate.megatron_args import build_megatron_args
+from dstoolkit.generate.megatron import megatron_deepspeed_args, megatron_lm_args
 from dstoolkit.generate.sweep import SweepResult, run_sweep
 from dstoolkit.generate.writer import OutputExistsError
 
@@ -45,5 +45,5 @@ def generate_demo(spec_path: Union[str, Path], out_dir: Union[str, Path], strate
 
 
 __all__ = ["STRATEGIES", "Candidate", "StrategyDef", "GenerateError", "GenerateResult", "generate",
-           "write_generated", "build_ds_config", "build_megatron_args", "SpecLoadError", "load_spec_and_shape",
+           "write_generated", "build_ds_config", "megatron_lm_args", "megatron_deepspeed_args", "SpecLoadError", "load_spec_and_shape",
            "SweepResult", "run_sweep", "OutputExistsError", "generate_demo"]

@@ -10,7 +10,7 @@ import functools
 import sys
 from pathlib import Path
 
-from dstoolkit.generate.core import GenerateResult, generate, write_generated
+from dstoolkit.generate.core import TARGETS, GenerateResult, generate, write_generated
 from dstoolkit.generate.io import load_spec_and_shape
 
 BUNDLED_SPECS = ("tiny_cpu", "tiny_moe_cpu", "llama3_8b_1x8_h100", "mixtral_8x7b_2x8_h100", "deepseek_v3_32x8_h800")
@@ -18,10 +18,14 @@ BUNDLED_SPECS = ("tiny_cpu", "tiny_moe_cpu", "llama3_8b_1x8_h100", "mixtral_8x7b
 GENERATED_DIR = "generated"
 
 
+GOLDEN_TARGETS = TARGETS
+"""The committed outputs show every target (paths inside them are relative to the strategy folder)."""
+
+
 def generate_bundled(ds_configs: Path, stem: str) -> GenerateResult:
-    """Generate one bundled spec in memory."""
+    """Generate one bundled spec in memory, for every target."""
     spec, shape = load_spec_and_shape(Path(ds_configs) / f"{stem}.yaml")
-    return generate(spec, shape)
+    return generate(spec, shape, targets=GOLDEN_TARGETS)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,9 @@
-"""`generate`: spec -> one folder per strategy (DeepSpeed JSON, Megatron args, launch.sh, hostfile, sbatch,
-summary), all in memory; `write_generated` writes them atomically.
+"""`generate`: spec -> one folder per strategy, with the files of each requested target (`TARGETS`), all in
+memory; `write_generated` writes them atomically.
+
+Every folder has the DeepSpeed JSON and summary.md; the `deepspeed` target adds launch.sh (the deepspeed
+launcher / torchrun on the bundled trainer), hostfile and slurm.sbatch; `megatron-lm` and `megatron-deepspeed`
+add that project's argument file and launch script (dstoolkit.generate.megatron).
 
 No torch import. Each strategy's free fields ("auto" TP/PP/EP/micro-batch/recompute) are resolved by the
 sweep restricted to that strategy; the chosen JSON must have no error finding from `validate_config`.
@@ -9,20 +13,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import yaml
 
 from dstoolkit.generate.candidates import STRATEGIES, StrategyDef, strategy_unavailable_reason
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.launch import render_hostfile, render_launch_sh, render_sbatch
-from dstoolkit.generate.megatron_args import build_megatron_args, render_megatron_args
+from dstoolkit.generate.megatron import TARGETS as MEGATRON_TARGETS
+from dstoolkit.generate.megatron import megatron_target_files
 from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.sweep import Ranked, SweepResult, error_findings, run_sweep
 from dstoolkit.generate.writer import write_tree_atomic
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
+TARGETS = ("deepspeed", *MEGATRON_TARGETS)
+"""What `generate --target` accepts; `deepspeed` is the default."""
 SPEC_COPY = "spec.yaml"
 HF_CONFIG_COPY = "model_config.json"
 
@@ -42,6 +49,8 @@ class StrategyOutput:
     ds_config: dict
     findings: list
     files: dict[str, str]
+    targets_skipped: dict[str, str] = field(default_factory=dict)
+    """Requested targets that cannot express this model or layout, with the reason."""
 
 
 @dataclass
@@ -115,13 +124,19 @@ def _resolve(spec: Spec, shape: ModelShape, strat: StrategyDef) -> tuple[Optiona
     return res.winner, res
 
 
-def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] = None) -> GenerateResult:
+def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] = None,
+             targets: Sequence[str] = ("deepspeed",), out_dir: Optional[Path] = None,
+             pretrain_script: Union[None, str, dict[str, str]] = None) -> GenerateResult:
     """Build every file of an output folder in memory.
 
     Args:
         spec: The loaded spec.
         shape: Its resolved model shape.
         strategies: Strategy names to emit (None: `default_strategy_names`).
+        targets: The launchers to write files for (`TARGETS`).
+        out_dir: Where the folder will be written; Megatron-DeepSpeed's --deepspeed_config names the JSON
+            there by absolute path. None: relative to the strategy folder.
+        pretrain_script: Megatron targets: path of pretrain_gpt.py (one for all, or target -> path).
 
     Returns:
         A `GenerateResult`; `files` is empty of strategy folders when none could be generated.
@@ -129,6 +144,9 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
     Raises:
         GenerateError: An unknown strategy name, or one that cannot exist for this model (MoE at stage 3).
     """
+    unknown_targets = [t for t in targets if t not in TARGETS]
+    if unknown_targets:
+        raise GenerateError(f"unknown target {unknown_targets[0]!r}; known: {', '.join(TARGETS)}")
     if strategies:
         unknown = [s for s in strategies if s not in STRATEGIES]
         if unknown:
@@ -157,18 +175,23 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
         findings = list(chosen.findings)
         if error_findings(findings):  # run_sweep already dropped these; keep the invariant explicit
             raise RuntimeError(f"internal: {name} config has error findings: {error_findings(findings)}")
-        margs = build_megatron_args(spec, shape, cand)
-        folder = {
-            "ds_config.json": json.dumps(cfg, indent=2) + "\n",
-            "megatron_args.txt": render_megatron_args(margs),
-            "launch.sh": render_launch_sh(spec, cand, strategy=name, is_moe=shape.is_moe),
-            "hostfile": render_hostfile(spec),
-            "slurm.sbatch": render_sbatch(spec, strategy=name),
-        }
+        folder = {"ds_config.json": json.dumps(cfg, indent=2) + "\n"}
+        if "deepspeed" in targets:
+            folder.update({
+                "launch.sh": render_launch_sh(spec, cand, strategy=name, is_moe=shape.is_moe),
+                "hostfile": render_hostfile(spec),
+                "slurm.sbatch": render_sbatch(spec, strategy=name),
+            })
         out = StrategyOutput(name=name, strategy=strat, chosen=chosen, sweep=sweep, ds_config=cfg,
                              findings=findings, files={})
-        folder["summary.md"] = render_strategy_summary(spec, shape, out)
+        megatron = [t for t in targets if t in MEGATRON_TARGETS]
+        if megatron:
+            extra = megatron_target_files(None if out_dir is None else Path(out_dir) / name, spec, shape, cand,
+                                          megatron, strategy=name, pretrain_script=pretrain_script)
+            folder.update(extra.files)
+            out.targets_skipped.update(extra.skipped)
         out.files = folder
+        folder["summary.md"] = render_strategy_summary(spec, shape, out)
         result.generated.append(out)
         for rel, text in folder.items():
             result.files[f"{name}/{rel}"] = text
@@ -179,8 +202,3 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
 def write_generated(result: GenerateResult, out_dir: Path, *, force: bool = False) -> None:
     """Write a `GenerateResult` to `out_dir` atomically (see `dstoolkit.generate.writer`)."""
     write_tree_atomic(Path(out_dir), result.files, force=force)
-
-
-def megatron_usage_line() -> str:
-    """How to feed megatron_args.txt to Megatron (quoted values survive `xargs`)."""
-    return "xargs -a megatron_args.txt python pretrain_gpt.py   # values are shell-quoted, one flag per line"

@@ -1,7 +1,7 @@
 """Build the DeepSpeed JSON for one candidate: pure DeepSpeed keys only, every value explicit (no "auto").
 
 No torch import. MoE facts (expert count, ep size) are not DeepSpeed config keys: they go to the model code
-(`--ep-size` in launch.sh) and to `megatron_args.txt`, never into this JSON.
+(`--ep-size` in launch.sh) and to the Megatron argument files, never into this JSON.
 """
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def _activation_checkpointing_section(cand: Candidate) -> dict | None:
     if cand.checkpoint.kind == "none":
         return None
     # Read by deepspeed.checkpointing.configure (Megatron-DeepSpeed and our trainer); which layers are
-    # recomputed is the model's choice (megatron_args recompute flags / CheckpointPolicy).
+    # recomputed is the model's choice (Megatron recompute flags / CheckpointPolicy).
     return {"partition_activations": cand.tp > 1, "cpu_checkpointing": False,
             "contiguous_memory_optimization": False, "synchronize_checkpoint_boundary": False,
             "profile": False}

@@ -425,14 +425,16 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
     """Megatron-DeepSpeed (megatron/arguments.py + deepspeed.add_config_arguments) command line, flat words.
 
     Args:
-        ds_config_path: Absolute path of the strategy's ds_config.json (the script may run from any folder).
+        ds_config_path: Absolute path of the strategy's ds_config.json (the script may run from any folder),
+            or the bare name ``ds_config.json`` for files that must not name this machine's paths (committed
+            goldens); the launch script passes the absolute path at run time in both cases.
 
     Raises:
         UnsupportedTarget: what Megatron-DeepSpeed's GPT model cannot build (multi-latent attention, shared
             experts, q/k/v-only biases, QK-norm, expert width != dense width, FP8) or a pipelined ZeRO-2/3.
-        ValueError: ds_config_path is not absolute.
+        ValueError: ds_config_path is neither absolute nor the bare ``ds_config.json``.
     """
-    if not Path(ds_config_path).is_absolute():
+    if not Path(ds_config_path).is_absolute() and str(ds_config_path) != "ds_config.json":
         raise ValueError(f"--deepspeed_config must be an absolute path, got {str(ds_config_path)!r}")
     t = "megatron-deepspeed"
     missing = []
@@ -575,15 +577,17 @@ class TargetFiles:
     skipped: dict[str, str]
 
 
-def megatron_target_files(folder: Union[str, Path], spec: Spec, shape: ModelShape, cand: Candidate,
+def megatron_target_files(folder: Union[None, str, Path], spec: Spec, shape: ModelShape, cand: Candidate,
                           targets: Iterable[str] = TARGETS, *, strategy: str = "",
                           pretrain_script: Union[None, str, Path, dict[str, str]] = None) -> TargetFiles:
     """The argument file and launch script of each target for one strategy folder, in memory.
 
-    `folder` is where the folder will live (its absolute path goes into --deepspeed_config).
+    `folder` is where the folder will live (its absolute path goes into --deepspeed_config); None writes the
+    path relative to the strategy folder (committed goldens, which must not name this machine's paths; the
+    launch script passes the absolute path at run time either way).
     `pretrain_script`: target -> path of that project's pretrain_gpt.py, or one path for every target.
     """
-    folder = Path(folder).expanduser().resolve()
+    ds_config_path = Path("ds_config.json") if folder is None else Path(folder).expanduser().resolve() / "ds_config.json"
     targets = list(targets)
     if isinstance(pretrain_script, (str, Path)):
         pretrain_script = {t: str(pretrain_script) for t in targets}
@@ -597,12 +601,13 @@ def megatron_target_files(folder: Union[str, Path], spec: Spec, shape: ModelShap
             if target == "megatron-lm":
                 words = megatron_lm_args(spec, shape, cand)
             else:
-                words = megatron_deepspeed_args(spec, shape, cand, ds_config_path=folder / "ds_config.json")
+                words = megatron_deepspeed_args(spec, shape, cand, ds_config_path=ds_config_path)
         except UnsupportedTarget as exc:
             skipped[target] = str(exc)
             continue
         files[ARGS_FILE[target]] = render_args_file(words)
-        files[LAUNCH_FILE[target]] = render_launch_script(spec, cand, target, strategy=strategy or folder.name,
+        files[LAUNCH_FILE[target]] = render_launch_script(spec, cand, target,
+                                                          strategy=strategy or Path(folder or ".").resolve().name,
                                                           pretrain_script=scripts[target])
     return TargetFiles(files=files, skipped=skipped)
 

@@ -120,18 +120,25 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput"
         lines.append(f"- {f.severity}: `{f.pointer}` {f.code}: {_md(f.message)}")
     if others:
         lines.append("")
-    lines += [
-        "## Files",
-        "",
-        "- `ds_config.json`: the DeepSpeed config (pure DeepSpeed keys; MoE facts go to the model: `--ep-size`).",
-        "- `megatron_args.txt`: the same run as Megatron-LM / Megatron-DeepSpeed flags, one per line, values "
-        "shell-quoted: `xargs -a megatron_args.txt python pretrain_gpt.py`.",
-        "- `launch.sh`: `bash launch.sh` (deepspeed launcher + `hostfile`), `LAUNCHER=torchrun bash launch.sh`, "
-        "`DRY_RUN=1` prints the command; `STEPS=N` sets the run length.",
-        "- `slurm.sbatch`: `sbatch slurm.sbatch` from this folder (hostfile from the allocation).",
-        "",
-    ]
+    lines += ["## Files", ""]
+    lines += [f"- `{name}`: {text}" for name, text in FILE_NOTES.items() if name in out.files]
+    lines += [f"- no {target} files: {_md(why)}" for target, why in out.targets_skipped.items()]
+    lines.append("")
     return "\n".join(lines)
+
+
+FILE_NOTES = {
+    "ds_config.json": "the DeepSpeed config (pure DeepSpeed keys; MoE facts go to the model: `--ep-size`).",
+    "launch.sh": "`bash launch.sh` (deepspeed launcher + `hostfile`), `LAUNCHER=torchrun bash launch.sh`, "
+                 "`DRY_RUN=1` prints the command; `STEPS=N` sets the run length.",
+    "slurm.sbatch": "`sbatch slurm.sbatch` from this folder (hostfile from the allocation).",
+    "megatron_lm_args.txt": "Megatron-LM's arguments, one word per line, unquoted (checked against its parse_args "
+                            "+ validate_args); `launch_megatron_lm.sh` reads them with `mapfile` and starts "
+                            "`PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py`.",
+    "megatron_deepspeed_args.txt": "Megatron-DeepSpeed's arguments, same form; `launch_megatron_deepspeed.sh` adds "
+                                   "`--deepspeed_config` with this folder's ds_config.json by absolute path.",
+}
+"""What each generated file is for, in the order summaries list them."""
 
 
 def render_index(spec: Spec, shape: ModelShape, result: "GenerateResult") -> str:

@@ -10,7 +10,7 @@ import yaml
 from dstoolkit.cli import main
 from dstoolkit.generate.writer import MARKER_FILE, OutputExistsError, write_tree_atomic
 
-FOLDER_FILES = {"ds_config.json", "megatron_args.txt", "launch.sh", "hostfile", "slurm.sbatch", "summary.md"}
+FOLDER_FILES = {"ds_config.json", "launch.sh", "hostfile", "slurm.sbatch", "summary.md"}
 
 
 def _tiny(repo_root):
@@ -129,6 +129,10 @@ def test_cli_strategy_list_matches_catalog_and_parser_imports_nothing_heavy():
     from dstoolkit.generate.candidates import STRATEGIES
 
     assert STRATEGY_NAMES == tuple(STRATEGIES)
+    from dstoolkit.cli.generate import TARGET_NAMES
+    from dstoolkit.generate.core import TARGETS
+
+    assert TARGET_NAMES == TARGETS
     code = ("import sys; from dstoolkit.cli import build_parser; build_parser(); "
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'deepspeed', 'dstoolkit.generate'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
@@ -153,3 +157,31 @@ def test_hf_config_spec_is_copied_next_to_the_spec(tmp_path, repo_root):
 
     _, shape = load_spec_and_shape(out / "spec.yaml")  # the folder is self-contained
     assert shape.hidden_size == 256
+
+
+def test_targets_write_their_files_with_absolute_config_path(tmp_path, repo_root):
+    from dstoolkit.cli import main
+    from dstoolkit.generate.megatron import read_args_file
+
+    out = tmp_path / "gen"
+    rc = main(["generate", str(repo_root / "ds_configs" / "tiny_cpu.yaml"), "--out", str(out), "--strategy", "zero2",
+               "--target", "megatron-lm", "--target", "megatron-deepspeed", "--pretrain-script", "/opt/pretrain_gpt.py"])
+    assert rc == 0
+    folder = out / "zero2"
+    names = {p.name for p in folder.iterdir()}
+    assert {"megatron_lm_args.txt", "launch_megatron_lm.sh", "megatron_deepspeed_args.txt",
+            "launch_megatron_deepspeed.sh", "ds_config.json", "summary.md"} <= names
+    assert "launch.sh" not in names  # the deepspeed target was not asked for
+    words = read_args_file((folder / "megatron_deepspeed_args.txt").read_text())
+    assert words[words.index("--deepspeed_config") + 1] == str((folder / "ds_config.json").resolve())
+    assert "/opt/pretrain_gpt.py" in (folder / "launch_megatron_lm.sh").read_text()
+    assert "--deepspeed" not in read_args_file((folder / "megatron_lm_args.txt").read_text())
+
+
+def test_unknown_target_is_a_usage_error(tmp_path, repo_root, capsys):
+    from dstoolkit.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", str(repo_root / "ds_configs" / "tiny_cpu.yaml"), "--out", str(tmp_path / "g"),
+              "--target", "megatron"])
+    assert exc.value.code == 2 and "invalid choice: 'megatron'" in capsys.readouterr().err

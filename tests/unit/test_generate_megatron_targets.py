@@ -143,7 +143,10 @@ def test_megatron_deepspeed_flags(stem, spec, shape, o, tmp_path):
 def test_deepspeed_config_path_must_be_absolute():
     stem, spec, shape, o = ALL[0]
     with pytest.raises(ValueError, match="absolute"):
-        megatron_deepspeed_args(spec, shape, o.chosen.candidate, ds_config_path="ds_config.json")
+        megatron_deepspeed_args(spec, shape, o.chosen.candidate, ds_config_path="configs/ds_config.json")
+    # the bare name is the goldens' form (no machine path committed); the launch script passes the absolute one
+    words = megatron_deepspeed_args(spec, shape, o.chosen.candidate, ds_config_path="ds_config.json")
+    assert words[words.index("--deepspeed_config") + 1] == "ds_config.json"
 
 
 def test_deepseek_moe_layers_and_router():
