@@ -473,8 +473,9 @@ def _check_autotp_stage(cfg: Mapping, ctx: RuleContext) -> None:
 def _check_sequence_parallel(cfg: Mapping, ctx: RuleContext) -> None:
     """Ulysses sequence parallelism all-to-alls the sequence shards into head shards, so
     sequence_parallel_size must divide the world size (DeepSpeedConfig divides the world by it for the batch
-    arithmetic, runtime/config.py) and the attention heads (DeepSpeed's Ulysses asserts it when the model is
-    known, sequence/layer.py). sequence_parallel_size in the JSON only changes the batch arithmetic: the
+    arithmetic, runtime/config.py) and the attention heads (UlyssesSPAttentionHF raises 'Attention head count
+    ... is not divisible by SP size', runtime/sequence_parallel/ulysses_sp.py; sequence/layer.py asserts the
+    same). The all-to-all itself runs on gloo CPU ranks (measured: DistributedAttention, 2 ranks). sequence_parallel_size in the JSON only changes the batch arithmetic: the
     script turns Ulysses on itself (UlyssesSPAttentionHF.register_with_transformers and mpu=... for HF
     models), which dstoolkit does not generate."""
     sp = as_int(cfg.get("sequence_parallel_size"))
