@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
+from dstoolkit.runtime.bench.train import OOM_MARKERS, _failure, kill_tree  # noqa: F401  (moved to runtime)
 from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s, trial_spec_dict
 
@@ -31,9 +31,6 @@ MODES = ("real", "estimate")
 DEFAULT_STEPS = 6  # optimizer steps per real trial: launch costs ~10 s, a tiny-model step well under 1 s
 DEFAULT_SKIP_STEPS = 2  # first steps excluded (engine warm-up, lazy optimizer state; bench train's default)
 DEFAULT_TRIAL_TIMEOUT_S = 300.0  # a real trial slower than this is recorded as "timeout"
-# Markers in a failed run's output that mean the rank ran out of memory (torch CUDA OOM, host allocator).
-OOM_MARKERS = ("out of memory", "OutOfMemoryError", "CUDA error: out of memory", "std::bad_alloc",
-               "Cannot allocate memory")
 LAUNCHERS = ("torchrun", "deepspeed")  # torchrun starts 2 ranks in ~8-10 s here, the deepspeed launcher 13-22 s
 
 
@@ -98,39 +95,6 @@ def _launch_cmd(launcher: str, ranks: int, port: int, ds_path: pathlib.Path, spe
             cmd += ["--ep-size", str(ep)]
     # The peak only feeds the trainer's MFU line; passing it skips the trainer's matmul probe (seconds per run).
     return cmd + ["--peak-flops", repr(float(peak_flops)), "--no-spike-guard"]
-
-
-def _failure(rc: int, tail: str, timeout_s: float, timed_out: bool) -> tuple[str, str]:
-    """(status, one-line reason) for a failed run."""
-    if timed_out:
-        return "timeout", f"no result within {timeout_s:.0f} s (--trial-timeout)"
-    low = tail.lower()
-    if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(m.lower() in low for m in OOM_MARKERS):
-        why = next((ln.strip() for ln in tail.splitlines() if any(m.lower() in ln.lower() for m in OOM_MARKERS)),
-                   f"a rank was killed (exit {rc}; the kernel OOM killer sends SIGKILL)")
-        return "oom", why[:300]
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
-    first = next((ln for ln in lines if "training failed" in ln or "error:" in ln.lower()), None)
-    return "error", (first or (lines[-1] if lines else f"exit code {rc}"))[:300] + f" (exit {rc})"
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a launcher and every process under it. torchrun starts each rank in its own session, so
-    killing the launcher's process group would leave the ranks running; psutil (a DeepSpeed dependency)
-    walks the tree instead."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
 
 
 STALE_LOCK_GRACE_S = 5.0  # a live holder of a torch-extension lock on a warm cache releases it well within this

@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,42 @@ from dstoolkit.runtime.jitlock import check_locks
 from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 
 BENCH_NAME = "train"
+# Markers in a failed run's output that mean the rank ran out of memory (torch CUDA OOM, host allocator).
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "CUDA error: out of memory", "std::bad_alloc",
+               "Cannot allocate memory")
+
+
+def _failure(rc: int, tail: str, timeout_s: float, timed_out: bool) -> tuple[str, str]:
+    """(status, one-line reason) for a failed run."""
+    if timed_out:
+        return "timeout", f"no result within {timeout_s:.0f} s (--trial-timeout)"
+    low = tail.lower()
+    if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(m.lower() in low for m in OOM_MARKERS):
+        why = next((ln.strip() for ln in tail.splitlines() if any(m.lower() in ln.lower() for m in OOM_MARKERS)),
+                   f"a rank was killed (exit {rc}; the kernel OOM killer sends SIGKILL)")
+        return "oom", why[:300]
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    first = next((ln for ln in lines if "training failed" in ln or "error:" in ln.lower()), None)
+    return "error", (first or (lines[-1] if lines else f"exit code {rc}"))[:300] + f" (exit {rc})"
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a launcher and every process under it. torchrun starts each rank in its own session, so
+    killing the launcher's process group would leave the ranks running; psutil (a DeepSpeed dependency)
+    walks the tree instead."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
 
 
 def _deepspeed_cmd() -> list[str]:
@@ -670,8 +707,6 @@ def run_command(template: Sequence[str], ds_config: dict, run_dir: pathlib.Path,
         {"status": "ok"|"oom"|"timeout"|"error", "reason", "returncode", "command" (filled argv as a string),
          "placeholders" {name: value} (the ones the command uses), "measured" (when ok), "wall_s", "log"}.
     """
-    from dstoolkit.tune.objective import _failure, kill_tree
-
     values = command_values(ds_config, run_dir, world_size=world_size, steps=steps)
     cmd = fill_command(template, values)
     used = {k: values[k] for k in placeholders_used(template)}
