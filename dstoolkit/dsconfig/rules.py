@@ -386,9 +386,11 @@ def _check_parallel_sizes(cfg: Mapping, ctx: RuleContext) -> None:
 def _check_stage_string(cfg: Mapping, ctx: RuleContext) -> None:
     """zero_optimization.stage given as a string ("1") is converted by DeepSpeed 0.19.8's lax pydantic
     (runtime/zero/config.py ``stage: ZeroStageEnum``; measured: ``"stage": "1"`` builds
-    DeepSpeedZeroOptimizer and trains on 2 gloo ranks). A warning: stricter readers (HF's
-    ``is_deepspeed_zero3_enabled`` compares ``stage == 3``, so ``"3"`` is not seen as ZeRO-3 there) and shell
-    templates that leave the quotes around a substituted number disagree with DeepSpeed about it."""
+    DeepSpeedZeroOptimizer and trains on 2 gloo ranks). A warning, because other readers of the same file do not
+    convert it: accelerate's HfDeepSpeedConfig (accelerate/utils/deepspeed.py ``is_zero3``: ``self._stage ==
+    3``, which HF Trainer's ``is_deepspeed_zero3_enabled`` uses) does not see ``"3"`` as ZeRO-3, so zero.Init
+    and the ZeRO-3 save/load paths are skipped. Shell templates that keep the quotes around a substituted
+    number produce it."""
     z = cfg.get("zero_optimization") if isinstance(cfg, Mapping) else None
     raw = z.get("stage") if isinstance(z, dict) else None
     if isinstance(raw, str) and raw in ("0", "1", "2", "3"):
