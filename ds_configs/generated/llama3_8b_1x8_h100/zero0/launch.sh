@@ -11,7 +11,7 @@
 # with --resume added (on every node): it continues from the newest intact checkpoint.
 #
 # Overrides (environment): STEPS, SEED, METRICS_OUT, HOSTFILE, MASTER_ADDR, MASTER_PORT, NODE_RANK,
-# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: see megatron_args.txt),
+# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: generate --target megatron-lm|megatron-deepspeed),
 # DIST_TIMEOUT_S (default 600): every process group's timeout; a collective stuck on a dead
 # peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),
 # NO_SSH=1 (deepspeed launcher: start only this node's ranks, node NODE_RANK of the hostfile).
