@@ -551,14 +551,10 @@ def hf_form(ds_config: dict) -> dict:
     """The DeepSpeed JSON as HF Trainer wants it: the values TrainingArguments also sets are "auto" (HF fills
     them from --per_device_train_batch_size, --gradient_accumulation_steps, --bf16/--fp16, --max_grad_norm, the
     learning rate flags); a concrete value that disagrees with them makes HF refuse the config. The ZeRO section
-    and everything else stay as generated. `dstoolkit.generate.hf_targets` is used when it exists."""
-    try:
-        from dstoolkit.generate import hf_targets  # another target writer; optional
-        fn = getattr(hf_targets, "hf_deepspeed_config", None) or getattr(hf_targets, "hf_ds_config", None)
-        if callable(fn):
-            return fn(ds_config)
-    except ImportError:
-        pass
+    and everything else stay as generated, so the tuned ZeRO knobs (bucket sizes, overlap_comm) reach the run.
+    (`dstoolkit.generate.hf_targets.build_hf_ds_config` builds the HF file from a strategy instead; it sets the
+    bucket sizes to "auto", which HF fills from the hidden size: right for `generate`, but it would
+    undo the tuner's bucket-scale choice.)"""
     cfg = json.loads(json.dumps(ds_config))
     for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
               "gradient_clipping"):
