@@ -315,3 +315,31 @@ def write_hf_target(folder: Path, spec: Spec, shape: ModelShape, cand: Candidate
             p.chmod(0o755)
         out.append(p)
     return out
+
+
+HF_TARGETS = ("hf", "accelerate")
+"""The `generate --target` names this module writes."""
+
+
+class HfTargetFiles:
+    """What `hf_targets_for` adds to one strategy folder: files, and the targets it could not write (why)."""
+
+    def __init__(self, files: dict[str, str], skipped: dict[str, str]):
+        self.files = files
+        self.skipped = skipped
+
+
+def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets) -> HfTargetFiles:
+    """Files of the requested HF targets (``hf`` and/or ``accelerate``; others ignored) for one strategy folder.
+
+    ``accelerate`` includes the hf files (the YAML points at the same ds_config_hf.json). A candidate with no
+    HF form (pipeline, AutoEP) yields no files and a reason per requested target, like
+    ``megatron_target_files(...).skipped``.
+    """
+    wanted = [t for t in targets if t in HF_TARGETS]
+    if not wanted:
+        return HfTargetFiles({}, {})
+    reason = hf_unavailable_reason(cand, shape)
+    if reason:
+        return HfTargetFiles({}, {t: reason for t in wanted})
+    return HfTargetFiles(hf_target_files(spec, shape, cand, accelerate="accelerate" in wanted), {})

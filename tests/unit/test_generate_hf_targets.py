@@ -134,3 +134,16 @@ def test_launch_lines_flags_and_accelerate_yaml(tmp_path):
     assert "  deepspeed_config_file: ds_config_hf.json\n" in yaml_text and "distributed_type: DEEPSPEED\n" in yaml_text
     yaml = pytest.importorskip("yaml")
     assert yaml.safe_load(yaml_text) == acc
+
+
+def test_hf_targets_for_is_the_generate_hook(tmp_path):
+    from dstoolkit.generate.hf_targets import hf_targets_for
+
+    spec, shape = _spec(tmp_path)
+    assert hf_targets_for(spec, shape, STRATEGIES["zero2"], ["deepspeed"]).files == {}
+    hf = hf_targets_for(spec, shape, STRATEGIES["zero2"], ["deepspeed", "hf"])
+    assert set(hf.files) == {"ds_config_hf.json", "training_args.json", "launch_hf.sh"} and hf.skipped == {}
+    acc = hf_targets_for(spec, shape, STRATEGIES["zero2"], ["accelerate"])
+    assert {"accelerate_config.yaml", "launch_accelerate.sh", "ds_config_hf.json"} <= set(acc.files)
+    pp = hf_targets_for(spec, shape, Candidate(zero_stage=1, pp=2, micro_batch=2), ["hf", "accelerate"])
+    assert pp.files == {} and set(pp.skipped) == {"hf", "accelerate"} and "PipelineModule" in pp.skipped["hf"]
