@@ -80,12 +80,13 @@ class RunPlan(BaseModel):
     ulysses: int = Field(default=1, ge=1)
     """DeepSpeed-Ulysses sequence-parallel degree (taken out of dp; all-to-all of q, k, v, out)."""
     attention_impl: Optional[Literal["eager", "sdpa", "flash", "te"]] = None
-    """Attention / fused-kernel implementation; None = flash when flash_attention, else eager."""
+    """Attention / fused-kernel implementation; None = sdpa when flash_attention (torch SDPA picks its flash
+    kernel; the module repeats GQA k/v as dstoolkit.runtime.model and Hugging Face do), else eager."""
 
     @property
     def attention_kind(self) -> str:
         """The attention implementation in effect (attention_impl, else from flash_attention)."""
-        return self.attention_impl or ("flash" if self.flash_attention else "eager")
+        return self.attention_impl or ("sdpa" if self.flash_attention else "eager")
 
     @model_validator(mode="after")
     def _check_seq_len_positive(self) -> "RunPlan":

@@ -56,7 +56,7 @@ class ClusterModelFields(StrictModel):
     """Attention / fused-kernel implementation, which decides what activations are saved: eager (HF eager
     kernels: fp32 norm upcasts, repeated K/V, the s² probabilities), sdpa (HF with torch SDPA: no s² term),
     flash (flash-attention kernels with HF-style modules), te (Transformer Engine / Megatron fused kernels).
-    None: flash when flash_attention, else eager."""
+    None: sdpa when flash_attention, else eager."""
     @field_validator("virtual_stages", "cp", "ulysses", mode="before")
     @classmethod
     def _check_int_not_bool(cls, value: Any, info) -> Any:
