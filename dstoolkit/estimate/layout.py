@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from dstoolkit.models.measured import measured_layout
 from dstoolkit.models.shape import ModelShape
 
 
@@ -108,8 +109,12 @@ def param_layout(shape: ModelShape) -> tuple[ParamEntry, ...]:
     """All parameter tensors of `shape` in module registration order (embedding, blocks, norm, lm_head).
 
     MoE blocks follow DeepSpeed's native MoE layout (router `gate.wg` first, then experts), which is also
-    the HF order (Mixtral: gate then experts; DeepSeek: gate, experts, shared experts).
+    the HF order (Mixtral: gate then experts; DeepSeek: gate, experts, shared experts). A shape built by
+    transformers on the meta device (`shape.measured`) is laid out from its exact per-layer, per-role counts
+    (hybrid mixers, per-layer widths), never from the analytic formulas.
     """
+    if shape.measured is not None:
+        return measured_layout(shape.measured)
     h = shape.hidden_size
     out: list[ParamEntry] = [ParamEntry("embed_tokens.weight", shape.vocab_size * h, "embedding", -1, True)]
     if shape.learned_positions and shape.max_position_embeddings:
