@@ -1,7 +1,7 @@
 """`dstoolkit tune ... -- <command>` and `dstoolkit bench train ... -- <command>` on real user scripts that are
 not the project's trainer (tests/dist/user_scripts/): an HF Trainer script on a transformers model built from a
 config, the same through `accelerate launch`, and a plain DeepSpeed loop. Each is tuned (budget 4, real 2-rank
-gloo runs, 4 optimizer steps per trial), the best config is validated (`dstoolkit validate`) and re-run by
+gloo runs), the best config is validated (`dstoolkit validate`) and re-run by
 `bench train` beside the default config (DeepSpeed's defaults for the spec's batch: ZeRO off, micro batch 1).
 The figures are printed (run with -s) for the closing note."""
 import json
@@ -42,8 +42,8 @@ def _dstoolkit(*args, timeout=1200):
 def test_user_script_tuned_benched_validated_rerun(name, tmp_path):
     cmd = COMMANDS[name]
     out = tmp_path / "tune"
-    p = _dstoolkit("tune", str(SPEC), "--mode", "real", "--budget", "4", "--out", str(out), "--steps", "4",
-                   "--skip-steps", "1", "--trial-timeout", "300", "--no-progress", "--format", "json", "--", *cmd)
+    p = _dstoolkit("tune", str(SPEC), "--mode", "real", "--budget", "4", "--out", str(out), "--steps", "6",
+                   "--skip-steps", "2", "--trial-timeout", "300", "--no-progress", "--format", "json", "--", *cmd)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(p.stdout)
     rep = json.loads((out / "report.json").read_text())
@@ -56,7 +56,7 @@ def test_user_script_tuned_benched_validated_rerun(name, tmp_path):
         print(f"[{name}] tune trial #{t['number']} {t['status']:<7} {t['label']:<40} "
               f"{(m.get('tokens_per_s') or 0):8.0f} tok/s  {t.get('reason') or ''}")
         if t["status"] == "ok":
-            assert m["source"] == "deepspeed engine hook" and m["timed_steps"] == 3, m
+            assert m["source"] == "deepspeed engine hook" and m["timed_steps"] == 4, m
             assert str(out) in m["command"] and "{" not in m["command"]
     # the flags the command asked for, and only those, were filled
     used = set(ok[0]["measured"]["placeholders"])
@@ -68,8 +68,8 @@ def test_user_script_tuned_benched_validated_rerun(name, tmp_path):
 
     default = tmp_path / "default.json"
     default.write_text(json.dumps(DEFAULT))
-    b = _dstoolkit("bench", "train", str(default), str(best), "--spec", str(SPEC), "--steps", "6", "--skip-steps",
-                   "2", "--no-progress", "--timeout-s", "300", "--format", "json", "--", *cmd)
+    b = _dstoolkit("bench", "train", str(default), str(best), "--spec", str(SPEC), "--steps", "10", "--skip-steps",
+                   "3", "--no-progress", "--timeout-s", "300", "--format", "json", "--", *cmd)
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
     recs = {r["config_name"]: r for r in json.loads(b.stdout)}
     assert set(recs) == {"default", "best_ds_config"}, list(recs)
