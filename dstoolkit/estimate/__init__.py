@@ -11,6 +11,7 @@ from dstoolkit.estimate.comm import busbw_factor, comm_plan, zeropp_cross_node_b
 from dstoolkit.estimate.core import Estimate, MemoryBreakdown, estimate_run
 from dstoolkit.estimate.flops import flops_per_token, mfu
 from dstoolkit.estimate.memory import deepspeed_model_states, paper_model_states
+from dstoolkit.estimate.timeline import device_allowance_bytes, memory_timeline
 from dstoolkit.hardware.calibration import Calibration
 from dstoolkit.runplan import RunPlan, plan_from_spec
 
@@ -18,4 +19,5 @@ __all__ = [
     "RunPlan", "Estimate", "MemoryBreakdown", "Calibration", "estimate_run", "plan_from_spec",
     "activation_bytes", "korthikanti_layer_bytes", "layer_activation_bytes", "busbw_factor", "comm_plan",
     "zeropp_cross_node_bytes", "flops_per_token", "mfu", "deepspeed_model_states", "paper_model_states",
+    "memory_timeline", "device_allowance_bytes",
 ]
