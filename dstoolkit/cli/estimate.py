@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, add_calibration_flag, add_checkpoint_flags,
                                    add_format_flag, add_parallel_flags, add_world_flags, checkpoint_policy, exit_map,
@@ -31,6 +32,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("spec", nargs="?", metavar="SPEC.yaml", help="a training spec (or use --config/--model/--world-size)")
     p.add_argument("--config", metavar="ds.json", help="a DeepSpeed JSON (no 'auto' values)")
     p.add_argument("--model", metavar="NAME|config.json", help="model preset name or a Hugging Face config.json")
+    p.add_argument("--model-class", metavar="CLASS", default=None,
+                   help="with --model config.json: the transformers class to build it with (e.g. DeepseekV3ForCausalLM "
+                        "for a kimi_k2 config)")
     add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
     p.add_argument("--gpu", default="H100-SXM", help="hardware table name (H100-SXM, H200, H800, A100-80G, ..., cpu)")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
@@ -57,14 +61,16 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
-def _load_shape(model: str):
+def _load_shape(model: str, model_class: Optional[str] = None):
     from dstoolkit.models import get_preset, load_hf_config
 
     path = Path(model)
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
             raise ValueError(f"--model {model!r}: file not found (give a preset name or an HF config.json path)")
-        return load_hf_config(path)
+        return load_hf_config(path, model_class=model_class)
+    if model_class is not None:
+        raise ValueError(f"--model-class {model_class} needs an HF config.json for --model, not the preset {model!r}")
     return get_preset(model)
 
 
@@ -89,7 +95,7 @@ def _plan_from_args(args):
         raise ValueError(f"--world-size={args.world_size}: must be > 0")
     gpus_per_node = args.gpus_per_node or min(8, args.world_size)
     findings = _validate(text, args.config, args.world_size, gpus_per_node, args.tp, args.pp)
-    shape = _load_shape(args.model)
+    shape = _load_shape(args.model, args.model_class)
     precision = args.precision
     if precision is None:
         if (ds.get("bf16") or {}).get("enabled") is True:
@@ -237,6 +243,8 @@ def run(args) -> int:
         else:
             plan, assumptions, findings = _plan_from_args(args)
             cal_label = _calibration_label(args.calibration, args.gpu)
+        # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
+        assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
         est = estimate_run(plan)
     except ConfigInvalid as exc:
         for f in exc.findings:

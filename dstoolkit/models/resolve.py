@@ -62,11 +62,13 @@ def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = 
         if not path.is_absolute():
             path = Path(base_dir if base_dir is not None else Path.cwd()) / path
         try:
-            return load_hf_config(path)
+            return load_hf_config(path, model_class=model_spec.model_class)
         except HFConfigError as exc:
             where = f"in {path}: {exc.field}: " if exc.field else ""
             raise model_spec.error("hf_config", where + exc.problem, exc.fix) from None
     inline = model_spec.inline
+    if model_spec.model_class is not None:
+        inline = {**inline, "model_class": model_spec.model_class}  # the inline form reads it like a config key
     try:
         return shape_from_hf_dict(inline, name=str(inline.get("name") or inline.get("model_type")), strict=True)
     except HFConfigError as exc:

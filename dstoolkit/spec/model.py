@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from dstoolkit.common.model import Auto, StrictModel as _Strict  # the one strict base and "auto"
 from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
-from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster_fields import ClusterModelFields
+from dstoolkit.spec.layout_facts import raise_layout, training_facts
 from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
 
 # ----------------------------------------------------------------------------------------------------------
@@ -35,40 +35,6 @@ def _reject_bool(value: Any, field: str) -> Any:
 _AUTO_FIELDS = {"micro_batch", "tp", "pp", "ep", "zero_stage"}
 
 
-SPEC_FACT_PATHS: dict[str, tuple[str, ...]] = {
-    "tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "zero_stage": ("zero_stage",), "micro_batch": ("micro_batch",),
-    "global_batch": ("global_batch",), "offload_optimizer": ("offload",), "offload_param": ("offload",),
-    "zeropp": ("zeropp",), "megatron_sp": ("sequence_parallel",), "ramp_start": ("batch_ramp", "start_batch"),
-    "ramp_increment": ("batch_ramp", "increment"),
-}
-"""Where each layout fact lives under `training:` (errors point there)."""
-
-
-def _int_or_none(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _training_facts(t: "TrainingSpec") -> LayoutFacts:
-    """The layout facts a training section fixes ("auto" is unknown: None)."""
-    ramp = t.batch_ramp
-    return LayoutFacts(
-        tp=_int_or_none(t.tp), pp=_int_or_none(t.pp), ep=_int_or_none(t.ep), zero_stage=_int_or_none(t.zero_stage),
-        micro_batch=_int_or_none(t.micro_batch), global_batch=t.global_batch, offload_optimizer=t.offload,
-        zeropp=t.zeropp, ramp_start=ramp.start_batch if ramp else None,
-        ramp_increment=ramp.increment if ramp else None, ramp_kind=ramp.kind if ramp else None)
-
-
-def _raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc) -> None:
-    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to."""
-    names = {k: ".".join(("training",) + v) for k, v in SPEC_FACT_PATHS.items()}
-    v = first_violation(facts, codes, names)
-    if v is None:
-        return
-    loc = next((SPEC_FACT_PATHS[f] for f in v.fields if f in SPEC_FACT_PATHS), ())
-    raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)
-
-
-
 class ModelSpec(BaseModel):
     """Exactly one of: `preset`, `hf_config`, or inline Hugging Face config fields (model_type, hidden_size, ...)."""
 
@@ -78,6 +44,10 @@ class ModelSpec(BaseModel):
     """Name of a bundled preset (llama-3-8b, llama-3-70b, llama-3.1-405b, mixtral-8x7b, deepseek-v3, tiny, ...)."""
     hf_config: Optional[str] = None
     """Path to a Hugging Face config.json, relative to the spec file."""
+    model_class: Optional[str] = None
+    """With hf_config or inline fields: the transformers class to build the config with (e.g.
+    DeepseekV3ForCausalLM for a kimi_k2 config); an unknown model_type's error offers the class its
+    `architectures` names."""
 
     _source: Optional[SpecSource] = PrivateAttr(default=None)
     _loc: Loc = PrivateAttr(default=("model",))
@@ -116,6 +86,9 @@ class ModelSpec(BaseModel):
                 (), "no model given",
                 "set `preset: NAME`, `hf_config: path/to/config.json`, or inline HF fields starting with `model_type:`",
             )
+        if self.preset is not None and self.model_class is not None:
+            raise SpecFieldError(("model_class",), f"model_class={self.model_class!r} builds an HF config, not a preset",
+                                 "drop model_class, or give hf_config / inline fields instead of the preset")
         if self.preset is not None and self.hf_config is not None:
             raise SpecFieldError(
                 ("hf_config",), f"preset={self.preset!r} and hf_config={self.hf_config!r} are exclusive",
@@ -296,7 +269,7 @@ class TrainingSpec(ClusterModelFields):
     @model_validator(mode="after")
     def _check_layout(self) -> "TrainingSpec":
         # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
-        _raise_layout(_training_facts(self), ("LY012", "LY011", "LY006", "LY018"), prefix=())
+        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018"), prefix=())
         return self
 
     def checkpoint_policy(self) -> CheckpointPolicy:
@@ -358,9 +331,9 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _check_layout(self) -> "Spec":
         # The layout constraints that need the world size (dstoolkit.layout.constraints).
-        facts = dataclasses.replace(_training_facts(self.training), world=self.world_size,
+        facts = dataclasses.replace(training_facts(self.training), world=self.world_size,
                                     gpus_per_node=self.cluster.gpus_per_node)
-        _raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",))
+        raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",))
         return self
 
     @model_validator(mode="after")

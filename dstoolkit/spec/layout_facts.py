@@ -1,0 +1,40 @@
+"""The spec's layout facts: what a training section fixes, handed to the layout constraint registry
+(dstoolkit.layout.constraints), with each fact's place in the spec so errors point at its YAML line."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from dstoolkit.layout import LayoutFacts, first_violation
+from dstoolkit.spec.errors import Loc, SpecFieldError
+
+SPEC_FACT_PATHS: dict[str, tuple[str, ...]] = {
+    "tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "zero_stage": ("zero_stage",), "micro_batch": ("micro_batch",),
+    "global_batch": ("global_batch",), "offload_optimizer": ("offload",), "offload_param": ("offload",),
+    "zeropp": ("zeropp",), "megatron_sp": ("sequence_parallel",), "ramp_start": ("batch_ramp", "start_batch"),
+    "ramp_increment": ("batch_ramp", "increment"),
+}
+"""Where each layout fact lives under `training:` (errors point there)."""
+
+
+def _int_or_none(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def training_facts(t: Any) -> LayoutFacts:
+    """The layout facts a training section fixes ("auto" is unknown: None)."""
+    ramp = t.batch_ramp
+    return LayoutFacts(
+        tp=_int_or_none(t.tp), pp=_int_or_none(t.pp), ep=_int_or_none(t.ep), zero_stage=_int_or_none(t.zero_stage),
+        micro_batch=_int_or_none(t.micro_batch), global_batch=t.global_batch, offload_optimizer=t.offload,
+        zeropp=t.zeropp, ramp_start=ramp.start_batch if ramp else None,
+        ramp_increment=ramp.increment if ramp else None, ramp_kind=ramp.kind if ramp else None)
+
+
+def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc) -> None:
+    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to."""
+    names = {k: ".".join(("training",) + v) for k, v in SPEC_FACT_PATHS.items()}
+    v = first_violation(facts, codes, names)
+    if v is None:
+        return
+    loc = next((SPEC_FACT_PATHS[f] for f in v.fields if f in SPEC_FACT_PATHS), ())
+    raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)
