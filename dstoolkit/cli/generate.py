@@ -5,7 +5,8 @@
 
 Targets (repeatable, default deepspeed): deepspeed (launch.sh, hostfile, slurm.sbatch), megatron-lm
 (megatron_lm_args.txt + launch_megatron_lm.sh), megatron-deepspeed (megatron_deepspeed_args.txt +
-launch_megatron_deepspeed.sh). Writes DIR/<strategy>/..., DIR/spec.yaml and DIR/summary.md atomically; an
+launch_megatron_deepspeed.sh), hf (ds_config_hf.json with "auto" where HF Trainer fills it, training_args.json,
+launch_hf.sh), accelerate (adds accelerate_config.yaml, launch_accelerate.sh). Writes DIR/<strategy>/..., DIR/spec.yaml and DIR/summary.md atomically; an
 existing DIR is refused without --force.
 Exit codes: 0 written, 1 nothing fits (no config written), 2 bad input or existing output.
 """
@@ -21,7 +22,7 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force
 # fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
 STRATEGY_NAMES = ("zero0", "zero1", "zero2", "zero2-offload", "zero3", "zero3-offload", "zero++", "zero0-ep",
                   "zero1-ep", "zero2-ep")
-TARGET_NAMES = ("deepspeed", "megatron-lm", "megatron-deepspeed")
+TARGET_NAMES = ("deepspeed", "megatron-lm", "megatron-deepspeed", "hf", "accelerate")
 """Spelled out for the same reason; the test holds it equal to dstoolkit.generate.core.TARGETS."""
 
 
@@ -93,7 +94,8 @@ def run(args) -> int:
         for target, why in o.targets_skipped.items():
             print(f"  {o.name}: no {target} files: {why}")
     first = result.generated[0]
-    launch = next((f for f in ("launch.sh", "launch_megatron_lm.sh", "launch_megatron_deepspeed.sh") if f in first.files),
+    launch = next((f for f in ("launch.sh", "launch_hf.sh", "launch_accelerate.sh", "launch_megatron_lm.sh",
+                                "launch_megatron_deepspeed.sh") if f in first.files),
                   None)
     print(f"details: {out / 'summary.md'}" + (f"; run one: bash {out / first.name / launch}" if launch else ""))
     return EXIT_OK

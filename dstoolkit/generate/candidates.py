@@ -121,9 +121,10 @@ STRATEGIES: dict[str, StrategyDef] = {s.name: s for s in (
                 description="ZeRO-2 with experts sharded over an expert-parallel group"),
 )}
 
-def strategy_unavailable_reason(strategy: StrategyDef, *, is_moe: bool) -> Optional[str]:
-    """Why a strategy cannot exist for this model at all (independent of memory), or None."""
-    if is_moe and strategy.zero_stage == 3:
+def strategy_unavailable_reason(strategy: StrategyDef, *, is_moe: bool, native_moe: bool = True) -> Optional[str]:
+    """Why a strategy cannot exist for this model at all (independent of memory), or None. `native_moe`:
+    the experts are DeepSpeed's own MoE layers (refused at ZeRO-3), not an HF model's plain modules."""
+    if is_moe and native_moe and strategy.zero_stage == 3:
         return MOE_STAGE3_REASON
     if strategy.expert_parallel and not is_moe:
         return "expert parallelism needs an MoE model (this model has no experts)"

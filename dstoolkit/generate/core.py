@@ -3,7 +3,9 @@ memory; `write_generated` writes them atomically.
 
 Every folder has the DeepSpeed JSON and summary.md; the `deepspeed` target adds launch.sh (the deepspeed
 launcher / torchrun on the bundled trainer), hostfile and slurm.sbatch; `megatron-lm` and `megatron-deepspeed`
-add that project's argument file and launch script (dstoolkit.generate.megatron).
+add that project's argument file and launch script (dstoolkit.generate.megatron); `hf` and `accelerate` add
+an HF-style DeepSpeed JSON ("auto" where the Trainer fills it), training_args.json and the torchrun /
+accelerate launch lines for the user's own HF script (dstoolkit.generate.hf_targets).
 
 No torch import. Each strategy's free fields ("auto" TP/PP/EP/micro-batch/recompute) are resolved by the
 sweep restricted to that strategy; the chosen JSON must have no error finding from `validate_config`.
@@ -20,6 +22,7 @@ import yaml
 from dstoolkit.generate.candidates import STRATEGIES, StrategyDef, strategy_unavailable_reason
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.launch import render_hostfile, render_launch_sh, render_sbatch
+from dstoolkit.generate.hf_targets import HF_TARGETS, hf_targets_for
 from dstoolkit.generate.megatron import TARGETS as MEGATRON_TARGETS
 from dstoolkit.generate.megatron import megatron_target_files
 from dstoolkit.generate.summary import render_index, render_strategy_summary
@@ -28,7 +31,7 @@ from dstoolkit.generate.writer import write_tree_atomic
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
-TARGETS = ("deepspeed", *MEGATRON_TARGETS)
+TARGETS = ("deepspeed", *MEGATRON_TARGETS, *HF_TARGETS)
 """What `generate --target` accepts; `deepspeed` is the default."""
 SPEC_COPY = "spec.yaml"
 HF_CONFIG_COPY = "model_config.json"
@@ -72,7 +75,8 @@ class GenerateResult:
     skipped: list[SkippedStrategy] = field(default_factory=list)
 
 
-def default_strategy_names(spec: Spec, shape: ModelShape) -> tuple[list[str], list[SkippedStrategy]]:
+def default_strategy_names(spec: Spec, shape: ModelShape,
+                           native_moe: bool = True) -> tuple[list[str], list[SkippedStrategy]]:
     """Strategies `generate` emits without --strategy, and the ones it leaves out (with why).
 
     A fixed `training.zero_stage` keeps only that stage; `offload: false` drops the offload strategies and
@@ -82,7 +86,7 @@ def default_strategy_names(spec: Spec, shape: ModelShape) -> tuple[list[str], li
     t = spec.training
     names, skipped = [], []
     for name, s in STRATEGIES.items():
-        why = strategy_unavailable_reason(s, is_moe=shape.is_moe)
+        why = strategy_unavailable_reason(s, is_moe=shape.is_moe, native_moe=native_moe)
         if why is None and t.zero_stage != "auto" and s.zero_stage != t.zero_stage:
             why = f"training.zero_stage={t.zero_stage}"
         if why is None and (s.offload_optimizer or s.offload_param) and not t.offload:
@@ -119,8 +123,22 @@ def _spec_copy(spec: Spec) -> tuple[dict[str, str], str]:
     return files, src_name
 
 
-def _resolve(spec: Spec, shape: ModelShape, strat: StrategyDef) -> tuple[Optional[Ranked], SweepResult]:
-    res = run_sweep(spec, shape, top=3, strategy=strat, validate=True, advise=True)
+def _hf_only(spec: Spec) -> Spec:
+    """HF Trainer / Accelerate run neither the pipeline engine nor (with DeepSpeed 0.19.8) AutoEP: when only
+    those targets are asked for, "auto" pp and ep sweep as 1 instead of choosing layouts they cannot launch."""
+    t = spec.training
+    update = {k: 1 for k in ("pp", "ep") if getattr(t, k) == "auto"}
+    return spec.model_copy(update={"training": t.model_copy(update=update)}) if update else spec
+
+
+NATIVE_MOE_TARGETS = ("deepspeed", "megatron-deepspeed")
+"""Targets whose MoE layers are DeepSpeed's own (deepspeed.moe), which DeepSpeed refuses at ZeRO-3; HF models
+(hf, accelerate) and Megatron-LM run plain modules, and ZeRO-3 with replicated experts is open to them."""
+
+
+def _resolve(spec: Spec, shape: ModelShape, strat: StrategyDef,
+             native_moe: bool = True) -> tuple[Optional[Ranked], SweepResult]:
+    res = run_sweep(spec, shape, top=3, strategy=strat, validate=True, advise=True, native_moe=native_moe)
     return res.winner, res
 
 
@@ -147,22 +165,25 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
     unknown_targets = [t for t in targets if t not in TARGETS]
     if unknown_targets:
         raise GenerateError(f"unknown target {unknown_targets[0]!r}; known: {', '.join(TARGETS)}")
+    native_moe = any(t in NATIVE_MOE_TARGETS for t in targets)
+    if all(t in HF_TARGETS for t in targets):
+        spec = _hf_only(spec)
     if strategies:
         unknown = [s for s in strategies if s not in STRATEGIES]
         if unknown:
             raise GenerateError(f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}")
         names, skipped = list(dict.fromkeys(strategies)), []
         for n in names:
-            why = strategy_unavailable_reason(STRATEGIES[n], is_moe=shape.is_moe)
+            why = strategy_unavailable_reason(STRATEGIES[n], is_moe=shape.is_moe, native_moe=native_moe)
             if why:
                 raise GenerateError(f"strategy {n!r} cannot be generated for {shape.name}: {why}")
     else:
-        names, skipped = default_strategy_names(spec, shape)
+        names, skipped = default_strategy_names(spec, shape, native_moe)
     files, _ = _spec_copy(spec)
     result = GenerateResult(spec_name=spec.name, files=files, skipped=skipped)
     for name in names:
         strat = STRATEGIES[name]
-        chosen, sweep = _resolve(spec, shape, strat)
+        chosen, sweep = _resolve(spec, shape, strat, native_moe)
         if chosen is None:
             nowhere = sweep.fits_nowhere.message(spec, spec.cluster.gpu_spec, shape.name) if sweep.fits_nowhere else None
             codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
@@ -188,6 +209,11 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
         if megatron:
             extra = megatron_target_files(None if out_dir is None else Path(out_dir) / name, spec, shape, cand,
                                           megatron, strategy=name, pretrain_script=pretrain_script)
+            folder.update(extra.files)
+            out.targets_skipped.update(extra.skipped)
+        hf = [t for t in targets if t in HF_TARGETS]
+        if hf:
+            extra = hf_targets_for(spec, shape, cand, hf)
             folder.update(extra.files)
             out.targets_skipped.update(extra.skipped)
         out.files = folder

@@ -55,8 +55,10 @@ def ramp_increment(spec: Spec, cand: Candidate) -> int:
     return _ramp_increment(ramp.increment if ramp else None, cand.micro_batch, dims_for(spec, cand).dp)
 
 
-def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate) -> LayoutFacts:
-    """Everything the layout constraints read, for one candidate."""
+def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> LayoutFacts:
+    """Everything the layout constraints read, for one candidate. `native_moe`: the experts run as DeepSpeed's
+    own MoE layer (the bundled trainer, Megatron-DeepSpeed), which DeepSpeed refuses at ZeRO-3; False for HF
+    models, whose experts are plain PyTorch modules."""
     gpu = spec.cluster.gpu
     ramp = spec.training.batch_ramp
     return LayoutFacts(
@@ -68,11 +70,11 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate) -> LayoutFac
         megatron_sp=cand.sequence_parallel,
         cpu=isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu",
         ramp_start=ramp.start_batch if ramp else None, ramp_increment=ramp.increment if ramp else None,
-        ramp_kind=ramp.kind if ramp else None,
+        ramp_kind=ramp.kind if ramp else None, native_moe=native_moe,
     )
 
 
-def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate) -> Optional[RuleViolation]:
+def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> Optional[RuleViolation]:
     """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible."""
-    v = first_violation(candidate_facts(spec, shape, cand), SWEEP_ORDER, CANDIDATE_NAMES)
+    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, CANDIDATE_NAMES)
     return None if v is None else RuleViolation(v.name, v.message)

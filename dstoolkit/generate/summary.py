@@ -132,6 +132,10 @@ FILE_NOTES = {
     "launch.sh": "`bash launch.sh` (deepspeed launcher + `hostfile`), `LAUNCHER=torchrun bash launch.sh`, "
                  "`DRY_RUN=1` prints the command; `STEPS=N` sets the run length.",
     "slurm.sbatch": "`sbatch slurm.sbatch` from this folder (hostfile from the allocation).",
+    "ds_config_hf.json": "the same config in HF Trainer style: \"auto\" where the Trainer fills it from its "
+                         "arguments (`training_args.json`), numbers where it must not; `bash launch_hf.sh your_train.py`.",
+    "accelerate_config.yaml": "accelerate's config (DeepSpeed plugin pointing at ds_config_hf.json); "
+                              "`bash launch_accelerate.sh your_train.py`.",
     "megatron_lm_args.txt": "Megatron-LM's arguments, one word per line, unquoted (checked against its parse_args "
                             "+ validate_args); `launch_megatron_lm.sh` reads them with `mapfile` and starts "
                             "`PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py`.",

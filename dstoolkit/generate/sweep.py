@@ -161,16 +161,18 @@ def enumerate_candidates(spec: Spec, shape: ModelShape, strategy: Optional[Strat
 # validation of the emitted JSON
 # ----------------------------------------------------------------------------------------------------------
 
-def validate_candidate_config(spec: Spec, shape: ModelShape, cand: Candidate, cfg: Optional[dict] = None) -> list:
-    """`validate_config` findings for the candidate's DeepSpeed JSON at the spec's world size."""
+def validate_candidate_config(spec: Spec, shape: ModelShape, cand: Candidate, cfg: Optional[dict] = None,
+                              native_moe: bool = True) -> list:
+    """`validate_config` findings for the candidate's DeepSpeed JSON at the spec's world size (the MoE rules
+    only for native DeepSpeed MoE: an HF model's experts are plain modules DeepSpeed knows nothing of)."""
     from dstoolkit.validate.engine import validate_config  # schemas helper (issue #2)
 
     cfg = cfg if cfg is not None else build_ds_config(spec, shape, cand)
     return list(validate_config(
         cfg, source=f"{spec.name}:{cand.label}", world_size=spec.cluster.world_size,
         gpus_per_node=spec.cluster.gpus_per_node, tp=cand.tp, pp=cand.pp,
-        num_experts=shape.num_experts if shape.is_moe else None, ep_size=cand.ep if shape.is_moe else None,
-        mode="strict"))
+        num_experts=shape.num_experts if shape.is_moe and native_moe else None,
+        ep_size=cand.ep if shape.is_moe and native_moe else None, mode="strict"))
 
 
 def error_findings(findings: Sequence) -> list:
@@ -325,7 +327,7 @@ def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec)
     return got
 
 
-def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[Candidate]):
+def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[Candidate], native_moe: bool = True):
     """Rules, then a model-state lower bound, then the estimator. Within one layout (everything but the
     micro-batch) memory grows with the micro-batch, so once a micro-batch does not fit, larger ones are
     dropped without estimating them."""
@@ -335,7 +337,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
     ordered = sorted(cands, key=lambda c: (c.model_dump_json(exclude={"micro_batch"}), c.micro_batch))
     for cand in ordered:
         considered += 1
-        v: Optional[RuleViolation] = check_candidate(spec, shape, cand)
+        v: Optional[RuleViolation] = check_candidate(spec, shape, cand, native_moe)
         if v is not None:
             dropped.append(Dropped(cand, v.code, v.message))
             continue
@@ -368,7 +370,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
 
 
 def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional[StrategyDef] = None,
-              validate: bool = True, advise: bool = True) -> SweepResult:
+              validate: bool = True, advise: bool = True, native_moe: bool = True) -> SweepResult:
     """Enumerate, filter and rank candidates for a spec.
 
     Args:
@@ -378,6 +380,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         strategy: Restrict to one strategy family (what `dstoolkit generate` does per folder).
         validate: Run `validate_config` on the candidates returned (drop those with error findings).
         advise: When nothing fits, work out what would make it fit (re-sweeps variants of the spec).
+        native_moe: MoE experts run as DeepSpeed's own MoE layer (refused at ZeRO-3); False for HF models.
 
     Returns:
         A `SweepResult`: ranked (best first, at most `top`), dropped (each with its reason), the winner's
@@ -385,7 +388,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
     """
     gpu = spec.cluster.gpu_spec
     fit, dropped, estimates, considered = _estimate_all(
-        spec, shape, gpu, enumerate_candidates(spec, shape, strategy))
+        spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native_moe)
     fit.sort(key=_rank_key)
     chosen: list[Ranked] = []
     for r in fit:
@@ -393,7 +396,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
             break
         findings: tuple = ()
         if validate:
-            findings = tuple(validate_candidate_config(spec, shape, r.candidate))
+            findings = tuple(validate_candidate_config(spec, shape, r.candidate, native_moe=native_moe))
             errs = error_findings(findings)
             if errs:
                 f = errs[0]

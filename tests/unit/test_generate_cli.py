@@ -185,3 +185,20 @@ def test_unknown_target_is_a_usage_error(tmp_path, repo_root, capsys):
         main(["generate", str(repo_root / "ds_configs" / "tiny_cpu.yaml"), "--out", str(tmp_path / "g"),
               "--target", "megatron"])
     assert exc.value.code == 2 and "invalid choice: 'megatron'" in capsys.readouterr().err
+
+
+def test_hf_moe_spec_gets_a_zero3_strategy(tmp_path, repo_root):
+    # An HF MoE model's experts are plain modules: ZeRO-3 (refused for DeepSpeed's native MoE) is generated for
+    # the hf/accelerate targets, with pp and ep swept as 1 (neither the pipeline engine nor AutoEP runs there).
+    from dstoolkit.generate import generate, load_spec_and_shape
+
+    spec, shape = load_spec_and_shape(repo_root / "ds_configs" / "mixtral_8x7b_2x8_h100.yaml")
+    result = generate(spec, shape, targets=("hf", "accelerate"))
+    names = {o.name: o for o in result.generated}
+    assert "zero3" in names and not any(n.endswith("-ep") for n in names)
+    z3 = names["zero3"]
+    assert z3.chosen.candidate.pp == 1 and z3.chosen.candidate.ep == 1
+    assert {"ds_config_hf.json", "training_args.json", "launch_hf.sh", "accelerate_config.yaml"} <= set(z3.files)
+    assert json.loads(z3.files["ds_config_hf.json"])["zero_optimization"]["stage"] == 3
+    native = generate(spec, shape, strategies=None)  # deepspeed target: native MoE, no stage 3
+    assert "zero3" not in {o.name for o in native.generated}
