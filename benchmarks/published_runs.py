@@ -2,7 +2,8 @@
 
 Reads benchmarks/data/published_runs.yaml (measured runs from papers, framework READMEs and vendor tables, each
 with its layout and its published figure normalised to tokens/s per GPU), writes one spec per run
-(benchmarks/specs/published/<id>.yaml by default), runs the public estimator on each
+(benchmarks/specs/published/<id>.yaml by default; the cluster-model fields — framework, overlap flags, pipeline
+schedule and virtual stages, cp, attention_impl — come from the row's layout and execution: facts), runs the public estimator on each
 (`python -m dstoolkit estimate SPEC --format json`, the CLI, so a restructuring of estimate/ underneath does not
 break this script), and reports per run:
 
@@ -91,12 +92,44 @@ def spec_for(run: dict[str, Any]) -> dict[str, Any]:
         "offload": False,
         "zeropp": False,
     }
+    training.update(execution_fields(run))
     return {
         "name": run["id"],
         "model": dict(run["model"]),
         "cluster": {"nodes": int(run["nodes"]), "gpus_per_node": int(run["gpus_per_node"]), "gpu": run["gpu"]},
         "training": training,
     }
+
+
+EXECUTION_KEYS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
+                  "pipeline_schedule", "attention_impl")
+"""What a row's execution: mapping may set (facts of how the run was made: its framework, the overlap flags its
+recipe turns on, its pipeline schedule, its attention kernels); never fitted values."""
+
+
+def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
+    """The spec's cluster-model fields (dstoolkit/spec/cluster_fields.py) of one run: the row's execution: mapping,
+    the interleaved schedule with its virtual stages from layout.vpp, and the context-parallel degree from layout.cp."""
+    lay, ex = run["layout"], dict(run.get("execution") or {})
+    unknown = sorted(set(ex) - set(EXECUTION_KEYS))
+    if unknown:
+        raise SystemExit(f"{run['id']}: unknown execution field(s) {unknown}")
+    vpp = int(lay.get("vpp") or 1)
+    out: dict[str, Any] = {
+        "framework": ex.get("framework", "deepspeed"),
+        "overlap_grad_reduce": ex.get("overlap_grad_reduce", "auto"),
+        "overlap_param_gather": ex.get("overlap_param_gather", "auto"),
+        "tp_comm_overlap": bool(ex.get("tp_comm_overlap", False)),
+        "moe_a2a_overlap": bool(ex.get("moe_a2a_overlap", False)),
+        "pipeline_schedule": ex.get("pipeline_schedule", "interleaved" if vpp > 1 else "1f1b"),
+        "virtual_stages": vpp,
+        "cp": int(lay.get("cp") or 1),
+    }
+    if vpp > 1 and out["pipeline_schedule"] != "interleaved":
+        raise SystemExit(f"{run['id']}: layout.vpp={vpp} with pipeline_schedule {out['pipeline_schedule']!r}")
+    if ex.get("attention_impl") is not None:
+        out["attention_impl"] = ex["attention_impl"]
+    return out
 
 
 def write_spec(run: dict[str, Any], source: dict[str, Any], out_dir: pathlib.Path) -> pathlib.Path:
@@ -161,7 +194,7 @@ def layout_changes(spec: dict[str, Any], est: dict[str, Any]) -> list[str]:
         got = par.get(key)
         if got is not None and got != want:
             out.append(f"{key} {want} -> {got}")
-    dp = gpus_of_spec(spec) // (t["tp"] * t["pp"])
+    dp = gpus_of_spec(spec) // (t["tp"] * t["pp"] * t.get("cp", 1))
     if par.get("dp") is not None and par["dp"] != dp:
         out.append(f"dp {dp} -> {par['dp']}")
     return out

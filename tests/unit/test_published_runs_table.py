@@ -81,9 +81,16 @@ def test_run_fields(run):
     assert run["normalisation"]["text"].strip()
     assert isinstance(run["tokens_per_s_per_gpu"], (int, float)) and run["tokens_per_s_per_gpu"] > 0
     assert isinstance(run["assumed"], list) and isinstance(run["inexpressible"], list)
-    # a virtual-stage or context-parallel layout cannot be expressed in today's spec: it must say so
-    if lay.get("vpp") or lay["cp"] > 1:
-        assert run["inexpressible"], "vpp/cp runs carry an inexpressible flag"
+    assert lay.get("vpp") is None or (isinstance(lay["vpp"], int) and lay["vpp"] >= 2), "vpp: null or >= 2"
+    ex = run["execution"]
+    assert ex["framework"] in {"deepspeed", "megatron", "fsdp"}, "every row records the framework it ran on"
+    assert ex["attention_impl"] in {"eager", "sdpa", "flash", "te"}
+    assert set(ex) <= {"framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                       "moe_a2a_overlap", "pipeline_schedule", "attention_impl"}
+    if ex.get("tp_comm_overlap"):
+        assert lay["tp"] > 1, "TP communication overlap needs tp > 1"
+    if ex.get("moe_a2a_overlap"):
+        assert run["moe"], "all-to-all overlap only on MoE rows"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=_ids(RUNS))
@@ -148,5 +155,17 @@ def test_committed_spec_matches_row_and_loads(run):
     assert (t["tp"], t["pp"], t["ep"], t["zero_stage"]) == (lay["tp"], lay["pp"], lay["ep"], lay["zero_stage"])
     assert (t["micro_batch"], t["global_batch"], t["seq_len"], t["precision"], t["activation_checkpointing"]) == (
         run["micro_batch"], run["global_batch"], run["seq_len"], run["precision"], run["recompute"])
+    # the facts of how the run was made (dstoolkit/spec/cluster_fields.py): vpp -> interleaved + virtual stages,
+    # cp -> cp, the rest from the row's execution: mapping
+    ex = run["execution"]
+    vpp = lay.get("vpp") or 1
+    assert (t["virtual_stages"], t["cp"]) == (vpp, lay["cp"])
+    assert t["pipeline_schedule"] == ex.get("pipeline_schedule", "interleaved" if vpp > 1 else "1f1b")
+    assert (t["framework"], t["attention_impl"]) == (ex["framework"], ex["attention_impl"])
+    for key, default in (("overlap_grad_reduce", "auto"), ("overlap_param_gather", "auto"),
+                         ("tp_comm_overlap", False), ("moe_a2a_overlap", False)):
+        assert t[key] == ex.get(key, default), key
     spec = load_spec(path)
     assert spec.world_size == run["nodes"] * run["gpus_per_node"]
+    tr = spec.training
+    assert (tr.cp, tr.virtual_stages, tr.framework) == (lay["cp"], vpp, ex["framework"])
