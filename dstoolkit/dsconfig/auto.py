@@ -27,6 +27,8 @@ from typing import Any, Optional
 
 from dataclasses import dataclass
 
+from dstoolkit.layout.dims import data_parallel_size
+
 # JSON pointer -> who fills it (shown in findings).
 HF_AUTO_FILLERS: dict[str, str] = {
     "/train_micro_batch_size_per_gpu": "HF per_device_train_batch_size",
@@ -127,7 +129,7 @@ def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = Non
     out = copy.deepcopy(cfg)
     filled: list[tuple[str, Any, str]] = []
     unfilled: list[tuple[str, str]] = []
-    dp = max(world_size // max(tp * pp, 1), 1)
+    dp = data_parallel_size(world_size, tp, pp) or 1  # dstoolkit.layout; 1 when tp*pp does not divide
 
     def pick(given, default, flag):
         return (given, f"--{flag}") if given is not None else (default, f"HF default ({flag})")

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dstoolkit.hardware.calibration import Calibration, calibration_for_spec
 from dstoolkit.hardware.table import GpuSpec, get_gpu
-from dstoolkit.layout import LayoutFacts, ParallelDims, require
+from dstoolkit.layout import LayoutFacts, ParallelDims, data_parallel_size, require
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan.dsview import DsView, read_ds_config
 from dstoolkit.spec import Spec
@@ -235,7 +235,7 @@ def _sequence_sharded_batch(ds_config: dict, spec: Spec, shards: int, model_rank
     sequence (dp = world / (tp * pp * cp * ulysses)): the generator counts dp = world / (tp * pp). The JSON's
     sequence_parallel_size carries the shard count (DeepSpeed's own key for Ulysses; for Megatron CP the
     nearest DeepSpeed expression)."""
-    dp = world // (model_ranks * shards)
+    dp = data_parallel_size(world, model_ranks, 1, shards) or 0  # dstoolkit.layout: None when not whole
     mb = int(ds_config.get("train_micro_batch_size_per_gpu") or 1)
     gb = spec.training.global_batch
     if dp < 1 or gb % (mb * dp):
