@@ -3,7 +3,7 @@
 
 One 2-rank gloo launch (torchrun) does everything, in this order:
 
-1. Calibration probes (small, and on shapes that are NOT the test configs):
+1. Calibration probes (dstoolkit.runtime.probe, small, and on shapes that are NOT the test configs):
    - compute: forward+backward of one transformer block of a probe shape, per precision -> effective FLOP/s;
    - memory: torch AdamW step on a flat fp32 tensor -> bytes/s of optimizer traffic;
    - gloo: all_reduce at two sizes on both ranks -> bus bandwidth (nccl-tests busbw) and per-call latency;
@@ -48,11 +48,6 @@ SHAPES = {
     "s512": dict(name="s512", model_type="llama", hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
                  num_key_value_heads=4, intermediate_size=1376, vocab_size=8192),
 }
-PROBE_SHAPE = dict(name="probe", model_type="llama", hidden_size=320, num_hidden_layers=1, num_attention_heads=5,
-                   num_key_value_heads=5, intermediate_size=864, vocab_size=2048)
-"""Calibration shape: between the test widths, and not one of them."""
-TINY_SHAPE = dict(name="tinyprobe", model_type="llama", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, intermediate_size=128, vocab_size=256)
 SEQ = 128
 
 
@@ -128,60 +123,6 @@ def _median_time(fn, reps: int, warmup: int = 1) -> dict:
     return {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}
 
 
-def probe(rank: int) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    from dstoolkit.estimate.flops import flops_per_token
-    from dstoolkit.models.shape import ModelShape
-    from dstoolkit.runtime.model import Block
-
-    out: dict = {k: {} for k in CLOCKS}
-    shape = ModelShape(**PROBE_SHAPE)
-    tokens = 2 * SEQ
-    # FLOPs of one block fwd+bwd: 6 x block matmul params + the attention term per token
-    f = flops_per_token(shape, SEQ)
-    block_params = f.dense / 6 - shape.vocab_size * shape.hidden_size
-    block_flops = (6 * block_params + f.attention) * tokens
-    for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        blk = Block(shape, 0, 1).to(dtype)
-        # two sizes: GEMM efficiency grows with size, the estimator interpolates in log(tokens x hidden)
-        for label, mb in (("", 2), ("_large", 8)):
-            x = torch.randn(mb, SEQ, shape.hidden_size, dtype=dtype, requires_grad=True)
-
-            def fb():
-                y, _ = blk(x)
-                y.float().sum().backward()
-
-            t = _median_time(fb, reps=5 if not label else 3, warmup=1)
-            for k in CLOCKS:
-                out[k][f"matmul_flops_per_s_{prec}{label}"] = block_flops * (mb / 2) / t[k]
-                out[k][f"matmul_work{label}"] = mb * SEQ * shape.hidden_size
-    # optimizer traffic: torch AdamW step over n fp32 elements (what DeepSpeed's torch_adam path runs)
-    n = 2_000_000
-    p = torch.nn.Parameter(torch.zeros(n))
-    p.grad = torch.randn(n)
-    opt = torch.optim.AdamW([p], lr=1e-3)
-    t = _median_time(opt.step, reps=5, warmup=2)
-    from dstoolkit.estimate.step_time import ADAM_BYTES_PER_PARAM_UPDATE
-
-    for k in CLOCKS:
-        out[k]["mem_bw_bytes_per_s"] = n * ADAM_BYTES_PER_PARAM_UPDATE / t[k]
-    # gloo all-reduce: busbw = size x 2(n-1)/n / time (nccl-tests); latency from the small size
-    sizes = [64 * 1024, 8 * 1024 * 1024]
-    times = []
-    for size in sizes:
-        buf = torch.ones(size // 4)
-        times.append(_median_time(lambda: dist.all_reduce(buf), reps=7, warmup=2))
-    ws = dist.get_world_size()
-    factor = 2 * (ws - 1) / ws
-    for k in CLOCKS:
-        slope = max((times[1][k] - times[0][k]) / (sizes[1] - sizes[0]), 1e-15)
-        out[k]["comm_busbw_bytes_per_s"] = factor / slope
-        out[k]["comm_latency_s"] = max(0.0, times[0][k] - sizes[0] * slope)
-    return out
-
-
 def _engine_step_time(shape_kw: dict, cfg: dict, ckpt: str, steps: int, warmup: int, rank: int) -> dict:
     import deepspeed
     import torch
@@ -227,14 +168,14 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
     rank = torch.distributed.get_rank()
     load_before = os.getloadavg()
     t0 = time.time()
-    cal = probe(rank)
-    # framework overhead: a 1-block tiny DeepSpeed engine (compute ~0) at stage 0 and 2, per step
-    tiny_cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-                "zero_optimization": {"stage": 2}, "steps_per_print": 10_000}
-    tiny_t = _engine_step_time(TINY_SHAPE, tiny_cfg, "none", steps=5, warmup=2, rank=rank)
+    # the calibration probes are the package's (dstoolkit.runtime.probe: the one machine probe, also behind the
+    # estimator's per-machine cache), on shapes that are not the test configs
+    from dstoolkit.runtime.probe import probe_rates, probe_step_overhead
+
+    cal = probe_rates()
+    overhead = probe_step_overhead()
     for k in CLOCKS:
-        cal[k]["step_overhead_s"] = tiny_t[k]
+        cal[k]["step_overhead_s"] = overhead[k]
     probe_s = round(time.time() - t0, 1)
     records = []
     for c in cfgs:
