@@ -29,21 +29,28 @@ dstoolkit validate "$OUT" --world-size "$WORLD"
 
 echo
 echo "== 3/4 estimate (memory per rank, FLOPs, communication, step time, MFU) for $STRATEGY"
-dstoolkit estimate --config "$OUT/$STRATEGY/ds_config.json" --model "$MODEL_ARG" --world-size "$WORLD" \
-    --gpu "$GPU" --seq-len "$SEQ_LEN" --format table
+# gpu: cpu estimates use this machine's calibration (probed once, ~30 s, then cached): CPUs differ too much
+# (bf16 without native support runs ~60x slower) for a packaged number to stand in.
+EST_ARGS=(--config "$OUT/$STRATEGY/ds_config.json" --model "$MODEL_ARG" --world-size "$WORLD" --gpu "$GPU" \
+    --seq-len "$SEQ_LEN")
+dstoolkit estimate "${EST_ARGS[@]}" --format table
+dstoolkit estimate "${EST_ARGS[@]}" --format json > "$OUT/$STRATEGY/estimate.json"
 
 echo
 echo "== 4/4 real 2-rank DeepSpeed run: $STRATEGY, $STEPS steps (deepspeed launcher, gloo on CPU)"
 PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 STEPS="$STEPS" MASTER_PORT="$PORT" bash "$OUT/$STRATEGY/launch.sh" --no-progress
-python - "$OUT/$STRATEGY/metrics.jsonl" <<'PY'
-import json, sys
+python - "$OUT/$STRATEGY/metrics.jsonl" "$OUT/$STRATEGY/estimate.json" <<'PY'
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 steps = [r for r in rows if "loss" in r and "step" in r]
 first, last = steps[0], steps[-1]
-med = sorted(r["step_time_s"] for r in steps[1:] or steps)[len(steps[1:] or steps) // 2]
+med = statistics.median(r["step_time_s"] for r in steps[1:] or steps)  # step 1 includes warm-up
 print(f"[demo] loss {first['loss']:.3f} (step {first['step']}) -> {last['loss']:.3f} (step {last['step']}); "
       f"median step {med:.3f} s; metrics in {sys.argv[1]}")
+est = json.load(open(sys.argv[2]))
+print(f"[demo] step time: estimated {est['step_time_s']:.3f} s, measured {med:.3f} s "
+      f"(estimate {100 * (est['step_time_s'] - med) / med:+.1f}%; {est['step_time_calibration']})")
 sys.exit(0 if last["loss"] < first["loss"] else 1)
 PY
 echo "[demo] done: configs, estimates and the run's metrics are under $OUT"
