@@ -258,6 +258,9 @@ def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise CalibrationInputError(f"probing this machine failed (exit {proc.returncode}): {' | '.join(tail)}")
+    for line in (proc.stdout + proc.stderr).splitlines():  # the probe's summary and a busy-machine warning
+        if line.startswith(("calibrated in", "warning:")):
+            print(f"[dstoolkit] {line}", file=sys.stderr)
 
 
 def machine_calibration_path(key: Optional[dict[str, Any]] = None,

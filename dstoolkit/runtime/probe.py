@@ -154,6 +154,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, key: dict) -> None:
 
     unlink_after_rendezvous()  # DeepSpeed 0.19.8 never removes its CPU all-reduce buffers from /dev/shm
     t0 = time.time()
+    load_before = os.getloadavg()[0]
     cal = probe_rates()
     overhead = probe_step_overhead()
     for k in CLOCKS:
@@ -168,6 +169,8 @@ def _worker(rank: int, world: int, port: int, out_path: str, key: dict) -> None:
             "env": {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
                     "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "probe_s": round(time.time() - t0, 1),
+            # rates probed on a busy machine are low; the load (1-min average, before) says how busy it was
+            "loadavg_before": load_before,
             "slow_precisions": slow_precisions(cal["wall"]),
             "calibration": cal,
         }
@@ -202,6 +205,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     rec = run_probe(args.out, args.ranks, json.loads(args.key))
     wall = rec["calibration"]["wall"]
+    cores = os.cpu_count() or 1
+    if rec["loadavg_before"] > cores:
+        print(f"warning: the machine was busy while probing (load {rec['loadavg_before']:.1f} on {cores} cores): "
+              f"rates may be low; delete {args.out} to probe again on a quiet machine", file=sys.stderr)
     print(f"calibrated in {rec['probe_s']} s: block fwd+bwd fp32 {wall['matmul_flops_per_s_fp32_large'] / 1e9:.1f} "
           f"GFLOP/s, bf16 {wall['matmul_flops_per_s_bf16_large'] / 1e9:.1f} GFLOP/s per rank; all-reduce "
           f"{wall['comm_busbw_bytes_per_s'] / 1e9:.2f} GB/s -> {args.out}")
