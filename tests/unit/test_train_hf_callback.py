@@ -120,3 +120,17 @@ def test_hook_rows_summary():
     m = summarize_hook_rows(rows + [{"event": "stop", "step": 4}], 1)
     assert m["timed_steps"] == 3 and m["step_time_s_median"] == 0.5 and m["tokens_per_s"] == 512
     assert m["peak_memory_bytes"] == 104 and m["loss_first"] == pytest.approx(2.9)
+
+
+def test_resume_takes_the_newest_checkpoint_hf_finished(tmp_path):
+    # A rank killed while saving leaves checkpoint-N without trainer_state.json (written last); resuming from it
+    # fails in HF Trainer, so the newest complete one is taken.
+    from dstoolkit.runtime.train.hf import last_complete_checkpoint
+
+    assert last_complete_checkpoint(tmp_path) is None
+    for n, complete in ((4, True), (8, True), (12, False)):
+        d = tmp_path / f"checkpoint-{n}"
+        d.mkdir()
+        if complete:
+            (d / "trainer_state.json").write_text("{}")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-8")

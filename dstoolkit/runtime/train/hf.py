@@ -46,6 +46,15 @@ from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
 MARKER = "dstoolkit_guard.json"
 
 
+def last_complete_checkpoint(output_dir: Any) -> Optional[str]:
+    """The newest `checkpoint-N` under `output_dir` that HF Trainer finished writing (its trainer_state.json is
+    written last), or None. `Trainer.train(resume_from_checkpoint=True)` takes the highest N even when a rank was
+    killed in the middle of saving it, and then fails on the missing trainer_state.json; pass this instead."""
+    root = Path(output_dir)
+    done = [d for d in root.glob("checkpoint-*") if d.name.split("-")[-1].isdigit() and (d / "trainer_state.json").is_file()]
+    return str(max(done, key=lambda d: int(d.name.split("-")[-1]))) if done else None
+
+
 def _find_engine(model: Any) -> Any:
     """The DeepSpeedEngine wrapping `model` (the Trainer does not hand it to callbacks)."""
     import gc

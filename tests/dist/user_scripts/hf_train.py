@@ -57,7 +57,12 @@ def main():
                                            lr_blowup=(int(blow[0]), blow[1]) if blow else None))
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(4096, script.seq_len, cfg.vocab_size),
                       callbacks=callbacks)
-    trainer.train(resume_from_checkpoint=True if script.resume else None)
+    resume = None
+    if script.resume:  # the newest checkpoint HF finished writing (a killed rank can leave the last one partial)
+        from dstoolkit.runtime.train.hf import last_complete_checkpoint
+
+        resume = last_complete_checkpoint(args.output_dir)
+    trainer.train(resume_from_checkpoint=resume)
 
 
 if __name__ == "__main__":
