@@ -30,13 +30,12 @@ import gc
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dstoolkit.runtime.bench.harness import capture_env, free_port  # noqa: E402
+from dstoolkit.runtime.bench.harness import capture_env, run_rank_cells  # noqa: E402
 from dstoolkit.runtime.bench.report import env_brief, render_markdown_table, write_json, write_report  # noqa: E402
 
 MODEL_STATE_GOAL = 0.02
@@ -371,26 +370,7 @@ def launch(cells: list[dict], out_dir: pathlib.Path, timeout_s: int = 1800) -> l
 
 
 def _launch_one(cells: list[dict], out_dir: pathlib.Path, timeout_s: int) -> list[dict]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cells_path = out_dir / "cells.json"
-    cells_path.write_text(json.dumps(cells))
-    for r in range(2):
-        p = out_dir / f"rank{r}.jsonl"
-        if p.exists():
-            p.unlink()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
-           "--cells-file", str(cells_path), "--out", str(out_dir)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=str(REPO))
-    recs = []
-    for r in range(2):
-        p = out_dir / f"rank{r}.jsonl"
-        if p.exists():
-            recs += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    if proc.returncode != 0 and not recs:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return recs
+    return run_rank_cells(pathlib.Path(__file__), cells, out_dir, timeout_s)
 
 
 def rel_err(est: float, meas: float) -> float:

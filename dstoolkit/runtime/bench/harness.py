@@ -462,3 +462,31 @@ def base_record(bench: str, run_id: str, key: str, env: dict[str, Any]) -> dict[
         "config_hash": env.get("config_hash"),
         "env": env,
     }
+
+
+def run_rank_cells(script: pathlib.Path, cells: list, out_dir: pathlib.Path, timeout_s: float,
+                   nproc: int = 2) -> list[dict]:
+    """Run a benchmark script's ``--worker`` mode once under torchrun on `nproc` local ranks for many cells
+    (one launch: DeepSpeed's start-up is paid once) and return the per-rank JSONL records it wrote to
+    ``out_dir/rank<r>.jsonl``. The cells travel as ``out_dir/cells.json`` (``--cells-file``).
+
+    Raises:
+        RuntimeError: torchrun failed and no rank wrote a record (the end of its stderr is in the message).
+    """
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cells_path = out_dir / "cells.json"
+    cells_path.write_text(json.dumps(cells))
+    outs = [out_dir / f"rank{r}.jsonl" for r in range(nproc)]
+    for p in outs:
+        if p.exists():
+            p.unlink()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(pathlib.Path(script).resolve()), "--worker",
+           "--cells-file", str(cells_path), "--out", str(out_dir)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=str(repo))
+    recs = [json.loads(line) for p in outs if p.exists() for line in p.read_text().splitlines() if line.strip()]
+    if proc.returncode != 0 and not recs:
+        raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return recs
