@@ -23,7 +23,7 @@ import math
 from functools import lru_cache
 from typing import Any, Optional
 
-from dstoolkit.models.measured import LayerParams, MeasuredParams
+from dstoolkit.models.measured import LayerParams, LinearGroup, MeasuredParams
 
 _VISION_MARKERS = ("vision", "visual", "audio", "multi_modal_projector", "mm_projector", "embed_vision",
                    "embed_audio", "image_newline", "patch_embed", "speech")
@@ -142,21 +142,28 @@ def _is_vision(name: str) -> bool:
     return any(m in head for m in _VISION_MARKERS)
 
 
-def _find_layers(model, n_layers: Optional[int]):
-    """(prefix, ModuleList) of the decoder layers: the ModuleList with n_layers children holding most params."""
+def _find_layers(model, n_layers: Optional[int], *, sequential: bool = False):
+    """(prefix, ModuleList) of the decoder layers: the ModuleList with n_layers children holding most params.
+
+    With `sequential` (a user's module) an nn.Sequential of two or more blocks of one class also counts.
+    """
     import torch.nn as nn  # lazy: see _import
 
     best = None
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.ModuleList) or _is_vision(name + "."):
+        if _is_vision(name + "."):
             continue
+        if not isinstance(mod, nn.ModuleList):
+            if not (sequential and isinstance(mod, nn.Sequential) and len(mod) >= 2
+                    and len({type(c) for c in mod}) == 1 and any(True for _ in mod.parameters())):
+                continue
         if n_layers is not None and len(mod) != n_layers:
             continue
         size = sum(p.numel() for p in mod.parameters())
         if best is None or size > best[2]:
             best = (name, mod, size)
     if best is None and n_layers is not None:
-        return _find_layers(model, None)
+        return _find_layers(model, None, sequential=sequential)
     if best is None:
         raise BuildError(f"cannot find the decoder layers of {type(model).__name__}")
     return best[0], best[1]
@@ -189,20 +196,39 @@ def _num_experts(container, param) -> int:
     return int(param.shape[0]) if param.dim() >= 2 else 1
 
 
-def _classify(model, text_cfg, skip_vision: bool) -> dict:
+def _classify(model, n_layers: Optional[int], topk_cfg: Any, skip_vision: bool, *, in_emb=None, out_emb=None,
+              sequential: bool = False, whole_model_fallback: bool = False) -> dict:
+    """Every parameter of `model` assigned a layer and a role (`dstoolkit.models.measured.ROLES`).
+
+    Args:
+        n_layers: the config's layer count (None: the biggest ModuleList of blocks).
+        topk_cfg: the config's top-k (an int, a per-layer list, or None: read `top_k` from the modules).
+        in_emb, out_emb: input embedding / output head modules (default: `get_input_embeddings()` /
+            `get_output_embeddings()`, the transformers API).
+        sequential, whole_model_fallback: a user's module: an nn.Sequential of blocks counts as the layers;
+            with no blocks at all the whole module (embeddings and head aside) is one layer.
+    """
     import torch.nn as nn  # lazy: see _import
 
-    n_layers = _get(text_cfg, "num_hidden_layers", "n_layer", "num_layers")
-    prefix, layer_list = _find_layers(model, n_layers if isinstance(n_layers, int) else None)
+    try:
+        prefix, layer_list = _find_layers(model, n_layers if isinstance(n_layers, int) else None,
+                                          sequential=sequential)
+        n_blocks = len(layer_list)
+    except BuildError:
+        if not whole_model_fallback:
+            raise
+        prefix, layer_list, n_blocks = None, None, 1
     modules = dict(model.named_modules())
-    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    in_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if out_emb is None and hasattr(model, "get_output_embeddings"):
+        out_emb = model.get_output_embeddings()
+    if in_emb is None and hasattr(model, "get_input_embeddings"):
+        in_emb = model.get_input_embeddings()
     in_ids = {id(p) for p in in_emb.parameters()} if in_emb is not None else set()
     out_ids = {id(p) for p in out_emb.parameters()} - in_ids if out_emb is not None else set()
-    topk_cfg = _get(text_cfg, *_TOPK_KEYS)
     layers = [dict(index=i, attention=0, dense_mlp=0, routed_experts=0, shared_experts=0, router=0, norms=0,
-                   other=0, num_experts=0, experts_per_tok=0, mixer=set()) for i in range(len(layer_list))]
+                   other=0, num_experts=0, experts_per_tok=0, mixer=set()) for i in range(n_blocks)]
     top = dict(embedding=0, lm_head=0, final_norms=0, other=0, vision=0)
+    roles: dict[str, str] = {}
     expert_containers: dict[int, dict[str, int]] = {}
     for name, p in model.named_parameters():
         n = p.numel()
@@ -213,48 +239,60 @@ def _classify(model, text_cfg, skip_vision: bool) -> dict:
         owner = modules.get(owner_path)
         if id(p) in in_ids:  # a tied head shares this tensor: counted once, as the embedding
             top["embedding"] += n
+            roles[name] = "embedding"
             continue
         if id(p) in out_ids:
             top["lm_head"] += n
+            roles[name] = "lm_head"
             continue
-        if not name.startswith(prefix + "."):
+        if prefix is None and not isinstance(owner, nn.Embedding):
+            i, segs, base = 0, name.split(".")[:-1], ""
+        elif prefix is None or not name.startswith(prefix + "."):
             if isinstance(owner, nn.Embedding) or "embed" in owner_path.split(".")[-1]:
                 top["embedding"] += n
+                roles[name] = "embedding"
             elif owner is not None and "Norm" in type(owner).__name__:
                 top["final_norms"] += n
+                roles[name] = "norms"
             else:
                 top["other"] += n
+                roles[name] = "other"
             continue
-        rest = name[len(prefix) + 1:].split(".")
-        i = int(rest[0])
-        segs = rest[1:-1]
-        base = f"{prefix}.{i}"
-        chain = [modules[".".join([base] + segs[: j + 1])] for j in range(len(segs))]
+        else:
+            rest = name[len(prefix) + 1:].split(".")
+            i = int(rest[0])
+            segs = rest[1:-1]
+            base = f"{prefix}.{i}"
+        chain = [modules[".".join(([base] if base else []) + segs[: j + 1])] for j in range(len(segs))]
         classes = _class_names(chain)
         rec = layers[i]
         lower = [s.lower() for s in segs]
         expert_at = next((j for j, s in enumerate(lower) if s == "experts" or classes[j].endswith("Experts")), None)
         if any("shared" in s for s in lower):
-            rec["shared_experts"] += n
+            role = "shared_experts"
         elif expert_at is not None:
-            rec["routed_experts"] += n
+            role = "routed_experts"
             key = ".".join(segs[: expert_at + 1])
             expert_containers.setdefault(i, {}).setdefault(key, _num_experts(chain[expert_at], p))
         elif any(s in _ROUTER_SEGMENTS for s in lower) or any(
                 ("Router" in c or c.endswith(("Gate", "TopkRouter", "TopKRouter"))) for c in classes):
-            rec["router"] += n
+            role = "router"
         elif (mixer := _mixer_of(classes, lower)) is not None:
-            rec["attention"] += n
+            role = "attention"
             rec["mixer"].add(mixer)
         elif owner is not None and "Norm" in type(owner).__name__:
-            rec["norms"] += n
+            role = "norms"
         elif any(s in _MLP_SEGMENTS for s in lower) or any(
                 k in c for c in classes for k in ("MLP", "FeedForward", "FFN", "Moe", "MoE")):
-            rec["dense_mlp"] += n
+            role = "dense_mlp"
         elif len(segs) == 1 and type(owner).__name__ in ("Linear", "Conv1D"):
-            rec["dense_mlp"] += n  # FFN projections held by the layer itself (OPT fc1/fc2)
+            role = "dense_mlp"  # FFN projections held by the layer itself (OPT fc1/fc2)
+        elif prefix is None and isinstance(owner, nn.Linear):
+            role = "dense_mlp"  # a user's module without blocks: its linears are its MLP
         else:
-            rec["other"] += n
+            role = "other"
+        rec[role] += n
+        roles[name] = role
     for i, containers in expert_containers.items():
         num = max(containers.values())
         rec = layers[i]
@@ -263,7 +301,8 @@ def _classify(model, text_cfg, skip_vision: bool) -> dict:
         if isinstance(k, list):
             k = k[i] if i < len(k) else None
         if not isinstance(k, int) or k <= 0:
-            k = next((getattr(m, "top_k") for path, m in modules.items() if path.startswith(f"{prefix}.{i}.")
+            here = f"{prefix}.{i}." if prefix is not None else ""
+            k = next((getattr(m, "top_k") for path, m in modules.items() if path.startswith(here)
                       and isinstance(getattr(m, "top_k", None), int)), None)
         if not isinstance(k, int) or k <= 0:
             raise BuildError(f"layer {i} has {num} routed experts but the config gives no top-k "
@@ -272,7 +311,101 @@ def _classify(model, text_cfg, skip_vision: bool) -> dict:
     for rec in layers:
         kinds = rec.pop("mixer")
         rec["mixer"] = ("attention" if "attention" in kinds else sorted(kinds)[0]) if kinds else "none"
-    return dict(top=top, layers=layers)
+    return dict(top=top, layers=layers, prefix=prefix, roles=roles)
+
+
+_WINDOW_KEYS = {
+    # transformers' layer_types -> the config field bounding the keys one query attends to.
+    "sliding_attention": ("sliding_window",),  # Mistral/Gemma/GPT-OSS/MiMo local layers (window of w keys)
+    "chunked_attention": ("attention_chunk_size",),  # Llama 4 iRoPE local layers (keys of the query's chunk)
+    "indexed_attention": ("index_topk",),  # DeepSeek-V3.2 DSA: the lightning indexer selects top-k keys
+}
+"""Attention layer types whose quadratic term is bounded (DeepSeek-V3.2 report §2.1: core attention O(L·k))."""
+
+
+def _attention_facts(model, parts: dict, text_cfg) -> None:
+    """Per softmax-attention layer: its width (query heads x q.k head width, from the built module) and the
+    keys one query may attend to (`layer_types` of the config: sliding window, chunk, DSA top-k)."""
+    prefix, layers = parts["prefix"], parts["layers"]
+    if prefix is None:
+        return
+    heads = _get(text_cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    types = _get(text_cfg, "layer_types")
+    modules = dict(model.named_modules())
+    for rec in layers:
+        if rec["mixer"] != "attention":
+            continue
+        i = rec["index"]
+        kind = types[i] if isinstance(types, (list, tuple)) and i < len(types) and isinstance(types[i], str) \
+            else "full_attention"
+        rec["attention_kind"] = kind
+        keys = _WINDOW_KEYS.get(kind)
+        window = _as_int(_get(text_cfg, *keys)) if keys else None
+        rec["attention_window"] = window
+        here = f"{prefix}.{i}."
+        mod = next((m for path, m in modules.items() if path.startswith(here) and "Attention" in type(m).__name__
+                    and isinstance(getattr(m, "qk_head_dim", getattr(m, "head_dim", None)), int)), None)
+        layer_heads = heads[i] if isinstance(heads, list) and i < len(heads) else heads
+        if mod is not None and isinstance(layer_heads, int):
+            hd = getattr(mod, "qk_head_dim", None) or getattr(mod, "head_dim")
+            rec["attention_width"] = layer_heads * hd
+
+
+_ROW_PARALLEL = frozenset({"o_proj", "out_proj", "down_proj", "dense", "c_proj", "fc2", "w2", "wo", "dense_4h_to_h",
+                           "proj_out", "output_proj"})
+"""Projections that read the attention/FFN inner width and write the residual stream: Megatron's row-parallel
+layers (TP splits their K); every other linear inside a layer is column-parallel (TP splits N)."""
+
+
+def linear_groups(model, parts: dict) -> tuple[LinearGroup, ...]:
+    """The matmul weights of a built model (`linear_layers()` view), one group per (name pattern, shape):
+    nn.Linear modules and fused expert tensors (3-D parameters of an `experts` module), vision towers
+    left out, with the role `_classify` gave the weight."""
+    import re
+
+    import torch.nn as nn  # lazy: see _import
+
+    roles = parts["roles"]
+    prefix = parts["prefix"]
+    groups: dict[tuple, dict] = {}
+
+    def add(name: str, out_f: int, in_f: int, fused: int, role: str) -> None:
+        layer, pattern = -1, name
+        if prefix is not None and name.startswith(prefix + "."):
+            head, _, rest = name[len(prefix) + 1:].partition(".")
+            if head.isdigit():
+                layer, pattern = int(head), f"{prefix}.{{i}}.{rest}"
+        g = groups.setdefault((pattern, out_f, in_f, fused), dict(pattern=pattern, out_features=out_f,
+                                                                in_features=in_f, fused_experts=fused,
+                                                                role=role, layers=[]))
+        if layer >= 0:
+            g["layers"].append(layer)
+
+    hidden = None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, mod in model.named_modules():
+        if _is_vision(name + "."):
+            continue
+        if isinstance(mod, nn.Linear):
+            role = "lm_head" if mod is head else roles.get(f"{name}.weight", "other")  # a tied head: no own weight
+            add(name, mod.out_features, mod.in_features, 0, role)
+        elif name.rsplit(".", 1)[-1] == "experts" or type(mod).__name__.endswith("Experts"):
+            for pname, p in mod.named_parameters(recurse=False):
+                if p.dim() != 3:
+                    continue
+                if hidden is None:
+                    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+                    hidden = getattr(emb, "embedding_dim", None)
+                e, a, b = (int(x) for x in p.shape)
+                # transformers stores (E, out, in) for F.linear, GPT-OSS (E, in, out) for x @ W: the side equal
+                # to the hidden size is the input of gate/up and the output of down.
+                out_f, in_f = (b, a) if (a == hidden and b != hidden and not re.search(r"down", pname)) else (a, b)
+                if a != hidden and b == hidden:
+                    out_f, in_f = a, b
+                add(f"{name}.{pname}", out_f, in_f, e, roles.get(f"{name}.{pname}", "routed_experts"))
+    return tuple(LinearGroup(pattern=g["pattern"], out_features=g["out_features"], in_features=g["in_features"],
+                             layers=tuple(g["layers"]), fused_experts=g["fused_experts"], role=g["role"])
+                 for g in groups.values())
 
 
 def _buffers_not_counted(model) -> int:
@@ -339,7 +472,10 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         raise BuildError(f"transformers {tf.__version__} cannot build model_type {config.get('model_type')!r}: "
                          + "; ".join(errors), offer_from_architectures(config))
     try:
-        parts = _classify(model, text, skip_vision)
+        n_layers = _get(text, "num_hidden_layers", "n_layer", "num_layers")
+        parts = _classify(model, n_layers if isinstance(n_layers, int) else None, _get(text, *_TOPK_KEYS), skip_vision)
+        _attention_facts(model, parts, text)
+        linears = linear_groups(model, parts)
     except BuildError:
         raise
     except Exception as exc:  # noqa: BLE001 - an unexpected module tree: refuse with the reason, never crash
@@ -356,7 +492,7 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         model_class=type(model).__name__, transformers_version=tf.__version__,
         embedding=top["embedding"], lm_head=top["lm_head"], final_norms=top["final_norms"], other=top["other"],
         layers=tuple(LayerParams(**rec) for rec in parts["layers"]), buffers_not_counted=buffers,
-        vision_params=vision, notes=tuple(notes),
+        vision_params=vision, notes=tuple(notes), linears=linears,
     )
 
 

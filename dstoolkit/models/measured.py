@@ -54,6 +54,14 @@ class LayerParams(_Frozen):
     """Routed experts in this layer (0: dense layer)."""
     experts_per_tok: int = 0
     """Top-k routed experts a token activates in this layer."""
+    attention_width: Optional[int] = None
+    """Query heads x per-head q.k width of this layer's softmax attention (what the quadratic FLOPs term
+    scales with); None: the shape's num_attention_heads x head size (or no softmax attention: see mixer)."""
+    attention_window: Optional[int] = None
+    """Keys one query may attend to at most: the sliding window (sliding_attention layers), the chunk
+    (chunked_attention) or the selected top-k keys (indexed_attention); None: every key (full attention)."""
+    attention_kind: str = "full_attention"
+    """The layer type as the config names it (layer_types): full_attention, sliding_attention, ..."""
 
     @property
     def total(self) -> int:
@@ -74,12 +82,60 @@ class LayerParams(_Frozen):
         return self.num_experts > 0
 
 
+class LinearGroup(_Frozen):
+    """Linear layers of one name pattern and shape in a built model (nn.Linear, or a fused expert tensor)."""
+
+    pattern: str
+    """Module path with the layer index written `{i}`, e.g. `model.layers.{i}.self_attn.q_proj`."""
+    in_features: int
+    """K of the GEMM (per expert for fused experts)."""
+    out_features: int
+    """N of the GEMM (per expert for fused experts)."""
+    layers: tuple[int, ...] = ()
+    """Decoder-layer indices holding one; empty for a module outside the layers (lm_head)."""
+    fused_experts: int = 0
+    """Experts stacked in one 3-D parameter (0: a plain nn.Linear); the GEMM runs per expert."""
+    role: str = "other"
+    """attention | dense_mlp | routed_experts | shared_experts | router | lm_head | other (as `ROLES`)."""
+
+    @property
+    def count(self) -> int:
+        """Modules in the group (1 for a module outside the layers)."""
+        return max(1, len(self.layers))
+
+
+class TracedFlops(_Frozen):
+    """Training FLOPs per token measured on the model itself (no formula exists for it: a user's module).
+
+    Traced forward + backward under `torch.utils.flop_counter` (on the meta device where the module allows)
+    at two sequence lengths; FLOPs per token are affine in T (matmuls per token are constant, softmax
+    attention adds a term proportional to T), so two points give both coefficients.
+    """
+
+    per_token: float
+    """Training FLOPs per token that do not depend on the sequence length (the matmuls: ~6N)."""
+    per_token_per_seq: float
+    """Training FLOPs per token per token of context (quadratic attention: ~12·L·H·Q)."""
+    forward_fraction: float = 1 / 3
+    """Forward share of the training FLOPs (what one recompute adds)."""
+    seq_lens: tuple[int, int]
+    """The two sequence lengths traced."""
+    device: str = "meta"
+    """meta (shapes only, no memory) or cpu (real tensors: the module did not run on meta)."""
+
+    def at(self, seq_len: int) -> float:
+        """Training FLOPs per token at `seq_len`."""
+        return self.per_token + self.per_token_per_seq * seq_len
+
+
 class MeasuredParams(_Frozen):
     """Exact parameter counts of a model that transformers built on the meta device."""
 
     model_class: str
-    """The transformers class that was built (GptOssForCausalLM, Gemma4ForCausalLM, ...)."""
-    transformers_version: str
+    """The transformers class that was built (GptOssForCausalLM, Gemma4ForCausalLM, ...), or the user's
+    module reference (mypkg.models:build)."""
+    transformers_version: Optional[str] = None
+    """None for a user module (built by its own code, not by transformers)."""
     embedding: int
     lm_head: int
     final_norms: int
@@ -93,6 +149,13 @@ class MeasuredParams(_Frozen):
     """Vision/audio towers and projectors of a multimodal checkpoint, reported apart (not in total)."""
     notes: tuple[str, ...] = ()
     """What the count did with the config (text_config used, quantization_config ignored, ...)."""
+    linears: tuple["LinearGroup", ...] = ()
+    """The matmul weights of the built model, grouped by name pattern (`linear_layers()`): what FP8 and TP
+    planners swap or shard. Empty when the build was not walked for them."""
+
+    def linear_layers(self) -> tuple["LinearGroup", ...]:
+        """The model's own linear layers (language model only), one group per (name pattern, shape)."""
+        return self.linears
 
     def _sum(self, role: str) -> int:
         return sum(getattr(layer, role) for layer in self.layers)
