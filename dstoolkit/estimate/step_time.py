@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dstoolkit.estimate import cluster_model as cm
 from dstoolkit.estimate.comm import CommPlan, op_time_s
 from dstoolkit.estimate.flops import FlopsPerToken
+from dstoolkit.hardware.calibration import peak_flops_per_rank
 from dstoolkit.runplan import RunPlan
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.55
@@ -66,11 +67,9 @@ class StepTime:
 
 
 def peak_flops(plan: RunPlan) -> float:
-    """Per-GPU peak for the plan's precision (fp8 uses peak_fp8_flops when the GPU has one; fp32 is taken as
-    the bf16 tensor peak, which overstates real fp32 throughput unless calibrated)."""
-    if plan.precision == "fp8" and plan.gpu.peak_fp8_flops:
-        return plan.gpu.peak_fp8_flops
-    return plan.gpu.peak_bf16_flops
+    """Per-rank MFU peak for the plan's precision: `hardware.calibration.peak_flops_per_rank` (a calibration's
+    measured GEMM peak, else the table's fp8 / bf16 peak; fp32 is taken as the bf16 tensor peak)."""
+    return peak_flops_per_rank(plan.gpu, plan.precision, plan.calibration)[0]
 
 
 def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel: int,

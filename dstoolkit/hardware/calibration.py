@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dstoolkit.hardware.table import lookup_gpu_name
+from dstoolkit.hardware.table import GpuSpec, lookup_gpu_name
 
 class Calibration(BaseModel):
     """Measured rates that replace the GPU table's nominal ones in the step-time model
@@ -66,6 +66,10 @@ class Calibration(BaseModel):
     inter_node_links_per_node: int = Field(default=1, ge=1)
     """Independent inter-node links per node behind that busbw: groups crossing nodes side by side beyond
     this many share one (estimate.comm.link_share). 1 = one uplink per node (the CPU test hosts)."""
+    peak_flops_per_s: Optional[float] = Field(default=None, gt=0)
+    """Dense-GEMM peak FLOP/s per rank for this precision: the best square matmul the probe measured, never
+    below the block rates above (so an estimate's MFU is at most 1). The MFU denominator on CPU ranks, for the
+    estimator and the training monitor alike (`peak_flops_per_rank`). None: the hardware table's peak."""
     per_layer_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed framework cost per transformer block per micro step (hooks, small kernels)."""
     step_overhead_s: float = Field(default=0.0, ge=0)
@@ -143,6 +147,9 @@ def calibration_from_raw(raw: dict[str, Any], precision: str, clock: str = "wall
         per_prec = fields.get(f"matmul_flops_per_s_{prec}{suffix}")
         if per_prec:
             fields[f"matmul_flops_per_s{suffix}"] = per_prec
+    gemm_peak = fields.get(f"gemm_peak_flops_per_s_{prec}")
+    if gemm_peak:
+        fields["peak_flops_per_s"] = max(gemm_peak, *(fields.get(f"matmul_flops_per_s{s}") or 0 for s in ("", "_large")))
     kept = {k: v for k, v in fields.items() if k in Calibration.model_fields}
     try:
         return Calibration(**kept)
@@ -229,13 +236,19 @@ def _torch_version() -> Optional[str]:
         return None
 
 
+PROBE_VERSION = 2
+"""What the probe measures; a cached calibration from another version is probed again (2: GEMM peak added)."""
+
+
 def machine_key(ranks: int = PROBE_RANKS) -> dict[str, Any]:
-    """What a CPU calibration depends on: CPU model and features, usable cores, torch version, ranks."""
+    """What a CPU calibration depends on: CPU model and features, usable cores, torch version, ranks, and the
+    probe's version."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return {"cpu": _cpu_model(), "flags": _cpu_flags(), "cores": cores, "torch": _torch_version(), "ranks": ranks}
+    return {"cpu": _cpu_model(), "flags": _cpu_flags(), "cores": cores, "torch": _torch_version(), "ranks": ranks,
+            "probe": PROBE_VERSION}
 
 
 def cache_dir() -> pathlib.Path:
@@ -263,6 +276,13 @@ def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
             print(f"[dstoolkit] {line}", file=sys.stderr)
 
 
+def cached_machine_calibration_path(key: Optional[dict[str, Any]] = None) -> Optional[pathlib.Path]:
+    """This machine's cached calibration file, or None when it was never probed (nothing is probed here: a
+    training rank must not start a probe of its own beside the job's ranks)."""
+    path = cache_dir() / f"cpu-{_key_digest(key or machine_key())}.json"
+    return path if path.is_file() else None
+
+
 def machine_calibration_path(key: Optional[dict[str, Any]] = None,
                              probe: Optional[Callable[[pathlib.Path, dict], None]] = None,
                              announce: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)
@@ -277,9 +297,10 @@ def machine_calibration_path(key: Optional[dict[str, Any]] = None,
         CalibrationInputError: the probe failed (the message has the end of its output).
     """
     key = key or machine_key()
-    path = cache_dir() / f"cpu-{_key_digest(key)}.json"
-    if path.is_file():
+    path = cached_machine_calibration_path(key)
+    if path is not None:
         return path
+    path = cache_dir() / f"cpu-{_key_digest(key)}.json"
     if probe is None:
         if key.get("torch") is None or importlib.util.find_spec("torch") is None:
             announce("[dstoolkit] torch is not installed, so this CPU cannot be probed: CPU estimates use the "
@@ -348,3 +369,15 @@ def path_label(path: Optional[pathlib.Path]) -> str:
 def calibration_label(spec) -> str:
     """How estimates of `spec` are calibrated, for summaries (`path_label` of `calibration_path_for`)."""
     return path_label(calibration_path_for(spec))
+
+
+def peak_flops_per_rank(gpu: GpuSpec, precision: str, calibration: Optional[Calibration]) -> tuple[float, str]:
+    """The MFU denominator of one rank and what it is: the calibration's measured GEMM peak when it has one
+    (CPU ranks: the probe's best square matmul, at least its block rates), else the hardware table's peak for
+    the precision (fp8 uses peak_fp8_flops where the GPU has one; other precisions the bf16 tensor peak, as in
+    PaLM App. B's MFU, docs/anchors.md). The estimator and the training monitor both divide by this."""
+    if calibration is not None and calibration.peak_flops_per_s:
+        return calibration.peak_flops_per_s, f"measured {precision} GEMM peak of the calibration"
+    if precision == "fp8" and gpu.peak_fp8_flops:
+        return gpu.peak_fp8_flops, f"{gpu.name} fp8 peak (hardware table)"
+    return gpu.peak_bf16_flops, f"{gpu.name} bf16 peak (hardware table)"

@@ -8,6 +8,8 @@ What it measures, per rank, with `--ranks` gloo ranks running side by side (as t
 - compute: forward + backward of one transformer block of a probe shape (not a test shape), per precision
   (fp32 and bf16) at two sizes, as effective FLOP/s. bf16 is measured, not assumed: on a CPU without native
   bf16 it runs about 100x slower than fp32, and the estimate follows;
+- GEMM peak: the best square matmul per precision (sizes 256-1024; larger ones skipped once one matmul takes
+  over GEMM_SLOW_S, as bf16 does without native support) - the MFU denominator of estimates and the monitor;
 - optimizer traffic: a torch AdamW step over 2 M fp32 elements (bytes per element from
   `dstoolkit.estimate.step_time.ADAM_BYTES_PER_PARAM_UPDATE`);
 - gloo all-reduce at two sizes: bus bandwidth (nccl-tests convention, docs/anchors.md) and latency;
@@ -37,6 +39,10 @@ TINY_SHAPE = dict(name="tinyprobe", model_type="llama", hidden_size=64, num_hidd
 SEQ = 128
 CLOCKS = ("wall", "cpu")
 """wall: elapsed time. cpu: this process's CPU time (robust when other processes share the machine)."""
+GEMM_SIZES = (256, 512, 1024)
+"""Square matmul sizes for the GEMM peak (the probe keeps the best rate)."""
+GEMM_SLOW_S = 0.25
+"""A matmul slower than this ends the size ladder for its precision (keeps the probe a few seconds)."""
 SLOW_DTYPE_RATIO = 0.25
 """A precision whose rate is below this fraction of fp32's is reported as slow on this CPU."""
 
@@ -85,6 +91,9 @@ def probe_rates() -> dict[str, dict[str, float]]:
             for k in CLOCKS:
                 out[k][f"matmul_flops_per_s_{prec}{label}"] = block_flops * (mb / 2) / t[k]
                 out[k][f"matmul_work{label}"] = mb * SEQ * shape.hidden_size
+    for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for k, rate in gemm_peak(dtype).items():
+            out[k][f"gemm_peak_flops_per_s_{prec}"] = rate
     n = 2_000_000
     p = torch.nn.Parameter(torch.zeros(n))
     p.grad = torch.randn(n)
@@ -104,6 +113,25 @@ def probe_rates() -> dict[str, dict[str, float]]:
         out[k]["comm_busbw_bytes_per_s"] = factor / slope
         out[k]["comm_latency_s"] = max(0.0, times[0][k] - sizes[0] * slope)
     return out
+
+
+def gemm_peak(dtype) -> dict[str, float]:
+    """Best FLOP/s of a square matmul over GEMM_SIZES, per clock (call on every rank: the ranks agree on when
+    to stop through an all-reduce of the slowest time, so their barriers stay matched)."""
+    import torch
+    import torch.distributed as dist
+
+    best = {k: 0.0 for k in CLOCKS}
+    for n in GEMM_SIZES:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        t = _median_time(lambda: torch.mm(a, b), reps=3, warmup=1)
+        for k in CLOCKS:
+            best[k] = max(best[k], 2.0 * n**3 / max(t[k], 1e-9))
+        slowest = torch.tensor([t["wall"]], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        if slowest.item() > GEMM_SLOW_S:
+            break
+    return best
 
 
 def probe_step_overhead() -> dict[str, float]:
@@ -210,7 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"warning: the machine was busy while probing (load {rec['loadavg_before']:.1f} on {cores} cores): "
               f"rates may be low; delete {args.out} to probe again on a quiet machine", file=sys.stderr)
     print(f"calibrated in {rec['probe_s']} s: block fwd+bwd fp32 {wall['matmul_flops_per_s_fp32_large'] / 1e9:.1f} "
-          f"GFLOP/s, bf16 {wall['matmul_flops_per_s_bf16_large'] / 1e9:.1f} GFLOP/s per rank; all-reduce "
+          f"GFLOP/s, bf16 {wall['matmul_flops_per_s_bf16_large'] / 1e9:.1f} GFLOP/s per rank (GEMM peak fp32 "
+          f"{wall['gemm_peak_flops_per_s_fp32'] / 1e9:.1f}, bf16 {wall['gemm_peak_flops_per_s_bf16'] / 1e9:.1f}); all-reduce "
           f"{wall['comm_busbw_bytes_per_s'] / 1e9:.2f} GB/s -> {args.out}")
     return 0
 

@@ -77,8 +77,37 @@ def test_gpu_rows_get_no_default_calibration(cache):
 
 def test_machine_key_names_what_rates_depend_on():
     key = cal.machine_key()
-    assert set(key) == {"cpu", "flags", "cores", "torch", "ranks"} and key["cores"] >= 1 and key["ranks"] == 2
+    assert set(key) == {"cpu", "flags", "cores", "torch", "ranks", "probe"} and key["cores"] >= 1 and key["ranks"] == 2
+    assert key["probe"] == cal.PROBE_VERSION  # a calibration from an older probe is probed again
     json.dumps(key)  # recorded in the probe's file
+
+
+def test_cached_lookup_never_probes(cache):
+    assert cal.cached_machine_calibration_path(KEY) is None
+    path = cal.machine_calibration_path(KEY, probe=lambda out, key: out.write_text("{}"), announce=lambda m: None)
+    assert cal.cached_machine_calibration_path(KEY) == path
+
+
+RAW = {"matmul_flops_per_s_fp32": 50e9, "matmul_flops_per_s_fp32_large": 60e9, "matmul_flops_per_s_bf16": 2e9,
+       "mem_bw_bytes_per_s": 5e9, "comm_busbw_bytes_per_s": 1e9}
+
+
+def test_peak_is_the_measured_gemm_peak_and_never_below_the_block_rates():
+    from dstoolkit.hardware.table import get_gpu
+
+    c = cal.calibration_from_raw({**RAW, "gemm_peak_flops_per_s_fp32": 80e9, "gemm_peak_flops_per_s_bf16": 1e9}, "fp32")
+    assert c.peak_flops_per_s == 80e9
+    assert cal.peak_flops_per_rank(get_gpu("cpu"), "fp32", c) == (80e9, "measured fp32 GEMM peak of the calibration")
+    # bf16: the square matmul (1 GFLOP/s) was slower than the block probe (2): the peak is the block rate
+    assert cal.calibration_from_raw({**RAW, "gemm_peak_flops_per_s_bf16": 1e9}, "bf16").peak_flops_per_s == 2e9
+    # no GEMM peak in the file (the packaged reference, older probes): the hardware table's, named so
+    old = cal.calibration_from_raw(RAW, "fp32")
+    assert old.peak_flops_per_s is None
+    assert cal.peak_flops_per_rank(get_gpu("cpu"), "fp32", old) == (get_gpu("cpu").peak_bf16_flops,
+                                                                     "cpu bf16 peak (hardware table)")
+    h100 = get_gpu("H100-SXM")
+    assert cal.peak_flops_per_rank(h100, "fp8", None)[0] == h100.peak_fp8_flops
+    assert cal.peak_flops_per_rank(h100, "bf16", None)[0] == h100.peak_bf16_flops
 
 
 def test_a_failed_probe_is_an_error_naming_it(cache, monkeypatch):

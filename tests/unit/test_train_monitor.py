@@ -1,4 +1,6 @@
 """Monitor: bottleneck flags with evidence, MFU per docs/anchors.md, DeepSpeed monitor events."""
+import pathlib
+
 import pytest
 
 from dstoolkit.runtime.train.monitor import Monitor, StepSample, _slope
@@ -61,3 +63,39 @@ def test_reports_every_n_and_writes_ds_events_and_line():
 def test_loss_trend_slope():
     assert _slope([3.0, 2.5, 2.0, 1.5]) == pytest.approx(-0.5)
     assert _slope([1.0]) == 0.0
+
+
+def test_mfu_never_exceeds_one_a_beaten_peak_is_flagged_and_raised():
+    # 10,000 tok/s x 6e6 FLOPs / 2 ranks = 3e10 FLOP/s per rank, above the given 1e10 peak
+    mon = Monitor(1, flops_per_token=6e6, peak_flops=1e10, peak_label="probe", world_size=2)
+    rep = _feed(mon, 1)
+    assert rep.mfu == pytest.approx(1.0) and [f.name for f in rep.flags] == ["above-peak"]
+    assert "30.0 GFLOP/s per rank > the peak 10.0 GFLOP/s (probe)" in rep.flags[0].evidence
+    assert rep.peak_flops_per_rank == pytest.approx(3e10)
+    slower = _feed(mon, 1, step_time_s=0.2)  # half the rate against the raised peak, no new flag
+    assert slower.mfu == pytest.approx(0.5) and slower.flags == []
+    assert "MFU 50.00% of 30.0 GFLOP/s" in slower.line()
+
+
+def test_monitor_peak_is_the_estimators_peak(tmp_path, monkeypatch):
+    """The trainer's MFU divides by `hardware.calibration.peak_flops_per_rank` of the same calibration the
+    estimator reads (here a named file with a GEMM peak), and falls back to the table's row without one."""
+    import json
+
+    from dstoolkit.hardware.calibration import load_calibration, peak_flops_per_rank
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.runtime.train.trainer import monitor_peak
+    from dstoolkit.spec import load_spec
+
+    raw = {"matmul_flops_per_s_bf16": 3e10, "gemm_peak_flops_per_s_bf16": 9e10, "mem_bw_bytes_per_s": 5e9,
+           "comm_busbw_bytes_per_s": 1e9}
+    (tmp_path / "cal.json").write_text(json.dumps(raw))
+    spec_text = (pathlib.Path(__file__).resolve().parents[2] / "ds_configs" / "tiny_cpu.yaml").read_text()
+    (tmp_path / "spec.yaml").write_text(spec_text)
+    spec = load_spec(tmp_path / "spec.yaml")
+    monkeypatch.setenv("DSTOOLKIT_CALIBRATION", str(tmp_path / "cal.json"))
+    assert monitor_peak(spec, False, "bf16") == (9e10, "measured bf16 GEMM peak of the calibration")
+    assert monitor_peak(spec, False, "bf16") == peak_flops_per_rank(
+        get_gpu("cpu"), "bf16", load_calibration(tmp_path / "cal.json", "bf16"))
+    monkeypatch.setenv("DSTOOLKIT_CALIBRATION", "none")
+    assert monitor_peak(spec, False, "bf16") == (get_gpu("cpu").peak_bf16_flops, "cpu bf16 peak (hardware table)")

@@ -45,7 +45,7 @@ class Flag:
     """One bottleneck the monitor sees."""
 
     name: str
-    """input-bound | comm-bound | idle-compute."""
+    """input-bound | comm-bound | idle-compute | above-peak."""
     evidence: str
     """The numbers behind the flag."""
 
@@ -69,10 +69,16 @@ class MonitorReport:
     loss_trend_per_step: float
     """Least-squares slope of the loss over the window (negative = improving)."""
     flags: list[Flag] = field(default_factory=list)
+    peak_flops_per_rank: Optional[float] = None
+    """The per-rank peak MFU divides by."""
+    peak_label: Optional[str] = None
+    """What that peak is."""
 
     def line(self) -> str:
         """Compact one-line form for logs."""
         mfu = f"{self.mfu * 100:.2f}%" if self.mfu is not None else "n/a"
+        if self.mfu is not None and self.peak_flops_per_rank:
+            mfu += f" of {self.peak_flops_per_rank / 1e9:,.1f} GFLOP/s"
         comm = f"{self.comm_share * 100:.0f}%" if self.comm_share is not None else "n/a"
         flags = ",".join(f.name for f in self.flags) or "ok"
         return (f"[monitor] step {self.step} | {self.tokens_per_s:,.0f} tok/s | MFU {mfu} | "
@@ -145,7 +151,7 @@ class Monitor:
     """Accumulates StepSamples and emits a MonitorReport every `every` steps."""
 
     def __init__(self, every: int, *, flops_per_token: Optional[float], peak_flops: Optional[float],
-                 world_size: int = 1, threads: int = 1, ds_monitor: Any = None,
+                 peak_label: str = "given peak", world_size: int = 1, threads: int = 1, ds_monitor: Any = None,
                  input_bound_share: float = INPUT_BOUND_SHARE, comm_bound_share: float = COMM_BOUND_SHARE,
                  idle_utilization: float = IDLE_UTILIZATION) -> None:
         if every <= 0:
@@ -154,6 +160,8 @@ class Monitor:
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         """Peak FLOP/s of ONE rank; MFU divides the global rate by world_size x peak."""
+        self.peak_label = peak_label
+        """What the peak is (e.g. this machine's measured GEMM peak, or a GPU's datasheet peak)."""
         self.world_size = world_size
         self.threads = max(1, threads)
         self.ds_monitor = ds_monitor
@@ -181,14 +189,23 @@ class Monitor:
         cpu = sum(s.cpu_time_s for s in samples)
         tps = tokens / wall if wall > 0 else 0.0
         mfu = None
+        flags: list[Flag] = []
         if self.flops_per_token and self.peak_flops:
-            mfu = tps * self.flops_per_token / (self.peak_flops * self.world_size)  # docs/anchors.md MFU
+            achieved = tps * self.flops_per_token / self.world_size  # model FLOP/s per rank (docs/anchors.md MFU)
+            if achieved > self.peak_flops:
+                # a peak the run beats is no peak (stale calibration, probed under load): from here on the
+                # achieved rate is the peak, so MFU stays <= 1 by construction, and the flag says so
+                flags.append(Flag("above-peak",
+                                  f"achieved {achieved / 1e9:.1f} GFLOP/s per rank > the peak "
+                                  f"{self.peak_flops / 1e9:.1f} GFLOP/s ({self.peak_label}); the peak is raised "
+                                  "to the achieved rate (re-probe the machine on a quiet CPU)"))
+                self.peak_flops, self.peak_label = achieved, "achieved rate (the given peak was exceeded)"
+            mfu = achieved / self.peak_flops
         comm_share = None
         if all(s.comm_time_s is not None for s in samples):
             comm_share = sum(s.comm_time_s for s in samples) / wall if wall > 0 else 0.0
         wait_share = wait / wall if wall > 0 else 0.0
         util = self._utilization(cpu, wall)
-        flags: list[Flag] = []
         if wait_share > self.input_bound_share:
             flags.append(Flag("input-bound",
                               f"steps waited {wait:.3f} s of {wall:.3f} s on the data iterator "
@@ -197,7 +214,7 @@ class Monitor:
             flags.append(Flag("comm-bound",
                               f"collectives took {comm_share * 100:.0f}% of step time "
                               f"(> {self.comm_bound_share * 100:.0f}%, DeepSpeed comms_logger)"))
-        if not flags and util < self.idle_utilization:
+        if not [f for f in flags if f.name != "above-peak"] and util < self.idle_utilization:
             hint = ("" if comm_share is not None else
                     "; comms_logger is off, so time blocked in collectives counts here (enable it to attribute)")
             flags.append(Flag("idle-compute",
@@ -209,7 +226,8 @@ class Monitor:
             peak_rss_bytes=peak_rss_bytes(), device_mem_bytes=_device_mem_bytes(),
             step_time_s=wall / len(samples), input_wait_s=wait / len(samples), input_wait_share=wait_share,
             comm_share=comm_share, utilization=util, loss=losses[-1], loss_trend_per_step=_slope(losses),
-            flags=flags)
+            flags=flags, peak_flops_per_rank=self.peak_flops if mfu is not None else None,
+            peak_label=self.peak_label if mfu is not None else None)
 
     def _utilization(self, cpu_s: float, wall_s: float) -> float:
         gpu = _gpu_utilization()

@@ -13,7 +13,7 @@ section with the spec's checkpoint policy, start a DeepSpeed engine from the JSO
 train N optimizer steps on `synthetic_batch` data with the batch ramp, spike guard, monitor and atomic
 checkpoints, and have rank 0 append JSON lines to --metrics-out:
   per step  {"step", "loss", "step_time_s", "tokens_per_s", "global_batch", "micro_batch", "grad_accum",
-             "peak_rss_bytes", "lr", ...}
+             "peak_rss_bytes", "lr", "cpu_time_s" (rank 0's process CPU seconds in the step), ...}
   events    {"event": "spike"|"rollback"|"checkpoint"|"resume"|"monitor"|"inject", ...}
   at the end {"event": "done", "steps", "final_loss", "world_size", "shm_buffers_unlinked"}
 Exit code: 0 ok, 1 training failure, 2 bad input; the message says what and why.
@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--monitor-every", type=int, default=5)
     p.add_argument("--monitor-dir", default=None, help="enable DeepSpeed's csv monitor (and tensorboard when installed) writing here")
     p.add_argument("--peak-flops", type=float, default=None,
-                   help="peak FLOP/s per rank for MFU (default: a matmul probe on CPU, hardware table on GPU)")
+                   help="peak FLOP/s per rank for MFU (default: the peak the estimator uses - this machine's "
+                        "cached GEMM peak on CPU, the hardware table's on GPU)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar with ETA")
     p.add_argument("--data-delay-s", type=float, default=0.0, help="sleep per batch in the data iterator")
     g = p.add_argument_group("spike guard")
@@ -153,29 +154,23 @@ def model_flops_per_token(shape: Any, seq_len: int) -> float:
     return flops_per_token(shape, seq_len).model
 
 
-def peak_flops_per_rank(gpu: Any, on_cuda: bool, dtype: Any) -> float:
-    """Peak FLOP/s for MFU: the hardware table's bf16 peak on GPU; a matmul probe on CPU (the table's CPU
-    row describes the reference machine, not necessarily this one)."""
-    if on_cuda:
-        from dstoolkit.hardware.table import get_gpu
+def monitor_peak(spec: Any, on_cuda: bool, precision: str) -> tuple[float, str]:
+    """Peak FLOP/s per rank for MFU and what it is: `hardware.calibration.peak_flops_per_rank`, the estimator's
+    own peak. On CPU it reads the spec's calibration, or this machine's cached one; it never starts a probe
+    (the job's ranks hold the cores), so without a cached calibration it is the hardware table's CPU row."""
+    from dstoolkit.hardware import calibration as cal
+    from dstoolkit.hardware.table import get_gpu
 
-        return get_gpu(gpu).peak_bf16_flops
-    return matmul_peak_flops(dtype)
-
-
-def matmul_peak_flops(dtype: Any, n: int = 512, reps: int = 3) -> float:
-    """Best-of-reps FLOP/s of one n^3 matmul on this process's threads (a CPU stand-in for the spec sheet)."""
-    import torch
-
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    torch.mm(a, b)
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
+    gpu = get_gpu(spec.cluster.gpu)
+    calibration = None
+    if not on_cuda and gpu.name == "cpu":
+        value = getattr(spec.cluster, "calibration", None) or os.environ.get(cal.ENV_VAR) or None
+        if value is None or str(value).strip().lower() == cal.MACHINE:
+            path = cal.cached_machine_calibration_path()
+        else:
+            path = cal.calibration_path(value, spec.cluster.gpu, spec.base_dir)
+        calibration = cal.load_calibration(path, precision) if path is not None else None
+    return cal.peak_flops_per_rank(gpu, precision, calibration)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -389,15 +384,15 @@ def build_checkpoint_manager(args: argparse.Namespace, rank: int) -> Any:
 
 
 def build_monitor(args: argparse.Namespace, spec: Any, shape: Any, engine: Any, world: int, on_cuda: bool) -> Any:
-    """Throughput / MFU / time-split monitor; peak FLOP/s from --peak-flops or `peak_flops_per_rank`."""
+    """Throughput / MFU / time-split monitor; peak FLOP/s from --peak-flops or `monitor_peak`."""
     import torch
 
     from dstoolkit.runtime.train.monitor import Monitor
 
-    peak = args.peak_flops or peak_flops_per_rank(
-        spec.cluster.gpu, on_cuda, torch.bfloat16 if engine.bfloat16_enabled() else torch.float32)
+    precision = "bf16" if engine.bfloat16_enabled() else ("fp16" if engine.fp16_enabled() else "fp32")
+    peak, label = (args.peak_flops, "--peak-flops") if args.peak_flops else monitor_peak(spec, on_cuda, precision)
     return Monitor(args.monitor_every, flops_per_token=model_flops_per_token(shape, spec.training.seq_len),
-                   peak_flops=peak, world_size=world, threads=torch.get_num_threads(),
+                   peak_flops=peak, peak_label=label, world_size=world, threads=torch.get_num_threads(),
                    ds_monitor=getattr(engine, "monitor", None))
 
 
@@ -755,6 +750,7 @@ def train(args: argparse.Namespace) -> int:
                 bar.refresh()
             continue
         step_time = time.perf_counter() - t_step
+        step_cpu_s = cpu_time_s() - cpu0
         state.step = target
         state.consumed_samples += gb
         state.tokens += gb * run.seq_len
@@ -775,7 +771,7 @@ def train(args: argparse.Namespace) -> int:
                       "global_batch": gb, "micro_batch": run.data.micro, "grad_accum": gas,
                       "peak_rss_bytes": peak_rss_bytes(), "lr": micro.lr, "grad_norm": grad_norm,
                       "data_pos": state.data_pos, "tokens": state.tokens, "input_wait_s": micro.input_wait_s,
-                      "lr_mult": mult})
+                      "lr_mult": mult, "cpu_time_s": step_cpu_s})
         comm1 = comms_logger_total_s()
         report = run.monitor.record(StepSample(
             step=state.step, step_time_s=step_time, input_wait_s=micro.input_wait_s, tokens=gb * run.seq_len,
