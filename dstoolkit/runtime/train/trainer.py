@@ -4,8 +4,13 @@ Launch (stable CLI; generated launch.sh, the demo and the benchmarks call exactl
 
     deepspeed --num_gpus 2 --module dstoolkit.runtime.train.trainer --deepspeed_config DS.json --spec SPEC.yaml \
         --steps N --metrics-out metrics.jsonl [--seed 0] [--ep-size E] [--checkpoint-dir DIR] [--save-every K] [--resume]
-        [--dist-timeout-s 600]
+        [--dist-timeout-s 600] [--shrink auto|layers=4,hidden=64,...]
     torchrun --nproc_per_node 2 -m dstoolkit.runtime.train.trainer <same args>
+
+With --shrink the model is the spec's own transformers architecture (Gemma, GPT-OSS, Qwen3-Next,
+Nemotron-H, ...), shrunk by `dstoolkit.runtime.shrink` (layers, widths, experts, vocabulary; the layer pattern,
+routing top-k, shared experts, norms and tied embeddings kept); the first metrics line is
+{"event": "model", "builder": "transformers", "model_class", "params", "shrunk_sizes", "changed", "kept", ...}.
 
 What it does: init the process group (gloo on CPU, nccl on CUDA; every group, world and the ZeRO / expert
 groups DeepSpeed creates later, with the --dist-timeout-s timeout), build the model from the spec's model
@@ -59,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", required=True, help="JSON-lines file rank 0 appends to")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ep-size", type=int, default=None, help="expert-parallel degree (default: spec training.ep or 1)")
+    p.add_argument("--shrink", default=None, metavar="auto|KEY=N,...",
+                   help="train the spec's own transformers architecture (model.hf_config or inline HF fields), "
+                        "shrunk to run here: 'auto', or sizes such as layers=4,hidden=64,heads=4,head_dim=16,"
+                        "experts=8,vocab=512,window=16,seq_len=64 (dstoolkit.runtime.shrink). Without it the "
+                        "trainer builds the project's TinyTransformer stand-in of the shape")
     p.add_argument("--checkpoint-dir", default=None, help="root for atomic DeepSpeed checkpoints")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (0: never)")
     p.add_argument("--keep-checkpoints", type=int, default=3)
@@ -264,6 +274,8 @@ class Inputs:
     spec: Any
     shape: Any
     blowups: dict[int, float]
+    shrunk: Any = None
+    """`dstoolkit.runtime.shrink.ShrunkRun` with --shrink (then `shape` is the shrunk shape), else None."""
 
 
 def read_inputs(args: argparse.Namespace) -> Inputs:
@@ -288,7 +300,30 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
     blowups = _parse_blowups(args.inject_lr_blowup)
     if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
         raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
-    return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups)
+    shrunk = read_shrink(args, spec)
+    if shrunk is not None:
+        shape = shrunk.shape
+    return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups, shrunk=shrunk)
+
+
+def read_shrink(args: argparse.Namespace, spec: Any) -> Any:
+    """--shrink: the spec's model shrunk (`dstoolkit.runtime.shrink.prepare_shrunk_run`) and the spec's
+    seq_len capped to the shrink's; None without the flag. Every problem is a UsageError naming the field."""
+    from dstoolkit.runtime.shrink import ShrinkError, parse_shrink, prepare_shrunk_run
+
+    try:
+        sizes = parse_shrink(args.shrink)
+        if sizes is None:
+            return None
+        run = prepare_shrunk_run(spec, spec.base_dir, sizes)
+    except ShrinkError as e:
+        raise UsageError(f"--shrink (spec {args.spec}): {e}") from None
+    if args.ep_size is not None and args.ep_size > 1:
+        raise UsageError(f"--ep-size={args.ep_size} with --shrink: the transformers model's experts are plain "
+                         "modules (no DeepSpeed expert groups); run with --ep-size 1 (experts data-parallel)")
+    if run.seq_len < spec.training.seq_len:
+        spec.training.seq_len = run.seq_len  # a short sequence: the shrunk run takes seconds, not minutes
+    return run
 
 
 def add_monitor_backends(ds_config: dict, monitor_dir: Optional[str]) -> None:
@@ -303,17 +338,36 @@ def add_monitor_backends(ds_config: dict, monitor_dir: Optional[str]) -> None:
                                     "job_name": "dstoolkit_train_tb"}
 
 
-def build_model_for_run(args: argparse.Namespace, spec: Any, shape: Any, world: int) -> Any:
+def build_model_for_run(args: argparse.Namespace, spec: Any, shape: Any, world: int, shrunk: Any = None) -> Any:
     """The tiny transformer of the spec's model section (experts split over --ep-size), with the spec's
-    activation-checkpoint policy applied. Call after `init_distributed`: MoE layers make expert groups."""
+    activation-checkpoint policy applied; with --shrink (`shrunk`) the spec's own transformers architecture,
+    shrunk. Call after `init_distributed`: MoE layers make expert groups."""
     from dstoolkit.runtime.model import build_model
     from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
 
+    if shrunk is not None:
+        return build_shrunk_model(args, spec, shrunk)
     ep_size = args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
     if shape.is_moe and world % ep_size != 0:
         raise UsageError(f"--ep-size={ep_size} must divide the world size {world}")
     model = build_model(shape, ep_size=ep_size if shape.is_moe else 1, seed=args.seed)
     apply_checkpoint_policy(model, policy_from_spec(spec.training), backend=args.checkpoint_backend)
+    return model
+
+
+def build_shrunk_model(args: argparse.Namespace, spec: Any, shrunk: Any) -> Any:
+    """The transformers model of the shrunk config (`dstoolkit.runtime.model.build_hf_model`) with the spec's
+    recompute policy through transformers' gradient checkpointing; its `info` is the metrics 'model' event."""
+    from dstoolkit.runtime.model import HFBuildError, apply_hf_checkpoint_policy, build_hf_model
+
+    try:
+        model = build_hf_model(shrunk.shrunk.config, model_class=shrunk.model_class, seed=args.seed,
+                               info=shrunk.record())
+    except HFBuildError as e:
+        raise UsageError(f"--shrink: {e}") from None
+    notes = apply_hf_checkpoint_policy(model, policy_from_spec(spec.training))
+    model.info["notes"] = list(model.info.get("notes", [])) + notes
+    model.info["activation_checkpointing"] = spec.training.activation_checkpointing
     return model
 
 
@@ -394,6 +448,16 @@ def build_monitor(args: argparse.Namespace, spec: Any, shape: Any, engine: Any, 
     return Monitor(args.monitor_every, flops_per_token=model_flops_per_token(shape, spec.training.seq_len),
                    peak_flops=peak, peak_label=label, world_size=world, threads=torch.get_num_threads(),
                    ds_monitor=getattr(engine, "monitor", None))
+
+
+def model_event(model: Any, shape: Any, seq_len: int, world: int) -> dict:
+    """The metrics file's first line: which model ran (builder, class, parameters, shrunk sizes)."""
+    info = getattr(model, "info", None)
+    if info is None:  # the TinyTransformer stand-in
+        info = {"builder": "dstoolkit.runtime.model.TinyTransformer", "model_type": shape.model_type,
+                "model_class": type(model).__name__,
+                "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))}
+    return {"event": "model", **info, "shape": shape.name, "seq_len": seq_len, "world_size": world}
 
 
 class LrControl:
@@ -687,7 +751,7 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     spec, shape, ds_config = inputs.spec, inputs.shape, inputs.ds_config
 
-    model = build_model_for_run(args, spec, shape, world)
+    model = build_model_for_run(args, spec, shape, world, shrunk=inputs.shrunk)
     add_monitor_backends(ds_config, args.monitor_dir)
     engine, optimizer, lr_sched = build_engine(model, ds_config, spec)
     seq_len = spec.training.seq_len
@@ -699,6 +763,7 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
     mgr = build_checkpoint_manager(args, rank)
     writer = MetricsWriter(args.metrics_out, enabled=(rank == 0))
     monitor = build_monitor(args, spec, shape, engine, world, on_cuda)
+    writer.write(model_event(model, shape, seq_len, world))
 
     def log(msg: str) -> None:
         if rank == 0:

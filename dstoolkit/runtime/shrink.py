@@ -1,0 +1,543 @@
+"""Shrink a Hugging Face config so that its own transformers architecture trains on 2 CPU ranks in seconds.
+
+`shrink_config(config, sizes)` returns a copy of the language-model config (the `text_config` of a
+multimodal config) with small sizes and the architecture kept:
+
+kept      model_type and the class transformers builds for it, attention kind (GQA/MQA/MHA ratio class,
+          MLA with its LoRA ranks, sliding / chunked / linear / Mamba mixers, DSA indexer), the per-layer
+          pattern (`layer_types`, `hybrid_override_pattern`, per-layer lists, attention/MoE intervals), MoE
+          routing top-k, shared experts, grouped routing, dense-first layers, norms, activations, biases,
+          tied embeddings, RoPE settings.
+shrunk    depth (the shortest prefix holding every layer kind of every per-layer pattern, at least
+          `min_layers`), hidden size, query / KV / linear-attention / Mamba heads (in proportion), every head
+          width (in proportion to head_dim), FFN / expert / shared-expert / latent widths (in proportion to
+          hidden), routed experts (top-k kept; at least 2 x top-k so routing still chooses), vocabulary,
+          attention windows and DSA top-k (so a short sequence still exercises them), SSM state.
+
+The shrink is a pure function of the config dict (no torch import): the trainer, `dstoolkit bench train` and
+`dstoolkit tune --mode real` build the result with transformers (`dstoolkit.runtime.model.build_hf_model`).
+Anything it cannot shrink is a `ShrinkError` naming the field, the value and the fix.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional
+
+MAX_SHRUNK_PARAMS = 20_000_000
+"""A shrunk copy above this many parameters is refused: some width field was not recognised (the error names
+the largest tensor), and a 2-rank CPU run of it would take minutes, not seconds."""
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
+QUERY_HEAD_KEYS = ("num_attention_heads", "n_head")
+# Head counts scaled like the query heads (ratio to num_attention_heads kept, divisibility checked).
+PROPORTIONAL_HEAD_KEYS = ("num_key_value_heads", "num_global_key_value_heads", "swa_num_attention_heads",
+                          "swa_num_key_value_heads", "index_n_heads", "linear_num_key_heads",
+                          "linear_num_value_heads", "mamba_num_heads", "n_groups", "o_groups")
+# Per-head widths, scaled by one factor (target head_dim / the config's head_dim), kept even for RoPE.
+HEAD_WIDTH_KEYS = ("head_dim", "global_head_dim", "swa_head_dim", "v_head_dim", "swa_v_head_dim",
+                   "qk_rope_head_dim", "qk_nope_head_dim", "index_head_dim", "linear_key_head_dim",
+                   "linear_value_head_dim", "mamba_head_dim", "attention_head_dim", "rotary_dim")
+# Widths scaled with the hidden size (ratio to hidden kept), rounded to a multiple of 8.
+HIDDEN_WIDTH_KEYS = ("intermediate_size", "intermediate_size_mlp", "dense_intermediate_size", "moe_intermediate_size",
+                     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "share_expert_dim",
+                     "shared_intermediate_size", "routed_expert_hidden_size", "moe_latent_size", "q_lora_rank",
+                     "kv_lora_rank", "o_lora_rank", "time_step_rank", "hidden_size_per_layer_input",
+                     "ffn_hidden_size", "n_inner")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "top_k_experts", "moe_topk",
+             "moe_k")
+VOCAB_KEYS = ("vocab_size", "vocab_size_per_layer_input")
+TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "index_topk")
+STATE_KEYS = ("ssm_state_size", "state_size", "d_state")
+# Interval fields: one layer in every N has the other kind; depth must reach N to hold both.
+PERIOD_KEYS = ("full_attention_interval", "sliding_window_pattern", "interleave_moe_layer_step",
+               "decoder_sparse_step", "moe_layer_freq", "attn_layer_period", "expert_layer_period")
+PERIOD_OFFSETS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
+# Dense-first layers: kept at 1 (one dense layer, then MoE) when the config has more.
+DENSE_FIRST_KEYS = ("first_k_dense_replace", "num_hash_layers")
+# Layer counts that must not exceed the shrunk depth.
+LAYER_COUNT_KEYS = ("max_window_layers",)
+# Per-layer index lists (kept where the index is below the new depth).
+LAYER_INDEX_KEYS = ("mlp_only_layers", "no_rope_layer_indices", "moe_layers")
+DROPPED_KEYS = ("quantization_config",)
+
+
+class ShrinkError(ValueError):
+    """A config (or a shrink request) that cannot be shrunk; the message names the field, value and fix."""
+
+    def __init__(self, field_name: str, problem: str, fix: str) -> None:
+        self.field = field_name
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field_name}: {problem}; {fix}")
+
+
+@dataclass(frozen=True)
+class ShrinkSizes:
+    """Target sizes of a shrunk copy (None: chosen from the config, see the field notes)."""
+
+    layers: Optional[int] = None
+    """Decoder layers; None: the shortest prefix holding every layer kind (at least `min_layers`)."""
+    min_layers: int = 2
+    """Lower bound of the automatic depth."""
+    hidden: int = 64
+    """Hidden size."""
+    heads: int = 4
+    """Query heads (KV, linear-attention and Mamba heads keep their ratio to it)."""
+    head_dim: int = 16
+    """Width of one attention head (other per-head widths keep their ratio to head_dim)."""
+    experts: Optional[int] = None
+    """Routed experts per MoE layer; None: max(8, 2 x top-k), at most the config's count. Never below top-k."""
+    vocab: int = 512
+    """Vocabulary size (token ids the config names are moved inside it)."""
+    window: int = 16
+    """Cap on sliding windows, attention chunks and the DSA indexer top-k (so a short sequence exercises them)."""
+    state: int = 16
+    """Cap on the SSM state size (Mamba layers)."""
+    seq_len: int = 64
+    """Cap on the run's sequence length (the spec's training.seq_len when smaller)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+SHRINK_KEYS = tuple(f.name for f in fields(ShrinkSizes))
+
+
+def parse_shrink(text: Optional[str]) -> Optional[ShrinkSizes]:
+    """`--shrink` values: None/"" (no shrink), "auto" (the defaults), or "key=value,..." over `SHRINK_KEYS`
+    (e.g. "layers=4,hidden=128,experts=8").
+
+    Raises:
+        ShrinkError: an unknown key (with a did-you-mean) or a value that is not a positive integer.
+    """
+    if text is None or str(text).strip() == "":
+        return None
+    text = str(text).strip()
+    if text.lower() in ("auto", "default", "yes", "on", "true"):
+        return ShrinkSizes()
+    values: dict[str, int] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, raw = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep:
+            raise ShrinkError("--shrink", f"{part!r} is not key=value",
+                              f"write e.g. --shrink layers=4,hidden=64 (keys: {', '.join(SHRINK_KEYS)}) or --shrink auto")
+        if key not in SHRINK_KEYS:
+            guess = difflib.get_close_matches(key, SHRINK_KEYS, n=1)
+            hint = f"did you mean {guess[0]!r}? " if guess else ""
+            raise ShrinkError(f"--shrink {key}", f"unknown key {key!r}", f"{hint}keys: {', '.join(SHRINK_KEYS)}")
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            value = -1
+        if value < 1:
+            raise ShrinkError(f"--shrink {key}", f"{raw.strip()!r} is not a positive integer",
+                              f"give {key}=N with N >= 1")
+        values[key] = value
+    sizes = replace(ShrinkSizes(), **values)
+    if sizes.hidden % sizes.heads:
+        raise ShrinkError("--shrink hidden", f"hidden={sizes.hidden} is not a multiple of heads={sizes.heads}",
+                          "pick hidden as a multiple of heads, e.g. hidden=64,heads=4")
+    if sizes.head_dim % 2:
+        raise ShrinkError("--shrink head_dim", f"head_dim={sizes.head_dim} is odd (RoPE rotates pairs)",
+                          "give an even head_dim, e.g. 16")
+    return sizes
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """A shrunk language-model config and what was done to it."""
+
+    config: dict
+    """The shrunk config (the language model's: a multimodal config's text_config, with its model_type)."""
+    model_type: str
+    changed: dict[str, tuple[Any, Any]]
+    """Every field the shrink changed: {name: (full value, shrunk value)} (lists/strings by length)."""
+    kept: dict[str, Any]
+    """Architecture facts carried over unchanged (top-k, shared experts, layer kinds, tie, norms, ...)."""
+    seq_len_cap: int
+    notes: tuple[str, ...] = field(default=())
+
+    def sizes(self) -> dict[str, Any]:
+        """The headline shrunk sizes (for the metrics line and reports)."""
+        c = self.config
+        pick = (lambda keys: next((c[k] for k in keys if isinstance(c.get(k), int)), None))
+        return {"layers": pick(LAYER_KEYS), "hidden": pick(HIDDEN_KEYS), "heads": pick(QUERY_HEAD_KEYS),
+                "kv_heads": c.get("num_key_value_heads"), "head_dim": c.get("head_dim"),
+                "intermediate": c.get("intermediate_size"), "moe_intermediate": c.get("moe_intermediate_size"),
+                "experts": pick(EXPERT_KEYS), "top_k": pick(TOPK_KEYS), "vocab": c.get("vocab_size")}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _first_key(d: dict, keys) -> Optional[str]:
+    return next((k for k in keys if _is_int(d.get(k))), None)
+
+
+def _per_layer(key: str, value: Any, n_layers: int) -> bool:
+    """A per-layer setting: a list with one entry per layer, or a layer-pattern string of the layer count."""
+    if key in ("architectures",) + LAYER_INDEX_KEYS:
+        return False
+    if isinstance(value, list):
+        return len(value) == n_layers and n_layers > 1
+    return isinstance(value, str) and "pattern" in key and len(value) == n_layers
+
+
+def _kind_key(x: Any) -> str:
+    return repr(x)  # lists of dicts (block_configs) are unhashable
+
+
+def _prefix_holding_all(values) -> int:
+    """Length of the shortest prefix of `values` that holds every distinct value."""
+    wanted = {_kind_key(v) for v in values}
+    seen: set[str] = set()
+    for i, v in enumerate(values):
+        seen.add(_kind_key(v))
+        if seen == wanted:
+            return i + 1
+    return len(values)
+
+
+def _even(x: float, lo: int = 2) -> int:
+    return max(lo, 2 * int(round(x / 2)))
+
+
+def _mult8(x: float) -> int:
+    return max(8, 8 * int(round(x / 8)))
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of n that is <= cap (at least 1)."""
+    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+
+
+def _depth(d: dict, n: int, sizes: ShrinkSizes) -> tuple[int, dict[str, int]]:
+    """(depth, why) where why maps each field that needs depth to the depth it needs."""
+    need: dict[str, int] = {}
+    for key, value in d.items():
+        if _per_layer(key, value, n):
+            need[key] = _prefix_holding_all(list(value))
+    for key in PERIOD_KEYS:
+        v = d.get(key)
+        if _is_int(v) and v > 1:
+            off = d.get(PERIOD_OFFSETS.get(key, ""), 0)
+            need[key] = v + (off if _is_int(off) else 0)
+    for key in DENSE_FIRST_KEYS:
+        if _is_int(d.get(key)) and d[key] > 0:
+            need[key] = 2  # one dense-first layer, then the other kind
+    return max([sizes.min_layers, *need.values()]), need
+
+
+def shrink_config(config: dict, sizes: Optional[ShrinkSizes] = None) -> Shrunk:
+    """A small copy of `config` with its architecture kept (module docstring).
+
+    Args:
+        config: A parsed config.json (any model type transformers builds; a multimodal config's text_config
+            is used, with its model_type).
+        sizes: Target sizes (default `ShrinkSizes()`).
+
+    Returns:
+        The `Shrunk` config with the record of what changed and what was kept.
+
+    Raises:
+        ShrinkError: a field the shrink needs is missing or inconsistent, or an explicit size would drop a
+            layer kind or go below the routing top-k (the message names the field, the value and the fix).
+    """
+    sizes = sizes or ShrinkSizes()
+    if not isinstance(config, dict):
+        raise ShrinkError("config", f"expected a mapping of HF config fields, got {type(config).__name__}",
+                          "pass the parsed config.json")
+    notes: list[str] = []
+    if isinstance(config.get("text_config"), dict):
+        d = copy.deepcopy(config["text_config"])
+        d.setdefault("model_type", config.get("model_type"))
+        notes.append(f"shrunk the language model (text_config, model_type {d.get('model_type')!r}) of the "
+                     f"multimodal {config.get('model_type')!r} config; the vision tower is not built")
+    else:
+        d = copy.deepcopy(config)
+    changed: dict[str, tuple[Any, Any]] = {}
+
+    def put(key: str, new: Any) -> None:
+        old = d.get(key)
+        if old != new:
+            changed[key] = (len(old) if isinstance(old, (list, str)) else old,
+                            len(new) if isinstance(new, (list, str)) else new)
+            d[key] = new
+
+    for key in DROPPED_KEYS:
+        if key in d:
+            d.pop(key)
+            changed[key] = ("set", None)
+            notes.append(f"{key} dropped: the shrunk copy trains in the run's own precision")
+    model_type = d.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ShrinkError("model_type", f"missing or not a string ({model_type!r})",
+                          "the config needs the model_type transformers builds it by")
+
+    # ---- depth
+    lk = _first_key(d, LAYER_KEYS)
+    if lk is None:
+        raise ShrinkError("num_hidden_layers", "the config names no layer count (num_hidden_layers / n_layer / "
+                          "num_layers)", "add num_hidden_layers")
+    n = d[lk]
+    auto_depth, need = _depth(d, n, sizes)
+    auto_depth = min(auto_depth, n)
+    depth = auto_depth if sizes.layers is None else sizes.layers
+    if depth > n:
+        raise ShrinkError("--shrink layers", f"layers={depth} exceeds the config's {lk}={n}",
+                          f"give layers <= {n} (or leave it out)")
+    if sizes.layers is not None and depth < auto_depth:
+        why = max(need, key=need.get) if need else lk
+        raise ShrinkError("--shrink layers", f"layers={depth} would drop a layer kind of {why} (the first "
+                          f"{need.get(why, auto_depth)} layers hold every kind)",
+                          f"give layers >= {auto_depth}, or leave layers out")
+    for key, value in list(d.items()):
+        if _per_layer(key, value, n):
+            put(key, value[:depth])
+    for key in LAYER_KEYS:
+        if _is_int(d.get(key)):
+            put(key, depth)
+    for key in LAYER_INDEX_KEYS:
+        if isinstance(d.get(key), list):
+            put(key, [i for i in d[key] if _is_int(i) and i < depth])
+    for key in LAYER_COUNT_KEYS:
+        if _is_int(d.get(key)):
+            put(key, min(d[key], depth))
+    for key in DENSE_FIRST_KEYS:
+        if _is_int(d.get(key)) and d[key] > 1:
+            put(key, 1)
+    if _is_int(d.get("num_kv_shared_layers")) and d["num_kv_shared_layers"] > 0:
+        put("num_kv_shared_layers", min(d["num_kv_shared_layers"], depth // 2))
+
+    # ---- hidden size and heads
+    hk = _first_key(d, HIDDEN_KEYS)
+    if hk is None:
+        raise ShrinkError("hidden_size", "the config names no hidden size (hidden_size / d_model / n_embd)",
+                          "add hidden_size")
+    h_full, h = d[hk], sizes.hidden
+    if h_full <= 0:
+        raise ShrinkError(hk, f"{hk}={h_full} is not positive", "fix the config")
+    qk = _first_key(d, QUERY_HEAD_KEYS)
+    heads_full = d[qk] if qk else None
+    heads = sizes.heads
+    if heads_full is not None:
+        if heads_full <= 0:
+            raise ShrinkError(qk, f"{qk}={heads_full} is not positive", "fix the config")
+        heads = min(heads, heads_full)
+        put(qk, heads)
+    ref_hd = d.get("head_dim") if _is_int(d.get("head_dim")) else None
+    if ref_hd is None and _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")):
+        ref_hd = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]  # MLA: the q/k head width
+    if ref_hd is None and heads_full:
+        ref_hd = h_full // heads_full
+    hd_scale = sizes.head_dim / ref_hd if ref_hd else 1.0
+    for key in HIDDEN_KEYS:
+        if _is_int(d.get(key)):
+            put(key, h)
+    if heads_full:
+        for key in PROPORTIONAL_HEAD_KEYS:
+            v = d.get(key)
+            if not _is_int(v) or v <= 0:
+                continue
+            new = max(1, round(v * heads / heads_full))
+            put(key, new)
+        for key in ("num_key_value_heads", "num_global_key_value_heads", "swa_num_key_value_heads"):
+            v = d.get(key)
+            q = d.get("swa_num_attention_heads") if key.startswith("swa_") else heads
+            if _is_int(v) and _is_int(q) and q % v:
+                put(key, _divisor_at_most(q, v))  # GQA: a whole number of query heads per KV head
+        lq, lv = d.get("linear_num_key_heads"), d.get("linear_num_value_heads")
+        if _is_int(lq) and _is_int(lv) and lv % lq:
+            put("linear_num_key_heads", _divisor_at_most(lv, lq))
+        mh, ng = d.get("mamba_num_heads"), d.get("n_groups")
+        if _is_int(mh) and _is_int(ng) and mh % ng:
+            put("n_groups", _divisor_at_most(mh, ng))
+    for key in HEAD_WIDTH_KEYS:
+        v = d.get(key)
+        if _is_int(v) and v > 0:
+            put(key, _even(v * hd_scale))
+    if _is_int(d.get("qk_head_dim")) and _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")):
+        put("qk_head_dim", d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
+    h_scale = h / h_full
+    for key in HIDDEN_WIDTH_KEYS:
+        v = d.get(key)
+        if _is_int(v) and v > 0:
+            put(key, _mult8(v * h_scale))
+        elif isinstance(v, list) and v and all(_is_int(x) for x in v):
+            put(key, [_mult8(x * h_scale) if x > 0 else x for x in v])
+
+    # ---- experts
+    ek, kk = _first_key(d, EXPERT_KEYS), _first_key(d, TOPK_KEYS)
+    if ek is not None and d[ek] > 1:
+        if kk is None:
+            raise ShrinkError(ek, f"{ek}={d[ek]} but the config names no routing top-k ({' / '.join(TOPK_KEYS)})",
+                              "add the top-k field, or shrink the experts by hand")
+        e_full, k = d[ek], d[kk]
+        if not 1 <= k <= e_full:
+            raise ShrinkError(kk, f"{kk}={k} is not within 1..{ek}={e_full}", "fix the config")
+        groups, topk_groups = d.get("n_group"), d.get("topk_group")
+        if sizes.experts is not None:
+            e = sizes.experts
+            if e < k:
+                raise ShrinkError("--shrink experts", f"experts={e} is below the routing top-k {kk}={k} of the "
+                                  "config", f"give experts >= {k} (top-k is kept)")
+            if e > e_full:
+                raise ShrinkError("--shrink experts", f"experts={e} exceeds the config's {ek}={e_full}",
+                                  f"give experts <= {e_full}")
+        else:
+            e = min(e_full, max(8, 2 * k))
+        if _is_int(groups) and groups > 1:
+            # Grouped routing (DeepSeek-V3): scores per group from its top-2 experts, then top-k within the
+            # best topk_group groups; keep the groups with at least 2 experts each and room for top-k.
+            per = max(2, math.ceil(k / max(1, topk_groups if _is_int(topk_groups) else 1)), math.ceil(e / groups))
+            e = min(e_full, groups * per)
+            if e % groups:
+                raise ShrinkError("n_group", f"n_group={groups} does not divide the shrunk expert count {e}",
+                                  f"give --shrink experts as a multiple of {groups}")
+        for key in EXPERT_KEYS:
+            if _is_int(d.get(key)) and d[key] == e_full:
+                put(key, e)
+        if e == k:
+            notes.append(f"experts = top-k = {k}: every token visits every expert (routing weights still learned)")
+    elif kk is not None and ek is None and d.get(kk, 0) > 1:
+        raise ShrinkError(kk, f"{kk}={d[kk]} but the config names no expert count ({' / '.join(EXPERT_KEYS)})",
+                          "add the expert-count field")
+
+    # ---- vocabulary, windows, state
+    for key in VOCAB_KEYS:
+        v = d.get(key)
+        if _is_int(v) and v > sizes.vocab:
+            put(key, sizes.vocab)
+    vocab = d.get("vocab_size") if _is_int(d.get("vocab_size")) else sizes.vocab
+    remap: dict[int, int] = {}
+
+    def small_id(i: Any) -> Any:
+        if not _is_int(i) or i < vocab:
+            return i
+        remap.setdefault(i, vocab - 1 - len(remap))  # distinct ids at the top of the shrunk vocabulary
+        return remap[i]
+
+    for key in TOKEN_ID_KEYS:
+        v = d.get(key)
+        if isinstance(v, list):
+            put(key, [small_id(x) for x in v])
+        elif _is_int(v):
+            put(key, small_id(v))
+    for key in WINDOW_KEYS:
+        v = d.get(key)
+        if _is_int(v) and v > sizes.window:
+            put(key, sizes.window)
+    for key in STATE_KEYS:
+        v = d.get(key)
+        if _is_int(v) and v > sizes.state:
+            put(key, sizes.state)
+
+    kinds = {k: sorted({_kind_key(x) for x in v}) for k, v in d.items() if isinstance(v, (list, str))
+             and k in changed and _per_layer(k, v, depth)}
+    kept = {"model_type": model_type}
+    if kk is not None:
+        kept[kk] = d[kk]
+    for key in ("n_shared_experts", "num_shared_experts", "n_group", "topk_group", "tie_word_embeddings",
+                "hidden_act", "hidden_activation", "norm_topk_prob", "scoring_func", "topk_method",
+                "attention_bias", "mlp_bias", "rms_norm_eps", "layer_norm_eps", "partial_rotary_factor",
+                "first_k_dense_replace", "full_attention_interval", "interleave_moe_layer_step"):
+        if key in d and not isinstance(d[key], (dict, list)):
+            kept[key] = d[key]
+    if kinds:
+        kept["layer_kinds"] = kinds
+    return Shrunk(config=d, model_type=model_type, changed=changed, kept=kept, seq_len_cap=sizes.seq_len,
+                  notes=tuple(notes))
+
+
+def model_config_of(model_spec: Any, base_dir: Any = None) -> tuple[dict, Optional[str]]:
+    """(config mapping, model_class) of a spec's model section: the hf_config file (relative to `base_dir`,
+    the spec's folder) or the inline HF fields. A preset has no transformers config to shrink.
+
+    Raises:
+        ShrinkError: a preset, or an unreadable / invalid hf_config file.
+    """
+    import json
+    from pathlib import Path
+
+    form = getattr(model_spec, "form", None)
+    if form == "preset":
+        raise ShrinkError("model.preset", f"preset {model_spec.preset!r} is the project's own stand-in shape, not a "
+                          "transformers config", "give model.hf_config: path/to/config.json (or inline HF fields) "
+                          "to train the real architecture shrunk, or drop --shrink")
+    if form == "hf_config":
+        path = Path(model_spec.hf_config).expanduser()
+        if not path.is_absolute():
+            path = Path(base_dir if base_dir is not None else Path.cwd()) / path
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ShrinkError("model.hf_config", f"cannot read {str(path)!r} ({exc.strerror or exc})",
+                              "check the path (relative to the spec file's folder)") from None
+        except json.JSONDecodeError as exc:
+            raise ShrinkError("model.hf_config", f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})",
+                              "fix the JSON") from None
+        if not isinstance(data, dict):
+            raise ShrinkError("model.hf_config", f"{path} holds a {type(data).__name__}, not a config mapping",
+                              "point hf_config at a config.json")
+        return data, model_spec.model_class
+    inline = dict(model_spec.inline)
+    inline.pop("name", None)
+    return inline, model_spec.model_class
+
+
+@dataclass(frozen=True)
+class ShrunkRun:
+    """Everything a shrunk real run needs: the shrunk config, its shape (for the estimate, the monitor's FLOPs
+    and the synthetic data's vocabulary), the class to build it with and the capped sequence length."""
+
+    shrunk: Shrunk
+    shape: Any
+    """`dstoolkit.models.shape.ModelShape` of the shrunk config."""
+    model_class: Optional[str]
+    seq_len: int
+    """min(training.seq_len, sizes.seq_len)."""
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-ready facts of the shrink (metrics 'model' event, bench and tune records)."""
+        return {"model_type": self.shrunk.model_type, "model_class_requested": self.model_class,
+                "shrunk_sizes": self.shrunk.sizes(), "seq_len": self.seq_len,
+                "changed": {k: list(v) for k, v in self.shrunk.changed.items()}, "kept": self.shrunk.kept,
+                "notes": list(self.shrunk.notes)}
+
+
+def prepare_shrunk_run(spec: Any, base_dir: Any, sizes: ShrinkSizes) -> ShrunkRun:
+    """Shrink the spec's model and read the shrunk shape (no torch model is built here).
+
+    Raises:
+        ShrinkError: the model cannot be shrunk, or the shrunk config cannot be read (field named).
+    """
+    from dstoolkit.models import shape_from_hf_dict
+
+    config, model_class = model_config_of(spec.model, base_dir)
+    shrunk = shrink_config(config, sizes)
+    name = f"{config.get('_name_or_path') or spec.name or shrunk.model_type} (shrunk)"
+    try:
+        shape = shape_from_hf_dict(shrunk.config, name=str(name), model_class=model_class)
+    except ValueError as exc:
+        field_name = getattr(exc, "field", None) or "model"
+        raise ShrinkError(str(field_name), f"the shrunk config cannot be read: {getattr(exc, 'problem', exc)}",
+                          str(getattr(exc, "fix", "report the config"))) from None
+    return ShrunkRun(shrunk=shrunk, shape=shape, model_class=model_class,
+                     seq_len=min(int(spec.training.seq_len), sizes.seq_len))
+
+
+__all__ = ["MAX_SHRUNK_PARAMS", "SHRINK_KEYS", "ShrinkError", "ShrinkSizes", "Shrunk", "ShrunkRun",
+           "model_config_of", "parse_shrink", "prepare_shrunk_run", "shrink_config"]
