@@ -101,9 +101,18 @@ class ShrinkSizes:
     """Cap on the SSM state size (Mamba layers)."""
     seq_len: int = 64
     """Cap on the run's sequence length (the spec's training.seq_len when smaller)."""
+    micro_batch: int = 2
+    """`dstoolkit bench train --shrink`: cap on a config's micro batch (a generated strategy's batch is sized for
+    its cluster; the shrunk run keeps its ZeRO / offload / precision / bucket settings at a small batch)."""
+    grad_accum: int = 2
+    """`dstoolkit bench train --shrink`: cap on a config's gradient-accumulation steps."""
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_arg(self) -> str:
+        """The `--shrink` value that parses back to these sizes (what bench and tune pass to the trainer)."""
+        return ",".join(f"{k}={v}" for k, v in self.as_dict().items() if v is not None)
 
 
 SHRINK_KEYS = tuple(f.name for f in fields(ShrinkSizes))
@@ -471,6 +480,9 @@ def model_config_of(model_spec: Any, base_dir: Any = None) -> tuple[dict, Option
     from pathlib import Path
 
     form = getattr(model_spec, "form", None)
+    if form == "module":
+        raise ShrinkError("model.module", f"module {model_spec.module!r} is the user's own nn.Module, not a "
+                          "transformers config", "drop --shrink (a user module trains as given)")
     if form == "preset":
         raise ShrinkError("model.preset", f"preset {model_spec.preset!r} is the project's own stand-in shape, not a "
                           "transformers config", "give model.hf_config: path/to/config.json (or inline HF fields) "
@@ -518,6 +530,27 @@ class ShrunkRun:
                 "notes": list(self.shrunk.notes)}
 
 
+def fit_batch(ds_config: dict, world_size: int, sizes: ShrinkSizes) -> tuple[dict, dict[str, tuple[Any, Any]]]:
+    """A copy of a DeepSpeed JSON with its batch triad at most `sizes.micro_batch` x `sizes.grad_accum` per
+    rank on `world_size` ranks (train_batch_size = micro x accumulation x world), and what changed. The rest
+    of the config (ZeRO stage, offload, precision, buckets, optimizer) is kept: that is the strategy."""
+    import json
+
+    cfg = json.loads(json.dumps(ds_config))
+    mb = cfg.get("train_micro_batch_size_per_gpu")
+    ga = cfg.get("gradient_accumulation_steps")
+    tb = cfg.get("train_batch_size")
+    mb = mb if _is_int(mb) and mb > 0 else 1
+    if not (_is_int(ga) and ga > 0):
+        ga = max(1, tb // (mb * world_size)) if _is_int(tb) and tb > 0 else 1
+    new_mb, new_ga = min(mb, sizes.micro_batch), min(ga, sizes.grad_accum)
+    new = {"train_micro_batch_size_per_gpu": new_mb, "gradient_accumulation_steps": new_ga,
+           "train_batch_size": new_mb * new_ga * world_size}
+    changed = {k: (cfg.get(k), v) for k, v in new.items() if cfg.get(k) != v}
+    cfg.update(new)
+    return cfg, changed
+
+
 def prepare_shrunk_run(spec: Any, base_dir: Any, sizes: ShrinkSizes) -> ShrunkRun:
     """Shrink the spec's model and read the shrunk shape (no torch model is built here).
 
@@ -539,5 +572,5 @@ def prepare_shrunk_run(spec: Any, base_dir: Any, sizes: ShrinkSizes) -> ShrunkRu
                      seq_len=min(int(spec.training.seq_len), sizes.seq_len))
 
 
-__all__ = ["MAX_SHRUNK_PARAMS", "SHRINK_KEYS", "ShrinkError", "ShrinkSizes", "Shrunk", "ShrunkRun",
+__all__ = ["MAX_SHRUNK_PARAMS", "SHRINK_KEYS", "ShrinkError", "ShrinkSizes", "Shrunk", "ShrunkRun", "fit_batch",
            "model_config_of", "parse_shrink", "prepare_shrunk_run", "shrink_config"]

@@ -81,17 +81,19 @@ def direction(objective: str) -> str:
 
 
 def _launch_cmd(launcher: str, ranks: int, port: int, ds_path: pathlib.Path, spec_path: pathlib.Path, steps: int,
-                metrics: pathlib.Path, ep: int, peak_flops: float) -> list[str]:
+                metrics: pathlib.Path, ep: int, peak_flops: float, shrink: Optional[str] = None) -> list[str]:
     if launcher == "deepspeed":
         from dstoolkit.runtime.bench.train import trainer_command
 
-        cmd = trainer_command(ds_path, spec_path, steps, metrics, ranks, ep, port)
+        cmd = trainer_command(ds_path, spec_path, steps, metrics, ranks, ep, port, shrink=shrink)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "dstoolkit.runtime.train.trainer",
                "--deepspeed_config", str(ds_path), "--spec", str(spec_path), "--steps", str(steps),
                "--metrics-out", str(metrics), "--no-progress"]
-        if ep > 1:
+        if shrink:
+            cmd += ["--shrink", shrink, "--ep-size", "1"]
+        elif ep > 1:
             cmd += ["--ep-size", str(ep)]
     # The peak only feeds the trainer's MFU line; passing it skips the trainer's matmul probe (seconds per run).
     return cmd + ["--peak-flops", repr(float(peak_flops)), "--no-spike-guard"]
@@ -105,7 +107,7 @@ from dstoolkit.runtime.jitlock import check_locks, clear_stale_extension_locks, 
 def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, *, objective: str = "throughput",
                    ranks: int = 2, steps: int = DEFAULT_STEPS, skip_steps: int = DEFAULT_SKIP_STEPS,
                    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S, launcher: str = "torchrun",
-                   extra_env: Optional[dict[str, str]] = None) -> TrialOutcome:
+                   extra_env: Optional[dict[str, str]] = None, shrink: Optional[str] = None) -> TrialOutcome:
     """Run one checked point for real on `ranks` local ranks and measure it.
 
     Args:
@@ -118,6 +120,7 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
         timeout_s: Wall-clock limit; past it the ranks are killed and the trial is a "timeout".
         launcher: "torchrun" or "deepspeed".
         extra_env: Extra environment for the ranks.
+        shrink: A trainer `--shrink` value: train the spec's own transformers architecture, shrunk.
 
     Returns:
         A `TrialOutcome` (never raises for a failed run).
@@ -134,7 +137,7 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
     metrics.unlink(missing_ok=True)
     peak = space.spec.cluster.gpu_spec.peak_bf16_flops
     cmd = _launch_cmd(launcher, ranks, harness.free_port(), ds_path, spec_path, steps, metrics,
-                      check.point.candidate.ep, peak)
+                      check.point.candidate.ep, peak, shrink=shrink)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank (the deepspeed launcher does not set it)
     env["LOCAL_SIZE"] = str(ranks)
@@ -181,6 +184,10 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
         return TrialOutcome(status="error", reason=str(exc), code="error", estimate=est, wall_s=wall)
     measured["command"] = " ".join(cmd)
     measured["load_avg"] = harness.load_average()
+    ran = next((r for r in rows if r.get("event") == "model"), None)
+    if ran is not None:  # what the trainer built (class, parameters, shrunk sizes)
+        measured["model_ran"] = {k: ran.get(k) for k in ("builder", "model_type", "model_class", "params",
+                                                          "shrunk_sizes", "seq_len") if k in ran}
     value = objective_from_measured(objective, measured)
     if value is None:
         return TrialOutcome(status="error", reason=f"no {objective} figure in the trainer's metrics", code="error",

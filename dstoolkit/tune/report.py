@@ -35,6 +35,11 @@ def render_markdown(result, space: TuneSpace, opts, findings: list[str]) -> str:
               + ", ".join(f"{k} {list(map(str, v))}" for k, v in space.dimensions().items())]
     for k, why in space.fixed_reasons.items():
         lines.append(f"- {k} fixed: {why}")
+    shrunk = getattr(space, "shrunk", None)
+    if shrunk is not None:
+        sizes = ", ".join(f"{k} {v}" for k, v in shrunk.shrunk.sizes().items() if v is not None)
+        lines.append(f"- model: the spec's own {shrunk.shrunk.model_type} architecture (transformers), shrunk "
+                     f"(--shrink {opts.shrink}): {sizes}; seq_len {shrunk.seq_len}; estimates are the shrunk model's")
     if opts.mode == "real":
         lines.append(f"- real trials: {opts.steps} optimizer steps ({opts.skip_steps} warm-up steps not timed), "
                      f"{opts.launcher} launcher, median step time; objective "

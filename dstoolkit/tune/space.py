@@ -121,10 +121,14 @@ class TuneSpace:
     bucket_scale: list[float]
     fixed_reasons: dict[str, str] = field(default_factory=dict)
     """Why a dimension has a single choice (shown in the report)."""
+    shrunk: Any = None
+    """`dstoolkit.runtime.shrink.ShrunkRun` when real trials train the spec's architecture shrunk (`shape` is
+    then the shrunk shape)."""
 
     @classmethod
     def from_spec(cls, spec: Spec, shape: ModelShape, *, bucket_scales: tuple[float, ...] = DEFAULT_BUCKET_SCALES,
-                  tune_overlap: Optional[bool] = None, data_parallel_only: bool = False) -> "TuneSpace":
+                  tune_overlap: Optional[bool] = None, data_parallel_only: bool = False,
+                  expert_parallel: bool = True) -> "TuneSpace":
         """The space a spec leaves open ("auto" fields) plus the tuned DeepSpeed knobs.
 
         Args:
@@ -135,6 +139,8 @@ class TuneSpace:
                 overlap path only adds copies: there are no CUDA streams to overlap on).
             data_parallel_only: Restrict TP and PP to 1 (the example trainer used by real mode is pure
                 DeepSpeed data parallel, with expert parallelism for MoE).
+            expert_parallel: False restricts EP to 1 (a shrunk transformers model: its experts are plain
+                modules, there are no DeepSpeed expert groups to split them over).
         """
         if not bucket_scales or any(s <= 0 for s in bucket_scales):
             raise TuneInputError(f"bucket_scales={bucket_scales!r}: need at least one positive multiplier")
@@ -153,6 +159,12 @@ class TuneSpace:
                     "DeepSpeed data parallel (tp=pp=1); use --mode estimate for TP/PP layouts")
             tps, pps = [1], [1]
             fixed["tp"] = fixed["pp"] = "real mode: the example trainer is data parallel only"
+        if not expert_parallel and eps != [1]:
+            if t.ep != "auto" and int(t.ep) > 1:
+                raise TuneInputError(f"training.ep={t.ep} with --shrink: the shrunk transformers model's experts are "
+                                     "plain modules (no DeepSpeed expert groups); set ep: 1 or auto")
+            eps = [1]
+            fixed["ep"] = "--shrink: the transformers experts are plain modules, trained data-parallel"
         world = c.world_size
         if t.micro_batch == "auto":
             # Keep the micro-batches that give an integer gradient accumulation for some data-parallel degree.

@@ -67,6 +67,9 @@ class TuneOptions:
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     launcher: str = "torchrun"
     progress: bool = True
+    shrink: Optional[str] = None
+    """Real mode: train the spec's own transformers architecture shrunk (a `--shrink` value of the trainer:
+    'auto' or sizes, `dstoolkit.runtime.shrink`); the space, its pruning and estimates are the shrunk model's."""
 
 
 @dataclass
@@ -115,6 +118,8 @@ def _fingerprint(spec_text: str, opts: TuneOptions) -> str:
     data = {"spec": spec_text, "objective": opts.objective, "mode": opts.mode,
             "buckets": list(opts.bucket_scales), "overlap": opts.tune_overlap, "steps": opts.steps,
             "skip": opts.skip_steps, "launcher": opts.launcher}
+    if opts.shrink:
+        data["shrink"] = opts.shrink
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -142,13 +147,35 @@ def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
     if not opts.spec_path.is_file():
         raise TuneInputError(f"{opts.spec_path}: no such spec file")
     spec = load_spec(opts.spec_path)  # SpecError (a ValueError) names the YAML line
-    shape = resolve_spec_model(spec)
+    shrunk = _shrunk_run(opts, spec)
+    shape = shrunk.shape if shrunk is not None else resolve_spec_model(spec)
     calibration_for_spec(spec)  # an unusable cluster.calibration file: SpecError before any trial
     space = TuneSpace.from_spec(spec, shape, bucket_scales=opts.bucket_scales, tune_overlap=opts.tune_overlap,
-                                data_parallel_only=opts.mode == "real")
+                                data_parallel_only=opts.mode == "real", expert_parallel=shrunk is None)
+    space.shrunk = shrunk
     if opts.mode == "real":
         _check_real_mode_possible(spec)
     return spec, space, opts.spec_path.read_text(encoding="utf-8")
+
+
+def _shrunk_run(opts: TuneOptions, spec):
+    """The spec's model shrunk for real trials (`dstoolkit.runtime.shrink.prepare_shrunk_run`), with the spec's
+    seq_len capped to the shrink's; None without --shrink."""
+    if not opts.shrink:
+        return None
+    from dstoolkit.runtime.shrink import ShrinkError, parse_shrink, prepare_shrunk_run
+
+    if opts.mode != "real":
+        raise TuneInputError("--shrink is for real mode (it changes what the trials train); drop it, or use "
+                             "--mode real")
+    try:
+        sizes = parse_shrink(opts.shrink)
+        run = prepare_shrunk_run(spec, spec.base_dir, sizes)
+    except ShrinkError as exc:
+        raise TuneInputError(f"--shrink (spec {opts.spec_path}): {exc}") from None
+    opts.shrink = sizes.to_arg()  # the trials get exactly these sizes
+    spec.training.seq_len = run.seq_len
+    return run
 
 
 def _check_real_mode_possible(spec) -> None:
@@ -479,7 +506,7 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
                 out = run_real_trial(space, chk, opts.out_dir / TRIALS_DIR / f"{trial.number:04d}",
                                      objective=opts.objective, ranks=world, steps=opts.steps,
                                      skip_steps=opts.skip_steps, timeout_s=opts.trial_timeout_s,
-                                     launcher=opts.launcher)
+                                     launcher=opts.launcher, shrink=opts.shrink)
             _outcome_attrs(trial, out, point, counted=True)
             if out.status == "ok" and out.value is not None:
                 study.tell(trial, out.value)

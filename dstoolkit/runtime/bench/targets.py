@@ -37,6 +37,8 @@ class BenchTarget:
     """Expert-parallel degree (from launch.sh / the spec / the config's name)."""
     strategy: str = ""
     """Strategy folder name (zero2, zero1-ep, ...) or the JSON file stem; `name` may add the spec's name."""
+    shrunk_changes: dict = dataclasses.field(default_factory=dict)
+    """With --shrink: what `fit_batch` changed in the config ({key: [old, new]}) and the strategy's ep (run as 1)."""
 
 
 def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[str] = None, ep_size: int = 1) -> None:
@@ -151,7 +153,7 @@ def targets_from_folder(folder: pathlib.Path, spec_path: Optional[pathlib.Path],
 
 
 def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[list[str]], work_dir: pathlib.Path,
-                    world_size: int) -> list[BenchTarget]:
+                    world_size: int, shrink: Any = None) -> list[BenchTarget]:
     """Expand CLI targets into validated `BenchTarget`s.
 
     Args:
@@ -160,6 +162,9 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
         strategies: only these strategy names (for specs and folders).
         work_dir: where generated configs are written.
         world_size: ranks the configs will run on (for batch validation).
+        shrink: `dstoolkit.runtime.shrink.ShrinkSizes` of a shrunk run: each config's batch is fitted to
+            `world_size` ranks at the shrink's micro-batch / accumulation caps (`fit_batch`), and expert
+            parallelism runs as 1 (the transformers experts are plain modules), before validation.
     """
     spec_path = pathlib.Path(spec).resolve() if spec else None
     if spec_path is not None and not spec_path.is_file():
@@ -189,6 +194,15 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
             raise BenchInputError(f"--strategy {', '.join(strategies)}: no such strategy among the targets (known: {known})")
     if not targets:
         raise BenchInputError("no DeepSpeed configs found in the targets")
+    if shrink is not None:
+        from dstoolkit.runtime.shrink import fit_batch
+
+        for t in targets:
+            t.ds_config, changed = fit_batch(t.ds_config, world_size, shrink)
+            t.shrunk_changes = {k: list(v) for k, v in changed.items()}
+            if t.ep_size > 1:
+                t.shrunk_changes["ep_size"] = [t.ep_size, 1]
+                t.ep_size = 1
     for t in targets:
         validate_ds_config(t.ds_config, t.name, world_size,
                            source=str(t.ds_config_path) if t.ds_config_path else None, ep_size=t.ep_size)

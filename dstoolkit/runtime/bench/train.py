@@ -82,15 +82,18 @@ def _deepspeed_cmd() -> list[str]:
 
 
 def trainer_command(ds_config_path: pathlib.Path, spec_path: pathlib.Path, steps: int, metrics_out: pathlib.Path,
-                    world_size: int, ep_size: int, port: int) -> list[str]:
+                    world_size: int, ep_size: int, port: int, shrink: Optional[str] = None) -> list[str]:
     """The deepspeed launcher command for one config (as a generated launch.sh would run it). Paths are made
-    absolute: the ranks run in the config's own working folder."""
+    absolute: the ranks run in the config's own working folder. `shrink` (a `--shrink` value) trains the
+    spec's own transformers architecture, shrunk, with the experts data-parallel (--ep-size 1)."""
     ds_config_path, spec_path, metrics_out = (pathlib.Path(x).resolve() for x in (ds_config_path, spec_path, metrics_out))
     cmd = _deepspeed_cmd() + ["--num_gpus", str(world_size), "--master_port", str(port),
                               "--module", "dstoolkit.runtime.train.trainer",
                               "--deepspeed_config", str(ds_config_path), "--spec", str(spec_path),
                               "--steps", str(steps), "--metrics-out", str(metrics_out), "--no-progress"]
-    if ep_size > 1:
+    if shrink:
+        cmd += ["--shrink", shrink, "--ep-size", "1"]
+    elif ep_size > 1:
         cmd += ["--ep-size", str(ep_size)]
     return cmd
 
@@ -133,23 +136,25 @@ def rel_error(estimate: Optional[float], measured: Optional[float]) -> Optional[
     return float(estimate) / float(measured) - 1.0
 
 
+NOMINAL = {"_source": "none"}
+"""`--calibration none`: the hardware table's nominal rates (no calibration at all)."""
+
+
 def load_calibration(path: Optional[str]) -> Optional[dict[str, Any]]:
-    """Raw calibration fields from JSON (`dstoolkit.hardware.calibration.read_calibration_file`); 'auto' = newest
-    benchmarks/results/calibration_<cpu|gpu>_*.json of this checkout, if any (else the spec's own calibration:
-    cluster.calibration or the packaged reference for gpu: cpu)."""
+    """Raw calibration fields for `--calibration`: None for 'auto' or unset, i.e. the spec's own calibration
+    (`dstoolkit.hardware.calibration.calibration_for_spec`: cluster.calibration, DSTOOLKIT_CALIBRATION, or this
+    machine's for gpu: cpu), the one every other estimate (`estimate`, `tune`, the HF callback, the trainer's
+    MFU) uses; `NOMINAL` for 'none'; else the file's fields (`read_calibration_file`).
+
+    'auto' used to mean the newest benchmarks/results/calibration_<cpu|gpu>_*.json of the checkout: a file
+    measured on another machine, which made the bench's estimate disagree with the tuner's for the same
+    config (the user-script configs: 20,843 vs 7,652 tok/s here)."""
     from dstoolkit.hardware.calibration import CalibrationInputError, read_calibration_file
 
-    if not path:
+    if not path or str(path).strip().lower() == "auto":
         return None
-    if path == "auto":
-        import torch
-
-        kind = "gpu" if torch.cuda.is_available() else "cpu"
-        repo = pathlib.Path(__file__).resolve().parents[3]
-        found = sorted((repo / "benchmarks" / "results").glob(f"calibration_{kind}_*.json"))
-        if not found:
-            return None
-        path = str(found[-1])
+    if str(path).strip().lower() in ("none", "off", "false"):
+        return NOMINAL
     try:
         return read_calibration_file(path)
     except CalibrationInputError as exc:
@@ -158,7 +163,7 @@ def load_calibration(path: Optional[str]) -> Optional[dict[str, Any]]:
 
 def calibration_for(raw: Optional[dict[str, Any]], precision: str):
     """A `dstoolkit.estimate.Calibration` from raw fields (wall clock, the run's precision)."""
-    if not raw:
+    if not raw or raw is NOMINAL:
         return None
     from dstoolkit.hardware.calibration import CalibrationInputError, calibration_from_raw
 
@@ -181,8 +186,8 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
         at = {}  # the bench may run the config on other ranks than the spec's cluster
         if world_size != spec.cluster.world_size:
             at = {"world_size": world_size, "gpus_per_node": min(spec.cluster.gpus_per_node, world_size)}
-        if calibration is not None:
-            at["calibration"] = calibration
+        if calibration is not None or calibration_raw is NOMINAL:
+            at["calibration"] = calibration  # else plan_from_spec's default: the spec's own calibration
         plan = plan_from_spec(spec, ds_config, shape, ep=ep_size, **at)
         est = estimate_run(plan)
     except Exception as exc:
@@ -198,28 +203,42 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
         "peak_flops_per_rank": peak,
         "calibrated": plan.calibration is not None,
         "calibration_source": ((calibration_raw or {}).get("_source") if calibration is not None
-                               else calibration_label(spec) if plan.calibration is not None else None),
+                               else calibration_label(spec) if plan.calibration is not None
+                               else "nominal hardware-table rates"),
         "step_time_breakdown_s": est.step_time.model_dump(),
     }
 
 
 def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, world_size: int, work_dir: pathlib.Path,
-            timeout_s: float, calibration) -> dict[str, Any]:
-    """Launch one config through the deepspeed launcher and build its record body."""
+            timeout_s: float, calibration, shrink=None) -> dict[str, Any]:
+    """Launch one config through the deepspeed launcher and build its record body (`shrink`: the
+    `ShrinkSizes` of a shrunk run of the spec's own architecture)."""
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
 
     if target.spec_path is None:
         raise BenchInputError(f"config {target.name!r}: the trainer needs the model and seq_len; pass --spec SPEC.yaml")
     spec = load_spec(target.spec_path)
-    shape = resolve_model(spec.model, target.spec_path.parent)
+    shrunk = None
+    if shrink is not None:
+        from dstoolkit.runtime.shrink import ShrinkError, prepare_shrunk_run
+
+        try:
+            shrunk = prepare_shrunk_run(spec, target.spec_path.parent, shrink)
+        except ShrinkError as exc:
+            raise BenchInputError(f"config {target.name!r} (spec {target.spec_path}): --shrink: {exc}") from None
+        shape = shrunk.shape
+        spec.training.seq_len = shrunk.seq_len  # the trainer caps it the same way; the estimate must match
+    else:
+        shape = resolve_model(spec.model, target.spec_path.parent)
     run_dir = work_dir / target.name
     run_dir.mkdir(parents=True, exist_ok=True)
     ds_path = run_dir / "ds_config.json"
     ds_path.write_text(json.dumps(target.ds_config, indent=1))
     metrics = run_dir / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    cmd = trainer_command(ds_path, target.spec_path, steps, metrics, world_size, target.ep_size, harness.free_port())
+    cmd = trainer_command(ds_path, target.spec_path, steps, metrics, world_size, target.ep_size, harness.free_port(),
+                          shrink=shrink.to_arg() if shrink is not None else None)
     env = targets_mod.env_for_ranks()
     env.setdefault("LOCAL_SIZE", str(world_size))
     check_locks(who=f"bench train {target.name}")
@@ -236,6 +255,11 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
                             "zero_stage": int((target.ds_config.get("zero_optimization") or {}).get("stage", 0)),
                             "ds_config": target.ds_config}
     rows = harness.read_records(metrics) if metrics.exists() else []
+    if shrunk is not None:
+        body["shrink"] = {**shrunk.record(), "config_changes": target.shrunk_changes}
+    ran = next((r for r in rows if r.get("event") == "model"), None)
+    if ran is not None:  # what the trainer built: class and parameter count
+        body["model_ran"] = {k: ran.get(k) for k in ("builder", "model_type", "model_class", "params")}
     if rc != 0 or not rows:
         body.update({"status": "failed", "returncode": rc, "error_tail": tail})
         return body
@@ -297,10 +321,23 @@ def run_one_command(target: targets_mod.BenchTarget, command: Sequence[str], *, 
 
 def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional[list[str]], steps: int, skip_steps: int,
               world_size: int, out: Optional[str], resume: bool, timeout_s: float, calibration_path: Optional[str],
-              progress: bool = True, command: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+              progress: bool = True, command: Optional[Sequence[str]] = None,
+              shrink: Optional[str] = None) -> list[dict[str, Any]]:
     """Run the train bench over every config; returns the records (also appended to ``out``). With `command`
-    (the user's launch with placeholders) each config runs that command instead of the example trainer."""
+    (the user's launch with placeholders) each config runs that command instead of the example trainer.
+    With `shrink` (a `--shrink` value: 'auto' or sizes, `dstoolkit.runtime.shrink.parse_shrink`) the trainer
+    trains the spec's own transformers architecture shrunk, each config's batch fitted to the ranks
+    (`fit_batch`), and the estimate beside it is the shrunk model's at the run's sequence length."""
     from dstoolkit.runtime.bench.comm import check_world_size
+    from dstoolkit.runtime.shrink import ShrinkError, parse_shrink
+
+    try:
+        sizes = parse_shrink(shrink)
+    except ShrinkError as exc:
+        raise BenchInputError(str(exc)) from None
+    if sizes is not None and command:
+        raise BenchInputError("--shrink trains the example trainer's model; a command after `--` builds its own "
+                              "model: drop --shrink, or drop the command")
 
     if steps <= skip_steps:
         raise BenchInputError(f"--steps {steps} must exceed --skip-steps {skip_steps} (those steps are not timed)")
@@ -313,10 +350,12 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
     calibration = load_calibration(calibration_path)
     with targets_mod.temp_work_dir() as tmp:
         tmp = pathlib.Path(tmp)
-        tgts = targets_mod.resolve_targets(list(items), spec, strategies, tmp, world_size)
+        tgts = targets_mod.resolve_targets(list(items), spec, strategies, tmp, world_size, shrink=sizes)
         cfg = {"bench": BENCH_NAME, "targets": [(t.name, t.ds_config, t.ep_size, str(t.spec_path)) for t in tgts],
                "steps": steps, "skip": skip_steps, "world": world_size,
                "calibration": calibration, "command": list(command or [])}
+        if sizes is not None:
+            cfg["shrink"] = sizes.to_arg()
         cfg_hash = harness.config_hash(cfg)
         state = harness.open_run(out, BENCH_NAME, cfg_hash, resume=resume)
         todo = [t for t in tgts if t.name not in state.done_keys]
@@ -332,7 +371,7 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
                                            work_dir=tmp, timeout_s=timeout_s, calibration=calibration)
                 else:
                     body = run_one(t, steps=steps, skip_steps=skip_steps, world_size=world_size, work_dir=tmp,
-                                   timeout_s=timeout_s, calibration=calibration)
+                                   timeout_s=timeout_s, calibration=calibration, shrink=sizes)
                 env["load_avg"] = harness.load_average()
                 rec = harness.base_record(BENCH_NAME, state.run_id, t.name, dict(env))
                 rec.update(body)
@@ -376,6 +415,12 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
             f"{g(m, 'loss_first', '%.2f')}->{g(m, 'loss_last', '%.2f')}")
         if e.get("error"):
             lines.append(f"    estimate unavailable: {e['error']}")
+        ran, sh = r.get("model_ran") or {}, r.get("shrink")
+        if sh:
+            sizes = " ".join(f"{k}={v}" for k, v in (sh.get("shrunk_sizes") or {}).items() if v is not None)
+            changes = "; ".join(f"{k} {a}->{b}" for k, (a, b) in (sh.get("config_changes") or {}).items())
+            lines.append(f"    ran {ran.get('model_class') or sh.get('model_type')} ({(ran.get('params') or 0) / 1e6:.2f}M "
+                         f"params) shrunk: {sizes} seq_len={sh.get('seq_len')}" + (f"; config: {changes}" if changes else ""))
     return "\n".join(lines)
 
 
@@ -383,8 +428,8 @@ def cli_run(args) -> int:
     """`dstoolkit bench train` entry (called by dstoolkit.cli.bench)."""
     recs = run_train(args.targets, spec=args.spec, strategies=args.strategy, steps=args.steps, skip_steps=args.skip_steps,
                      world_size=args.world_size, out=args.out, resume=args.resume, timeout_s=args.timeout_s,
-                     calibration_path=None if args.calibration == "none" else args.calibration, progress=args.progress,
-                     command=getattr(args, "command", None) or None)
+                     calibration_path=args.calibration, progress=args.progress,
+                     command=getattr(args, "command", None) or None, shrink=getattr(args, "shrink", None))
     if args.format == "json":
         print(json.dumps(recs, indent=1, default=str))
     else:
