@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, add_calibration_flag, add_checkpoint_flags,
-                                   add_format_flag, add_parallel_flags, add_world_flags, checkpoint_policy, exit_map,
-                                   input_error)
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calibration_flag, add_checkpoint_flags,
+                                   add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
+                                   add_world_flags, checkpoint_policy, exit_map, input_error)
 
 GiB = 2**30
 
@@ -31,10 +31,9 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("spec", nargs="?", metavar="SPEC.yaml", help="a training spec (or use --config/--model/--world-size)")
     p.add_argument("--config", metavar="ds.json", help="a DeepSpeed JSON (no 'auto' values)")
-    p.add_argument("--model", metavar="NAME|config.json", help="model preset name or a Hugging Face config.json")
-    p.add_argument("--model-class", metavar="CLASS", default=None,
-                   help="with --model config.json: the transformers class to build it with (e.g. DeepseekV3ForCausalLM "
-                        "for a kimi_k2 config)")
+    p.add_argument("--model", metavar="NAME|config.json|pkg.mod:fn", help=MODEL_HELP)
+    add_model_class_flag(p)
+    add_model_kwargs_flag(p)
     add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
     p.add_argument("--gpu", default="H100-SXM", help="hardware table name (H100-SXM, H200, H800, A100-80G, ..., cpu)")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
@@ -61,10 +60,12 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
-def _load_shape(model: str, model_class: Optional[str] = None):
-    from dstoolkit.models import get_preset, load_hf_config
+def _load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Optional[str] = None):
+    from dstoolkit.models import get_preset, is_module_ref, load_hf_config, load_model
 
     path = Path(model)
+    if is_module_ref(model) or model_kwargs is not None:
+        return load_model(model, model_class, model_kwargs)  # the user's nn.Module (UserModelError: exit 2)
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
             raise ValueError(f"--model {model!r}: file not found (give a preset name or an HF config.json path)")
@@ -95,7 +96,7 @@ def _plan_from_args(args):
         raise ValueError(f"--world-size={args.world_size}: must be > 0")
     gpus_per_node = args.gpus_per_node or min(8, args.world_size)
     findings = _validate(text, args.config, args.world_size, gpus_per_node, args.tp, args.pp)
-    shape = _load_shape(args.model, args.model_class)
+    shape = _load_shape(args.model, args.model_class, args.model_kwargs)
     precision = args.precision
     if precision is None:
         if (ds.get("bf16") or {}).get("enabled") is True:
@@ -145,13 +146,15 @@ def _calibration(value, gpu: str, precision: str):
         raise ValueError(f"--calibration: {exc}") from None
 
 
-def _plan_from_spec(path: str, calibration_arg=None):
+def _plan_from_spec(path: str, calibration_arg=None, model_class=None):
+    from dstoolkit.cli.spec_override import apply_model_class
     from dstoolkit.generate.planner import resolve_spec
     from dstoolkit.hardware.calibration import calibration_label
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
 
     spec = load_spec(path)
+    apply_model_class(spec, model_class, path)  # --model-class: as the spec's model.model_class
     if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
         from dstoolkit.hardware.calibration import NONE_VALUES
 
@@ -233,19 +236,21 @@ def run(args) -> int:
     from pydantic import ValidationError
 
     from dstoolkit.estimate import estimate_run
+    from dstoolkit.estimate.flops import plan_flops_per_token
 
     findings: list = []
     try:
         if args.spec:
-            if args.config or args.model:
+            if args.config or args.model or args.model_kwargs:
                 return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
-            plan, assumptions, cal_label = _plan_from_spec(args.spec, args.calibration)
+            plan, assumptions, cal_label = _plan_from_spec(args.spec, args.calibration, args.model_class)
         else:
             plan, assumptions, findings = _plan_from_args(args)
             cal_label = _calibration_label(args.calibration, args.gpu)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
         est = estimate_run(plan)
+        fpt = plan_flops_per_token(plan)  # which FLOPs accounting the estimate used
     except ConfigInvalid as exc:
         for f in exc.findings:
             print(f.format_text(), file=sys.stderr)
@@ -264,8 +269,10 @@ def run(args) -> int:
         out["assumptions"] = assumptions
         out["step_time_calibration"] = cal_label
         out["validation_warnings"] = [f.model_dump() for f in findings]
+        out["flops_path"] = {"path": fpt.path, "detail": fpt.detail, "dense_per_token": fpt.dense,
+                             "attention_per_token": fpt.attention}
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join([render_table(plan, est, assumptions), f"step time from {cal_label}",
-                         *render_findings(findings)]))
+        print("\n".join([render_table(plan, est, assumptions), f"FLOPs path: {fpt.path}: {fpt.detail}",
+                         f"step time from {cal_label}", *render_findings(findings)]))
     return EXIT_OK

@@ -1,8 +1,11 @@
 """`dstoolkit fp8 plan SPEC|MODEL`: which layers FP8 would swap, memory change per rank, GEMM speed class.
 
 SPEC is a spec YAML (model, cluster.gpu, micro_batch, seq_len, tp/pp/ep are read from it); MODEL is a preset
-name (`tiny`, `llama-3-8b`, `deepseek-v3`, ...) or a Hugging Face config.json. No torch import: the plan is
-computed from the model shape, with the same layer rules as `dstoolkit.runtime.fp8.convert`.
+name (`tiny`, `llama-3-8b`, `deepseek-v3`, ...), a Hugging Face config.json (`--model-class` for a type
+transformers builds by class only) or the user's module `package.module:callable` (`--model-kwargs`). The plan
+is computed from the model shape, with the same layer rules as `dstoolkit.runtime.fp8.convert`; the linear
+layers are the model's own where it was built (transformers on the meta device, or the user's module: torch
+is imported only on those paths).
 
 Exit codes: 0 ok, 1 the GPU cannot run the recipe (hardware gate), 2 bad input.
 """
@@ -11,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, add_parallel_flags, exit_map
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, InputError, add_format_flag,
+                                   add_model_class_flag, add_model_kwargs_flag, add_parallel_flags, exit_map)
 from dstoolkit.cli.options import positive_int as _positive_int
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -26,7 +30,9 @@ def add_parser(subparsers) -> None:
     sub.required = True
     pl = sub.add_parser("plan", help="layers to swap, memory change per rank, expected GEMM speedup class",
                         description=__doc__.splitlines()[0])
-    pl.add_argument("target", metavar="SPEC|MODEL", help="spec YAML, preset name, or HF config.json")
+    pl.add_argument("target", metavar="SPEC|MODEL", help="spec YAML, or " + MODEL_HELP)
+    add_model_class_flag(pl)
+    add_model_kwargs_flag(pl)
     pl.add_argument("--config", metavar="FILE",
                     help="FP8 settings: JSON/YAML with Fp8Config fields, or a DeepSpeed JSON with dstoolkit.fp8")
     pl.add_argument("--recipe", choices=("delayed", "current", "block", "mxfp8"), help="override fp8.recipe")
@@ -91,7 +97,7 @@ def _load_fp8_config(args, spec_fp8: dict | None):
 
 def _resolve(args):
     """(shape, gpu, parallel/batch settings, notes) from a spec file or a model name/path."""
-    from dstoolkit.models import get_preset, load_hf_config
+    from dstoolkit.models import get_preset, is_module_ref, load_hf_config, load_model
     from dstoolkit.hardware.table import get_gpu
 
     target = args.target
@@ -105,8 +111,13 @@ def _resolve(args):
         from dstoolkit.models import resolve_model
         from dstoolkit.spec import load_spec
 
+        from dstoolkit.cli.spec_override import apply_model_class
+
+        if args.model_kwargs is not None:
+            raise InputError("--model-kwargs is for MODEL package.module:callable; a spec gives model.module_kwargs")
         try:
             spec = load_spec(path)
+            apply_model_class(spec, args.model_class, str(path))  # --model-class: as model.model_class
             shape = resolve_model(spec.model, spec.base_dir)
         except ValueError as exc:
             raise InputError(str(exc)) from None
@@ -122,16 +133,23 @@ def _resolve(args):
         gpu = spec.cluster.gpu_spec
         if t.precision != "fp8":
             notes.append(f"spec training.precision is {t.precision!r}: the plan shows what FP8 would change")
+    elif is_module_ref(target) or args.model_kwargs is not None:
+        try:
+            shape = load_model(target, args.model_class, args.model_kwargs, field="MODEL")  # the user's nn.Module
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
     elif path.suffix == ".json":
         try:
-            shape = load_hf_config(path)
+            shape = load_hf_config(path, model_class=args.model_class)
         except (ValueError, OSError) as exc:
             raise InputError(str(exc)) from None
     else:
+        if args.model_class is not None:
+            raise InputError(f"--model-class {args.model_class} needs an HF config.json, not the preset {target!r}")
         try:
             shape = get_preset(target)
         except ValueError as exc:
-            raise InputError(f"{exc}; or pass a spec .yaml or an HF config.json") from None
+            raise InputError(f"{exc}; or pass a spec .yaml, an HF config.json or package.module:callable") from None
     for key in ("micro_batch", "seq_len", "tp", "pp", "ep", "zero_stage"):
         value = getattr(args, key)
         if value is not None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import sys
 
-from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force_flag, add_format_flag, add_out_flag,
-                                   exit_map)
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force_flag, add_format_flag,
+                                   add_model_class_flag, add_out_flag, exit_map)
 
 # The strategy names, spelled out so that building the parser imports nothing (dstoolkit validate must start
 # fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
@@ -39,6 +39,7 @@ def add_parser(subparsers) -> None:
                    help="Megatron targets: path of that project's pretrain_gpt.py written into their launch scripts "
                         "(default: PRETRAIN must be set when launching)")
     add_force_flag(p, help="replace DIR if an earlier `dstoolkit generate` wrote it")
+    add_model_class_flag(p, spec=True)
     add_format_flag(p)
     p.set_defaults(run=run)
 
@@ -48,13 +49,13 @@ def run(args) -> int:
     from pathlib import Path
 
     from dstoolkit.generate.core import generate, write_generated
-    from dstoolkit.generate.io import load_spec_and_shape
+    from dstoolkit.cli.spec_override import load_spec_and_shape_with
     from dstoolkit.generate.writer import check_target
 
     # SpecLoadError (printed as it is), OutputExistsError, GenerateError: exit 2 through exit_map
     out = Path(args.out)
     check_target(out, force=args.force)  # refuse early, before any work
-    spec, shape = load_spec_and_shape(args.spec)
+    spec, shape = load_spec_and_shape_with(args.spec, args.model_class)
     result = generate(spec, shape, strategies=args.strategy, targets=args.target or ("deepspeed",),
                       out_dir=out.resolve(), pretrain_script=args.pretrain_script)
     if not result.generated:

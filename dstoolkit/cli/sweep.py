@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, exit_map
+from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, add_model_class_flag, exit_map
 
 GiB = 2**30
 
@@ -20,6 +20,7 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("spec", metavar="SPEC.yaml", help="model + cluster + training spec ('auto' fields are swept)")
     p.add_argument("--top", type=int, default=3, metavar="K", help="how many ranked layouts to show (default 3)")
+    add_model_class_flag(p, spec=True)
     add_format_flag(p)
     p.add_argument("--show-dropped", action="store_true", help="list every dropped candidate with its reason")
     p.set_defaults(run=run)
@@ -37,12 +38,12 @@ def _ranked_json(r) -> dict:
 
 @exit_map("sweep")
 def run(args) -> int:
-    from dstoolkit.generate.io import load_spec_and_shape
+    from dstoolkit.cli.spec_override import load_spec_and_shape_with
     from dstoolkit.generate.sweep import run_sweep
 
     if args.top < 1:
         raise InputError(f"--top must be >= 1 (got {args.top})")
-    spec, shape = load_spec_and_shape(args.spec)  # SpecLoadError: printed as it is, exit 2 (exit_map)
+    spec, shape = load_spec_and_shape_with(args.spec, args.model_class)  # SpecLoadError: printed as it is, exit 2 (exit_map)
     res = run_sweep(spec, shape, top=args.top)
     gpu = spec.cluster.gpu_spec
     nowhere = res.fits_nowhere.message(spec, gpu, shape.name) if res.fits_nowhere else None

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, InputError, add_force_flag,
-                                   add_format_flag, add_out_flag, exit_map)
+                                   add_format_flag, add_model_class_flag, add_out_flag, exit_map)
 
 
 def add_parser(subparsers) -> None:
@@ -51,6 +51,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--launcher", choices=("torchrun", "deepspeed"), default="torchrun",
                    help="real mode: how ranks are started (default torchrun; deepspeed is slower to start)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_model_class_flag(p, spec=True)
     add_format_flag(p)
     accept_command(p)
     p.set_defaults(run=run)
@@ -136,11 +137,19 @@ def run(args) -> int:
     # resumable. Only the main thread may install handlers (tests call main() from other threads sometimes).
     import threading
 
+    import tempfile
+
+    from dstoolkit.cli.spec_override import spec_file_with
+
     main_thread = threading.current_thread() is threading.main_thread()
+    # --model-class: the tuner reads the spec file itself, so it gets a copy with model.model_class set
+    # (same file name and text for every rerun: the study resumes)
+    tmp = tempfile.TemporaryDirectory(prefix="dstoolkit-tune-spec-") if args.model_class else None
+    spec_path = spec_file_with(args.spec, args.model_class, Path(tmp.name)) if tmp else Path(args.spec)
     prev = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         opts = TuneOptions(
-            spec_path=Path(args.spec), out_dir=Path(args.out), budget=args.budget, objective=args.objective,
+            spec_path=spec_path, out_dir=Path(args.out), budget=args.budget, objective=args.objective,
             mode=args.mode, seed=args.seed, force=args.force, seed_trials=args.seed_trials,
             bucket_scales=_scales(args.bucket_scales),
             steps=args.steps if args.steps is not None else DEFAULT_STEPS,
@@ -158,6 +167,8 @@ def run(args) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, prev)
+        if tmp is not None:
+            tmp.cleanup()
     counts: dict[str, int] = {}
     for r in res.trials:
         counts[r.get("status") or r["state"].lower()] = counts.get(r.get("status") or r["state"].lower(), 0) + 1

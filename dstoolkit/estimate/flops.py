@@ -24,9 +24,15 @@ class FlopsPerToken:
     dense: float
     """6 · N_matmul (N = active parameters that take part in a matmul; MoE: top-k experts only)."""
     attention: float
-    """12 · L · H · Q · T (PaLM App. B)."""
+    """12 · L · H · Q · T (PaLM App. B), over the layers that have softmax attention (see `path`)."""
     recompute: float
     """Extra forward FLOPs from activation recompute (counted by HFU, not by MFU)."""
+    path: str = "analytic"
+    """Which accounting gave the numbers: analytic (6N + 12·L·H·Q·T over every layer), per-layer (6N from
+    the exact counts + the quadratic term on each softmax-attention layer, bounded by its window), or traced
+    (measured on the user's module with torch.utils.flop_counter)."""
+    detail: str = ""
+    """One line saying how `path` was applied (which layers carry the quadratic term, where the trace ran)."""
 
     @property
     def model(self) -> float:
@@ -46,6 +52,51 @@ def attention_head_dims(shape: ModelShape) -> tuple[int, int]:
     return shape.num_attention_heads, shape.head_size
 
 
+def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float, ...], str]:
+    """Training FLOPs per token of the quadratic attention term, per layer, and how they were counted.
+
+    A shape with exact per-layer counts (`shape.measured`: built by transformers) is counted per layer from
+    its config: 12·H·Q·T (PaLM App. B) on a softmax-attention layer only, none on linear-attention
+    (Qwen3-Next / Qwen3.5 gated DeltaNet), Mamba (Nemotron-H, Jamba) or MLP-only layers, whose token mixing
+    grows linearly with T and whose projections are already in 6N; H·Q is the layer's own width (Gemma 4's
+    global layers are twice as wide). A layer that attends to at most W keys (sliding_attention: the window,
+    Mistral/Gemma/GPT-OSS; chunked_attention: the chunk, Llama 4; indexed_attention: the top-k keys the
+    DeepSeek-V3.2 indexer selects, its report §2.1) is counted at min(T, W) keys per query, as the quadratic
+    term counts T for full attention (every key, causal mask ignored). Every other shape: all L layers.
+    """
+    L = shape.num_hidden_layers
+    H, Q = attention_head_dims(shape)
+    m = shape.measured
+    if m is None or len(m.layers) != L:
+        return tuple(float(ATTENTION_TRAIN_COEFF * H * Q * seq_len) for _ in range(L)), \
+            f"12·L·H·Q·T over all {L} layers (PaLM App. B)"
+    out: list[float] = []
+    kinds: dict[str, int] = {}
+    bounded: dict[tuple[str, int], int] = {}
+    for layer in m.layers:
+        if layer.mixer != "attention":
+            out.append(0.0)
+            kinds[layer.mixer] = kinds.get(layer.mixer, 0) + 1
+            continue
+        keys = seq_len if layer.attention_window is None else min(seq_len, layer.attention_window)
+        if layer.attention_window is not None:
+            bounded[(layer.attention_kind, layer.attention_window)] = bounded.get(
+                (layer.attention_kind, layer.attention_window), 0) + 1
+        out.append(float(ATTENTION_TRAIN_COEFF * (layer.attention_width or H * Q) * keys))
+    n_attn = L - sum(kinds.values())
+    parts = [f"12·H·Q·T on the {n_attn} softmax-attention layers of {L}"]
+    if kinds:
+        parts.append("none on " + ", ".join(f"{n} {_MIXER_NAMES.get(k, k)}" for k, n in kinds.items()) + " layers"
+                     " (their chunked scans, linear in T, are not counted: ~2% of such a layer traced)")
+    for (kind, w), n in bounded.items():
+        parts.append(f"{n} {kind} layers at min(T, {w}) keys"
+                     + (" (the indexer's own scores not counted)" if kind == "indexed_attention" else ""))
+    return tuple(out), "; ".join(parts) + " (per layer from the config's layer types)"
+
+
+_MIXER_NAMES = {"none": "MLP-only", "mamba": "Mamba", "linear_attention": "linear-attention"}
+
+
 def flops_per_token(shape: ModelShape, seq_len: int, *, checkpointed_layers: list[bool] | None = None,
                     selective: bool = False) -> FlopsPerToken:
     """Training FLOPs per token: 6N + 12·L·H·Q·T, plus recompute.
@@ -55,24 +106,40 @@ def flops_per_token(shape: ModelShape, seq_len: int, *, checkpointed_layers: lis
         seq_len: T.
         checkpointed_layers: per block, True where the block re-runs its forward in backward.
         selective: selective recompute (re-runs only the attention core forward in every block).
+
+    Returns:
+        The FLOPs with `path` naming the accounting: traced (a user's module: `shape.traced_flops`),
+        per-layer (exact counts with per-layer attention types) or analytic.
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be > 0")
-    totals = param_totals(shape)
-    n = totals.matmul_active
     L = shape.num_hidden_layers
-    H, Q = attention_head_dims(shape)
-    dense = TRAIN_FLOPS_PER_PARAM * n  # Kaplan et al. 2020
-    attention = ATTENTION_TRAIN_COEFF * L * H * Q * seq_len  # PaLM App. B
+    traced = shape.traced_flops
+    if traced is not None:
+        # Measured on the module: the T-independent part (~6N) and the part growing with T (attention).
+        dense = traced.per_token
+        attn_layers = tuple(traced.per_token_per_seq * seq_len / L for _ in range(L))
+        fwd_frac = traced.forward_fraction
+        path, detail = "traced", (f"traced on the {traced.device} device with torch.utils.flop_counter at seq "
+                                  f"{traced.seq_lens[0]} and {traced.seq_lens[1]}: {traced.per_token:.4g} + "
+                                  f"{traced.per_token_per_seq:.4g}·T per token")
+    else:
+        n = param_totals(shape).matmul_active
+        dense = float(TRAIN_FLOPS_PER_PARAM * n)  # Kaplan et al. 2020
+        attn_layers, detail = layer_attention_flops(shape, seq_len)
+        fwd_frac = FORWARD_FLOPS_PER_PARAM / TRAIN_FLOPS_PER_PARAM
+        path = "analytic" if shape.measured is None else "per-layer"
+        detail = f"6N (Kaplan et al. 2020) + {detail}"
+    attention = sum(attn_layers)
     recompute = 0.0
     if checkpointed_layers:
-        frac = sum(checkpointed_layers) / L
-        per_layer_fwd = (FORWARD_FLOPS_PER_PARAM * (n - _non_layer_matmul(shape)) / L
-                         + ATTENTION_FORWARD_COEFF * H * Q * seq_len)
-        recompute += frac * L * per_layer_fwd  # one more forward of each recomputed block
+        # One more forward of each recomputed block: its share of the layer matmuls and its own attention.
+        layer_dense_fwd = fwd_frac * (dense - TRAIN_FLOPS_PER_PARAM * _non_layer_matmul(shape)) / L
+        recompute += sum(layer_dense_fwd + fwd_frac * a for a, c in zip(attn_layers, checkpointed_layers) if c)
     if selective:
-        recompute += ATTENTION_FORWARD_COEFF * L * H * Q * seq_len
-    return FlopsPerToken(dense=float(dense), attention=float(attention), recompute=float(recompute))
+        recompute += fwd_frac * attention  # the attention core forward of every block, again
+    return FlopsPerToken(dense=float(dense), attention=float(attention), recompute=float(recompute), path=path,
+                         detail=detail)
 
 
 def _non_layer_matmul(shape: ModelShape) -> int:

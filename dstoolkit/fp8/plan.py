@@ -1,6 +1,8 @@
 """FP8 plan from a model shape alone (no torch): which GEMMs swap, memory change per rank, speedup class.
 
-Module names follow `dstoolkit.runtime.model` (the converter's view of the same model), so for a
+Where the model was built (a transformers config or the user's module: `shape.measured`), the linear
+layers are the model's own (`MeasuredParams.linear_layers()`: its module names and shapes). Otherwise
+module names follow `dstoolkit.runtime.model` (the converter's view of the same model), so for a
 shape the toolkit can build, the plan's swapped names equal `convert(...)`'s report exactly.
 
 Memory: only tensors actually *stored* in FP8 shrink (docs/anchors.md, "Claims that are wrong": torchtitan
@@ -240,6 +242,54 @@ def _enumerate(shape: ModelShape, m: int, tp: int, ep: int) -> list[_Lin]:
     return lins
 
 
+def _enumerate_measured(shape: ModelShape, m: int, tp: int, ep: int) -> list[_Lin]:
+    """Linear layers of the model as built (`shape.measured.linear_layers()`: transformers or the user's
+    module), in layer order, with their own module names. Dims per rank under Megatron-style TP (column
+    layers split N, row layers split K, routers and routed experts whole); a fused expert tensor becomes one
+    GEMM per local expert (`<name>.{e}`), fed M * ep * top_k / E rows on average."""
+    measured = shape.measured
+    by_layer = {l.index: l for l in measured.layers}
+    lins: list[_Lin] = []
+    per_layer: dict[int, list] = {}
+    outside: list = []
+    for g in measured.linear_layers():
+        for i in g.layers or ():
+            per_layer.setdefault(i, []).append(g)
+        if not g.layers:
+            outside.append(g)
+
+    def one(name: str, kind: str, g, i, rows: int) -> _Lin:
+        k, n = g.in_features, g.out_features
+        if g.role == "routed_experts":
+            pass  # experts are sharded over EP, whole per rank (as `_enumerate`: DeepSpeed MoE)
+        elif g.tp_split == "row":
+            k //= tp
+        elif g.tp_split == "column":
+            n //= tp
+        parent = name.rsplit(".", 1)[0]
+        row = g.tp_split == "row"
+        # Column layers reading one tensor (q/k/v, gate/up) share one saved input; a row layer reads its own.
+        key = (i, name if row else f"{parent}:{g.in_features}")
+        return _Lin(name, kind, k, n, rows, key, other_saver=row and g.role == "attention")
+
+    for i in sorted(per_layer):
+        layer = by_layer.get(i)
+        for g in per_layer[i]:
+            name = g.pattern.replace("{i}", str(i))
+            kind = g.pattern
+            if g.fused_experts:
+                e_all = g.fused_experts
+                topk = layer.experts_per_tok if layer is not None and layer.experts_per_tok else 1
+                me = max(1, m * ep * topk // e_all)
+                for e in range(e_all // ep):
+                    lins.append(one(f"{name}.{e}", kind + ".{e}", g, i, me))
+            else:
+                lins.append(one(name, kind, g, i, m))
+    for g in outside:
+        lins.append(one(g.pattern, g.pattern, g, "head", m))
+    return lins
+
+
 def _scale_bytes_per_element(cfg: Fp8Config, weight: bool) -> float:
     if cfg.recipe == "block":
         return SCALE_BYTES / (cfg.block_size ** 2 if weight else cfg.block_size)
@@ -281,7 +331,8 @@ def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: 
     if min(micro_batch, seq_len, tp, pp, ep) < 1:
         raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}, tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     m = micro_batch * seq_len
-    lins = _enumerate(shape, m, tp, ep)
+    from_model = shape.measured is not None and bool(shape.measured.linear_layers())
+    lins = _enumerate_measured(shape, m, tp, ep) if from_model else _enumerate(shape, m, tp, ep)
     n_blocks = shape.num_hidden_layers
     report = SwapReport(backend="plan", recipe=cfg.recipe, format=cfg.format)
     decisions: dict[str, Optional[str]] = {}
@@ -300,16 +351,21 @@ def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: 
         reason = decisions[lin.name]
         kind = lin.kind
         key = (kind, reason is None, reason if reason and "block" not in reason else "", lin.k, lin.n, lin.m)
-        g = groups.setdefault(key, {"lin": lin, "blocks": [], "count": 0, "reason": reason})
+        g = groups.setdefault(key, {"lin": lin, "blocks": [], "count": 0, "reason": reason, "experts": set()})
         g["count"] += 1
-        parts = lin.name.split(".")
-        if parts[0] == "blocks":
-            g["blocks"].append(int(parts[1]))
+        if isinstance(lin.input_key[0], int):
+            g["blocks"].append(lin.input_key[0])
+        if "{e}" in kind:
+            g["experts"].add(int(lin.name.rsplit(".", 1)[-1]))
     out_groups = []
     for (kind, swapped, _r, k, n, rows), g in groups.items():
-        label = kind if not g["blocks"] else f"blocks.{{{_range(g['blocks'])}}}.{kind}"
+        if "{i}" in kind:  # a model-built name pattern: the layer range goes where the index was
+            label = kind.replace("{i}", f"{{{_range(g['blocks'])}}}")
+        else:
+            label = kind if not g["blocks"] else f"blocks.{{{_range(g['blocks'])}}}.{kind}"
         if "{e}" in label:
-            label = label.replace("{e}", f"{{0..{shape.num_experts // ep - 1}}}")
+            label = label.replace("{e}", f"{{{_range(sorted(g['experts']))}}}" if g["experts"]
+                                  else f"{{0..{shape.num_experts // ep - 1}}}")
         ratio = gemm_speedup(rows, n, k, gpu) if swapped else None
         out_groups.append(GemmGroup(kind=label, count=g["count"], in_features=k, out_features=n, tokens=rows,
                                     swapped=swapped, reason=g["reason"], speedup=ratio, speed_class=speed_class(ratio)))
@@ -323,9 +379,12 @@ def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: 
         if decisions[lin.name] is None:
             b = lin.k * lin.n * FP8_WEIGHT_COPIES * (FP8_BYTES + _scale_bytes_per_element(cfg, True))
             weight_bytes += b
-            layer = lin.name.split(".")[1] if lin.name.startswith("blocks.") else "head"
+            layer = lin.input_key[0] if isinstance(lin.input_key[0], int) else "head"
             per_layer_weight[layer] = per_layer_weight.get(layer, 0.0) + b
     notes: list[str] = []
+    if from_model:
+        notes.append(f"linear layers from the model as built ({shape.measured.model_class}: its own module names and "
+                     f"shapes, {len(lins)} GEMMs on this rank)")
     if zero_stage == 3:
         weight_bytes = max(per_layer_weight.values(), default=0)
         notes.append("ZeRO-3: FP8 weight copies exist only for the gathered layer; counted for one layer")

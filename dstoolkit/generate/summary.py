@@ -42,6 +42,19 @@ def _params_line(shape: ModelShape) -> str:
     return f"{c.total / 1e9:.3f}B parameters"
 
 
+def model_notes(shape: ModelShape, seq_len: int) -> list[str]:
+    """What reading the model decided (`shape.notes`: text_config used, quantization_config ignored, FLOPs
+    traced, ...) and the FLOPs accounting of a shape without the analytic formula, as a markdown section
+    (empty for presets and hand-written readers, which have neither)."""
+    from dstoolkit.estimate.flops import flops_per_token
+
+    lines = [f"- {_md(n)}" for n in shape.notes]
+    if shape.source != "analytic":
+        f = flops_per_token(shape, seq_len)
+        lines.append(f"- FLOPs path at seq_len {seq_len}: {f.path}: {_md(f.detail)}")
+    return ["## Model notes", "", *lines, ""] if lines else []
+
+
 def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput") -> str:
     """Choices and why, the estimate numbers, the runner-ups and the validation result for one folder."""
     cand: Candidate = out.chosen.candidate
@@ -90,7 +103,8 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput"
         "|---|---|---|",
     ]
     lines += [f"| {a} | {_md(b)} | {_md(c)} |" for a, b, c in rows]
-    lines += ["", "## Why this layout", "", _md(out.sweep.winner_reason or ""), ""]
+    lines += ["", *model_notes(shape, spec.training.seq_len)]
+    lines += ["## Why this layout", "", _md(out.sweep.winner_reason or ""), ""]
     lines += ["## Estimate (per rank)", "", f"Source: {est.source}.", "", "| quantity | value |", "|---|---|"]
     for k, v in est.memory_breakdown_bytes.items():
         lines.append(f"| memory: {k} (its own max) | {_gib(v)} |")
@@ -155,6 +169,7 @@ def render_index(spec: Spec, shape: ModelShape, result: "GenerateResult") -> str
         f"{gpu.name}. Training: seq_len {spec.training.seq_len}, global batch {spec.training.global_batch}, "
         f"{spec.training.precision}.",
         "",
+        *model_notes(shape, spec.training.seq_len),
         "## Generated",
         "",
     ]

@@ -351,16 +351,11 @@ def _attention_facts(model, parts: dict, text_cfg) -> None:
             rec["attention_width"] = layer_heads * hd
 
 
-_ROW_PARALLEL = frozenset({"o_proj", "out_proj", "down_proj", "dense", "c_proj", "fc2", "w2", "wo", "dense_4h_to_h",
-                           "proj_out", "output_proj"})
-"""Projections that read the attention/FFN inner width and write the residual stream: Megatron's row-parallel
-layers (TP splits their K); every other linear inside a layer is column-parallel (TP splits N)."""
-
-
-def linear_groups(model, parts: dict) -> tuple[LinearGroup, ...]:
+def linear_groups(model, parts: dict, *, head=None, hidden: Optional[int] = None) -> tuple[LinearGroup, ...]:
     """The matmul weights of a built model (`linear_layers()` view), one group per (name pattern, shape):
     nn.Linear modules and fused expert tensors (3-D parameters of an `experts` module), vision towers
-    left out, with the role `_classify` gave the weight."""
+    left out, with the role `_classify` gave the weight. `head` / `hidden`: the output head and hidden size
+    (default: from `get_output_embeddings()` / `get_input_embeddings()`)."""
     import re
 
     import torch.nn as nn  # lazy: see _import
@@ -381,8 +376,8 @@ def linear_groups(model, parts: dict) -> tuple[LinearGroup, ...]:
         if layer >= 0:
             g["layers"].append(layer)
 
-    hidden = None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None and hasattr(model, "get_output_embeddings"):
+        head = model.get_output_embeddings()
     for name, mod in model.named_modules():
         if _is_vision(name + "."):
             continue

@@ -82,6 +82,12 @@ class LayerParams(_Frozen):
         return self.num_experts > 0
 
 
+ROW_PARALLEL_NAMES = frozenset({"o_proj", "out_proj", "down_proj", "dense", "c_proj", "fc2", "w2", "wo",
+                                "dense_4h_to_h", "proj_out", "output_proj"})
+"""Projections that read the attention/FFN inner width and write the residual stream: Megatron's row-parallel
+layers (TP splits their K); every other linear inside a layer is column-parallel (TP splits N)."""
+
+
 class LinearGroup(_Frozen):
     """Linear layers of one name pattern and shape in a built model (nn.Linear, or a fused expert tensor)."""
 
@@ -102,6 +108,16 @@ class LinearGroup(_Frozen):
     def count(self) -> int:
         """Modules in the group (1 for a module outside the layers)."""
         return max(1, len(self.layers))
+
+    @property
+    def tp_split(self) -> str:
+        """How Megatron-style TP shards it: row (K split: projections back to the residual stream), column
+        (N split: every other linear of a layer, and the vocab of the LM head) or none (routers)."""
+        if self.role == "router":
+            return "none"
+        if self.role != "lm_head" and self.pattern.rsplit(".", 1)[-1] in ROW_PARALLEL_NAMES:
+            return "row"
+        return "column"
 
 
 class TracedFlops(_Frozen):

@@ -1,4 +1,4 @@
-"""Resolve a spec's `model:` section (preset / hf_config / inline HF fields) to a `ModelShape`."""
+"""Resolve a spec's `model:` section (preset / hf_config / module / inline HF fields) to a `ModelShape`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,23 +7,37 @@ from typing import Optional, Union
 from dstoolkit.models.hf import HFConfigError, load_hf_config, shape_from_hf_dict
 from dstoolkit.models.presets import get_preset
 from dstoolkit.models.shape import ModelShape
+from dstoolkit.models.user_module import UserModelError, is_module_ref, load_user_model
 from dstoolkit.spec import ModelSpec, Spec
 
 
-def load_model(name_or_path: Union[str, Path], model_class: Optional[str] = None) -> ModelShape:
-    """A preset name or a path to a Hugging Face config.json (or its folder): the `--model` argument of CLIs.
+def load_model(name_or_path: Union[str, Path], model_class: Optional[str] = None,
+               model_kwargs: Optional[str] = None, *, field: str = "--model") -> ModelShape:
+    """A preset name, a path to a Hugging Face config.json (or its folder), or the user's own module: the
+    `--model` argument of CLIs.
 
     Args:
-        name_or_path: "llama-3-8b", "path/to/config.json" or "path/to/model_dir". Any config that transformers
-            can build is accepted (types without a hand-written reader are built on the meta device).
+        name_or_path: "llama-3-8b", "path/to/config.json", "path/to/model_dir", or "mypkg.models:build"
+            (a callable returning an nn.Module, or an nn.Module class: `dstoolkit.models.user_module`). Any
+            config that transformers can build is accepted (types without a hand-written reader are built
+            on the meta device).
         model_class: The `--model-class` argument: a transformers class to build the config with (for a
             model_type transformers does not know, e.g. kimi_k2 -> DeepseekV3ForCausalLM).
+        model_kwargs: The `--model-kwargs` argument: a JSON object of keyword arguments for a user module.
 
     Raises:
-        ValueError: unknown preset (with did-you-mean, listing presets) or an unreadable/invalid config.
+        ValueError: unknown preset (with did-you-mean, listing presets), an unreadable/invalid config, or a
+            user module that cannot be used (`UserModelError`: field, value and fix).
     """
     text = str(name_or_path)
     path = Path(text).expanduser()
+    if is_module_ref(text):
+        if model_class is not None:
+            raise ValueError(f"--model-class {model_class} builds a config.json, not the module {text!r} "
+                             "(drop --model-class)")
+        return load_user_model(text, model_kwargs, field=field)
+    if model_kwargs is not None:
+        raise ValueError(f"--model-kwargs is only used with --model package.module:callable (got --model {text!r})")
     if path.exists() or text.endswith(".json") or "/" in text or "\\" in text:
         return load_hf_config(path, model_class=model_class)
     if model_class is not None:
@@ -31,7 +45,8 @@ def load_model(name_or_path: Union[str, Path], model_class: Optional[str] = None
     try:
         return get_preset(text)
     except ValueError as exc:
-        raise ValueError(f"{str(exc)[:-1]}; or give a path to an HF config.json)") from None
+        raise ValueError(f"{str(exc)[:-1]}; or give a path to an HF config.json, or your module as "
+                         "package.module:callable)") from None
 
 
 def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = None) -> ModelShape:
@@ -66,6 +81,14 @@ def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = 
         except HFConfigError as exc:
             where = f"in {path}: {exc.field}: " if exc.field else ""
             raise model_spec.error("hf_config", where + exc.problem, exc.fix) from None
+    if form == "module":
+        try:
+            return load_user_model(model_spec.module, model_spec.module_kwargs, field="model.module",
+                                   kwargs_field="model.module_kwargs",
+                                   search_dirs=(str(base_dir),) if base_dir is not None else ())
+        except UserModelError as exc:
+            at = "module_kwargs" if exc.field == "model.module_kwargs" else "module"
+            raise model_spec.error(at, f"{exc.value!r}: {exc.problem}", exc.fix) from None
     inline = model_spec.inline
     if model_spec.model_class is not None:
         inline = {**inline, "model_class": model_spec.model_class}  # the inline form reads it like a config key

@@ -10,7 +10,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dstoolkit.models.measured import MeasuredParams
+from dstoolkit.models.measured import MeasuredParams, TracedFlops
 
 
 class ModelShape(BaseModel):
@@ -93,12 +93,16 @@ class ModelShape(BaseModel):
     """Per-head value width."""
 
     # --- Where the shape came from ---
-    source: Literal["analytic", "transformers"] = "analytic"
+    source: Literal["analytic", "transformers", "user"] = "analytic"
     """analytic: a hand-written family reader or preset (counts from `count_params`'s formulas);
     transformers: built by transformers on the meta device (exact counts in `measured`; the fields above are
-    filled from the config for the estimator's formulas)."""
+    filled from the config for the estimator's formulas); user: the user's own nn.Module
+    (`dstoolkit.models.user_module`: exact counts in `measured`, FLOPs in `traced_flops`)."""
     model_class: Optional[str] = None
-    """The transformers class the counts come from (source transformers)."""
+    """The transformers class the counts come from (source transformers), or the module reference
+    `package.module:attribute` (source user)."""
+    traced_flops: Optional[TracedFlops] = None
+    """Training FLOPs per token traced on the module itself (source user: there is no formula for it)."""
     measured: Optional[MeasuredParams] = None
     """Exact per-layer, per-role counts of the transformers build; `count_params` returns these when set."""
     notes: tuple[str, ...] = ()

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from dstoolkit.models import shape_from_hf_dict
+from dstoolkit.models.flop_count import attention_flop_mapping
 from dstoolkit.models.measured import LayerParams, MeasuredParams
 
 SHRUNK_VOCAB = 128
@@ -200,29 +201,6 @@ def _layer_list(model, depth: int):
     return best[0], best[1]
 
 
-def _attention_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
-    # QK^T and PV, 2 FLOPs per multiply-add, every (query, key) pair (as PaLM's 12·L·H·Q·T counts it);
-    # GQA: the kv heads are shared, the FLOPs are per query head.
-    b, h, s_q, d = q
-    s_k, d_v = k[-2], v[-1]
-    return 2 * b * h * s_q * s_k * d + 2 * b * h * s_q * s_k * d_v
-
-
-def _attention_backward_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
-    return 2 * _attention_flops(q, k, v)  # dQ, dK, dV and dP: four matmuls of the forward's two sizes
-
-
-def _flop_mapping() -> dict:
-    aten = torch.ops.aten
-    mapping = {}
-    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", _attention_flops),
-                     ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_backward_flops)):
-        op = getattr(aten, name, None)
-        if op is not None:
-            mapping[op] = fn
-    return mapping
-
-
 def _run(model, depth: int, seq_len: int, micro_batch: int):
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -247,7 +225,7 @@ def _run(model, depth: int, seq_len: int, micro_batch: int):
         return t
 
     ids = torch.randint(0, SHRUNK_VOCAB, (micro_batch, seq_len))
-    counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping())
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_mapping())
     try:
         with counter:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -49,6 +49,12 @@ class ModelSpec(BaseModel):
     DeepseekV3ForCausalLM for a kimi_k2 config); an unknown model_type's error offers the class its
     `architectures` names."""
 
+    module: Optional[str] = None
+    """The user's own torch module instead of a config: `package.module:attribute`, a callable returning an
+    nn.Module or an nn.Module class (imported from the spec's folder too); see module_kwargs."""
+    module_kwargs: Optional[dict[str, Any]] = None
+    """With module: keyword arguments of the call, e.g. {d: 256, layers: 4}."""
+
     _source: Optional[SpecSource] = PrivateAttr(default=None)
     _loc: Loc = PrivateAttr(default=("model",))
 
@@ -58,12 +64,14 @@ class ModelSpec(BaseModel):
         return dict(self.model_extra or {})
 
     @property
-    def form(self) -> Literal["preset", "hf_config", "inline"]:
-        """Which of the three forms this is."""
+    def form(self) -> Literal["preset", "hf_config", "module", "inline"]:
+        """Which of the four forms this is."""
         if self.preset is not None:
             return "preset"
         if self.hf_config is not None:
             return "hf_config"
+        if self.module is not None:
+            return "module"
         return "inline"
 
     def error(self, field: Optional[Union[str, Loc]], problem: str, fix: str, at_key: bool = False) -> SpecError:
@@ -79,12 +87,29 @@ class ModelSpec(BaseModel):
         return SpecError([SpecFinding("", None, None, _dotted(loc), problem, fix)])
 
     @model_validator(mode="after")
+    def _check_module_form(self) -> "ModelSpec":
+        if self.module_kwargs is not None and self.module is None:
+            raise SpecFieldError(("module_kwargs",), "module_kwargs is set but model.module is not",
+                                 "add module: package.module:callable, or remove module_kwargs")
+        if self.module is None:
+            return self
+        others = [k for k in ("preset", "hf_config", "model_class") if getattr(self, k) is not None]
+        others += list(self.model_extra or {})
+        if others:
+            raise SpecFieldError((others[0],), f"model.module={self.module!r} and {others[0]} are exclusive",
+                                 f"keep module (your nn.Module) or {others[0]}, not both")
+        return self
+
+    @model_validator(mode="after")
     def _check_exactly_one_form(self) -> "ModelSpec":
         inline = self.model_extra or {}
+        if self.module is not None:
+            return self
         if self.preset is None and self.hf_config is None and not inline:
             raise SpecFieldError(
                 (), "no model given",
-                "set `preset: NAME`, `hf_config: path/to/config.json`, or inline HF fields starting with `model_type:`",
+                "set `preset: NAME`, `hf_config: path/to/config.json`, `module: package.module:callable`, or inline "
+                "HF fields starting with `model_type:`",
             )
         if self.preset is not None and self.model_class is not None:
             raise SpecFieldError(("model_class",), f"model_class={self.model_class!r} builds an HF config, not a preset",

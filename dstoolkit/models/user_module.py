@@ -1,0 +1,421 @@
+"""The user's own module: `--model mypkg.models:build` counted, estimated and planned like any config.
+
+A reference `module.path:attribute` names either a callable returning a `torch.nn.Module` (a builder
+function, or an `nn.Module` class) called with keyword arguments (`--model-kwargs '{"d": 256}'`, or
+`model.module_kwargs` in a spec), or a module instance. `load_user_model` imports it lazily, builds it on
+the meta device where its code allows (no memory, no weights; a builder that needs real tensors is built
+on the CPU instead, with a note), and turns it into a `ModelShape`:
+
+- parameters: exact, from `named_parameters()` (tied weights once), by layer and role with the same rules
+  as the transformers path (`from_transformers._classify`): the blocks are the biggest nn.ModuleList (or
+  an nn.Sequential of blocks of one class); a module without blocks is one layer.
+- widths for the estimator's activation formulas: hidden size from the input embedding (or a
+  `hidden_size` / `d_model` / `n_embd` / `dim` attribute or keyword), heads from nn.MultiheadAttention or
+  a `num_heads`-style attribute, FFN widths from the measured MLP parameters.
+- FLOPs: there is no formula for someone else's module, so they are traced (`TracedFlops`): one forward
+  and backward under `torch.utils.flop_counter` at two sequence lengths, on the meta device when possible.
+- linear layers: the `linear_layers()` view FP8 planning reads (`MeasuredParams.linears`).
+
+Inputs for the trace: the module's own `example_inputs(batch_size, seq_len)` when it has one (a tensor, a
+tuple of positional arguments or a dict of keyword arguments); else token ids (batch, seq) when it has an
+input embedding; else a float tensor (batch, seq, in_features of its first linear). The output may be a
+tensor, a tuple/list (its first floating tensor) or an object with `.loss` / `.logits`.
+
+torch is imported inside the functions only: the core imports this module without it. Every input problem
+is a `UserModelError` naming the field, the value and the fix, never a traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional, Sequence
+
+from dstoolkit.models.measured import MeasuredParams, TracedFlops
+from dstoolkit.models.shape import ModelShape
+
+TRACE_SEQ_LENS = (128, 256)
+"""Sequence lengths of the two traced steps on the meta device (FLOPs per token are affine in T)."""
+CPU_TRACE_SEQ_LENS = (32, 64)
+"""The same on the CPU (real tensors: kept short)."""
+MAX_CPU_TRACE_PARAMS = 200_000_000
+"""A module that cannot run on the meta device is traced on the CPU only up to this many parameters."""
+_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "d_hidden", "width", "d")
+_HEADS_KEYS = ("num_attention_heads", "num_heads", "n_heads", "n_head", "heads")
+_FFN_KEYS = ("intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "mlp_dim")
+
+
+class UserModelError(ValueError):
+    """A user-module reference that cannot be used: `field` (--model, model.module, ...), its `value`, the
+    problem and the fix."""
+
+    def __init__(self, field: str, value: Any, problem: str, fix: str):
+        self.field = field
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field} {value!r}: {problem} ({fix})")
+
+
+def is_module_ref(text: str) -> bool:
+    """Whether `text` reads as `module.path:attribute` (not a file path, not a preset name)."""
+    if not isinstance(text, str) or text.count(":") != 1 or "/" in text or "\\" in text or text.endswith(".json"):
+        return False
+    if Path(text).exists():
+        return False
+    module, attr = text.split(":")
+    return bool(module) and all(p.isidentifier() for p in module.split(".")) and bool(attr)
+
+
+def parse_ref(ref: str, field: str = "--model") -> tuple[str, str]:
+    """(module path, attribute path) of `module.path:attribute`."""
+    if not isinstance(ref, str) or ref.count(":") != 1:
+        raise UserModelError(field, ref, "not a module reference",
+                             "write it as package.module:callable, e.g. mypkg.models:build")
+    module, attr = ref.split(":")
+    if not module or not all(p.isidentifier() for p in module.split(".")):
+        raise UserModelError(field, ref, f"{module!r} is not a dotted module path",
+                             "write it as package.module:callable, e.g. mypkg.models:build")
+    if not attr or not all(p.isidentifier() for p in attr.split(".")):
+        raise UserModelError(field, ref, f"{attr!r} is not an attribute name",
+                             "name a callable or class after the colon, e.g. mypkg.models:MyNet")
+    return module, attr
+
+
+def parse_kwargs(value: Any, field: str = "--model-kwargs") -> dict:
+    """Keyword arguments for the builder: a JSON object (text) or a mapping (a spec's YAML)."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        data = value
+    elif isinstance(value, str):
+        try:
+            data = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise UserModelError(field, value, f"not JSON ({exc.msg} at column {exc.colno})",
+                                 """give a JSON object, e.g. '{"d": 256, "layers": 4}'""") from None
+    else:
+        raise UserModelError(field, value, f"expected a mapping of keyword arguments, got {type(value).__name__}",
+                             "give a mapping, e.g. {d: 256, layers: 4}")
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise UserModelError(field, value, f"expected a JSON object of keyword arguments, got {type(data).__name__}",
+                             """give a JSON object, e.g. '{"d": 256}'""")
+    return data
+
+
+def _import_module(module: str, ref: str, field: str, search_dirs: Sequence[str]):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not (module == missing or module.startswith(missing + ".")):
+            raise UserModelError(field, ref, f"importing {module!r} failed: a module it imports is missing "
+                                 f"(No module named {missing!r})", f"install {missing.split('.')[0]!r}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code failed while importing: report, never a traceback
+        raise UserModelError(field, ref, f"importing {module!r} raised {type(exc).__name__}: {str(exc)[:300]}",
+                             "fix the module so that it imports cleanly") from None
+    # Not found on sys.path: the console script does not put the current folder there (python -m does).
+    added = [d for d in dict.fromkeys([str(Path.cwd()), *map(str, search_dirs)]) if d not in sys.path]
+    sys.path.extend(added)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise UserModelError(field, ref, f"module {module!r} is not importable (No module named {exc.name!r})",
+                             "install it, or add its folder to PYTHONPATH ("
+                             + ("the current folder and the spec's folder were" if search_dirs else
+                                "the current folder was") + " searched too)") from None
+    except Exception as exc:  # noqa: BLE001
+        raise UserModelError(field, ref, f"importing {module!r} raised {type(exc).__name__}: {str(exc)[:300]}",
+                             "fix the module so that it imports cleanly") from None
+
+
+def _resolve_attr(mod, attr: str, ref: str, field: str):
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            public = sorted(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))[:12]
+            raise UserModelError(field, ref, f"{getattr(obj, '__name__', type(obj).__name__)!r} has no attribute "
+                                 f"{part!r}", "name one of its callables: " + (", ".join(public) or "(none)"))
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_user_module(ref: str, kwargs: Optional[dict] = None, *, field: str = "--model",
+                      kwargs_field: str = "--model-kwargs", search_dirs: Sequence[str] = ()):
+    """Import `ref` and build its module (meta device first, else the CPU).
+
+    Returns:
+        (module, device, notes): device is "meta" or "cpu".
+
+    Raises:
+        UserModelError: not importable, attribute missing, not callable, the call failed, or it returned
+            something that is not an nn.Module.
+    """
+    module, attr = parse_ref(ref, field)
+    try:
+        import torch  # lazy: only the user-module path needs torch
+    except ImportError:
+        raise UserModelError(field, ref, "torch is not installed", "pip install torch (a user module is a "
+                             "torch.nn.Module)") from None
+    obj = _resolve_attr(_import_module(module, ref, field, search_dirs), attr, ref, field)
+    kwargs = dict(kwargs or {})
+    notes: list[str] = []
+    if isinstance(obj, torch.nn.Module):
+        if kwargs:
+            raise UserModelError(kwargs_field, json.dumps(kwargs), f"{ref} is a module instance, not a callable",
+                                 "drop the keyword arguments, or point at the class / builder instead")
+        return obj, next((p.device.type for p in obj.parameters()), "cpu"), notes
+    if not callable(obj):
+        raise UserModelError(field, ref, f"is a {type(obj).__name__} object, not a callable or an nn.Module",
+                             "name a function returning an nn.Module, or an nn.Module class")
+    built, device, meta_error = None, "meta", None
+    try:
+        with torch.device("meta"):
+            built = obj(**kwargs)
+    except TypeError as exc:
+        raise UserModelError(kwargs_field, json.dumps(kwargs), f"calling {ref}(**kwargs) raised TypeError: {exc}",
+                             "pass the keyword arguments it takes") from None
+    except Exception as exc:  # noqa: BLE001 - e.g. a builder that loads weights or reads a tensor's value
+        meta_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    if built is None and meta_error is not None:
+        device = "cpu"
+        try:
+            built = obj(**kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise UserModelError(field, ref, f"calling it raised {type(exc).__name__}: {str(exc)[:300]}",
+                                 f"check {kwargs_field} and the builder") from None
+        notes.append(f"built on the CPU: building on the meta device failed ({meta_error})")
+    if not isinstance(built, torch.nn.Module):
+        raise UserModelError(field, ref, f"returned a {type(built).__name__}, not a torch.nn.Module",
+                             "return the model (an nn.Module) from the builder")
+    if not any(True for _ in built.parameters()):
+        raise UserModelError(field, ref, f"the {type(built).__name__} it returned has no parameters",
+                             "return the model to train")
+    return built, device, notes
+
+
+def _input_embedding(model, prefix: Optional[str]):
+    import torch.nn as nn  # lazy: see build_user_module
+
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            emb = get()
+            if isinstance(emb, nn.Embedding):
+                return emb
+        except Exception:  # noqa: BLE001 - a user's method that is not the transformers API
+            pass
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Embedding) and (prefix is None or not name.startswith(prefix + ".")):
+            return mod
+    return None
+
+
+def _output_head(model, emb, prefix: Optional[str]):
+    import torch.nn as nn  # lazy: see build_user_module
+
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            head = get()
+            if isinstance(head, nn.Linear):
+                return head
+        except Exception:  # noqa: BLE001
+            pass
+    if emb is None:
+        return None
+    heads = [m for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.out_features == emb.num_embeddings
+             and (prefix is None or not n.startswith(prefix + "."))]
+    return heads[-1] if heads else None
+
+
+def _attr_int(objs, keys) -> Optional[int]:
+    for obj in objs:
+        for key in keys:
+            v = obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
+
+
+def _widths(model, emb, kwargs: dict, layers) -> dict:
+    """hidden size, heads, FFN width and vocabulary the estimator's activation formulas use."""
+    import torch.nn as nn  # lazy: see build_user_module
+
+    roots = [model, getattr(model, "config", None) or {}, kwargs]
+    hidden = emb.embedding_dim if emb is not None else _attr_int(roots, _HIDDEN_KEYS)
+    linears = [m for m in (layers.modules() if layers is not None else model.modules()) if isinstance(m, nn.Linear)]
+    if hidden is None and linears:
+        hidden = Counter(m.in_features for m in linears).most_common(1)[0][0]
+    if hidden is None:
+        raise UserModelError("--model", type(model).__name__, "cannot tell its hidden size (no embedding, no linear "
+                             "layer, no hidden_size / d_model attribute)", "give the module a hidden_size attribute")
+    heads = None
+    for m in model.modules():
+        if isinstance(m, nn.MultiheadAttention):
+            heads = m.num_heads
+            break
+    if heads is None:
+        heads = _attr_int(roots + list(model.modules()), _HEADS_KEYS)
+    if not heads or hidden % heads:
+        heads = 1
+    vocab = emb.num_embeddings if emb is not None else _attr_int(roots, ("vocab_size", "n_vocab", "num_tokens"))
+    return dict(hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab or 1,
+                intermediate_size=_attr_int(roots, _FFN_KEYS),
+                num_experts_per_tok=_attr_int(roots, ("num_experts_per_tok", "top_k", "moe_top_k")))
+
+
+def _example_inputs(model, emb, batch: int, seq: int, device: str):
+    import torch  # lazy: see build_user_module
+
+    fn = getattr(model, "example_inputs", None)
+    if callable(fn):
+        with torch.device(device):
+            return fn(batch, seq)
+    if emb is not None:
+        return torch.randint(0, emb.num_embeddings, (batch, seq), device=device)
+    first = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if first is None:
+        raise ValueError("no input embedding, no linear layer and no example_inputs(batch_size, seq_len) method")
+    return torch.randn(batch, seq, first.in_features, device=device)
+
+
+def _loss_of(out):
+    import torch  # lazy: see build_user_module
+
+    for attr in ("loss", "logits"):
+        v = getattr(out, attr, None)
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    return None
+
+
+def _trace_once(model, emb, batch: int, seq: int, device: str) -> tuple[float, float]:
+    """(training FLOPs, forward FLOPs) of one step of `batch` x `seq` tokens."""
+    import torch  # lazy: see build_user_module
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dstoolkit.models.flop_count import attention_flop_mapping
+
+    x = _example_inputs(model, emb, batch, seq, device)
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_mapping())
+    model.train()
+    with counter:
+        out = model(**x) if isinstance(x, dict) else model(*x) if isinstance(x, tuple) else model(x)
+        fwd = counter.get_total_flops()
+        loss = _loss_of(out)
+        if loss is None:
+            raise ValueError(f"its forward returned {type(out).__name__}, not a tensor (nor .loss / .logits)")
+        if not loss.requires_grad:
+            raise ValueError("its output does not require grad (no trainable parameter reached it)")
+        loss.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops()), float(fwd)
+
+
+def trace_user_flops(model, emb, device: str) -> tuple[Optional[TracedFlops], Optional[str]]:
+    """Training FLOPs per token of a user's module, traced at two sequence lengths (None and the reason when
+    it cannot be traced: the estimator then keeps 6N + 12LHQT, and says so)."""
+    n = sum(p.numel() for p in model.parameters())
+    if device != "meta" and n > MAX_CPU_TRACE_PARAMS:
+        return None, (f"not traced: the module did not build on the meta device and has {n / 1e6:.0f}M parameters "
+                      f"(CPU tracing limit {MAX_CPU_TRACE_PARAMS / 1e6:.0f}M)")
+    t1, t2 = TRACE_SEQ_LENS if device == "meta" else CPU_TRACE_SEQ_LENS
+    try:
+        f1, fw1 = _trace_once(model, emb, 1, t1, device)
+        f2, _ = _trace_once(model, emb, 1, t2, device)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's forward: fall back, with the reason
+        return None, f"not traced ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+    per1, per2 = f1 / t1, f2 / t2
+    slope = max(0.0, (per2 - per1) / (t2 - t1))
+    return TracedFlops(per_token=max(0.0, per1 - slope * t1), per_token_per_seq=slope,
+                       forward_fraction=fw1 / f1 if f1 else 1 / 3, seq_lens=(t1, t2), device=device), None
+
+
+def measure_user_module(model, ref: str, kwargs: dict) -> tuple[MeasuredParams, dict, Any]:
+    """(measured counts, width fields, input embedding) of a built user module."""
+    from dstoolkit.models.from_transformers import BuildError, _classify, _find_layers, linear_groups
+
+    try:
+        prefix, layer_list = _find_layers(model, None, sequential=True)
+    except BuildError:
+        prefix, layer_list = None, None
+    emb = _input_embedding(model, prefix)
+    head = _output_head(model, emb, prefix)
+    widths = _widths(model, emb, kwargs, layer_list)
+    try:
+        parts = _classify(model, None, widths.pop("num_experts_per_tok"), False, in_emb=emb, out_emb=head,
+                          sequential=True, whole_model_fallback=True)
+    except BuildError as exc:
+        raise UserModelError("--model", ref, exc.reason, "give its MoE layers a top_k attribute") from None
+    linears = linear_groups(model, parts, head=head, hidden=widths["hidden_size"])
+    top = parts["top"]
+    from dstoolkit.models.measured import LayerParams
+
+    notes = []
+    if prefix is None:
+        notes.append(f"{ref}: no nn.ModuleList / nn.Sequential of blocks found; the whole module is one layer")
+    measured = MeasuredParams(
+        model_class=ref, transformers_version=None, embedding=top["embedding"], lm_head=top["lm_head"],
+        final_norms=top["final_norms"], other=top["other"],
+        layers=tuple(LayerParams(**rec) for rec in parts["layers"]), notes=tuple(notes), linears=linears)
+    return measured, widths, emb
+
+
+def load_user_model(ref: str, kwargs: Any = None, *, field: str = "--model", kwargs_field: str = "--model-kwargs",
+                    search_dirs: Sequence[str] = ()) -> ModelShape:
+    """A `ModelShape` for the user's module `ref` (module.path:attribute) built with `kwargs`.
+
+    Args:
+        ref: `mypkg.models:build` (a callable returning an nn.Module), `mypkg.models:MyNet` (a class), or a
+            module-level instance.
+        kwargs: Keyword arguments for the call: a mapping, or JSON text (the --model-kwargs form).
+        field, kwargs_field: How the two inputs are named in errors (--model / model.module, ...).
+        search_dirs: Extra folders to import from (a spec's folder).
+
+    Raises:
+        UserModelError: any problem with the reference, the keyword arguments or the module it builds.
+    """
+    parsed = parse_kwargs(kwargs, kwargs_field)
+    return _load_cached(ref, json.dumps(parsed, sort_keys=True, default=str), field, kwargs_field, tuple(search_dirs))
+
+
+@lru_cache(maxsize=32)
+def _load_cached(ref: str, kwargs_json: str, field: str, kwargs_field: str, search_dirs: tuple) -> ModelShape:
+    from pydantic import ValidationError
+
+    from dstoolkit.models.from_transformers import shape_fields
+
+    kwargs = json.loads(kwargs_json)
+    model, device, notes = build_user_module(ref, kwargs, field=field, kwargs_field=kwargs_field,
+                                             search_dirs=search_dirs)
+    measured, widths, emb = measure_user_module(model, ref, kwargs)
+    traced, why_not = trace_user_flops(model, emb, device)
+    notes += list(measured.notes)
+    if traced is not None:
+        notes.append(f"FLOPs traced on the {traced.device} device at seq {traced.seq_lens[0]} and {traced.seq_lens[1]} "
+                     f"(torch.utils.flop_counter): {traced.per_token:.4g} + {traced.per_token_per_seq:.4g}·T per token")
+    else:
+        notes.append(f"FLOPs: {why_not}; using 6N + 12·L·H·Q·T from the inferred widths")
+    notes.append("activation memory: the itemised per-layer count from the inferred widths (hidden "
+                 f"{widths['hidden_size']}, {widths['num_attention_heads']} heads), not measured on the module")
+    cfg = SimpleNamespace(**{k: v for k, v in widths.items() if v is not None})
+    kw = shape_fields(cfg, measured)
+    try:
+        return ModelShape(name=ref, model_type="user", source="user", model_class=ref, measured=measured,
+                          traced_flops=traced, notes=tuple(notes), **kw)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        raise UserModelError(field, ref, f"its inferred shape is inconsistent: {'.'.join(map(str, e['loc']))}: "
+                             f"{e['msg'].removeprefix('Value error, ')}",
+                             "give the module hidden_size / num_heads attributes") from None
