@@ -15,6 +15,10 @@ STAMP="$VENV/.dstoolkit-installed"
 EXTRA="${1:-train}"
 if [ "$EXTRA" = core ]; then EXTRA=""; fi
 want="$(sha256sum < "$ROOT/pyproject.toml" | cut -c1-16)-$EXTRA"
+# dev holds train, bench, tune, hf and megatron: a venv installed for the tests serves the demo as it is
+case "$EXTRA" in train|bench|tune|hf|megatron)
+  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "${want%-*}-dev" ]; then want="${want%-*}-dev"; fi ;;
+esac
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "[dstoolkit] installing dstoolkit${EXTRA:+[$EXTRA]} into $VENV (first run takes a few minutes)"
   # Keep an existing torch (a CUDA build, say); only a venv with no torch gets the pinned CPU-capable wheel.

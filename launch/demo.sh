@@ -3,18 +3,19 @@
 #   generate DeepSpeed configs -> validate them -> estimate them -> short real 2-rank DeepSpeed run.
 # Creates or reuses .venv and installs dstoolkit into it first. Output goes to a new folder under out/demo/.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh" train  # not "$@": $1 is the spec
 cd "$ROOT"
 SPEC="${1:-ds_configs/tiny_cpu.yaml}"
 STRATEGY="${STRATEGY:-zero2}"
 STEPS="${STEPS:-12}"
 STAMP_UTC="$(date -u +%Y%m%dT%H%M%SZ)"
-OUT="out/demo/$STAMP_UTC"
+OUT_ROOT="${DEMO_OUT_ROOT:-out/demo}"
+OUT="$OUT_ROOT/$STAMP_UTC"
 
 # gpu: cpu specs: calibrate this machine first (probed once, then cached). A precision the probe finds slow
 # here (bf16 on a CPU without native bf16 runs ~60-100x below fp32) is replaced by fp32 in a copy of the
 # spec, and the demo says so; the user's spec file is not touched.
-SPEC="$(python - "$SPEC" "out/demo/$STAMP_UTC-input" <<'PY'
+SPEC="$(python - "$SPEC" "$OUT_ROOT/$STAMP_UTC-input" <<'PY'
 import json, pathlib, sys
 import yaml
 from dstoolkit.hardware import calibration as cal

@@ -23,7 +23,12 @@ def test_probe_writes_a_usable_calibration_once(tmp_path, monkeypatch):
         c = rec["calibration"][clock]
         assert all(c[f"matmul_flops_per_s_{p}{s}"] > 0 for p in ("fp32", "bf16") for s in ("", "_large"))
         assert c["comm_busbw_bytes_per_s"] > 0 and c["mem_bw_bytes_per_s"] > 0 and c["step_overhead_s"] > 0
+        assert all(c[f"gemm_peak_flops_per_s_{p}"] > 0 for p in ("fp32", "bf16"))
     for prec in ("fp32", "bf16"):
         assert cal.load_calibration(path, prec).matmul_flops_per_s == rec["calibration"]["wall"][f"matmul_flops_per_s_{prec}"]
+        w = rec["calibration"]["wall"]
+        # the MFU peak: the measured GEMM peak, never below the block rates the estimate computes with
+        assert cal.load_calibration(path, prec).peak_flops_per_s == max(
+            w[f"gemm_peak_flops_per_s_{prec}"], w[f"matmul_flops_per_s_{prec}"], w[f"matmul_flops_per_s_{prec}_large"])
     again = []
     assert cal.machine_calibration_path(announce=again.append) == path and again == []
