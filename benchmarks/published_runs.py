@@ -54,6 +54,13 @@ GOAL_MAPE = 0.10
 GOAL_SPEARMAN_EFF = 0.8
 FAR_OFF = 0.15
 """Rows more than 15% off are listed with their reason (issue 16 'Done when')."""
+HELD_OUT_EVERY = 3
+"""Held-out rule: the rows whose table index i has i % 3 == 2 are held out; the fitted constants of
+estimate.cluster_model are chosen on the other two thirds, and the summary reports both parts apart."""
+
+
+def is_held_out(table_index: int) -> bool:
+    return table_index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,6 +222,7 @@ def evaluate(run: dict[str, Any], spec: dict[str, Any], res: dict[str, Any]) -> 
         "micro_batch": run["micro_batch"], "global_batch": run["global_batch"], "seq_len": run["seq_len"],
         "precision": run["precision"], "recompute": run["recompute"],
         "published_tokens_per_s_per_gpu": published, "published_as": run["published"]["text"],
+        "table_index": run.get("_index"), "held_out": is_held_out(run["_index"]) if run.get("_index") is not None else None,
         "assumed": list(run.get("assumed") or []), "inexpressible": list(run.get("inexpressible") or []),
     }
     if not res.get("ok"):
@@ -279,6 +287,25 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "layout_changed": [r["id"] for r in ok if r.get("layout_changed")],
         "worst": [r["id"] for r in sorted(ok, key=lambda r: -abs(r["error"]))[:10]],
         "goals": {"mape": GOAL_MAPE, "spearman_efficiency": GOAL_SPEARMAN_EFF, "false_ooms": 0},
+        "split": {name: _part(sel) for name, sel in (
+            ("train", [r for r in ok if r.get("held_out") is False]),
+            ("held_out", [r for r in ok if r.get("held_out") is True]))},
+    }
+
+
+def _part(sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """MAPE, median |error|, both Spearman figures and the false OOMs of one part of the table."""
+    errs = [abs(r["error"]) for r in sel]
+    eff = [r for r in sel if r.get("published_efficiency") is not None]
+    return {
+        "runs": len(sel),
+        "mape": sum(errs) / len(errs) if errs else None,
+        "median_abs_error": harness.summarize(errs).median if errs else None,
+        "spearman_tokens_per_s": harness.spearman([r["published_tokens_per_s_per_gpu"] for r in sel],
+                                                  [r["predicted_tokens_per_s_per_gpu"] for r in sel]) if len(sel) > 2 else None,
+        "spearman_efficiency": harness.spearman([r["published_efficiency"] for r in eff],
+                                                [r["predicted_efficiency"] for r in eff]) if len(eff) > 2 else None,
+        "false_ooms": sum(1 for r in sel if r.get("fits") is False),
     }
 
 
@@ -340,7 +367,13 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
         ["Spearman, efficiency (bf16-peak MFU)", _f(s["spearman_efficiency"], "{:.3f}"), f"goal ≥ {GOAL_SPEARMAN_EFF}"],
         ["layouts predicted not to fit (false OOMs)", f"{len(s['not_fitting'])} / {s['estimated']}", "goal 0"],
         ["estimator failed", str(len(s["failed"])), ""],
-    ], ["figure", ("value", "r"), "note"])
+    ] + [[f"{label}: MAPE / median |error| / Spearman tok/s / Spearman eff / false OOMs",
+          f"{_pct(part['mape']).lstrip('+')} / {_pct(part['median_abs_error']).lstrip('+')} / "
+          f"{_f(part['spearman_tokens_per_s'], '{:.3f}')} / {_f(part['spearman_efficiency'], '{:.3f}')} / "
+          f"{part['false_ooms']}", f"{part['runs']} runs"]
+         for label, part in (("training rows (i % 3 != 2)", (s.get("split") or {}).get("train")),
+                             ("held-out rows (i % 3 == 2)", (s.get("split") or {}).get("held_out"))) if part],
+        ["figure", ("value", "r"), "note"])
     lines += ["", "## Runs", ""]
     lines += render_markdown_table(
         ([r["id"], r["model"], f"{r['gpus']}× {r['gpu']}", _layout(r), f"{r['micro_batch']}/{r['global_batch']}",
@@ -449,6 +482,10 @@ def print_console(rows: list[dict[str, Any]], s: dict[str, Any]) -> None:
     print(f"predicted not to fit ({len(s['not_fitting'])}): {', '.join(s['not_fitting']) or 'none'}")
     if s["failed"]:
         print(f"estimator refused ({len(s['failed'])}): " + "; ".join(f"{f['id']}: {f['error']}" for f in s["failed"]))
+    for name, part in (s.get("split") or {}).items():
+        print(f"{name}: {part['runs']} runs, MAPE {_pct(part['mape'])}, median {_pct(part['median_abs_error'])}, "
+              f"Spearman tok/s {_f(part['spearman_tokens_per_s'], '{:.3f}')}, eff {_f(part['spearman_efficiency'], '{:.3f}')}, "
+              f"false OOMs {part['false_ooms']}")
     print("worst 10: " + ", ".join(s["worst"]))
 
 
@@ -478,7 +515,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    png.name if png.exists() else None))
         return 0
 
-    runs = [r for r in doc["runs"] if args.only is None or args.only in r["id"]]
+    runs = [dict(r, _index=i) for i, r in enumerate(doc["runs"]) if args.only is None or args.only in r["id"]]
     if not runs:
         raise SystemExit(f"no run id contains {args.only!r}")
     specs = {r["id"]: write_spec(r, doc["sources"][r["source"]], args.specs_dir) for r in runs}

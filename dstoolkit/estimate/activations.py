@@ -63,6 +63,11 @@ class LayerActivations:
     head-repeated k/v copies)."""
 
 
+def _is_cpu(plan: RunPlan) -> bool:
+    """CPU ranks (the hardware table's cpu rows): the itemisation stays what the CPU fidelity benchmarks measure."""
+    return str(getattr(plan.gpu, "name", "")).lower().startswith("cpu")
+
+
 def _act_bytes(plan: RunPlan) -> tuple[int, int]:
     """(activation element bytes, GEMM-input element bytes). fp8 stores GEMM inputs in fp8 (1 byte)."""
     p = 4 if plan.precision == "fp32" else 2
@@ -93,6 +98,12 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
         return _fused_layer_bytes(plan, layer_index, tok, p, pl, sp_div)
     # -- outside the TP region (replicated across TP ranks unless sequence parallel) --
     norm = (FP32_BYTES + p) * tok * h + FP32_BYTES * tok
+    if shape.norm_type == "layernorm" and not _is_cpu(plan):
+        # torch's native LayerNorm kernel keeps its low-precision input and fp32 mean and rstd per token
+        # (aten native_layer_norm saves input, mean, rstd); the fp32 upcast above is Llama's RMSNorm
+        # (`hidden_states.to(torch.float32)`). GPU path only: the CPU fidelity benchmarks measure the runtime's
+        # RMSNorm blocks.
+        norm = p * tok * h + 2 * FP32_BYTES * tok
     outside = 2 * norm + 2 * pl * tok * h  # two norms, attention input, MLP input
     if plan.attention_dropout:
         outside += 2 * tok * h  # Korthikanti: two hidden-dropout masks (1 byte each)
@@ -154,6 +165,11 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
 
 TE_NORM_STATS_BYTES = FP32_BYTES
 """Transformer Engine's fused LayerNorm/RMSNorm keeps one fp32 rsigma (and mu) per token."""
+TE_FP8_CACHED_GEMM_INPUTS = True
+"""With FP8, a Transformer Engine Linear saves for its weight-gradient GEMM the FP8 cast of its input (1 byte per
+element), not the bf16 tensor (TE `Linear`/`LayerNormLinear` forward: the quantized input is what
+`save_for_backward` keeps when fp8 is on; DeepSeek-V3 §3.3.2 caches GEMM inputs in FP8 the same way). Tensors a
+non-GEMM backward also reads (the attention output, the SwiGLU input) stay in the activation dtype."""
 
 
 def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: int, sp_div: int) -> LayerActivations:
@@ -169,7 +185,9 @@ def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: 
     """
     shape = plan.shape
     h, a, t = shape.hidden_size, shape.num_attention_heads, plan.tp
-    outside = 2 * (2 * p * h + TE_NORM_STATS_BYTES) * tok
+    # each fused norm+linear keeps its input (p, norm backward) and its normalised output, the GEMM input, which
+    # an FP8 Linear keeps as its FP8 cast (pl = 1 byte; TE_FP8_CACHED_GEMM_INPUTS)
+    outside = 2 * ((p + pl) * h + TE_NORM_STATS_BYTES) * tok
     if plan.attention_dropout:
         outside += 2 * tok * h
     outside /= sp_div
@@ -184,33 +202,97 @@ def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: 
         qkv = p * tok * (a + 2 * g) * d
         out = p * tok * a * d
         latent = 0.0
+    if pl != p:
+        out += out * pl / p  # the out-projection's FP8 input copy beside the bf16 output attention backward reads
     core = FP32_BYTES * tok * a
     attention = (qkv + out + core) / t + latent
     if shape.is_moe_layer(layer_index):
-        mlp = _fused_moe_bytes(plan, tok, p) / sp_div
+        mlp = _fused_moe_bytes(plan, tok, p, pl) / sp_div
     else:
         i = shape.intermediate_size
-        mlp = ((3 if shape.mlp_gated else 2) * p * tok * i) / t
+        # FC1 output (gate and up when gated: the activation's backward reads it) in p, FC2 input in pl
+        mlp = (((2 if shape.mlp_gated else 1) * p + pl) * tok * i) / t
     full = outside + attention + mlp
     return LayerActivations(full=full, checkpointed=p * tok * h / sp_div, attention_core=core / t)
 
 
-def _fused_moe_bytes(plan: RunPlan, tok: float, p: int) -> float:
+def _fused_moe_bytes(plan: RunPlan, tok: float, p: int, pl: int | None = None) -> float:
     """Megatron-Core dropless MoE with grouped GEMMs (alltoall dispatcher), per rank before SP sharding: the fp32
     router logits and probabilities (2·4·E), the permuted tokens each expert FC1 reads (k·h), FC1's output and
     FC2's input (k·3i gated, k·2i GELU), the FC2 output the unpermute/combine reads (k·h), and the shared
     expert's FC1 output and FC2 input (3·i_s). Balanced routing: a rank computes as many routed tokens as it
     sends."""
+    pl = p if pl is None else pl
     shape = plan.shape
     h, e = shape.hidden_size, shape.num_experts
     k = max(1, shape.num_experts_per_tok)
     i = shape.expert_ffn_size
-    mult = 3 if shape.mlp_gated else 2
+    fc1_out = 2 if shape.mlp_gated else 1  # the FC1 output the activation's backward reads (p)
     router = 2 * FP32_BYTES * e * tok
-    routed = p * k * tok * (2 * h + mult * i)
+    # per routed copy: FC1 input (pl: FP8 GEMM input cached in FP8), FC1 output (p), FC2 input (pl), FC2 output
+    # the combine reads (p)
+    routed = k * tok * ((pl + p) * h + (fc1_out * p + pl) * i)
     shared_width = shape.num_shared_experts * i if shape.num_shared_experts else (shape.shared_expert_intermediate_size or 0)
-    shared = p * tok * mult * shared_width
+    shared = tok * (fc1_out * p + pl) * shared_width
     return router + routed + shared
+
+
+def uses_op_sac(plan: RunPlan) -> bool:
+    """Whether "selective" recompute is torchtitan's op-level selective activation checkpointing: framework fsdp
+    (torchtitan is PyTorch's FSDP2 reference trainer; its Llama 3 train configs set activation_checkpoint.mode
+    'selective' with selective_ac_option 'op'). Megatron and DeepSpeed "selective" recompute the attention core."""
+    return plan.framework == "fsdp" and plan.checkpoint.recomputes_attention_core
+
+
+def block_matmuls(plan: RunPlan, layer_index: int) -> list[tuple[str, float, float]] | None:
+    """(name, output width per token, weight elements) of each matmul of a dense, non-MLA block in forward order,
+    on one TP rank: q, k, v, o, then gate, up, down (SwiGLU) or fc1, fc2 (GELU). None for MoE or MLA blocks.
+    Column-parallel outputs are split by t; row-parallel outputs (o, down/fc2) by t only with sequence parallelism."""
+    shape = plan.shape
+    if shape.is_mla or shape.is_moe_layer(layer_index):
+        return None
+    h, a, d, g, t = shape.hidden_size, shape.num_attention_heads, shape.head_size, shape.kv_heads, plan.tp
+    i = shape.intermediate_size
+    row = t if plan.sequence_parallel else 1
+    mms = [("q", a * d / t, h * a * d / t), ("k", g * d / t, h * g * d / t), ("v", g * d / t, h * g * d / t),
+           ("o", h / row, a * d * h / t)]
+    if shape.mlp_gated:
+        mms += [("gate", i / t, h * i / t), ("up", i / t, h * i / t), ("down", h / row, i * h / t)]
+    else:
+        mms += [("fc1", i / t, h * i / t), ("fc2", h / row, i * h / t)]
+    return mms
+
+
+def op_sac_layer_bytes(plan: RunPlan, layer_index: int, micro_batch: int) -> float | None:
+    """Bytes one block keeps under torchtitan's op-level SAC (None where `block_matmuls` is None).
+
+    torchtitan's policy (parallelize_llama.py `_custom_policy`, the `_save_list`): MUST_SAVE the outputs of
+    aten.mm except every second mm of the block (the count restarts per checkpointed block), of the SDPA flash /
+    efficient kernels (output and fp32 log-sum-exp) and of the TP reduce-scatter; everything else (norms, RoPE,
+    SiLU, the other mm outputs) is recomputed from the block input, which the checkpoint wrapper keeps. So a
+    Llama block keeps its input, q, v, gate and down (mm 1, 3, 5, 7), the attention output and its log-sum-exp.
+    """
+    mms = block_matmuls(plan, layer_index)
+    if mms is None:
+        return None
+    shape = plan.shape
+    p, _ = _act_bytes(plan)
+    tok = plan.seq_len * micro_batch / (plan.cp * plan.ulysses)
+    t, a, d = plan.tp, shape.num_attention_heads, shape.head_size
+    sp_div = t if plan.sequence_parallel else 1
+    kept = p * shape.hidden_size / sp_div  # block input (checkpoint wrapper)
+    kept += sum(p * width for n, (_, width, _) in enumerate(mms, start=1) if n % 2 == 1)
+    kept += (p * a * d + FP32_BYTES * a) / t  # SDPA output and log-sum-exp
+    return kept * tok
+
+
+def op_sac_recomputed_weights(plan: RunPlan, layer_index: int) -> float:
+    """Weight elements (one TP rank) of the matmuls torchtitan's op-level SAC re-runs in backward: every second mm
+    of the block (k, o, up for SwiGLU Llama; k, o, fc2 for GELU); 0 where `block_matmuls` is None."""
+    mms = block_matmuls(plan, layer_index)
+    if mms is None:
+        return 0.0
+    return float(sum(w for n, (_, _, w) in enumerate(mms, start=1) if n % 2 == 0))
 
 
 def moe_capacity(plan: RunPlan, tokens: int) -> int:
@@ -292,9 +374,14 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
     transient = 0.0
     for li in layers:
         la = layer_activation_bytes(plan, li, mb)
+        sac = op_sac_layer_bytes(plan, li, mb) if uses_op_sac(plan) and not flags[li] else None
         if flags[li]:
             saved += la.checkpointed
             transient = max(transient, la.full)
+        elif sac is not None:
+            # torchtitan op-level SAC: the kept tensors; one block's recomputed ones are alive while it re-runs
+            saved += sac
+            transient = max(transient, la.full - sac)
         elif plan.checkpoint.recomputes_attention_core:
             saved += la.full - la.attention_core
         else:

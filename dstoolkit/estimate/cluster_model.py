@@ -37,10 +37,23 @@ ATTENTION_FRACTION = {"eager": 0.30, "sdpa": 0.50, "flash": 0.55, "te": 0.60}
 of A100 peak fwd+bwd (Dao 2023, Fig. 5-6) and FlashAttention-3 / cuDNN fused attention 40-75% of H100 peak
 (Shah et al. 2024, Fig. 5); te (cuDNN fused attention through Transformer Engine) a little above; sdpa (torch
 picks flash or memory-efficient kernels) a little below; eager: separate QK^T, softmax and PV kernels."""
+HOPPER_FA2_ATTENTION_FRACTION = 0.35
+"""On Hopper, the FlashAttention-2 kernels that torch SDPA and the flash-attn package run reach only about 35% of
+peak (Shah et al. 2024, FlashAttention-3, abstract: "FlashAttention-2 ... achieving only 35% utilization on the
+H100 GPU"): they use no wgmma/TMA. Replaces ATTENTION_FRACTION's sdpa and flash figures (measured on A100) on
+compute capability 9.x; te (cuDNN fused attention, Hopper-native) keeps its figure."""
 NON_GEMM_PASSES_PER_SAVED_BYTE = 3.0
 """Memory-bound work per layer outside the GEMMs and the attention core (norms, activation functions, residual
 adds, RoPE): each saved activation byte is written in forward and read in backward, and its gradient is written
 once (roofline accounting, Williams et al. 2009); runs at the GPU's HBM bandwidth."""
+UNFUSED_NON_GEMM_PASSES_PER_SAVED_BYTE = 10.0
+"""The same for blocks whose elementwise ops run as separate eager PyTorch kernels (attention_impl sdpa: Hugging
+Face / torchtitan style modules, not compiled): counting each op's reads and writes for a Llama block in bf16,
+per token and hidden unit, forward: RMSNorm x2 as x.float(), pow, mean, rsqrt-mul, type_as, weight-mul ~72 bytes,
+RoPE through fp32 complex views on q and k ~25, repeat_kv copies ~5, SDPA layout copies ~12, two residual adds 12,
+SiLU and the gate product ~10 per FFN unit (35 at i = 3.5h): ~160; backward ~2x that: ~480 bytes against the ~47
+the block saves (activations.layer_activation_bytes), i.e. ~10 passes per saved byte. Fused kernels (te) and
+flash-attention stacks with fused norms keep NON_GEMM_PASSES_PER_SAVED_BYTE."""
 FRAMEWORK_EFFICIENCY = 0.88
 """Fitted. Fraction of the kernel-level rate a whole training step keeps (launch gaps, synchronisation,
 stragglers): between the 80% of matmul peak and the 38-56% end-to-end MFU published (docs/anchors.md)."""
@@ -69,6 +82,14 @@ def precision_factor(precision: str, gpu: GpuSpec) -> float:
 def gemm_rate(gpu: GpuSpec, precision: str, m: float, n: float, k: float) -> float:
     """Sustained FLOP/s of one (m x k) @ (k x n) GEMM on this GPU."""
     return gpu.peak_bf16_flops * gemm_fraction(gpu) * shape_factor(m, n, k) * precision_factor(precision, gpu)
+
+
+def attention_fraction(gpu: GpuSpec, impl: str) -> float:
+    """Fraction of dense bf16 peak the attention core sustains for this kernel family on this GPU
+    (ATTENTION_FRACTION; HOPPER_FA2_ATTENTION_FRACTION for FA2-based kernels on compute capability 9.x)."""
+    if impl in ("sdpa", "flash") and str(gpu.compute_capability or "").startswith("9."):
+        return HOPPER_FA2_ATTENTION_FRACTION
+    return ATTENTION_FRACTION[impl]
 
 
 def hbm_bw(gpu: GpuSpec, fallback: float) -> float:
@@ -192,14 +213,24 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         width = w.shared / ((3 if shape.mlp_gated else 2) * h)
         s += 6 * w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
     s *= recompute
+    from dstoolkit.estimate.activations import op_sac_recomputed_weights, uses_op_sac
+
+    op_sac = uses_op_sac(plan) and recompute == 1.0
+    if op_sac:
+        # torchtitan op-level SAC re-runs every second matmul's forward (2 FLOPs per weight and token) in backward
+        # and keeps the SDPA output, so the attention core is not recomputed (activations.op_sac_layer_bytes)
+        s += 2 * op_sac_recomputed_weights(plan, i) * tok / gemm_rate(gpu, prec, tok, h / t, h)
     # attention core: 12·H·Q·S per token (PaLM App. B) over the full sequence, each rank its tok queries
     from dstoolkit.estimate.flops import attention_head_dims
 
     H, Q = attention_head_dims(shape)
     impl = plan.attention_kind
     work = 12 * H * Q * plan.seq_len * tok / t * (1.0 if impl == "eager" else CAUSAL_ATTENTION_WORK)
-    if plan.checkpoint.recomputes_attention_core or recompute > 1:
+    if (plan.checkpoint.recomputes_attention_core and not op_sac) or recompute > 1:
         work *= 4.0 / 3.0
-    s += work / (gpu.peak_bf16_flops * ATTENTION_FRACTION[impl])
-    s += NON_GEMM_PASSES_PER_SAVED_BYTE * saved_bytes / mem_bw
+    s += work / (gpu.peak_bf16_flops * attention_fraction(gpu, impl))
+    passes = UNFUSED_NON_GEMM_PASSES_PER_SAVED_BYTE if impl == "sdpa" else NON_GEMM_PASSES_PER_SAVED_BYTE
+    if op_sac:
+        passes *= 4.0 / 3.0  # op-level SAC re-runs the block's elementwise forward (1 of its 3 thirds) in backward
+    s += passes * saved_bytes / mem_bw
     return s

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dstoolkit.estimate.memory import param_bytes, rank_param_groups
+from dstoolkit.estimate.memory import param_bytes, rank_param_groups, zero_group_sizes
 from dstoolkit.runplan import RunPlan
 
 QWZ_BYTES_PER_PARAM = 1
@@ -78,6 +78,9 @@ class CommOp:
     concurrent_groups: int = 1
     """Groups of this collective that span nodes and have a rank on one node: they run side by side and
     share that node's inter-node link(s) (1 when the group stays inside a node)."""
+    hidden_fraction: float = 1.0
+    """Of an overlappable collective, the fraction that can run ahead of the compute needing it; the rest waits
+    in the critical path (DeepSpeed ZeRO-3 parameter gathers: `zero3_prefetch_hidden_fraction`)."""
 
 
 @dataclass
@@ -165,20 +168,23 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     expert = sum(groups[1]) if len(groups) > 1 else 0
     ga = ds.grad_accum
     out = CommPlan()
-    dp, edp = plan.dp, plan.edp
-    shards = plan.cp * plan.ulysses  # Megatron rank order tp, cp, dp, pp: dp groups stride tp * cp
-    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, plan.tp * shards)
-    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, plan.tp * shards * plan.ep)
+    shards = plan.cp * plan.ulysses
+    # gradients are reduced (and ZeRO partitions spread) over the data-parallel ranks together with the cp x
+    # Ulysses ranks, which hold the same parameters (memory.zero_group_sizes); in Megatron's rank order tp, cp,
+    # dp, pp that group is strided by tp
+    dp, edp = zero_group_sizes(plan)
+    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, plan.tp)
+    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, plan.tp * plan.ep)
     from dstoolkit.estimate.cluster_model import moe_layers_per_stage, resolved_overlap
 
     grad_overlap, param_overlap = resolved_overlap(plan)
     dp_cross, edp_cross = dp_lay.cross_node, edp_lay.cross_node
     nlayers = math.ceil(shape.num_hidden_layers / plan.pp)
 
-    def add(name, coll, nbytes, n, cross, calls, overlap, concurrent=1):
+    def add(name, coll, nbytes, n, cross, calls, overlap, concurrent=1, hidden=1.0):
         if n > 1 and nbytes > 0:
             out.ops.append(CommOp(name, coll, int(nbytes), n, cross, int(calls), overlap,
-                                  int(concurrent) if cross else 1))
+                                  int(concurrent) if cross else 1, hidden))
 
     bucket = max(1, ds.reduce_bucket_size)
     stage = ds.zero_stage
@@ -215,11 +221,12 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         hpz = ds.zeropp_hpz > 1
         calls = ga * 2 * nlayers * 4
         c = dp_lay.concurrent_groups
+        hidden = zero3_prefetch_hidden_fraction(plan)
         add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2,
-            param_overlap, c)
+            param_overlap, c, hidden)
         # hpZ: the backward gather reads the secondary partition inside the node (ZeRO++ §3.2)
         add("zero3_param_all_gather_bwd", "all_gather", dense * (fwd_bytes if not hpz else pb) * ga,
-            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c)
+            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c, hidden)
         add("zero3_grad_reduce_scatter" if not ds.zeropp_qgz else "zeropp_qgz_all_to_all",
             "reduce_scatter" if not ds.zeropp_qgz else "all_to_all", dense * grad_bytes * ga, dp, dp_cross,
             ga * math.ceil(dense / bucket), grad_overlap or plan.framework == "deepspeed", c)
@@ -267,6 +274,30 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         add("pp_p2p", "p2p", 2 * v * tok * shape.hidden_size * pb // (plan.tp if plan.sequence_parallel else 1) * ga,
             2, plan.world_size // plan.pp > plan.gpus_per_node or plan.gpus_per_node < plan.tp * 2, 2 * v * ga, False)
     return out
+
+
+def largest_gathered_module_numel(plan: RunPlan) -> int:
+    """Elements of the largest parameter tensor inside the blocks on one TP rank (the unit a ZeRO-3 gather
+    fetches: DeepSpeed gathers each submodule's parameters before it runs)."""
+    from dstoolkit.estimate.layout import param_layout
+
+    return max((e.numel // (plan.tp if e.tp_split else 1) for e in param_layout(plan.shape) if e.layer >= 0),
+               default=1)
+
+
+def zero3_prefetch_hidden_fraction(plan: RunPlan) -> float:
+    """Fraction of a ZeRO-3 parameter gather that can run ahead of the submodule needing it.
+
+    DeepSpeed: the coordinator prefetches upcoming submodules' parameters only while the prefetched elements stay
+    under `stage3_prefetch_bucket_size` (runtime/zero/partitioned_param_coordinator.py `fetch_sub_module`,
+    `__prefetch_bucket_sz`; docs: "smaller values use less memory, but can increase stalls due to
+    communication"), so of a submodule with n > bucket elements only `bucket` elements are gathered during the
+    previous submodule's compute: bucket / n of the largest one. PyTorch FSDP (framework fsdp) prefetches the next
+    whole FSDP unit (forward_prefetch / BACKWARD_PRE, FSDP2's default implicit prefetch), so all of it: 1.
+    """
+    if plan.framework != "deepspeed":
+        return 1.0
+    return min(1.0, max(0, plan.ds.prefetch_bucket_size) / max(1, largest_gathered_module_numel(plan)))
 
 
 def zeropp_cross_node_bytes(psi: int, *, qwz: bool, hpz: bool, qgz: bool, weight_bytes: int = 2) -> float:

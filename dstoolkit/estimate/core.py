@@ -17,6 +17,7 @@ from dstoolkit.estimate.memory import (
     fp8_weight_cache_bytes,
     paper_model_states,
     rank_param_groups,
+    zero_group_sizes,
 )
 from dstoolkit.estimate.step_time import peak_flops, step_time
 from dstoolkit.estimate.timeline import allowance_source, device_allowance_bytes, memory_timeline
@@ -256,7 +257,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     tps = tokens_per_step(plan)
     comm = comm_plan(plan)
     if ms.optimizer_path in ("zero12", "zero3", "bf16_optimizer"):
-        part = sum(-(-sum(g) // d) for g, d in zip(groups, [plan.dp, plan.edp]))
+        part = sum(-(-sum(g) // d) for g, d in zip(groups, zero_group_sizes(plan)))
     else:
         part = per_rank
     tokens_per_replica = ds.micro_batch * ds.grad_accum * plan.seq_len

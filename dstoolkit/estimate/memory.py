@@ -99,6 +99,16 @@ class ModelStates:
         return self.device_at_step + self.host_total
 
 
+def zero_group_sizes(plan: RunPlan) -> tuple[int, int]:
+    """(dense, expert) group sizes ZeRO partitions over and reduces gradients across: the data-parallel ranks
+    times the ranks one sequence is sharded over (cp x Ulysses), which hold the same parameters. Megatron-Core's
+    distributed optimizer and gradient buffers use the data-parallel group *with* context parallelism
+    (parallel_state.get_data_parallel_group(with_context_parallel=True)); DeepSpeed-Ulysses partitions ZeRO over
+    the sequence-data-parallel group (Jacobs et al. 2023, §3.3: ZeRO-3 across data and sequence parallel ranks)."""
+    shards = plan.cp * plan.ulysses
+    return plan.dp * shards, plan.edp * shards
+
+
 def _optimizer_path(plan: RunPlan) -> str:
     ds = plan.ds
     p = plan.precision
@@ -134,7 +144,7 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
     pb = param_bytes(plan.precision)
     sb = optimizer_state_bytes_per_param(ds.optimizer_type)
     groups = rank_param_groups(plan)
-    group_dp = [plan.dp] + ([plan.edp] if len(groups) > 1 else [])
+    group_dp = list(zero_group_sizes(plan))[:len(groups)]
     path = _optimizer_path(plan)
     ms = ModelStates(optimizer_path=path)
     largest = max((n for g in groups for n in g), default=0)

@@ -122,10 +122,13 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         total += t
         if not op.overlappable:
             exposed += t
-        elif _backward_only(op.name):
-            hide_bwd += t
+            continue
+        # the part of the op that cannot run ahead of its consumer (comm.CommOp.hidden_fraction) is exposed
+        exposed += t * (1.0 - op.hidden_fraction)
+        if _backward_only(op.name):
+            hide_bwd += t * op.hidden_fraction
         else:
-            hide_any += t
+            hide_any += t * op.hidden_fraction
     # gradient reduction hides only behind backward compute; parameter gathers, TP, all-to-all and CP traffic
     # behind any compute left over; each hides with efficiency eta
     window_bwd = min(hide_bwd, compute * BACKWARD_SHARE)
