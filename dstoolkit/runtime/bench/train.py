@@ -209,6 +209,26 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
     }
 
 
+def _describe_shrunk_run(spec, shrunk, world_size: int) -> None:
+    """Make `spec` describe what a shrunk run trains, so the estimate beside it is of the same run: the
+    capped seq_len, pure data parallelism (the trainer: tp = pp = ep = 1), and this machine's hardware (a
+    strategy generated for a GPU cluster runs shrunk on the local CPU ranks)."""
+    import torch
+
+    spec.training.seq_len = shrunk.seq_len  # the trainer caps it the same way
+    for key in ("tp", "pp", "ep"):
+        setattr(spec.training, key, 1)
+    if not torch.cuda.is_available() and get_gpu_name(spec) != "cpu":
+        from dstoolkit.spec.model import ClusterSpec
+
+        spec.cluster = ClusterSpec(nodes=1, gpus_per_node=world_size, gpu="cpu")
+
+
+def get_gpu_name(spec) -> str:
+    gpu = spec.cluster.gpu
+    return (gpu if isinstance(gpu, str) else gpu.name).strip().lower()
+
+
 def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, world_size: int, work_dir: pathlib.Path,
             timeout_s: float, calibration, shrink=None) -> dict[str, Any]:
     """Launch one config through the deepspeed launcher and build its record body (`shrink`: the
@@ -228,7 +248,7 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
         except ShrinkError as exc:
             raise BenchInputError(f"config {target.name!r} (spec {target.spec_path}): --shrink: {exc}") from None
         shape = shrunk.shape
-        spec.training.seq_len = shrunk.seq_len  # the trainer caps it the same way; the estimate must match
+        _describe_shrunk_run(spec, shrunk, world_size)
     else:
         shape = resolve_model(spec.model, target.spec_path.parent)
     run_dir = work_dir / target.name
