@@ -355,7 +355,7 @@ def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: 
         g["count"] += 1
         if isinstance(lin.input_key[0], int):
             g["blocks"].append(lin.input_key[0])
-        if "{e}" in kind:
+        if kind.endswith(".{e}"):  # a fused expert tensor of a built model: <name>.<expert>
             g["experts"].add(int(lin.name.rsplit(".", 1)[-1]))
     out_groups = []
     for (kind, swapped, _r, k, n, rows), g in groups.items():

@@ -45,7 +45,7 @@ def load_model(name_or_path: Union[str, Path], model_class: Optional[str] = None
     try:
         return get_preset(text)
     except ValueError as exc:
-        raise ValueError(f"{str(exc)[:-1]}; or give a path to an HF config.json, or your module as "
+        raise ValueError(f"{str(exc)[:-1]}; or give a path to an HF config.json) (or your module as "
                          "package.module:callable)") from None
 
 

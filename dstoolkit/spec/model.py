@@ -108,8 +108,8 @@ class ModelSpec(BaseModel):
         if self.preset is None and self.hf_config is None and not inline:
             raise SpecFieldError(
                 (), "no model given",
-                "set `preset: NAME`, `hf_config: path/to/config.json`, `module: package.module:callable`, or inline "
-                "HF fields starting with `model_type:`",
+                "set `preset: NAME`, `hf_config: path/to/config.json`, or inline HF fields starting with `model_type:` "
+                "(or `module: package.module:callable` for your own nn.Module)",
             )
         if self.preset is not None and self.model_class is not None:
             raise SpecFieldError(("model_class",), f"model_class={self.model_class!r} builds an HF config, not a preset",
