@@ -30,6 +30,10 @@ MAX_SHRUNK_PARAMS = 20_000_000
 """A shrunk copy above this many parameters is refused: some width field was not recognised (the error names
 the largest tensor), and a 2-rank CPU run of it would take minutes, not seconds."""
 
+MAX_AUTO_DEPTH = 12
+"""A pattern whose layer kinds need a deeper prefix than this is refused (e.g. per-layer block_configs that
+all differ): a shrunk run is meant to take seconds."""
+
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd")
 QUERY_HEAD_KEYS = ("num_attention_heads", "n_head")
@@ -302,6 +306,11 @@ def shrink_config(config: dict, sizes: Optional[ShrinkSizes] = None) -> Shrunk:
     n = d[lk]
     auto_depth, need = _depth(d, n, sizes)
     auto_depth = min(auto_depth, n)
+    if auto_depth > MAX_AUTO_DEPTH:
+        why = max(need, key=need.get)
+        raise ShrinkError(why, f"every layer kind of {why} first appears only within the first {auto_depth} layers "
+                          f"(more than {MAX_AUTO_DEPTH})", "this per-layer pattern is too irregular to shrink by "
+                          "depth; train it with the stand-in model (no --shrink) or a hand-cut config")
     depth = auto_depth if sizes.layers is None else sizes.layers
     if depth > n:
         raise ShrinkError("--shrink layers", f"layers={depth} exceeds the config's {lk}={n}",

@@ -80,3 +80,28 @@ def test_calibration_reads_per_clock_files_with_per_precision_rates(tmp_path):
     path.write_text("{")
     with pytest.raises(BenchInputError, match="cannot read calibration JSON"):
         train.load_calibration(str(path))
+
+
+def test_bench_tune_and_hf_callback_estimate_through_one_path(monkeypatch, repo_root):
+    """`bench train` (default --calibration auto), the HF callback (calibration None) and the tuner give the same
+    estimate for the same config: all of them use the spec's own calibration (before: bench's 'auto' read the
+    checkout's benchmarks/results/calibration_cpu_*.json, 20,843 vs the tuner's 7,652 tok/s on zero0 mb1 here)."""
+    from dstoolkit.models import resolve_model
+    from dstoolkit.spec import load_spec
+    from dstoolkit.tune.space import TuneSpace, estimated_tokens_per_s
+
+    monkeypatch.setenv("DSTOOLKIT_CALIBRATION", "reference")  # the packaged file: no probe of this machine
+    path = repo_root / "tests" / "dist" / "user_scripts" / "spec.yaml"
+    spec = load_spec(path)
+    shape = resolve_model(spec.model, path.parent)
+    space = TuneSpace.from_spec(spec, shape, data_parallel_only=True)
+    checked = [c for c in (space.check(p) for p in space.points()) if not c.pruned][:4]
+    assert checked
+    assert train.load_calibration("auto") is None and train.load_calibration(None) is None
+    for chk in checked:
+        tune = estimated_tokens_per_s(spec, chk.estimate)
+        bench = train.estimate_for(spec, shape, chk.ds_config, 2, 1, train.load_calibration("auto"))
+        assert bench["tokens_per_s"] == pytest.approx(tune, rel=1e-9), chk.point.label
+        assert bench["calibration_source"].startswith("reference calibration")
+    nominal = train.estimate_for(spec, shape, checked[0].ds_config, 2, 1, train.load_calibration("none"))
+    assert nominal["calibration_source"] == "nominal hardware-table rates" and not nominal["calibrated"]
