@@ -33,6 +33,10 @@ from dstoolkit.runplan import RunPlan
 
 QWZ_BYTES_PER_PARAM = 1
 """ZeRO++ qwZ: weights all-gathered in int8 (arXiv 2306.10209 §3.1), block scales ignored."""
+DEEPSPEED_GATHERS_PER_LAYER = 4
+"""ZeRO-3 parameter all-gathers per block and pass under DeepSpeed, which fetches each submodule's parameters
+before it runs (partitioned_param_coordinator.py fetch_sub_module): the four weight matrices of a GPT block (QKV,
+attention output, FC1, FC2); norms and biases under stage3_param_persistence_threshold stay resident."""
 QGZ_BYTES_PER_PARAM = 0.5
 """ZeRO++ qgZ: gradients reduce-scattered in int4 via all-to-all (arXiv 2306.10209 §3.3)."""
 
@@ -219,7 +223,10 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         fwd_bytes = QWZ_BYTES_PER_PARAM if ds.zeropp_qwz else pb
         grad_bytes = QGZ_BYTES_PER_PARAM if ds.zeropp_qgz else pb
         hpz = ds.zeropp_hpz > 1
-        calls = ga * 2 * nlayers * 4
+        # DeepSpeed gathers per submodule (~4 weight matrices per block); PyTorch FSDP per FSDP unit, which
+        # torchtitan (fully_shard per TransformerBlock) and llm-foundry (its per-block FSDP wrap) make one block
+        units = 1 if plan.framework == "fsdp" else DEEPSPEED_GATHERS_PER_LAYER
+        calls = ga * 2 * nlayers * units
         c = dp_lay.concurrent_groups
         hidden = zero3_prefetch_hidden_fraction(plan)
         add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2,
@@ -229,7 +236,8 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
             ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c, hidden)
         add("zero3_grad_reduce_scatter" if not ds.zeropp_qgz else "zeropp_qgz_all_to_all",
             "reduce_scatter" if not ds.zeropp_qgz else "all_to_all", dense * grad_bytes * ga, dp, dp_cross,
-            ga * math.ceil(dense / bucket), grad_overlap or plan.framework == "deepspeed", c)
+            ga * (nlayers if plan.framework == "fsdp" else math.ceil(dense / bucket)),
+            grad_overlap or plan.framework == "deepspeed", c)
     # Expert parallelism: dispatch + combine all-to-all in forward, and the same two in backward, per MoE layer
     # of the heaviest pipeline stage (DeepSeek-V3 at pp 16: 4 MoE layers on stages 1-15, 1 on stage 0).
     # Per TP rank: DeepSpeed drops the tokens duplicated across TP ranks before the all-to-all
@@ -315,6 +323,32 @@ def link_share(op: CommOp, links_per_node: int) -> int:
     if not op.cross_node:
         return 1
     return max(1, math.ceil(op.concurrent_groups / max(1, links_per_node)))
+
+
+INTER_NODE_HOP_LATENCY_S = 7.5e-6
+"""Fitted (training rows of benchmarks/data/published_runs.yaml). Latency of one algorithm step of a collective
+whose group spans nodes, on the GPU path: the form is NCCL's (NVIDIA developer blog "Massively Scale Your Deep
+Learning Training with NCCL 2.4", 2019: ring latency grows linearly with the number of ranks, double binary
+trees logarithmically; `latency_steps`). The DeepSpeed ZeRO-3 rows of Narayanan et al. 2021 Table 2 (384 to 2240
+A100s, one gather per submodule) slow down with the rank count as this predicts."""
+
+
+def latency_steps(op: CommOp) -> int:
+    """Sequential algorithm steps of one call: a ring all-gather / reduce-scatter takes n - 1 (NCCL runs them on
+    rings only); all-reduce uses double binary trees at scale, 2·ceil(log2 n) (NCCL 2.4); all-to-all and p2p
+    post all their sends at once: 1."""
+    n = op.group_size
+    if op.collective in ("all_gather", "reduce_scatter"):
+        return n - 1
+    if op.collective == "all_reduce":
+        return 2 * math.ceil(math.log2(n)) if n > 1 else 0
+    return 1
+
+
+def gpu_latency_s(op: CommOp) -> float:
+    """Latency seconds of a GPU collective whose group spans nodes: calls x latency_steps x INTER_NODE_HOP_LATENCY_S
+    (0 inside a node, where the bandwidth term dominates)."""
+    return op.calls * latency_steps(op) * INTER_NODE_HOP_LATENCY_S if op.cross_node else 0.0
 
 
 def op_time_s(op: CommOp, intra_busbw: float, inter_busbw: float, latency_s: float = 0.0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dstoolkit.estimate import cluster_model as cm
-from dstoolkit.estimate.comm import CommPlan, op_time_s
+from dstoolkit.estimate.comm import CommPlan, gpu_latency_s, op_time_s
 from dstoolkit.estimate.flops import FlopsPerToken
 from dstoolkit.hardware.calibration import peak_flops_per_rank
 from dstoolkit.runplan import RunPlan
@@ -37,6 +37,12 @@ GRAD_HANDLING_PASSES = 6
 """Memory passes over each local gradient element per micro step, in units of the model dtype: autograd
 writes it, DeepSpeed copies it into the reduce bucket (read + write) and the reduction reads and writes it
 (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads / engine buffered all-reduce)."""
+MEGATRON_GRAD_BUFFER_PASSES = 4
+"""Per step and local parameter with Megatron (GPU path), in units of the model dtype: the fp32 main_grad buffer
+(2 units per element) read and written once when it is reduced and handed to the optimizer. Megatron fuses the
+micro steps' accumulation into the weight-gradient GEMM (Megatron-LM --gradient-accumulation-fusion, on unless
+--no-gradient-accumulation-fusion; Megatron-Core ModelParallelConfig.gradient_accumulation_fusion: "fuses weight
+gradient accumulation to GEMMs"), so GRAD_HANDLING_PASSES per micro step does not apply."""
 PARAM_WRITEBACK_PASSES = 2
 """Per step and local parameter: the updated fp32 master is copied into the low-precision flat buffer, and the
 all-gather writes the other partitions (in units of the model dtype)."""
@@ -119,6 +125,8 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     hide_any = 0.0
     for op in comm.ops:
         t = op_time_s(op, intra, inter, latency, inter_latency, links)
+        if cal is None:
+            t += gpu_latency_s(op)
         total += t
         if not op.overlappable:
             exposed += t
@@ -144,7 +152,12 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     # memory-bound work outside the GEMMs and the optimizer: gradient handling, parameter write-back, and the
     # fp32 loss over the vocabulary (on the last pipeline stage)
     pb = 4 if plan.precision == "fp32" else 2
-    traffic = local_numel * pb * (GRAD_HANDLING_PASSES * ds.grad_accum + PARAM_WRITEBACK_PASSES)
+    grad_passes = GRAD_HANDLING_PASSES * ds.grad_accum
+    if cal is None and plan.framework == "megatron":
+        # Megatron's gradient-accumulation fusion: the weight-gradient GEMM accumulates into the fp32 main_grad
+        # buffer itself, so a micro step adds no gradient pass; the buffer is read and written once per step
+        grad_passes = MEGATRON_GRAD_BUFFER_PASSES
+    traffic = local_numel * pb * (grad_passes + PARAM_WRITEBACK_PASSES)
     traffic += LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / cm.sequence_shards(plan)
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
                     memory_s=traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)

@@ -59,10 +59,13 @@ IB_200G_BUSBW_BYTES_PER_S = 24 * GBps
 """One 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100): 25 GB/s line rate, ~24 GB/s achievable busbw."""
 
 HOPPER_GEMM_FRACTION = 0.80
-"""Large bf16 GEMM on Hopper: 788 of 989 TFLOP/s measured on one H200 (8192^3, docs/anchors.md)."""
+"""Large bf16 GEMM on Hopper: 788 of 989 TFLOP/s measured on one H200 (8192^3, docs/anchors.md); S. Bekman's
+Maximum Achievable Matmul FLOPS table (stas00/ml-engineering@b9e2972 compute/accelerator/README.md, "Maximum
+Achievable Matmul FLOPS comparison table", BF16, v2 with cache reset) has H100 SXM 794.5 of 989 = 80.3%
+(best shape 2048x2048x13312, torch 2.7.0+cu126). Re-read in this session."""
 AMPERE_GEMM_FRACTION = 0.87
-"""Large bf16 GEMM on A100 SXM: ~271 of 312 TFLOP/s (maximum achievable matmul FLOP/s table, S. Bekman,
-"Machine Learning Engineering", compute/accelerator chapter)."""
+"""Large bf16 GEMM on A100 SXM: 271.2 of 312 TFLOP/s = 86.9% (same table and commit as HOPPER_GEMM_FRACTION,
+best shape 1024x10240x5120, torch 2.6.0+cu126; the older v1 table gave 267.9 = 85.9%). Re-read in this session."""
 MI300X_GEMM_FRACTION = 0.60
 """Large bf16 GEMM on MI300X: ~780 of 1307 TFLOP/s (AMD ROCm blog "Measuring Max-Achievable FLOPs", part 2)."""
 

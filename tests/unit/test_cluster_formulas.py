@@ -1,0 +1,195 @@
+"""Formulas of the GPU cluster model added for the published-runs benchmark (issue 16), pinned with values derived
+by hand from their sources: torchtitan's op-level selective activation checkpointing, Transformer Engine's FP8
+cached GEMM inputs, LayerNorm's saved tensors, DeepSpeed ZeRO-3's prefetch bucket, ZeRO over dp x cp, and the
+FlashAttention-2 rate on Hopper."""
+import pytest
+
+from dstoolkit.estimate import cluster_model as cm
+from dstoolkit.estimate.activations import (
+    activation_bytes,
+    layer_activation_bytes,
+    op_sac_layer_bytes,
+    op_sac_recomputed_weights,
+    uses_op_sac,
+)
+from dstoolkit.estimate.comm import CommOp, CommPlan, comm_plan, largest_gathered_module_numel, \
+    zero3_prefetch_hidden_fraction
+from dstoolkit.estimate.flops import plan_flops_per_token
+from dstoolkit.estimate.memory import deepspeed_model_states, zero_group_sizes
+from dstoolkit.estimate.step_time import DEFAULT_OVERLAP_EFFICIENCY, step_time
+from dstoolkit.hardware.table import get_gpu
+from dstoolkit.models import get_preset
+from dstoolkit.runplan import RunPlan
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+
+# Llama 3 8B: h 4096, 32 heads of 128, 8 KV heads, SwiGLU FFN 14336, 32 layers
+H, A, D, G, I = 4096, 32, 128, 8, 14336
+
+
+def _ds(stage=1, mb=1, ga=1, **zero):
+    return {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": ga, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": stage, **zero}, "optimizer": {"type": "AdamW"}}
+
+
+def _plan(preset="llama-3-8b", world=8, stage=1, mb=1, ga=1, seq=4096, zero=None, shape=None, **kw):
+    return RunPlan(shape=shape or get_preset(preset), ds_config=_ds(stage, mb, ga, **(zero or {})),
+                   world_size=world, gpus_per_node=8, gpu=get_gpu(kw.pop("gpu", "H100-SXM")), seq_len=seq, **kw)
+
+
+SELECTIVE = CheckpointPolicy(kind="selective")
+
+
+# -- torchtitan op-level SAC --------------------------------------------------------------------------------
+def test_op_sac_applies_to_fsdp_selective_only():
+    # torchtitan (framework fsdp) 'selective' = op SAC; Megatron / DeepSpeed 'selective' = attention core
+    assert uses_op_sac(_plan(framework="fsdp", checkpoint=SELECTIVE))
+    assert not uses_op_sac(_plan(framework="megatron", checkpoint=SELECTIVE))
+    assert not uses_op_sac(_plan(framework="fsdp"))
+
+
+def test_op_sac_keeps_odd_matmul_outputs_sdpa_output_and_block_input():
+    # torchtitan _custom_policy: save mm outputs except every second (q, v, gate, down kept; k, o, up recomputed),
+    # the SDPA output and its fp32 log-sum-exp; the checkpoint wrapper keeps the block input. Per token in bf16:
+    # 2h (input) + 2·a·d (q) + 2·g·d (v) + 2i (gate) + 2h (down) + 2·a·d (SDPA out) + 4a (lse) = 63,616 bytes
+    per_token = 2 * H + 2 * A * D + 2 * G * D + 2 * I + 2 * H + 2 * A * D + 4 * A
+    assert per_token == 63_616
+    p = _plan(framework="fsdp", checkpoint=SELECTIVE, mb=2, seq=8192, stage=3, attention_impl="sdpa")
+    assert op_sac_layer_bytes(p, 0, 2) == pytest.approx(per_token * 2 * 8192)
+
+
+def test_op_sac_recomputes_every_second_matmul():
+    # k (h x g·d), o (a·d x h) and up (h x i) re-run in backward: 4,194,304 + 16,777,216 + 58,720,256 weights
+    p = _plan(framework="fsdp", checkpoint=SELECTIVE)
+    assert op_sac_recomputed_weights(p, 0) == H * G * D + A * D * H + H * I == 79_691_776
+
+
+def test_op_sac_saves_less_than_attention_core_selective_and_costs_the_recomputed_matmuls():
+    kw = dict(mb=2, seq=8192, stage=3, attention_impl="sdpa", checkpoint=SELECTIVE)
+    fsdp, ds = _plan(framework="fsdp", **kw), _plan(framework="deepspeed", **kw)
+    assert activation_bytes(fsdp).saved < 0.5 * activation_bytes(ds).saved
+    # the recompute shows up in the step (2 FLOPs per recomputed weight and token), the attention core does not
+    from dstoolkit.estimate.core import estimate_run
+
+    assert estimate_run(fsdp).step_time.compute_s > estimate_run(
+        fsdp.model_copy(update={"checkpoint": CheckpointPolicy(kind="none")})).step_time.compute_s
+
+
+# -- Transformer Engine FP8 cached GEMM inputs ------------------------------------------------------------
+def test_te_fp8_keeps_gemm_inputs_in_one_byte():
+    # per token, fused (te) Llama block, t = 1: norms 2·((p + pl)·h + 4), q/k/v p·(a + 2g)·d, attention output
+    # p·a·d (+ its FP8 copy pl·a·d for the out-projection), lse 4a, FFN (2p + pl)·i
+    bf16 = 2 * (4 * H + 4) + 2 * (A + 2 * G) * D + 2 * A * D + 4 * A + 6 * I
+    fp8 = 2 * (3 * H + 4) + 2 * (A + 2 * G) * D + 2 * A * D + A * D + 4 * A + 5 * I
+    assert (bf16, fp8) == (139_400, 120_968)
+    tok = 4096
+    assert layer_activation_bytes(_plan(attention_impl="te"), 0, 1).full == pytest.approx(bf16 * tok)
+    assert layer_activation_bytes(_plan(attention_impl="te", precision="fp8"), 0, 1).full == pytest.approx(fp8 * tok)
+
+
+# -- LayerNorm saves its low-precision input (GPU path) ---------------------------------------------------
+def test_layernorm_keeps_bf16_input_and_fp32_stats_on_gpu_only():
+    # aten native_layer_norm saves input, mean, rstd: p·h + 8 per token instead of the RMSNorm fp32 upcast
+    # (4 + p)·h + 4; two norms per block -> 2·(4h - 4) bytes per token less, on the GPU path only
+    ln = get_preset("llama-3-8b").model_copy(update={"norm_type": "layernorm"})
+    tok = 4096
+    gpu = layer_activation_bytes(_plan(), 0, 1).full - layer_activation_bytes(_plan(shape=ln), 0, 1).full
+    assert gpu == pytest.approx(2 * (4 * H - 4) * tok)
+    cpu = layer_activation_bytes(_plan(gpu="cpu"), 0, 1).full - layer_activation_bytes(
+        _plan(shape=ln, gpu="cpu"), 0, 1).full
+    assert cpu == 0
+
+
+# -- DeepSpeed ZeRO-3 prefetch bucket ---------------------------------------------------------------------
+def test_zero3_prefetch_hides_bucket_over_largest_module():
+    # DeepSpeed prefetches at most stage3_prefetch_bucket_size elements ahead: 5e7 of the 58,720,256-element
+    # FFN matrices of Llama 3 8B; PyTorch FSDP prefetches whole units
+    p = _plan(stage=3, zero={"stage3_prefetch_bucket_size": 50_000_000})
+    assert largest_gathered_module_numel(p) == H * I
+    assert zero3_prefetch_hidden_fraction(p) == pytest.approx(50_000_000 / (H * I))
+    assert zero3_prefetch_hidden_fraction(p.model_copy(update={"framework": "fsdp"})) == 1.0
+    ops = {op.name: op.hidden_fraction for op in comm_plan(p).ops}
+    assert ops["zero3_param_all_gather_fwd"] == pytest.approx(50_000_000 / (H * I))
+    assert ops["zero3_grad_reduce_scatter"] == 1.0
+
+
+def test_hidden_fraction_exposes_the_rest_of_an_overlappable_op():
+    # an overlappable all-gather of t seconds with ample compute: exposed = (1 - f)·t + f·t·(1 - eta)
+    p = _plan(stage=3, mb=4, seq=4096)
+    fpt = plan_flops_per_token(p)
+    nbytes, n = 10 * 2**30, 8
+    t = nbytes * (n - 1) / n / p.gpu.intra_node_bw_bytes_per_s
+
+    def exposed(f):
+        op = CommOp("zero3_param_all_gather_fwd", "all_gather", nbytes, n, False, 1, True, 1, f)
+        return step_time(p, fpt, CommPlan([op]), 1, 4 * 4096).comm_exposed_s
+
+    eta = DEFAULT_OVERLAP_EFFICIENCY
+    assert exposed(1.0) == pytest.approx(t * (1 - eta))
+    assert exposed(0.25) == pytest.approx(0.75 * t + 0.25 * t * (1 - eta))
+
+
+# -- ZeRO over the data-parallel ranks with context parallelism -------------------------------------------
+def test_zero_partitions_over_dp_times_cp():
+    # Megatron-Core's distributed optimizer uses the data-parallel group with context parallelism: 16 GPUs,
+    # tp 2, cp 2 -> dp 4, ZeRO over 8 ranks
+    p = _plan(world=16, tp=2, cp=2, stage=1, mb=1, ga=4)
+    assert p.dp == 4
+    assert zero_group_sizes(p) == (8, 8)
+    no_cp = _plan(world=16, tp=2, stage=1, mb=1, ga=4)
+    half = deepspeed_model_states(no_cp).master_params
+    # the same parameters (tp 2) over 8 ZeRO ranks in both: dp 8 without cp, dp 4 x cp 2 with it
+    assert deepspeed_model_states(p).master_params == half
+    assert {op.group_size for op in comm_plan(p).ops if op.name.startswith("zero")} == {8}
+
+
+# -- FlashAttention-2 on Hopper ---------------------------------------------------------------------------
+def test_fa2_attention_fraction_on_hopper():
+    # FlashAttention-3 (Shah et al. 2024), abstract: FA2 reaches ~35% of H100 peak; A100 figures unchanged
+    assert cm.attention_fraction(get_gpu("H100-SXM"), "sdpa") == 0.35
+    assert cm.attention_fraction(get_gpu("H100-SXM"), "flash") == 0.35
+    assert cm.attention_fraction(get_gpu("H100-SXM"), "te") == cm.ATTENTION_FRACTION["te"]
+    assert cm.attention_fraction(get_gpu("A100-80G"), "sdpa") == cm.ATTENTION_FRACTION["sdpa"]
+
+
+# -- collective latency across nodes (NCCL: rings linear in n, double binary trees logarithmic) -----------
+def test_latency_steps_follow_the_nccl_algorithms():
+    from dstoolkit.estimate.comm import INTER_NODE_HOP_LATENCY_S, gpu_latency_s, latency_steps
+
+    def op(coll, n, cross=True, calls=10):
+        return CommOp("x", coll, 1, n, cross, calls, True)
+
+    assert latency_steps(op("all_gather", 1536)) == 1535  # ring: n - 1 steps
+    assert latency_steps(op("reduce_scatter", 64)) == 63
+    assert latency_steps(op("all_reduce", 1024)) == 20  # tree: 2 * ceil(log2 1024)
+    assert latency_steps(op("all_to_all", 64)) == 1 and latency_steps(op("p2p", 2)) == 1
+    assert gpu_latency_s(op("all_gather", 1536)) == pytest.approx(10 * 1535 * INTER_NODE_HOP_LATENCY_S)
+    assert gpu_latency_s(op("all_gather", 8, cross=False)) == 0.0
+
+
+def test_fsdp_gathers_per_block_deepspeed_per_submodule():
+    # PyTorch FSDP units are blocks (torchtitan fully_shard per TransformerBlock): 1 gather per block and pass,
+    # 1 reduce-scatter per block; DeepSpeed fetches each of the ~4 weight matrices of a block
+    from dstoolkit.estimate.comm import DEEPSPEED_GATHERS_PER_LAYER
+
+    ds = {op.name: op.calls for op in comm_plan(_plan(stage=3, ga=2)).ops}
+    fs = {op.name: op.calls for op in comm_plan(_plan(stage=3, ga=2, framework="fsdp")).ops}
+    assert fs["zero3_param_all_gather_fwd"] == 2 * 32 and fs["zero3_grad_reduce_scatter"] == 2 * 32
+    assert ds["zero3_param_all_gather_fwd"] == 2 * 32 * DEEPSPEED_GATHERS_PER_LAYER
+
+
+# -- Megatron gradient-accumulation fusion --------------------------------------------------------------
+def test_megatron_grad_handling_does_not_grow_with_micro_steps():
+    # the weight-gradient GEMM accumulates into main_grad (--gradient-accumulation-fusion): going from 1 to 8
+    # micro steps adds only the fp32 loss passes over 7 more micro batches' logits, 6 x 4 bytes x tokens x V / t;
+    # DeepSpeed also re-handles every local gradient element 6 times per micro step
+    from dstoolkit.estimate.core import estimate_run
+    from dstoolkit.estimate.step_time import GRAD_HANDLING_PASSES, LOSS_FP32_PASSES
+
+    seq, v, t, hbm = 4096, 128256, 8, 3.35e12
+    mem = {ga: estimate_run(_plan(tp=8, ga=ga, framework="megatron")).step_time.memory_s for ga in (1, 8)}
+    ds = {ga: estimate_run(_plan(tp=8, ga=ga)) for ga in (1, 8)}
+    loss = LOSS_FP32_PASSES * 4 * 7 * seq * v / t / hbm
+    assert mem[8] - mem[1] == pytest.approx(loss)
+    local = ds[1].params.per_rank
+    assert ds[8].step_time.memory_s - ds[1].step_time.memory_s == pytest.approx(
+        loss + local * 2 * GRAD_HANDLING_PASSES * 7 / hbm)
