@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dstoolkit.estimate.layout import param_totals
+from dstoolkit.models.flop_count import dsa_indexer_score_flops, gated_delta_chunk_flops, mamba2_ssd_chunk_flops
 from dstoolkit.runplan import RunPlan
 from dstoolkit.models.shape import ModelShape
 
@@ -15,6 +16,10 @@ ATTENTION_TRAIN_COEFF = 12
 """PaLM App. B: attention adds 12·L·H·Q·T training FLOPs per token (fwd 4·L·H·Q·T: QK^T and AV, 2 each)."""
 ATTENTION_FORWARD_COEFF = 4
 """Forward-only share of the attention term (1/3 of 12)."""
+SCAN_TRAIN_PER_FORWARD = 3
+"""A chunked scan's matmuls (and triangular solves) cost their forward FLOPs again twice in backward (one
+product per input gradient), as for every matmul here (Kaplan et al. 2020's 2N + 4N). torch's eager backward
+of linalg.solve_triangular forms the full C x C gradient product (4x its forward); counted at 3x like a matmul."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,8 @@ class FlopsPerToken:
     dense: float
     """6 · N_matmul (N = active parameters that take part in a matmul; MoE: top-k experts only)."""
     attention: float
-    """12 · L · H · Q · T (PaLM App. B), over the layers that have softmax attention (see `path`)."""
+    """Token-mixing FLOPs outside 6N: 12 · L · H · Q · T (PaLM App. B) over the layers that have softmax
+    attention (see `path`), plus `scan`."""
     recompute: float
     """Extra forward FLOPs from activation recompute (counted by HFU, not by MFU)."""
     path: str = "analytic"
@@ -33,6 +39,9 @@ class FlopsPerToken:
     (measured on the user's module with torch.utils.flop_counter)."""
     detail: str = ""
     """One line saying how `path` was applied (which layers carry the quadratic term, where the trace ran)."""
+    scan: float = 0.0
+    """The part of `attention` from chunked scans and indexers (per-layer path, layers whose measured facts
+    carry `scan`): gated DeltaNet, Mamba-2 SSD, the DeepSeek-V3.2 indexer scores."""
 
     @property
     def model(self) -> float:
@@ -62,7 +71,9 @@ def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float,
     global layers are twice as wide). A layer that attends to at most W keys (sliding_attention: the window,
     Mistral/Gemma/GPT-OSS; chunked_attention: the chunk, Llama 4; indexed_attention: the top-k keys the
     DeepSeek-V3.2 indexer selects, its report §2.1) is counted at min(T, W) keys per query, as the quadratic
-    term counts T for full attention (every key, causal mask ignored). Every other shape: all L layers.
+    term counts T for full attention (every key, causal mask ignored). A layer whose measured facts carry a
+    chunked scan or indexer (`LayerParams.scan`: gated DeltaNet, Mamba-2 SSD, the DSA indexer) adds
+    `layer_scan_flops`. Every other shape: all L layers.
     """
     L = shape.num_hidden_layers
     H, Q = attention_head_dims(shape)
@@ -73,28 +84,73 @@ def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float,
     out: list[float] = []
     kinds: dict[str, int] = {}
     bounded: dict[tuple[str, int], int] = {}
+    scans: dict[str, int] = {}
     for layer in m.layers:
+        facts = getattr(layer, "scan", None)  # LayerParams.scan: filled by models.from_transformers
+        extra = layer_scan_flops(facts, seq_len) if facts is not None else 0.0
+        if facts is not None:
+            scans[facts.kind] = scans.get(facts.kind, 0) + 1
         if layer.mixer != "attention":
-            out.append(0.0)
+            out.append(extra)
             kinds[layer.mixer] = kinds.get(layer.mixer, 0) + 1
             continue
         keys = seq_len if layer.attention_window is None else min(seq_len, layer.attention_window)
         if layer.attention_window is not None:
             bounded[(layer.attention_kind, layer.attention_window)] = bounded.get(
                 (layer.attention_kind, layer.attention_window), 0) + 1
-        out.append(float(ATTENTION_TRAIN_COEFF * (layer.attention_width or H * Q) * keys))
+        out.append(float(ATTENTION_TRAIN_COEFF * (layer.attention_width or H * Q) * keys) + extra)
     n_attn = L - sum(kinds.values())
     parts = [f"12·H·Q·T on the {n_attn} softmax-attention layers of {L}"]
     if kinds:
-        parts.append("none on " + ", ".join(f"{n} {_MIXER_NAMES.get(k, k)}" for k, n in kinds.items()) + " layers"
-                     " (their chunked scans, linear in T, are not counted: ~2% of such a layer traced)")
+        unscanned = {k: n - sum(scans.get(s, 0) for s in _SCANS_OF.get(k, ())) for k, n in kinds.items()}
+        listed = ", ".join(f"{n} {_MIXER_NAMES.get(k, k)}" for k, n in kinds.items())
+        parts.append(("no 12·H·Q·T on " if scans else "none on ") + listed + " layers"
+                     + (" (their chunked scans, linear in T, not counted: ~2% of such a layer traced)"
+                        if any(unscanned[k] for k in unscanned if k != "none") else ""))
     for (kind, w), n in bounded.items():
         parts.append(f"{n} {kind} layers at min(T, {w}) keys"
-                     + (" (the indexer's own scores not counted)" if kind == "indexed_attention" else ""))
+                     + (" (the indexer's own scores not counted)"
+                        if kind == "indexed_attention" and not scans.get("dsa_indexer") else ""))
+    for kind, n in scans.items():
+        parts.append(f"+ {_SCAN_NAMES[kind]} on {n} layers")
     return tuple(out), "; ".join(parts) + " (per layer from the config's layer types)"
 
 
 _MIXER_NAMES = {"none": "MLP-only", "mamba": "Mamba", "linear_attention": "linear-attention"}
+_SCANS_OF = {"linear_attention": ("gated_delta",), "mamba": ("mamba2_ssd",)}
+_SCAN_NAMES = {
+    "gated_delta": "3x the chunked gated delta rule (transformers torch_chunk_gated_delta_rule)",
+    "mamba2_ssd": "3x the Mamba-2 SSD chunk scan (transformers mamba2_chunk_scan)",
+    "dsa_indexer": "1x the DSA indexer scores (DeepSeek-V3.2 §2.1; no_grad in transformers)",
+}
+
+
+def _layer_scans(shape: ModelShape) -> tuple:
+    """`LayerParams.scan` of each layer (None where the layer has none, or the shape has no per-layer facts)."""
+    m = shape.measured
+    if m is None or len(m.layers) != shape.num_hidden_layers:
+        return ()
+    return tuple(getattr(layer, "scan", None) for layer in m.layers)
+
+
+def layer_scan_flops(facts, seq_len: int) -> float:
+    """Training FLOPs per token of a layer's chunked scan or indexer (`LayerParams.scan`) at `seq_len`.
+
+    gated_delta (Qwen3-Next / Qwen3.5 linear attention) and mamba2_ssd (Nemotron-H Mamba-2 layers): the
+    forward FLOPs of `dstoolkit.models.flop_count` (transformers' torch paths), x3 for forward + backward
+    (`SCAN_TRAIN_PER_FORWARD`), over T tokens. dsa_indexer (DeepSeek-V3.2): the scores once, 2·H_I·(D_I+1)·T
+    per token: transformers runs the indexer under torch.no_grad (the report's §2.1 trains it on its own
+    KL loss with its input detached, which a plain LM loss does not do).
+    """
+    if facts.kind == "gated_delta":
+        fwd = gated_delta_chunk_flops(seq_len, facts.heads, facts.key_dim, facts.value_dim, facts.chunk).total
+        return SCAN_TRAIN_PER_FORWARD * fwd / seq_len
+    if facts.kind == "mamba2_ssd":
+        fwd = mamba2_ssd_chunk_flops(seq_len, facts.heads, facts.value_dim, facts.key_dim, facts.chunk).total
+        return SCAN_TRAIN_PER_FORWARD * fwd / seq_len
+    if facts.kind == "dsa_indexer":
+        return dsa_indexer_score_flops(seq_len, facts.heads, facts.key_dim) / seq_len
+    raise ValueError(f"unknown scan kind {facts.kind!r} (expected gated_delta, mamba2_ssd or dsa_indexer)")
 
 
 def flops_per_token(shape: ModelShape, seq_len: int, *, checkpointed_layers: list[bool] | None = None,
@@ -131,6 +187,7 @@ def flops_per_token(shape: ModelShape, seq_len: int, *, checkpointed_layers: lis
         path = "analytic" if shape.measured is None else "per-layer"
         detail = f"6N (Kaplan et al. 2020) + {detail}"
     attention = sum(attn_layers)
+    scan = 0.0 if traced is not None else sum(layer_scan_flops(f, seq_len) for f in _layer_scans(shape) if f)
     recompute = 0.0
     if checkpointed_layers:
         # One more forward of each recomputed block: its share of the layer matmuls and its own attention.
@@ -139,7 +196,7 @@ def flops_per_token(shape: ModelShape, seq_len: int, *, checkpointed_layers: lis
     if selective:
         recompute += fwd_frac * attention  # the attention core forward of every block, again
     return FlopsPerToken(dense=float(dense), attention=float(attention), recompute=float(recompute), path=path,
-                         detail=detail)
+                         detail=detail, scan=float(scan))
 
 
 def _non_layer_matmul(shape: ModelShape) -> int:

@@ -9,8 +9,14 @@ module level).
   gated-DeltaNet layers (groups = channels) is charged channels x its real cost in backward, 549M FLOPs
   per token for one Qwen3-Next linear-attention layer whose forward conv is 67K. Counted here as the
   forward convolution once per gradient asked for (input, weight), as for a matmul.
+
+It also holds the forward FLOPs of the token mixers whose cost is not in 6N and not in PaLM's 12·L·H·Q·T
+(`gated_delta_chunk_flops`, `mamba2_ssd_chunk_flops`, `dsa_indexer_score_flops`), written from the torch code
+transformers runs for them, so that the estimator (`dstoolkit.estimate.flops`) and the tests share one formula.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 def attention_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
@@ -58,3 +64,80 @@ def attention_flop_mapping() -> dict:
         if op is not None:
             mapping[op] = fn
     return mapping
+
+
+@dataclass(frozen=True)
+class ScanForwardFlops:
+    """Forward FLOPs of one layer's chunked scan over one sequence, split by the op that computes them."""
+
+    matmul: int
+    """Dense matmuls / einsums (what torch.utils.flop_counter counts: 2 FLOPs per multiply-add)."""
+    triangular_solve: int = 0
+    """Unit-triangular solves (torch.linalg.solve_triangular: no formula in torch.utils.flop_counter)."""
+
+    @property
+    def total(self) -> int:
+        return self.matmul + self.triangular_solve
+
+
+def _chunks(seq_len: int, chunk: int) -> int:
+    if seq_len <= 0 or chunk <= 0:
+        raise ValueError(f"seq_len={seq_len}, chunk={chunk}: both must be > 0")
+    return -(-seq_len // chunk)  # the sequence is zero-padded to a multiple of the chunk
+
+
+def gated_delta_chunk_flops(seq_len: int, heads: int, k_dim: int, v_dim: int, chunk: int) -> ScanForwardFlops:
+    """Forward FLOPs of the chunked gated delta rule of one linear-attention layer over one sequence.
+
+    As transformers 5.x computes it (models/qwen3_next/modeling_qwen3_next.py, `torch_chunk_gated_delta_rule`,
+    also used by Qwen3.5; the chunked form of Yang et al. 2024, "Gated Delta Networks", §3.3 / the UT
+    transform of DeltaNet's chunkwise algorithm). The T tokens are zero-padded to n = ceil(T / C) chunks of
+    C; q and k are repeated to the `heads` value heads (grouped value attention). Per chunk and head:
+
+    - intra-chunk: k_beta·kᵀ and q·kᵀ (C x dk x C each): 2·2·C²·dk;
+    - two unit-lower-triangular solves against that C x C system, for v_beta (C x dv) and the decayed
+      k_beta (C x dk): C·(C-1)·(dv + dk) (C(C-1)/2 multiply-adds per right-hand column);
+    - the scan over chunks: k_cumdecay·S and q·S (C x dk x dv each), attn·v_new (C x C x dv) and the state
+      update kᵀ·v_new (dk x C x dv): 3·2·C·dk·dv + 2·C²·dv.
+
+    Per token that is constant in T (up to the padding of the last chunk): 4·C·dk + 2·C·dv + 6·dk·dv +
+    (C-1)(dk+dv) per head.
+    """
+    n, C, dk, dv = _chunks(seq_len, chunk), chunk, k_dim, v_dim
+    matmul = heads * n * (2 * 2 * C * C * dk + 3 * 2 * C * dk * dv + 2 * C * C * dv)
+    solve = heads * n * C * (C - 1) * (dv + dk)
+    return ScanForwardFlops(matmul=matmul, triangular_solve=solve)
+
+
+def mamba2_ssd_chunk_flops(seq_len: int, heads: int, head_dim: int, state: int, chunk: int) -> ScanForwardFlops:
+    """Forward FLOPs of the Mamba-2 SSD chunked scan of one Mamba layer over one sequence.
+
+    As transformers 5.x computes it (models/nemotron_h/modeling_nemotron_h.py, `mamba2_chunk_scan`, the torch
+    path of `NemotronHMamba2Mixer`; Dao & Gu 2024, "Transformers are SSMs", §6 / Listing 1 `ssd_minimal`).
+    T is zero-padded to n = ceil(T / C) chunks (C: the config's chunk_size); B and C are repeated from the
+    groups to the `heads` heads. Per chunk and head (P = head_dim, N = state):
+
+    - G = C·Bᵀ (C x N x C) and Y_diag = (G∘L)·x (C x C x P): 2·C²·N + 2·C²·P;
+    - chunk states Bᵀ·x (N x C x P) and the state read C·S (C x N x P): 2·2·C·P·N;
+
+    and once per head, the inter-chunk recurrence, an einsum over the n + 1 chunk boundaries (the initial
+    state included): 2·(n+1)²·P·N. That last term grows with T (about 2·T·P·N / C² per token); the rest is
+    constant per token.
+    """
+    n, C, P, N = _chunks(seq_len, chunk), chunk, head_dim, state
+    per_chunk = 2 * C * C * N + 2 * C * C * P + 2 * 2 * C * P * N
+    return ScanForwardFlops(matmul=heads * (n * per_chunk + 2 * (n + 1) ** 2 * P * N))
+
+
+def dsa_indexer_score_flops(seq_len: int, heads: int, head_dim: int) -> int:
+    """Forward FLOPs of the DeepSeek-V3.2 lightning indexer's scores over one sequence (one layer).
+
+    DeepSeek-V3.2 report §2.1 eq. (1): I_t,s = Σ_j w_t,j · ReLU(q_t,j · k_s), H_I heads of width D_I, one
+    key per token shared by the heads; transformers 5.x (models/deepseek_v32/modeling_deepseek_v32.py,
+    `DeepseekV32Indexer.forward`) scores every (query, key) pair: q·kᵀ (H_I x T x D_I x T) and the head
+    weighting w·scores (1 x H_I x T per query): 2·H_I·T²·(D_I + 1). Its projections (wq_b, wk,
+    weights_proj) are linears, already in 6N.
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len={seq_len}: must be > 0")
+    return 2 * heads * seq_len * seq_len * (head_dim + 1)
