@@ -367,7 +367,7 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
         ["Spearman, efficiency (bf16-peak MFU)", _f(s["spearman_efficiency"], "{:.3f}"), f"goal ≥ {GOAL_SPEARMAN_EFF}"],
         ["layouts predicted not to fit (false OOMs)", f"{len(s['not_fitting'])} / {s['estimated']}", "goal 0"],
         ["estimator failed", str(len(s["failed"])), ""],
-    ] + [[f"{label}: MAPE / median |error| / Spearman tok/s / Spearman eff / false OOMs",
+    ] + [[f"{label}: MAPE / median abs error / Spearman tok/s / Spearman eff / false OOMs",
           f"{_pct(part['mape']).lstrip('+')} / {_pct(part['median_abs_error']).lstrip('+')} / "
           f"{_f(part['spearman_tokens_per_s'], '{:.3f}')} / {_f(part['spearman_efficiency'], '{:.3f}')} / "
           f"{part['false_ooms']}", f"{part['runs']} runs"]
@@ -402,6 +402,11 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
         ([i, _pct(by_id[i]["error"]), _breakdown(by_id[i]), "; ".join(by_id[i]["inexpressible"]) or "–"]
          for i in s["worst"]),
         ["run", ("error", "r"), "estimated step (compute / exposed comm / bubble-free total s)", "inexpressible"])
+    far = [r for r in rows if r.get("error") is not None and abs(r["error"]) > FAR_OFF]
+    lines += ["", f"## Runs more than {100 * FAR_OFF:.0f}% off ({len(far)})", ""]
+    lines += [f"- `{r['id']}` ({'held out' if r.get('held_out') else 'training'}): {_pct(r['error'])}; "
+              + ("; ".join(r["inexpressible"]) if r["inexpressible"] else "layout fully expressible")
+              for r in sorted(far, key=lambda r: -abs(r["error"]))] or ["None."]
     lines += ["", "## Flags per run", ""]
     for r in rows:
         if r["assumed"] or r["inexpressible"]:
