@@ -185,6 +185,7 @@ def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: 
     """
     shape = plan.shape
     h, a, t = shape.hidden_size, shape.num_attention_heads, plan.tp
+    pl = pl if TE_FP8_CACHED_GEMM_INPUTS else p
     # each fused norm+linear keeps its input (p, norm backward) and its normalised output, the GEMM input, which
     # an FP8 Linear keeps as its FP8 cast (pl = 1 byte; TE_FP8_CACHED_GEMM_INPUTS)
     outside = 2 * ((p + pl) * h + TE_NORM_STATS_BYTES) * tok
