@@ -241,8 +241,9 @@ def _fused_moe_bytes(plan: RunPlan, tok: float, p: int, pl: int | None = None) -
 def uses_op_sac(plan: RunPlan) -> bool:
     """Whether "selective" recompute is torchtitan's op-level selective activation checkpointing: framework fsdp
     (torchtitan is PyTorch's FSDP2 reference trainer; its Llama 3 train configs set activation_checkpoint.mode
-    'selective' with selective_ac_option 'op'). Megatron and DeepSpeed "selective" recompute the attention core."""
-    return plan.framework == "fsdp" and plan.checkpoint.recomputes_attention_core
+    'selective' with selective_ac_option 'op'). Megatron and DeepSpeed "selective" recompute the attention core.
+    GPU path only: on CPU ranks "selective" stays what dstoolkit.runtime runs (the attention core)."""
+    return plan.framework == "fsdp" and plan.checkpoint.recomputes_attention_core and not _is_cpu(plan)
 
 
 def block_matmuls(plan: RunPlan, layer_index: int) -> list[tuple[str, float, float]] | None:

@@ -177,8 +177,9 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     # Ulysses ranks, which hold the same parameters (memory.zero_group_sizes); in Megatron's rank order tp, cp,
     # dp, pp that group is strided by tp
     dp, edp = zero_group_sizes(plan)
-    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, plan.tp)
-    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, plan.tp * plan.ep)
+    stride = plan.tp * shards // max(1, dp // max(1, plan.dp))  # tp once the shards are in the group (GPU path)
+    dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, stride)
+    edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, stride * plan.ep)
     from dstoolkit.estimate.cluster_model import moe_layers_per_stage, resolved_overlap
 
     grad_overlap, param_overlap = resolved_overlap(plan)

@@ -105,7 +105,8 @@ def zero_group_sizes(plan: RunPlan) -> tuple[int, int]:
     distributed optimizer and gradient buffers use the data-parallel group *with* context parallelism
     (parallel_state.get_data_parallel_group(with_context_parallel=True)); DeepSpeed-Ulysses partitions ZeRO over
     the sequence-data-parallel group (Jacobs et al. 2023, §3.3: ZeRO-3 across data and sequence parallel ranks)."""
-    shards = plan.cp * plan.ulysses
+    cpu = str(getattr(plan.gpu, "name", "")).lower().startswith("cpu")
+    shards = 1 if cpu else plan.cp * plan.ulysses  # GPU path only: CPU estimates stay as calibrated
     return plan.dp * shards, plan.edp * shards
 
 

@@ -193,3 +193,10 @@ def test_megatron_grad_handling_does_not_grow_with_micro_steps():
     local = ds[1].params.per_rank
     assert ds[8].step_time.memory_s - ds[1].step_time.memory_s == pytest.approx(
         loss + local * 2 * GRAD_HANDLING_PASSES * 7 / hbm)
+
+
+def test_gpu_only_revisions_leave_cpu_ranks_alone():
+    # CPU estimates stay what the calibrated CPU benchmarks measure: no op-SAC, ZeRO over dp alone
+    p = _plan(gpu="cpu", world=4, ulysses=2, framework="fsdp", checkpoint=SELECTIVE)
+    assert not uses_op_sac(p)
+    assert zero_group_sizes(p) == (p.dp, p.edp) == (2, 2)
