@@ -351,6 +351,39 @@ def _attention_facts(model, parts: dict, text_cfg) -> None:
             rec["attention_width"] = layer_heads * hd
 
 
+def _scan_facts(model, parts: dict) -> None:
+    """Per layer: the widths of its chunked scan or indexer, read from the built module's attributes (gated
+    DeltaNet: num_v_heads / head_k_dim / head_v_dim and the chunk size its torch function defaults to; Mamba-2
+    mixers: num_heads / head_dim / ssm_state_size / chunk_size; the DSA indexer: n_heads / head_dim)."""
+    import inspect
+    import sys
+
+    prefix, layers = parts["prefix"], parts["layers"]
+    if prefix is None:
+        return
+    modules = dict(model.named_modules())
+    for rec in layers:
+        here = f"{prefix}.{rec['index']}."
+        for path, m in modules.items():
+            if not path.startswith(here):
+                continue
+            a = lambda *names: all(isinstance(getattr(m, n, None), int) for n in names)  # noqa: E731
+            if a("num_v_heads", "head_k_dim", "head_v_dim"):
+                fn = getattr(sys.modules[type(m).__module__], "torch_chunk_gated_delta_rule", None)
+                chunk = inspect.signature(fn).parameters["chunk_size"].default if fn is not None else None
+                if isinstance(chunk, int):
+                    rec["scan"] = dict(kind="gated_delta", heads=m.num_v_heads, key_dim=m.head_k_dim,
+                                       value_dim=m.head_v_dim, chunk=chunk)
+                break
+            if a("num_heads", "head_dim", "ssm_state_size", "chunk_size"):
+                rec["scan"] = dict(kind="mamba2_ssd", heads=m.num_heads, key_dim=m.ssm_state_size,
+                                   value_dim=m.head_dim, chunk=m.chunk_size)
+                break
+            if a("n_heads", "head_dim", "index_topk"):
+                rec["scan"] = dict(kind="dsa_indexer", heads=m.n_heads, key_dim=m.head_dim)
+                break
+
+
 def linear_groups(model, parts: dict, *, head=None, hidden: Optional[int] = None) -> tuple[LinearGroup, ...]:
     """The matmul weights of a built model (`linear_layers()` view), one group per (name pattern, shape):
     nn.Linear modules and fused expert tensors (3-D parameters of an `experts` module), vision towers
@@ -470,6 +503,7 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         n_layers = _get(text, "num_hidden_layers", "n_layer", "num_layers")
         parts = _classify(model, n_layers if isinstance(n_layers, int) else None, _get(text, *_TOPK_KEYS), skip_vision)
         _attention_facts(model, parts, text)
+        _scan_facts(model, parts)
         linears = linear_groups(model, parts)
     except BuildError:
         raise

@@ -36,6 +36,23 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+class ScanFacts(_Frozen):
+    """Widths of a layer's chunked token-mixing scan (or the DSA indexer), as the built module holds them
+    (FLOPs: `dstoolkit.models.flop_count`)."""
+
+    kind: str
+    """gated_delta (Qwen3-Next / Qwen3.5 linear attention) | mamba2_ssd (Mamba-2 mixers) | dsa_indexer
+    (DeepSeek-V3.2 lightning indexer of an indexed_attention layer)."""
+    heads: int
+    """Heads the scan runs over: value heads (gated delta), Mamba heads, indexer heads."""
+    key_dim: int
+    """Per-head key width (gated delta), SSM state size N (Mamba-2), indexer head width D_I."""
+    value_dim: int = 0
+    """Per-head value width (gated delta), head_dim P (Mamba-2); 0 for the indexer."""
+    chunk: int = 0
+    """Chunk length of the chunked scan (0: none, the indexer)."""
+
+
 class LayerParams(_Frozen):
     """Parameters of one decoder layer, by role."""
 
@@ -62,6 +79,8 @@ class LayerParams(_Frozen):
     (chunked_attention) or the selected top-k keys (indexed_attention); None: every key (full attention)."""
     attention_kind: str = "full_attention"
     """The layer type as the config names it (layer_types): full_attention, sliding_attention, ..."""
+    scan: Optional[ScanFacts] = None
+    """The layer's chunked scan or indexer (token-mixing FLOPs outside 6N and 12·H·Q·T); None: none."""
 
     @property
     def total(self) -> int:
