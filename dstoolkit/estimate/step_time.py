@@ -187,7 +187,11 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
         return per_layer[key]
 
     h, v = shape.hidden_size, shape.vocab_size
-    head = 6 * v * h * tok / plan.tp / cm.gemm_rate(plan.gpu, plan.precision, tok, v / plan.tp, h)
+    # Megatron-Core keeps the output layer out of FP8: it is Megatron's own ColumnParallelLinear, not a Transformer
+    # Engine module, and the FP8 context wraps the transformer layers only (transformer_block.py); torchtitan's
+    # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
+    head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
+    head = 6 * v * h * tok / plan.tp / cm.gemm_rate(plan.gpu, head_prec, tok, v / plan.tp, h)
     stages = []
     for st in range(plan.pp):
         t = sum(layer_s(i) for i in cm.stage_layers(shape.num_hidden_layers, plan.pp, st))

@@ -200,3 +200,17 @@ def test_gpu_only_revisions_leave_cpu_ranks_alone():
     p = _plan(gpu="cpu", world=4, ulysses=2, framework="fsdp", checkpoint=SELECTIVE)
     assert not uses_op_sac(p)
     assert zero_group_sizes(p) == (p.dp, p.edp) == (2, 2)
+
+
+def test_megatron_lm_head_stays_bf16_under_fp8():
+    # Megatron-Core's output layer is not a Transformer Engine module (no FP8); torchtitan's Float8 converter
+    # takes every Linear (filter_fqns empty by default). One micro batch, tp 1: the difference is the head alone.
+    from dstoolkit.estimate.core import estimate_run
+
+    kw = dict(precision="fp8", attention_impl="te", seq=4096)
+    meg, ds = _plan(framework="megatron", **kw), _plan(framework="deepspeed", **kw)
+    gpu, tok, v = meg.gpu, 4096, 128256
+    head = 6 * v * H * tok
+    want = head * (1 / cm.gemm_rate(gpu, "bf16", tok, v, H) - 1 / cm.gemm_rate(gpu, "fp8", tok, v, H))
+    got = estimate_run(meg).step_time.compute_s - estimate_run(ds).step_time.compute_s
+    assert got == pytest.approx(want / cm.FRAMEWORK_EFFICIENCY)
