@@ -76,8 +76,11 @@ def add_parser(subparsers) -> None:
     t.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
     add_calibration_flag(t, auto=True,
                          help="measured rates for the estimate (dstoolkit.estimate.Calibration JSON); 'auto' "
-                              "(default) uses the newest benchmarks/results/calibration_<cpu|gpu>_*.json if present, "
-                              "'none' the hardware table")
+                              "(default): the spec's own calibration, as estimate and tune use it (this machine's "
+                              "for gpu: cpu); 'none': the hardware table")
+    t.add_argument("--shrink", default=None, metavar="auto|KEY=N,...",
+                   help="train each config's own transformers architecture shrunk to fit 2 CPU ranks "
+                        "(dstoolkit.runtime.shrink; the batch is fitted to the ranks, the estimate is of the shrunk run)")
     _add_common(t)
     from dstoolkit.cli.tune import accept_command
 

@@ -51,6 +51,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--launcher", choices=("torchrun", "deepspeed"), default="torchrun",
                    help="real mode: how ranks are started (default torchrun; deepspeed is slower to start)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--shrink", default=None, metavar="auto|KEY=N,...",
+                   help="real mode: trials train the spec's own transformers architecture shrunk to fit this "
+                        "machine's ranks (dstoolkit.runtime.shrink); the space and its estimates are the shrunk model's")
     add_model_class_flag(p, spec=True)
     add_format_flag(p)
     accept_command(p)
@@ -155,7 +158,7 @@ def run(args) -> int:
             steps=args.steps if args.steps is not None else DEFAULT_STEPS,
             skip_steps=args.skip_steps if args.skip_steps is not None else DEFAULT_SKIP_STEPS,
             trial_timeout_s=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
-            launcher=args.launcher, progress=args.progress)
+            launcher=args.launcher, progress=args.progress, shrink=args.shrink)
         command = list(getattr(args, "command", None) or [])
         if command and args.mode != "real":
             raise InputError("a command after `--` is run by real mode only; drop it or use --mode real")

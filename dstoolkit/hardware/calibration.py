@@ -183,9 +183,12 @@ def packaged_calibration_path(gpu_name: str) -> Optional[pathlib.Path]:
     return PACKAGED.get(key) if key else None
 
 
-def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path] = None) -> Optional[pathlib.Path]:
+def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path] = None,
+                     probe: bool = True) -> Optional[pathlib.Path]:
     """The calibration file for `value` (a path relative to `base_dir`, "none", "reference" or "machine"); when
-    `value` is None, DSTOOLKIT_CALIBRATION's value, else this machine's for a CPU row ("machine"), else none."""
+    `value` is None, DSTOOLKIT_CALIBRATION's value, else this machine's for a CPU row ("machine"), else none.
+    `probe=False`: "machine" is only ever a cached calibration (None when there is none): what a training rank
+    asks, since a probe started beside the job's ranks would measure the job, not the machine."""
     if value is None:
         value = os.environ.get(ENV_VAR) or None
         base_dir = None if value is not None else base_dir  # the variable's relative paths are the cwd's
@@ -199,7 +202,9 @@ def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path]
     if word == REFERENCE:
         return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
     if word == MACHINE:
-        return machine_calibration_path() if isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu" else None
+        if not (isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu"):
+            return None
+        return machine_calibration_path() if probe else cached_machine_calibration_path()
     p = pathlib.Path(str(value)).expanduser()
     return p if p.is_absolute() or base_dir is None else base_dir / p
 
@@ -315,36 +320,37 @@ def machine_calibration_path(key: Optional[dict[str, Any]] = None,
     return path
 
 
-def calibration_path_for(spec) -> Optional[pathlib.Path]:
+def calibration_path_for(spec, probe: bool = True) -> Optional[pathlib.Path]:
     """The calibration file an estimate of `spec` uses (None: the table's nominal rates).
 
     `cluster.calibration` (relative paths resolve against the spec file's folder), else the packaged reference
     for the spec's hardware row.
     """
-    return calibration_path(getattr(spec.cluster, "calibration", None), spec.cluster.gpu, spec.base_dir)
+    return calibration_path(getattr(spec.cluster, "calibration", None), spec.cluster.gpu, spec.base_dir, probe)
 
 
 def resolve_calibration(value: Optional[str], gpu, precision: str,
-                        base_dir: Optional[pathlib.Path] = None) -> Optional[Calibration]:
+                        base_dir: Optional[pathlib.Path] = None, probe: bool = True) -> Optional[Calibration]:
     """The `Calibration` for an explicit `value` (path or "none") or the hardware row's packaged reference
     (`calibration_path`), loaded for `precision`; None = the table's nominal rates.
 
     Raises:
         CalibrationInputError: the file is missing or unusable.
     """
-    path = calibration_path(value, gpu, base_dir)
+    path = calibration_path(value, gpu, base_dir, probe)
     return None if path is None else load_calibration(path, precision)
 
 
-def calibration_for_spec(spec) -> Optional[Calibration]:
-    """The `Calibration` for estimates of `spec` (see the module docstring), or None.
+def calibration_for_spec(spec, probe: bool = True) -> Optional[Calibration]:
+    """The `Calibration` for estimates of `spec` (see the module docstring), or None (`probe`: see
+    `calibration_path`).
 
     Raises:
         SpecError: cluster.calibration names a file that is missing or unusable (located at its YAML line).
     """
     try:
         return resolve_calibration(getattr(spec.cluster, "calibration", None), spec.cluster.gpu,
-                                   spec.training.precision, spec.base_dir)
+                                   spec.training.precision, spec.base_dir, probe)
     except CalibrationInputError as exc:
         if getattr(spec.cluster, "calibration", None) is None:
             raise  # the packaged file itself is broken: an installation problem, not the user's spec

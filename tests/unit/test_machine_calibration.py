@@ -82,10 +82,12 @@ def test_machine_key_names_what_rates_depend_on():
     json.dumps(key)  # recorded in the probe's file
 
 
-def test_cached_lookup_never_probes(cache):
+def test_cached_lookup_never_probes(cache, monkeypatch):
     assert cal.cached_machine_calibration_path(KEY) is None
     path = cal.machine_calibration_path(KEY, probe=lambda out, key: out.write_text("{}"), announce=lambda m: None)
     assert cal.cached_machine_calibration_path(KEY) == path
+    monkeypatch.setattr(cal, "machine_calibration_path", lambda *a, **k: pytest.fail("probed"))
+    assert cal.calibration_path("machine", "cpu", probe=False) is None  # a training rank's question: no probe
 
 
 RAW = {"matmul_flops_per_s_fp32": 50e9, "matmul_flops_per_s_fp32_large": 60e9, "matmul_flops_per_s_bf16": 2e9,

@@ -99,3 +99,16 @@ def test_monitor_peak_is_the_estimators_peak(tmp_path, monkeypatch):
         get_gpu("cpu"), "bf16", load_calibration(tmp_path / "cal.json", "bf16"))
     monkeypatch.setenv("DSTOOLKIT_CALIBRATION", "none")
     assert monitor_peak(spec, False, "bf16") == (get_gpu("cpu").peak_bf16_flops, "cpu bf16 peak (hardware table)")
+
+
+def test_monitor_peak_on_cpu_ranks_is_the_cpu_row_even_for_a_gpu_spec(monkeypatch):
+    """A strategy generated for H100s and run here shrunk: its ranks run on this CPU, so MFU divides by the
+    CPU's peak, not the H100's 989 TFLOP/s."""
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.runtime.train.trainer import monitor_peak
+    from dstoolkit.spec import load_spec
+
+    spec = load_spec(pathlib.Path(__file__).resolve().parents[2] / "ds_configs" / "llama3_8b_1x8_h100.yaml")
+    monkeypatch.setenv("DSTOOLKIT_CALIBRATION", "none")
+    assert monitor_peak(spec, False, "bf16") == (get_gpu("cpu").peak_bf16_flops, "cpu bf16 peak (hardware table)")
+    assert monitor_peak(spec, True, "bf16")[0] == get_gpu("H100-SXM").peak_bf16_flops

@@ -173,12 +173,15 @@ def calibration_for(raw: Optional[dict[str, Any]], precision: str):
         raise BenchInputError(f"--calibration: {exc}") from None
 
 
-def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration_raw) -> Optional[dict[str, Any]]:
-    """The estimate for one config as a flat dict ({"error": ...} when the estimator refuses)."""
+def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, calibration_raw,
+                 probe: bool = True) -> Optional[dict[str, Any]]:
+    """The estimate for one config as a flat dict ({"error": ...} when the estimator refuses). `probe=False`
+    (inside a training rank): the spec's calibration is never probed for, only read from the cache."""
     try:
         from dstoolkit.estimate import estimate_run
+        from dstoolkit.estimate.step_time import peak_flops
         from dstoolkit.runplan import plan_from_spec
-        from dstoolkit.hardware.calibration import calibration_label
+        from dstoolkit.hardware.calibration import calibration_for_spec, calibration_label
     except ImportError as exc:  # pragma: no cover - estimator is part of the package
         return {"error": f"estimator unavailable: {exc}"}
     try:
@@ -188,11 +191,13 @@ def estimate_for(spec, shape, ds_config: dict, world_size: int, ep_size: int, ca
             at = {"world_size": world_size, "gpus_per_node": min(spec.cluster.gpus_per_node, world_size)}
         if calibration is not None or calibration_raw is NOMINAL:
             at["calibration"] = calibration  # else plan_from_spec's default: the spec's own calibration
+        elif not probe:
+            at["calibration"] = calibration_for_spec(spec, probe=False)
         plan = plan_from_spec(spec, ds_config, shape, ep=ep_size, **at)
         est = estimate_run(plan)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
-    peak = plan.gpu.peak_bf16_flops
+    peak = peak_flops(plan)  # the estimator's own MFU peak (the monitor divides by the same)
     return {
         "step_time_s": est.step_time_s,
         "tokens_per_step": est.tokens_per_step,

@@ -196,7 +196,8 @@ class DstoolkitCallback(TrainerCallback):
             keep = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                     "zero_optimization", "bf16", "fp16", "optimizer", "activation_checkpointing")
             ds = {k: v for k, v in ds.items() if k in keep}
-            est = estimate_for(spec, shape, ds, self.world, 1, None) if ds else None
+            # inside a training rank: never start a machine probe beside the job (cached calibration only)
+            est = estimate_for(spec, shape, ds, self.world, 1, None, probe=False) if ds else None
             if est and "error" in est:
                 self._say(f"estimate unavailable: {est['error'].splitlines()[0]}")
             if est and "error" not in est:

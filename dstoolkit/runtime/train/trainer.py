@@ -166,21 +166,18 @@ def model_flops_per_token(shape: Any, seq_len: int) -> float:
 
 def monitor_peak(spec: Any, on_cuda: bool, precision: str) -> tuple[float, str]:
     """Peak FLOP/s per rank for MFU and what it is: `hardware.calibration.peak_flops_per_rank`, the estimator's
-    own peak. On CPU it reads the spec's calibration, or this machine's cached one; it never starts a probe
-    (the job's ranks hold the cores), so without a cached calibration it is the hardware table's CPU row."""
+    own peak. Ranks on CUDA: the spec's GPU row. Ranks on CPU (also a GPU spec's strategy run here, shrunk):
+    the CPU row with the spec's calibration, or this machine's cached one; never a probe (the job's ranks hold
+    the cores), so without a cached calibration it is the hardware table's CPU row."""
     from dstoolkit.hardware import calibration as cal
     from dstoolkit.hardware.table import get_gpu
 
-    gpu = get_gpu(spec.cluster.gpu)
-    calibration = None
-    if not on_cuda and gpu.name == "cpu":
-        value = getattr(spec.cluster, "calibration", None) or os.environ.get(cal.ENV_VAR) or None
-        if value is None or str(value).strip().lower() == cal.MACHINE:
-            path = cal.cached_machine_calibration_path()
-        else:
-            path = cal.calibration_path(value, spec.cluster.gpu, spec.base_dir)
-        calibration = cal.load_calibration(path, precision) if path is not None else None
-    return cal.peak_flops_per_rank(gpu, precision, calibration)
+    if on_cuda:
+        return cal.peak_flops_per_rank(get_gpu(spec.cluster.gpu), precision, None)
+    value = getattr(spec.cluster, "calibration", None) if get_gpu(spec.cluster.gpu).name == "cpu" else None
+    path = cal.calibration_path(value, "cpu", spec.base_dir, probe=False)
+    return cal.peak_flops_per_rank(get_gpu("cpu"), precision,
+                                   cal.load_calibration(path, precision) if path is not None else None)
 
 
 # ----------------------------------------------------------------------------------------------------------
