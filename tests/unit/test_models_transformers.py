@@ -50,8 +50,8 @@ def _load(row):
 
 def test_fixture_set_is_large_and_sourced():
     types = {r["model_type"] for r in BUILT}
-    assert len(BUILT) >= 28 and len(ROWS) >= 30, (len(BUILT), len(ROWS))
-    assert len(types) >= 20, sorted(types)
+    assert len(BUILT) >= 32 and len(ROWS) >= 37, (len(BUILT), len(ROWS))
+    assert len(types) >= 24, sorted(types)
     for r in ROWS:
         assert (REL / r["file"]).is_file(), r["file"]
         assert r["source_repo"] and r["source_path"] and len(r["source_commit"]) == 40, r
