@@ -74,7 +74,7 @@ PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); pr
 STEPS="$STEPS" MASTER_PORT="$PORT" bash "$OUT/$STRATEGY/launch.sh" --no-progress
 python - "$OUT/$STRATEGY/metrics.jsonl" "$OUT/$STRATEGY/estimate.json" <<'PY'
 import json, os, statistics, sys
-BUSY_ON_CPU = 0.8  # 1 thread per rank: a rank alone on its core is on the CPU ~all of a step (gloo waits aside)
+BUSY_ON_CPU = 0.65  # 1 thread per rank; alone on its core a rank measured 0.79-0.91 on CPU (gloo waits aside), 0.46-0.50 with other jobs
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 steps = [r for r in rows if "loss" in r and "step" in r]
 first, last = steps[0], steps[-1]
