@@ -35,17 +35,16 @@ SHAPES = [  # (hidden, heads, ffn, micro batch): head dims 32 and 64 at two widt
 
 
 def block_rate(hidden: int, heads: int, ffn: int, mb: int, dtype, reps: int = 9) -> float:
-    """Model FLOP/s of one block's forward + backward (6 x block params + attention, PaLM App. B)."""
+    """Model FLOP/s of one block's forward + backward (`dstoolkit.runtime.probe.block_flops`)."""
     import torch
 
-    from dstoolkit.estimate.flops import flops_per_token
     from dstoolkit.models.shape import ModelShape
     from dstoolkit.runtime.model import Block
+    from dstoolkit.runtime.probe import block_flops
 
     shape = ModelShape(name=f"h{hidden}x{heads}", model_type="llama", hidden_size=hidden, num_hidden_layers=1,
                        num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=ffn, vocab_size=2048)
-    f = flops_per_token(shape, SEQ)
-    flops = (f.dense - 6 * shape.vocab_size * hidden + f.attention) * mb * SEQ
+    flops = block_flops(shape, mb * SEQ, SEQ)
     blk = Block(shape, 0, 1).to(dtype)
     x = torch.randn(mb, SEQ, hidden, dtype=dtype, requires_grad=True)
 

@@ -7,7 +7,7 @@ the meta device where its code allows (no memory, no weights; a builder that nee
 on the CPU instead, with a note), and turns it into a `ModelShape`:
 
 - parameters: exact, from `named_parameters()` (tied weights once), by layer and role with the same rules
-  as the transformers path (`from_transformers._classify`): the blocks are the biggest nn.ModuleList (or
+  as the transformers path (`module_tree.classify`): the blocks are the biggest nn.ModuleList (or
   an nn.Sequential of blocks of one class); a module without blocks is one layer.
 - widths for the estimator's activation formulas: hidden size from the input embedding (or a
   `hidden_size` / `d_model` / `n_embd` / `dim` attribute or keyword), heads from nn.MultiheadAttention or
@@ -344,17 +344,17 @@ def trace_user_flops(model, emb, device: str) -> tuple[Optional[TracedFlops], Op
 
 def measure_user_module(model, ref: str, kwargs: dict) -> tuple[MeasuredParams, dict, Any]:
     """(measured counts, width fields, input embedding) of a built user module."""
-    from dstoolkit.models.from_transformers import BuildError, _classify, _find_layers, linear_groups
+    from dstoolkit.models.module_tree import BuildError, classify, find_layers, linear_groups
 
     try:
-        prefix, layer_list = _find_layers(model, None, sequential=True)
+        prefix, layer_list = find_layers(model, None, sequential=True)
     except BuildError:
         prefix, layer_list = None, None
     emb = _input_embedding(model, prefix)
     head = _output_head(model, emb, prefix)
     widths = _widths(model, emb, kwargs, layer_list)
     try:
-        parts = _classify(model, None, widths.pop("num_experts_per_tok"), False, in_emb=emb, out_emb=head,
+        parts = classify(model, None, widths.pop("num_experts_per_tok"), False, in_emb=emb, out_emb=head,
                           sequential=True, whole_model_fallback=True)
     except BuildError as exc:
         raise UserModelError("--model", ref, exc.reason, "give its MoE layers a top_k attribute") from None

@@ -62,12 +62,20 @@ def _median_time(fn: Callable[[], None], reps: int, warmup: int = 1) -> dict[str
     return {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}
 
 
+def block_flops(shape, tokens: int, seq_len: int) -> float:
+    """Model FLOPs of one block's forward + backward over `tokens` tokens of `seq_len`-long sequences, for a
+    one-layer `shape`: 6 x the block's matmul parameters + attention (PaLM App. B; the LM head left out)."""
+    from dstoolkit.estimate.flops import flops_per_token
+
+    f = flops_per_token(shape, seq_len)
+    return (f.dense - 6 * shape.vocab_size * shape.hidden_size + f.attention) * tokens
+
+
 def probe_rates() -> dict[str, dict[str, float]]:
     """Compute, optimizer-traffic and all-reduce rates of this rank (call on every rank of a gloo group)."""
     import torch
     import torch.distributed as dist
 
-    from dstoolkit.estimate.flops import flops_per_token
     from dstoolkit.estimate.step_time import ADAM_BYTES_PER_PARAM_UPDATE
     from dstoolkit.models.shape import ModelShape
     from dstoolkit.runtime.model import Block
@@ -75,9 +83,7 @@ def probe_rates() -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {k: {} for k in CLOCKS}
     shape = ModelShape(**PROBE_SHAPE)
     tokens = 2 * SEQ
-    f = flops_per_token(shape, SEQ)
-    block_params = f.dense / 6 - shape.vocab_size * shape.hidden_size
-    block_flops = (6 * block_params + f.attention) * tokens  # fwd+bwd = 6 x matmul params + attention (PaLM App. B)
+    flops = block_flops(shape, tokens, SEQ)
     for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         blk = Block(shape, 0, 1).to(dtype)
         for label, mb in (("", 2), ("_large", 8)):  # GEMM efficiency grows with size: two points, interpolated
@@ -89,7 +95,7 @@ def probe_rates() -> dict[str, dict[str, float]]:
 
             t = _median_time(fb, reps=3 if label else 5, warmup=1)
             for k in CLOCKS:
-                out[k][f"matmul_flops_per_s_{prec}{label}"] = block_flops * (mb / 2) / t[k]
+                out[k][f"matmul_flops_per_s_{prec}{label}"] = flops * (mb / 2) / t[k]
                 out[k][f"matmul_work{label}"] = mb * SEQ * shape.hidden_size
     for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for k, rate in gemm_peak(dtype).items():

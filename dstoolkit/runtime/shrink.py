@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
+from dstoolkit.models.config_keys import EXPERT_KEYS, TOPK_KEYS
+
 MAX_SHRUNK_PARAMS = 20_000_000
 """A shrunk copy above this many parameters is refused: some width field was not recognised (the error names
 the largest tensor), and a 2-rank CPU run of it would take minutes, not seconds."""
@@ -51,9 +53,6 @@ HIDDEN_WIDTH_KEYS = ("intermediate_size", "intermediate_size_mlp", "dense_interm
                      "shared_intermediate_size", "routed_expert_hidden_size", "moe_latent_size", "q_lora_rank",
                      "kv_lora_rank", "o_lora_rank", "time_step_rank", "hidden_size_per_layer_input",
                      "ffn_hidden_size", "n_inner")
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "top_k_experts", "moe_topk",
-             "moe_k")
 VOCAB_KEYS = ("vocab_size", "vocab_size_per_layer_input")
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
 WINDOW_KEYS = ("sliding_window", "sliding_window_size", "attention_chunk_size", "index_topk")

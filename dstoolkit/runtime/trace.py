@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from dstoolkit.models import shape_from_hf_dict
+from dstoolkit.models.config_keys import EXPERT_KEYS, TOPK_KEYS
 from dstoolkit.models.flop_count import attention_flop_mapping
 from dstoolkit.models.measured import LayerParams, MeasuredParams
 
@@ -38,9 +39,6 @@ SHRUNK_VOCAB = 128
 """Vocabulary of the traced copy (the LM head is added back analytically)."""
 MAX_TRACE_PARAMS = 1_500_000_000
 """Refuse to materialise a shrunk copy larger than this many parameters on the host."""
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-_TOPK_KEYS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "top_k_experts", "moe_topk",
-              "moe_k")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
@@ -141,7 +139,7 @@ def _shrink(config: dict, measured: MeasuredParams, full_depth: bool = False) ->
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if key in d:
             d[key] = 0
-    ek, kk = _first(d, _EXPERT_KEYS), _first(d, _TOPK_KEYS)
+    ek, kk = _first(d, EXPERT_KEYS), _first(d, TOPK_KEYS)
     if measured.num_moe_layers:
         if ek is None or kk is None:
             raise TraceError("MoE config without a recognised experts / top-k field: cannot shrink the experts")
