@@ -109,7 +109,7 @@ def spec_for(run: dict[str, Any]) -> dict[str, Any]:
 
 
 EXECUTION_KEYS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                  "pipeline_schedule", "attention_impl")
+                  "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl")
 """What a row's execution: mapping may set (facts of how the run was made: its framework, the overlap flags its
 recipe turns on, its pipeline schedule, its attention kernels); never fitted values."""
 
@@ -128,6 +128,8 @@ def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
         "overlap_param_gather": ex.get("overlap_param_gather", "auto"),
         "tp_comm_overlap": bool(ex.get("tp_comm_overlap", False)),
         "moe_a2a_overlap": bool(ex.get("moe_a2a_overlap", False)),
+        "moe_dispatcher": ex.get("moe_dispatcher", "alltoall"),
+        "recompute_modules": list(ex.get("recompute_modules") or []),
         "pipeline_schedule": ex.get("pipeline_schedule", "interleaved" if vpp > 1 else "1f1b"),
         "virtual_stages": vpp,
         "cp": int(lay.get("cp") or 1),

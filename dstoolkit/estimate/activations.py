@@ -186,16 +186,21 @@ def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: 
     shape = plan.shape
     h, a, t = shape.hidden_size, shape.num_attention_heads, plan.tp
     pl = pl if TE_FP8_CACHED_GEMM_INPUTS else p
+    mods = set(plan.recompute_modules)
     # each fused norm+linear keeps its input (p, norm backward) and its normalised output, the GEMM input, which
-    # an FP8 Linear keeps as its FP8 cast (pl = 1 byte; TE_FP8_CACHED_GEMM_INPUTS)
-    outside = 2 * ((p + pl) * h + TE_NORM_STATS_BYTES) * tok
+    # an FP8 Linear keeps as its FP8 cast (pl = 1 byte; TE_FP8_CACHED_GEMM_INPUTS); Megatron's layernorm recompute
+    # module drops the normalised output and re-runs the norm in backward (--recompute-modules layernorm)
+    norm_out = 0 if "layernorm" in mods else pl
+    outside = 2 * ((p + norm_out) * h + TE_NORM_STATS_BYTES) * tok
     if plan.attention_dropout:
         outside += 2 * tok * h
     outside /= sp_div
     if shape.is_mla:
         qk = (shape.qk_nope_head_dim or 0) + (shape.qk_rope_head_dim or 0)
         vd = shape.v_head_dim or shape.head_size
-        qkv = p * tok * a * (2 * qk + vd)
+        # mla_up_proj recompute: the up-projected q, k, v are re-made from the kept latents in backward (Megatron
+        # --recompute-modules mla_up_proj; DeepSeek-V3 §3.2.3 "Recomputation of ... MLA Up-Projection")
+        qkv = 0.0 if "mla_up_proj" in mods else p * tok * a * (2 * qk + vd)
         out = p * tok * a * vd
         latent = p * tok * ((shape.q_lora_rank or 0) + (shape.kv_lora_rank or 0)) * 2
     else:
@@ -208,7 +213,10 @@ def _fused_layer_bytes(plan: RunPlan, layer_index: int, tok: float, p: int, pl: 
     core = FP32_BYTES * tok * a
     attention = (qkv + out + core) / t + latent
     if shape.is_moe_layer(layer_index):
-        mlp = _fused_moe_bytes(plan, tok, p, pl) / sp_div
+        # moe recompute: the whole MoE layer re-runs from its input, which the block keeps anyway
+        mlp = 0.0 if "moe" in mods else _fused_moe_bytes(plan, tok, p, pl) / sp_div
+    elif "mlp" in mods:
+        mlp = 0.0  # mlp recompute: the dense MLP re-runs from its input (the kept norm output or its input)
     else:
         i = shape.intermediate_size
         # FC1 output (gate and up when gated: the activation's backward reads it) in p, FC2 input in pl
@@ -230,11 +238,15 @@ def _fused_moe_bytes(plan: RunPlan, tok: float, p: int, pl: int | None = None) -
     i = shape.expert_ffn_size
     fc1_out = 2 if shape.mlp_gated else 1  # the FC1 output the activation's backward reads (p)
     router = 2 * FP32_BYTES * e * tok
+    mods = set(plan.recompute_modules)
     # per routed copy: FC1 input (pl: FP8 GEMM input cached in FP8), FC1 output (p), FC2 input (pl), FC2 output
-    # the combine reads (p)
-    routed = k * tok * ((pl + p) * h + (fc1_out * p + pl) * i)
+    # the combine reads (p); moe_act recompute drops the FC2 input (the activation's output), re-made from the FC1
+    # output in backward (Megatron --recompute-modules moe_act; DeepSeek-V3 §3.3.3 caches the SwiGLU input and
+    # recomputes its output)
+    fc2_in = 0 if "moe_act" in mods else pl
+    routed = k * tok * ((pl + p) * h + (fc1_out * p + fc2_in) * i)
     shared_width = shape.num_shared_experts * i if shape.num_shared_experts else (shape.shared_expert_intermediate_size or 0)
-    shared = tok * (fc1_out * p + pl) * shared_width
+    shared = 0.0 if "shared_experts" in mods else tok * (fc1_out * p + pl) * shared_width
     return router + routed + shared
 
 

@@ -63,6 +63,21 @@ with GEMM_HALF_DIM and comm.INTER_NODE_HOP_LATENCY_S after the op-SAC / FA2 / la
 0-512, efficiency 0.84-1.00, latency 0-25 us): the training-row MAPE is lowest at 384 / 0.88 / 7.5 us (16.5%;
 held-out 9.0%), so both constants kept their values."""
 
+MEGATRON_MOE_HOST_SYNC_S = 4.5e-3
+"""Fitted. Seconds a Megatron-Core MoE block adds per micro batch (forward + backward) beyond its kernels' time.
+Megatron-Core's training token dispatchers need the per-expert token counts on the host (the developer guide's
+core.transformer.moe.token_dispatcher_inference page: the CUDA-graph inference dispatcher keeps "all metadata
+GPU-resident to avoid host synchronizations", which the training alltoall / flex-DeepEP dispatchers do), and
+Transformer Engine's GroupedLinear takes its m_splits as a host list of ints (TransformerEngine
+benchmarks/linear/benchmark_grouped_linear.py; a device-tensor path arrived only with NVIDIA/TransformerEngine PR
+#3038). Each such device-to-host sync drains the launch queue, so the CPU's kernel launches for the rest of the
+block stop overlapping GPU work, except while an exposed EP all-to-all transfers (the CPU launches the rest of the
+block meanwhile): without moe_a2a_overlap only what outlasts the block's all-to-all time (comm.ep_a2a_layer_s)
+shows. No source gives the size (as a plausibility check, not a measurement: 4.5 ms is of the order of the CPU
+time to launch a few hundred eager kernels at ~15 us each, what one MoE block's forward and backward run). Chosen by a grid search over 0, 3, 4, 4.5, 5, 5.5, 6 and 7 ms on
+the training rows of benchmarks/published_runs.py (i % 3 != 2), the other fitted constants held: training MAPE
+13.2% at 0, 7.5% at 4 ms, 7.1% at 4.5 ms, 7.2% at 5 ms (held-out 13.7% -> 9.4% at 4.5 ms). Applies to every MoE
+block a Megatron run executes, whatever the model."""
 
 def gemm_fraction(gpu: GpuSpec) -> float:
     """Large-GEMM fraction of dense bf16 peak (`GpuSpec.gemm_fraction`, else DEFAULT_GEMM_FRACTION)."""
@@ -218,6 +233,21 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         width = w.shared / ((3 if shape.mlp_gated else 2) * h)
         s += 6 * w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
     s *= recompute
+    mods = set(plan.recompute_modules) if recompute == 1.0 else set()
+    if mods:
+        # Megatron --recompute-modules: each recomputed GEMM module runs its forward (2 FLOPs per weight and token)
+        # once more in backward
+        if "mlp" in mods and w.dense_mlp:
+            s += 2 * w.dense_mlp * tok / t / gemm_rate(gpu, prec, tok, shape.intermediate_size / t, h)
+        if w.routed_one and "moe" in mods:
+            k = max(1, shape.num_experts_per_tok)
+            per_expert = tok * k * plan.ep / shape.num_experts
+            s += 2 * w.routed_one * k * tok / t / gemm_rate(gpu, prec, per_expert, shape.expert_ffn_size / t, h)
+        if w.shared and ("moe" in mods or "shared_experts" in mods):
+            width = w.shared / ((3 if shape.mlp_gated else 2) * h)
+            s += 2 * w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
+        if "mla_up_proj" in mods and shape.is_mla:
+            s += 2 * mla_up_proj_weights(shape) * tok / t / gemm_rate(gpu, prec, tok, h / t, shape.kv_lora_rank or h)
     from dstoolkit.estimate.activations import op_sac_recomputed_weights, uses_op_sac
 
     op_sac = uses_op_sac(plan) and recompute == 1.0
@@ -234,8 +264,37 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     if (plan.checkpoint.recomputes_attention_core and not op_sac) or recompute > 1:
         work *= 4.0 / 3.0
     s += work / (gpu.peak_bf16_flops * attention_fraction(gpu, impl))
+    if plan.framework == "megatron" and shape.is_moe_layer(i) and shape.num_experts:
+        # the dispatcher's / grouped GEMM's host syncs (MEGATRON_MOE_HOST_SYNC_S): the CPU launches the rest of the
+        # block while an exposed all-to-all transfers, so without EP overlap only what outlasts it shows
+        sync = MEGATRON_MOE_HOST_SYNC_S
+        if not plan.moe_a2a_overlap:
+            from dstoolkit.estimate.comm import ep_a2a_layer_s
+
+            sync = max(0.0, sync - ep_a2a_layer_s(plan))
+        s += sync
     passes = UNFUSED_NON_GEMM_PASSES_PER_SAVED_BYTE if impl == "sdpa" else NON_GEMM_PASSES_PER_SAVED_BYTE
     if op_sac:
         passes *= 4.0 / 3.0  # op-level SAC re-runs the block's elementwise forward (1 of its 3 thirds) in backward
-    s += passes * saved_bytes / mem_bw
+    if mods:
+        # the elementwise work is that of the block without the recompute modules, plus the forward third of it
+        # again for the tensors the modules dropped
+        from dstoolkit.estimate.activations import layer_activation_bytes
+
+        kept_all = layer_activation_bytes(plan.model_copy(update={"recompute_modules": ()}), i,
+                                          plan.ds.micro_batch).full
+        s += (passes * kept_all + passes / 3.0 * max(0.0, kept_all - saved_bytes)) / mem_bw
+    else:
+        s += passes * saved_bytes / mem_bw
     return s
+
+
+def mla_up_proj_weights(shape) -> float:
+    """Weights of MLA's up-projections (DeepSeek-V2 §2.1.2): W^UQ, W^QR from the query latent (q_lora_rank x heads x
+    (qk_nope + qk_rope)) and W^UK, W^UV from the KV latent (kv_lora_rank x heads x (qk_nope + v)); without a query
+    latent only the KV ones."""
+    a = shape.num_attention_heads
+    nope, rope = shape.qk_nope_head_dim or 0, shape.qk_rope_head_dim or 0
+    vd = shape.v_head_dim or shape.head_size
+    q = (shape.q_lora_rank or 0) * a * (nope + rope)
+    return float(q + (shape.kv_lora_rank or 0) * a * (nope + vd))

@@ -36,7 +36,10 @@ Host (offload) terms are listed in every phase with ``where="host"``; they persi
 `sum_of_parts_bytes` (each category at its own maximum, the pre-issue-#15 "total") is kept as an upper bound.
 
 `device_allowance_bytes` is what a layout must leave free beyond its tensors: the CUDA context and NCCL
-communicator buffers, plus caching-allocator fragmentation (see its docstring for the sources).
+communicator buffers (GPU_CONTEXT_BYTES). No caching-allocator fragmentation allowance is added: no published
+figure for one was found (PyTorch's CUDA-semantics notes describe fragmentation and the expandable_segments setting
+that reduces it, without a fraction), and the 5% this module assumed before made the estimator refuse layouts the
+published sources ran (benchmarks/results/published_runs_202612.md, issue 16).
 
 No torch import.
 """
@@ -53,12 +56,6 @@ for an otherwise empty process; lazy module loading, CUDA_MODULE_LOADING=LAZY, l
 communicator allocates NCCL_BUFFSIZE (default 4 MiB, NCCL environment-variable docs) per channel and peer for
 send and receive: with 2 peers x up to 32 channels ~0.25 GiB for the data-parallel communicator. Not measured
 here (no GPU in this project's CI)."""
-GPU_FRAGMENTATION_FRACTION = 0.05
-"""Caching-allocator fragmentation, as a fraction of the tensor peak: PyTorch's CUDA caching allocator rounds
-large requests up to 2 MiB and carves them from segments of >= 20 MiB (c10/cuda/CUDACachingAllocator.cpp
-kRoundLarge / kLargeBuffer), so reserved exceeds allocated; 5% is the project's earlier assumption
-(generate/costing.py DEVICE_HEADROOM_FRACTION), not a published figure, and now scales with the peak instead
-of the device size."""
 CPU_ALLOWANCE_BYTES = 0
 """CPU ranks: 0. There is no device context, and glibc returns the large tensor buffers (above its 128 KiB
 mmap threshold) to the OS on free, so there is no caching-allocator slack to plan for; the interpreter and
@@ -209,19 +206,20 @@ def is_cpu_device(gpu) -> bool:
 
 
 def device_allowance_bytes(gpu, peak_bytes: int) -> int:
-    """Bytes a rank needs beyond its tensor peak: GPU_CONTEXT_BYTES + GPU_FRAGMENTATION_FRACTION x peak on GPUs,
-    CPU_ALLOWANCE_BYTES on CPU ranks (see those constants for the sources)."""
+    """Bytes a rank needs beyond its tensor peak: GPU_CONTEXT_BYTES on GPUs, CPU_ALLOWANCE_BYTES on CPU ranks (see
+    those constants for the sources; no fragmentation allowance, see the module docstring). `peak_bytes` is kept
+    for callers: the allowance does not depend on it."""
+    del peak_bytes
     if is_cpu_device(gpu):
         return CPU_ALLOWANCE_BYTES
-    return int(GPU_CONTEXT_BYTES + GPU_FRAGMENTATION_FRACTION * peak_bytes)
+    return int(GPU_CONTEXT_BYTES)
 
 
 def allowance_source(gpu) -> str:
     if is_cpu_device(gpu):
         return "CPU rank: no device context or caching allocator (timeline.CPU_ALLOWANCE_BYTES)"
-    return (f"CUDA context + NCCL buffers {GPU_CONTEXT_BYTES / GiB:.2f} GiB + allocator fragmentation "
-            f"{GPU_FRAGMENTATION_FRACTION:.0%} of the peak (timeline.GPU_CONTEXT_BYTES, GPU_FRAGMENTATION_FRACTION)")
+    return f"CUDA context + NCCL buffers {GPU_CONTEXT_BYTES / GiB:.2f} GiB (timeline.GPU_CONTEXT_BYTES)"
 
 
 __all__ = ["Term", "Phase", "Timeline", "memory_timeline", "device_allowance_bytes", "allowance_source",
-           "is_cpu_device", "GPU_CONTEXT_BYTES", "GPU_FRAGMENTATION_FRACTION", "CPU_ALLOWANCE_BYTES"]
+           "is_cpu_device", "GPU_CONTEXT_BYTES", "CPU_ALLOWANCE_BYTES"]

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dstoolkit.estimate import estimate_run
-from dstoolkit.estimate.timeline import (GPU_CONTEXT_BYTES, GPU_FRAGMENTATION_FRACTION, allowance_source,
-                                         is_cpu_device)
+from dstoolkit.estimate.timeline import GPU_CONTEXT_BYTES, allowance_source, is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.hardware.calibration import calibration_for_spec
@@ -25,18 +24,18 @@ from dstoolkit.spec import Spec
 
 GiB = 2**30
 
-DEVICE_HEADROOM_FRACTION = GPU_FRAGMENTATION_FRACTION
-"""Allocator-fragmentation share of the peak on GPUs (`dstoolkit.estimate.timeline.GPU_FRAGMENTATION_FRACTION`);
-kept under its old name for importers. The fixed CUDA/NCCL context is `timeline.GPU_CONTEXT_BYTES`."""
+DEVICE_HEADROOM_FRACTION = 0.0
+"""Allocator-fragmentation share of the peak on GPUs: 0, as in `dstoolkit.estimate.timeline` (no published figure
+for one; the module docstring there says why the earlier 5% was dropped); kept under its old name for importers.
+The fixed CUDA/NCCL context is `timeline.GPU_CONTEXT_BYTES`."""
 
 
 def usable_device_bytes(gpu: GpuSpec) -> int:
-    """The largest tensor peak that fits one device: (memory - GPU_CONTEXT_BYTES) / (1 + GPU_FRAGMENTATION_FRACTION)
-    on GPUs, memory_bytes on CPU ranks; `peak <= usable_device_bytes(gpu)` is the same test as
+    """The largest tensor peak that fits one device: memory - GPU_CONTEXT_BYTES on GPUs, memory_bytes on CPU ranks; `peak <= usable_device_bytes(gpu)` is the same test as
     `peak + device_allowance_bytes(gpu, peak) <= memory_bytes`."""
     if is_cpu_device(gpu):
         return int(gpu.memory_bytes)
-    return max(0, int((gpu.memory_bytes - GPU_CONTEXT_BYTES) / (1 + GPU_FRAGMENTATION_FRACTION)))
+    return max(0, int(gpu.memory_bytes - GPU_CONTEXT_BYTES))
 
 
 def allowance_text(gpu: GpuSpec) -> str:

@@ -386,6 +386,9 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         A `SweepResult`: ranked (best first, at most `top`), dropped (each with its reason), the winner's
         explanation, and `fits_nowhere` when no candidate fits.
     """
+    # DeepSpeed's refusal of its own MoE layer at ZeRO-3 binds where DeepSpeed runs the model; Megatron-Core
+    # (Megatron FSDP shards the experts over the expert-data-parallel group) and PyTorch FSDP run their own MoE blocks
+    native_moe = native_moe and spec.training.framework == "deepspeed"
     gpu = spec.cluster.gpu_spec
     fit, dropped, estimates, considered = _estimate_all(
         spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native_moe)

@@ -71,6 +71,10 @@ class RunPlan(BaseModel):
     """TP collectives overlapped with the GEMMs (Megatron --tp-comm-overlap)."""
     moe_a2a_overlap: bool = False
     """MoE all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm, DualPipe)."""
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    recompute_modules: tuple[str, ...] = ()
+    """Megatron --recompute-modules beyond the checkpoint policy (activations._fused_layer_bytes, cluster_model)."""
+    """MoE token dispatch: one all-to-all (alltoall) or DeepEP's node-deduplicated IB + NVLink forwarding (deepep)."""
     pipeline_schedule: Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"] = "1f1b"
     """Pipeline schedule (bubble: estimate.cluster_model.bubble_fraction)."""
     virtual_stages: int = Field(default=1, ge=1)
@@ -222,6 +226,8 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         overlap_param_gather=None if t.overlap_param_gather == "auto" else t.overlap_param_gather,
         tp_comm_overlap=t.tp_comm_overlap,
         moe_a2a_overlap=t.moe_a2a_overlap,
+        moe_dispatcher=t.moe_dispatcher,
+        recompute_modules=tuple(t.recompute_modules),
         pipeline_schedule=t.pipeline_schedule,
         virtual_stages=t.virtual_stages,
         cp=t.cp,

@@ -17,6 +17,8 @@ from dstoolkit.spec.errors import SpecFieldError
 Framework = Literal["deepspeed", "megatron", "fsdp"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"]
 AttentionImpl = Literal["eager", "sdpa", "flash", "te"]
+MoeDispatcher = Literal["alltoall", "deepep"]
+RecomputeModule = Literal["layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"]
 
 
 class ClusterModelFields(StrictModel):
@@ -39,6 +41,18 @@ class ClusterModelFields(StrictModel):
     moe_a2a_overlap: bool = False
     """MoE dispatch/combine all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm,
     DeepSeek-V3 DualPipe). Off by default."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """How MoE tokens reach their experts' ranks: alltoall (one copy per routed expert in one all-to-all over the EP
+    group: DeepSpeed MoE, Megatron --moe-token-dispatcher-type alltoall) or deepep (Megatron's flex dispatcher with
+    the DeepEP / HybridEP backend, the DeepSeek-V3 §3.2.2 design: a token crosses InfiniBand once per remote node
+    that holds one of its experts and is forwarded over NVLink inside that node). Only matters when the EP group
+    spans nodes (estimate.comm.ep_a2a_split)."""
+    recompute_modules: list[RecomputeModule] = Field(default_factory=list)
+    """Blocks' submodules Megatron re-runs in backward instead of keeping their outputs (Megatron-Core
+    --recompute-granularity selective --recompute-modules; its default core_attn is activation_checkpointing:
+    selective here): layernorm (the norm outputs), moe_act (the routed experts' activation output), mla_up_proj
+    (MLA's up-projected q, k, v), mlp (dense MLP blocks), moe (whole MoE layers), shared_experts. framework megatron
+    only; not with activation_checkpointing full."""
     pipeline_schedule: PipelineSchedule = "1f1b"
     """Pipeline schedule: 1f1b (bubble (pp-1)/m), interleaved (virtual stages, bubble (pp-1)/(v·m), Narayanan et
     al. 2021 §2.2), zero-bubble (Qi et al. 2023, ZB-H2: the backward is split into input and weight gradients
@@ -70,6 +84,15 @@ class ClusterModelFields(StrictModel):
             raise SpecFieldError(("virtual_stages",), f"virtual_stages={self.virtual_stages} needs "
                                  f"pipeline_schedule: interleaved (got {self.pipeline_schedule!r})",
                                  "set pipeline_schedule: interleaved, or remove virtual_stages")
+        if self.recompute_modules:
+            if self.framework != "megatron":
+                raise SpecFieldError(("recompute_modules",), f"recompute_modules={self.recompute_modules} is Megatron's "
+                                     f"--recompute-modules (framework={self.framework!r})",
+                                     "set framework: megatron, or use activation_checkpointing")
+            if getattr(self, "activation_checkpointing", None) == "full":
+                raise SpecFieldError(("recompute_modules",), f"recompute_modules={self.recompute_modules} with "
+                                     "activation_checkpointing='full': full recompute already re-runs every module",
+                                     "remove recompute_modules, or use activation_checkpointing none / selective")
         if self.cp > 1 and self.ulysses > 1:
             raise SpecFieldError(("ulysses",), f"cp={self.cp} and ulysses={self.ulysses}: one sequence-sharding "
                                  "scheme at a time", "keep cp (Megatron) or ulysses (DeepSpeed), not both")

@@ -214,3 +214,104 @@ def test_megatron_lm_head_stays_bf16_under_fp8():
     want = head * (1 / cm.gemm_rate(gpu, "bf16", tok, v, H) - 1 / cm.gemm_rate(gpu, "fp8", tok, v, H))
     got = estimate_run(meg).step_time.compute_s - estimate_run(ds).step_time.compute_s
     assert got == pytest.approx(want / cm.FRAMEWORK_EFFICIENCY)
+
+
+# -- Megatron recompute modules, MoE host syncs, ZeRO-3 experts (issue 16, published-runs revision) -------
+MIX_H, MIX_I, TOK = 4096, 14336, 4096  # Mixtral 8x7B: h 4096, expert FFN 14336, top-2; one micro batch of 4096
+
+
+def _moe(mods=(), **kw):
+    kw.setdefault("framework", "megatron")
+    kw.setdefault("attention_impl", "te")
+    return _plan("mixtral-8x7b", world=8, ep=8, recompute_modules=tuple(mods), **kw)
+
+
+def test_recompute_modules_drop_what_megatron_documents():
+    # Megatron-Core --recompute-modules (TE fused block, bf16 p = pl = 2): layernorm drops the two norm outputs
+    # (2 x pl x h per token); moe_act drops each routed copy's FC2 input (k x pl x i); moe drops the whole MoE
+    # layer's saved tensors: fp32 router logits and probabilities (2 x 4 x E) + per copy FC1 input and FC2 output
+    # (2 x 2h) + FC1 output and FC2 input (2 x 2i + 2i)
+    full = layer_activation_bytes(_moe(), 0, 1).full
+    assert full - layer_activation_bytes(_moe(["layernorm"]), 0, 1).full == 2 * 2 * MIX_H * TOK
+    assert full - layer_activation_bytes(_moe(["moe_act"]), 0, 1).full == 2 * 2 * MIX_I * TOK
+    moe = 2 * 4 * 8 * TOK + 2 * TOK * ((2 + 2) * MIX_H + (2 * 2 + 2) * MIX_I)
+    assert full - layer_activation_bytes(_moe(["moe"]), 0, 1).full == moe
+
+
+def test_mla_up_proj_recompute_drops_q_k_v_and_reruns_the_up_projections():
+    # DeepSeek-V3: 128 heads, qk 128 + 64 rope, v 128; q_lora 1536, kv_lora 512. The up-projected q, k, v
+    # (2 bytes x tok x 128 x (2 x 192 + 128)) are re-made from the latents (DeepSeek-V3 §3.2.3)
+    shape = get_preset("deepseek-v3")
+    base = dict(shape=shape, world=64, ep=64, framework="megatron", attention_impl="te")
+    keep = layer_activation_bytes(_plan(**base), 5, 1).full
+    drop = layer_activation_bytes(_plan(recompute_modules=("mla_up_proj",), **base), 5, 1).full
+    assert keep - drop == 2 * TOK * 128 * (2 * 192 + 128)
+    # W^UQ + W^QR: 1536 x 128 x 192; W^UK + W^UV: 512 x 128 x (128 + 128) (DeepSeek-V2 §2.1.2)
+    assert cm.mla_up_proj_weights(shape) == 1536 * 128 * 192 + 512 * 128 * 256
+
+
+def test_recompute_modules_spec_rules():
+    from dstoolkit.spec import spec_from_dict
+    from dstoolkit.spec.errors import SpecError
+
+    def spec(**t):
+        return spec_from_dict({"model": {"preset": "mixtral-8x7b"},
+                               "training": {"seq_len": 4096, "global_batch": 64, **t}})
+
+    assert spec(framework="megatron", recompute_modules=["layernorm", "moe_act"]).training.recompute_modules == [
+        "layernorm", "moe_act"]
+    with pytest.raises((SpecError, ValueError), match="recompute-modules"):
+        spec(recompute_modules=["layernorm"])  # framework deepspeed: no such switch
+    with pytest.raises((SpecError, ValueError), match="full recompute already"):
+        spec(framework="megatron", activation_checkpointing="full", recompute_modules=["moe_act"])
+
+
+def test_megatron_moe_host_sync_hides_behind_an_exposed_all_to_all():
+    from dstoolkit.estimate.comm import ep_a2a_layer_s
+
+    tok = float(TOK)
+    with_overlap = _moe(moe_a2a_overlap=True)
+    ds_run = _moe(framework="deepspeed", moe_a2a_overlap=True)
+    s_mg = cm.layer_compute_s(with_overlap, 0, tok, 0.0, 3.35e12)
+    s_ds = cm.layer_compute_s(ds_run, 0, tok, 0.0, 3.35e12)
+    assert s_mg - s_ds == pytest.approx(cm.MEGATRON_MOE_HOST_SYNC_S)
+    no_overlap = _moe()
+    hidden = max(0.0, cm.MEGATRON_MOE_HOST_SYNC_S - ep_a2a_layer_s(no_overlap))
+    assert cm.layer_compute_s(no_overlap, 0, tok, 0.0, 3.35e12) - s_ds == pytest.approx(hidden)
+    # the all-to-all inside one node: 4 x tok x top-2 x h x 2 bytes x (ep - 1)/ep at the NVLink busbw
+    assert ep_a2a_layer_s(no_overlap) == pytest.approx(
+        4 * TOK * 2 * MIX_H * 2 * 7 / 8 / get_gpu("H100-SXM").intra_node_bw_bytes_per_s)
+
+
+def test_zero3_gathers_expert_parameters_over_the_expert_data_parallel_group():
+    # reachable where DeepSpeed does not run the model (Megatron FSDP): the experts' gathers and gradient
+    # reduce-scatter run over edp = dp / ep, like the dense ones over dp (ZeRO §7: 3 x the partitioned bytes)
+    p = _plan("mixtral-8x7b", world=16, stage=3, ep=2, framework="megatron")
+    expert = _expert_numel(p)
+    ops = {op.name: op for op in comm_plan(p).ops}
+    for name in ("zero3_param_all_gather_fwd_experts", "zero3_param_all_gather_bwd_experts",
+                 "zero3_grad_reduce_scatter_experts"):
+        assert ops[name].group_size == 8 and ops[name].bytes == expert * 2
+
+
+def _expert_numel(plan):
+    from dstoolkit.estimate.memory import rank_param_groups
+
+    return sum(rank_param_groups(plan)[1])
+
+
+def test_megatron_moe_may_run_zero3_deepspeed_may_not():
+    from dstoolkit.generate.sweep import run_sweep
+    from dstoolkit.models import resolve_model
+    from dstoolkit.spec import spec_from_dict
+
+    def sweep(framework):
+        spec = spec_from_dict({"model": {"preset": "mixtral-8x7b"},
+                               "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"},
+                               "training": {"seq_len": 4096, "global_batch": 64, "micro_batch": 1, "ep": 8,
+                                            "tp": 1, "pp": 1, "zero_stage": 3, "framework": framework,
+                                            "activation_checkpointing": "full"}})
+        return run_sweep(spec, resolve_model(spec.model), top=1, advise=False)
+
+    assert sweep("megatron").ranked
+    assert not sweep("deepspeed").ranked  # DeepSpeed refuses its native MoE at ZeRO-3 (layout rule LY010)

@@ -203,6 +203,10 @@ def test_ep_all_to_all_and_tp_all_reduce_present():
     # dispatch + combine, forward and backward, per MoE layer: 4 all-to-alls of the (E, C, h) buffer, each TP rank
     # sending its 1/tp share (DeepSpeed drops the tokens duplicated across TP ranks: deepspeed/moe/mappings.py)
     cap = -(-tok * 2 // 8)  # top-2, capacity factor 1
-    assert by["ep_all_to_all"] == 4 * 8 * cap * 4096 * 2 * 32 // 2
+    routed = 4 * 8 * cap * 4096 * 2 * 32 // 2
+    # the EP group (8 ranks at stride tp 2) spans 2 nodes, 4 of its ranks on each: of the routed copies a rank sends,
+    # (ep - 4)/ep go over InfiniBand and 3/ep to its node's peers over NVLink (comm.ep_a2a_split, GPU path)
+    assert by["ep_all_to_all"] == routed * 4 // 8
+    assert by["ep_all_to_all_nvlink"] == routed * 3 // 8
     # Megatron: 2 all-reduces forward + 2 backward per layer, + 2 for the recomputed forward
     assert by["tp_all_reduce"] == (4 * 32 + 2 * 32) * tok * 4096 * 2

@@ -132,9 +132,39 @@ def test_moe_layers_counted_on_the_heaviest_stage():
 
 
 def test_megatron_dropless_all_to_all_per_tp_rank():
-    # Megatron-Core alltoall dispatcher: tokens x top-k x h x 2 bytes, / tp (SP), x 4 (dispatch + combine, fwd+bwd)
-    p = _plan("mixtral-8x7b", world=16, tp=2, ep=8, framework="megatron", sequence_parallel=True)
+    # Megatron-Core alltoall dispatcher: tokens x top-k x h x 2 bytes, / tp (SP), x 4 (dispatch + combine, fwd+bwd);
+    # inside one node (world 8) it is one all-to-all over the EP group
+    p = _plan("mixtral-8x7b", world=8, tp=2, ep=4, framework="megatron", sequence_parallel=True)
     assert comm_plan(p).by_name()["ep_all_to_all"] == 4 * 4096 * 2 * 4096 * 2 // 2 * 32
+
+
+def test_cross_node_all_to_all_splits_by_link():
+    # ep 8 at stride tp 2 over 2 nodes: G = 4 EP ranks per node. alltoall sends (ep - G)/ep = 1/2 of its routed copies
+    # over InfiniBand and (G - 1)/ep = 3/8 to peers on its node (the rest stays on the rank)
+    p = _plan("mixtral-8x7b", world=16, tp=2, ep=8, framework="megatron", sequence_parallel=True)
+    total = 4 * 4096 * 2 * 4096 * 2 // 2 * 32
+    ops = {op.name: op for op in comm_plan(p).ops}
+    assert ops["ep_all_to_all"].cross_node and not ops["ep_all_to_all_nvlink"].cross_node
+    assert ops["ep_all_to_all"].bytes == pytest.approx(total / 2, rel=1e-9)
+    assert ops["ep_all_to_all_nvlink"].bytes == pytest.approx(total * 3 / 8, rel=1e-9)
+
+
+def test_deepep_crosses_infiniband_once_per_remote_node():
+    # DeepSeek-V3 §3.2.2 / DeepEP: a token crosses IB once per remote node holding one of its top-k experts.
+    # E 128, k 8 (Qwen3-235B's routing) at ep 16, stride 2: G = 4 ranks and E_n = 32 experts per node, N = 4 nodes;
+    # P(node hit) = 1 - prod_{i<8} (96 - i)/(128 - i) = 0.90725, so (N - 1) x 0.90725 / 8 = 0.34022 of the copies'
+    # bytes cross IB (alltoall: 12/16 = 0.75); NVLink carries (G - 1)/G = 3/4 (alltoall: 3/16)
+    from dstoolkit.estimate.comm import ep_a2a_split
+
+    shape = get_preset("mixtral-8x7b").model_copy(update={"num_experts": 128, "num_experts_per_tok": 8})
+    deep = RunPlan(shape=shape, ds_config=_ds(), world_size=32, gpus_per_node=8, gpu=get_gpu("H100-SXM"),
+                   seq_len=4096, tp=2, ep=16, framework="megatron", moe_dispatcher="deepep")
+    inter, intra = ep_a2a_split(deep, 2)
+    assert inter == pytest.approx(0.34022, abs=1e-5) and intra == pytest.approx(0.75)
+    a2a = deep.model_copy(update={"moe_dispatcher": "alltoall"})
+    assert ep_a2a_split(a2a, 2) == pytest.approx((0.75, 3 / 16))
+    # an EP group inside one node (ep 4 at stride 2): nothing crosses IB, (ep - 1)/ep goes to NVLink peers
+    assert ep_a2a_split(deep.model_copy(update={"ep": 4}), 2) == pytest.approx((0.0, 0.75))
 
 
 def test_moe_a2a_overlap_flag():

@@ -86,11 +86,15 @@ def test_run_fields(run):
     assert ex["framework"] in {"deepspeed", "megatron", "fsdp"}, "every row records the framework it ran on"
     assert ex["attention_impl"] in {"eager", "sdpa", "flash", "te"}
     assert set(ex) <= {"framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                       "moe_a2a_overlap", "pipeline_schedule", "attention_impl"}
+                       "moe_a2a_overlap", "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl"}
     if ex.get("tp_comm_overlap"):
         assert lay["tp"] > 1, "TP communication overlap needs tp > 1"
     if ex.get("moe_a2a_overlap"):
         assert run["moe"], "all-to-all overlap only on MoE rows"
+    if "moe_dispatcher" in ex:
+        assert run["moe"] and ex["moe_dispatcher"] in {"alltoall", "deepep"}, "a dispatcher only on MoE rows"
+    if ex.get("recompute_modules"):
+        assert ex["framework"] == "megatron" and run["recompute"] != "full", "Megatron's --recompute-modules"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=_ids(RUNS))
@@ -162,8 +166,9 @@ def test_committed_spec_matches_row_and_loads(run):
     assert (t["virtual_stages"], t["cp"]) == (vpp, lay["cp"])
     assert t["pipeline_schedule"] == ex.get("pipeline_schedule", "interleaved" if vpp > 1 else "1f1b")
     assert (t["framework"], t["attention_impl"]) == (ex["framework"], ex["attention_impl"])
+    assert t["recompute_modules"] == list(ex.get("recompute_modules") or [])
     for key, default in (("overlap_grad_reduce", "auto"), ("overlap_param_gather", "auto"),
-                         ("tp_comm_overlap", False), ("moe_a2a_overlap", False)):
+                         ("tp_comm_overlap", False), ("moe_a2a_overlap", False), ("moe_dispatcher", "alltoall")):
         assert t[key] == ex.get(key, default), key
     spec = load_spec(path)
     assert spec.world_size == run["nodes"] * run["gpus_per_node"]
