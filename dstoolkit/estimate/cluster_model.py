@@ -72,7 +72,7 @@ Transformer Engine's GroupedLinear takes its m_splits as a host list of ints (Tr
 benchmarks/linear/benchmark_grouped_linear.py; a device-tensor path arrived only with NVIDIA/TransformerEngine PR
 #3038). Each such device-to-host sync drains the launch queue, so the CPU's kernel launches for the rest of the
 block stop overlapping GPU work, except while an exposed EP all-to-all transfers (the CPU launches the rest of the
-block meanwhile): without moe_a2a_overlap only what outlasts the block's all-to-all time (comm.ep_a2a_layer_s)
+block meanwhile): without moe_a2a_overlap only what outlasts the block's all-to-all time (ep_a2a_layer_s)
 shows. No source gives the size (as a plausibility check, not a measurement: 4.5 ms is of the order of the CPU
 time to launch a few hundred eager kernels at ~15 us each, what one MoE block's forward and backward run). Chosen by a grid search over 0, 3, 4, 4.5, 5, 5.5, 6 and 7 ms on
 the training rows of benchmarks/published_runs.py (i % 3 != 2), the other fitted constants held: training MAPE
@@ -154,6 +154,64 @@ def resolved_overlap(plan: RunPlan) -> tuple[bool, bool]:
     else:
         dg, dpg = False, False
     return (dg if g is None else g), (dpg if p is None else p)
+
+
+# -- MoE expert-parallel traffic (comm.comm_plan adds it to the step's collectives) ----------------------
+def ep_a2a_layer_bytes(plan: RunPlan) -> float:
+    """Bytes one rank passes to the EP all-to-alls of one MoE block and micro batch: dispatch and combine, forward
+    and backward (4), of its routed copies x h in the model dtype, per TP rank (DeepSpeed drops the tokens
+    duplicated across TP ranks, deepspeed/moe/mappings.py drop_tokens; Megatron with sequence parallelism holds
+    tokens/tp per rank). Routed copies: DeepSpeed's capacity-padded (E, C, h) buffer (sharded_moe.py), Megatron's
+    dropless tokens x top-k (Megatron-Core alltoall dispatcher)."""
+    from dstoolkit.estimate.activations import moe_capacity
+    from dstoolkit.estimate.dtype_bytes import param_bytes
+
+    shape = plan.shape
+    tok = plan.seq_len * plan.ds.micro_batch / (plan.cp * plan.ulysses)
+    if plan.framework == "deepspeed":
+        routed = shape.num_experts * moe_capacity(plan, int(tok))
+    else:
+        routed = tok * max(1, shape.num_experts_per_tok)
+    return 4 * routed * shape.hidden_size * param_bytes(plan.precision) / plan.tp
+
+
+def ep_a2a_layer_s(plan: RunPlan) -> float:
+    """GPU seconds of one MoE block's EP all-to-alls for one micro batch at the table's link rates: the InfiniBand
+    and NVLink shares of ep_a2a_split (inside one node all of it, (ep - 1)/ep, on NVLink: nccl-tests' all-to-all
+    factor), as comm.comm_plan splits them; 0 without EP."""
+    if not plan.shape.is_moe or plan.ep <= 1:
+        return 0.0
+    b = ep_a2a_layer_bytes(plan)
+    inter, intra = ep_a2a_split(plan, plan.tp * plan.cp * plan.ulysses)
+    return b * inter / plan.gpu.inter_node_bw_bytes_per_s + b * intra / plan.gpu.intra_node_bw_bytes_per_s
+
+
+def ep_a2a_split(plan: RunPlan, stride: int) -> tuple[float, float]:
+    """(inter-node, intra-node) bytes per byte of routed copies a rank dispatches, for an EP group whose ranks are
+    `stride` apart: G = min(ep, gpus_per_node // stride) of them share a node, N = ceil(ep / G) nodes.
+
+    alltoall: every routed copy goes straight to its expert's rank, and routing is uniform over the group (the
+    source tables' force-balanced runs), so (ep - G) / ep of the copies leave the node and (G - 1) / ep go to a
+    peer on it (nccl-tests' all-to-all sends (n-1)/n of its size to peers, doc/PERFORMANCE.md; split here by link).
+    deepep: DeepEP's normal kernels (deepseek-ai/DeepEP README: "forwarding data from NVLink domain to RDMA
+    domain") follow DeepSeek-V3 §3.2.2: a token goes over InfiniBand once to each remote node holding at least
+    one of its top-k experts, to the GPU with the same in-node index, which forwards it over NVLink. With the
+    E experts spread evenly, a node holds E_n = E·G/ep of them and a token hits it with probability
+    1 - C(E - E_n, k) / C(E, k) (top-k without replacement), so (N - 1)·that / k of the copies' bytes cross IB;
+    the NVLink share is the copies that end on another GPU of the node, (G - 1) / G."""
+    shape = plan.shape
+    ep = plan.ep
+    g = max(1, min(ep, plan.gpus_per_node // max(1, stride)))
+    if g >= ep:
+        return 0.0, (ep - 1) / ep
+    n = math.ceil(ep / g)
+    if plan.moe_dispatcher != "deepep":
+        return (ep - g) / ep, (g - 1) / ep
+    k = max(1, shape.num_experts_per_tok)
+    e = max(k, shape.num_experts)
+    e_node = e * g // ep
+    hit = 1.0 - math.comb(e - e_node, k) / math.comb(e, k)
+    return min((ep - g) / ep, (n - 1) * hit / k), (g - 1) / g
 
 
 # -- per-stage work ---------------------------------------------------------------------------------------
@@ -269,8 +327,6 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         # block while an exposed all-to-all transfers, so without EP overlap only what outlasts it shows
         sync = MEGATRON_MOE_HOST_SYNC_S
         if not plan.moe_a2a_overlap:
-            from dstoolkit.estimate.comm import ep_a2a_layer_s
-
             sync = max(0.0, sync - ep_a2a_layer_s(plan))
         s += sync
     passes = UNFUSED_NON_GEMM_PASSES_PER_SAVED_BYTE if impl == "sdpa" else NON_GEMM_PASSES_PER_SAVED_BYTE

@@ -180,7 +180,8 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     stride = plan.tp * shards // max(1, dp // max(1, plan.dp))  # tp once the shards are in the group (GPU path)
     dp_lay = group_layout(plan.world_size, plan.gpus_per_node, dp, stride)
     edp_lay = group_layout(plan.world_size, plan.gpus_per_node, edp, stride * plan.ep)
-    from dstoolkit.estimate.cluster_model import moe_layers_per_stage, resolved_overlap
+    from dstoolkit.estimate.cluster_model import (ep_a2a_layer_bytes, ep_a2a_split, moe_layers_per_stage,
+                                                  resolved_overlap)
 
     grad_overlap, param_overlap = resolved_overlap(plan)
     dp_cross, edp_cross = dp_lay.cross_node, edp_lay.cross_node
@@ -295,65 +296,6 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         add("pp_p2p", "p2p", 2 * v * tok * shape.hidden_size * pb // (plan.tp if plan.sequence_parallel else 1) * ga,
             2, plan.world_size // plan.pp > plan.gpus_per_node or plan.gpus_per_node < plan.tp * 2, 2 * v * ga, False)
     return out
-
-
-def ep_a2a_layer_bytes(plan: RunPlan) -> float:
-    """Bytes one rank passes to the EP all-to-alls of one MoE block and micro batch: dispatch and combine, forward
-    and backward (4), of its routed copies x h in the model dtype, per TP rank (DeepSpeed drops the tokens
-    duplicated across TP ranks, deepspeed/moe/mappings.py drop_tokens; Megatron with sequence parallelism holds
-    tokens/tp per rank). Routed copies: DeepSpeed's capacity-padded (E, C, h) buffer (sharded_moe.py), Megatron's
-    dropless tokens x top-k (Megatron-Core alltoall dispatcher)."""
-    from dstoolkit.estimate.activations import moe_capacity
-
-    shape = plan.shape
-    tok = plan.seq_len * plan.ds.micro_batch / (plan.cp * plan.ulysses)
-    if plan.framework == "deepspeed":
-        routed = shape.num_experts * moe_capacity(plan, int(tok))
-    else:
-        routed = tok * max(1, shape.num_experts_per_tok)
-    return 4 * routed * shape.hidden_size * param_bytes(plan.precision) / plan.tp
-
-
-def ep_a2a_layer_s(plan: RunPlan) -> float:
-    """GPU seconds of one MoE block's EP all-to-alls for one micro batch at the table's link rates (the same split
-    as comm_plan: InfiniBand and NVLink shares from ep_a2a_split when the group spans nodes); 0 without EP."""
-    if not plan.shape.is_moe or plan.ep <= 1:
-        return 0.0
-    stride = plan.tp * plan.cp * plan.ulysses
-    b = ep_a2a_layer_bytes(plan)
-    gpu = plan.gpu
-    if group_layout(plan.world_size, plan.gpus_per_node, plan.ep, stride).cross_node:
-        inter, intra = ep_a2a_split(plan, stride)
-        return b * inter / gpu.inter_node_bw_bytes_per_s + b * intra / gpu.intra_node_bw_bytes_per_s
-    return b * busbw_factor("all_to_all", plan.ep) / gpu.intra_node_bw_bytes_per_s
-
-
-def ep_a2a_split(plan: RunPlan, stride: int) -> tuple[float, float]:
-    """(inter-node, intra-node) bytes per byte of routed copies a rank dispatches, for an EP group whose ranks are
-    `stride` apart: G = min(ep, gpus_per_node // stride) of them share a node, N = ceil(ep / G) nodes.
-
-    alltoall: every routed copy goes straight to its expert's rank, and routing is uniform over the group (the
-    source tables' force-balanced runs), so (ep - G) / ep of the copies leave the node and (G - 1) / ep go to a
-    peer on it (nccl-tests' all-to-all sends (n-1)/n of its size to peers, doc/PERFORMANCE.md; split here by link).
-    deepep: DeepEP's normal kernels (deepseek-ai/DeepEP README: "forwarding data from NVLink domain to RDMA
-    domain") follow DeepSeek-V3 §3.2.2: a token goes over InfiniBand once to each remote node holding at least
-    one of its top-k experts, to the GPU with the same in-node index, which forwards it over NVLink. With the
-    E experts spread evenly, a node holds E_n = E·G/ep of them and a token hits it with probability
-    1 - C(E - E_n, k) / C(E, k) (top-k without replacement), so (N - 1)·that / k of the copies' bytes cross IB;
-    the NVLink share is the copies that end on another GPU of the node, (G - 1) / G."""
-    shape = plan.shape
-    ep = plan.ep
-    g = max(1, min(ep, plan.gpus_per_node // max(1, stride)))
-    if g >= ep:
-        return 0.0, (ep - 1) / ep
-    n = math.ceil(ep / g)
-    if plan.moe_dispatcher != "deepep":
-        return (ep - g) / ep, (g - 1) / ep
-    k = max(1, shape.num_experts_per_tok)
-    e = max(k, shape.num_experts)
-    e_node = e * g // ep
-    hit = 1.0 - math.comb(e - e_node, k) / math.comb(e, k)
-    return min((ep - g) / ep, (n - 1) * hit / k), (g - 1) / g
 
 
 def largest_gathered_module_numel(plan: RunPlan) -> int:

@@ -267,7 +267,7 @@ def test_recompute_modules_spec_rules():
 
 
 def test_megatron_moe_host_sync_hides_behind_an_exposed_all_to_all():
-    from dstoolkit.estimate.comm import ep_a2a_layer_s
+    from dstoolkit.estimate.cluster_model import ep_a2a_layer_s
 
     tok = float(TOK)
     with_overlap = _moe(moe_a2a_overlap=True)

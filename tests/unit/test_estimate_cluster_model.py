@@ -154,7 +154,7 @@ def test_deepep_crosses_infiniband_once_per_remote_node():
     # E 128, k 8 (Qwen3-235B's routing) at ep 16, stride 2: G = 4 ranks and E_n = 32 experts per node, N = 4 nodes;
     # P(node hit) = 1 - prod_{i<8} (96 - i)/(128 - i) = 0.90725, so (N - 1) x 0.90725 / 8 = 0.34022 of the copies'
     # bytes cross IB (alltoall: 12/16 = 0.75); NVLink carries (G - 1)/G = 3/4 (alltoall: 3/16)
-    from dstoolkit.estimate.comm import ep_a2a_split
+    from dstoolkit.estimate.cluster_model import ep_a2a_split
 
     shape = get_preset("mixtral-8x7b").model_copy(update={"num_experts": 128, "num_experts_per_tok": 8})
     deep = RunPlan(shape=shape, ds_config=_ds(), world_size=32, gpus_per_node=8, gpu=get_gpu("H100-SXM"),
