@@ -155,7 +155,8 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
     import deepspeed
     import torch
 
-    from dstoolkit.estimate import Calibration, RunPlan, estimate_run
+    from dstoolkit.estimate import RunPlan, estimate_run
+    from dstoolkit.hardware.calibration import calibration_from_raw
     from dstoolkit.models.shape import ModelShape
     from dstoolkit.spec.checkpoint import CheckpointPolicy
     from dstoolkit.hardware.table import get_gpu
@@ -170,12 +171,9 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
     t0 = time.time()
     # the calibration probes are the package's (dstoolkit.runtime.probe: the one machine probe, also behind the
     # estimator's per-machine cache), on shapes that are not the test configs
-    from dstoolkit.runtime.probe import probe_rates, probe_step_overhead
+    from dstoolkit.runtime.probe import probe_calibration
 
-    cal = probe_rates()
-    overhead = probe_step_overhead()
-    for k in CLOCKS:
-        cal[k]["step_overhead_s"] = overhead[k]
+    cal = probe_calibration(torch.distributed.get_world_size())
     probe_s = round(time.time() - t0, 1)
     records = []
     for c in cfgs:
@@ -184,14 +182,8 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
         policy = CheckpointPolicy(kind=c.get("ckpt", "none"))
         rec = dict(config=c, predicted_s={}, breakdown={})
         for k in CLOCKS:
-            ck = cal[k]
-            calib = Calibration(matmul_flops_per_s=ck[f"matmul_flops_per_s_{c['prec']}"],
-                                matmul_work=ck["matmul_work"],
-                                matmul_flops_per_s_large=ck[f"matmul_flops_per_s_{c['prec']}_large"],
-                                matmul_work_large=ck["matmul_work_large"],
-                                mem_bw_bytes_per_s=ck["mem_bw_bytes_per_s"],
-                                comm_busbw_bytes_per_s=ck["comm_busbw_bytes_per_s"],
-                                comm_latency_s=ck["comm_latency_s"], step_overhead_s=ck["step_overhead_s"])
+            # the one reader of the calibration format (per clock, per precision), as estimates of gpu: cpu use it
+            calib = calibration_from_raw({**cal, "_source": "this run's probe"}, c["prec"], clock=k)
             plan = RunPlan(shape=shape, ds_config=cfg, world_size=2, gpus_per_node=2, gpu=get_gpu("cpu"),
                            seq_len=SEQ, checkpoint=policy, precision=c["prec"], calibration=calib)
             est = estimate_run(plan)
@@ -283,7 +275,10 @@ def main(argv=None) -> int:
     if res_path.exists():
         res_path.unlink()
     t0 = time.time()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    from dstoolkit.common.cpu_env import cpu_rank_env
+
+    env = cpu_rank_env(dict(os.environ, OMP_NUM_THREADS="1",
+                            PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), str(pathlib.Path(__file__).resolve()), "--worker",
            "--cfgs-file", str(cfg_path), "--result-file", str(res_path), "--steps", str(steps)]

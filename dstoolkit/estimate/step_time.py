@@ -108,6 +108,13 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
         overhead = cal.step_overhead_s + cal.per_layer_overhead_s * plan.shape.num_hidden_layers * ds.grad_accum
         compute = flops / rate
+        if cal.has_op_rates:  # the probe's op-level rates: each GEMM at its shape, attention, elementwise
+            from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
+
+            stages = [cm.stage_layers(plan.shape.num_hidden_layers, plan.pp, st) for st in range(plan.pp)]
+            compute = cpu_compute_s(plan, op_rates(cal), stages, cm.bubble_fraction(
+                plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages))
+            overhead = cal.step_overhead_s + cal.per_layer_overhead_s * max(len(r) for r in stages) * ds.grad_accum
     else:
         intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
         latency = inter_latency = 0.0
@@ -157,10 +164,11 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         # Megatron's gradient-accumulation fusion: the weight-gradient GEMM accumulates into the fp32 main_grad
         # buffer itself, so a micro step adds no gradient pass; the buffer is read and written once per step
         grad_passes = MEGATRON_GRAD_BUFFER_PASSES
-    traffic = local_numel * pb * (grad_passes + PARAM_WRITEBACK_PASSES)
-    traffic += LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / cm.sequence_shards(plan)
+    grad_traffic = local_numel * pb * (grad_passes + PARAM_WRITEBACK_PASSES)
+    grad_bw = (cal.grad_bw_bytes_per_s if cal is not None else None) or mem_bw
+    loss_traffic = LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / cm.sequence_shards(plan)
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
-                    memory_s=traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
+                    memory_s=grad_traffic / grad_bw + loss_traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
 
 
 def _backward_only(name: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from dstoolkit.common.cpu_env import shell_exports
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.spec import Spec
@@ -78,8 +79,9 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         "",
     ]
     if cpu:
-        lines.append("# One BLAS thread per rank: CPU ranks share the cores (the deepspeed launcher does not set it).")
-        lines.append('export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"')
+        lines.append("# One BLAS thread per rank (the deepspeed launcher does not set it), and glibc malloc reusing freed")
+        lines.append("# memory instead of page-faulting large tensors in every step (dstoolkit/common/cpu_env.py).")
+        lines.extend(shell_exports())
     else:
         lines.append(f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{GPU_OMP_THREADS}}}"')
         if cand.tp > 1:

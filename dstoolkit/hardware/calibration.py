@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dstoolkit.common.cpu_env import cpu_rank_env
 from dstoolkit.hardware.table import GpuSpec, lookup_gpu_name
 
 class Calibration(BaseModel):
@@ -72,6 +73,28 @@ class Calibration(BaseModel):
     estimator and the training monitor alike (`peak_flops_per_rank`). None: the hardware table's peak."""
     per_layer_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed framework cost per transformer block per micro step (hooks, small kernels)."""
+    gemm_rate_flops_per_s: Optional[float] = Field(default=None, gt=0)
+    """Op-level CPU model (`dstoolkit.estimate.cpu_compute`): the large-GEMM rate R of the probe's fit
+    t = gemm_call_s + 2mnk / (R · d / (d + gemm_half_dim)), d = min(m, n, k). With it, the attention points and
+    the elementwise rate, CPU compute is summed op by op instead of one block rate (matmul_flops_per_s)."""
+    gemm_half_dim: Optional[float] = Field(default=None, ge=0)
+    """GEMM dimension at which the fitted rate is half of gemm_rate_flops_per_s."""
+    gemm_call_s: Optional[float] = Field(default=None, ge=0)
+    """Fixed seconds per GEMM call of that fit."""
+    attention_points: Optional[list[tuple[float, float, float, float]]] = None
+    """Causal attention core (torch SDPA) on a full (seq, head dim) grid: [seq, head_dim, fwd+bwd seconds per
+    query row and head, forward seconds per query row and head]."""
+    grad_bw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
+    """Rate of the memory-bound gradient path (DeepSpeed's gradient hooks, bucket copies and casts, parameter
+    write-back), measured by the probe on a real ZeRO-2 engine step (`runtime.probe.grad_path_fields`).
+    None: mem_bw_bytes_per_s."""
+    elementwise_s_per_byte: Optional[float] = Field(default=None, ge=0)
+    """Seconds of a block's elementwise work (norms, RoPE, activations, casts) per byte it saves for backward."""
+
+    @property
+    def has_op_rates(self) -> bool:
+        """True when the op-level CPU model's rates are all there (else the block rate is used)."""
+        return bool(self.gemm_rate_flops_per_s and self.attention_points and self.elementwise_s_per_byte is not None)
     step_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed framework cost per optimizer step (DeepSpeed bookkeeping)."""
 
@@ -147,6 +170,9 @@ def calibration_from_raw(raw: dict[str, Any], precision: str, clock: str = "wall
         per_prec = fields.get(f"matmul_flops_per_s_{prec}{suffix}")
         if per_prec:
             fields[f"matmul_flops_per_s{suffix}"] = per_prec
+    for name in Calibration.model_fields:  # any other field measured per precision: <field>_<precision>
+        if f"{name}_{prec}" in fields and not name.startswith("matmul_flops_per_s"):
+            fields[name] = fields[f"{name}_{prec}"]
     gemm_peak = fields.get(f"gemm_peak_flops_per_s_{prec}")
     if gemm_peak:
         fields["peak_flops_per_s"] = max(gemm_peak, *(fields.get(f"matmul_flops_per_s{s}") or 0 for s in ("", "_large")))
@@ -241,8 +267,8 @@ def _torch_version() -> Optional[str]:
         return None
 
 
-PROBE_VERSION = 2
-"""What the probe measures; a cached calibration from another version is probed again (2: GEMM peak added)."""
+PROBE_VERSION = 3
+"""What the probe measures; a cached calibration from another version is probed again (2: GEMM peak added; 3: op-level rates - GEMM grid fit, attention grid, elementwise per saved byte)."""
 
 
 def machine_key(ranks: int = PROBE_RANKS) -> dict[str, Any]:
@@ -271,7 +297,7 @@ def _key_digest(key: dict[str, Any]) -> str:
 def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
     cmd = [sys.executable, "-m", "dstoolkit.runtime.probe", "--out", str(out), "--ranks", str(key["ranks"]),
            "--key", json.dumps(key)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = cpu_rank_env(dict(os.environ, OMP_NUM_THREADS="1"))  # the ranks' allocator settings, as jobs get them
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

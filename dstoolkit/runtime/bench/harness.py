@@ -481,7 +481,10 @@ def run_rank_cells(script: pathlib.Path, cells: list, out_dir: pathlib.Path, tim
     for p in outs:
         if p.exists():
             p.unlink()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    from dstoolkit.common.cpu_env import cpu_rank_env
+
+    env = cpu_rank_env(dict(os.environ, OMP_NUM_THREADS="1",
+                            PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(pathlib.Path(script).resolve()), "--worker",
            "--cells-file", str(cells_path), "--out", str(out_dir)]

@@ -237,7 +237,8 @@ def temp_work_dir() -> tempfile.TemporaryDirectory:
 
 
 def env_for_ranks() -> dict[str, str]:
-    """Environment for launched ranks: one thread per rank (the deepspeed launcher does not set it)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    """Environment for launched ranks: `dstoolkit.common.cpu_env.cpu_rank_env` (one thread per rank, which the
+    deepspeed launcher does not set; glibc malloc reusing memory)."""
+    from dstoolkit.common.cpu_env import cpu_rank_env
+
+    return cpu_rank_env()

@@ -19,10 +19,12 @@ MASTER_PORT = 29500
 
 def base_env() -> dict:
     """Environment every rank gets: our venv first on PATH, the repo importable, one BLAS thread per rank."""
+    from dstoolkit.common.cpu_env import CPU_RANK_ENV
+
     return {
+        **CPU_RANK_ENV,
         "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
         "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}".rstrip(":"),
-        "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -30,8 +30,12 @@ MASTER_ADDR="${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 DIST_TIMEOUT_S="${DIST_TIMEOUT_S:-600}"
 
-# One BLAS thread per rank: CPU ranks share the cores (the deepspeed launcher does not set it).
+# One BLAS thread per rank (the deepspeed launcher does not set it), and glibc malloc reusing freed
+# memory instead of page-faulting large tensors in every step (dstoolkit/common/cpu_env.py).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-17179869184}"
+export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-17179869184}"
+export MALLOC_TOP_PAD_="${MALLOC_TOP_PAD_:-1073741824}"
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
 TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S" --ep-size 1)
