@@ -14,8 +14,7 @@ so the block's FLOP rate depends on its width and head dim (benchmarks/results/c
 - attention core (torch SDPA on CPU, causal): seconds per query row and head, measured on a (seq, head dim)
   grid and interpolated in log space (the CPU flash kernel's cost per row grows slower than seq: blocked kernel).
 - elementwise: seconds per byte the block saves for backward (`activations.layer_activation_bytes`), the
-  residual of the probe's whole-block measurement after its GEMMs and attention core, plus a fixed cost per
-  block (`Calibration.per_layer_overhead_s`) from the probe's two sizes.
+  residual of the probe's whole-block measurement after its GEMMs and attention core (`fit_elementwise`).
 """
 from __future__ import annotations
 
@@ -236,21 +235,17 @@ def cpu_compute_s(plan: RunPlan, rates: OpRates, stage_layers: Iterable[range], 
     return max(stages) * ds.grad_accum * (1.0 + bubble)
 
 
-def fit_elementwise(residual_s: Sequence[float], saved_bytes: Sequence[float]) -> tuple[float, float]:
-    """(seconds per saved byte, fixed seconds per block) from the probe block's residual time (measured minus
-    its GEMMs and attention core) at two or more sizes: a line through them, the intercept clamped at zero
-    (then the slope is the mean ratio)."""
+def fit_elementwise(residual_s: Sequence[float], saved_bytes: Sequence[float]) -> float:
+    """Seconds per saved byte from the probe block's residual time (measured minus its GEMMs and attention
+    core) at one or more sizes: total residual over total bytes, through the origin, never below zero. No
+    intercept: the residual is a difference of timings, and a line through two noisy points made its intercept
+    swing by tens of milliseconds per block between probes; a fixed cost per block, where a file gives one, is
+    `Calibration.per_layer_overhead_s`.
+
+    Raises:
+        ValueError: no size with saved bytes.
+    """
     pts = [(b, r) for b, r in zip(saved_bytes, residual_s) if b > 0]
     if not pts:
         raise ValueError("fit_elementwise needs at least one size with saved bytes")
-    if len(pts) >= 2:
-        mb = sum(b for b, _ in pts) / len(pts)
-        mr = sum(r for _, r in pts) / len(pts)
-        var = sum((b - mb) ** 2 for b, _ in pts)
-        if var > 0:
-            slope = sum((b - mb) * (r - mr) for b, r in pts) / var
-            icpt = mr - slope * mb
-            if slope > 0 and icpt >= 0:
-                return slope, icpt
-    slope = max(0.0, sum(r for _, r in pts) / sum(b for b, _ in pts))
-    return slope, 0.0
+    return max(0.0, sum(r for _, r in pts) / sum(b for b, _ in pts))

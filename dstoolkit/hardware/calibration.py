@@ -267,8 +267,8 @@ def _torch_version() -> Optional[str]:
         return None
 
 
-PROBE_VERSION = 3
-"""What the probe measures; a cached calibration from another version is probed again (2: GEMM peak added; 3: op-level rates - GEMM grid fit, attention grid, elementwise per saved byte)."""
+PROBE_VERSION = 4
+"""What the probe measures; a cached calibration from another version is probed again (2: GEMM peak added; 3: op-level rates - GEMM grid fit, attention grid, elementwise per saved byte; 4: more repetitions, elementwise through the origin)."""
 
 
 def machine_key(ranks: int = PROBE_RANKS) -> dict[str, Any]:

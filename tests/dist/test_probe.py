@@ -28,7 +28,7 @@ def test_probe_writes_a_usable_calibration_once(tmp_path, monkeypatch):
             assert c[f"gemm_rate_flops_per_s_{p}"] > 0 and c[f"gemm_half_dim_{p}"] >= 0 and c[f"gemm_call_s_{p}"] >= 0
             grid = c[f"attention_points_{p}"]
             assert len({(s_, d) for s_, d, _, _ in grid}) == len(grid) == 4 and all(fb > f > 0 for _, _, fb, f in grid)
-            assert c[f"elementwise_s_per_byte_{p}"] >= 0 and c[f"per_layer_overhead_s_{p}"] >= 0
+            assert c[f"elementwise_s_per_byte_{p}"] >= 0
     for prec in ("fp32", "bf16"):
         assert cal.load_calibration(path, prec).has_op_rates
         assert cal.load_calibration(path, prec).matmul_flops_per_s == rec["calibration"]["wall"][f"matmul_flops_per_s_{prec}"]

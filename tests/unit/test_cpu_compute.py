@@ -98,10 +98,11 @@ def test_layer_time_sums_gemms_attention_and_elementwise_and_recompute_adds_a_fo
     assert cc.layer_s(plan, rates, 0, 512, 4, 1e6, recompute=True) == pytest.approx(base + fwd)
 
 
-def test_fit_elementwise_line_and_its_clamp():
-    assert cc.fit_elementwise([0.003, 0.009], [1e6, 4e6]) == pytest.approx((2e-9, 1e-3))
-    # a negative intercept is clamped: the slope becomes the mean ratio
-    assert cc.fit_elementwise([0.001, 0.009], [1e6, 4e6]) == pytest.approx((0.010 / 5e6, 0.0))
+def test_fit_elementwise_is_total_residual_over_total_bytes_and_never_negative():
+    assert cc.fit_elementwise([0.003, 0.009], [1e6, 4e6]) == pytest.approx(0.012 / 5e6)
+    assert cc.fit_elementwise([-0.001, 0.0005], [1e6, 4e6]) == 0.0
+    with pytest.raises(ValueError, match="saved bytes"):
+        cc.fit_elementwise([0.1], [0])
 
 
 def test_step_time_uses_the_op_level_model_when_the_calibration_has_it():
