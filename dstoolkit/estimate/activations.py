@@ -65,7 +65,9 @@ class LayerActivations:
 
 def _is_cpu(plan: RunPlan) -> bool:
     """CPU ranks (the hardware table's cpu rows): the itemisation stays what the CPU fidelity benchmarks measure."""
-    return str(getattr(plan.gpu, "name", "")).lower().startswith("cpu")
+    from dstoolkit.estimate.timeline import is_cpu_device
+
+    return is_cpu_device(plan.gpu)
 
 
 def _act_bytes(plan: RunPlan) -> tuple[int, int]:

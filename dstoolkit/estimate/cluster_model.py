@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
@@ -167,7 +168,7 @@ def ep_a2a_layer_bytes(plan: RunPlan) -> float:
     from dstoolkit.estimate.dtype_bytes import param_bytes
 
     shape = plan.shape
-    tok = plan.seq_len * plan.ds.micro_batch / (plan.cp * plan.ulysses)
+    tok = tokens_per_micro(plan)
     if plan.framework == "deepspeed":
         routed = shape.num_experts * moe_capacity(plan, int(tok))
     else:
@@ -263,6 +264,29 @@ def sequence_shards(plan: RunPlan) -> int:
     return plan.cp * plan.ulysses
 
 
+def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], head_s: float) -> float:
+    """Compute seconds of one optimizer step: the heaviest pipeline stage's blocks, `layer_s(i, saved_bytes)` for
+    one micro batch (evaluated once per kind of block: MoE or dense, recomputed or not), over every micro batch,
+    `head_s` (the LM head) on the last stage, stretched by the schedule's bubble (bubble_fraction). The one
+    stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s)."""
+    from dstoolkit.estimate.activations import layer_activation_bytes
+
+    shape, ds = plan.shape, plan.ds
+    ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
+    per_kind: dict[tuple[bool, bool], float] = {}
+
+    def one(i: int) -> float:
+        key = (shape.is_moe_layer(i), ckpt[i])
+        if key not in per_kind:
+            per_kind[key] = layer_s(i, layer_activation_bytes(plan, i, ds.micro_batch).full)
+        return per_kind[key]
+
+    stages = [sum(one(i) for i in stage_layers(shape.num_hidden_layers, plan.pp, st)) for st in range(plan.pp)]
+    stages[-1] += head_s
+    bubble = bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
+    return max(stages) * ds.grad_accum * (1.0 + bubble)
+
+
 def tokens_per_micro(plan: RunPlan) -> float:
     """Tokens one rank computes per micro batch (the sequence split by cp / Ulysses)."""
     return plan.ds.micro_batch * plan.seq_len / sequence_shards(plan)
@@ -277,33 +301,28 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     recompute = 1.0
     if plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]:
         recompute = 4.0 / 3.0  # one more forward (2N of 6N): docs/anchors.md, "Full recompute"
-    s = 0.0
+    # seconds per FLOP-per-weight-and-token of each GEMM role (6 = forward + backward, 2 = one more forward)
+    role: dict[str, float] = {}
     # attention projections: (tok x h) @ (h x heads·d / t)
-    s += 6 * w.attention * tok / t / gemm_rate(gpu, prec, tok, h / t, h)
+    role["attention"] = w.attention * tok / t / gemm_rate(gpu, prec, tok, h / t, h)
     if w.dense_mlp:
-        s += 6 * w.dense_mlp * tok / t / gemm_rate(gpu, prec, tok, shape.intermediate_size / t, h)
+        role["mlp"] = w.dense_mlp * tok / t / gemm_rate(gpu, prec, tok, shape.intermediate_size / t, h)
     if w.routed_one:
         k = max(1, shape.num_experts_per_tok)
         per_expert = tok * k * plan.ep / shape.num_experts  # tokens one local expert receives from its EP group
         ffn = shape.expert_ffn_size
-        s += 6 * w.routed_one * k * tok / t / gemm_rate(gpu, prec, per_expert, ffn / t, h)
+        role["moe"] = w.routed_one * k * tok / t / gemm_rate(gpu, prec, per_expert, ffn / t, h)
     if w.shared:
         width = w.shared / ((3 if shape.mlp_gated else 2) * h)
-        s += 6 * w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
-    s *= recompute
+        role["shared_experts"] = w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
+    s = 6 * sum(role.values()) * recompute
     mods = set(plan.recompute_modules) if recompute == 1.0 else set()
     if mods:
         # Megatron --recompute-modules: each recomputed GEMM module runs its forward (2 FLOPs per weight and token)
-        # once more in backward
-        if "mlp" in mods and w.dense_mlp:
-            s += 2 * w.dense_mlp * tok / t / gemm_rate(gpu, prec, tok, shape.intermediate_size / t, h)
-        if w.routed_one and "moe" in mods:
-            k = max(1, shape.num_experts_per_tok)
-            per_expert = tok * k * plan.ep / shape.num_experts
-            s += 2 * w.routed_one * k * tok / t / gemm_rate(gpu, prec, per_expert, shape.expert_ffn_size / t, h)
-        if w.shared and ("moe" in mods or "shared_experts" in mods):
-            width = w.shared / ((3 if shape.mlp_gated else 2) * h)
-            s += 2 * w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
+        # once more in backward; "moe" recomputes the shared experts too
+        if "moe" in mods:
+            mods.add("shared_experts")
+        s += 2 * sum(v for name, v in role.items() if name in mods)
         if "mla_up_proj" in mods and shape.is_mla:
             s += 2 * mla_up_proj_weights(shape) * tok / t / gemm_rate(gpu, prec, tok, h / t, shape.kv_lora_rank or h)
     from dstoolkit.estimate.activations import op_sac_recomputed_weights, uses_op_sac

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from dstoolkit.estimate.memory import param_bytes, rank_param_groups, zero_group_sizes
+from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.runplan import RunPlan
 
 QWZ_BYTES_PER_PARAM = 1
@@ -260,7 +261,7 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         moe_layers = max(moe_layers_per_stage(shape, plan.pp))
         ep_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.ep, plan.tp * shards)
         a2a_bytes, a2a_calls = ep_a2a_layer_bytes(plan) * moe_layers * ga, 4 * moe_layers * ga
-        if ep_lay.cross_node and not str(getattr(plan.gpu, "name", "")).lower().startswith("cpu"):
+        if ep_lay.cross_node and not is_cpu_device(plan.gpu):
             # GPU path: the bytes a rank sends split into what crosses InfiniBand and what stays on NVLink
             # (ep_a2a_split), each as point-to-point traffic at its link's rate; CPU estimates stay as calibrated
             inter, intra = ep_a2a_split(plan, plan.tp * shards)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.runplan import RunPlan
@@ -212,27 +212,16 @@ def layer_s(plan: RunPlan, rates: OpRates, i: int, tok: float, batch: float, sav
     return s
 
 
-def cpu_compute_s(plan: RunPlan, rates: OpRates, stage_layers: Iterable[range], bubble: float) -> float:
-    """Compute seconds of one optimizer step on a CPU rank: the heaviest pipeline stage's blocks over every
-    micro batch, the LM head's GEMMs on the last stage, stretched by the pipeline bubble."""
-    from dstoolkit.estimate.activations import layer_activation_bytes
+def cpu_compute_s(plan: RunPlan, rates: OpRates) -> float:
+    """Compute seconds of one optimizer step on a CPU rank: the blocks (`layer_s`) and the LM head's GEMMs
+    through the pipeline arithmetic every path shares (`cluster_model.pipeline_compute_s`)."""
+    from dstoolkit.estimate.cluster_model import pipeline_compute_s
 
-    shape, ds = plan.shape, plan.ds
-    tok = ds.micro_batch * plan.seq_len
+    shape, mb = plan.shape, plan.ds.micro_batch
+    tok = mb * plan.seq_len
     ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
-    memo: dict = {}
-
-    def one(i: int) -> float:
-        key = (shape.is_moe_layer(i), ckpt[i])
-        if key not in memo:
-            saved = layer_activation_bytes(plan, i, ds.micro_batch).full
-            memo[key] = layer_s(plan, rates, i, tok, ds.micro_batch, saved, ckpt[i])
-        return memo[key]
-
     head = linear_s(rates.gemm, Linear(shape.hidden_size, shape.vocab_size / plan.tp, tok))
-    stages = [sum(one(i) for i in layers) for layers in stage_layers]
-    stages[-1] += head
-    return max(stages) * ds.grad_accum * (1.0 + bubble)
+    return pipeline_compute_s(plan, lambda i, saved: layer_s(plan, rates, i, tok, mb, saved, ckpt[i]), head)
 
 
 def fit_elementwise(residual_s: Sequence[float], saved_bytes: Sequence[float]) -> float:

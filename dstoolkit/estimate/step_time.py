@@ -94,11 +94,6 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     ds = plan.ds
     model_ranks = plan.tp * plan.pp
     if cal is not None:
-        flops = fpt.hardware * tokens_per_rank_step / model_ranks
-        if plan.pp > 1:
-            # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
-            flops *= 1.0 + cm.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
-        rate = cal.rate_at(ds.micro_batch * plan.seq_len * plan.shape.hidden_size / plan.tp)
         intra = cal.comm_busbw_bytes_per_s
         inter = cal.inter_node_busbw_bytes_per_s or intra
         latency = cal.comm_latency_s
@@ -106,15 +101,19 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         links = cal.inter_node_links_per_node
         mem_bw = cal.mem_bw_bytes_per_s
         eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
-        overhead = cal.step_overhead_s + cal.per_layer_overhead_s * plan.shape.num_hidden_layers * ds.grad_accum
-        compute = flops / rate
         if cal.has_op_rates:  # the probe's op-level rates: each GEMM at its shape, attention, elementwise
             from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
 
-            stages = [cm.stage_layers(plan.shape.num_hidden_layers, plan.pp, st) for st in range(plan.pp)]
-            compute = cpu_compute_s(plan, op_rates(cal), stages, cm.bubble_fraction(
-                plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages))
-            overhead = cal.step_overhead_s + cal.per_layer_overhead_s * max(len(r) for r in stages) * ds.grad_accum
+            compute = cpu_compute_s(plan, op_rates(cal))
+            layers = max(len(cm.stage_layers(plan.shape.num_hidden_layers, plan.pp, st)) for st in range(plan.pp))
+        else:  # one block rate, interpolated in size between the probe's two blocks
+            flops = fpt.hardware * tokens_per_rank_step / model_ranks
+            if plan.pp > 1:
+                # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
+                flops *= 1.0 + cm.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
+            compute = flops / cal.rate_at(ds.micro_batch * plan.seq_len * plan.shape.hidden_size / plan.tp)
+            layers = plan.shape.num_hidden_layers
+        overhead = cal.step_overhead_s + cal.per_layer_overhead_s * layers * ds.grad_accum
     else:
         intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
         latency = inter_latency = 0.0
@@ -181,30 +180,13 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     its shape's rate, the attention core at its kernel's rate, the memory-bound rest at HBM bandwidth) over
     every micro batch, the LM head on the last stage, stretched by the schedule's bubble and divided by the
     framework efficiency (estimate.cluster_model)."""
-    from dstoolkit.estimate.activations import layer_activation_bytes
-
-    shape, ds = plan.shape, plan.ds
+    shape = plan.shape
     tok = cm.tokens_per_micro(plan)
-    per_layer: dict = {}
-
-    def layer_s(i: int) -> float:
-        key = (shape.is_moe_layer(i), plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i])
-        if key not in per_layer:
-            saved = layer_activation_bytes(plan, i, ds.micro_batch).full
-            per_layer[key] = cm.layer_compute_s(plan, i, tok, saved, mem_bw)
-        return per_layer[key]
-
     h, v = shape.hidden_size, shape.vocab_size
     # Megatron-Core keeps the output layer out of FP8: it is Megatron's own ColumnParallelLinear, not a Transformer
     # Engine module, and the FP8 context wraps the transformer layers only (transformer_block.py); torchtitan's
     # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
     head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
     head = 6 * v * h * tok / plan.tp / cm.gemm_rate(plan.gpu, head_prec, tok, v / plan.tp, h)
-    stages = []
-    for st in range(plan.pp):
-        t = sum(layer_s(i) for i in cm.stage_layers(shape.num_hidden_layers, plan.pp, st))
-        if st == plan.pp - 1:
-            t += head
-        stages.append(t)
-    bubble = cm.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
-    return max(stages) * ds.grad_accum * (1.0 + bubble) / cm.FRAMEWORK_EFFICIENCY
+    compute = cm.pipeline_compute_s(plan, lambda i, saved: cm.layer_compute_s(plan, i, tok, saved, mem_bw), head)
+    return compute / cm.FRAMEWORK_EFFICIENCY

@@ -24,15 +24,11 @@ from dstoolkit.spec import Spec
 
 GiB = 2**30
 
-DEVICE_HEADROOM_FRACTION = 0.0
-"""Allocator-fragmentation share of the peak on GPUs: 0, as in `dstoolkit.estimate.timeline` (no published figure
-for one; the module docstring there says why the earlier 5% was dropped); kept under its old name for importers.
-The fixed CUDA/NCCL context is `timeline.GPU_CONTEXT_BYTES`."""
-
 
 def usable_device_bytes(gpu: GpuSpec) -> int:
-    """The largest tensor peak that fits one device: memory - GPU_CONTEXT_BYTES on GPUs, memory_bytes on CPU ranks; `peak <= usable_device_bytes(gpu)` is the same test as
-    `peak + device_allowance_bytes(gpu, peak) <= memory_bytes`."""
+    """The largest tensor peak that fits one device: memory - GPU_CONTEXT_BYTES on GPUs, memory_bytes on CPU
+    ranks; `peak <= usable_device_bytes(gpu)` is the same test as `peak + device_allowance_bytes(gpu, peak) <=
+    memory_bytes` (no fragmentation share: `dstoolkit.estimate.timeline` says why)."""
     if is_cpu_device(gpu):
         return int(gpu.memory_bytes)
     return max(0, int(gpu.memory_bytes - GPU_CONTEXT_BYTES))

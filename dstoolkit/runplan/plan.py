@@ -72,9 +72,9 @@ class RunPlan(BaseModel):
     moe_a2a_overlap: bool = False
     """MoE all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm, DualPipe)."""
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    """MoE token dispatch: one all-to-all (alltoall) or DeepEP's node-deduplicated IB + NVLink forwarding (deepep)."""
     recompute_modules: tuple[str, ...] = ()
     """Megatron --recompute-modules beyond the checkpoint policy (activations._fused_layer_bytes, cluster_model)."""
-    """MoE token dispatch: one all-to-all (alltoall) or DeepEP's node-deduplicated IB + NVLink forwarding (deepep)."""
     pipeline_schedule: Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"] = "1f1b"
     """Pipeline schedule (bubble: estimate.cluster_model.bubble_fraction)."""
     virtual_stages: int = Field(default=1, ge=1)

@@ -113,8 +113,7 @@ def test_step_time_uses_the_op_level_model_when_the_calibration_has_it():
     st_ops = estimate_run(_plan(ops)).step_time
     assert st_ops.compute_s != st_block.compute_s
     shape = get_preset("tiny")
-    stages = [range(shape.num_hidden_layers)]
-    assert st_ops.compute_s == pytest.approx(cc.cpu_compute_s(_plan(ops), cc.op_rates(ops), stages, 0.0))
+    assert st_ops.compute_s == pytest.approx(cc.cpu_compute_s(_plan(ops), cc.op_rates(ops)))
     assert st_ops.overhead_s == pytest.approx(BASE["step_overhead_s"] + 1e-3 * shape.num_hidden_layers)
 
 
