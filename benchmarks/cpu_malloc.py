@@ -46,11 +46,15 @@ def _worker(rank: int, port: int, prec: str, mb: int, steps: int, out: str) -> N
     import torch
 
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
     from dstoolkit.runtime.probe import probe_engine_config
     from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
     torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
     deepspeed.init_distributed(dist_backend="gloo")
     unlink_after_rendezvous()
     shape = ModelShape(**SHAPE)

@@ -59,7 +59,8 @@ def _train_arm(arm: str, args, rank: int) -> dict:
 
     from dstoolkit.runtime.fp8 import convert
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     shape = get_preset(args.model)
     # The control arm differs from bf16 only in its weight seed: its gap is the run-to-run noise floor.
@@ -103,6 +104,9 @@ def worker(args) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
     deepspeed.init_distributed(dist_backend="gloo")
     from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
@@ -121,7 +125,7 @@ def _tail_mean(xs: list[float], n: int) -> float:
 def summarize(results: list[dict], args, wall_s: float) -> dict:
     from dstoolkit.runtime.bench.harness import capture_env
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.runtime.model import loss_floor
+    from dstoolkit.runtime.synthetic import loss_floor
 
     bf16, fp8 = results[0], results[1]
     control = results[2] if len(results) > 2 else None

@@ -219,8 +219,8 @@ def _build_jobs(work: Path, extra_specs=()):
     from dstoolkit.generate import generate
     from dstoolkit.generate.bundled import BUNDLED_SPECS, cached_bundled
     from dstoolkit.generate.io import load_spec_and_shape
-    from dstoolkit.generate.megatron import (ARGS_FILE, DEFAULT_DATA_ARGS, TARGETS, read_args_file,
-                                             uses_megatron_fsdp, write_megatron_targets)
+    from dstoolkit.generate.megatron import ARGS_FILE, DEFAULT_DATA_ARGS, TARGETS, read_args_file, write_megatron_targets
+    from dstoolkit.generate.megatron_lm import uses_megatron_fsdp
 
     jobs = {t: [] for t in TARGETS}
     skipped = []
@@ -231,6 +231,9 @@ def _build_jobs(work: Path, extra_specs=()):
         bundled = stem in BUNDLED_SPECS and path.parent == REPO / "ds_configs"
         outs = cached_bundled(str(REPO / "ds_configs"), stem).generated if bundled else generate(spec, shape).generated
         for o in outs:
+            if "ds_config.json" not in o.files:  # a layout only the HF targets run (e.g. ZeRO-3 of an HF MoE model)
+                skipped.extend((stem, o.name, t, "an HF-only layout: no DeepSpeed config") for t in TARGETS)
+                continue
             folder = work / stem / o.name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "ds_config.json").write_text(o.files["ds_config.json"])

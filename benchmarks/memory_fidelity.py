@@ -243,12 +243,16 @@ def run_worker(cells: list[dict], out_path: str) -> None:
     from dstoolkit.estimate import RunPlan, activation_bytes
     from dstoolkit.estimate.memory import deepspeed_model_states
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.runtime.model import MOE_CAPACITY_FACTOR, build_model, moe_param_groups, synthetic_batch
+    from dstoolkit.runtime.model import MOE_CAPACITY_FACTOR, build_model, moe_param_groups
+    from dstoolkit.runtime.synthetic import synthetic_batch
     from dstoolkit.spec.checkpoint import CheckpointPolicy
     from dstoolkit.hardware.table import get_gpu
     from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
 
     torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
     deepspeed.init_distributed(dist_backend="gloo")
     from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 

@@ -55,6 +55,9 @@ def probe_worker(out_path: str) -> None:
     from step_time_fidelity import TINY_SHAPE, _engine_step_time, probe
 
     torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
     deepspeed.init_distributed(dist_backend="gloo")
     from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 

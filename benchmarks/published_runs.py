@@ -23,7 +23,10 @@ plot rewritten) through dstoolkit.runtime.bench (capture_env, render_markdown_ta
     python benchmarks/published_runs.py --only llama3   # runs whose id contains "llama3"
     python benchmarks/published_runs.py --render-from benchmarks/results/published_runs_202612.jsonl
 
-Nothing here changes or calibrates the estimator: it is measured as it stands.
+Nothing here changes or calibrates the estimator: it is measured as it stands. With --loso (default) it also
+reports leave-one-source-out figures: every fitted constant (benchmarks/estimator_fit.py) refitted on a grid without
+the held-out source, per source and overall, in sample beside out of source, and whether each constant helps out of
+source at all (pinned at its absent value, the others refitted).
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ FAR_OFF = 0.15
 """Rows more than 15% off are listed with their reason (issue 16 'Done when')."""
 HELD_OUT_EVERY = 3
 """Held-out rule: the rows whose table index i has i % 3 == 2 are held out; the fitted constants of
-estimate.cluster_model are chosen on the other two thirds, and the summary reports both parts apart."""
+estimate.cluster_model and estimate.gemm are chosen on the other two thirds, and the summary reports both parts
+apart."""
 
 
 def is_held_out(table_index: int) -> bool:
@@ -109,9 +113,9 @@ def spec_for(run: dict[str, Any]) -> dict[str, Any]:
 
 
 EXECUTION_KEYS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                  "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl")
+                  "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl", "loss_impl")
 """What a row's execution: mapping may set (facts of how the run was made: its framework, the overlap flags its
-recipe turns on, its pipeline schedule, its attention kernels); never fitted values."""
+recipe turns on, its pipeline schedule, its attention and loss kernels); never fitted values."""
 
 
 def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +142,8 @@ def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"{run['id']}: layout.vpp={vpp} with pipeline_schedule {out['pipeline_schedule']!r}")
     if ex.get("attention_impl") is not None:
         out["attention_impl"] = ex["attention_impl"]
+    if ex.get("loss_impl") is not None:
+        out["loss_impl"] = ex["loss_impl"]
     return out
 
 
@@ -254,6 +260,42 @@ def evaluate(run: dict[str, Any], spec: dict[str, Any], res: dict[str, Any]) -> 
         estimator_assumptions=est.get("assumptions") or [],
     )
     return row
+
+
+# --------------------------------------------------------------------------------------------------
+# Leave one source out (issue 24): every fitted constant refitted without the held-out source
+# --------------------------------------------------------------------------------------------------
+
+
+def run_loso(runs: list[dict[str, Any]], specs: dict[str, pathlib.Path]) -> Optional[dict[str, Any]]:
+    """LOSO and the per-constant ablation over the table (benchmarks/estimator_fit.py), in process."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import estimator_fit as fit
+
+    rows, plans = [], []
+    for r in runs:
+        plan, err = fit.plan_for_spec(specs[r["id"]])
+        if plan is None:
+            continue
+        from dstoolkit.estimate import estimate_run
+
+        est = estimate_run(plan)
+        tokens = float(est.tokens_per_step)
+        rows.append(fit.Row(r["id"], r["source"], tokens / (float(r["tokens_per_s_per_gpu"]) * gpus(r)), tokens, gpus(r),
+                            float(est.flops_per_token), peak_bf16(r["gpu"])))
+        plans.append(plan)
+    if len({r.source for r in rows}) < 2:
+        return None
+    shipped = [fit.step_time_s(pl) for pl in plans]
+    points = fit.grid_points()
+    t0 = _dt.datetime.now()
+    table = fit.evaluate_grid(plans, points, lambda n, tot: print(
+        f"  loso grid {n}/{tot} ({(_dt.datetime.now() - t0).total_seconds():.0f} s)", flush=True)
+        if n % 100 == 0 or n == tot else None)
+    res = fit.loso(rows, table, points, shipped)
+    res["ablation"] = fit.ablation(rows, table, points, shipped)
+    res["shipped"] = fit.current_values()
+    return res
 
 
 # --------------------------------------------------------------------------------------------------
@@ -376,6 +418,13 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
          for label, part in (("training rows (i % 3 != 2)", (s.get("split") or {}).get("train")),
                              ("held-out rows (i % 3 == 2)", (s.get("split") or {}).get("held_out"))) if part],
         ["figure", ("value", "r"), "note"])
+    if s.get("loso"):
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import estimator_fit as fit
+
+        lines += [""] + fit.render_loso_md(s["loso"], "Leave one source out (every fitted constant refitted without it)")
+        lines += fit.render_ablation_md(s["loso"].get("ablation") or {})
+        lines += ["", "Shipped constants: " + fit.fmt_point(s["loso"]["shipped"]) + "."]
     lines += ["", "## Runs", ""]
     lines += render_markdown_table(
         ([r["id"], r["model"], f"{r['gpus']}× {r['gpu']}", _layout(r), f"{r['micro_batch']}/{r['global_batch']}",
@@ -494,6 +543,15 @@ def print_console(rows: list[dict[str, Any]], s: dict[str, Any]) -> None:
               f"Spearman tok/s {_f(part['spearman_tokens_per_s'], '{:.3f}')}, eff {_f(part['spearman_efficiency'], '{:.3f}')}, "
               f"false OOMs {part['false_ooms']}")
     print("worst 10: " + ", ".join(s["worst"]))
+    lo = (s.get("loso") or {}).get("overall")
+    if lo:
+        print(f"leave one source out: MAPE in sample {_pct(lo['mape_in_sample'])} -> out of source "
+              f"{_pct(lo['mape_out_of_source'])}; efficiency Spearman {_f(lo['spearman_eff_in_sample'], '{:.3f}')} -> "
+              f"{_f(lo['spearman_eff_out_of_source'], '{:.3f}')}")
+        for name, v in (s["loso"].get("ablation") or {}).items():
+            print(f"  {name}: out-of-source MAPE free {_pct(v['mape_out_of_source_free'])}, pinned at "
+                  f"{v['pinned_at']:g} {_pct(v['mape_out_of_source_pinned'])} -> "
+                  f"{'helps' if v['helps_out_of_source'] else 'only in sample'}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -505,6 +563,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="suffix of the result files (default: this UTC year and month)")
     ap.add_argument("--only", default=None, help="only runs whose id contains this text")
     ap.add_argument("--jobs", type=int, default=2, help="estimator processes at a time")
+    ap.add_argument("--loso", action=argparse.BooleanOptionalAction, default=True,
+                    help="leave one source out: refit the fitted constants without each source (default on, ~4 min)")
     ap.add_argument("--render-from", metavar="JSONL", type=pathlib.Path,
                     help="print the markdown of an existing result (its latest run) and exit; nothing is run or written")
     args = ap.parse_args(argv)
@@ -531,6 +591,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         results = dict(zip([r["id"] for r in runs], pool.map(lambda r: estimate(specs[r["id"]]), runs)))
     rows = [evaluate(r, spec_docs[r["id"]], results[r["id"]]) for r in runs]
     summary = summarize_rows(rows)
+    if args.loso:
+        summary["loso"] = run_loso(runs, specs)
 
     env = harness.capture_env(world_size=1, config={"table": doc["runs"] if args.only is None else runs},
                               packages=("pyyaml", "pydantic", "transformers"))

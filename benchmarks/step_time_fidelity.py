@@ -128,7 +128,8 @@ def _engine_step_time(shape_kw: dict, cfg: dict, ckpt: str, steps: int, warmup: 
     import torch
 
     from dstoolkit.models.shape import ModelShape
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
     from dstoolkit.spec.checkpoint import CheckpointPolicy
 
     shape = ModelShape(**shape_kw)
@@ -162,6 +163,9 @@ def run_worker(cfgs: list[dict], out_path: str, steps: int, warmup: int) -> None
     from dstoolkit.hardware.table import get_gpu
 
     torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
     deepspeed.init_distributed(dist_backend="gloo")
     from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 

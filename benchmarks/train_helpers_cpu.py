@@ -80,7 +80,8 @@ def activations() -> list[dict]:
 
     from dstoolkit.estimate import RunPlan, activation_bytes
     from dstoolkit.models import get_preset
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
     from dstoolkit.spec.checkpoint import CheckpointPolicy
     from dstoolkit.hardware.table import get_gpu
     from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes

@@ -110,7 +110,8 @@ def run_grid(args) -> int:
 
 
 def run_tune(args) -> int:
-    from dstoolkit.tune.study import TuneOptions, run_study
+    from dstoolkit.tune.options import TuneOptions
+    from dstoolkit.tune.study import run_study
 
     space = load_space(args.spec)
     rows = {r["key"]: r for r in harness.read_records(args.grid)}

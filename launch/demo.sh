@@ -71,7 +71,7 @@ dstoolkit estimate "${EST_ARGS[@]}" --format json > "$OUT/$STRATEGY/estimate.jso
 echo
 echo "== 4/4 real 2-rank DeepSpeed run: $STRATEGY, $STEPS steps (deepspeed launcher, gloo on CPU)"
 PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-STEPS="$STEPS" MASTER_PORT="$PORT" bash "$OUT/$STRATEGY/launch.sh" --no-progress
+STEPS="$STEPS" MASTER_PORT="$PORT" CKPT_DIR="$OUT/$STRATEGY/checkpoints" bash "$OUT/$STRATEGY/launch.sh" --no-progress
 python - "$OUT/$STRATEGY/metrics.jsonl" "$OUT/$STRATEGY/estimate.json" <<'PY'
 import json, os, statistics, sys
 BUSY_ON_CPU = 0.65  # 1 thread per rank; alone on its core a rank measured 0.79-0.91 on CPU (gloo waits aside), 0.46-0.50 with other jobs

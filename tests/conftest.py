@@ -54,8 +54,9 @@ def repo_root() -> pathlib.Path:
 def pytest_sessionstart(session):
     """A torch-extension lock left by a killed build would make every DeepSpeed test wait forever, silently:
     remove stale ones, wait (with a message) on live ones (dstoolkit.runtime.jitlock)."""
-    from dstoolkit.runtime.jitlock import check_locks
+    from dstoolkit.runtime.jitlock import check_locks, pin_ninja
 
+    pin_ninja()  # every rank a test starts builds ops with the venv's ninja (see pin_ninja for why)
     check_locks(who="conftest")
 
 

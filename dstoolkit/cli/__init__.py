@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from typing import Sequence
+
+from dstoolkit import __version__
 
 # verb -> module. Order is the order shown in --help.
 VERBS: dict[str, str] = {
@@ -24,6 +27,7 @@ VERBS: dict[str, str] = {
     "report": "dstoolkit.cli.report",
     "train": "dstoolkit.cli.train",
     "tune": "dstoolkit.cli.tune",
+    "ckpt": "dstoolkit.cli.ckpt",
 }
 
 
@@ -32,8 +36,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _verb_modules(only: str | None = None):
-    import importlib.util
-
     for verb, mod in VERBS.items():
         if only is not None and verb != only:
             continue
@@ -45,7 +47,6 @@ def _verb_modules(only: str | None = None):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only=VERB``) one that knows just that verb: importing every verb
     module costs ~0.5 s that `dstoolkit validate` must not pay."""
-    from dstoolkit import __version__
 
     parser = _Parser(prog="dstoolkit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dstoolkit {__version__}")

@@ -1,7 +1,7 @@
 """`dstoolkit bench comm|overlap|train`: measure collectives, compute/comm overlap and training throughput.
 
 `dstoolkit bench train CONFIG... -- COMMAND...` runs the user's own launch for each config (placeholders as in
-`dstoolkit tune`, see dstoolkit/runtime/bench/train.py).
+`dstoolkit tune`, see dstoolkit/runtime/bench/usercmd.py).
 
 Results are appended to JSON Lines files (``--out``); `dstoolkit report DIR` renders tables and plots from them.
 torch/deepspeed are imported only inside `run`.
@@ -12,6 +12,7 @@ import argparse
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_calibration_flag, add_format_flag,
                                    add_out_flag, add_world_flags, exit_map)
+from dstoolkit.cli.tune import accept_command
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -82,7 +83,6 @@ def add_parser(subparsers) -> None:
                    help="train each config's own transformers architecture shrunk to fit 2 CPU ranks "
                         "(dstoolkit.runtime.shrink; the batch is fitted to the ranks, the estimate is of the shrunk run)")
     _add_common(t)
-    from dstoolkit.cli.tune import accept_command
 
     # `-- COMMAND...`: the user's own launch per config instead of the example trainer; placeholders as in
     # `dstoolkit tune` ({config}, {hf_config}, {accelerate_config}, {micro_batch}, {grad_accum}, {precision}...)
@@ -95,10 +95,12 @@ def run(args) -> int:
     if args.bench_kind == "comm":
         return _run_comm(args)
     if args.bench_kind == "overlap":
+        # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
         from dstoolkit.runtime.bench import overlap
 
         return overlap.cli_run(args)
     if args.bench_kind == "train":
+        # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
         from dstoolkit.runtime.bench import train
 
         return train.cli_run(args)
@@ -106,12 +108,14 @@ def run(args) -> int:
 
 
 def _default_backend() -> str:
+    # optional extra (dstoolkit[train]): torch only when the verb runs, never at `dstoolkit --help`
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _run_comm(args) -> int:
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.bench import comm
 
     opts = comm.CommOptions(

@@ -1,6 +1,6 @@
 """`dstoolkit estimate`: memory per rank, FLOPs, communication, step time and MFU for one run.
 
-    dstoolkit estimate SPEC.yaml [--format table|json]
+    dstoolkit estimate SPEC.yaml [--target T ...] [--format table|json] [--tokens 14.8T [--gpu-hour-price 2.0]]
     dstoolkit estimate --config ds.json --model NAME|config.json --world-size N
                        [--gpus-per-node G] [--gpu NAME] [--seq-len S] [--tp T] [--pp P] [--ep E]
                        [--precision bf16|fp16|fp8|fp32] [--checkpoint none|full|every-k|ratio|selective]
@@ -9,7 +9,18 @@
 A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.resolve_spec`, the same ranking
 `dstoolkit sweep` and `dstoolkit generate` use; each choice is printed). A --config JSON is checked first with
 `validate_config` (the engine of `dstoolkit validate`): errors stop the estimate (exit 1), warnings are printed
-beside it. No torch import.
+beside it. No torch import. `--target` (repeatable; default: the spec's `targets`) resolves "auto" among the layouts
+that launcher runs (`dstoolkit sweep --target`).
+
+A run that does not fit (device memory, or host memory per node with offload) prints what would make it fit (the
+sweep's advice for a spec, `planner.fit_advice` for --config), no MFU, and exits 1.
+
+--tokens adds the time and cost to train that many tokens (`dstoolkit.estimate.training_plan`; the spec's
+batch_ramp counted step by step). JSON: a `training_plan` object with the stable fields tokens_requested,
+tokens_trained, seq_len, gpus, global_batch, steps, ramp_steps, steady_steps, ramp_tokens, steady_tokens,
+ramp_wall_s, steady_wall_s, wall_s, wall_days, steady_step_time_s, steady_exposed_comm_share, gpu_hours,
+gpu_hours_per_trillion_tokens, gpu_hour_price, cost (null without a price), ramp_step_times and phases (one per
+distinct global batch: global_batch, grad_accum, steps, tokens, step_time_s, comm_exposed_s, wall_s).
 """
 from __future__ import annotations
 
@@ -21,7 +32,10 @@ from typing import Optional
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calibration_flag, add_checkpoint_flags,
                                    add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
-                                   add_world_flags, checkpoint_policy, exit_map, input_error)
+                                   add_target_flag, add_training_plan_flags, add_world_flags, checkpoint_policy,
+                                   exit_map, input_error, targets_of)
+from dstoolkit.cli.spec_override import apply_model_class
+from dstoolkit.validate.engine import validate_config
 
 GiB = 2**30
 
@@ -48,6 +62,8 @@ def add_parser(subparsers) -> None:
                          help="measured rates for the step time (a benchmarks/step_time_fidelity.py calibration file); "
                               "default: the spec's cluster.calibration, else the packaged reference for --gpu cpu, "
                               "else none (the hardware table's nominal rates)")
+    add_training_plan_flags(p)
+    add_target_flag(p)
     add_format_flag(p)
     p.set_defaults(run=run)
 
@@ -61,6 +77,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Optional[str] = None):
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.models import get_preset, is_module_ref, load_hf_config, load_model
 
     path = Path(model)
@@ -76,6 +93,7 @@ def _load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Opt
 
 
 def _plan_from_args(args):
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.runplan import RunPlan
     from dstoolkit.hardware.table import get_gpu
 
@@ -127,7 +145,6 @@ def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int
     """`dstoolkit validate`'s engine on the --config text, with the layout as context (strict mode: no "auto").
 
     Returns the warnings; raises `ConfigInvalid` when there is an error."""
-    from dstoolkit.validate.engine import validate_config
 
     findings = validate_config(text, source=path, world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
                                mode="strict")
@@ -138,6 +155,7 @@ def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int
 
 def _calibration(value, gpu: str, precision: str):
     """--calibration (a file or none), else the packaged reference for the hardware row."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.hardware.calibration import CalibrationInputError, resolve_calibration
 
     try:
@@ -146,31 +164,41 @@ def _calibration(value, gpu: str, precision: str):
         raise ValueError(f"--calibration: {exc}") from None
 
 
-def _plan_from_spec(path: str, calibration_arg=None, model_class=None):
-    from dstoolkit.cli.spec_override import apply_model_class
+def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=None):
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.planner import resolve_spec
     from dstoolkit.hardware.calibration import calibration_label
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
 
     spec = load_spec(path)
     apply_model_class(spec, model_class, path)  # --model-class: as the spec's model.model_class
     if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
         from dstoolkit.hardware.calibration import NONE_VALUES
 
         none = str(calibration_arg).strip().lower() in NONE_VALUES
         spec.cluster.calibration = calibration_arg if none else str(Path(calibration_arg).expanduser().resolve())
     shape = resolve_model(spec.model, Path(path).resolve().parent)
     try:
-        resolved = resolve_spec(spec, shape)  # "auto" fields: the sweep's best layout
+        targets = targets_of(argparse.Namespace(target=target), spec)
+        resolved = resolve_spec(spec, shape, targets)  # "auto" fields: the sweep's best layout
     except ValueError as exc:
         raise ValueError(f"--calibration: {exc}" if calibration_arg is not None and "calibration" in str(exc)
                          else str(exc)) from None
     label = calibration_label(spec)
-    return resolved.plan, resolved.assumptions, label
+    advice = None
+    if not resolved.fits:  # what would make it fit: the sweep's own advice (as `dstoolkit sweep` prints)
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+        from dstoolkit.generate.sweep import what_would_fit
+
+        advice = what_would_fit(spec, shape, None, targets)
+    return resolved.plan, resolved.assumptions, label, spec.training.batch_ramp, advice
 
 
 def _calibration_label(value, gpu) -> str:
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.hardware.calibration import calibration_path, path_label
 
     return path_label(calibration_path(value, gpu))
@@ -207,7 +235,16 @@ def render_table(plan, est, assumptions: list[str]) -> str:
     lines += ["", f"{'by category, each at its max':<28}{'bytes':>20}{'':>4}{'GiB':>10}"]
     for name, val in (("params", m.params), ("grads", m.grads), ("optimizer (master+states)", m.optimizer),
                       ("activations", m.activations), ("buffers", m.buffers),
+                      ("temporaries (largest)", m.temporaries), ("  optimizer step temporaries", None),
                       ("sum of parts (upper bound)", m.sum_of_parts_bytes)):
+        if val is None:  # issue 24: the inner optimizer's temporaries, named by implementation
+            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+            from dstoolkit.estimate.step_temporaries import IMPLEMENTATIONS
+
+            val = m.optimizer_temporaries
+            lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}   "
+                         f"({IMPLEMENTATIONS.get(m.optimizer_impl, m.optimizer_impl)})")
+            continue
         lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}")
     lines.append(f"{'host (offload) per rank':<28}{est.host_memory_per_rank_bytes:>20,}{'':>4}"
                  f"{est.host_memory_per_rank_bytes / GiB:>10.2f}")
@@ -227,14 +264,31 @@ def render_table(plan, est, assumptions: list[str]) -> str:
                   f"(of {st.comm_total_s:.4g}, overlap eta={st.overlap_efficiency}) + optimizer {st.optimizer_s:.4g} "
                   f"+ memory-bound {st.memory_s:.4g} "
                   f"+ offload {st.offload_s:.4g} + overhead {st.overhead_s:.4g}",
-              f"MFU {est.mfu:.1%}"]
+              f"MFU {est.mfu:.1%}" if est.fits else "MFU: none (the run does not fit, so it cannot run)"]
     return "\n".join(lines)
+
+
+def training_plan_from_args(args, plan, ramp, max_estimates=None):
+    """The `TrainingPlan` for --tokens / --gpu-hour-price (None without --tokens); `TrainingPlanError` (a
+    ValueError naming the flag) on bad input. estimate, sweep and generate all read the flags here."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.training_plan import check_gpu_hour_price, parse_token_count, plan_training
+
+    price = check_gpu_hour_price(args.gpu_hour_price)
+    if args.tokens is None:
+        if price is not None:
+            raise ValueError("--gpu-hour-price needs --tokens (the cost is GPU-hours x price; e.g. --tokens 14.8T)")
+        return None
+    return plan_training(plan, parse_token_count(args.tokens), ramp=ramp, gpu_hour_price=price,
+                         max_estimates=max_estimates)
 
 
 @exit_map("estimate")
 def run(args) -> int:
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from pydantic import ValidationError
 
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate import estimate_run
     from dstoolkit.estimate.flops import plan_flops_per_token
 
@@ -243,14 +297,26 @@ def run(args) -> int:
         if args.spec:
             if args.config or args.model or args.model_kwargs:
                 return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
-            plan, assumptions, cal_label = _plan_from_spec(args.spec, args.calibration, args.model_class)
+            plan, assumptions, cal_label, ramp, advice = _plan_from_spec(args.spec, args.calibration, args.model_class,
+                                                                         args.target)
         else:
             plan, assumptions, findings = _plan_from_args(args)
+            ramp = advice = None
             cal_label = _calibration_label(args.calibration, args.gpu)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
         est = estimate_run(plan)
+        if not est.fits and advice is None:
+            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+            from dstoolkit.generate.planner import fit_advice
+
+            advice = fit_advice(plan)
         fpt = plan_flops_per_token(plan)  # which FLOPs accounting the estimate used
+        train_plan = training_plan_from_args(args, plan, ramp)  # --tokens / --gpu-hour-price, or None
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+        from dstoolkit.estimate.checkpoint_bytes import checkpoint_bytes, render_checkpoint_bytes
+
+        ckpt_bytes = checkpoint_bytes(plan)  # what save_checkpoint writes, per rank and in total
     except ConfigInvalid as exc:
         for f in exc.findings:
             print(f.format_text(), file=sys.stderr)
@@ -269,10 +335,28 @@ def run(args) -> int:
         out["assumptions"] = assumptions
         out["step_time_calibration"] = cal_label
         out["validation_warnings"] = [f.model_dump() for f in findings]
+        out["checkpoint_bytes"] = ckpt_bytes.to_json()  # dstoolkit.estimate.checkpoint_bytes
         out["flops_path"] = {"path": fpt.path, "detail": fpt.detail, "dense_per_token": fpt.dense,
                              "attention_per_token": fpt.attention}
+        if train_plan is not None:
+            out["training_plan"] = train_plan.to_json()
+        if not est.fits:
+            out["mfu"] = None  # a run that cannot run has no utilisation
+            out["what_would_fit"] = advice or []
         print(json.dumps(out, indent=2))
     else:
         print("\n".join([render_table(plan, est, assumptions), f"FLOPs path: {fpt.path}: {fpt.detail}",
                          f"step time from {cal_label}", *render_findings(findings)]))
-    return EXIT_OK
+        print(render_checkpoint_bytes(ckpt_bytes))
+        if train_plan is not None:
+            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+            from dstoolkit.estimate.training_plan import render_training_plan
+
+            print("\n".join(["", *render_training_plan(train_plan)]))
+        if not est.fits:
+            print("\ndoes not fit: " + ("what would make it fit:" if advice else
+                                        "nothing tried here makes it fit (ZeRO-3, offload, recompute, micro-batch 1, "
+                                        "more GPUs)"))
+            for a in advice or []:
+                print(f"  - {a}")
+    return EXIT_OK if est.fits else EXIT_FINDINGS

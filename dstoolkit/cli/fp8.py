@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, InputError, add_format_flag,
-                                   add_model_class_flag, add_model_kwargs_flag, add_parallel_flags, exit_map)
-from dstoolkit.cli.options import positive_int as _positive_int
+                                   add_model_class_flag, add_model_kwargs_flag, add_parallel_flags, exit_map,
+                                   positive_int as _positive_int)
+from dstoolkit.cli.spec_override import apply_model_class
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 DEFAULT_SEQ_LEN = 4096
@@ -50,8 +51,10 @@ def add_parser(subparsers) -> None:
 
 
 def _load_fp8_config(args, spec_fp8: dict | None):
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from pydantic import ValidationError
 
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.dsconfig.fp8 import Fp8Config
 
     data: dict = dict(spec_fp8 or {})
@@ -62,6 +65,7 @@ def _load_fp8_config(args, spec_fp8: dict | None):
         except OSError as exc:
             raise InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
         try:
+            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
             import yaml
 
             loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -97,6 +101,7 @@ def _load_fp8_config(args, spec_fp8: dict | None):
 
 def _resolve(args):
     """(shape, gpu, parallel/batch settings, notes) from a spec file or a model name/path."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.models import get_preset, is_module_ref, load_hf_config, load_model
     from dstoolkit.hardware.table import get_gpu
 
@@ -108,10 +113,9 @@ def _resolve(args):
     gpu_name = "H100-SXM"
     gpu = None
     if path.suffix in SPEC_SUFFIXES:
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
         from dstoolkit.models import resolve_model
         from dstoolkit.spec import load_spec
-
-        from dstoolkit.cli.spec_override import apply_model_class
 
         if args.model_kwargs is not None:
             raise InputError("--model-kwargs is for MODEL package.module:callable; a spec gives model.module_kwargs")
@@ -166,6 +170,7 @@ def _resolve(args):
 def run(args) -> int:
     shape, gpu, settings, notes = _resolve(args)
     cfg = _load_fp8_config(args, None)
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.fp8.plan import plan_from_shape
 
     plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, **settings)

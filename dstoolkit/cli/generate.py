@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+from dstoolkit.cli.estimate import training_plan_from_args
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force_flag, add_format_flag,
-                                   add_model_class_flag, add_out_flag, exit_map)
+                                   add_model_class_flag, add_out_flag, add_training_plan_flags, exit_map)
+from dstoolkit.cli.spec_override import load_spec_and_shape_with
 
 # The strategy names, spelled out so that building the parser imports nothing (dstoolkit validate must start
 # fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
@@ -41,22 +44,41 @@ def add_parser(subparsers) -> None:
     add_force_flag(p, help="replace DIR if an earlier `dstoolkit generate` wrote it")
     add_model_class_flag(p, spec=True)
     add_format_flag(p)
+    add_training_plan_flags(p)  # --tokens: each strategy's summary gets the time and cost to train
     p.set_defaults(run=run)
+
+
+def _add_training_plans(args, spec, shape, result) -> dict:
+    """--tokens: {strategy: TrainingPlan}, and a "Time and cost to train" section in each strategy's summary.md."""
+    if args.tokens is None and args.gpu_hour_price is None:
+        return {}
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.training_plan import render_training_plan
+    from dstoolkit.generate.planner import plan_for
+
+    plans = {}
+    for o in result.generated:
+        tp = training_plan_from_args(args, plan_for(spec, shape, o.chosen.candidate, o.ds_config),
+                                     spec.training.batch_ramp)
+        plans[o.name] = tp
+        key = f"{o.name}/summary.md"
+        if key in result.files:
+            result.files[key] = (result.files[key].rstrip("\n") + "\n\n## Time and cost to train\n\n"
+                                 + "\n".join(f"- {line.strip()}" for line in render_training_plan(tp)) + "\n")
+    return plans
 
 
 @exit_map("generate")
 def run(args) -> int:
-    from pathlib import Path
-
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.core import generate, write_generated
-    from dstoolkit.cli.spec_override import load_spec_and_shape_with
     from dstoolkit.generate.writer import check_target
 
     # SpecLoadError (printed as it is), OutputExistsError, GenerateError: exit 2 through exit_map
     out = Path(args.out)
     check_target(out, force=args.force)  # refuse early, before any work
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class)
-    result = generate(spec, shape, strategies=args.strategy, targets=args.target or ("deepspeed",),
+    result = generate(spec, shape, strategies=args.strategy, targets=args.target or spec.targets or ("deepspeed",),
                       out_dir=out.resolve(), pretrain_script=args.pretrain_script)
     if not result.generated:
         print(f"dstoolkit generate: no configuration written for {spec.name}:", file=sys.stderr)
@@ -66,6 +88,7 @@ def run(args) -> int:
         if nowhere:
             print(nowhere, file=sys.stderr)
         return EXIT_FINDINGS
+    plans = _add_training_plans(args, spec, shape, result)  # before writing: bad --tokens writes nothing
     try:
         write_generated(result, out, force=args.force)
     except OSError as exc:
@@ -78,7 +101,9 @@ def run(args) -> int:
                            "memory_per_rank_bytes": o.chosen.estimate.memory_per_rank_bytes,
                            "host_memory_per_rank_bytes": o.chosen.estimate.host_memory_per_rank_bytes,
                            "step_time_s": o.chosen.estimate.step_time_s, "mfu": o.chosen.estimate.mfu,
-                           "files": sorted(o.files)} for o in result.generated],
+                           "files": sorted(o.files),
+                           **({"training_plan": plans[o.name].to_json()} if o.name in plans else {})}
+                          for o in result.generated],
             "skipped": [{"strategy": s.name, "reason": s.reason} for s in result.skipped],
         }
         print(json.dumps(doc, indent=2))
@@ -89,14 +114,19 @@ def run(args) -> int:
         e = o.chosen.estimate
         print(f"  {o.name:<{w}}  {o.chosen.candidate.label:<44} {e.memory_per_rank_bytes / 2**30:8.2f} GiB/rank "
               f"{e.step_time_s:10.4g} s/step")
+        if o.name in plans:
+            tp = plans[o.name]
+            print(f"  {'':<{w}}  to train: {tp.steps:,} steps, {tp.wall_days:,.1f} days, {tp.gpu_hours:,.0f} GPU-hours"
+                  + (f", cost {tp.cost:,.0f}" if tp.cost is not None else ""))
     for s in result.skipped:
         print(f"  not generated: {s.name}: {s.reason}")
     for o in result.generated:
         for target, why in o.targets_skipped.items():
             print(f"  {o.name}: no {target} files: {why}")
-    first = result.generated[0]
-    launch = next((f for f in ("launch.sh", "launch_hf.sh", "launch_accelerate.sh", "launch_megatron_lm.sh",
-                                "launch_megatron_deepspeed.sh") if f in first.files),
-                  None)
-    print(f"details: {out / 'summary.md'}" + (f"; run one: bash {out / first.name / launch}" if launch else ""))
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.summary import run_hints
+
+    print(f"details: {out / 'summary.md'}")
+    for hint in run_hints(result, str(out)):
+        print(f"run {hint}")
     return EXIT_OK

@@ -18,6 +18,8 @@ import functools
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from dstoolkit.common.extras import missing_extra_message, require_verb_extra
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_INPUT = 2
@@ -94,7 +96,7 @@ def exit_code_for(verb: str, exc: BaseException,
     top = (getattr(exc, "name", None) or "").split(".")[0]
     if isinstance(exc, ModuleNotFoundError) and top and top != __name__.split(".")[0]:
         # an optional dependency; a missing dstoolkit module is a bug and keeps its traceback
-        return EXIT_INPUT, error_message(verb, f"{top} is not installed; `dstoolkit {verb}` needs it")
+        return EXIT_INPUT, error_message(verb, missing_extra_message(verb, top))
     if isinstance(exc, OSError):
         what = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else (exc.strerror or str(exc))
         return EXIT_INPUT, error_message(verb, what)
@@ -114,6 +116,7 @@ def exit_map(verb: str, *, failures: tuple[type[BaseException], ...] = ()) -> Ca
         @functools.wraps(body)
         def run(args) -> int:
             try:
+                require_verb_extra(verb)  # a core-only install names the extra, before anything is launched
                 rc = body(args)
             except Exception as exc:  # noqa: BLE001 - filtered by exit_code_for, re-raised when unknown
                 known = exit_code_for(verb, exc, failures)
@@ -154,6 +157,16 @@ def unit_fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
     return value
+
+
+def add_training_plan_flags(p: argparse.ArgumentParser) -> None:
+    """--tokens / --gpu-hour-price: the time and cost to train (`dstoolkit.estimate.training_plan`). Parsed there
+    (`parse_token_count`, `check_gpu_hour_price`), so every verb gives the same error for the same bad value."""
+    p.add_argument("--tokens", metavar="N", default=None,
+                   help="tokens to train (14.8T, 300B, 2e12): adds steps, wall time and GPU-hours, the spec's "
+                        "batch ramp counted step by step")
+    p.add_argument("--gpu-hour-price", type=float, default=None, metavar="PRICE",
+                   help="price per GPU-hour (e.g. 2.0; with --tokens): adds the cost, in the price's currency")
 
 
 FORMATS = ("text", "json")
@@ -268,6 +281,7 @@ def checkpoint_policy(args):
     Raises:
         InputError: --checkpoint-ratio given with a policy other than ratio.
     """
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.spec.checkpoint import CheckpointPolicy
 
     kind = args.checkpoint
@@ -279,3 +293,22 @@ def checkpoint_policy(args):
     if kind == "ratio":
         return CheckpointPolicy(kind="ratio", ratio=1.0 if ratio is None else ratio)
     return CheckpointPolicy(kind=kind)
+
+
+TARGET_NAMES = ("deepspeed", "megatron-lm", "megatron-deepspeed", "hf", "accelerate")
+"""Launchers `--target` accepts, spelled out so that building a parser imports nothing (tests hold it equal to
+dstoolkit.generate.targets.KNOWN_TARGETS)."""
+
+
+def add_target_flag(p: argparse.ArgumentParser) -> None:
+    """`--target T` (repeatable): only the layouts these launchers run (sweep, estimate; generate has its own)."""
+    p.add_argument("--target", action="append", default=None, choices=TARGET_NAMES, metavar="TARGET",
+                   help=f"launcher(s) the layout is for (repeatable): {', '.join(TARGET_NAMES)}; default: the "
+                        "spec's targets, else every layout")
+
+
+def targets_of(args, spec) -> tuple:
+    """--target, else the spec's `targets` list (empty: no restriction)."""
+    given = getattr(args, "target", None) or list(getattr(spec, "targets", None) or [])
+    return tuple(dict.fromkeys(given))
+

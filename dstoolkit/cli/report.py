@@ -21,6 +21,7 @@ def add_parser(subparsers) -> None:
 
 @exit_map("report")  # BenchInputError (no results, report exists): exit 2
 def run(args) -> int:
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.bench.report import render_report
 
     res = render_report(args.results_dir, out=args.out, force=args.force, pattern=args.include)

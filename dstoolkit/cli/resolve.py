@@ -12,6 +12,10 @@ import sys
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_out_flag, add_parallel_flags, add_world_flags, exit_map, positive_int)
+from dstoolkit.cli.schema import write_atomic
+from dstoolkit.dsconfig.auto import resolve_auto
+from dstoolkit.validate.engine import validate_config
+from dstoolkit.validate.parse import decode_bytes, parse_text
 
 
 def add_parser(subparsers) -> None:
@@ -42,11 +46,6 @@ def add_parser(subparsers) -> None:
 
 @exit_map("resolve")
 def run(args) -> int:
-    from dstoolkit.cli.schema import write_atomic
-    from dstoolkit.dsconfig.auto import resolve_auto
-    from dstoolkit.validate.parse import decode_bytes, parse_text
-    from dstoolkit.validate.engine import validate_config
-
     if not os.path.isfile(args.config):
         raise InputError(f"{args.config}: no such file")
     if os.path.exists(args.output) and not args.force:

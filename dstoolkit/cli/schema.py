@@ -23,6 +23,7 @@ def add_parser(subparsers) -> None:
 
 @exit_map("schema")
 def run(args) -> int:
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.dsconfig.export import schema_text
 
     text = schema_text()

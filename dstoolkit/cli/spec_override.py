@@ -42,12 +42,15 @@ def load_spec_and_shape_with(path: Union[str, Path], model_class: Optional[str])
     Raises:
         SpecLoadError: as `load_spec_and_shape`, and for a --model-class the spec's model cannot take.
     """
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
 
     if model_class is None:
         return load_spec_and_shape(path)
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.hardware.calibration import calibration_for_spec
     from dstoolkit.models.resolve import resolve_spec_model
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.spec import load_spec
 
     p = Path(path)
@@ -75,8 +78,10 @@ def spec_file_with(path: Union[str, Path], model_class: Optional[str], folder: P
     """
     if model_class is None:
         return Path(path)
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     import yaml
 
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.spec import load_spec
 
     src = Path(path)
@@ -90,6 +95,7 @@ def spec_file_with(path: Union[str, Path], model_class: Optional[str], folder: P
         model["hf_config"] = str(base / model["hf_config"])
     cluster = data.get("cluster") or {}
     cal = cluster.get("calibration")
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.hardware.calibration import NONE_VALUES, REFERENCE
 
     keep = set(NONE_VALUES) | {REFERENCE, "auto"}

@@ -1,16 +1,22 @@
 """`dstoolkit sweep`: rank ZeRO stage x offload x ZeRO++ x TP x PP x EP x micro-batch x recompute for a spec.
 
-    dstoolkit sweep SPEC.yaml [--top K] [--format table|json] [--show-dropped]
+    dstoolkit sweep SPEC.yaml [--top K] [--target T ...] [--format table|json] [--show-dropped]
 
 Candidates that break a rule or do not fit are dropped, each with its reason; the rest are ranked by
 estimated step time and the winner is explained. A model that fits nowhere gets the memory it needs per GPU
-and what would make it fit, and exit code 1. Exit codes: 0 ranked, 1 fits nowhere, 2 bad input.
+and what would make it fit, and exit code 1. `--target` (repeatable; default: the spec's `targets`, else every
+layout) keeps only the layouts that launcher runs (dstoolkit.generate.targets: HF Trainer / Accelerate have no
+pipeline engine and no AutoEP, and run ZeRO-3 on an HF MoE model); with several, the best per target is printed.
+Exit codes: 0 ranked, 1 fits nowhere, 2 bad input.
 """
 from __future__ import annotations
 
 import json
 
-from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, add_model_class_flag, exit_map
+from dstoolkit.cli.estimate import training_plan_from_args
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, add_model_class_flag,
+                                   add_target_flag, add_training_plan_flags, exit_map, targets_of)
+from dstoolkit.cli.spec_override import load_spec_and_shape_with
 
 GiB = 2**30
 
@@ -23,7 +29,24 @@ def add_parser(subparsers) -> None:
     add_model_class_flag(p, spec=True)
     add_format_flag(p)
     p.add_argument("--show-dropped", action="store_true", help="list every dropped candidate with its reason")
+    add_target_flag(p)
+    add_training_plan_flags(p)  # --tokens: time and cost to train per ranked layout
     p.set_defaults(run=run)
+
+
+RAMP_ESTIMATES = 9
+"""--tokens in the ranking: step times estimated at this many ramp batches per layout, interpolated between."""
+
+
+def _training_plans(args, spec, shape, ranked) -> list:
+    """--tokens: the `TrainingPlan` of each ranked layout (None entries without --tokens)."""
+    if args.tokens is None and args.gpu_hour_price is None:
+        return [None] * len(ranked)
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.planner import plan_for
+
+    return [training_plan_from_args(args, plan_for(spec, shape, r.candidate), spec.training.batch_ramp,
+                                    RAMP_ESTIMATES) for r in ranked]
 
 
 def _ranked_json(r) -> dict:
@@ -36,23 +59,49 @@ def _ranked_json(r) -> dict:
                          for f in r.findings]}
 
 
+def _undecided_lines(res, spec, spec_path: str) -> list[str]:
+    """generate.undecided: the ranked layouts within the step-time model's measured error of the best."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.timeline import is_cpu_device
+    from dstoolkit.generate.undecided import undecided_lines
+
+    return undecided_lines([r.candidate.label for r in res.ranked], [r.estimate.step_time_s for r in res.ranked],
+                           is_cpu_device(spec.cluster.gpu_spec), spec_path)
+
+
+def _undecided_json(res, spec, spec_path: str) -> dict:
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.timeline import is_cpu_device
+    from dstoolkit.generate.undecided import tune_command, undecided
+
+    u = undecided([r.estimate.step_time_s for r in res.ranked], is_cpu_device(spec.cluster.gpu_spec))
+    return {"positions": [i + 1 for i in u.positions], "error": u.error, "error_source": u.source,
+            "decided": u.decided, "tune_command": None if u.decided else tune_command(spec_path, len(u.positions))}
+
+
 @exit_map("sweep")
 def run(args) -> int:
-    from dstoolkit.cli.spec_override import load_spec_and_shape_with
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.sweep import run_sweep
 
     if args.top < 1:
         raise InputError(f"--top must be >= 1 (got {args.top})")
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class)  # SpecLoadError: printed as it is, exit 2 (exit_map)
-    res = run_sweep(spec, shape, top=args.top)
+    targets = targets_of(args, spec)
+    res = run_sweep(spec, shape, top=args.top, targets=targets)
+    per_target = {t: run_sweep(spec, shape, top=1, targets=(t,), advise=False).winner
+                  for t in targets} if len(targets) > 1 else {}
     gpu = spec.cluster.gpu_spec
     nowhere = res.fits_nowhere.message(spec, gpu, shape.name) if res.fits_nowhere else None
+    plans = _training_plans(args, spec, shape, res.ranked)
     if args.format == "json":
         doc = {
             "spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
             "estimator": res.estimator, "considered": res.considered, "fitting": res.all_ranked_count,
-            "ranked": [_ranked_json(r) for r in res.ranked], "winner_reason": res.winner_reason,
-            "dropped_by_code": res.dropped_by_code,
+            "ranked": [{**_ranked_json(r), **({"training_plan": tp.to_json()} if tp is not None else {})}
+                       for r, tp in zip(res.ranked, plans)], "winner_reason": res.winner_reason,
+            "dropped_by_code": res.dropped_by_code, "targets": list(targets),
+            "best_per_target": {t: (None if r is None else _ranked_json(r)) for t, r in per_target.items()},
             "dropped": [{"label": d.candidate.label, "code": d.code, "reason": d.reason} for d in res.dropped],
             "fits_nowhere": None if res.fits_nowhere is None else {
                 "needed_per_gpu_bytes": res.fits_nowhere.needed_per_gpu_bytes,
@@ -60,6 +109,7 @@ def run(args) -> int:
                 "least_memory_layout": res.fits_nowhere.least_memory_label,
                 "suggestions": res.fits_nowhere.suggestions, "message": nowhere},
         }
+        doc["undecided"] = _undecided_json(res, spec, args.spec)
         print(json.dumps(doc, indent=2))
         return EXIT_FINDINGS if res.fits_nowhere is not None or not res.ranked else EXIT_OK
     print(f"{spec.name}: {shape.name} on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}; "
@@ -72,8 +122,25 @@ def run(args) -> int:
             e = r.estimate
             print(f"{i:>2}  {r.candidate.label:<46} {e.memory_per_rank_bytes / GiB:>6.1f} GiB {e.step_time_s:>8.4g} s "
                   f"{e.mfu * 100:>5.1f}%  {r.reason}")
+            if plans[i - 1] is not None:
+                # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+                from dstoolkit.estimate.training_plan import human_tokens
+
+                tp = plans[i - 1]
+                print(f"    to train {human_tokens(tp.tokens_requested)} tokens: {tp.steps:,} steps, {tp.wall_days:,.1f} days, "
+                      f"{tp.gpu_hours:,.0f} GPU-hours" + (f", cost {tp.cost:,.0f}" if tp.cost is not None else "")
+                      + f" (ramp {tp.ramp_steps:,} steps)")
         print()
         print(f"Why #1: {res.winner_reason}")
+        for line in _undecided_lines(res, spec, args.spec):  # ties within the model's measured error (issue 24)
+            print(line)
+    if targets:
+        print()
+        print(f"Targets: {', '.join(targets)} (layouts none of them runs are dropped as 'target')")
+    for t, r in per_target.items():
+        print(f"  best for {t}: " + ("nothing fits" if r is None else
+              f"{r.candidate.label}, {r.estimate.step_time_s:.4g} s/step, "
+              f"{r.estimate.memory_per_rank_bytes / GiB:.1f} GiB/rank"))
     print()
     print("Dropped:")
     examples: dict[str, str] = {}

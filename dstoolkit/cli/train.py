@@ -34,6 +34,7 @@ def add_parser(subparsers) -> None:
 
 def launch_command(args) -> list[str]:
     """The launcher command line (a list, never a shell string)."""
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.launch import launch_command as _cmd
 
     trainer = ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
@@ -73,6 +74,7 @@ def run(args) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return EXIT_OK
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.launch import launch_env
 
     rc = subprocess.run(cmd, env=launch_env(args.nproc, args.launcher)).returncode

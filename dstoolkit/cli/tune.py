@@ -9,7 +9,7 @@ Placeholders filled per trial: {config} (the trial's DeepSpeed JSON), {hf_config
 precision / optimizer values "auto"), {accelerate_config} (`accelerate launch --config_file` YAML),
 {micro_batch}, {grad_accum}, {global_batch}, {precision}, {precision_flag}, {max_steps}, {world_size}, {port},
 {out}. Nothing else in the command is changed. Metrics come from a DeepSpeed engine hook installed through a
-sitecustomize on PYTHONPATH (dstoolkit/runtime/bench/train.py); the run stops after --steps optimizer steps.
+sitecustomize on PYTHONPATH (dstoolkit/runtime/bench/metrics_hook.py); the run stops after --steps optimizer steps.
 
 Candidates are pruned by the structural rules, `validate_config` and the memory estimate before anything
 runs (pruned trials keep their reason); the estimator's top-ranked points are tried first. Real mode runs
@@ -20,11 +20,14 @@ Outputs in DIR: best_ds_config.json, best_spec.yaml, report.md, report.json, obj
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, InputError, add_force_flag,
                                    add_format_flag, add_model_class_flag, add_out_flag, exit_map)
+from dstoolkit.cli.spec_override import spec_file_with
 
 
 def add_parser(subparsers) -> None:
@@ -86,8 +89,11 @@ def command_lookup(opts, command: list[str], force: bool):
     """The study's evaluator for a user command: each runnable point becomes OUT/trials/cmd-NNNN/ and one run
     of `command` (dstoolkit.tune.objective.run_command_trial). The command is kept in OUT/command.json; a
     different command on a resumed study is refused unless --force."""
+    # dstoolkit[tune] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.tune.objective import run_command_trial
-    from dstoolkit.tune.study import TRIALS_DIR, _load_space
+    from dstoolkit.tune.options import _load_space
+    # dstoolkit[tune] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.tune.records import TRIALS_DIR
 
     state: dict = {}
     cmd_file = opts.out_dir / COMMAND_FILE
@@ -125,24 +131,15 @@ def _raise_interrupt(signum, frame):
 
 @exit_map("tune")  # TuneInputError, SpecError (YAML line), model resolution, bad --bucket-scales: exit 2
 def run(args) -> int:
-    import signal
-
-    try:  # the tuner's own dependencies: a clear message rather than a traceback when they are missing
-        import matplotlib  # noqa: F401
-        import optuna  # noqa: F401
-    except ImportError as exc:
-        raise InputError(f"{exc.name} is not installed; `dstoolkit tune` needs optuna and matplotlib "
-                         "(pip install 'optuna>=4.0' 'matplotlib>=3.8')") from None
+    # dstoolkit[tune] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.tune.objective import DEFAULT_SKIP_STEPS, DEFAULT_STEPS, DEFAULT_TRIAL_TIMEOUT_S
-    from dstoolkit.tune.study import TuneOptions, run_study
+    from dstoolkit.tune.options import TuneOptions
+    # dstoolkit[tune] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.tune.study import run_study
 
     # SIGTERM (Slurm, kill) is handled like Ctrl-C: the running trial's ranks are killed, the study stays
     # resumable. Only the main thread may install handlers (tests call main() from other threads sometimes).
     import threading
-
-    import tempfile
-
-    from dstoolkit.cli.spec_override import spec_file_with
 
     main_thread = threading.current_thread() is threading.main_thread()
     # --model-class: the tuner reads the spec file itself, so it gets a copy with model.model_class set

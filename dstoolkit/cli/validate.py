@@ -1,5 +1,10 @@
 """`dstoolkit validate PATH...`: check DeepSpeed configs before launch (CI, pre-commit, editor).
 
+A folder `dstoolkit generate` wrote is checked file by file as what each file is, at the layout it was generated
+for (dstoolkit.validate.folder: ds_config.json strict, ds_config_hf.json in hf mode, accelerate_config.yaml as
+accelerate's config, world size / tp / pp / ep from the folder's layout.json; spec.yaml, model_config.json and
+training_args.json are not DeepSpeed configs and are not checked as such).
+
 Exit codes: 0 no errors, 1 errors found, 2 usage or unreadable input. Imports neither torch nor deepspeed.
 """
 from __future__ import annotations
@@ -10,8 +15,13 @@ import os
 import sys
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, add_deepspeed_version_flag, add_format_flag,
-                                   add_parallel_flags, add_world_flags, exit_map)
-from dstoolkit.cli.options import positive_int as _positive_int
+                                   add_parallel_flags, add_world_flags, exit_map, positive_int as _positive_int)
+from dstoolkit.dsconfig.versions import normalize_version
+from dstoolkit.validate.engine import validate_config
+from dstoolkit.validate.explain import UnknownCode, explain
+from dstoolkit.validate.findings import Finding
+from dstoolkit.validate.folder import CONFIG_KINDS, generated_root, validate_generated
+from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
 
 CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema files, not configs)
 
@@ -51,8 +61,10 @@ def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
             found = []
             for root, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                generated = generated_root(root) is not None
                 found += [os.path.join(root, n) for n in sorted(names)
-                          if n.endswith(CONFIG_GLOB_SUFFIX) and not n.endswith(".schema.json")]
+                          if (n.endswith(CONFIG_GLOB_SUFFIX) and not n.endswith(".schema.json"))
+                          or (generated and n in CONFIG_KINDS)]
             if not found:
                 problems.append(f"{path}: directory contains no *.json config files")
             files += found
@@ -64,8 +76,6 @@ def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _explain(code: str) -> int:
-    from dstoolkit.validate.explain import UnknownCode, explain
-
     try:
         _print(explain(code))
     except UnknownCode as exc:
@@ -81,10 +91,6 @@ def run(args) -> int:
     if not args.paths:
         print("dstoolkit validate: error: give config files or directories (or --explain CODE)", file=sys.stderr)
         return 2
-    from dstoolkit.validate.findings import Finding
-    from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
-    from dstoolkit.validate.engine import validate_config
-    from dstoolkit.dsconfig.versions import normalize_version
 
     try:
         version = normalize_version(args.deepspeed_version)
@@ -95,7 +101,18 @@ def run(args) -> int:
     for msg in problems:
         print(f"dstoolkit validate: error: {msg}", file=sys.stderr)
     findings: list[Finding] = []
-    for path in files:
+    in_generated = [f for f in files if generated_root(f) is not None]
+    files_plain = [f for f in files if f not in set(in_generated)]
+    not_configs: list[str] = []
+    if in_generated:
+        def _read(path):
+            with open(path, "rb") as fh:
+                return decode_bytes(fh.read(), path)
+
+        folder = validate_generated(in_generated, validate_config, deepspeed_version=version, read_text=_read)
+        findings += folder.findings
+        not_configs = folder.not_configs
+    for path in files_plain:
         try:
             size = os.path.getsize(path)
             if size > MAX_TEXT_BYTES:
@@ -125,8 +142,11 @@ def run(args) -> int:
         for f in shown:
             _print(f.format_text())
         bad = len({f.file for f in findings if f.severity == "error"})
-        print(f"{len(files)} file(s) checked: {n_err} error(s), {n_warn} warning(s)"
-              + (f" in {bad} file(s)" if bad else ""), file=sys.stderr)
+        print(f"{len(files) - len(not_configs)} file(s) checked: {n_err} error(s), {n_warn} warning(s)"
+              + (f" in {bad} file(s)" if bad else "")
+              + (f"; {len(not_configs)} generated file(s) that are not DeepSpeed configs left alone "
+                 f"({', '.join(sorted({os.path.basename(p) for p in not_configs}))})" if not_configs else ""),
+              file=sys.stderr)
     if problems or any(f.is_input_error for f in findings):
         return EXIT_INPUT
     return EXIT_FINDINGS if n_err else EXIT_OK

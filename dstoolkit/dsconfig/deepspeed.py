@@ -29,10 +29,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from dstoolkit.dsconfig import rules
 from dstoolkit.dsconfig.base import Bool, DSModel, Float, FloatOrAuto, Int, PosInt, PosIntOrAuto, deprecated
 from dstoolkit.dsconfig.ds_misc import (ActivationCheckpointingConfig, AioConfig, AutotuningConfig, CheckpointConfig,
-                                       CompileConfig, ExpertParallelConfig, HybridEngineConfig, PipelineConfig,
-                                       TensorParallelConfig)
-from dstoolkit.dsconfig.ds_monitor import (CometConfig, CommsLoggerConfig, CSVConfig, FlopsProfilerConfig,
-                                          TensorBoardConfig, TimersConfig, WandbConfig)
+                                        CompileConfig, ExpertParallelConfig, HybridEngineConfig, PipelineConfig,
+                                        TensorParallelConfig)
+from dstoolkit.dsconfig.ds_monitor import (CSVConfig, CometConfig, CommsLoggerConfig, FlopsProfilerConfig,
+                                           TensorBoardConfig, TimersConfig, WandbConfig)
 from dstoolkit.dsconfig.ds_optim import OptimizerConfig, SchedulerConfig
 from dstoolkit.dsconfig.ds_precision import BF16Config, DataTypesConfig, FP16Config, TorchAutocastConfig
 from dstoolkit.dsconfig.ds_zero import ZeroConfig
@@ -64,7 +64,7 @@ class DstoolkitSection(DSModel):
     def _check_fp8_section(cls, value: Optional[dict]) -> Any:
         if value is None:
             return None
-        try:
+        try:  # start-up time: the FP8 model is built only when a config has an fp8 section
             from dstoolkit.dsconfig.fp8 import Fp8Config
         except ImportError:  # pragma: no cover - fp8 module missing: accept the dict as is
             return value

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import json
 
+from dstoolkit.dsconfig.base import DSModel
+from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
+
 SCHEMA_ID = "urn:dstoolkit:deepspeed-config:0.19"  # an identifier, not a download location
 
 
 def json_schema() -> dict:
     """The JSON Schema (draft 2020-12) of a DeepSpeed 0.19 config, descriptions from field docstrings."""
-    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
 
     schema = DeepSpeedConfig.model_json_schema(by_alias=True)
     try:  # the fp8 sub-section is typed as a dict for import speed; publish Fp8Config's schema for it
+        # start-up time: dsconfig.deepspeed keeps the FP8 model out of its import, so this does too
         from dstoolkit.dsconfig.fp8 import Fp8Config
 
         fp8 = Fp8Config.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
@@ -38,7 +41,6 @@ def schema_text() -> str:
 def _add_field_name_spellings(schema: dict) -> None:
     """DeepSpeed accepts both spellings of an aliased key (populate_by_name): stage3_max_live_parameters and
     max_live_parameters. model_json_schema lists only the alias; add the field name with the same schema."""
-    from dstoolkit.dsconfig.base import DSModel
 
     todo = list(DSModel.__subclasses__())
     seen = set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.runplan import RunPlan
 
 FP32_BYTES = 4
@@ -65,7 +66,6 @@ class LayerActivations:
 
 def _is_cpu(plan: RunPlan) -> bool:
     """CPU ranks (the hardware table's cpu rows): the itemisation stays what the CPU fidelity benchmarks measure."""
-    from dstoolkit.estimate.timeline import is_cpu_device
 
     return is_cpu_device(plan.gpu)
 
@@ -369,10 +369,26 @@ class ActivationEstimate:
     """Embedding ids, final norm, LM-head input and fp32 log-probabilities (included in `saved`)."""
     in_flight_micro_batches: float
     """Micro batches whose activations coexist (1F1B pipeline: min(pp, grad_accum) on the first stage)."""
+    loss_forward_transient: float = 0.0
+    """Bytes beyond `saved` while the loss is computed: the logits (activation dtype) and, when that is not fp32,
+    their `.float()` copy, alive with the fp32 log-softmax output (`F.cross_entropy(logits.float() ...)`, the
+    project model and HF's ForCausalLMLoss both upcast); 0 when the head is not on this rank's stage."""
+    loss_backward_transient: float = 0.0
+    """Bytes beyond `saved` when backward starts at the loss: log_softmax's backward holds the incoming gradient of
+    the log-probabilities (nll_loss backward) and its own output, both fp32 [tokens, vocab/tp], while every
+    saved activation is still alive."""
 
     @property
     def peak(self) -> float:
         return self.saved + self.recompute_transient
+
+
+LOSS_BACKWARD_FP32_COPIES = 2
+"""aten log_softmax_backward_data: grad_output (from nll_loss_backward) and grad_input, fp32 [tokens, vocab]."""
+FUSED_LOSS_BACKWARD_COPIES = 1
+"""A fused cross-entropy's backward (flash-attn `losses/cross_entropy.py`, `cross_entropy_loss` backward with
+inplace_backward off, the CrossEntropyLoss default): one gradient of the logits' shape and dtype, computed from the
+kept logits and the fp32 log-sum-exp; no fp32 [tokens, vocab] tensor at any point."""
 
 
 def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> ActivationEstimate:
@@ -406,10 +422,15 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
     tok = plan.seq_len * mb / (plan.cp * plan.ulysses)
     h, v = shape.hidden_size, shape.vocab_size
     emb_loss = INDEX_BYTES * tok  # embedding backward keeps the ids
+    fused_loss = plan.loss_impl == "fused"
     if plan.pp == 1:
-        # final RMSNorm, LM-head input, fp32 log-softmax output kept by nll_loss, the labels
-        emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h
-        emb_loss += FP32_BYTES * tok * v / plan.tp + INDEX_BYTES * tok
+        # final RMSNorm, LM-head input, the labels, and what the loss keeps for its backward: torch's log_softmax
+        # its fp32 output; a fused cross-entropy the low-precision logits and an fp32 log-sum-exp per token
+        emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h + INDEX_BYTES * tok
+        if fused_loss:
+            emb_loss += p * tok * v / plan.tp + FP32_BYTES * tok
+        else:
+            emb_loss += FP32_BYTES * tok * v / plan.tp
     in_flight = min(plan.pp, plan.ds.grad_accum) if plan.pp > 1 else 1
     if plan.pp > 1 and plan.pipeline_schedule == "interleaved" and plan.virtual_stages > 1 and in_flight == plan.pp:
         # interleaved 1F1B keeps (1 + (p-1)/(p·v)) x the 1F1B activations on the first stage (Korthikanti et al.
@@ -417,5 +438,15 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
         in_flight = plan.pp * (1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages))
     elif plan.pp > 1 and plan.pipeline_schedule == "dualpipe":
         in_flight = min(plan.pp + 1, plan.ds.grad_accum)  # DeepSeek-V3 Table 2: PP + 1 micro batches
+    loss_fwd = loss_bwd = 0.0
+    if plan.pp == 1:
+        logits = tok * v / plan.tp
+        if fused_loss:
+            # the kept logits are the saved tensor above; backward writes one gradient in their dtype
+            loss_bwd = FUSED_LOSS_BACKWARD_COPIES * p * logits
+        else:
+            loss_fwd = p * logits + (FP32_BYTES * logits if p != FP32_BYTES else 0.0)
+            loss_bwd = LOSS_BACKWARD_FP32_COPIES * FP32_BYTES * logits
     return ActivationEstimate(saved=(saved + emb_loss) * in_flight, recompute_transient=transient,
-                              embedding_and_loss=emb_loss, in_flight_micro_batches=in_flight)
+                              embedding_and_loss=emb_loss, in_flight_micro_batches=in_flight,
+                              loss_forward_transient=loss_fwd, loss_backward_transient=loss_bwd)

@@ -1,11 +1,13 @@
-"""The GPU cluster model behind the step time (issue 16): compute efficiency by GEMM shape, precision and GPU
-generation; pipeline bubbles by schedule; overlap defaults per framework; per-stage layer work (the heaviest
-pipeline stage decides the step); context/sequence-parallel communication. No torch import.
+"""The GPU cluster model behind the step time (issue 16): attention and memory-bound work per block, per-block kernel
+launches and host syncs; pipeline bubbles by schedule; overlap defaults per framework; per-stage layer work (the
+heaviest pipeline stage decides the step); MoE expert-parallel traffic. One GEMM's rate by shape, precision and GPU
+generation is estimate.gemm's. No torch import.
 
-Every constant cites its source. The constants marked "fitted" (GEMM_HALF_DIM and FRAMEWORK_EFFICIENCY here,
-estimate.comm.INTER_NODE_HOP_LATENCY_S) were chosen by a grid search minimising the throughput MAPE of the
-training two thirds of benchmarks/data/published_runs.yaml (rows whose table index i has i % 3 != 2); the other
-third is held out, and benchmarks/published_runs.py reports both parts apart. The GPU path only: CPU step times
+Every constant cites its source. The constants marked "fitted" (gemm.GEMM_HALF_DIM, FRAMEWORK_EFFICIENCY and
+MEGATRON_MOE_HOST_SYNC_S) are the grid point (benchmarks/estimator_fit.py GRID) with the lowest throughput MAPE over
+all of benchmarks/data/published_runs.yaml; benchmarks/published_runs.py reports beside it the leave-one-source-out
+figures (each source predicted with the constants refitted without it) and, per constant, whether it helps out of
+source at all (issue 24). The GPU path only: CPU step times
 come from the machine's calibration."""
 from __future__ import annotations
 
@@ -13,33 +15,27 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from dstoolkit.estimate.activations import layer_activation_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
+from dstoolkit.estimate.dtype_bytes import param_bytes
+from dstoolkit.estimate.gemm import gemm_rate, projection_s
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.runplan import RunPlan
 
-# -- GEMM efficiency ---------------------------------------------------------------------------------------
-GEMM_HALF_DIM = 384
-"""Fitted. GEMM efficiency falls off as d / (d + GEMM_HALF_DIM) in the smallest GEMM dimension d: a tile-level
-occupancy form (a d-wide GEMM fills d / (d + tile-quantisation waste) of the SMs); with the Hopper large-GEMM
-fraction 0.80 it gives ~0.55 of peak at d = 1024 and ~0.72 at d = 4096, the shape of published cuBLAS
-bf16 sweeps (NVIDIA "Matrix Multiplication Background" guide, Fig. 2-3)."""
-DEFAULT_GEMM_FRACTION = 0.75
-"""Large-GEMM fraction of dense peak for a GPU the table has no measurement for (between Hopper's 0.80 and the
-MI300X's ~0.6 below)."""
-FP8_GEMM_SPEEDUP = 1.45
-"""FP8 over bf16 GEMM rate as training frameworks realise it (casts, amax/scale bookkeeping included): the
-1.3-1.5x published end to end (torchtitan docs/performance.md: Llama 3 8B 5,762 -> 8,532 tokens/s with compile +
-float8, docs/anchors.md; NVIDIA NeMo performance tables fp8 vs bf16), not the 2x peak ratio."""
-FP32_GEMM_SLOWDOWN = 0.5
-"""fp32 runs use TF32 tensor cores at half the bf16 peak (A100/H100 datasheets: TF32 = bf16 / 2, dense)."""
+# -- kernel efficiency outside one GEMM (gemm.py: how fast one GEMM runs) ----------------------------
 CAUSAL_ATTENTION_WORK = 0.5
 """Causal flash/fused kernels skip the masked upper triangle (Dao 2023, FlashAttention-2 §3.1.1), so they run
 half the 12·L·H·Q·T attention FLOPs PaLM App. B counts; eager attention computes the full square."""
-ATTENTION_FRACTION = {"eager": 0.30, "sdpa": 0.50, "flash": 0.55, "te": 0.60}
+ATTENTION_FRACTION = {"eager": 0.30, "sdpa": 0.50, "flash": 0.55, "flash1": 0.30, "te": 0.60}
 """Fraction of dense bf16 peak the attention kernels sustain (fwd+bwd). flash: FlashAttention-2 reaches 50-73%
 of A100 peak fwd+bwd (Dao 2023, Fig. 5-6) and FlashAttention-3 / cuDNN fused attention 40-75% of H100 peak
 (Shah et al. 2024, Fig. 5); te (cuDNN fused attention through Transformer Engine) a little above; sdpa (torch
-picks flash or memory-efficient kernels) a little below; eager: separate QK^T, softmax and PV kernels."""
+picks flash or memory-efficient kernels) a little below; eager: separate QK^T, softmax and PV kernels. flash1:
+FlashAttention (v1) "reaching only 25-40% of the theoretical maximum FLOPs/s" on A100 (Dao 2023, FlashAttention-2,
+abstract; the same paper's causal FLOPs are counted halved, as CAUSAL_ATTENTION_WORK does); 0.30, toward the low end
+of that range for forward + backward (the backward is the slower pass, Fig. 5-6). Not fitted, but chosen after a
+hand computation on the 8-GPU MPT rows of the llm-foundry benchmark table (flash-attn 1.0.9) gave ~0.28 on A100
+(those rows: benchmarks/results/published_runs_202612.md, source llmfoundry_mpt)."""
 HOPPER_FA2_ATTENTION_FRACTION = 0.35
 """On Hopper, the FlashAttention-2 kernels that torch SDPA and the flash-attn package run reach only about 35% of
 peak (Shah et al. 2024, FlashAttention-3, abstract: "FlashAttention-2 ... achieving only 35% utilization on the
@@ -60,9 +56,13 @@ flash-attention stacks with fused norms keep NON_GEMM_PASSES_PER_SAVED_BYTE."""
 FRAMEWORK_EFFICIENCY = 0.88
 """Fitted. Fraction of the kernel-level rate a whole training step keeps (launch gaps, synchronisation,
 stragglers): between the 80% of matmul peak and the 38-56% end-to-end MFU published (docs/anchors.md). Refitted
-with GEMM_HALF_DIM and comm.INTER_NODE_HOP_LATENCY_S after the op-SAC / FA2 / latency revisions (grid: half-dim
+with gemm.GEMM_HALF_DIM and comm.INTER_NODE_HOP_LATENCY_S after the op-SAC / FA2 / latency revisions (grid: half-dim
 0-512, efficiency 0.84-1.00, latency 0-25 us): the training-row MAPE is lowest at 384 / 0.88 / 7.5 us (16.5%;
-held-out 9.0%), so both constants kept their values."""
+held-out 9.0%), so both constants kept their values. Issue 24: refit on the whole table with the hop latency removed
+(grid half-dim 256/384/512 x efficiency 0.80-0.96): 0.84 with half-dim 256. Refit again after the half depth
+follows each GPU's ridge point (gemm.half_depth) and the 65 small-model llm-foundry rows joined the table: 0.88
+with half-dim 384, the in-sample best and every leave-one-source-out fold's choice
+(benchmarks/results/published_runs_202612.md)."""
 
 MEGATRON_MOE_HOST_SYNC_S = 4.5e-3
 """Fitted. Seconds a Megatron-Core MoE block adds per micro batch (forward + backward) beyond its kernels' time.
@@ -80,36 +80,59 @@ the training rows of benchmarks/published_runs.py (i % 3 != 2), the other fitted
 13.2% at 0, 7.5% at 4 ms, 7.1% at 4.5 ms, 7.2% at 5 ms (held-out 13.7% -> 9.4% at 4.5 ms). Applies to every MoE
 block a Megatron run executes, whatever the model."""
 
-def gemm_fraction(gpu: GpuSpec) -> float:
-    """Large-GEMM fraction of dense bf16 peak (`GpuSpec.gemm_fraction`, else DEFAULT_GEMM_FRACTION)."""
-    return gpu.gemm_fraction if gpu.gemm_fraction is not None else DEFAULT_GEMM_FRACTION
+KERNEL_LAUNCH_S = 5e-6
+"""Fixed seconds per kernel a block runs, per micro batch (issue 24): the gap between dependent kernels of one
+stream (launch latency, prologue, tail), of the order of a CUDA kernel launch, ~4-6 us per kernel submitted through
+the driver and runtime (NVIDIA technical blog "Getting Started with CUDA Graphs", 2019: for short kernels the
+launch overhead of several us dominates; pegainfer "From Launch Overhead to CUDA Graph", 4-6 us per launch).
+Cited, not fitted: `layer_kernels(plan, i)` of them per block and micro batch (layer_compute_s). Checked by
+leave-one-source-out (benchmarks/estimator_fit.py, the fitted constants refitted with it on): published runs
+8.5% -> 8.4% MAPE in sample and out of source, layout sweeps 9.8% -> 9.5%, within-group Spearman 0.395 -> 0.396.
+Tried and not kept in issue 24 (worse out of source): the shape fall-off on each of m, n, k instead of the
+smallest (published LOSO 8.6%, sweep Spearman 0.330); tile/wave quantisation over the SMs (NVIDIA "Matrix
+Multiplication Background User's Guide" ch. 3; on top of the fall-off: published LOSO 10.0-12.6%; instead of it, the
+best of 256x128/128x256/128x128/64x128/128x64 tiles: published LOSO 8.7%, efficiency Spearman 0.924, sweeps MAPE
+9.8%, Spearman 0.435, regret mean 3.1%: better order, worse MAPE; kept later in issue 24 in another form:
+gemm.GEMM_WAVE_QUANTISATION, with the fall-off on k only, each projection at its own shape and an expert layer's
+grouped GEMM as one launch); a fixed per-micro-batch cost per
+pipeline stage (3 ms: sweep Spearman 0.446 but efficiency Spearman 0.921; 10 ms: 0.480 but published MAPE 8.8%,
+and the published rows, which fit it, prefer 0; re-screened after the wave and NCCL-latency terms as a fourth fitted
+constant on a 0/1/3/10 ms grid, per micro batch and stage: published LOSO 8.0% either way, efficiency Spearman out of
+source 0.927 -> 0.923, sweeps LOSO MAPE 8.3% -> 9.0%, Spearman 0.509 -> 0.531: not kept)."""
 
 
-def shape_factor(m: float, n: float, k: float) -> float:
-    """d / (d + GEMM_HALF_DIM) for d = the smallest of the GEMM's m, n, k (see GEMM_HALF_DIM)."""
-    d = max(1.0, min(m, n, k))
-    return d / (d + GEMM_HALF_DIM)
-
-
-def precision_factor(precision: str, gpu: GpuSpec) -> float:
-    """GEMM rate relative to bf16 for the plan's precision (fp8 only where the GPU has fp8 tensor cores)."""
-    if precision == "fp8" and gpu.peak_fp8_flops:
-        return FP8_GEMM_SPEEDUP
-    if precision == "fp32":
-        return FP32_GEMM_SLOWDOWN
-    return 1.0
-
-
-def gemm_rate(gpu: GpuSpec, precision: str, m: float, n: float, k: float) -> float:
-    """Sustained FLOP/s of one (m x k) @ (k x n) GEMM on this GPU."""
-    return gpu.peak_bf16_flops * gemm_fraction(gpu) * shape_factor(m, n, k) * precision_factor(precision, gpu)
+def layer_kernels(plan: RunPlan, i: int) -> int:
+    """Kernels block i launches per micro batch (forward + backward + recompute), counted from its structure:
+    GEMMs (QKV fused in Megatron/TE stacks, q/k/v separate in eager-module stacks (sdpa); gated MLP 3, plain 2; MoE:
+    router + one grouped GEMM per expert matrix + shared experts), the attention core (flash/fused 1; eager
+    QK^T, softmax, PV 3) and the elementwise ops (2 norms, 2 residual adds, the activation (+ the gate product),
+    RoPE on q and k unless learned positions; MoE top-k, softmax, permute, unpermute). Backward runs two GEMMs per
+    forward GEMM (data and weight gradient), two attention-core kernels per forward one and one kernel per
+    elementwise op; a recomputed block runs its forward again."""
+    shape = plan.shape
+    impl = plan.attention_kind
+    gated = 3 if shape.mlp_gated else 2
+    gemm = 4 if impl == "sdpa" else 2
+    elem = 2 + 2 + (2 if shape.mlp_gated else 1) + (0 if shape.learned_positions else 2)
+    if shape.is_moe_layer(i) and shape.num_experts:
+        gemm += 1 + gated + (gated if (shape.num_shared_experts or shape.shared_expert_intermediate_size) else 0)
+        elem += 4
+    else:
+        gemm += gated
+    core = 3 if impl == "eager" else 1
+    fwd = gemm + core + elem
+    bwd = 2 * gemm + 2 * core + elem
+    recompute = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]
+    return fwd * (2 if recompute else 1) + bwd
 
 
 def attention_fraction(gpu: GpuSpec, impl: str) -> float:
     """Fraction of dense bf16 peak the attention core sustains for this kernel family on this GPU
-    (ATTENTION_FRACTION; HOPPER_FA2_ATTENTION_FRACTION for FA2-based kernels on compute capability 9.x)."""
-    if impl in ("sdpa", "flash") and str(gpu.compute_capability or "").startswith("9."):
-        return HOPPER_FA2_ATTENTION_FRACTION
+    (ATTENTION_FRACTION; HOPPER_FA2_ATTENTION_FRACTION for FA2-based kernels on compute capability 9.x, and for
+    flash-attn 1.x there the same ratio to FA2 as on A100: no H100 figure of v1 is published)."""
+    if impl in ("sdpa", "flash", "flash1") and str(gpu.compute_capability or "").startswith("9."):
+        v1_ratio = ATTENTION_FRACTION["flash1"] / ATTENTION_FRACTION["flash"] if impl == "flash1" else 1.0
+        return HOPPER_FA2_ATTENTION_FRACTION * v1_ratio
     return ATTENTION_FRACTION[impl]
 
 
@@ -146,6 +169,8 @@ def resolved_overlap(plan: RunPlan) -> tuple[bool, bool]:
     gradients; stage 3 prefetches parameters (stage3_prefetch_bucket_size), stages 1/2 gather after the step.
     megatron: Megatron-LM --overlap-grad-reduce / --overlap-param-gather default off (arguments.py).
     fsdp: PyTorch FSDP runs reduce-scatter and the backward prefetch on separate streams (FSDP docs).
+    deepspeed with pp > 1 (its PipelineEngine): the gradients are reduced after the pipeline flush, never behind
+    backward, whatever overlap_comm says (pipeline_reduces_after_flush).
     """
     g, p = plan.overlap_grad_reduce, plan.overlap_param_gather
     if plan.framework == "deepspeed":
@@ -154,7 +179,20 @@ def resolved_overlap(plan: RunPlan) -> tuple[bool, bool]:
         dg, dpg = True, True
     else:
         dg, dpg = False, False
-    return (dg if g is None else g), (dpg if p is None else p)
+    grads = dg if g is None else g
+    if pipeline_reduces_after_flush(plan):
+        grads = False
+    return grads, (dpg if p is None else p)
+
+
+def pipeline_reduces_after_flush(plan: RunPlan) -> bool:
+    """DeepSpeed's PipelineEngine (framework deepspeed, pp > 1) reduces the data-parallel gradients only after the
+    last micro batch's backward: its TrainSchedule issues ReduceTiedGrads / ReduceGrads once, in the step after
+    the final BackwardPass (deepspeed/runtime/pipe/schedule.py TrainSchedule.steps), and `_exec_reduce_grads`
+    (pipe/engine.py) sets the accumulation boundary only for that call, so ZeRO-1's backward hooks
+    (stage_1_and_2.py reduce_ready_partitions_and_remove_grads) have nothing to reduce while backward runs. The
+    reduction is therefore in the critical path even with overlap_comm (ZeRO-2/3 are refused with pipelines)."""
+    return plan.framework == "deepspeed" and plan.pp > 1
 
 
 # -- MoE expert-parallel traffic (comm.comm_plan adds it to the step's collectives) ----------------------
@@ -164,8 +202,6 @@ def ep_a2a_layer_bytes(plan: RunPlan) -> float:
     duplicated across TP ranks, deepspeed/moe/mappings.py drop_tokens; Megatron with sequence parallelism holds
     tokens/tp per rank). Routed copies: DeepSpeed's capacity-padded (E, C, h) buffer (sharded_moe.py), Megatron's
     dropless tokens x top-k (Megatron-Core alltoall dispatcher)."""
-    from dstoolkit.estimate.activations import moe_capacity
-    from dstoolkit.estimate.dtype_bytes import param_bytes
 
     shape = plan.shape
     tok = tokens_per_micro(plan)
@@ -269,7 +305,6 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
     one micro batch (evaluated once per kind of block: MoE or dense, recomputed or not), over every micro batch,
     `head_s` (the LM head) on the last stage, stretched by the schedule's bubble (bubble_fraction). The one
     stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s)."""
-    from dstoolkit.estimate.activations import layer_activation_bytes
 
     shape, ds = plan.shape, plan.ds
     ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
@@ -304,17 +339,29 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     # seconds per FLOP-per-weight-and-token of each GEMM role (6 = forward + backward, 2 = one more forward)
     role: dict[str, float] = {}
     # attention projections: (tok x h) @ (h x heads·d / t)
-    role["attention"] = w.attention * tok / t / gemm_rate(gpu, prec, tok, h / t, h)
+    up_share = 2.0 / 3.0 if shape.mlp_gated else 0.5  # gate + up of (gate, up, down); up of (up, down)
+    if shape.is_mla:
+        role["attention"] = w.attention * tok / t / gemm_rate(gpu, prec, tok, h / t, h)
+    else:
+        q, kv = shape.num_attention_heads * shape.head_size, shape.kv_heads * shape.head_size
+        qkv_share = (q + 2 * kv) / (2 * q + 2 * kv)  # QKV h x (q + 2kv), output q x h
+        role["attention"] = (w.attention * tok / t * qkv_share / gemm_rate(gpu, prec, tok, (q + 2 * kv) / t, h)
+                             + w.attention * tok / t * (1 - qkv_share) / gemm_rate(gpu, prec, tok, h, q / t))
     if w.dense_mlp:
-        role["mlp"] = w.dense_mlp * tok / t / gemm_rate(gpu, prec, tok, shape.intermediate_size / t, h)
+        work = w.dense_mlp * tok / t
+        role["mlp"] = projection_s(gpu, prec, work * up_share, work * (1 - up_share), tok,
+                                   shape.intermediate_size / t, h)
     if w.routed_one:
         k = max(1, shape.num_experts_per_tok)
         per_expert = tok * k * plan.ep / shape.num_experts  # tokens one local expert receives from its EP group
-        ffn = shape.expert_ffn_size
-        role["moe"] = w.routed_one * k * tok / t / gemm_rate(gpu, prec, per_expert, ffn / t, h)
+        local = max(1, shape.num_experts // max(1, plan.ep))  # the rank's experts: one grouped GEMM launch
+        work = w.routed_one * k * tok / t
+        role["moe"] = projection_s(gpu, prec, work * up_share, work * (1 - up_share), per_expert,
+                                   shape.expert_ffn_size / t, h, local)
     if w.shared:
         width = w.shared / ((3 if shape.mlp_gated else 2) * h)
-        role["shared_experts"] = w.shared * tok / t / gemm_rate(gpu, prec, tok, width / t, h)
+        work = w.shared * tok / t
+        role["shared_experts"] = projection_s(gpu, prec, work * up_share, work * (1 - up_share), tok, width / t, h)
     s = 6 * sum(role.values()) * recompute
     mods = set(plan.recompute_modules) if recompute == 1.0 else set()
     if mods:
@@ -325,7 +372,6 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         s += 2 * sum(v for name, v in role.items() if name in mods)
         if "mla_up_proj" in mods and shape.is_mla:
             s += 2 * mla_up_proj_weights(shape) * tok / t / gemm_rate(gpu, prec, tok, h / t, shape.kv_lora_rank or h)
-    from dstoolkit.estimate.activations import op_sac_recomputed_weights, uses_op_sac
 
     op_sac = uses_op_sac(plan) and recompute == 1.0
     if op_sac:
@@ -348,6 +394,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         if not plan.moe_a2a_overlap:
             sync = max(0.0, sync - ep_a2a_layer_s(plan))
         s += sync
+    s += layer_kernels(plan, i) * KERNEL_LAUNCH_S
     passes = UNFUSED_NON_GEMM_PASSES_PER_SAVED_BYTE if impl == "sdpa" else NON_GEMM_PASSES_PER_SAVED_BYTE
     if op_sac:
         passes *= 4.0 / 3.0  # op-level SAC re-runs the block's elementwise forward (1 of its 3 thirds) in backward

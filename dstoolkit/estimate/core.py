@@ -49,7 +49,8 @@ class PhaseOut(_Frozen):
     """What is alive on one rank in one phase of a steady-state step (`dstoolkit.estimate.timeline`)."""
 
     name: str
-    """forward_end | backward_recompute | backward_end | optimizer_step | optimizer_step_cast | offload_step."""
+    """forward_end | forward_loss | backward_loss | backward_start | backward_recompute | backward_end | grad_norm |
+    optimizer_step | optimizer_step_cast | offload_step."""
     device_bytes: int
     host_bytes: int
     terms: list[TermOut]
@@ -79,6 +80,14 @@ class MemoryBreakdown(_Frozen):
     """Saved activations + the transient of one recomputed block."""
     buffers: int
     """Reduce/all-gather buckets, stage-3 live parameters, offload staging, fp8 weight cache."""
+    temporaries: int = 0
+    """The largest short-lived temporary of a step on the device: the inner optimizer's (per implementation,
+    `optimizer_impl`), the ZeRO-1/2 gradient norm's fp64 copy, or the loss's logits copies (step_temporaries.py,
+    activations.py)."""
+    optimizer_temporaries: int = 0
+    """The inner optimizer's step() temporaries on the device (0 for fused / DeepSpeed FusedAdam / CPU Adam)."""
+    optimizer_impl: str = ""
+    """The Adam implementation the estimate assumes (step_temporaries.IMPLEMENTATIONS key)."""
     total: int
     """Peak device bytes per rank: max over phases (== peak_bytes). Before issue #15 this was the sum of parts."""
     peak_phase: str
@@ -86,7 +95,8 @@ class MemoryBreakdown(_Frozen):
     peak_alive: list[str]
     """What is alive at the peak, largest first (terms >= 1% of it)."""
     sum_of_parts_bytes: int
-    """params + grads + optimizer + activations + buffers, each at its own maximum: an upper bound, not a peak."""
+    """params + grads + optimizer + activations + buffers + temporaries, each at its own maximum: an upper bound,
+    not a peak."""
     allowance_bytes: int
     """What the rank needs beyond its tensors (GPU: CUDA context + NCCL + allocator fragmentation; CPU: 0)."""
     allowance_source: str
@@ -170,7 +180,8 @@ class Estimate(_Frozen):
             "params": {"total": self.params.total, "active": self.params.active, "per_rank": self.params.per_rank},
             "memory_per_rank_bytes": {
                 "params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
-                "buffers": m.buffers, "total": m.total,
+                "buffers": m.buffers, "temporaries": m.temporaries, "total": m.total,
+                "optimizer_temporaries": m.optimizer_temporaries, "optimizer_impl": m.optimizer_impl,
                 "peak": m.total, "peak_phase": m.peak_phase, "peak_alive": list(m.peak_alive),
                 "sum_of_parts_bytes": m.sum_of_parts_bytes, "allowance_bytes": m.allowance_bytes,
                 "allowance_source": m.allowance_source, "required_bytes": m.required_bytes,
@@ -252,6 +263,9 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         grads_backward_peak=ms.grads_backward_peak, model_states_at_step=ms.device_at_step,
         activations_saved=int(act.saved), activations_recompute_transient=int(act.recompute_transient),
         fp8_weight_cache=fp8_cache, optimizer_path=ms.optimizer_path,
+        temporaries=int(max(ms.optimizer_temporaries, ms.grad_norm_temporaries, act.loss_forward_transient,
+                            act.loss_backward_transient)),
+        optimizer_temporaries=ms.optimizer_temporaries, optimizer_impl=ms.optimizer_impl,
     )
     fpt = plan_flops_per_token(plan)
     tps = tokens_per_step(plan)

@@ -10,7 +10,7 @@ so the block's FLOP rate depends on its width and head dim (benchmarks/results/c
 
 - GEMM: t = t_call + F / (R * d / (d + d_half)) for F = 2mnk and d = min(m, n, k): a fixed cost per call
   (oneDNN primitive setup; ~40 us for AMX bf16 here) plus a large-GEMM rate R that falls off for thin
-  dimensions, the tile-occupancy form of the GPU path (`cluster_model.shape_factor`).
+  dimensions, the tile-occupancy form of the GPU path (`gemm.shape_factor`).
 - attention core (torch SDPA on CPU, causal): seconds per query row and head, measured on a (seq, head dim)
   grid and interpolated in log space (the CPU flash kernel's cost per row grows slower than seq: blocked kernel).
 - elementwise: seconds per byte the block saves for backward (`activations.layer_activation_bytes`), the
@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from dstoolkit.estimate.cluster_model import pipeline_compute_s
+from dstoolkit.estimate.flops import attention_head_dims
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.runplan import RunPlan
 
@@ -194,7 +196,6 @@ def block_linears(plan: RunPlan, i: int, tok: float) -> list[Linear]:
 
 def layer_s(plan: RunPlan, rates: OpRates, i: int, tok: float, batch: float, saved_bytes: float, recompute: bool) -> float:
     """Seconds of block i's forward + backward (+ a recomputed forward) for one micro batch on one CPU rank."""
-    from dstoolkit.estimate.flops import attention_head_dims
 
     fit = rates.gemm
     lins = block_linears(plan, i, tok)
@@ -215,7 +216,6 @@ def layer_s(plan: RunPlan, rates: OpRates, i: int, tok: float, batch: float, sav
 def cpu_compute_s(plan: RunPlan, rates: OpRates) -> float:
     """Compute seconds of one optimizer step on a CPU rank: the blocks (`layer_s`) and the LM head's GEMMs
     through the pipeline arithmetic every path shares (`cluster_model.pipeline_compute_s`)."""
-    from dstoolkit.estimate.cluster_model import pipeline_compute_s
 
     shape, mb = plan.shape, plan.ds.micro_batch
     tok = mb * plan.seq_len

@@ -34,6 +34,8 @@ from dstoolkit.estimate.paper_view import (  # noqa: F401 - re-exported (moved o
 from dstoolkit.estimate.param_groups import (  # noqa: F401 - re-exported (moved out to keep this file short)
     FP8_WEIGHT_CACHE_BYTES_PER_PARAM, NCCL_START_ALIGNMENT_FACTOR, ParamEntry, _expert_index, _padded,
     _partition_grad_numels, _stage_layers, fp8_weight_cache_bytes, head_grad_numel, rank_param_groups)
+from dstoolkit.estimate.step_temporaries import (
+    grad_norm_temporary_bytes, optimizer_implementation, optimizer_temporary_bytes)
 from dstoolkit.runplan import RunPlan
 
 FP32_BYTES = 4
@@ -82,6 +84,16 @@ class ModelStates:
     host_optimizer_states: int = 0
     host_grads: int = 0
     host_buffers: int = 0
+    optimizer_impl: str = ""
+    """The Adam implementation the inner optimizer steps with (step_temporaries.IMPLEMENTATIONS)."""
+    optimizer_temporaries: int = 0
+    """Peak temporaries inside the inner optimizer's step() on the device (step_temporaries.py)."""
+    host_optimizer_temporaries: int = 0
+    """The same on the host, when the optimizer steps offloaded tensors."""
+    grad_norm_temporaries: int = 0
+    """ZeRO-1/2: the fp64 copy of the largest partition gradient while the global norm is computed."""
+    grads_at_norm: int = 0
+    """Gradient bytes alive while ZeRO-1/2 computes the norm (the partition buffer grads_in_partition)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -131,7 +143,8 @@ def _optimizer_path(plan: RunPlan) -> str:
 
 
 def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelStates:
-    """Model-state bytes on one rank as DeepSpeed 0.19.8 allocates them.
+    """Model-state bytes on one rank as DeepSpeed 0.19.8 allocates them, with the step's temporaries
+    (`step_temporaries.py`: the inner optimizer per implementation, the ZeRO-1/2 gradient norm).
 
     Args:
         plan: the run.
@@ -141,6 +154,73 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
     Returns:
         ModelStates with device and host parts.
     """
+    ms = _model_states(plan, rank)
+    _add_step_temporaries(plan, ms, rank)
+    return ms
+
+
+DDP_ALLREDUCE_BUCKET_NUMEL = 500_000_000
+"""engine.py MEMORY_OPT_ALLREDUCE_SIZE: `allreduce_gradients()` is called from `engine.backward` without a
+bucket size, so the stage-0 path (`buffered_allreduce_fallback` -> `allreduce_no_retain`) flattens up to 5e8
+elements per dtype whatever reduce_bucket_size says (a bucket closes once it holds more than that)."""
+
+
+def _ddp_bucket_numel(numels: list[int]) -> int:
+    """engine.py allreduce_no_retain: the largest flattened bucket (tensors appended until numel > 5e8)."""
+    best = cur = 0
+    for n in numels:
+        cur += n
+        if cur > DDP_ALLREDUCE_BUCKET_NUMEL:
+            best, cur = max(best, cur), 0
+    return max(best, cur)
+
+
+def _stepped_numels(plan: RunPlan, path: str, groups: list[list[int]], group_dp: list[int]) -> list[list[int]]:
+    """The fp32 tensors the inner optimizer updates, per step() call (see step_temporaries.py)."""
+    ds = plan.ds
+    if path in ("basic", "fp16_unfused"):
+        return [list(g) for g in groups]  # every parameter (its fp32 copy), one param group per call
+    if path == "fp16_fused":
+        return [[sum(g)] for g in groups]  # fused_optimizer.py fp32_groups_flat: one flat master per group
+    if path in ("bf16_optimizer", "zero12"):
+        # one flat fp32 partition per group (bf16_optimizer.py fp32_groups_flat_partition; stage_1_and_2.py
+        # single_partition_of_fp32_groups, stepped one group at a time by _optimizer_step)
+        return [[_padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp) // dp] for g, dp in zip(groups, group_dp)]
+    # stage 3: stage3.py fp32_partitioned_groups_flat, one sub-group (<= sub_group_size elements) per call
+    out = []
+    for g, dp in zip(groups, group_dp):
+        part = sum(_padded(n, dp) // dp for n in g)
+        while part > 0:
+            out.append([min(part, ds.sub_group_size)])
+            part -= ds.sub_group_size
+    return out
+
+
+def _add_step_temporaries(plan: RunPlan, ms: ModelStates, rank: int | None) -> None:
+    ds = plan.ds
+    on_cpu = str(getattr(plan.gpu, "name", "")).lower().startswith("cpu")
+    offload = bool(ds.offload_optimizer) and ms.optimizer_path in ("zero12", "zero3")
+    impl = optimizer_implementation(ds.optimizer_type, ds.torch_adam, ds.torch_adam_foreach, ds.torch_adam_fused,
+                                    offload, on_cpu or offload)
+    groups = rank_param_groups(plan)
+    group_dp = list(zero_group_sizes(plan))[:len(groups)]
+    temp = optimizer_temporary_bytes(impl, _stepped_numels(plan, ms.optimizer_path, groups, group_dp),
+                                     ds.adam_l2_weight_decay)
+    ms.optimizer_impl = impl
+    if offload:
+        ms.host_optimizer_temporaries = temp
+    else:
+        ms.optimizer_temporaries = temp
+    if ms.optimizer_path == "zero12" and not ds.offload_optimizer:
+        # get_grad_norm_direct walks averaged_gradients (the rank's slices of grads_in_partition)
+        largest = 0
+        for g, dp in zip(groups, group_dp):
+            part = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp) // dp
+            largest = max(largest, min(part, max(g, default=0)))
+        ms.grad_norm_temporaries = grad_norm_temporary_bytes(largest)
+
+
+def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
     ds = plan.ds
     pb = param_bytes(plan.precision)
     sb = optimizer_state_bytes_per_param(ds.optimizer_type)
@@ -157,8 +237,8 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
         ms.grads_at_step = raw * pb
         ms.grads_backward_peak = raw * pb
         ms.optimizer_states = raw * sb
-        # engine.allreduce_gradients -> buffered_allreduce_fallback flattens up to reduce_bucket_size elements
-        ms.transient_buffers = min(ds.reduce_bucket_size, raw) * pb
+        # engine.allreduce_gradients -> buffered_allreduce_fallback flattens up to 5e8 elements per bucket
+        ms.transient_buffers = _ddp_bucket_numel([n for g in groups for n in g]) * pb
         return ms
 
     if path in ("fp16_fused", "fp16_unfused"):
@@ -172,7 +252,8 @@ def deepspeed_model_states(plan: RunPlan, rank: int | None = None) -> ModelState
         else:
             # unfused_optimizer.py step: fp32 copy of every grad, low-precision grads kept until zero_grad
             ms.grads_at_step = raw * (pb + FP32_BYTES)
-        ms.transient_buffers = min(ds.reduce_bucket_size, raw) * pb
+        # engine.allreduce_gradients -> buffered_allreduce_fallback flattens up to 5e8 elements per bucket
+        ms.transient_buffers = _ddp_bucket_numel([n for g in groups for n in g]) * pb
         return ms
 
     if path == "bf16_optimizer":
@@ -247,10 +328,31 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
             if rank is None or rank % group_dp[0] == group_dp[0] - 1:
                 ms.grads_backward_start = gip  # this rank's partition holds the LM head: allocated at once
         else:
-            # stage 1 keeps full gradients until reduce_gradients() at the accumulation boundary
-            ms.grads_backward_peak = full_grads
+            # stage 1 keeps full gradients until reduce_gradients() at the accumulation boundary, which walks the
+            # parameters in registration order (stage_1_and_2.py reduce_gradients ->
+            # reduce_ready_partitions_and_remove_grads, freeing each .grad once reduced) and allocates
+            # grads_in_partition at the first copy into this rank's partition (copy_grads_in_partition): the
+            # gradients still alive then are those from the partition's start on.
+            before = _numel_before_partition(groups[0], group_dp[0], rank)
+            ms.grads_backward_peak = full_grads - before * pb + gip
+        ms.grads_at_norm = gip
     ms.transient_buffers = buckets
     return ms
+
+
+def _numel_before_partition(group: list[int], dp: int, rank: int | None) -> int:
+    """Elements of the parameters lying wholly before `rank`'s partition of the flat buffer (0 for rank 0 and for
+    the worst rank, None)."""
+    if rank is None or dp <= 1:
+        return 0
+    part = _padded(sum(group), NCCL_START_ALIGNMENT_FACTOR * dp) // dp
+    start = (rank % dp) * part
+    out = offset = 0
+    for n in group:
+        if offset + n <= start:
+            out += n
+        offset += n
+    return out
 
 
 DS_STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000

@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dstoolkit.estimate import cluster_model as cm
-from dstoolkit.estimate.comm import CommPlan, gpu_latency_s, op_time_s
+from dstoolkit.estimate import comm as _comm
+from dstoolkit.estimate.comm import CommPlan, nccl_call_latency_s, op_time_s
+from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
 from dstoolkit.estimate.flops import FlopsPerToken
+from dstoolkit.estimate.gemm import gemm_rate
 from dstoolkit.hardware.calibration import peak_flops_per_rank
 from dstoolkit.runplan import RunPlan
 
@@ -30,6 +33,8 @@ ADAM_BYTES_PER_PARAM_UPDATE = 30
 (16), write the low-precision copy (2)."""
 PCIE_BYTES_PER_S = 25e9
 """Achievable host<->device copy rate on PCIe Gen4 x16 (ZeRO-Offload transfers grads down and params up)."""
+PARAM_OFFLOAD_FETCHES_PER_MICRO = 2
+"""Host-to-device copies of the offloaded parameter partition per micro step (forward and backward gathers)."""
 CPU_ADAM_PARAMS_PER_S = 1.0e9
 """DeepSpeedCPUAdam throughput per rank (AVX-512, several cores): order of magnitude from ZeRO-Offload
 (arXiv 2101.06840 §4.2 reports ~6x over torch CPU Adam)."""
@@ -100,9 +105,9 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         inter_latency = cal.inter_node_latency_s if cal.inter_node_latency_s is not None else latency
         links = cal.inter_node_links_per_node
         mem_bw = cal.mem_bw_bytes_per_s
+        nics = None  # the calibration's inter-node busbw is what one group measured (links_per_node shares it)
         eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
         if cal.has_op_rates:  # the probe's op-level rates: each GEMM at its shape, attention, elementwise
-            from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
 
             compute = cpu_compute_s(plan, op_rates(cal))
             layers = max(len(cm.stage_layers(plan.shape.num_hidden_layers, plan.pp, st)) for st in range(plan.pp))
@@ -117,9 +122,10 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     else:
         intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
         latency = inter_latency = 0.0
-        # GpuSpec.inter_node_bw is per GPU (one NIC per GPU, rail-optimised): groups side by side use their
-        # own NICs, so they share one only beyond gpus_per_node of them (never, in practice)
-        links = plan.gpus_per_node
+        # GpuSpec.inter_node_bw is one NIC's; a group gets a NIC per rank it has on the node, shared with the
+        # groups crossing beside it (comm.group_inter_node_busbw); nodes without a stated NIC count have one per GPU
+        links = None
+        nics = plan.gpu.nics_per_node or plan.gpus_per_node
         mem_bw = cm.hbm_bw(plan.gpu, DEFAULT_HBM_BW_BYTES_PER_S)
         eta = DEFAULT_OVERLAP_EFFICIENCY
         overhead = 0.0
@@ -129,10 +135,12 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     total = 0.0
     hide_bwd = 0.0
     hide_any = 0.0
+    gpu_latency = cal is None and _comm.NCCL_CALL_LATENCY
     for op in comm.ops:
-        t = op_time_s(op, intra, inter, latency, inter_latency, links)
-        if cal is None:
-            t += gpu_latency_s(op)
+        t = op_time_s(op, intra, inter, latency, inter_latency, links, nics)
+        if gpu_latency:
+            # GPU ranks: each call's fixed cost in NCCL's own tuning model (comm.nccl_call_latency_s)
+            t += op.calls * nccl_call_latency_s(op)
         total += t
         if not op.overlappable:
             exposed += t
@@ -158,6 +166,10 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     # memory-bound work outside the GEMMs and the optimizer: gradient handling, parameter write-back, and the
     # fp32 loss over the vocabulary (on the last pipeline stage)
     pb = 4 if plan.precision == "fp32" else 2
+    if ds.offload_param and cal is None:
+        # ZeRO-Infinity (Rajbhandari et al. 2021, §5): the 16-bit parameter partition lives in host memory and is
+        # copied to the GPU before each all-gather, in forward and again in backward, every micro step
+        offload += partition_numel * pb * PARAM_OFFLOAD_FETCHES_PER_MICRO * ds.grad_accum / PCIE_BYTES_PER_S
     grad_passes = GRAD_HANDLING_PASSES * ds.grad_accum
     if cal is None and plan.framework == "megatron":
         # Megatron's gradient-accumulation fusion: the weight-gradient GEMM accumulates into the fp32 main_grad
@@ -187,6 +199,6 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     # Engine module, and the FP8 context wraps the transformer layers only (transformer_block.py); torchtitan's
     # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
     head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
-    head = 6 * v * h * tok / plan.tp / cm.gemm_rate(plan.gpu, head_prec, tok, v / plan.tp, h)
+    head = 6 * v * h * tok / plan.tp / gemm_rate(plan.gpu, head_prec, tok, v / plan.tp, h)
     compute = cm.pipeline_compute_s(plan, lambda i, saved: cm.layer_compute_s(plan, i, tok, saved, mem_bw), head)
     return compute / cm.FRAMEWORK_EFFICIENCY

@@ -14,6 +14,10 @@ decides *which of them coexist*. Steady state (step >= 2: Adam's moments are cre
   (``param_persistence_threshold``) kept whole. No gradient exists yet: the engine's
   ``zero_grad`` (engine.py `zero_grad(set_to_none=True)`; stage_1_and_2.py `zero_grad`, stage3.py `zero_grad`)
   dropped them after the last step.
+* ``forward_loss`` - ``forward_end`` + the loss's temporaries: the logits (and their ``.float()`` copy) beside
+  the fp32 log-probabilities (activations.py ``loss_forward_transient``); measured as the forward's maximum.
+* ``backward_loss`` - ``forward_end`` + log_softmax backward's two fp32 [tokens, vocab] tensors, while every
+  saved activation is alive (activations.py ``loss_backward_transient``); measured as backward's maximum.
 * ``backward_start`` - backward reaches the last block: the LM head's and loss's saved tensors are freed, the
   head's gradients exist (stage 0/1), the reduce buckets are allocated (stage 1/2), and at stage 2 the rank
   whose partition holds the head has its whole ``grads_in_partition`` buffer (stage_1_and_2.py
@@ -26,7 +30,12 @@ decides *which of them coexist*. Steady state (step >= 2: Adam's moments are cre
   `buffered_allreduce_fallback`), and at ZeRO-3 the gathered parameters of the first blocks.
 * ``optimizer_step`` - model states inside the inner optimizer's ``step()``: fp32 gradient partitions or flat
   copies, stage 3's persistent ``grad_partitions_flat_buffer`` (stage3.py), params repartitioned first
-  (stage3.py `step` -> `_partition_all_parameters`). This is the point benchmarks/memory_fidelity.py measures.
+  (stage3.py `step` -> `_partition_all_parameters`), + the inner optimizer's temporaries per implementation
+  (step_temporaries.py: torch AdamW's for-loop holds 2 fp32 copies of the largest tensor it steps, which under
+  ZeRO-1/2 is the whole flat partition; foreach 1 copy of a group; fused, DeepSpeed FusedAdam and DeepSpeedCPUAdam
+  none). Without the temporaries this is the point benchmarks/memory_fidelity.py measures.
+* ``grad_norm`` - ZeRO-1/2: the global norm walks the partition's gradients, one fp64 copy at a time
+  (stage_1_and_2.py `get_grad_norm_direct`), with ``grads_in_partition`` alive.
 * ``optimizer_step_cast`` - ZeRO-1/2: the short peak while one param group's gradients are flattened in model
   dtype and cast to fp32 (stage_1_and_2.py `step`: `flatten(...)` then `.to(fp32)`, the flat copy freed after).
 * ``offload_step`` - optimizer offload: the CPU optimizer steps host-resident fp32 partitions while the device
@@ -46,6 +55,8 @@ No torch import.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from dstoolkit.estimate.step_temporaries import IMPLEMENTATIONS
 
 GiB = 2**30
 
@@ -132,6 +143,10 @@ S_GRADS_BWD = "ZeRO §5.2 (P_g); stage 0/1: full .grad tensors until reduction; 
 S_BUCKETS = "stage_1_and_2.py ipg_buckets (reduce_bucket_size, x2 with overlap_comm); engine.py buffered_allreduce_fallback flatten (stage 0)"
 S_GRADS_STEP = "stage_1_and_2.py step: fp32 copy of one group's gradient partition (single_grad_partition) + grads_in_partition while a later group still holds views; stage3.py: fp32 copy of one sub_group; fused/unfused_optimizer.py fp32 grads"
 S_CAST = "stage_1_and_2.py step: flatten(averaged_gradients) in model dtype, then .to(fp32); both alive for one line"
+S_LOSS_FWD = "activations.py loss_forward_transient: logits + their fp32 copy beside the fp32 log-softmax output (F.cross_entropy(logits.float()))"
+S_LOSS_BWD = "activations.py loss_backward_transient: log_softmax backward's fp32 grad_output and grad_input [tokens, vocab/tp]"
+S_OPT_TMP = "step_temporaries.py: the inner optimizer's temporaries per implementation (torch/optim/adam.py _single_tensor_adam: 2 fp32 copies of the largest stepped tensor, e.g. ZeRO-1/2's flat partition; _multi_tensor_adam: 1 copy of a group; fused / DeepSpeed FusedAdam / DeepSpeedCPUAdam: none)"
+S_NORM = "stage_1_and_2.py get_grad_norm_direct: fp64 copy (zero/utils.py get_norm_dtype) of the largest partition gradient, with grads_in_partition alive"
 S_HOST = "offload: host fp32 master + moments + fp32 grad partition + staging (stage_1_and_2.py / stage3.py offload_optimizer)"
 
 
@@ -173,6 +188,14 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
         if zero_stage == 3 else []
     saved = _t("activations_saved", act.saved, S_ACT)
     phases = [Phase("forward_end", tuple(base + [saved] + kept + host))]
+    loss_fwd = getattr(act, "loss_forward_transient", 0.0)
+    if loss_fwd > 0:
+        phases.append(Phase("forward_loss", tuple(base + [saved, _t("loss_temporaries", loss_fwd, S_LOSS_FWD)]
+                                                  + kept + host)))
+    loss_bwd = getattr(act, "loss_backward_transient", 0.0)
+    if loss_bwd > 0:
+        phases.append(Phase("backward_loss", tuple(base + [saved, _t("loss_temporaries", loss_bwd, S_LOSS_BWD)]
+                                                   + kept + host)))
     buckets = [] if zero_stage == 3 else [_t("reduce_buckets", ms.transient_buffers, S_BUCKETS)]
     # the last block's backward: head/loss activations freed, the head's gradients (and stage 1/2 buckets) exist
     start = base + [_t("activations_saved", max(0.0, act.saved - head_activations), S_ACT),
@@ -186,17 +209,28 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
     phases.append(Phase("backward_end", tuple(
         base + [_t("grads", grads_bwd, S_GRADS_BWD)] + buckets + gathered + host)))
     grads_step = max(0, ms.grads_at_step - grad_buf)
-    phases.append(Phase("optimizer_step", tuple(base + [_t("grads_at_step", grads_step, S_GRADS_STEP)] + host)))
+    norm_tmp = getattr(ms, "grad_norm_temporaries", 0)
+    if norm_tmp:
+        phases.append(Phase("grad_norm", tuple(base + [_t("grads", ms.grads_at_norm, S_GRADS_BWD),
+                                                      _t("grad_norm_temporaries", norm_tmp, S_NORM)] + host)))
+    opt_src = f"{IMPLEMENTATIONS.get(getattr(ms, 'optimizer_impl', ''), 'inner optimizer')}: {S_OPT_TMP}"
+    opt_tmp = [_t("optimizer_temporaries", ms.optimizer_temporaries, opt_src)] \
+        if getattr(ms, "optimizer_temporaries", 0) else []
+    phases.append(Phase("optimizer_step", tuple(
+        base + [_t("grads_at_step", grads_step, S_GRADS_STEP)] + opt_tmp + host)))
     if ms.grads_step_transient_peak > ms.grads_at_step:
         phases.append(Phase("optimizer_step_cast", tuple(
             base + [_t("grads_cast", ms.grads_step_transient_peak - grad_buf, S_CAST)] + host)))
     if offload_optimizer:
         dev = [t for t in base if t.name in ("params", "persistent_buffers", "fp8_weight_cache",
                                              "grad_partition_buffer")]
-        phases.append(Phase("offload_step", tuple(dev + host)))
+        host_tmp = [_t("host_optimizer_temporaries", ms.host_optimizer_temporaries, opt_src, "host")] \
+            if getattr(ms, "host_optimizer_temporaries", 0) else []
+        phases.append(Phase("offload_step", tuple(dev + host + host_tmp)))
     grads_max = max(ms.grads_at_step, ms.grads_backward_peak, ms.grads_step_transient_peak)
     sum_parts = (ms.params + grads_max + ms.master_params + ms.optimizer_states + int(act.peak)
-                 + ms.persistent_buffers + ms.transient_buffers + fp8_cache)
+                 + ms.persistent_buffers + ms.transient_buffers + fp8_cache
+                 + max(getattr(ms, "optimizer_temporaries", 0), norm_tmp, loss_fwd, loss_bwd))  # step temporaries
     return Timeline(tuple(phases), int(sum_parts))
 
 

@@ -39,6 +39,7 @@ def build_te_recipe(cfg: Fp8Config) -> Any:
             mxfp8 >= 2.0; the message names the class).
     """
     import_te()
+    # optional extra (dstoolkit[te]): imported only where FP8 runs
     from transformer_engine.common import recipe as te_recipe
 
     cls_name, kwargs = te_recipe_class_and_kwargs(cfg)

@@ -5,7 +5,7 @@ Public API:
     write_generated(result, out_dir, force=False)                 (atomic; refuses existing output)
     run_sweep(spec, shape, top=3, ...) -> SweepResult             (ranked, dropped with reasons, fits_nowhere)
     build_ds_config(spec, shape, candidate) -> dict
-    megatron_lm_args / megatron_deepspeed_args(spec, shape, candidate, ...) -> list[str]   (dstoolkit.generate.megatron)
+    megatron_lm_args / megatron_deepspeed_args(spec, shape, candidate, ...) -> list[str]   (dstoolkit.generate.megatron_lm / megatron_deepspeed)
     load_spec_and_shape(path) -> (Spec, ModelShape)
     generate_demo(spec_path, out_dir, strategy="zero2", force=True) -> Path   (the demo's one-liner)
 
@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Union
 
 from dstoolkit.generate.candidates import STRATEGIES, Candidate, StrategyDef
-from dstoolkit.generate.core import GenerateError, GenerateResult, generate, write_generated
+from dstoolkit.generate.core import GenerateError, generate, write_generated
 from dstoolkit.generate.ds_json import build_ds_config
 from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
-from dstoolkit.generate.megatron import megatron_deepspeed_args, megatron_lm_args
-from dstoolkit.generate.sweep import SweepResult, run_sweep
+from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args
+from dstoolkit.generate.megatron_lm import megatron_lm_args
+from dstoolkit.generate.result import GenerateResult
+from dstoolkit.generate.sweep import run_sweep
+from dstoolkit.generate.sweep_result import SweepResult
 from dstoolkit.generate.writer import OutputExistsError
 
 

@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from dstoolkit.generate.core import TARGETS, GenerateResult, generate, write_generated
+from dstoolkit.generate.core import TARGETS, generate, write_generated
+from dstoolkit.generate.result import GenerateResult
 from dstoolkit.generate.io import load_spec_and_shape
 
 BUNDLED_SPECS = ("tiny_cpu", "tiny_moe_cpu", "llama3_8b_1x8_h100", "mixtral_8x7b_2x8_h100", "deepseek_v3_32x8_h800")

@@ -1,7 +1,7 @@
 """`generate`: spec -> one folder per strategy, with the files of each requested target (`TARGETS`), all in
 memory; `write_generated` writes them atomically.
 
-Every folder has the DeepSpeed JSON and summary.md; the `deepspeed` target adds launch.sh (the deepspeed
+Every folder has summary.md, and the DeepSpeed JSON when a non-HF target runs its layout; the `deepspeed` target adds launch.sh (the deepspeed
 launcher / torchrun on the bundled trainer), hostfile and slurm.sbatch; `megatron-lm` and `megatron-deepspeed`
 add that project's argument file and launch script (dstoolkit.generate.megatron); `hf` and `accelerate` add
 an HF-style DeepSpeed JSON ("auto" where the Trainer fills it), training_args.json and the torchrun /
@@ -13,7 +13,6 @@ sweep restricted to that strategy; the chosen JSON must have no error finding fr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -25,9 +24,15 @@ from dstoolkit.generate.launch import render_hostfile, render_launch_sh, render_
 from dstoolkit.generate.hf_targets import HF_TARGETS, hf_targets_for
 from dstoolkit.generate.megatron import TARGETS as MEGATRON_TARGETS
 from dstoolkit.generate.megatron import megatron_target_files
+from dstoolkit.generate.result import GenerateResult, SkippedStrategy, StrategyOutput
 from dstoolkit.generate.summary import render_index, render_strategy_summary
-from dstoolkit.generate.sweep import Ranked, SweepResult, error_findings, run_sweep
+from dstoolkit.generate.targets import NATIVE_MOE_TARGETS, is_hf  # noqa: F401  (NATIVE_MOE_TARGETS: re-exported)
+from dstoolkit.generate.targets import native_moe as target_native_moe
+from dstoolkit.generate.targets import strategy_unavailable_for
+from dstoolkit.generate.sweep import error_findings, run_sweep
+from dstoolkit.generate.sweep_result import Ranked, SweepResult
 from dstoolkit.generate.writer import write_tree_atomic
+from dstoolkit.validate.folder import LAYOUT_FILE
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -39,40 +44,6 @@ HF_CONFIG_COPY = "model_config.json"
 
 class GenerateError(ValueError):
     """A usage problem with the request (unknown or impossible strategy); exit code 2."""
-
-
-@dataclass
-class StrategyOutput:
-    """One generated folder."""
-
-    name: str
-    strategy: StrategyDef
-    chosen: Ranked
-    sweep: SweepResult
-    ds_config: dict
-    findings: list
-    files: dict[str, str]
-    targets_skipped: dict[str, str] = field(default_factory=dict)
-    """Requested targets that cannot express this model or layout, with the reason."""
-
-
-@dataclass
-class SkippedStrategy:
-    """A strategy that was considered and not generated, with the reason."""
-
-    name: str
-    reason: str
-    fits_nowhere: Optional[str] = None
-
-
-@dataclass
-class GenerateResult:
-    """All files of the output folder (relative path -> text), plus what was generated and skipped."""
-
-    spec_name: str
-    files: dict[str, str]
-    generated: list[StrategyOutput] = field(default_factory=list)
-    skipped: list[SkippedStrategy] = field(default_factory=list)
 
 
 def default_strategy_names(spec: Spec, shape: ModelShape,
@@ -123,22 +94,25 @@ def _spec_copy(spec: Spec) -> tuple[dict[str, str], str]:
     return files, src_name
 
 
-def _hf_only(spec: Spec) -> Spec:
-    """HF Trainer / Accelerate run neither the pipeline engine nor (with DeepSpeed 0.19.8) AutoEP: when only
-    those targets are asked for, "auto" pp and ep sweep as 1 instead of choosing layouts they cannot launch."""
-    t = spec.training
-    update = {k: 1 for k in ("pp", "ep") if getattr(t, k) == "auto"}
-    return spec.model_copy(update={"training": t.model_copy(update=update)}) if update else spec
-
-
-NATIVE_MOE_TARGETS = ("deepspeed", "megatron-deepspeed")
-"""Targets whose MoE layers are DeepSpeed's own (deepspeed.moe), which DeepSpeed refuses at ZeRO-3; HF models
-(hf, accelerate) and Megatron-LM run plain modules, and ZeRO-3 with replicated experts is open to them."""
+def _layout_json(spec: Spec, shape: ModelShape, picks, folder: dict) -> str:
+    """LAYOUT_FILE: the layout each config file of the folder was generated for (`dstoolkit validate DIR` reads it)."""
+    files = {}
+    for g, pick, _ in picks:
+        c = pick.candidate
+        per = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "label": c.label, "targets": list(g),
+               "num_experts": shape.num_experts if shape.is_moe and target_native_moe(g) else None}
+        names = ["ds_config_hf.json"] if all(is_hf(t) for t in g) else ["ds_config.json"]
+        files.update({n: per for n in names if n in folder})
+        if "accelerate_config.yaml" in folder and all(is_hf(t) for t in g):
+            files["accelerate_config.yaml"] = per
+    doc = {"world_size": spec.cluster.world_size, "gpus_per_node": spec.cluster.gpus_per_node,
+           "nodes": spec.cluster.nodes, "files": files}
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def _resolve(spec: Spec, shape: ModelShape, strat: StrategyDef,
-             native_moe: bool = True) -> tuple[Optional[Ranked], SweepResult]:
-    res = run_sweep(spec, shape, top=3, strategy=strat, validate=True, advise=True, native_moe=native_moe)
+             targets: Sequence[str]) -> tuple[Optional[Ranked], SweepResult]:
+    res = run_sweep(spec, shape, top=3, strategy=strat, validate=True, advise=True, targets=tuple(targets))
     return res.winner, res
 
 
@@ -165,57 +139,96 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
     unknown_targets = [t for t in targets if t not in TARGETS]
     if unknown_targets:
         raise GenerateError(f"unknown target {unknown_targets[0]!r}; known: {', '.join(TARGETS)}")
-    native_moe = any(t in NATIVE_MOE_TARGETS for t in targets)
-    if all(t in HF_TARGETS for t in targets):
-        spec = _hf_only(spec)
+    targets = list(dict.fromkeys(targets))
+    # Two groups resolve each strategy on their own, so a layout one launcher cannot run never removes the
+    # other's files: the HF targets (hf, accelerate: no pipeline engine, no AutoEP, ZeRO-3 open to MoE) and the
+    # rest (DeepSpeed's engine, Megatron).
+    groups = [g for g in ([t for t in targets if not is_hf(t)], [t for t in targets if is_hf(t)]) if g]
     if strategies:
         unknown = [s for s in strategies if s not in STRATEGIES]
         if unknown:
             raise GenerateError(f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}")
         names, skipped = list(dict.fromkeys(strategies)), []
         for n in names:
-            why = strategy_unavailable_reason(STRATEGIES[n], is_moe=shape.is_moe, native_moe=native_moe)
-            if why:
-                raise GenerateError(f"strategy {n!r} cannot be generated for {shape.name}: {why}")
+            whys = [strategy_unavailable_for(g, STRATEGIES[n], is_moe=shape.is_moe) for g in groups]
+            if all(whys):
+                raise GenerateError(f"strategy {n!r} cannot be generated for {shape.name}: {whys[0]}")
     else:
-        names, skipped = default_strategy_names(spec, shape, native_moe)
+        names, skipped = [], []
+        per_group = [default_strategy_names(spec, shape, target_native_moe(g)) for g in groups]
+        for name in STRATEGIES:
+            if any(name in ns for ns, _ in per_group):
+                names.append(name)
+            else:
+                found = [(g, s) for g, (_, sk) in zip(groups, per_group) for s in sk if s.name == name]
+                reasons = list(dict.fromkeys(s.reason for _, s in found))
+                if len(reasons) == 1:
+                    skipped.append(found[0][1])
+                elif reasons:
+                    skipped.append(SkippedStrategy(name, "; ".join(f"{', '.join(g)}: {s.reason}" for g, s in found)))
     files, _ = _spec_copy(spec)
     result = GenerateResult(spec_name=spec.name, files=files, skipped=skipped)
     for name in names:
         strat = STRATEGIES[name]
-        chosen, sweep = _resolve(spec, shape, strat, native_moe)
-        if chosen is None:
+        picks: list[tuple[list[str], Ranked, SweepResult]] = []
+        out_skipped: dict[str, str] = {}
+        misses: list[SweepResult] = []
+        for g in groups:
+            why = strategy_unavailable_for(g, strat, is_moe=shape.is_moe)
+            if why:
+                out_skipped.update({t: why for t in g})
+                continue
+            chosen, sweep = _resolve(spec, shape, strat, g)
+            if chosen is None:
+                misses.append(sweep)
+                reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
+                out_skipped.update({t: f"{reason} for {t} ({sweep.considered} tried)" for t in g})
+                continue
+            picks.append((g, chosen, sweep))
+        if not picks:
+            if not misses:
+                result.skipped.append(SkippedStrategy(name, "; ".join(f"{t}: {w}" for t, w in out_skipped.items())))
+                continue
+            sweep = misses[0]
             nowhere = sweep.fits_nowhere.message(spec, spec.cluster.gpu_spec, shape.name) if sweep.fits_nowhere else None
             codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
             reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
             result.skipped.append(SkippedStrategy(name, f"{reason} ({sweep.considered} tried; dropped by {codes})",
                                                   fits_nowhere=nowhere))
             continue
+        _, chosen, sweep = picks[0]
         cand = chosen.candidate
         cfg = build_ds_config(spec, shape, cand)
         findings = list(chosen.findings)
         if error_findings(findings):  # run_sweep already dropped these; keep the invariant explicit
             raise RuntimeError(f"internal: {name} config has error findings: {error_findings(findings)}")
-        folder = {"ds_config.json": json.dumps(cfg, indent=2) + "\n"}
-        if "deepspeed" in targets:
-            folder.update({
-                "launch.sh": render_launch_sh(spec, cand, strategy=name, is_moe=shape.is_moe),
-                "hostfile": render_hostfile(spec),
-                "slurm.sbatch": render_sbatch(spec, strategy=name),
-            })
+        # ds_config.json is the DeepSpeed engine's JSON: written when a non-HF target runs this folder's layout
+        # (HF targets read ds_config_hf.json; an HF-only layout, e.g. ZeRO-3 of an HF MoE model, is no native one)
+        folder = {} if all(is_hf(t) for g, _, _ in picks for t in g) else {"ds_config.json": json.dumps(cfg, indent=2) + "\n"}
         out = StrategyOutput(name=name, strategy=strat, chosen=chosen, sweep=sweep, ds_config=cfg,
                              findings=findings, files={})
-        megatron = [t for t in targets if t in MEGATRON_TARGETS]
-        if megatron:
-            extra = megatron_target_files(None if out_dir is None else Path(out_dir) / name, spec, shape, cand,
-                                          megatron, strategy=name, pretrain_script=pretrain_script)
-            folder.update(extra.files)
-            out.targets_skipped.update(extra.skipped)
-        hf = [t for t in targets if t in HF_TARGETS]
-        if hf:
-            extra = hf_targets_for(spec, shape, cand, hf)
-            folder.update(extra.files)
-            out.targets_skipped.update(extra.skipped)
+        out.targets_skipped.update(out_skipped)
+        for g, pick, _ in picks:
+            c = pick.candidate
+            out.per_target.update({t: pick for t in g})
+            if "deepspeed" in g:
+                folder.update({
+                    "launch.sh": render_launch_sh(spec, c, strategy=name, is_moe=shape.is_moe),
+                    "hostfile": render_hostfile(spec),
+                    "slurm.sbatch": render_sbatch(spec, strategy=name),
+                })
+            megatron = [t for t in g if t in MEGATRON_TARGETS]
+            if megatron:
+                extra = megatron_target_files(None if out_dir is None else Path(out_dir) / name, spec, shape, c,
+                                              megatron, strategy=name, pretrain_script=pretrain_script)
+                folder.update(extra.files)
+                out.targets_skipped.update(extra.skipped)
+            hf = [t for t in g if is_hf(t)]
+            if hf:
+                extra = hf_targets_for(spec, shape, c, hf, strategy=name)
+                folder.update(extra.files)
+                out.targets_skipped.update(extra.skipped)
+        folder[LAYOUT_FILE] = _layout_json(spec, shape, picks, folder)
         out.files = folder
         folder["summary.md"] = render_strategy_summary(spec, shape, out)
         result.generated.append(out)

@@ -16,11 +16,12 @@ from dstoolkit.estimate import estimate_run
 from dstoolkit.estimate.timeline import GPU_CONTEXT_BYTES, allowance_source, is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
-from dstoolkit.hardware.calibration import calibration_for_spec
+from dstoolkit.hardware.calibration import calibration_for_spec, calibration_label
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan, plan_from_spec
 from dstoolkit.spec import Spec
+from dstoolkit.spec.cluster_fields import host_memory_per_node_bytes, memory_headroom_fraction
 
 GiB = 2**30
 
@@ -70,6 +71,39 @@ class CandidateEstimate:
     """Every category at its own maximum, added: an upper bound (the pre-issue-#15 'total')."""
     allowance_bytes: int = 0
     """Kept free beyond the peak: CUDA context + NCCL + fragmentation on GPUs, 0 on CPU ranks."""
+    tp_overlap_buffer_bytes: int = 0
+    """Transformer Engine userbuffers for TP comm overlap (training.tp_comm_overlap, tp > 1), included in
+    memory_per_rank_bytes (`tp_overlap_buffer_bytes`)."""
+    host_memory_per_node_bytes: int = 0
+    """Host bytes of one node: host_memory_per_rank_bytes x ranks per node."""
+    host_memory_node_capacity_bytes: int = 0
+    """Host RAM of one node (`dstoolkit.spec.cluster_fields.host_memory_per_node_bytes`)."""
+    host_fits: bool = True
+    """host_memory_per_node_bytes <= host_memory_node_capacity_bytes (part of `fits`)."""
+    headroom_bytes: int = 0
+    """Device bytes a pick should leave free (cluster.memory_headroom_fraction x device memory)."""
+    within_headroom: bool = True
+    """peak + allowance + headroom <= device memory: the ranking prefers these layouts."""
+
+
+TE_TP_OVERLAP_USERBUFFERS = 10
+"""Userbuffers Transformer Engine allocates for TP comm overlap, one per overlapped GEMM (4 ring-exchange
+all-gathers qkv/fc1 fprop and proj/fc2 dgrad, 2 pipelined reduce-scatters proj/fc2 fprop, 4 bulk
+qkv/fc1 dgrad and wgrad: transformer_engine/pytorch/module/base.py initialize_ub), each of the shape
+Megatron-LM passes, [seq_length x micro_batch / cp, hidden] (megatron/training/initialize.py
+_initialize_tp_communicators), in the activation dtype (1 byte for the fp8 all-gather buffers)."""
+TE_CUBLAS_WORKSPACE_BYTES = 3 * 32 * 2**20
+"""TE repeats its 32 MiB Hopper cuBLAS workspace for its 3 overlap streams (initialize_ub, _NUM_MAX_UB_STREAMS)."""
+
+
+def tp_overlap_buffer_bytes(spec: Spec, shape: ModelShape, cand: Candidate) -> int:
+    """Device bytes of the TP comm-overlap userbuffers (0 unless training.tp_comm_overlap and tp > 1)."""
+    t = spec.training
+    if not t.tp_comm_overlap or cand.tp <= 1:
+        return 0
+    elem = 4 if t.precision == "fp32" else 2
+    rows = t.seq_len * cand.micro_batch // max(1, t.cp)
+    return TE_TP_OVERLAP_USERBUFFERS * rows * shape.hidden_size * elem + TE_CUBLAS_WORKSPACE_BYTES
 
 
 def layers_per_stage(num_layers: int, pp: int) -> int:
@@ -88,7 +122,6 @@ def estimator_source(spec: Optional[Spec] = None) -> str:
     """Which estimator `estimate_candidate` uses, and with which calibration when `spec` is given (for summaries)."""
     if spec is None:
         return PACKAGE_SOURCE
-    from dstoolkit.hardware.calibration import calibration_label
 
     return f"{PACKAGE_SOURCE}, step times from {calibration_label(spec)}"
 
@@ -135,11 +168,22 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         raise EstimateInputError(" ".join(str(exc).split())) from None
     mem = est.memory
     breakdown = {k: int(getattr(mem, k)) for k in ("params", "grads", "optimizer", "activations", "buffers")}
-    peak = int(mem.total)
+    ub = tp_overlap_buffer_bytes(spec, shape, cand)
+    if ub:
+        breakdown["buffers"] += ub  # allocated once at start-up and held: on top of every phase's peak
+    peak = int(mem.total) + ub
+    host_rank = int(est.host_memory_per_rank_bytes)
+    host_node = host_rank * spec.cluster.gpus_per_node
+    host_cap = host_memory_per_node_bytes(spec.cluster)
+    headroom = int(memory_headroom_fraction(spec.cluster) * gpu.memory_bytes)
+    device_fits = peak <= usable_device_bytes(gpu)
     return CandidateEstimate(
         memory_per_rank_bytes=peak, memory_breakdown_bytes=breakdown,
-        host_memory_per_rank_bytes=int(est.host_memory_per_rank_bytes), device_memory_bytes=int(gpu.memory_bytes),
-        step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=peak <= usable_device_bytes(gpu),
+        host_memory_per_rank_bytes=host_rank, device_memory_bytes=int(gpu.memory_bytes),
+        step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=device_fits and host_node <= host_cap,
+        tp_overlap_buffer_bytes=ub, host_memory_per_node_bytes=host_node, host_memory_node_capacity_bytes=host_cap,
+        host_fits=host_node <= host_cap, headroom_bytes=headroom,
+        within_headroom=peak + headroom <= usable_device_bytes(gpu),
         source=estimator_source(spec),
         extras={"flops_per_step": float(est.flops_per_step), "comm_bytes_per_step": dict(est.comm_bytes_per_step)},
         peak_phase=mem.peak_phase, peak_alive=tuple(mem.peak_alive), sum_of_parts_bytes=int(mem.sum_of_parts_bytes),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from dstoolkit.dsconfig.ds_zero import ZeroConfig
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.rules import hpz_partition_size
+from dstoolkit.models import count_params
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -74,17 +75,31 @@ def _optimizer_section(spec: Spec, cand: Candidate) -> dict:
     return {"type": kind, "params": params}
 
 
-def _scheduler_section(spec: Spec) -> dict | None:
+WARMUP_TYPE = "linear"  # Megatron-LM's warmup is linear; DeepSpeed's schedulers default to "log" (lr_schedules.py)
+
+
+def scheduler_section(spec: Spec) -> dict | None:
+    """The LR schedule every target runs (one fact: the HF JSON and the Megatron arguments follow it).
+
+    train_steps given: linear warm-up over warmup_steps, then cosine decay to COSINE_MIN_RATIO x lr at
+    train_steps (WarmupCosineLR); only warmup_steps: linear warm-up, then constant (WarmupLR); neither: constant
+    (no scheduler). DeepSpeed 0.19.8 refuses warmup_num_steps <= 0 and warms up over max(2, n) steps
+    (lr_schedules.py), so 0 is written as 1, the value HF Trainer fills for "auto" too.
+    """
     t = spec.training
+    warm = max(1, t.warmup_steps)
     if t.train_steps:
         return {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": t.train_steps, "warmup_num_steps": t.warmup_steps, "warmup_min_ratio": 0.0,
-            "cos_min_ratio": COSINE_MIN_RATIO}}
+            "total_num_steps": t.train_steps, "warmup_num_steps": warm, "warmup_min_ratio": 0.0,
+            "cos_min_ratio": COSINE_MIN_RATIO, "warmup_type": WARMUP_TYPE}}
     if t.warmup_steps:
         return {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": t.lr, "warmup_num_steps": t.warmup_steps,
-            "warmup_type": "linear"}}
+            "warmup_min_lr": 0.0, "warmup_max_lr": t.lr, "warmup_num_steps": warm,
+            "warmup_type": WARMUP_TYPE}}
     return None
+
+
+_scheduler_section = scheduler_section
 
 
 @dataclass(frozen=True)
@@ -105,7 +120,6 @@ class ParamSplit:
 def param_split(shape: ModelShape) -> ParamSplit:
     """Total/active parameters and the routed-expert share, from `dstoolkit.models.count_params` (bucket sizes
     here; the sweep's lower bound and costing import it from this module)."""
-    from dstoolkit.models import count_params
 
     counts = count_params(shape)
     return ParamSplit(total=counts.total, active=counts.active, expert=counts.routed_experts)

@@ -18,7 +18,7 @@ Per strategy folder:
 Mapping from a `Candidate`: ``tp > 1`` becomes DeepSpeed AutoTP (``tensor_parallel.autotp_size``; HF Trainer
 has no Megatron TP); ``pp > 1`` and ``ep > 1`` have no HF target (`hf_unavailable_reason` says why: the pipeline
 engine needs a `PipelineModule`, which HF Trainer cannot drive; AutoEP does not start in DeepSpeed 0.19.8, see
-``dstoolkit.dsconfig.rules.AUTOEP_TRANSFORMERS_NOTE``). An HF MoE model at ZeRO-3 is fine (its experts are plain
+``dstoolkit.dsconfig.rule_facts.AUTOEP_TRANSFORMERS_NOTE``). An HF MoE model at ZeRO-3 is fine (its experts are plain
 modules, not ``deepspeed.moe``): the JSON names the MoE block as a ZeRO-3 leaf module and the notes say how to
 set it in code (``deepspeed.utils.set_z3_leaf_modules``).
 """
@@ -29,18 +29,18 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional
 
-from dstoolkit.dsconfig.rules import AUTOEP_TRANSFORMERS_NOTE
+from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import (ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, STEPS_PER_PRINT, WEIGHT_DECAY,
-                                        is_cpu_cluster)
+                                        is_cpu_cluster, scheduler_section)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
+from dstoolkit.validate import validate_config
 
 AUTO = "auto"
 HF_DS_CONFIG = "ds_config_hf.json"
 TRAINING_ARGS = "training_args.json"
 ACCELERATE_CONFIG = "accelerate_config.yaml"
-USER_SCRIPT = "your_train.py"
 
 # HF MoE block classes per model_type (transformers 5.x module paths): the module ZeRO-3 should fetch whole.
 # Without it ZeRO-3 gathers each expert on first use, and ranks that route no token to an expert never gather
@@ -81,6 +81,21 @@ def _mixed_precision(spec: Spec) -> str:
     return {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(p, "no")
 
 
+HF_FILLED_SCHEDULER_PARAMS = ("total_num_steps", "warmup_num_steps", "warmup_min_lr", "warmup_max_lr")
+"""Scheduler params HF Trainer fills from its arguments (max_steps, warmup_steps, 0, learning_rate)."""
+
+
+def hf_scheduler_section(spec: Spec) -> Optional[dict]:
+    """The DeepSpeed JSON's schedule (`ds_json.scheduler_section`: same type, warm-up and floor), with "auto" where
+    HF fills a value from training_args.json (it checks a number there against its own and refuses a mismatch).
+    None: no scheduler, and training_args.json says lr_scheduler_type "constant" (HF's default decays to 0)."""
+    sched = scheduler_section(spec)
+    if sched is None:
+        return None
+    params = {k: (AUTO if k in HF_FILLED_SCHEDULER_PARAMS else v) for k, v in sched["params"].items()}
+    return {"type": sched["type"], "params": params}
+
+
 def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
     """The HF-style DeepSpeed JSON for one candidate ("auto" where HF Trainer / Accelerate fill it).
 
@@ -109,8 +124,9 @@ def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
     if is_cpu_cluster(spec) and not cand.offload_optimizer:
         params["torch_adam"] = True  # no FusedAdam JIT build on CPU; offload keeps DeepSpeedCPUAdam (required)
     cfg["optimizer"] = {"type": "AdamW", "params": params}
-    cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": AUTO, "warmup_max_lr": AUTO,
-                                                            "warmup_num_steps": AUTO, "total_num_steps": AUTO}}
+    sched = hf_scheduler_section(spec)
+    if sched is not None:
+        cfg["scheduler"] = sched
     z: dict[str, Any] = {"stage": cand.zero_stage}
     if cand.zero_stage in (1, 2):
         z.update({"overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_scatter": True,
@@ -135,14 +151,17 @@ def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
     return cfg
 
 
-def training_args(spec: Spec, shape: ModelShape, cand: Candidate, *, output_dir: str = "out",
+def training_args(spec: Spec, shape: ModelShape, cand: Candidate, *, output_dir: Optional[str] = None,
                   deepspeed: Optional[str] = HF_DS_CONFIG) -> dict:
     """The `TrainingArguments` values that make HF fill the JSON's "auto" with what the estimate assumed.
 
     Gradient accumulation is global_batch / (micro_batch x dp), dp = world / tp (AutoTP ranks share a batch).
-    `deepspeed=None` leaves ``deepspeed`` out (the accelerate target: the plugin comes from the YAML).
+    Checkpoints go to training.save_dir (`output_dir`, relative to where the job is launched) every
+    `TrainingSpec.save_interval()` steps. `deepspeed=None` leaves ``deepspeed`` out (the accelerate target:
+    the plugin comes from the YAML).
     """
     t = spec.training
+    output_dir = t.save_dir if output_dir is None else output_dir
     world = spec.cluster.world_size
     args: dict[str, Any] = {
         "output_dir": output_dir,
@@ -156,9 +175,12 @@ def training_args(spec: Spec, shape: ModelShape, cand: Candidate, *, output_dir:
         "max_grad_norm": GRADIENT_CLIPPING,
         "warmup_steps": t.warmup_steps,
         "logging_steps": 1,
-        "save_strategy": "no",
+        "save_strategy": "steps",
+        "save_steps": t.save_interval(),
         "report_to": "none",
     }
+    if scheduler_section(spec) is None:
+        args["lr_scheduler_type"] = "constant"  # the DeepSpeed JSON has no scheduler: constant LR there too
     if t.train_steps:
         args["max_steps"] = t.train_steps
     mp = _mixed_precision(spec)
@@ -187,28 +209,44 @@ def training_args_flags(args: dict) -> list[str]:
     return out
 
 
-def _rdzv(spec: Spec) -> list[str]:
-    c = spec.cluster
-    if c.nodes == 1:
-        return ["--standalone"]
-    return ["--nnodes", str(c.nodes), "--node_rank", "$NODE_RANK", "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", "$MASTER_ADDR:29500"]
+DEFAULT_MASTER_PORT = 29500  # torch.distributed / accelerate default rendezvous port
 
 
-def hf_launch_line(spec: Spec, args: dict, *, script: str = USER_SCRIPT) -> str:
-    """``torchrun ... your_train.py --deepspeed ds_config_hf.json <flags>`` (one line, run on every node)."""
-    words = ["torchrun", *_rdzv(spec), "--nproc_per_node", str(spec.cluster.gpus_per_node), script,
-             *training_args_flags(args)]
-    return " ".join(w if w.startswith("$") else shlex.quote(w) for w in words)
+def _words(words: list[str]) -> str:
+    """Shell words: literal values quoted; `"$VAR"` / `"${ARR[@]}"` references kept as they are."""
+    return " ".join(w if w.startswith('"$') else shlex.quote(w) for w in words)
+
+
+def hf_launch_line(spec: Spec, args: dict, *, script: str = '"$SCRIPT"') -> str:
+    """The torchrun command of `launch_hf.sh` (one line, run on every node): the node arguments come from
+    `NODE_ARGS` (`--standalone` on one node; `--nnodes N --node_rank $NODE_RANK --master_addr $MASTER_ADDR
+    --master_port $MASTER_PORT` on several: torchrun's static rendezvous, one job across the nodes), the config by
+    absolute path from the script's folder, then the user's own arguments (`"$@"`: a flag given twice, the
+    user's wins in HfArgumentParser)."""
+    flags = training_args_flags({k: v for k, v in args.items() if k != "deepspeed"})
+    words = ["torchrun", '"${NODE_ARGS[@]}"', "--nproc_per_node", str(spec.cluster.gpus_per_node), script]
+    if args.get("deepspeed"):
+        words += ["--deepspeed", f'"$HERE/{args["deepspeed"]}"']
+    return _words(words + flags + ['"$@"'])
 
 
 def accelerate_config(spec: Spec, cand: Candidate, *, ds_config: str = HF_DS_CONFIG) -> dict:
-    """An accelerate config (``accelerate launch --config_file``) whose DeepSpeed plugin reads the HF JSON."""
+    """An accelerate config (``accelerate launch --config_file``) whose DeepSpeed plugin reads the HF JSON.
+
+    On several nodes ``deepspeed_multinode_launcher: standard`` makes accelerate start torchrun on each node
+    (accelerate ``utils/launch.py`` ``prepare_deepspeed_cmd_env``): without it accelerate hands DeepSpeed's
+    launcher ``--hostfile None`` and every node trains alone. The machine rank and main address come from the
+    launch script (NODE_RANK, MASTER_ADDR), so one file serves every node; the JSON path in it is relative and
+    the launch script passes it by absolute path (``--deepspeed_config_file``).
+    """
     c = spec.cluster
+    ds: dict[str, Any] = {"deepspeed_config_file": ds_config, "zero3_init_flag": cand.zero_stage == 3}
+    if c.nodes > 1:
+        ds["deepspeed_multinode_launcher"] = "standard"
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
-        "deepspeed_config": {"deepspeed_config_file": ds_config, "zero3_init_flag": cand.zero_stage == 3},
+        "deepspeed_config": ds,
         "machine_rank": 0,
         "main_training_function": "main",
         "num_machines": c.nodes,
@@ -236,13 +274,64 @@ def accelerate_config_yaml(cfg: dict) -> str:
 
 
 def accelerate_launch_line(spec: Spec, args: dict, *, config: str = ACCELERATE_CONFIG,
-                           script: str = USER_SCRIPT) -> str:
-    """``accelerate launch --config_file accelerate_config.yaml your_train.py <flags>`` (no --deepspeed)."""
-    words = ["accelerate", "launch", "--config_file", config]
-    if spec.cluster.nodes > 1:
-        words += ["--machine_rank", "$NODE_RANK", "--main_process_ip", "$MASTER_ADDR", "--main_process_port", "29500"]
-    words += [script, *training_args_flags({k: v for k, v in args.items() if k != "deepspeed"})]
-    return " ".join(w if w.startswith("$") else shlex.quote(w) for w in words)
+                           script: str = '"$SCRIPT"') -> str:
+    """The ``accelerate launch`` command of `launch_accelerate.sh` (no --deepspeed: the plugin comes from the
+    YAML; its JSON path and the node arguments from the script, `NODE_ARGS`)."""
+    words = ["accelerate", "launch", "--config_file", f'"$HERE/{config}"', "--deepspeed_config_file",
+             f'"$HERE/{HF_DS_CONFIG}"', '"${NODE_ARGS[@]}"', script]
+    return _words(words + training_args_flags({k: v for k, v in args.items() if k != "deepspeed"}) + ['"$@"'])
+
+
+def render_hf_launch_sh(spec: Spec, command: str, notes: list[str], *, name: str, what: str) -> str:
+    """A launch script for the user's own script: `bash NAME YOUR_TRAIN.py [its arguments]`, on every node.
+
+    Multi-node: NODE_RANK and MASTER_ADDR must be set (a one-line message names the missing one, exit 2);
+    `command` (`hf_launch_line` / `accelerate_launch_line`) reads `NODE_ARGS`, `HERE` and `SCRIPT`.
+    """
+    nodes = spec.cluster.nodes
+    multi = nodes > 1
+    torch_style = command.startswith("torchrun")
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# dstoolkit generate: {what}. Regenerate instead of editing.",
+        "#",
+        f"#   bash {name} YOUR_TRAIN.py [arguments for it ...]",
+    ]
+    if multi:
+        lines.append(f"#   (on each of the {nodes} nodes: NODE_RANK=k MASTER_ADDR=<node 0's address> bash {name} "
+                     "YOUR_TRAIN.py ...; k = 0..{})".format(nodes - 1))
+    lines += [
+        f"#   DRY_RUN=1 bash {name} YOUR_TRAIN.py   # print the command instead of running it",
+        "# Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are",
+        "# absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port"
+        f" ({DEFAULT_MASTER_PORT}).",
+        *[f"# NOTE: {n}" for n in notes],
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f"ME={shlex.quote(name)}",
+        'if [ $# -lt 1 ]; then echo "$ME: usage: bash $ME YOUR_TRAIN.py [arguments for it ...]" >&2; exit 2; fi',
+        'SCRIPT="$1"; shift',
+        f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
+    ]
+    if multi:
+        for var, what_it_is in (("NODE_RANK", f"this node's rank, 0..{nodes - 1}"),
+                                ("MASTER_ADDR", "node 0's address, the same on every node")):
+            lines.append(f'if [ -z "${{{var}:-}}" ]; then echo "$ME: {var} is not set: a {nodes}-node launch runs '
+                         f'this script on every node with {var}=<{what_it_is}>" >&2; exit 2; fi')
+        if torch_style:
+            lines.append(f'NODE_ARGS=(--nnodes {nodes} --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" '
+                         '--master_port "$MASTER_PORT")')
+        else:
+            lines.append('NODE_ARGS=(--machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" '
+                         '--main_process_port "$MASTER_PORT")')
+    else:
+        lines.append('NODE_ARGS=(--standalone)' if torch_style else 'NODE_ARGS=(--main_process_port "$MASTER_PORT")')
+    lines += [
+        f"CMD=({command})",
+        'if [ -n "${DRY_RUN:-}" ]; then printf \'%q \' "${CMD[@]}"; echo; exit 0; fi',
+        'exec "${CMD[@]}"',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def launch_notes(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
@@ -268,13 +357,12 @@ def launch_notes(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
 
 
 def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerate: bool = False,
-                    script: str = USER_SCRIPT) -> dict[str, str]:
+                    strategy: str = "") -> dict[str, str]:
     """File name -> text for one strategy folder (`hf`; with `accelerate` also the accelerate files).
 
     Raises:
         ValueError: the candidate has no HF form, or the JSON fails ``validate --mode hf`` (a bug here).
     """
-    from dstoolkit.validate import validate_config
 
     ds = build_hf_ds_config(spec, shape, cand)
     errors = [f for f in validate_config(ds, mode="hf", world_size=spec.cluster.world_size,
@@ -286,29 +374,29 @@ def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerat
                          + "; ".join(f"{f.code} {f.pointer}: {f.message}" for f in errors))
     args = training_args(spec, shape, cand)
     notes = launch_notes(spec, shape, cand)
+    what = f"strategy {strategy}, " if strategy else ""
     files = {
         HF_DS_CONFIG: json.dumps(ds, indent=2) + "\n",
         TRAINING_ARGS: json.dumps(args, indent=2) + "\n",
-        "launch_hf.sh": "#!/usr/bin/env bash\n# HF Trainer with DeepSpeed; run on every node.\n"
-                        + "".join(f"# NOTE: {n}\n" for n in notes) + "set -euo pipefail\n"
-                        + hf_launch_line(spec, args, script=script) + "\n",
+        "launch_hf.sh": render_hf_launch_sh(spec, hf_launch_line(spec, args), notes, name="launch_hf.sh",
+                                            what=what + "HF Trainer with DeepSpeed (torchrun on every node)"),
     }
     if accelerate:
         acc_args = training_args(spec, shape, cand, deepspeed=None)
         files[ACCELERATE_CONFIG] = accelerate_config_yaml(accelerate_config(spec, cand))
-        files["launch_accelerate.sh"] = ("#!/usr/bin/env bash\n# accelerate launch with the DeepSpeed plugin.\n"
-                                         + "".join(f"# NOTE: {n}\n" for n in notes) + "set -euo pipefail\n"
-                                         + accelerate_launch_line(spec, acc_args, script=script) + "\n")
+        files["launch_accelerate.sh"] = render_hf_launch_sh(
+            spec, accelerate_launch_line(spec, acc_args), notes, name="launch_accelerate.sh",
+            what=what + "accelerate launch with the DeepSpeed plugin (on every node)")
     return files
 
 
 def write_hf_target(folder: Path, spec: Spec, shape: ModelShape, cand: Candidate, *, accelerate: bool = False,
-                    script: str = USER_SCRIPT) -> list[Path]:
+                    strategy: str = "") -> list[Path]:
     """Write `hf_target_files` into `folder` (created); returns the paths written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, text in hf_target_files(spec, shape, cand, accelerate=accelerate, script=script).items():
+    for name, text in hf_target_files(spec, shape, cand, accelerate=accelerate, strategy=strategy).items():
         p = folder / name
         p.write_text(text, encoding="utf-8")
         if name.endswith(".sh"):
@@ -329,7 +417,7 @@ class HfTargetFiles:
         self.skipped = skipped
 
 
-def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets) -> HfTargetFiles:
+def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets, *, strategy: str = "") -> HfTargetFiles:
     """Files of the requested HF targets (``hf`` and/or ``accelerate``; others ignored) for one strategy folder.
 
     ``accelerate`` includes the hf files (the YAML points at the same ds_config_hf.json). A candidate with no
@@ -342,4 +430,4 @@ def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets) -> H
     reason = hf_unavailable_reason(cand, shape)
     if reason:
         return HfTargetFiles({}, {t: reason for t in wanted})
-    return HfTargetFiles(hf_target_files(spec, shape, cand, accelerate="accelerate" in wanted), {})
+    return HfTargetFiles(hf_target_files(spec, shape, cand, accelerate="accelerate" in wanted, strategy=strategy), {})

@@ -4,8 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
+from dstoolkit.hardware.calibration import calibration_for_spec
+from dstoolkit.models.resolve import resolve_spec_model
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.spec import Spec
+from dstoolkit.spec import Spec, load_spec
 
 
 class SpecLoadError(ValueError):
@@ -18,9 +20,6 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
     Raises:
         SpecLoadError: with the `file:line:col: error: ...` text of the underlying `SpecError`.
     """
-    from dstoolkit.hardware.calibration import calibration_for_spec
-    from dstoolkit.models.resolve import resolve_spec_model
-    from dstoolkit.spec import load_spec
 
     p = Path(path)
     if not p.is_file():

@@ -18,7 +18,7 @@ TRAIN_MODULE = "dstoolkit.runtime.train.trainer"
 DEFAULT_STEPS = 20  # a short smoke run; override with STEPS=N
 DEFAULT_MASTER_PORT = 29500  # torch.distributed / DeepSpeed default rendezvous port
 GPU_OMP_THREADS = 8  # CPU threads per GPU rank for data loading / host work (16-core-per-8-GPU nodes and up)
-DEFAULT_DIST_TIMEOUT_S = 600  # trainer --dist-timeout-s default (DeepSpeed's init default, 10 min); see trainer.py
+DEFAULT_DIST_TIMEOUT_S = 600  # trainer --dist-timeout-s default (DeepSpeed's init default, 10 min); see runtime/train/trainer_inputs.py
 
 
 def slurm_safe_name(name: str) -> str:
@@ -54,10 +54,12 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         "#   DRY_RUN=1 bash launch.sh            # print the command instead of running it",
         "#   bash launch.sh --no-progress        # extra arguments go to the trainer (both launchers)",
         "#",
-        "# Restart after a failure: run with --checkpoint-dir D --save-every K, then relaunch the same command",
+        "# Checkpoints go to CKPT_DIR (the spec's training.save_dir, relative to where you launch) every",
+        "# SAVE_EVERY steps (training.save_interval_steps). Restart after a failure: relaunch the same command",
         "# with --resume added (on every node): it continues from the newest intact checkpoint.",
         "#",
-        "# Overrides (environment): STEPS, SEED, METRICS_OUT, HOSTFILE, MASTER_ADDR, MASTER_PORT, NODE_RANK,",
+        "# Overrides (environment): STEPS, SEED, METRICS_OUT, CKPT_DIR, SAVE_EVERY, HOSTFILE, MASTER_ADDR, MASTER_PORT,",
+        "# NODE_RANK,",
         "# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: generate --target megatron-lm|megatron-deepspeed),",
         f"# DIST_TIMEOUT_S (default {DEFAULT_DIST_TIMEOUT_S}): every process group's timeout; a collective stuck on a dead",
         "# peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),",
@@ -72,6 +74,9 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         f'STEPS="${{STEPS:-{DEFAULT_STEPS}}}"',
         'SEED="${SEED:-0}"',
         'METRICS_OUT="${METRICS_OUT:-$HERE/metrics.jsonl}"',
+        f"CKPT_DEFAULT={q(spec.training.save_dir)}",
+        'CKPT_DIR="${CKPT_DIR:-$CKPT_DEFAULT}"',
+        f'SAVE_EVERY="${{SAVE_EVERY:-{spec.training.save_interval()}}}"',
         'HOSTFILE="${HOSTFILE:-$HERE/hostfile}"',
         "MASTER_ADDR=\"${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' \"$HOSTFILE\")}\"",
         f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
@@ -90,7 +95,8 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
     lines.append('export DSTOOLKIT_RUN_NAME="$RUN_NAME"')
     lines.append("")
     train = ('TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" '
-             '--steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S"')
+             '--steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S" '
+             '--checkpoint-dir "$CKPT_DIR" --save-every "$SAVE_EVERY"')
     if is_moe:
         train += f" --ep-size {q(str(cand.ep))}"
     lines.append(train + ")")
@@ -112,6 +118,10 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         "    exit 2 ;;",
         "esac",
         'if [ -n "${DRY_RUN:-}" ]; then printf \'%q \' "${CMD[@]}"; echo; exit 0; fi',
+        "# A torch-extension build lock left by a killed build makes every rank wait on it silently: remove it",
+        "# (one line naming it) or wait on a live build, saying so (dstoolkit/runtime/jitlock.py).",
+        '"${PYTHON:-python}" -m dstoolkit.runtime.jitlock --who launch.sh ||',
+        '  echo "launch.sh: torch-extension lock check failed or a build still holds its lock (see above)" >&2',
         'exec "${CMD[@]}"',
     ]
     return "\n".join(lines) + "\n"
@@ -137,7 +147,7 @@ def render_sbatch(spec: Spec, *, strategy: str) -> str:
         "# (sbatch runs a copy of this file, so the folder comes from STRATEGY_DIR or SLURM_SUBMIT_DIR).",
         "# SLURM_LAUNCHER=torchrun runs torchrun on every node through srun (no ssh between nodes needed).",
         "# Arguments after the script name go to launch.sh and on to the trainer:",
-        "#   sbatch slurm.sbatch --checkpoint-dir D --save-every K   (after a failure: the same plus --resume)",
+        "#   sbatch slurm.sbatch --resume   (after a failure: continue from the newest checkpoint in CKPT_DIR)",
         "set -euo pipefail",
         'HERE="${STRATEGY_DIR:-${SLURM_SUBMIT_DIR:-$(pwd)}}"',
         f"SLOTS={q(str(g))}",

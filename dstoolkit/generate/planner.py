@@ -17,28 +17,31 @@ takes per strategy); the DeepSpeed JSON is written by `dstoolkit.generate.ds_jso
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
+from dstoolkit.estimate import estimate_run
+from dstoolkit.generate.candidate_grid import MICRO_BATCH_CHOICES, checkpoint_choices, enumerate_candidates, zero_modes
 from dstoolkit.generate.candidates import Candidate, StrategyDef
-from dstoolkit.generate.costing import (CandidateEstimate, EstimateInputError, run_plan_for,
-                                        usable_device_bytes)
-from dstoolkit.generate.costing import estimate_candidate as _estimate_candidate
+from dstoolkit.generate.costing import (CandidateEstimate, EstimateInputError,
+                                        estimate_candidate as _estimate_candidate, run_plan_for, usable_device_bytes)
 from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.rules import RuleViolation, check_candidate
-from dstoolkit.generate.sweep import (MICRO_BATCH_CHOICES, SweepResult, checkpoint_choices, enumerate_candidates,
-                                      error_findings, run_sweep, validate_candidate_config, zero_modes)
+from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
+from dstoolkit.generate.sweep_result import SweepResult
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan
 from dstoolkit.spec import Spec
+from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 GiB = 2**30
 
 __all__ = ["MICRO_BATCH_CHOICES", "Candidate", "CandidateEstimate", "EstimateInputError", "Resolution",
            "RuleViolation", "candidates_for", "check_candidate", "checkpoint_choices", "ds_config_for",
            "error_findings", "estimate_candidate", "is_cpu_cluster", "plan_for", "resolve_spec", "usable_device_bytes",
-           "validate_candidate", "zero_modes"]
+           "validate_candidate", "zero_modes", "fit_advice"]
 
 
 def candidates_for(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef] = None) -> Iterator[Candidate]:
@@ -100,17 +103,18 @@ def _chosen(spec: Spec, cand: Candidate) -> list[str]:
     return out
 
 
-def resolve_spec(spec: Spec, shape: ModelShape) -> Resolution:
+def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
     """Resolve a spec's "auto" fields with the sweep (`run_sweep`, validated like `dstoolkit generate`) and
     build the winner's DeepSpeed JSON and `RunPlan`.
 
     When nothing fits, the least memory-hungry layout the sweep estimated is returned with `fits=False`.
+    `targets`: only the layouts these launchers run (`dstoolkit.generate.targets`; `dstoolkit estimate --target`).
 
     Raises:
         ValueError: no layout survives the structural rules and the estimator (the message gives the sweep's
             drop counts and the first reason).
     """
-    res = run_sweep(spec, shape, top=1, validate=True, advise=False)
+    res = run_sweep(spec, shape, top=1, validate=True, advise=False, targets=tuple(targets))
     if res.winner is not None:
         cand, fits = res.winner.candidate, True
     elif res.fits_nowhere is not None and res.fits_nowhere.least_memory_candidate is not None:
@@ -121,12 +125,105 @@ def resolve_spec(spec: Spec, shape: ModelShape) -> Resolution:
         raise ValueError(f"no valid layout for {spec.name}: {res.considered} tried, dropped by {codes}{first}")
     cfg = ds_config_for(spec, shape, cand)
     notes = _chosen(spec, cand)
+    from dstoolkit.layout.constraints import tp_across_nodes_note  # TP wider than a node: allowed, with a warning
+
+    tp_note = tp_across_nodes_note(cand.tp, spec.cluster.gpus_per_node)
     if notes:
         lead = "layout chosen by the sweep (dstoolkit sweep)" if fits else "least memory-hungry layout of the sweep"
         notes.insert(0, f"{lead}: {cand.label}")
+    if tp_note:
+        notes.append(tp_note)
     if not fits:
         gpu = spec.cluster.gpu_spec
         notes.append(f"nothing fits in {gpu.memory_bytes / GiB:.0f} GiB "
                      f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable): showing the smallest-memory candidate")
     return Resolution(candidate=cand, ds_config=cfg, plan=plan_for(spec, shape, cand, cfg), fits=fits, sweep=res,
                       assumptions=notes)
+
+
+MAX_WORLD_SCALE = 64
+"""`fit_advice` tries up to this many times the plan's world size (as the sweep's fits-nowhere advice does)."""
+
+
+def _plan_variant(plan: RunPlan, ds_update=None, **fields) -> Optional[RunPlan]:
+    """The plan with some DeepSpeed JSON sections / RunPlan fields replaced (None when it is not a valid plan)."""
+
+    cfg = copy.deepcopy(plan.ds_config)
+    for path, value in (ds_update or {}).items():
+        node = cfg
+        *parents, leaf = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    try:
+        return RunPlan(**{**{k: getattr(plan, k) for k in RunPlan.model_fields}, "ds_config": cfg, **fields})
+    except ValueError:
+        return None
+
+
+def _fits(plan: Optional[RunPlan]):
+    if plan is None:
+        return None
+    try:
+        e = estimate_run(plan)
+    except ValueError:
+        return None
+    return e if e.fits else None
+
+
+def fit_advice(plan: RunPlan) -> list[str]:
+    """What would make a plan that does not fit fit, each with the peak it reaches: single changes first (a higher
+    ZeRO stage, CPU offload, full recompute, micro-batch 1), then, when none is enough, those changes together, then
+    more GPUs at the same global batch (with them). What `dstoolkit estimate --config` prints for a config that does
+    not fit (a spec gets the sweep's advice, `sweep.what_would_fit`)."""
+
+    ds = plan.ds
+    tb = ds.micro_batch * ds.grad_accum * plan.dp
+    steps: list[tuple[str, dict, dict]] = []  # (text, ds_update, RunPlan fields)
+    if ds.zero_stage < 3:
+        steps.append(("ZeRO stage 3 (zero_optimization.stage: 3)", {"zero_optimization/stage": 3}, {}))
+    if not ds.offload_optimizer or not ds.offload_param:
+        steps.append(("ZeRO-3 with optimizer and parameter offload (offload_optimizer / offload_param device: cpu)",
+                      {"zero_optimization/stage": 3, "zero_optimization/offload_optimizer": {"device": "cpu"},
+                       "zero_optimization/offload_param": {"device": "cpu"}}, {}))
+    if plan.checkpoint.kind != "full":
+        steps.append(("full activation recompute (--checkpoint full)", {}, {"checkpoint": CheckpointPolicy(kind="full")}))
+    if ds.micro_batch > 1:
+        steps.append((f"micro-batch 1 (train_micro_batch_size_per_gpu: 1, gradient_accumulation_steps: {tb // plan.dp})",
+                      {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": tb // plan.dp}, {}))
+    out: list[str] = []
+    for text, upd, fields in steps:
+        e = _fits(_plan_variant(plan, upd, **fields))
+        if e is not None:
+            out.append(f"{text}: peaks at {e.memory.total / GiB:.1f} GiB per rank")
+    base, base_text = plan, ""
+    if not out and len(steps) > 1:
+        upd_all: dict = {}
+        fields_all: dict = {}
+        texts = []
+        for text, upd, fields in steps:
+            upd_all.update(upd)
+            fields_all.update(fields)
+            texts.append(text)
+            v = _plan_variant(plan, upd_all, **fields_all)
+            e = _fits(v)
+            if e is not None:
+                out.append(f"together: {'; '.join(texts)}: peaks at {e.memory.total / GiB:.1f} GiB per rank")
+                break
+        else:
+            base, base_text = _plan_variant(plan, upd_all, **fields_all) or plan, " with " + "; ".join(texts)
+    micro = base.ds.micro_batch
+    scale = 2
+    while scale <= MAX_WORLD_SCALE:
+        world, dp = plan.world_size * scale, plan.dp * scale
+        if tb % (micro * dp) == 0:
+            e = _fits(_plan_variant(base, {"gradient_accumulation_steps": tb // (micro * dp)}, world_size=world))
+            if e is not None:
+                out.append(f"more GPUs: world size {world} at the same global batch {tb} (gradient_accumulation_steps: "
+                           f"{tb // (micro * dp)}){base_text}: peaks at {e.memory.total / GiB:.1f} GiB per rank")
+                break
+        scale *= 2
+    return out

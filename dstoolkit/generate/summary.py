@@ -4,14 +4,14 @@ Deterministic text: no timestamps, no absolute paths, fixed number formats.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from dstoolkit.estimate.flops import flops_per_token
+from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
+from dstoolkit.generate.result import GenerateResult, StrategyOutput
+from dstoolkit.models import count_params
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dstoolkit.generate.core import GenerateResult, StrategyOutput
+from dstoolkit.spec.cluster_fields import host_memory_source, memory_headroom_source
 
 GiB = 2**30
 
@@ -33,8 +33,6 @@ def _why_field(spec: Spec, field: str, value, auto_note: str) -> str:
 
 
 def _params_line(shape: ModelShape) -> str:
-    from dstoolkit.models import count_params
-
     c = count_params(shape)
     if shape.is_moe:
         return (f"{c.total / 1e9:.2f}B parameters, {c.active / 1e9:.2f}B active per token "
@@ -46,7 +44,6 @@ def model_notes(shape: ModelShape, seq_len: int) -> list[str]:
     """What reading the model decided (`shape.notes`: text_config used, quantization_config ignored, FLOPs
     traced, ...) and the FLOPs accounting of a shape without the analytic formula, as a markdown section
     (empty for presets and hand-written readers, which have neither)."""
-    from dstoolkit.estimate.flops import flops_per_token
 
     lines = [f"- {_md(n)}" for n in shape.notes]
     if shape.source != "analytic":
@@ -55,7 +52,7 @@ def model_notes(shape: ModelShape, seq_len: int) -> list[str]:
     return ["## Model notes", "", *lines, ""] if lines else []
 
 
-def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput") -> str:
+def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) -> str:
     """Choices and why, the estimate numbers, the runner-ups and the validation result for one folder."""
     cand: Candidate = out.chosen.candidate
     est = out.chosen.estimate
@@ -113,7 +110,11 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput"
         f"| memory: peak ({_md(est.peak_phase)}) | {_gib(est.memory_per_rank_bytes)} of "
         f"{_gib(est.device_memory_bytes)} |",
         f"| memory: allowance (context, fragmentation) | {_gib(est.allowance_bytes)} |",
-        f"| host memory (offload) | {_gib(est.host_memory_per_rank_bytes)} |",
+        f"| host memory (offload) | {_gib(est.host_memory_per_rank_bytes)} per rank; "
+        f"{_gib(est.host_memory_per_node_bytes)} per node of {_gib(est.host_memory_node_capacity_bytes)} "
+        f"({_md(host_memory_source(spec.cluster))}) |",
+        f"| memory headroom | {_gib(est.headroom_bytes)} ({_md(memory_headroom_source(spec.cluster))}): "
+        f"{'left' if est.within_headroom else 'NOT left (no fitting layout of this strategy leaves it)'} |",
         f"| step time | {est.step_time_s:.4g} s |",
         f"| MFU | {est.mfu * 100:.1f}% |",
         f"| fits | {'yes' if est.fits else 'no'} |",
@@ -124,6 +125,13 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput"
         for i, r in enumerate(out.sweep.ranked[1:], start=2):
             lines.append(f"{i}. `{r.candidate.label}`: {_md(r.reason)}")
         lines.append("")
+    from dstoolkit.generate.undecided import undecided_lines  # ties within the measured error (issue 24)
+
+    ties = undecided_lines([r.candidate.label for r in out.sweep.ranked],
+                           [r.estimate.step_time_s for r in out.sweep.ranked], is_cpu_device(gpu),
+                           spec.source_path.name if spec.source_path is not None else "SPEC.yaml")
+    if ties:
+        lines += ["## Cannot decide", "", *[_md(t) for t in ties], ""]
     errs = [f for f in out.findings if str(f.severity).lower().endswith("error")]
     others = [f for f in out.findings if f not in errs]
     lines += ["## Validation", "",
@@ -134,11 +142,50 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: "StrategyOutput"
         lines.append(f"- {f.severity}: `{f.pointer}` {f.code}: {_md(f.message)}")
     if others:
         lines.append("")
+    distinct = {t: r for t, r in out.per_target.items() if r.candidate != cand}
+    if distinct:
+        lines += ["## Layout per target", "",
+                  f"The table above is the layout of {', '.join(t for t in out.per_target if t not in distinct)}. "
+                  "These targets cannot run it and were resolved on their own (`dstoolkit.generate.targets`):", ""]
+        for t, r in distinct.items():
+            lines.append(f"- {t}: `{r.candidate.label}`, {r.estimate.step_time_s:.4g} s/step, "
+                         f"{_gib(r.estimate.memory_per_rank_bytes)} per rank")
+        lines.append("")
     lines += ["## Files", ""]
     lines += [f"- `{name}`: {text}" for name, text in FILE_NOTES.items() if name in out.files]
     lines += [f"- no {target} files: {_md(why)}" for target, why in out.targets_skipped.items()]
     lines.append("")
     return "\n".join(lines)
+
+
+TARGET_SCRIPTS = {"deepspeed": "launch.sh", "megatron-lm": "launch_megatron_lm.sh",
+                  "megatron-deepspeed": "launch_megatron_deepspeed.sh", "hf": "launch_hf.sh",
+                  "accelerate": "launch_accelerate.sh"}
+"""Each target's own launch script in a strategy folder."""
+SCRIPT_ARGS = {"hf": " YOUR_TRAIN.py", "accelerate": " YOUR_TRAIN.py"}
+"""What the user adds after the script (HF targets run the user's own training script)."""
+
+
+def fastest_per_target(result: GenerateResult) -> dict[str, tuple[StrategyOutput, str]]:
+    """target -> (the strategy folder whose layout for that target has the shortest estimated step, its script),
+    for every target some folder has a launch script for."""
+    out: dict[str, tuple] = {}
+    for target, script in TARGET_SCRIPTS.items():
+        have = [o for o in result.generated if script in o.files]
+        if have:
+            best = min(have, key=lambda o: o.per_target.get(target, o.chosen).estimate.step_time_s)
+            out[target] = (best, script)
+    return out
+
+
+def run_hints(result: GenerateResult, out_dir: str = ".") -> list[str]:
+    """One `bash .../<script>` line per target, naming the fastest strategy for that target."""
+    hints = []
+    for target, (o, script) in fastest_per_target(result).items():
+        e = o.per_target.get(target, o.chosen).estimate
+        hints.append(f"{target}, fastest {o.name} ({e.step_time_s:.4g} s/step): "
+                     f"bash {out_dir.rstrip('/')}/{o.name}/{script}{SCRIPT_ARGS.get(target, '')}")
+    return hints
 
 
 FILE_NOTES = {
@@ -147,19 +194,23 @@ FILE_NOTES = {
                  "`DRY_RUN=1` prints the command; `STEPS=N` sets the run length.",
     "slurm.sbatch": "`sbatch slurm.sbatch` from this folder (hostfile from the allocation).",
     "ds_config_hf.json": "the same config in HF Trainer style: \"auto\" where the Trainer fills it from its "
-                         "arguments (`training_args.json`), numbers where it must not; `bash launch_hf.sh your_train.py`.",
+                         "arguments (`training_args.json`), numbers where it must not; `bash launch_hf.sh YOUR_TRAIN.py [its arguments]` (multi-node: "
+                         "`NODE_RANK=k MASTER_ADDR=<node 0> bash launch_hf.sh ...` on every node).",
     "accelerate_config.yaml": "accelerate's config (DeepSpeed plugin pointing at ds_config_hf.json); "
-                              "`bash launch_accelerate.sh your_train.py`.",
+                              "`bash launch_accelerate.sh YOUR_TRAIN.py [its arguments]` (multi-node: torchrun per node through "
+                              "`deepspeed_multinode_launcher: standard`; NODE_RANK and MASTER_ADDR on every node).",
     "megatron_lm_args.txt": "Megatron-LM's arguments, one word per line, unquoted (checked against its parse_args "
                             "+ validate_args); `launch_megatron_lm.sh` reads them with `mapfile` and starts "
-                            "`PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py`.",
+                            "`PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py`; DATA_ARGS (--data-path and tokenizer) is "
+                            "required, MOCK_DATA=1 trains on Megatron-LM's synthetic tokens instead (said on stderr).",
     "megatron_deepspeed_args.txt": "Megatron-DeepSpeed's arguments, same form; `launch_megatron_deepspeed.sh` adds "
-                                   "`--deepspeed_config` with this folder's ds_config.json by absolute path.",
+                                   "`--deepspeed_config` with this folder's ds_config.json by absolute path; DATA_ARGS "
+                                   "(--data-path and tokenizer) is required (Megatron-DeepSpeed has no mock dataset).",
 }
 """What each generated file is for, in the order summaries list them."""
 
 
-def render_index(spec: Spec, shape: ModelShape, result: "GenerateResult") -> str:
+def render_index(spec: Spec, shape: ModelShape, result: GenerateResult) -> str:
     """The output folder's summary.md: what was generated, what was not and why."""
     gpu = spec.cluster.gpu_spec
     lines = [
@@ -182,6 +233,7 @@ def render_index(spec: Spec, shape: ModelShape, result: "GenerateResult") -> str
             lines.append(f"| [{o.name}]({o.name}/summary.md){mark} | `{o.chosen.candidate.label}` | "
                          f"{_gib(e.memory_per_rank_bytes)} | {e.step_time_s:.4g} s | {e.mfu * 100:.1f}% |")
         lines += ["", f"Estimates: {result.generated[0].chosen.estimate.source}.", ""]
+        lines += ["## Run", "", *[f"- {_md(h)}" for h in run_hints(result)], ""]
     else:
         lines += ["Nothing: no strategy fits (see below).", ""]
     if result.skipped:

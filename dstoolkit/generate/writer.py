@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-MARKER_FILE = ".dstoolkit-generated"
+from dstoolkit.validate.folder import MARKER_FILE  # one owner: validate DIR recognises generated folders by it
+
 MARKER_TEXT = "This folder was written by `dstoolkit generate`; `--force` may replace it.\n"
 EXECUTABLE_SUFFIXES = (".sh", ".sbatch")
 

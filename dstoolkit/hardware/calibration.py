@@ -28,6 +28,7 @@ import json
 import math
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 from typing import Any, Callable, Optional, Union
@@ -245,7 +246,6 @@ def _cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor() or platform.machine()
 

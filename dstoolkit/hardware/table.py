@@ -32,7 +32,12 @@ class GpuSpec(StrictModel):
     intra_node_bw_bytes_per_s: float = Field(gt=0)
     """Achievable all-reduce bus bandwidth inside a node (nccl-tests busbw), bytes/s."""
     inter_node_bw_bytes_per_s: float = Field(gt=0)
-    """Achievable bus bandwidth per GPU across nodes, bytes/s."""
+    """Achievable bus bandwidth of one compute NIC across nodes (one NIC per GPU on DGX/HGX systems, so per GPU
+    there), bytes/s."""
+    nics_per_node: Optional[int] = Field(default=None, ge=1)
+    """Compute (east-west) NICs per node, each at inter_node_bw_bytes_per_s. NCCL opens rings/channels over every
+    NIC near the group's GPUs, so a group with r ranks on a node can use up to r of them
+    (estimate.comm.group_inter_node_busbw). None: one per GPU of the node."""
     compute_capability: Optional[str] = None
     """CUDA compute capability such as "9.0" (gates FP8 recipes); None for non-NVIDIA or CPU."""
     hbm_bw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
@@ -40,7 +45,7 @@ class GpuSpec(StrictModel):
     update, gradient handling, elementwise kernels). None: the step-time model's H100 default."""
     gemm_fraction: Optional[float] = Field(default=None, gt=0, le=1)
     """Fraction of the dense bf16 peak a large bf16 GEMM sustains (measured maximum achievable matmul FLOP/s);
-    None: the step-time model's default (estimate.cluster_model.DEFAULT_GEMM_FRACTION)."""
+    None: the step-time model's default (estimate.gemm.DEFAULT_GEMM_FRACTION)."""
 
 
 GiB = 2**30
@@ -95,6 +100,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="9.0",
         hbm_bw_bytes_per_s=3.35 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
+        nics_per_node=8,  # DGX H100 user guide: 8x ConnectX-7 400 Gb/s compute NICs (one per GPU) plus storage NICs
     ),
     # NVIDIA H200 Tensor Core GPU product brief: 141 GB HBM3e, same Hopper compute as H100 SXM (989 bf16,
     # 1979 fp8 dense). All-reduce busbw ~475 GB/s (docs/anchors.md). One 400 Gb/s NIC per GPU (HGX H200).
@@ -108,6 +114,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="9.0",
         hbm_bw_bytes_per_s=4.8 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
+        nics_per_node=8,  # HGX H200 reference systems: one 400 Gb/s compute NIC per GPU, 8 per node
     ),
     # H800 (China export SKU of H100 SXM): compute as H100 (docs/anchors.md), NVLink cut to 400 GB/s
     # bidirectional; all-reduce busbw ~215 GB/s (docs/anchors.md). DeepSeek-V3 paper §3.1: 8 GPUs per node,
@@ -122,6 +129,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="9.0",
         hbm_bw_bytes_per_s=3.35 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
+        nics_per_node=8,  # DeepSeek-V3 report §3.1: 8 GPUs per node, one 400 Gb/s InfiniBand NIC (50 GB/s) per GPU
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense, no fp8 tensor cores.
     # NVLink3 600 GB/s bidirectional; nccl-tests all-reduce busbw on DGX A100 ~230 GB/s.
@@ -136,6 +144,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="8.0",
         hbm_bw_bytes_per_s=2.039 * TBps,
         gemm_fraction=AMPERE_GEMM_FRACTION,
+        nics_per_node=8,  # DGX A100 user guide: 8x ConnectX-6 200 Gb/s HDR compute NICs (one per GPU)
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): as A100-80G with 40 GB HBM2.
     "A100-40G": GpuSpec(
@@ -148,6 +157,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="8.0",
         hbm_bw_bytes_per_s=1.555 * TBps,
         gemm_fraction=AMPERE_GEMM_FRACTION,
+        nics_per_node=8,  # DGX A100 user guide: 8x ConnectX-6 200 Gb/s HDR compute NICs (one per GPU)
     ),
     # NVIDIA L40S datasheet: 48 GB GDDR6, 362.05 TFLOP/s bf16 and 733 fp8 dense (733 / 1466 with sparsity).
     # No NVLink: PCIe Gen4 x16 (64 GB/s bidirectional, ~25 GB/s achievable all-reduce busbw through the host).
@@ -175,6 +185,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability=None,
         hbm_bw_bytes_per_s=5.3 * TBps,
         gemm_fraction=MI300X_GEMM_FRACTION,
+        nics_per_node=8,  # one 400 Gb/s NIC per GPU, 8 per node (above)
     ),
     # This kind of machine (2 CPU cores, 24 GiB RAM, gloo over shared memory). Memory is a conservative
     # per-rank share of host RAM; flops and bandwidth are the reference machine's measured rates (above), and

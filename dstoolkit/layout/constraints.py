@@ -123,14 +123,30 @@ def _mp_divides_world(f: LayoutFacts, n: Names):
             "pick degrees whose product divides the world size")
 
 
-@constraint("LY002", "tp-node", "tensor parallelism stays inside a node", ("tp", "gpus_per_node"),
-            "TP all-reduces run once per layer in forward and backward; across nodes they would be bound by the "
-            "inter-node link, so generated layouts keep tp a divisor of the ranks per node (Megatron-LM paper §5).")
+@constraint("LY002", "tp-node", "a TP group fills part of one node or whole nodes", ("tp", "gpus_per_node"),
+            "Megatron builds TP groups from consecutive ranks. With tp a divisor of the ranks per node each group "
+            "stays on one node (NVLink); with tp a multiple of it each group spans whole nodes, legal and priced over "
+            "the inter-node link (tp_across_nodes_note; Narayanan et al. 2021 §5.4.1 measure it slow). Any other "
+            "tp splits a group unevenly across a node boundary.")
 def _tp_inside_node(f: LayoutFacts, n: Names):
-    if not _known(f.tp, f.gpus_per_node) or (f.tp <= f.gpus_per_node and f.gpus_per_node % f.tp == 0):
+    if not _known(f.tp, f.gpus_per_node) or tp_tiles_nodes(f.tp, f.gpus_per_node):
         return None
-    return (f"{n('tp')}={f.tp} must divide {n('gpus_per_node')}={f.gpus_per_node}",
-            "keep tensor parallelism inside a node")
+    return (f"{n('tp')}={f.tp} must divide {n('gpus_per_node')}={f.gpus_per_node} or be a multiple of it",
+            "keep tensor parallelism inside a node, or span whole nodes")
+
+
+def tp_tiles_nodes(tp: int, gpus_per_node: int) -> bool:
+    """tp divides the ranks per node (groups inside a node) or is a multiple of it (groups of whole nodes)."""
+    return gpus_per_node % tp == 0 or tp % gpus_per_node == 0
+
+
+def tp_across_nodes_note(tp: int, gpus_per_node: int) -> Optional[str]:
+    """The warning for a TP group wider than a node (allowed, priced over the inter-node link), or None."""
+    if tp <= gpus_per_node or tp % gpus_per_node:
+        return None
+    return (f"warning: tp={tp} spans {tp // gpus_per_node} nodes of {gpus_per_node} GPUs: every layer's TP "
+            "all-reduces cross the inter-node link (priced at the NICs' rate, estimate.comm.group_inter_node_busbw), "
+            "usually much slower than NVLink (Narayanan et al. 2021 §5.4.1)")
 
 
 @constraint("LY003", "tp-heads", "tp must divide the attention heads", ("tp", "num_heads"),

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import lru_cache
 from typing import Any, Optional
 
 from dstoolkit.models.measured import LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts,
-                                         buffers_not_counted, classify, config_value, is_vision, linear_groups,
-                                         scan_facts)
+from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, buffers_not_counted,
+                                          classify, config_value, is_vision, linear_groups, scan_facts)
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""
@@ -35,7 +35,9 @@ class TransformersUnavailable(RuntimeError):
 def _import():
     # Lazy on purpose: dstoolkit's core imports no torch; only the transformers model source needs it.
     try:
+        # torch-free core: torch only when this runs (dstoolkit[train])
         import torch
+        # torch-free core: transformers only when this runs (dstoolkit[hf])
         import transformers
     except ImportError as exc:  # pragma: no cover - exercised only without the hf extra
         raise TransformersUnavailable(f"{exc.name or exc} is not installed") from None
@@ -310,8 +312,6 @@ def linear_layers(config: dict, model_class: Optional[str] = None) -> list[dict]
 
 @lru_cache(maxsize=32)
 def _linear_layers_cached(key: str, model_class: Optional[str]) -> tuple:
-    import re
-
     torch, tf = _import()
     config = json.loads(key)
     level = _quiet(tf)

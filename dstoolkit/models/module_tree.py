@@ -6,6 +6,9 @@ torch is imported inside the functions only (the core imports no torch); nothing
 """
 from __future__ import annotations
 
+import inspect
+import re
+import sys
 from typing import Any, Optional
 
 from dstoolkit.models.config_keys import TOPK_KEYS
@@ -222,7 +225,8 @@ def classify(model, n_layers: Optional[int], topk_cfg: Any, skip_vision: bool, *
                       and isinstance(getattr(m, "top_k", None), int)), None)
         if not isinstance(k, int) or k <= 0:
             raise BuildError(f"layer {i} has {num} routed experts but the config gives no top-k "
-                             f"(looked for {', '.join(_TOPK_KEYS)})")
+                             f"(looked for {', '.join(MODEL_TOPK_KEYS)}): set the experts each token is routed to "
+                             f"in the config, e.g. \"num_experts_per_tok\": 2")
         rec["experts_per_tok"] = min(k, num)
     for rec in layers:
         kinds = rec.pop("mixer")
@@ -271,8 +275,6 @@ def scan_facts(model, parts: dict) -> None:
     """Per layer: the widths of its chunked scan or indexer, read from the built module's attributes (gated
     DeltaNet: num_v_heads / head_k_dim / head_v_dim and the chunk size its torch function defaults to; Mamba-2
     mixers: num_heads / head_dim / ssm_state_size / chunk_size; the DSA indexer: n_heads / head_dim)."""
-    import inspect
-    import sys
 
     prefix, layers = parts["prefix"], parts["layers"]
     if prefix is None:
@@ -305,7 +307,6 @@ def linear_groups(model, parts: dict, *, head=None, hidden: Optional[int] = None
     nn.Linear modules and fused expert tensors (3-D parameters of an `experts` module), vision towers
     left out, with the role `classify` gave the weight. `head` / `hidden`: the output head and hidden size
     (default: from `get_output_embeddings()` / `get_input_embeddings()`)."""
-    import re
 
     import torch.nn as nn  # lazy: the core imports no torch
 

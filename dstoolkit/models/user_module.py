@@ -35,7 +35,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
-from dstoolkit.models.measured import MeasuredParams, TracedFlops
+from pydantic import ValidationError
+
+from dstoolkit.models.flop_count import attention_flop_mapping
+from dstoolkit.models.from_transformers import shape_fields
+from dstoolkit.models.measured import LayerParams, MeasuredParams, TracedFlops
+from dstoolkit.models.module_tree import BuildError, classify, find_layers, linear_groups
 from dstoolkit.models.shape import ModelShape
 
 TRACE_SEQ_LENS = (128, 256)
@@ -303,9 +308,8 @@ def _loss_of(out):
 def _trace_once(model, emb, batch: int, seq: int, device: str) -> tuple[float, float]:
     """(training FLOPs, forward FLOPs) of one step of `batch` x `seq` tokens."""
     import torch  # lazy: see build_user_module
+    # torch-free core: torch only when this runs (dstoolkit[train])
     from torch.utils.flop_counter import FlopCounterMode
-
-    from dstoolkit.models.flop_count import attention_flop_mapping
 
     x = _example_inputs(model, emb, batch, seq, device)
     counter = FlopCounterMode(display=False, custom_mapping=attention_flop_mapping())
@@ -344,7 +348,6 @@ def trace_user_flops(model, emb, device: str) -> tuple[Optional[TracedFlops], Op
 
 def measure_user_module(model, ref: str, kwargs: dict) -> tuple[MeasuredParams, dict, Any]:
     """(measured counts, width fields, input embedding) of a built user module."""
-    from dstoolkit.models.module_tree import BuildError, classify, find_layers, linear_groups
 
     try:
         prefix, layer_list = find_layers(model, None, sequential=True)
@@ -360,7 +363,6 @@ def measure_user_module(model, ref: str, kwargs: dict) -> tuple[MeasuredParams, 
         raise UserModelError("--model", ref, exc.reason, "give its MoE layers a top_k attribute") from None
     linears = linear_groups(model, parts, head=head, hidden=widths["hidden_size"])
     top = parts["top"]
-    from dstoolkit.models.measured import LayerParams
 
     notes = []
     if prefix is None:
@@ -392,10 +394,6 @@ def load_user_model(ref: str, kwargs: Any = None, *, field: str = "--model", kwa
 
 @lru_cache(maxsize=32)
 def _load_cached(ref: str, kwargs_json: str, field: str, kwargs_field: str, search_dirs: tuple) -> ModelShape:
-    from pydantic import ValidationError
-
-    from dstoolkit.models.from_transformers import shape_fields
-
     kwargs = json.loads(kwargs_json)
     model, device, notes = build_user_module(ref, kwargs, field=field, kwargs_field=kwargs_field,
                                              search_dirs=search_dirs)

@@ -14,6 +14,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from dstoolkit.dsconfig import DeepSpeedConfig
+from dstoolkit.dsconfig.ds_optim import OptimizerConfig
+from dstoolkit.dsconfig.ds_precision import BF16Config, DataTypesConfig, FP16Config
+from dstoolkit.dsconfig.ds_zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 from dstoolkit.layout import ParallelDims, resolve_batch
 
 OPTIMIZER_WHEN_UNSET = "adamw"
@@ -46,6 +50,14 @@ class DsView(BaseModel):
     sub_group_size: int
     optimizer_type: str
     torch_adam: bool
+    torch_adam_foreach: Optional[bool] = None
+    """optimizer.params.foreach (DeepSpeed hands it to torch.optim.AdamW when torch_adam; None = torch's default)."""
+    torch_adam_fused: Optional[bool] = None
+    """optimizer.params.fused (passed through to torch.optim.AdamW when torch_adam)."""
+    adam_l2_weight_decay: bool = False
+    """Adam with adam_w_mode false and weight_decay != 0: L2 decay adds the params to a copy of the gradients."""
+    gradient_clipping: float = 0.0
+    """gradient_clipping (DeepSpeed 0.19.8 default 1.0; 0 disables)."""
     grad_accum_dtype: Optional[str]
     zeropp_qwz: bool
     zeropp_qgz: bool
@@ -98,11 +110,6 @@ def read_ds_config(ds: dict, dims: ParallelDims) -> DsView:
 
 @functools.lru_cache(maxsize=4096)
 def _read(key: str, dims: ParallelDims) -> DsView:
-    from dstoolkit.dsconfig import DeepSpeedConfig
-    from dstoolkit.dsconfig.ds_optim import OptimizerConfig
-    from dstoolkit.dsconfig.ds_precision import BF16Config, DataTypesConfig, FP16Config
-    from dstoolkit.dsconfig.ds_zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
-
     ds = json.loads(key)
     auto = _first_auto(ds)
     if auto is not None:
@@ -148,6 +155,14 @@ def _read(key: str, dims: ParallelDims) -> DsView:
         sub_group_size=z.sub_group_size,
         optimizer_type=(opt.type or OPTIMIZER_WHEN_UNSET).lower(),
         torch_adam=bool(opt.params.get("torch_adam", False)),
+        torch_adam_foreach=opt.params.get("foreach") if isinstance(opt.params.get("foreach"), bool) else None,
+        torch_adam_fused=opt.params.get("fused") if isinstance(opt.params.get("fused"), bool) else None,
+        # engine.py _configure_basic_optimizer: type "adamw" forces decoupled decay; "adam" uses adam_w_mode
+        # (default true)
+        adam_l2_weight_decay=((opt.type or OPTIMIZER_WHEN_UNSET).lower() == "adam"
+                              and opt.params.get("adam_w_mode", True) is False
+                              and float(opt.params.get("weight_decay", 0.0) or 0.0) != 0.0),
+        gradient_clipping=float(cfg.gradient_clipping),
         grad_accum_dtype=dtypes.grad_accum_dtype,
         zeropp_qwz=z.zero_quantized_weights,
         zeropp_qgz=z.zero_quantized_gradients,

@@ -16,6 +16,7 @@ from dstoolkit.layout import LayoutFacts, ParallelDims, data_parallel_size, requ
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan.dsview import DsView, read_ds_config
 from dstoolkit.spec import Spec
+from dstoolkit.spec.cluster_fields import AttentionImpl, LossImpl
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
@@ -83,9 +84,12 @@ class RunPlan(BaseModel):
     """Context-parallel degree (sequence split over cp ranks taken out of dp; ring attention)."""
     ulysses: int = Field(default=1, ge=1)
     """DeepSpeed-Ulysses sequence-parallel degree (taken out of dp; all-to-all of q, k, v, out)."""
-    attention_impl: Optional[Literal["eager", "sdpa", "flash", "te"]] = None
+    attention_impl: Optional[AttentionImpl] = None
     """Attention / fused-kernel implementation; None = sdpa when flash_attention (torch SDPA picks its flash
     kernel; the module repeats GQA k/v as dstoolkit.runtime.model and Hugging Face do), else eager."""
+    loss_impl: LossImpl = "torch"
+    """Cross-entropy kernel (spec training.loss_impl): torch keeps fp32 copies of the logits, fused does not
+    (activations.activation_bytes)."""
 
     @property
     def attention_kind(self) -> str:
@@ -233,6 +237,7 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         cp=t.cp,
         ulysses=t.ulysses,
         attention_impl=t.attention_impl,
+        loss_impl=t.loss_impl,
     )
 
 

@@ -6,31 +6,50 @@ torch JIT-builds C++ extensions (DeepSpeed's cpu_adam, deepspeed_shm_comm, fused
 file is created with O_EXCL, kept open while held and removed on release). A process killed while it holds
 the baton leaves the file behind, and every later process loading that op waits on it forever, silently.
 
-`check_locks` runs before every DeepSpeed job this project starts (the example trainer's launch, bench
-train, tune trials, the machine probe, the test session start). A lock is *live* when some process
+The guard runs where the wait happens:
 
-* has the lock file (or anything else in its build dir) open -- torch's baton keeps its descriptor open;
+* `check_locks` before every job this project starts (`dstoolkit train`, bench train, tune trials, the machine
+  probe, the test session start) and in the generated ``launch.sh`` (``python -m dstoolkit.runtime.jitlock``);
+* `guard_jit_waits` inside every rank dstoolkit's code runs in (the example trainer, the probe, the benches,
+  the user-job metrics hook of ``bench train`` / ``tune``): torch's own wait on the baton
+  (``FileBaton.wait``, an endless silent poll) is replaced by one that says every `REPORT_EVERY_S` what it
+  waits for (op, lock path, age, the live process that builds it, or that none does) and removes a lock whose
+  builder is gone, then lets torch take the lock and build the op itself.
+
+A lock is *live* when some process
+
+* has the lock file (or anything else in its build dir) open -- torch's baton keeps its descriptor open from
+  the moment it creates the file (O_CREAT | O_EXCL) until it releases it;
 * has its working directory in the build dir -- ninja runs there;
 * is a compiler/ninja whose command line names the build dir or ``-DTORCH_EXTENSION_NAME=<op>``;
 
-and *stale* when none does and the file is older than ``min_age_s`` (a holder that has just created the
-file and not yet started ninja leaves no other trace, for well under a second on a warm cache). A stale lock
-is removed with one line naming the op and why; a live one is waited on, with a message, for at most
-``wait_timeout_s`` (``DSTOOLKIT_JITLOCK_TIMEOUT_S``, default 600 s) and then left in place with a message.
+and *stale* when none does on two looks `STALE_CONFIRM_S` apart, whatever its age (a lock left a second
+ago by a killed build is as dead as one left an hour ago; the second look covers a holder between closing its
+descriptor and removing the file). A stale lock is removed with one line naming the op, the path, its age and
+why; a live one is waited on, with a message every `REPORT_EVERY_S`, for at most ``wait_timeout_s``
+(``DSTOOLKIT_JITLOCK_TIMEOUT_S``, default 600 s) by `check_locks` and for as long as it lives inside a rank.
+Holders are seen through /proc: a builder on another host sharing the extensions folder over a network file
+system is invisible (give each node its own ``TORCH_EXTENSIONS_DIR``).
 
-No torch import (psutil, a DeepSpeed dependency, walks the processes).
+No torch import at module level (psutil, a DeepSpeed dependency, walks the processes); `guard_jit_waits`
+imports torch when a rank calls it.
 """
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-DEFAULT_MIN_AGE_S = 10.0
-"""A lock younger than this with no visible holder is given the benefit of the doubt (re-checked when older)."""
+DEFAULT_MIN_AGE_S = 0.0
+"""No age is required before a lock with no live holder is removed (callers may ask for one)."""
+STALE_CONFIRM_S = 1.0
+"""A lock is stale when no live process holds it on two looks this far apart."""
+REPORT_EVERY_S = 5.0
+"""A wait on a live build says what it waits for this often."""
 DEFAULT_WAIT_TIMEOUT_S = 600.0
 """How long a lock held by a live build is waited on before giving up (DSTOOLKIT_JITLOCK_TIMEOUT_S)."""
 POLL_S = 0.5
@@ -130,6 +149,41 @@ def _default_log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def describe(lock: pathlib.Path, holders: list[str]) -> str:
+    """'op X (path; N s old; pid P (name) builds it)' -- what a wait waits for."""
+    age = _age_s(lock)
+    who = holders[0] if holders else "no live process holds or builds it"
+    return f"op {lock.parent.name} ({lock}; {_fmt_age(age or 0.0)} old; {who})"
+
+
+def _identity(p: pathlib.Path) -> Optional[tuple[int, int]]:
+    """(inode, mtime ns): the same lock file, not a new one taken since (another rank rebuilding the op)."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def remove_stale(lock: pathlib.Path, say: Callable[[str], None], who: str,
+                 seen: Optional[tuple[int, int]] = None) -> bool:
+    """Unlink `lock` (judged stale) with one line naming it; False if it was gone, was replaced by a new lock
+    since it was judged (`seen`: its `_identity` then), has a holder now, or cannot be removed."""
+    age = _age_s(lock)
+    if (seen is not None and _identity(lock) != seen) or lock_holders(lock):
+        return False
+    try:
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        say(f"{who}: cannot remove stale torch-extension lock for op {lock.parent.name} ({lock}): {exc}")
+        return False
+    say(f"{who}: removed stale torch-extension lock for op {lock.parent.name} ({lock}): {_fmt_age(age or 0.0)} "
+        "old and no live process holds or builds it (a killed build left it)")
+    return True
+
+
 def check_locks(*, root: Optional[pathlib.Path] = None, since_s: Optional[float] = None,
                 min_age_s: float = DEFAULT_MIN_AGE_S, wait_timeout_s: Optional[float] = None,
                 log: Optional[Callable[[str], None]] = _default_log, who: str = "dstoolkit") -> LockReport:
@@ -138,7 +192,7 @@ def check_locks(*, root: Optional[pathlib.Path] = None, since_s: Optional[float]
     Args:
         root: The extensions folder (default `extensions_root()`).
         since_s: Only consider locks modified at or after this epoch time (None: every lock).
-        min_age_s: A lock with no visible holder is removed once it is this old.
+        min_age_s: A lock with no live holder is removed once it is also this old (default 0: any age).
         wait_timeout_s: Longest wait on locks held by a live process (None: DSTOOLKIT_JITLOCK_TIMEOUT_S or 600 s).
         log: Where the one-line messages go (default stderr; None: nowhere, they are still in the report).
         who: Prefix of the messages (the job about to start).
@@ -161,42 +215,42 @@ def check_locks(*, root: Optional[pathlib.Path] = None, since_s: Optional[float]
     if not locks:
         return rep
     deadline = time.monotonic() + wait_timeout_s
-    announced: set[str] = set()
+    announced: dict[str, float] = {}  # lock -> when its wait was last reported
+    unheld_since: dict[str, tuple[float, Optional[tuple[int, int]]]] = {}  # lock -> (first unheld look, identity)
     pending = list(locks)
     while pending:
         nxt, held = [], []
+        now = time.monotonic()
         for lock in pending:
+            key = str(lock)
             age = _age_s(lock)
             if age is None:  # released meanwhile
-                if str(lock) in announced:
+                if key in announced:
                     say(f"{who}: torch-extension lock for op {lock.parent.name} released; continuing")
                 continue
             holders = lock_holders(lock)
             if holders:
-                if str(lock) not in announced:
-                    announced.add(str(lock))
-                    rep.waited.append(str(lock))
-                    say(f"{who}: waiting up to {wait_timeout_s:.0f} s for the torch-extension build of op "
-                        f"{lock.parent.name} ({lock}; {holders[0]})")
+                unheld_since.pop(key, None)
+                if key not in announced:
+                    announced[key] = now
+                    rep.waited.append(key)
+                    say(f"{who}: waiting up to {wait_timeout_s:.0f} s for the torch-extension build of "
+                        f"{describe(lock, holders)}")
+                elif now - announced[key] >= REPORT_EVERY_S:
+                    announced[key] = now
+                    say(f"{who}: still waiting for the torch-extension build of {describe(lock, holders)}")
                 nxt.append(lock)
                 held.append(lock)
-            elif age >= min_age_s:
-                try:
-                    lock.unlink()
-                except FileNotFoundError:
+                continue
+            first, seen = unheld_since.setdefault(key, (now, _identity(lock)))
+            if now - first >= STALE_CONFIRM_S and age >= min_age_s:
+                if remove_stale(lock, say, who, seen):
+                    rep.removed.append(key)
                     continue
-                except OSError as exc:
-                    say(f"{who}: cannot remove stale torch-extension lock for op {lock.parent.name} ({lock}): {exc}")
+                if _identity(lock) is None:
                     continue
-                rep.removed.append(str(lock))
-                say(f"{who}: removed stale torch-extension lock for op {lock.parent.name} ({lock}): "
-                    f"{_fmt_age(age)} old and no live process holds or builds it (a killed build left it)")
-            else:
-                if str(lock) not in announced:
-                    announced.add(str(lock))
-                    say(f"{who}: torch-extension lock for op {lock.parent.name} ({lock}) is {age:.1f} s old with no "
-                        f"visible holder; judging it when {min_age_s:.0f} s old")
-                nxt.append(lock)  # too young to judge: look again once it is min_age_s old
+                unheld_since.pop(key, None)  # replaced or taken meanwhile: judge it afresh
+            nxt.append(lock)  # look again: a lock is judged stale on two looks STALE_CONFIRM_S apart
         pending = nxt
         if pending:
             if held and time.monotonic() >= deadline:
@@ -206,11 +260,105 @@ def check_locks(*, root: Optional[pathlib.Path] = None, since_s: Optional[float]
                         f"{lock.parent.name} ({lock}); still held, left in place -- a job loading this op will wait "
                         "until it is released")
                 pending = [p for p in pending if p not in held]
-                # young unheld ones stay pending: judged once min_age_s old
                 if not pending:
                     break
             time.sleep(POLL_S)
     return rep
+
+
+class _RetryAfterStaleLock(Exception):
+    """Raised out of the guarded baton wait inside `_jit_compile`: the lock was stale and is gone; build again."""
+
+
+_guard_who: list[str] = []
+
+
+def _guarded_wait(self) -> None:
+    """`FileBaton.wait` with a voice: report the wait every REPORT_EVERY_S, remove a lock whose builder is gone."""
+    lock = pathlib.Path(self.lock_file_path)
+    who = _guard_who[0] if _guard_who else "dstoolkit"
+    rank = os.environ.get("RANK")
+    who = f"{who} rank {rank}" if rank is not None else who
+    t0 = time.monotonic()
+    last_report = None
+    unheld = None  # (first look that saw no holder, the lock's identity then)
+    while lock.exists():
+        now = time.monotonic()
+        holders = lock_holders(lock)
+        if holders:
+            unheld = None
+        else:
+            unheld = unheld if unheld is not None else (now, _identity(lock))
+            if now - unheld[0] >= STALE_CONFIRM_S:
+                removed = remove_stale(lock, _default_log, who, unheld[1])
+                unheld = None
+                if removed and getattr(_inside_jit, "on", False):
+                    raise _RetryAfterStaleLock(str(lock))
+                continue
+        if last_report is None or now - last_report >= REPORT_EVERY_S:
+            last_report = now
+            say = "waiting" if now - t0 < REPORT_EVERY_S / 2 else f"still waiting ({now - t0:.0f} s)"
+            _default_log(f"{who}: {say} for the torch-extension build of {describe(lock, holders)}")
+        time.sleep(min(POLL_S, max(getattr(self, "wait_seconds", POLL_S), 0.05)))
+
+
+import threading as _threading  # noqa: E402
+
+_inside_jit = _threading.local()
+
+
+def pin_ninja() -> Optional[str]:
+    """Put the interpreter's own ``ninja`` (the pip wheel the venv installs) first on PATH; returns its path
+    when PATH changed, None when it already came first or the interpreter has none beside it.
+
+    torch runs ``ninja`` by name (``torch.utils.cpp_extension._run_ninja_build``), so which ninja builds an op
+    depends on each process's PATH. Two versions that write different ``.ninja_log`` formats take turns
+    rebuilding the same op: ninja 1.13 writes log v7 (rapidhash of the command), 1.11 (Debian's
+    /usr/bin/ninja) reads that as a mismatch and rebuilds writing v5 (MurmurHash), and the next 1.13 process
+    rebuilds again. Seen here: deepspeed_shm_comm rebuilt, 1.5-3.5 min each under load, by every job that
+    alternated between a PATH with the venv's bin and one without (a test calling .venv/bin/python directly),
+    while every other rank waited on the build lock.
+    """
+    bindir = os.path.dirname(sys.executable)
+    own = os.path.join(bindir, "ninja")
+    if not (os.path.isfile(own) and os.access(own, os.X_OK)):
+        return None
+    first = shutil.which("ninja")
+    if first is not None and os.path.realpath(first) == os.path.realpath(own):
+        return None
+    os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    return own
+
+
+def guard_jit_waits(who: str = "dstoolkit") -> bool:
+    """Inside a rank: replace torch's silent wait on a JIT build lock by `_guarded_wait` and let
+    `torch.utils.cpp_extension._jit_compile` build again after a stale lock was removed (the killed builder
+    finished nothing). Idempotent; imports torch (call it in ranks only). Returns False without torch."""
+    try:
+        import torch.utils.cpp_extension as cpp
+        from torch.utils.file_baton import FileBaton
+    except ImportError:
+        return False
+    _guard_who[:] = [who]
+    pin_ninja()  # one ninja for every build of an op, whatever PATH this rank was started with
+    if getattr(FileBaton.wait, "_dstoolkit_guard", False):
+        return True
+    _guarded_wait._dstoolkit_guard = True  # type: ignore[attr-defined]
+    FileBaton.wait = _guarded_wait
+    jit = cpp._jit_compile
+
+    def _jit_compile(*a, **k):
+        while True:
+            _inside_jit.on = True
+            try:
+                return jit(*a, **k)
+            except _RetryAfterStaleLock:
+                continue
+            finally:
+                _inside_jit.on = False
+
+    cpp._jit_compile = _jit_compile
+    return True
 
 
 def clear_stale_extension_locks(since_s: float, grace_s: float = 5.0) -> list[str]:
@@ -224,8 +372,13 @@ def clear_stale_extension_locks(since_s: float, grace_s: float = 5.0) -> list[st
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m dstoolkit.runtime.jitlock``: check once (exit 1 when a lock is still held)."""
-    rep = check_locks(who="jitlock")
+    """``python -m dstoolkit.runtime.jitlock [--who NAME]``: check once (exit 1 when a lock is still held);
+    the generated launch.sh runs it before it starts the ranks."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m dstoolkit.runtime.jitlock", description=main.__doc__)
+    ap.add_argument("--who", default="jitlock", help="prefix of the messages (the job about to start)")
+    rep = check_locks(who=ap.parse_args(argv).who)
     if not rep.messages:
         print(f"jitlock: no torch-extension locks under {extensions_root()}", file=sys.stderr)
     return 1 if rep.still_held else 0

@@ -215,7 +215,7 @@ def engine_step_s(shape_kw: dict, precision: str = "fp32") -> dict[str, float]:
     of `shape_kw` on one micro batch of 1 x SEQ tokens, per clock (median of 5 after 2 warm-up steps)."""
     import torch.distributed as dist
 
-    from dstoolkit.runtime.model import synthetic_batch
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     engine, shape = _probe_engine(shape_kw, precision)
     ids, labels = synthetic_batch(shape, 1, SEQ, step=0, rank=dist.get_rank())
@@ -309,6 +309,9 @@ def _worker(rank: int, world: int, port: int, out_path: str, key: dict) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import end_ranks, install_rank_guards
+
+    install_rank_guards("probe")
     deepspeed.init_distributed(dist_backend="gloo")
     from dstoolkit.runtime.train.shm import unlink_after_rendezvous
 
@@ -332,8 +335,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, key: dict) -> None:
             "calibration": cal,
         }
         atomic_write_text(pathlib.Path(out_path), json.dumps(record, indent=1) + "\n")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_ranks()
 
 
 def run_probe(out_path: pathlib.Path, ranks: int = 2, key: Optional[dict] = None) -> dict:

@@ -15,18 +15,19 @@ shrunk    depth (the shortest prefix holding every layer kind of every per-layer
           attention windows and DSA top-k (so a short sequence still exercises them), SSM state.
 
 The shrink is a pure function of the config dict (no torch import): the trainer, `dstoolkit bench train` and
-`dstoolkit tune --mode real` build the result with transformers (`dstoolkit.runtime.model.build_hf_model`).
-Anything it cannot shrink is a `ShrinkError` naming the field, the value and the fix.
+`dstoolkit tune --mode real` build the result with transformers (`dstoolkit.runtime.hf_model.build_hf_model`).
+Anything it cannot shrink is a `ShrinkError` naming the field, the value and the fix. The sizes asked for and
+`--shrink` parsing: `dstoolkit.runtime.shrink_sizes`; a shrunk run of a spec: `dstoolkit.runtime.shrink_run`.
 """
 from __future__ import annotations
 
 import copy
-import difflib
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from dstoolkit.models.config_keys import EXPERT_KEYS, TOPK_KEYS
+from dstoolkit.runtime.shrink_sizes import ShrinkError, ShrinkSizes
 
 MAX_SHRUNK_PARAMS = 20_000_000
 """A shrunk copy above this many parameters is refused: some width field was not recognised (the error names
@@ -68,101 +69,6 @@ LAYER_COUNT_KEYS = ("max_window_layers",)
 # Per-layer index lists (kept where the index is below the new depth).
 LAYER_INDEX_KEYS = ("mlp_only_layers", "no_rope_layer_indices", "moe_layers")
 DROPPED_KEYS = ("quantization_config",)
-
-
-class ShrinkError(ValueError):
-    """A config (or a shrink request) that cannot be shrunk; the message names the field, value and fix."""
-
-    def __init__(self, field_name: str, problem: str, fix: str) -> None:
-        self.field = field_name
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{field_name}: {problem}; {fix}")
-
-
-@dataclass(frozen=True)
-class ShrinkSizes:
-    """Target sizes of a shrunk copy (None: chosen from the config, see the field notes)."""
-
-    layers: Optional[int] = None
-    """Decoder layers; None: the shortest prefix holding every layer kind (at least `min_layers`)."""
-    min_layers: int = 2
-    """Lower bound of the automatic depth."""
-    hidden: int = 64
-    """Hidden size."""
-    heads: int = 4
-    """Query heads (KV, linear-attention and Mamba heads keep their ratio to it)."""
-    head_dim: int = 16
-    """Width of one attention head (other per-head widths keep their ratio to head_dim)."""
-    experts: Optional[int] = None
-    """Routed experts per MoE layer; None: max(8, 2 x top-k), at most the config's count. Never below top-k."""
-    vocab: int = 512
-    """Vocabulary size (token ids the config names are moved inside it)."""
-    window: int = 16
-    """Cap on sliding windows, attention chunks and the DSA indexer top-k (so a short sequence exercises them)."""
-    state: int = 16
-    """Cap on the SSM state size (Mamba layers)."""
-    seq_len: int = 64
-    """Cap on the run's sequence length (the spec's training.seq_len when smaller)."""
-    micro_batch: int = 2
-    """`dstoolkit bench train --shrink`: cap on a config's micro batch (a generated strategy's batch is sized for
-    its cluster; the shrunk run keeps its ZeRO / offload / precision / bucket settings at a small batch)."""
-    grad_accum: int = 2
-    """`dstoolkit bench train --shrink`: cap on a config's gradient-accumulation steps."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def to_arg(self) -> str:
-        """The `--shrink` value that parses back to these sizes (what bench and tune pass to the trainer)."""
-        return ",".join(f"{k}={v}" for k, v in self.as_dict().items() if v is not None)
-
-
-SHRINK_KEYS = tuple(f.name for f in fields(ShrinkSizes))
-
-
-def parse_shrink(text: Optional[str]) -> Optional[ShrinkSizes]:
-    """`--shrink` values: None/"" (no shrink), "auto" (the defaults), or "key=value,..." over `SHRINK_KEYS`
-    (e.g. "layers=4,hidden=128,experts=8").
-
-    Raises:
-        ShrinkError: an unknown key (with a did-you-mean) or a value that is not a positive integer.
-    """
-    if text is None or str(text).strip() == "":
-        return None
-    text = str(text).strip()
-    if text.lower() in ("auto", "default", "yes", "on", "true"):
-        return ShrinkSizes()
-    values: dict[str, int] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, sep, raw = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep:
-            raise ShrinkError("--shrink", f"{part!r} is not key=value",
-                              f"write e.g. --shrink layers=4,hidden=64 (keys: {', '.join(SHRINK_KEYS)}) or --shrink auto")
-        if key not in SHRINK_KEYS:
-            guess = difflib.get_close_matches(key, SHRINK_KEYS, n=1)
-            hint = f"did you mean {guess[0]!r}? " if guess else ""
-            raise ShrinkError(f"--shrink {key}", f"unknown key {key!r}", f"{hint}keys: {', '.join(SHRINK_KEYS)}")
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            value = -1
-        if value < 1:
-            raise ShrinkError(f"--shrink {key}", f"{raw.strip()!r} is not a positive integer",
-                              f"give {key}=N with N >= 1")
-        values[key] = value
-    sizes = replace(ShrinkSizes(), **values)
-    if sizes.hidden % sizes.heads:
-        raise ShrinkError("--shrink hidden", f"hidden={sizes.hidden} is not a multiple of heads={sizes.heads}",
-                          "pick hidden as a multiple of heads, e.g. hidden=64,heads=4")
-    if sizes.head_dim % 2:
-        raise ShrinkError("--shrink head_dim", f"head_dim={sizes.head_dim} is odd (RoPE rotates pairs)",
-                          "give an even head_dim, e.g. 16")
-    return sizes
 
 
 @dataclass(frozen=True)
@@ -477,108 +383,4 @@ def shrink_config(config: dict, sizes: Optional[ShrinkSizes] = None) -> Shrunk:
                   notes=tuple(notes))
 
 
-def model_config_of(model_spec: Any, base_dir: Any = None) -> tuple[dict, Optional[str]]:
-    """(config mapping, model_class) of a spec's model section: the hf_config file (relative to `base_dir`,
-    the spec's folder) or the inline HF fields. A preset has no transformers config to shrink.
-
-    Raises:
-        ShrinkError: a preset, or an unreadable / invalid hf_config file.
-    """
-    import json
-    from pathlib import Path
-
-    form = getattr(model_spec, "form", None)
-    if form == "module":
-        raise ShrinkError("model.module", f"module {model_spec.module!r} is the user's own nn.Module, not a "
-                          "transformers config", "drop --shrink (a user module trains as given)")
-    if form == "preset":
-        raise ShrinkError("model.preset", f"preset {model_spec.preset!r} is the project's own stand-in shape, not a "
-                          "transformers config", "give model.hf_config: path/to/config.json (or inline HF fields) "
-                          "to train the real architecture shrunk, or drop --shrink")
-    if form == "hf_config":
-        path = Path(model_spec.hf_config).expanduser()
-        if not path.is_absolute():
-            path = Path(base_dir if base_dir is not None else Path.cwd()) / path
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ShrinkError("model.hf_config", f"cannot read {str(path)!r} ({exc.strerror or exc})",
-                              "check the path (relative to the spec file's folder)") from None
-        except json.JSONDecodeError as exc:
-            raise ShrinkError("model.hf_config", f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})",
-                              "fix the JSON") from None
-        if not isinstance(data, dict):
-            raise ShrinkError("model.hf_config", f"{path} holds a {type(data).__name__}, not a config mapping",
-                              "point hf_config at a config.json")
-        return data, model_spec.model_class
-    inline = dict(model_spec.inline)
-    inline.pop("name", None)
-    return inline, model_spec.model_class
-
-
-@dataclass(frozen=True)
-class ShrunkRun:
-    """Everything a shrunk real run needs: the shrunk config, its shape (for the estimate, the monitor's FLOPs
-    and the synthetic data's vocabulary), the class to build it with and the capped sequence length."""
-
-    shrunk: Shrunk
-    shape: Any
-    """`dstoolkit.models.shape.ModelShape` of the shrunk config."""
-    model_class: Optional[str]
-    seq_len: int
-    """min(training.seq_len, sizes.seq_len)."""
-
-    def record(self) -> dict[str, Any]:
-        """The JSON-ready facts of the shrink (metrics 'model' event, bench and tune records)."""
-        return {"model_type": self.shrunk.model_type, "model_class_requested": self.model_class,
-                "shrunk_sizes": self.shrunk.sizes(), "seq_len": self.seq_len,
-                "changed": {k: list(v) for k, v in self.shrunk.changed.items()}, "kept": self.shrunk.kept,
-                "notes": list(self.shrunk.notes)}
-
-
-def fit_batch(ds_config: dict, world_size: int, sizes: ShrinkSizes) -> tuple[dict, dict[str, tuple[Any, Any]]]:
-    """A copy of a DeepSpeed JSON with its batch triad at most `sizes.micro_batch` x `sizes.grad_accum` per
-    rank on `world_size` ranks (train_batch_size = micro x accumulation x world), and what changed. The rest
-    of the config (ZeRO stage, offload, precision, buckets, optimizer) is kept: that is the strategy."""
-    import json
-
-    cfg = json.loads(json.dumps(ds_config))
-    mb = cfg.get("train_micro_batch_size_per_gpu")
-    ga = cfg.get("gradient_accumulation_steps")
-    tb = cfg.get("train_batch_size")
-    mb = mb if _is_int(mb) and mb > 0 else 1
-    if not (_is_int(ga) and ga > 0):
-        ga = max(1, tb // (mb * world_size)) if _is_int(tb) and tb > 0 else 1
-    new_mb, new_ga = min(mb, sizes.micro_batch), min(ga, sizes.grad_accum)
-    new = {"train_micro_batch_size_per_gpu": new_mb, "gradient_accumulation_steps": new_ga,
-           "train_batch_size": new_mb * new_ga * world_size}
-    changed = {k: (cfg.get(k), v) for k, v in new.items() if cfg.get(k) != v}
-    cfg.update(new)
-    return cfg, changed
-
-
-def prepare_shrunk_run(spec: Any, base_dir: Any, sizes: ShrinkSizes) -> ShrunkRun:
-    """Shrink the spec's model and read the shrunk shape (no torch model is built here).
-
-    Raises:
-        ShrinkError: the model cannot be shrunk, or the shrunk config cannot be read (field named).
-    """
-    from dstoolkit.models import shape_from_hf_dict
-
-    config, model_class = model_config_of(spec.model, base_dir)
-    shrunk = shrink_config(config, sizes)
-    name = f"{config.get('_name_or_path') or spec.name or shrunk.model_type} (shrunk)"
-    try:
-        shape = shape_from_hf_dict(shrunk.config, name=str(name), model_class=model_class)
-    except ValueError as exc:
-        field_name = getattr(exc, "field", None) or "model"
-        raise ShrinkError(str(field_name), f"the shrunk config cannot be read: {getattr(exc, 'problem', exc)}",
-                          str(getattr(exc, "fix", "report the config"))) from None
-    return ShrunkRun(shrunk=shrunk, shape=shape, model_class=model_class,
-                     seq_len=min(int(spec.training.seq_len), sizes.seq_len))
-
-
-__all__ = ["MAX_SHRUNK_PARAMS", "SHRINK_KEYS", "ShrinkError", "ShrinkSizes", "Shrunk", "ShrunkRun", "fit_batch",
-           "model_config_of", "parse_shrink", "prepare_shrunk_run", "shrink_config"]
+__all__ = ["MAX_SHRUNK_PARAMS", "Shrunk", "shrink_config"]

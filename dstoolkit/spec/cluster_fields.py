@@ -16,7 +16,8 @@ from dstoolkit.spec.errors import SpecFieldError
 
 Framework = Literal["deepspeed", "megatron", "fsdp"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"]
-AttentionImpl = Literal["eager", "sdpa", "flash", "te"]
+AttentionImpl = Literal["eager", "sdpa", "flash", "flash1", "te"]
+LossImpl = Literal["torch", "fused"]
 MoeDispatcher = Literal["alltoall", "deepep"]
 RecomputeModule = Literal["layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"]
 
@@ -69,8 +70,16 @@ class ClusterModelFields(StrictModel):
     attention_impl: Optional[AttentionImpl] = None
     """Attention / fused-kernel implementation, which decides what activations are saved: eager (HF eager
     kernels: fp32 norm upcasts, repeated K/V, the s² probabilities), sdpa (HF with torch SDPA: no s² term),
-    flash (flash-attention kernels with HF-style modules), te (Transformer Engine / Megatron fused kernels).
+    flash (flash-attention 2 kernels with HF-style modules), flash1 (flash-attn 1.x, e.g. llm-foundry's default
+    gpu extra in 2023: flash-attn==1.0.9), te (Transformer Engine / Megatron fused kernels).
     None: sdpa when flash_attention, else eager."""
+    loss_impl: LossImpl = "torch"
+    """How the cross-entropy over the vocabulary runs, which decides the loss's memory: torch (F.cross_entropy on
+    the logits cast to fp32, as Hugging Face causal LMs compute it: log_softmax keeps an fp32 [tokens, vocab] copy
+    and its backward makes two more) or fused (a fused kernel on the low-precision logits: flash-attn's
+    CrossEntropyLoss, llm-foundry's default loss_fn fused_crossentropy; Apex xentropy: it keeps the logits and one
+    fp32 log-sum-exp per token and writes a low-precision gradient). The estimate only: the generated files do not
+    switch the loss."""
     @field_validator("virtual_stages", "cp", "ulysses", mode="before")
     @classmethod
     def _check_int_not_bool(cls, value: Any, info) -> Any:
@@ -97,3 +106,54 @@ class ClusterModelFields(StrictModel):
             raise SpecFieldError(("ulysses",), f"cp={self.cp} and ulysses={self.ulysses}: one sequence-sharding "
                                  "scheme at a time", "keep cp (Megatron) or ulysses (DeepSpeed), not both")
         return self
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Node-level memory facts of ClusterSpec (host RAM per node, device headroom): defaults and their sources
+# ----------------------------------------------------------------------------------------------------------
+
+GiB = 2**30
+DEFAULT_GPU_NODE_HOST_MEMORY_BYTES = 2 * 1000**4
+"""Host RAM of one 8-GPU node when cluster.host_memory_per_node_gib is not given: 2 TB, the system memory of an
+NVIDIA DGX H100 / H200 (DGX H100/H200 user guide, hardware overview: 2 TB DDR5)."""
+DEFAULT_MEMORY_HEADROOM_FRACTION = 0.10
+"""Share of device memory a pick should leave free when cluster.memory_headroom_fraction is not given: 10%, the
+planning margin of vLLM's default gpu_memory_utilization 0.9 (vLLM engine arguments), the one published default
+for how much of a GPU an engine may plan to fill. Caching-allocator fragmentation itself has no published
+fraction (dstoolkit.estimate.timeline); reported extremes are larger: ZeRO (Rajbhandari et al. 2020) §3.2 saw
+out-of-memory with over 30% of memory free, PyTorch PR #44742 an OOM with 13 GB of a 32 GB card in split free
+blocks. It is a preference of the ranking, not a limit: a layout above it still fits when the peak does."""
+
+
+def host_memory_per_node_bytes(cluster) -> int:
+    """Host RAM of one node: cluster.host_memory_per_node_gib, else DEFAULT_GPU_NODE_HOST_MEMORY_BYTES on GPU
+    nodes and, for gpu: cpu (the ranks are host processes), the ranks' own memory (gpus_per_node x the cpu row)."""
+    if cluster.host_memory_per_node_gib is not None:
+        return int(cluster.host_memory_per_node_gib * GiB)
+    gpu = cluster.gpu_spec
+    if str(getattr(gpu, "name", "")).lower() == "cpu":
+        return int(gpu.memory_bytes) * cluster.gpus_per_node
+    return DEFAULT_GPU_NODE_HOST_MEMORY_BYTES
+
+
+def host_memory_source(cluster) -> str:
+    """Where `host_memory_per_node_bytes` comes from, for summaries."""
+    if cluster.host_memory_per_node_gib is not None:
+        return "cluster.host_memory_per_node_gib"
+    if str(getattr(cluster.gpu_spec, "name", "")).lower() == "cpu":
+        return "gpu: cpu, the ranks' own memory (gpus_per_node x the cpu row of the hardware table)"
+    return "default: 2 TB, an NVIDIA DGX H100/H200 node's system memory (cluster.host_memory_per_node_gib sets it)"
+
+
+def memory_headroom_fraction(cluster) -> float:
+    """cluster.memory_headroom_fraction, else DEFAULT_MEMORY_HEADROOM_FRACTION."""
+    f = cluster.memory_headroom_fraction
+    return DEFAULT_MEMORY_HEADROOM_FRACTION if f is None else float(f)
+
+
+def memory_headroom_source(cluster) -> str:
+    """Where `memory_headroom_fraction` comes from, for summaries."""
+    if cluster.memory_headroom_fraction is not None:
+        return "cluster.memory_headroom_fraction"
+    return ("default 10%: vLLM's default gpu_memory_utilization 0.9; no published caching-allocator fragmentation "
+            "fraction (dstoolkit.spec.cluster_fields.DEFAULT_MEMORY_HEADROOM_FRACTION)")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -12,9 +13,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dstoolkit.layout.dims import LayoutError
-from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecSource, _did_you_mean, _dotted, _walk, spec_finding
-from dstoolkit.validate.findings import Finding
+from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecSource, _did_you_mean, _dotted, _walk,
+                                   spec_finding)
 from dstoolkit.spec.model import ModelSpec, Spec
+from dstoolkit.validate.findings import Finding
 
 # ----------------------------------------------------------------------------------------------------------
 # YAML loading
@@ -42,7 +44,6 @@ def _check_duplicate_keys(node: Optional[yaml.Node], source: SpecSource, loc: Lo
 
 def _model_class_at(path: Sequence[Union[str, int]]) -> tuple[Optional[type[BaseModel]], Optional[Any]]:
     """(model class that holds the last element of `path`, its FieldInfo) by walking Spec's annotations."""
-    import typing
 
     cls: Optional[type[BaseModel]] = Spec
     info = None

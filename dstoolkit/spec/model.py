@@ -153,6 +153,13 @@ class ClusterSpec(_Strict):
     """Measured rates for step-time estimates: a path (relative to this spec file) to a calibration JSON written
     by benchmarks/step_time_fidelity.py, or "none" for the hardware table's nominal rates. Unset: the packaged
     reference measurement for gpu: cpu, nominal rates for GPUs (dstoolkit.hardware.calibration)."""
+    host_memory_per_node_gib: Optional[float] = Field(default=None, gt=0)
+    """Host RAM of one node in GiB, which offloaded states (and pinned buffers) of all its ranks share; a layout
+    whose host memory per node exceeds it does not fit. None: `dstoolkit.spec.cluster_fields.host_memory_per_node_bytes`
+    (2 TB for a GPU node, an NVIDIA DGX H100/H200's system memory; the ranks' memory for gpu: cpu)."""
+    memory_headroom_fraction: Optional[float] = Field(default=None, ge=0, lt=1)
+    """Share of device memory a pick should leave free beyond its estimated peak (allocator fragmentation, spikes);
+    the ranking prefers layouts within it. None: `dstoolkit.spec.cluster_fields.DEFAULT_MEMORY_HEADROOM_FRACTION`."""
 
     @field_validator("nodes", "gpus_per_node", mode="before")
     @classmethod
@@ -209,6 +216,11 @@ class BatchRampSpec(_Strict):
         return self
 
 
+# Steps between saves when the spec gives none: about an hour of a large pre-training run at 3-4 s per step, the
+# order of Megatron-LM's example scripts (--save-interval 1000 in examples/gpt3/train_gpt3_175b_distributed.sh).
+DEFAULT_SAVE_INTERVAL_STEPS = 1000
+
+
 class TrainingSpec(ClusterModelFields):
     """The training plan (the cluster-model fields: `dstoolkit.spec.cluster_fields`)."""
 
@@ -252,6 +264,12 @@ class TrainingSpec(ClusterModelFields):
     """Whether ZeRO++ (qwZ/hpZ/qgZ) may be used (stage 3)."""
     batch_ramp: Optional[BatchRampSpec] = None
     """Optional batch-size ramp."""
+    save_dir: str = "checkpoints"
+    """Folder the generated launch files save model checkpoints to (and resume from), relative to where the job
+    is launched unless absolute. One fact for every target: DeepSpeed/HF output_dir, Megatron --save/--load."""
+    save_interval_steps: Optional[int] = Field(default=None, gt=0)
+    """Optimizer steps between checkpoint saves; None: `DEFAULT_SAVE_INTERVAL_STEPS`, capped at train_steps so a
+    run shorter than that still saves once at its end (see `save_interval`)."""
     fp8: Optional[dict[str, Any]] = None
     """FP8 settings with precision fp8: the fields of `dstoolkit.dsconfig.fp8.Fp8Config` (recipe, format, amax_history_len, ...).
     Kept as a mapping so a located finding can name the bad sub-field; `Spec._check_fp8_supported` validates it."""
@@ -261,6 +279,7 @@ class TrainingSpec(ClusterModelFields):
         return Fp8Config.model_validate(self.fp8 or {})
 
     @field_validator("seq_len", "global_batch", "micro_batch", "warmup_steps", "train_steps", "checkpoint_every_k",
+                     "save_interval_steps",
                      "tp", "pp", "ep", "zero_stage", mode="before")
     @classmethod
     def _check_not_bool(cls, value: Any, info) -> Any:
@@ -297,6 +316,15 @@ class TrainingSpec(ClusterModelFields):
         raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018"), prefix=())
         return self
 
+    def save_interval(self) -> int:
+        """Steps between checkpoint saves that every target writes (save_interval_steps, or the default capped at
+        train_steps)."""
+        if self.save_interval_steps is not None:
+            return self.save_interval_steps
+        if self.train_steps is not None:
+            return min(DEFAULT_SAVE_INTERVAL_STEPS, self.train_steps)
+        return DEFAULT_SAVE_INTERVAL_STEPS
+
     def checkpoint_policy(self) -> CheckpointPolicy:
         """The `CheckpointPolicy` for activation_checkpointing / checkpoint_every_k / checkpoint_ratio.
 
@@ -327,6 +355,10 @@ class Spec(_Strict):
     """Where it runs."""
     training: TrainingSpec
     """How it trains."""
+    targets: list[Literal["deepspeed", "megatron-lm", "megatron-deepspeed", "hf", "accelerate"]] = Field(
+        default_factory=list)
+    """Launchers the run is for (`generate --target` / `sweep --target` when not given on the command line); the
+    sweep keeps only layouts one of them runs (dstoolkit.generate.targets). Empty: every layout, deepspeed files."""
 
     _source: Optional[SpecSource] = PrivateAttr(default=None)
 

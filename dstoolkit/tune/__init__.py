@@ -3,6 +3,7 @@
     from dstoolkit.tune import TuneOptions, run_study, TuneSpace, TunePoint
 """
 from dstoolkit.tune.space import TuneInputError, TunePoint, TuneSpace
-from dstoolkit.tune.study import TuneOptions, TuneResult, run_study
+from dstoolkit.tune.options import TuneOptions, TuneResult
+from dstoolkit.tune.study import run_study
 
 __all__ = ["TuneInputError", "TuneOptions", "TunePoint", "TuneResult", "TuneSpace", "run_study"]

@@ -6,7 +6,7 @@ trainer (`run_command_trial`).
 No torch import at module level. Real mode launches the example trainer (`dstoolkit.runtime.train.trainer`, the same
 entry generated launch.sh files use) for a few optimizer steps with the point's DeepSpeed JSON and a copy of
 the spec fixing the point's recompute policy; the per-step metrics are summarised by the train bench
-(`dstoolkit.runtime.bench.train.summarize_metrics`: warm-up steps dropped, median step time). A run that fails is a
+(`dstoolkit.runtime.bench.train_report.summarize_metrics`: warm-up steps dropped, median step time). A run that fails is a
 `TrialOutcome` with status "oom", "timeout" or "error" and a one-line reason: it never raises.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
-from dstoolkit.runtime.bench.train import OOM_MARKERS, _failure, kill_tree  # noqa: F401  (moved to runtime)
+from dstoolkit.runtime.bench.usercmd import OOM_MARKERS, _failure, kill_tree  # noqa: F401  (moved to runtime)
 from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s, trial_spec_dict
 
@@ -83,8 +83,6 @@ def direction(objective: str) -> str:
 def _launch_cmd(launcher: str, ranks: int, port: int, ds_path: pathlib.Path, spec_path: pathlib.Path, steps: int,
                 metrics: pathlib.Path, ep: int, peak_flops: float, shrink: Optional[str] = None) -> list[str]:
     if launcher == "deepspeed":
-        from dstoolkit.runtime.bench.train import trainer_command
-
         cmd = trainer_command(ds_path, spec_path, steps, metrics, ranks, ep, port, shrink=shrink)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
@@ -102,6 +100,10 @@ def _launch_cmd(launcher: str, ranks: int, port: int, ds_path: pathlib.Path, spe
 STALE_LOCK_GRACE_S = 5.0  # a live holder of a torch-extension lock on a warm cache releases it well within this
 # The one implementation of the torch-extension lock check lives in dstoolkit.runtime.jitlock (re-exported here).
 from dstoolkit.runtime.jitlock import check_locks, clear_stale_extension_locks, torch_extensions_dir  # noqa: E402,F401
+from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench.train import trainer_command
+from dstoolkit.runtime.bench.train_report import summarize_metrics
+from dstoolkit.runtime.bench.usercmd import run_command
 
 
 def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, *, objective: str = "throughput",
@@ -125,8 +127,6 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
     Returns:
         A `TrialOutcome` (never raises for a failed run).
     """
-    from dstoolkit.runtime.bench import harness
-    from dstoolkit.runtime.bench.train import summarize_metrics
 
     work_dir.mkdir(parents=True, exist_ok=True)
     ds_path = work_dir / "ds_config.json"
@@ -207,10 +207,9 @@ def run_command_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Pat
                       extra_env: Optional[dict[str, str]] = None) -> TrialOutcome:
     """Real mode with the user's own command (`dstoolkit tune ... -- <command>`): the point's DeepSpeed JSON
     (and its HF / Accelerate forms) fill the command's placeholders, the run is measured by the DeepSpeed
-    engine hook (`dstoolkit.runtime.bench.train.run_command`) and stopped after `steps` optimizer steps.
+    engine hook (`dstoolkit.runtime.bench.usercmd.run_command`) and stopped after `steps` optimizer steps.
     DSTOOLKIT_SPEC points the ranks at a spec copy with the point's fields (for DstoolkitCallback / Guard's
     estimate). Never raises for a failed run."""
-    from dstoolkit.runtime.bench.train import run_command
 
     work_dir.mkdir(parents=True, exist_ok=True)
     spec_path = work_dir / "spec.yaml"
@@ -225,7 +224,6 @@ def run_command_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Pat
     if body["status"] != "ok":
         return TrialOutcome(status=body["status"], reason=body["reason"], code=body["status"], estimate=est,
                             wall_s=body["wall_s"], measured=info)
-    from dstoolkit.runtime.bench import harness
 
     measured = {**body["measured"], **info, "load_avg": harness.load_average()}
     value = objective_from_measured(objective, measured)

@@ -85,9 +85,11 @@ def render_markdown(result, space: TuneSpace, opts, findings: list[str]) -> str:
 
 def render_plot(result, opts, path: pathlib.Path) -> None:
     """Objective against trial number: evaluated points, failures and pruned trials, and the best so far."""
+    # optional extra (plots): loaded only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # optional extra (plots): loaded only when a plot is drawn
     import matplotlib.pyplot as plt
 
     maximize = opts.objective == "throughput"

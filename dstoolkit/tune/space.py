@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,8 +25,9 @@ from dstoolkit.generate.planner import (MICRO_BATCH_CHOICES, Candidate, Candidat
                                         estimate_candidate, is_cpu_cluster, zero_modes)
 from dstoolkit.layout import data_parallel_size
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec import Spec
+from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.validate.engine import validate_config
 
 GiB = 2**30
 
@@ -122,7 +124,7 @@ class TuneSpace:
     fixed_reasons: dict[str, str] = field(default_factory=dict)
     """Why a dimension has a single choice (shown in the report)."""
     shrunk: Any = None
-    """`dstoolkit.runtime.shrink.ShrunkRun` when real trials train the spec's architecture shrunk (`shape` is
+    """`dstoolkit.runtime.shrink_run.ShrunkRun` when real trials train the spec's architecture shrunk (`shape` is
     then the shrunk shape)."""
 
     @classmethod
@@ -272,7 +274,6 @@ class TuneSpace:
         Returns:
             A `PointCheck`; `pruned_code`/`pruned_reason` say why the point must not run.
         """
-        from dstoolkit.validate.engine import validate_config
 
         spec, shape, cand = self.spec, self.shape, point.candidate
         v = check_candidate(spec, shape, cand)
@@ -316,8 +317,6 @@ def trial_spec_dict(spec: Spec, point: TunePoint) -> dict:
     data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
     model = dict(data.get("model", {}))
     if spec.model.hf_config:
-        from pathlib import Path
-
         src = Path(spec.model.hf_config).expanduser()
         if not src.is_absolute() and spec.source_path is not None:
             src = spec.source_path.parent / src

@@ -16,6 +16,7 @@ from dstoolkit.validate.findings import Collector, Finding
 from dstoolkit.validate.keys import check_auto, check_sections
 from dstoolkit.validate.parse import ParseResult, parse_text
 from dstoolkit.validate.schema_findings import check_schema, pydantic_schema_issues  # noqa: F401  (re-export)
+from dstoolkit.validate.parse import MAX_DEPTH
 
 
 def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_size: Optional[int] = None,
@@ -92,7 +93,6 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
 def _normalize(node: Any, ptr: str, depth: int, source: str, problems: list) -> Any:
     """Make a caller's dict look like parsed JSON: str keys, lists for tuples, str() for other objects; note
     non-finite floats (DS002) and excessive depth (DS003) instead of failing later."""
-    from dstoolkit.validate.parse import MAX_DEPTH
 
     if depth > MAX_DEPTH:
         if not any(f.code == "DS003" for f in problems):

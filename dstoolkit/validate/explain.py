@@ -76,7 +76,8 @@ def rules_markdown() -> str:
            "<!-- Generated from the registries by `python -m dstoolkit.validate.explain --write docs/rules.md`;",
            "     do not edit by hand (tests/unit/test_rule_registry.py checks it is current). -->", "",
            "`dstoolkit validate --explain CODE` prints one entry. Each rule is declared once: DeepSpeed rules with",
-           "`@rule` in `dstoolkit/dsconfig/rules.py` and `rules_optim.py` (the docstring is the explanation),",
+           "`@rule` in `dstoolkit/dsconfig/rules.py`, `rules_optim.py` and `rules_parallel.py` (the docstring is the",
+           "explanation),",
            "layout constraints with `@constraint` in `dstoolkit/layout/constraints.py`.", "",
            "## DeepSpeed cross-field rules (DS2xx)", ""]
     for r in sorted(RULES.values(), key=lambda r: r.code):

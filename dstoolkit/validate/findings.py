@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Optional
 
+from dstoolkit.dsconfig.rules import RULES
+
 Severity = Literal["error", "warning"]
 
 KEY_CODES: dict[str, str] = {
@@ -37,6 +39,8 @@ KEY_CODES: dict[str, str] = {
     "DS108": "required key missing",
     "DS110": '"auto" in strict mode',
     "DS111": '"auto" where nothing fills it',
+    "DS120": "accelerate config disagrees with the layout it was generated for",
+    "DS121": "multi-node accelerate config whose nodes would not form one job",
 }
 """The codes that are not cross-field rules (input, syntax and per-key findings): code -> short title.
 The DS2xx titles are declared with their rules (dstoolkit.dsconfig.registry)."""
@@ -44,8 +48,6 @@ The DS2xx titles are declared with their rules (dstoolkit.dsconfig.registry)."""
 
 def __getattr__(name: str) -> Any:
     if name == "CODES":  # built on first use, so importing Finding loads no rule module
-        from dstoolkit.dsconfig.rules import RULES
-
         codes = {**KEY_CODES, **{code: r.title for code, r in RULES.items()}}
         globals()["CODES"] = codes
         return codes

@@ -43,6 +43,7 @@ def load_schema(path: str = SCHEMA_FILE) -> dict:
             with open(path, encoding="utf-8") as fh:
                 _cache[path] = json.load(fh)
         except OSError:
+            # start-up time: the validate fast path (a clean config against the committed schema) imports no pydantic
             from dstoolkit.dsconfig.export import json_schema
 
             _cache[path] = json_schema()

@@ -26,8 +26,10 @@ def check_schema(clean: dict, version: str, out: Collector) -> None:
 
 def _check_fp8(fp8: Any, out: Collector) -> None:
     try:
+        # start-up time: the validate fast path (a clean config against the committed schema) imports no pydantic
         from pydantic import ValidationError
 
+        # start-up time: the validate fast path (a clean config against the committed schema) imports no pydantic
         from dstoolkit.dsconfig.fp8 import Fp8Config
     except ImportError:  # pragma: no cover - fp8 module absent
         return
@@ -101,8 +103,10 @@ def _type_hint(node: Any) -> Optional[str]:
 def pydantic_schema_issues(clean: dict) -> set[tuple[str, str]]:
     """(code, pointer) of the per-key errors pydantic's `DeepSpeedConfig` reports for ``clean`` (the same kinds
     `_check_schema` reports from the JSON Schema). Used by tests to show the two paths agree; imports pydantic."""
+    # start-up time: the validate fast path (a clean config against the committed schema) imports no pydantic
     from pydantic import ValidationError
 
+    # start-up time: the validate fast path (a clean config against the committed schema) imports no pydantic
     from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
 
     try:

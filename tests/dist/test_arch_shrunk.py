@@ -35,7 +35,7 @@ def _spec(tmp: pathlib.Path, config: str, zero, *, micro="2", extra: str = "") -
 
 
 def _expected_params(config: str) -> tuple[int, dict]:
-    from dstoolkit.runtime.model import build_hf_model
+    from dstoolkit.runtime.hf_model import build_hf_model
     from dstoolkit.runtime.shrink import shrink_config
 
     s = shrink_config(json.loads((RELEASED / f"{config}.json").read_text()))
@@ -121,7 +121,8 @@ def test_bench_train_runs_a_generated_strategy_shrunk(tmp_path):
 
 
 def test_tune_real_trains_the_shrunk_architecture(tmp_path):
-    from dstoolkit.tune.study import TuneOptions, run_study
+    from dstoolkit.tune.options import TuneOptions
+    from dstoolkit.tune.study import run_study
 
     spec = _spec(tmp_path, "Qwen--Qwen3-235B-A22B", 0, micro="auto", extra=", ep: auto")
     t0 = time.perf_counter()

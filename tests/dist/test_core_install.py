@@ -96,3 +96,17 @@ def test_core_estimate_and_generate(core_venv, tmp_path):
     assert configs, gen.stdout
     again = _run(core_venv, "dstoolkit", "validate", *map(str, configs), "--world-size", "2", cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("argv, extra, module", [
+    (("train", "--spec", str(SPEC), "--config", str(CONFIG), "--steps", "2"), "train", "deepspeed"),
+    (("bench", "train", str(CONFIG)), "bench", "deepspeed"),
+    (("tune", str(SPEC), "--budget", "2", "-o", "tune_out"), "tune", "optuna"),
+    (("report", str(REPO / "benchmarks" / "results")), "bench", "matplotlib"),
+])
+def test_verbs_that_need_an_extra_name_it(core_venv, tmp_path, argv, extra, module):
+    out = _run(core_venv, "dstoolkit", *argv, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr == (f"dstoolkit {argv[0]}: error: {module} is not installed: dstoolkit {argv[0]} needs "
+                          f"dstoolkit[{extra}]: pip install 'dstoolkit[{extra}]'\n"), out.stderr
+    assert not (tmp_path / "tune_out").exists()  # nothing was started or written

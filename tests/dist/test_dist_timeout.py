@@ -1,6 +1,6 @@
 """The trainer's process-group timeout reaches DeepSpeed's own groups, with real gloo ranks.
 
-Two ranks go through `dstoolkit.runtime.train.trainer.init_distributed("gloo", 5 s)` (what `--dist-timeout-s 5` does),
+Two ranks go through `dstoolkit.runtime.train.pgroups.init_distributed("gloo", 5 s)` (what `--dist-timeout-s 5` does),
 then DeepSpeed 0.19.8 creates its ZeRO data-parallel group and its expert / expert-data groups with
 `dist.new_group`, as `deepspeed.initialize` and an MoE layer do. Rank 1 then freezes (SIGSTOP: its sockets
 stay open and nothing answers, like a host behind a cut link) and rank 0 starts one all-reduce on each group.
@@ -36,7 +36,7 @@ import json, os, signal, sys, time
 import torch
 import deepspeed.comm as dist
 from deepspeed.utils import groups
-from dstoolkit.runtime.train.trainer import init_distributed
+from dstoolkit.runtime.train.pgroups import init_distributed
 
 timeout_s, out = float(sys.argv[1]), sys.argv[2]
 init_distributed("gloo", timeout_s)

@@ -27,9 +27,13 @@ def _worker(out_path: str) -> None:
 
     from dstoolkit.runtime.fp8 import EmulatedFp8Linear, convert, revert
     from dstoolkit.models.presets import get_preset
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
+
+    from dstoolkit.runtime.rankexit import install_exit_guard
 
     torch.set_num_threads(1)
+    install_exit_guard()  # groups released before exit: a gloo worker alive at exit aborts a finished run
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     shape = get_preset("tiny")

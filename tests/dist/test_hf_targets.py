@@ -1,7 +1,7 @@
 """Real 2-rank gloo runs of the hf and accelerate targets (dstoolkit.generate.hf_targets): each strategy's
 generated ds_config_hf.json + TrainingArguments flags run through HF `Trainer` (tests/dist/hf_scripts/train_hf.py,
-a tiny transformers Llama / Qwen3-MoE built from a config), launched with the generated torchrun line
-(`--deepspeed`) or the generated `accelerate launch` line and YAML; the loss must fall. Each run prints its
+a tiny transformers Llama / Qwen3-MoE built from a config), launched with the generated launch_hf.sh
+(torchrun, `--deepspeed`) or launch_accelerate.sh (`accelerate launch` and the YAML), as the summary says; the loss must fall. Each run prints its
 losses first -> last, measured peak RSS per rank and step time beside the estimator's numbers.
 
 Also documented here: what does not run through these targets and why (AutoEP: DeepSpeed 0.19.8 against
@@ -90,18 +90,11 @@ def _env() -> dict:
 
 
 def _launch(folder: Path, target: str, extra: list[str]) -> subprocess.CompletedProcess:
-    """Run the generated launch line, with our script in place of your_train.py."""
+    """Run the generated launch script as the summary says: `bash launch_hf.sh OUR_SCRIPT [its arguments]`."""
     name = "launch_hf.sh" if target == "hf" else "launch_accelerate.sh"
-    line = (folder / name).read_text().strip().splitlines()[-1]
-    words = shlex.split(line)
-    port = str(free_port())
-    if words[0] == "torchrun":
-        words[words.index("--standalone")] = f"--master_port={port}"
-    else:
-        words[2:2] = ["--main_process_port", port]
-    i = words.index("your_train.py")
-    words[i:i + 1] = [str(SCRIPT), *extra]
-    return subprocess.run(words, cwd=folder, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    env = {**_env(), "MASTER_PORT": str(free_port())}
+    return subprocess.run(["bash", str(folder / name), str(SCRIPT), *extra], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
 def _write(folder: Path, model: str, cand: Candidate, target: str) -> dict:
@@ -132,7 +125,8 @@ def test_generated_hf_zero_strategies_train(tmp_path):
     written = {cid: _write(tmp_path / cid, "llama", cand, "hf") for cid, cand in ZERO_CASES}
     first = ZERO_CASES[0][0]
     # the flags are the same for every ZeRO strategy (only --deepspeed differs): checked, then one process runs all
-    flags = {cid: w["files"]["launch_hf.sh"].strip().splitlines()[-1] for cid, w in written.items()}
+    flags = {cid: next(ln for ln in w["files"]["launch_hf.sh"].splitlines() if ln.startswith("CMD=("))
+             for cid, w in written.items()}
     assert len({f for f in flags.values()}) == 1, flags
     also = ",".join(str(tmp_path / cid) for cid, _ in ZERO_CASES[1:])
     proc = _launch(tmp_path / first, "hf", ["--model", "llama", "--result", "result.json", "--also", also])
@@ -159,8 +153,11 @@ def test_generated_hf_target_trains(tmp_path, cid, model, target, cand):
 
 
 AUTOEP_SCRIPT = """
+import sys
 import torch, deepspeed, deepspeed.comm as dist
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from dstoolkit.runtime.rankexit import install_exit_guard
+install_exit_guard()  # groups released before exit: a gloo worker alive at exit aborts a finished run
 deepspeed.init_distributed(dist_backend="gloo")
 cfg = Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
@@ -171,9 +168,11 @@ ds = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
       "expert_parallel": {"enabled": True, "autoep_size": 2, "preset_model": "qwen3_moe"}}
 try:
     deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-    print("AUTOEP OK")
+    line = "AUTOEP OK"
 except Exception as e:
-    print("AUTOEP FAIL", type(e).__name__, e)
+    line = f"AUTOEP FAIL {type(e).__name__} {e}"
+if dist.get_rank() == 0:  # one rank, one write: two ranks' prints interleave word by word on a shared pipe
+    sys.stdout.write(line + "\\n")
 """
 
 
@@ -201,6 +200,8 @@ def test_autoep_fails_in_deepspeed_0_19_8_with_transformers_5(tmp_path):
 PIPELINE_SCRIPT = """
 import torch, deepspeed, deepspeed.comm as dist
 from deepspeed.pipe import PipelineModule
+from dstoolkit.runtime.rankexit import install_exit_guard
+install_exit_guard()  # groups released before exit: a gloo worker alive at exit aborts a finished run
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
 layers = [torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)]
@@ -244,6 +245,8 @@ def test_pipeline_engine_trains_on_cpu_but_has_no_hf_target(tmp_path):
 
 ULYSSES_SCRIPT = """
 import torch, deepspeed, deepspeed.comm as dist
+from dstoolkit.runtime.rankexit import install_exit_guard
+install_exit_guard()  # groups released before exit: a gloo worker alive at exit aborts a finished run
 deepspeed.init_distributed(dist_backend="gloo")
 from deepspeed.sequence.layer import DistributedAttention
 def local_attn(q, k, v, *a, **kw):

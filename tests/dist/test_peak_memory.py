@@ -1,17 +1,18 @@
-"""Peak memory per rank against real DeepSpeed engines on 2 gloo ranks (benchmarks/peak_memory.py --grid quick).
+"""Peak memory per rank against real DeepSpeed engines on 2 gloo ranks (benchmarks/peak_memory.py --grid dist).
 
-One torchrun launch trains four cells for 2 steps each: the project's model at ZeRO-1 bf16 (peak inside step()
-while a gradient partition is cast to fp32) and at ZeRO-3 bf16 with full recompute (parameters kept gathered
-for reuse at the end of forward), and a transformers Llama (GQA, built from a config) at ZeRO-0 bf16 (peak at
-the optimizer step) and at ZeRO-2 fp32 with optimizer offload (peak at the end of forward). Each rank takes a
-census of live tensor storages + autograd-saved tensors at every phase point of step 2; the estimator's
-timeline must agree with the measured peak within the benchmark's goal, and name the same phase.
+One torchrun launch trains two transformers Llama cells (GQA, built from a config, no download) for 3 steps each,
+with the allocator tracker (dstoolkit/runtime/alloc_tracker.py) counting every CPU allocation and free on both
+ranks: ZeRO-0 fp32, whose peak is DeepSpeed's flattened all-reduce of every gradient at the end of backward
+(engine.py allreduce_gradients at MEMORY_OPT_ALLREDUCE_SIZE), and ZeRO-2 bf16, whose peak is torch AdamW's
+for-loop temporaries (two fp32 copies of the rank's flat partition) inside the optimizer step. The estimate must be
+within the benchmark's goal of the continuous peak, name the phase it was measured in, and account for what the
+sampled census (phase points) cannot see.
 """
 import importlib.util
 
 import pytest
 
-pytestmark = [pytest.mark.dist]
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def _bench(repo_root):
@@ -21,28 +22,26 @@ def _bench(repo_root):
     return mod
 
 
-@pytest.mark.timeout(300)
-def test_estimated_peak_matches_measured_phases(repo_root, tmp_path):
+@pytest.mark.timeout(600)
+def test_estimated_peak_matches_the_continuous_measurement(repo_root, tmp_path):
     bench = _bench(repo_root)
-    cells = bench.grid("quick")
-    recs = bench.launch(cells, tmp_path, timeout_s=280)
+    cells = bench.grid("dist")
+    # ~140 s at load 11-14 on 2 cores (2 cells x 3 steps x 2 ranks + DeepSpeed start-up)
+    recs = bench.launch(cells, tmp_path, timeout_s=560)
     rows = bench.score(recs)
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {r["rank"] for r in rows} == {0, 1} and len({r["cell"] for r in rows}) == len(cells)
-    by = {(r["cell"], r["rank"]): r for r in rows}
+    expect = {"llama-z0-fp32": "backward_end", "llama-z2-bf16": "optimizer_step"}
     for r in rows:
-        assert abs(r["err_peak"]) <= bench.PEAK_GOAL, (r["cell"], r["rank"], r["err_peak"], r["measured_phases"],
-                                                       r["estimate_phases"])
-        # the old additive total over-states every one of these cells by more than the goal
-        assert r["err_sum_of_parts"] > bench.PEAK_GOAL, (r["cell"], r["err_sum_of_parts"])
-    # the phase accounting, not only the maximum: where each cell peaks, measured and estimated
-    expect = {"proj-z1-bf16": "optimizer_step_cast", "proj-z3-bf16-ckpt_full": "forward_end",
-              "llama-z0-bf16": "optimizer_step", "llama-z2-fp32-off_optimizer": "forward_end"}
-    for cell, phase in expect.items():
-        r = by[(cell, 0)]
-        assert r["measured_phase"] == phase, (cell, r["measured_phases"])
-        assert r["estimate_phase"] == phase, (cell, r["estimate_phases"])
-    # per phase, not only at the peak: the optimizer-step census is the model states (exact since issue #4)
-    for r in rows:
-        m, e = r["measured_phases"]["optimizer_step"], r["estimate_phases"]["optimizer_step"]
-        assert abs(e - m) / m <= 0.01, (r["cell"], m, e)
+        where = (r["cell"], r["rank"], r["continuous_phase_max"], r["estimate_phases"])
+        assert abs(r["err_peak"]) <= bench.PEAK_GOAL, where
+        assert r["measured_phase"] == expect[r["cell"]], where
+        assert r["estimate_measured_phase"] == r["measured_phase"], where
+        # the census between phase points misses the transient the peak is made of
+        assert r["sampled_peak"] < r["measured_peak"] * (1 - bench.PEAK_GOAL), where
+    for r in (r for r in rows if r["cell"] == "llama-z2-bf16"):
+        # inside the inner step, beyond the census taken at its entry: the modelled for-loop temporaries (1%)
+        assert r["estimate_optimizer_impl"] == "torch_for_loop"
+        extra = r["continuous_phase_max"]["optimizer_step"] - r["measured_phases"]["optimizer_step"]
+        assert abs(extra - r["estimate_optimizer_temporaries"]) <= 0.01 * r["estimate_optimizer_temporaries"], \
+            (extra, r["estimate_optimizer_temporaries"])

@@ -41,8 +41,12 @@ def test_real_study_interrupted_then_resumed(repo_root, tmp_path, capsys):
     spec = repo_root / "ds_configs" / "tiny_cpu.yaml"
     out = tmp_path / "study"
     env = dict(os.environ, PYTHONPATH=str(repo_root))
+    # Ctrl-C as a terminal delivers it: SIGINT at its default disposition in the tuner. A suite started in the
+    # background of a non-interactive shell (`pytest &`) inherits SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler, so without this the signal would be dropped and the study would run to its end.
     proc = subprocess.Popen([sys.executable, "-m", "dstoolkit", *_args(spec, out, 3)], cwd=repo_root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     second = out / "trials" / "0001" / "log.txt"
     deadline = time.time() + 600
     while not second.exists() and proc.poll() is None and time.time() < deadline:

@@ -234,5 +234,9 @@ def test_hf_callback_resume_after_killed_rank(tmp_path):
     res = [e for e in ev if e["event"] == "resume"]
     assert res and res[0]["step"] >= 8, ev
     assert ev[-1]["event"] == "done" and ev[-1]["step"] == 24
+    from dstoolkit.ckpt.inspect import inspect_checkpoint  # `dstoolkit ckpt inspect` on an HF Trainer output_dir
+
+    info = inspect_checkpoint(out)
+    assert (info.format, info.step, info.zero_stage, info.dp, info.complete) == ("hf-trainer", 24, 1, 2, True), info
     print(f"[hf callback] rank killed after checkpoint-8; rerun resumed at step {res[0]['step']} (Trainer "
           "checkpoint + the guard's state) and finished 24")

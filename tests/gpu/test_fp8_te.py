@@ -25,7 +25,7 @@ def _tiny_on_gpu(seed=0):
 
 
 def _batch(shape):
-    from dstoolkit.runtime.model import synthetic_batch
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     ids, labels = synthetic_batch(shape, 4, 128, step=0, rank=0)
     return ids.cuda(), labels.cuda()

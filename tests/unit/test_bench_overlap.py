@@ -1,26 +1,26 @@
 """bench overlap: interval arithmetic of the profiler trace, η, and the variant grid."""
 import pytest
 
-from dstoolkit.runtime.bench import overlap
+from dstoolkit.runtime.bench import overlap, overlap_math
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.targets import BenchTarget
 
 
 def test_union_and_exposed_intervals():
-    assert overlap.union_intervals([(0, 2), (1, 3), (5, 6), (6, 7)]) == [(0, 3), (5, 7)]
-    assert overlap.covered_length([(0, 2), (1, 3)]) == 3
+    assert overlap_math.union_intervals([(0, 2), (1, 3), (5, 6), (6, 7)]) == [(0, 3), (5, 7)]
+    assert overlap_math.covered_length([(0, 2), (1, 3)]) == 3
     comm = [(0, 10)]
     compute = [(2, 4), (3, 5), (8, 12)]  # covers 2..5 and 8..10 -> 5 of 10 hidden
-    assert overlap.exposed_length(comm, compute) == pytest.approx(5)
-    assert overlap.exposed_length(comm, []) == pytest.approx(10)
-    assert overlap.exposed_length([(0, 1), (4, 6)], [(-1, 7)]) == pytest.approx(0)
+    assert overlap_math.exposed_length(comm, compute) == pytest.approx(5)
+    assert overlap_math.exposed_length(comm, []) == pytest.approx(10)
+    assert overlap_math.exposed_length([(0, 1), (4, 6)], [(-1, 7)]) == pytest.approx(0)
 
 
 def test_eta_definition_and_clamp():
     # η = 1 − exposed / total communication (docs/anchors.md 'Overlap')
-    assert overlap.eta_from(0.25, 1.0) == (0.75, 0.75)
-    assert overlap.eta_from(2.0, 1.0) == (0.0, -1.0)
-    assert overlap.eta_from(0.0, 0.0) == (1.0, 1.0)
+    assert overlap_math.eta_from(0.25, 1.0) == (0.75, 0.75)
+    assert overlap_math.eta_from(2.0, 1.0) == (0.0, -1.0)
+    assert overlap_math.eta_from(0.0, 0.0) == (1.0, 1.0)
 
 
 def test_parse_bucket_sizes():
@@ -58,7 +58,7 @@ def test_combine_computes_eta_from_medians():
     v = overlap.build_variants([_target(2)], {"z2": 1000}, "on", [1000], None)[0]
     multi = {"overlapped_samples_s": [1.2, 1.3, 1.25], "comm_samples_s": [0.4, 0.4, 0.4]}
     single = {"compute_fb_samples_s": [0.9, 0.9, 0.9], "compute_opt_samples_s": [0.2, 0.2, 0.2]}
-    rec = overlap.combine(v, 2, multi, single)
+    rec = overlap_math.combine(v, 2, multi, single)
     # compute-only = fb + opt/N = 1.0; exposed = 1.25 - 1.0; η = 1 - 0.25/0.4
     assert rec["compute_s"]["median"] == pytest.approx(1.0)
     assert rec["exposed_comm_s"] == pytest.approx(0.25)
@@ -69,7 +69,7 @@ def test_merge_compute_only_takes_the_slowest_engine_per_step():
     a = [{"key": "k", "compute_fb_samples_s": [1.0, 1.0], "compute_opt_samples_s": [0.1, 0.5]}]
     b = [{"key": "k", "compute_fb_samples_s": [1.2, 0.8], "compute_opt_samples_s": [0.1, 0.1]},
          {"key": "only-b", "compute_fb_samples_s": [1.0], "compute_opt_samples_s": [0.1]}]
-    merged = overlap.merge_compute_only([a, b])
+    merged = overlap_math.merge_compute_only([a, b])
     assert set(merged) == {"k"}  # a variant missing from one engine gives no result
     assert merged["k"]["compute_fb_samples_s"] == [1.2, 1.0]
     assert merged["k"]["compute_opt_samples_s"] == [0.1, 0.5]

@@ -1,9 +1,10 @@
 """bench train: metric summary, errors, and refusing bad configs before launching anything."""
 import json
+import pathlib
 
 import pytest
 
-from dstoolkit.runtime.bench import train
+from dstoolkit.runtime.bench import train, train_report
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.cli import main
 
@@ -16,7 +17,7 @@ def _rows():
 
 
 def test_summarize_metrics_skips_warmup_steps():
-    m = train.summarize_metrics(_rows(), skip_steps=2, seq_len=64)
+    m = train_report.summarize_metrics(_rows(), skip_steps=2, seq_len=64)
     assert m["timed_steps"] == 4 and m["steps"] == 6
     assert m["step_time_s_median"] == pytest.approx(1.0)
     assert m["step_time_s_p90"] == pytest.approx(1.7)  # linear interpolation of [1, 1, 1, 2]
@@ -24,12 +25,12 @@ def test_summarize_metrics_skips_warmup_steps():
     assert m["peak_memory_bytes"] == 106
     assert m["loss_first"] == pytest.approx(7.9) and m["loss_last"] == pytest.approx(7.4)
     with pytest.raises(RuntimeError, match="skip-steps"):
-        train.summarize_metrics(_rows(), skip_steps=6, seq_len=64)
+        train_report.summarize_metrics(_rows(), skip_steps=6, seq_len=64)
 
 
 def test_rel_error():
-    assert train.rel_error(1.2, 1.0) == pytest.approx(0.2)
-    assert train.rel_error(None, 1.0) is None and train.rel_error(1.0, 0) is None
+    assert train_report.rel_error(1.2, 1.0) == pytest.approx(0.2)
+    assert train_report.rel_error(None, 1.0) is None and train_report.rel_error(1.0, 0) is None
 
 
 def test_trainer_command_is_the_deepspeed_launcher(tmp_path):
@@ -105,3 +106,51 @@ def test_bench_tune_and_hf_callback_estimate_through_one_path(monkeypatch, repo_
         assert bench["calibration_source"].startswith("reference calibration")
     nominal = train.estimate_for(spec, shape, checked[0].ds_config, 2, 1, train.load_calibration("none"))
     assert nominal["calibration_source"] == "nominal hardware-table rates" and not nominal["calibrated"]
+
+
+def test_user_config_with_auto_values_runs_as_given_and_is_resolved_for_the_estimate_only(tmp_path):
+    """An HF-style config ("auto" values) passes HF-mode validation, goes to the command unchanged as {config},
+    and is made concrete for the estimate from the command's flags, then the spec, then HF defaults."""
+    import json as _json
+
+    from dstoolkit.runtime.bench import targets
+    from dstoolkit.runtime.bench.usercmd import command_values, resolve_user_config
+    from dstoolkit.spec import load_spec
+
+    user = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+            "zero_optimization": {"stage": 2}}
+    targets.validate_ds_config(user, "hf", 2)  # strict mode would refuse every "auto"
+    spec = load_spec(pathlib.Path(__file__).resolve().parents[1] / "dist" / "user_scripts" / "spec.yaml")
+    cmd = ["torchrun", "train.py", "--deepspeed", "{config}", "--per_device_train_batch_size", "4", "--bf16",
+           "--gradient_accumulation_steps", "{grad_accum}"]
+    resolved, assumed = resolve_user_config(user, command=cmd, spec=spec, world_size=2)
+    assert resolved["train_micro_batch_size_per_gpu"] == 4 and resolved["bf16"]["enabled"] is True
+    assert resolved["gradient_accumulation_steps"] == spec.training.global_batch // (4 * 2)
+    assert resolved["train_batch_size"] == spec.training.global_batch and resolved["gradient_clipping"] == 1.0
+    assert "/train_micro_batch_size_per_gpu = 4 (--per_device_train_batch_size 4 in the command)" in assumed
+    assert "/bf16/enabled = true (--bf16 in the command)" in assumed
+    assert any(a.startswith("/gradient_clipping = 1.0 (HF default") for a in assumed), assumed
+    vals = command_values(user, tmp_path, world_size=2, steps=3, resolved=resolved)
+    assert _json.loads(pathlib.Path(vals["config"]).read_text()) == user  # the user's file as given
+    assert vals["micro_batch"] == "4" and vals["precision_flag"] == "--bf16"
+
+
+def test_launcher_found_beside_the_interpreter_else_named_with_the_path_fix(tmp_path, monkeypatch):
+    import sys as _sys
+
+    from dstoolkit.runtime.bench.harness import BenchInputError
+    from dstoolkit.runtime.bench.usercmd import find_launcher
+
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "torchrun").write_text("#!/bin/sh\n")
+    (bindir / "torchrun").chmod(0o755)
+    monkeypatch.setattr(_sys, "executable", str(bindir / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_launcher(["torchrun", "x.py"]) == [str(bindir / "torchrun"), "x.py"]
+    assert find_launcher(["python", "x.py"]) == ["python", "x.py"]  # not a launcher: left alone
+    with pytest.raises(BenchInputError) as exc:
+        find_launcher(["accelerate", "launch", "x.py"])
+    msg = str(exc.value)
+    assert "'accelerate'" in msg and "not on PATH" in msg and "export PATH=" in msg and str(bindir) in msg

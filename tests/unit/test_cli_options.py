@@ -72,7 +72,7 @@ CASES = [
     ("os-error", lambda: FileNotFoundError(2, "No such file or directory", "x.json"), EXIT_INPUT,
      "dstoolkit demo: error: x.json: No such file or directory"),
     ("missing-package", lambda: ModuleNotFoundError("No module named 'optuna'", name="optuna.samplers"), EXIT_INPUT,
-     "dstoolkit demo: error: optuna is not installed"),
+     "dstoolkit demo: error: optuna is not installed: dstoolkit demo needs dstoolkit[tune]: pip install 'dstoolkit[tune]'"),
 ]
 
 
@@ -148,7 +148,8 @@ def test_bad_input_through_each_verb_is_exit_2_without_traceback(tmp_path, capsy
 def test_options_module_is_stdlib_only():
     code = ("import sys, dstoolkit.cli.options; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core', 'torch', 'yaml')"
-            " or (m.startswith('dstoolkit.') and m not in ('dstoolkit.cli', 'dstoolkit.cli.options'))))")
+            " or (m.startswith('dstoolkit.') and m not in ('dstoolkit.cli', 'dstoolkit.cli.options',"
+            " 'dstoolkit.common', 'dstoolkit.common.extras'))))")  # extras: stdlib only, the extra names
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -177,11 +178,12 @@ def _option(parser: argparse.ArgumentParser, flag: str):
 
 
 WITH_FORMAT = {"validate", "resolve", "generate", "sweep", "estimate", "fp8 plan", "bench comm", "bench overlap",
-               "bench train", "report", "train", "tune"}
+               "bench train", "report", "train", "tune", "ckpt inspect"}
 
 
 def test_every_verb_that_prints_a_table_has_the_same_format_flag():
-    assert set(LEAVES) == WITH_FORMAT | {"schema"}  # schema prints the JSON Schema itself
+    # schema prints the JSON Schema itself; ckpt reshard / export write a folder and print where
+    assert set(LEAVES) == WITH_FORMAT | {"schema", "ckpt reshard", "ckpt export"}
     for verb in WITH_FORMAT:
         action = _option(LEAVES[verb], "--format")
         assert action is not None, verb
@@ -197,7 +199,7 @@ def test_every_verb_with_format_accepts_json(verb):
                 "generate": ["s.yaml", "--out", "d"], "sweep": ["s.yaml"], "estimate": [], "fp8 plan": ["tiny"],
                 "bench comm": [], "bench overlap": ["c.json"], "bench train": ["c.json"], "report": ["r"],
                 "train": ["--spec", "s.yaml", "--config", "c.json", "--steps", "1"],
-                "tune": ["s.yaml", "--budget", "1", "--out", "d"]}[verb]
+                "tune": ["s.yaml", "--budget", "1", "--out", "d"], "ckpt inspect": ["ck"]}[verb]
     args = parser.parse_args([*path, *required, "--format", "json"])
     assert args.format == "json"
     assert parser.parse_args([*path, *required, "--format", "table"]).format == "text"

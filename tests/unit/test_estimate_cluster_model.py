@@ -63,6 +63,26 @@ def test_deepspeed_overlap_defaults_follow_the_json():
     assert cm.resolved_overlap(_plan(stage=3)) == (True, True)
 
 
+def test_deepspeed_pipeline_engine_reduces_gradients_after_the_flush():
+    # deepspeed/runtime/pipe/schedule.py TrainSchedule: one ReduceGrads after the last BackwardPass, so the DP
+    # reduction is exposed under the PipelineEngine even with overlap_comm (and with an explicit override)
+    piped = _plan("llama-3-70b", world=32, tp=8, pp=2, ga=8, zero={"overlap_comm": True})
+    assert cm.pipeline_reduces_after_flush(piped)
+    assert cm.resolved_overlap(piped) == (False, False)
+    assert cm.resolved_overlap(piped.model_copy(update={"overlap_grad_reduce": True})) == (False, False)
+    ops = {op.name: op.overlappable for op in comm_plan(piped).ops}
+    assert ops["zero_grad_all_reduce"] is False
+    flat = _plan("llama-3-70b", world=32, tp=8, ga=8, zero={"overlap_comm": True})
+    assert not cm.pipeline_reduces_after_flush(flat) and cm.resolved_overlap(flat) == (True, False)
+    # Megatron's own pipeline schedules are not DeepSpeed's engine: its --overlap-grad-reduce still applies
+    mega = piped.model_copy(update={"framework": "megatron", "overlap_grad_reduce": True})
+    assert cm.resolved_overlap(mega)[0] is True
+    # nothing of the step's communication hides any more: every collective is in the critical path
+    st = estimate_run(piped).step_time
+    assert st.comm_exposed_s == pytest.approx(st.comm_total_s, rel=1e-12) and st.comm_total_s > 0
+    assert estimate_run(flat).step_time.comm_exposed_s < estimate_run(flat).step_time.comm_total_s
+
+
 def test_megatron_and_fsdp_defaults_and_overrides():
     # Megatron-LM arguments.py: --overlap-grad-reduce / --overlap-param-gather default off; FSDP overlaps by design
     assert cm.resolved_overlap(_plan(framework="megatron")) == (False, False)
@@ -181,19 +201,7 @@ def test_layer_weights_split_routed_and_shared():
     assert cm.layer_weights(shape, 0).dense_mlp == 3 * 7168 * 18432
 
 
-# -- compute efficiency ----------------------------------------------------------------------------------
-def test_gemm_rate_by_shape_precision_and_generation():
-    h100, a100 = get_gpu("H100-SXM"), get_gpu("A100-80G")
-    assert cm.shape_factor(cm.GEMM_HALF_DIM, 1e6, 1e6) == pytest.approx(0.5)
-    big = cm.gemm_rate(h100, "bf16", 1e9, 1e9, 1e9)
-    assert big == pytest.approx(989e12 * 0.80, rel=1e-3)
-    assert cm.gemm_rate(h100, "fp8", 8192, 8192, 8192) == pytest.approx(
-        cm.FP8_GEMM_SPEEDUP * cm.gemm_rate(h100, "bf16", 8192, 8192, 8192))
-    assert cm.gemm_rate(a100, "fp8", 8192, 8192, 8192) == cm.gemm_rate(a100, "bf16", 8192, 8192, 8192)
-    assert cm.gemm_rate(h100, "bf16", 1024, 8192, 8192) < cm.gemm_rate(h100, "bf16", 8192, 8192, 8192)
-    assert 1.3 <= cm.FP8_GEMM_SPEEDUP <= 1.5
-
-
+# -- compute efficiency (one GEMM's rate: test_estimate_gemm.py) -----------------------------------
 def test_hbm_bandwidth_comes_from_the_table():
     assert get_gpu("H200").hbm_bw_bytes_per_s == pytest.approx(4.8e12)
     assert get_gpu("A100-80G").hbm_bw_bytes_per_s == pytest.approx(2.039e12)
@@ -212,3 +220,44 @@ def test_spec_fields_validate():
         _spec(virtual_stages=2)  # needs the interleaved schedule
     with pytest.raises((SpecError, ValueError)):
         _spec(cp=2, ulysses=2)
+
+
+def test_flash_attention_v1_runs_at_the_fraction_the_fa2_paper_gives_it():
+    """flash1 (flash-attn 1.x): 0.30 of the A100 peak (FA2 paper abstract: FA1 reaches 25-40%); on Hopper the
+    same ratio to FA2 as on A100; the causal triangle is skipped as by FA2."""
+    a100, h100 = get_gpu("A100-80G"), get_gpu("H100-SXM")
+    assert cm.attention_fraction(a100, "flash1") == 0.30
+    assert cm.attention_fraction(a100, "flash") == 0.55
+    assert cm.attention_fraction(h100, "flash1") == pytest.approx(0.35 * 0.30 / 0.55)
+    assert 0.25 <= cm.ATTENTION_FRACTION["flash1"] <= 0.40
+    shape = get_preset("llama-3-8b")
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True}}
+
+    def core_s(impl):
+        plan = RunPlan(shape=shape, ds_config=ds, world_size=8, gpus_per_node=8, gpu=a100, seq_len=8192,
+                       precision="bf16", framework="fsdp", attention_impl=impl)
+        return cm.layer_compute_s(plan, 0, 8192.0, 0.0, a100.hbm_bw_bytes_per_s)
+
+    # the attention core alone differs: 12·H·Q·S·T/2 FLOPs at 0.30 vs 0.55 of peak
+    h, q = shape.num_attention_heads, shape.head_size
+    work = 12 * h * q * 8192 * 8192 * cm.CAUSAL_ATTENTION_WORK
+    assert core_s("flash1") - core_s("flash") == pytest.approx(work / a100.peak_bf16_flops * (1 / 0.30 - 1 / 0.55))
+
+
+def test_gemm_half_depth_follows_the_gpu_ridge_point():
+    """k_half = GEMM_HALF_DIM x (peak / HBM bandwidth) / the A100 80GB ridge: the H100 SXM (989 TFLOP/s over
+    3.35 TB/s) needs 1.93x the depth of the A100 80GB (312 over 2.039); a GPU without an HBM figure keeps
+    GEMM_HALF_DIM; the fall-off at depth k is k / (k + k_half)."""
+    from dstoolkit.estimate import gemm
+
+    a100, h100, a100_40 = get_gpu("A100-80G"), get_gpu("H100-SXM"), get_gpu("A100-40G")
+    assert gemm.half_depth(a100) == pytest.approx(gemm.GEMM_HALF_DIM)
+    assert gemm.half_depth(h100) == pytest.approx(gemm.GEMM_HALF_DIM * (989 / 3.35) / (312 / 2.039))
+    assert gemm.half_depth(a100_40) == pytest.approx(gemm.GEMM_HALF_DIM * 2.039 / 1.555)
+    assert gemm.half_depth(get_gpu("cpu")) == gemm.GEMM_HALF_DIM  # no HBM figure
+    # one wave-perfect shape (m, n multiples of every tile and of the SM count's tiles): only the k term differs
+    m, n, k = 256 * 132 * 4, 256 * 108, 1536.0
+    for gpu in (a100, h100):
+        f = gemm.gemm_shape_factor(gpu, m, n, k) / gemm.wave_utilisation(m, n, gemm.SMS_BY_COMPUTE_CAPABILITY[
+            gpu.compute_capability])
+        assert f == pytest.approx(k / (k + gemm.half_depth(gpu)))

@@ -133,3 +133,53 @@ def test_busbw_factor_at_one_rank_is_the_nccl_tests_formula(coll, factor):
 def test_busbw_factor_rejects_an_empty_group():
     with pytest.raises(ValueError, match="at least one rank"):
         busbw_factor("all_reduce", 0)
+
+
+# -- NCCL per-call latency (src/graph/tuning.cc ncclTopoTuneModel, ring / Simple) ------------------------
+def test_nccl_call_latency_follows_nccls_ring_model():
+    from dstoolkit.estimate.comm import CommOp, nccl_call_latency_s
+
+    us = 1e-6
+    # all-reduce inside a node of 8: baseLat 8.4 + 2·7 NVLink steps x 3.4
+    ar = CommOp("tp_all_reduce", "all_reduce", 1, 8, False, 1, False)
+    assert nccl_call_latency_s(ar) == pytest.approx((8.4 + 14 * 3.4) * us)
+    # all-gather over 1536 ranks, 8 per node (192 nodes): 1535 steps, 191 of them over the network (9.6 us)
+    ag = CommOp("zero3_param_all_gather_fwd", "all_gather", 1, 1536, True, 1, True, 1, 1.0, 8)
+    assert nccl_call_latency_s(ag) == pytest.approx((8.4 + (1535 - 191) * 3.4 + 191 * 9.6) * us)
+    # one rank per node (tp 8 x dp 4): every step crosses the network
+    rs = CommOp("zero_grad_reduce_scatter", "reduce_scatter", 1, 4, True, 1, False)
+    assert nccl_call_latency_s(rs) == pytest.approx((8.4 + 3 * 9.6) * us)
+    # a point-to-point send between pipeline stages on two nodes: one network step
+    pp = CommOp("pp_p2p", "p2p", 1, 2, True, 1, False, 8)
+    assert nccl_call_latency_s(pp) == pytest.approx((8.4 + 9.6) * us)
+
+
+def test_gpu_step_time_charges_each_call_its_latency():
+    from dstoolkit.estimate import comm as comm_mod
+    from dstoolkit.estimate.core import estimate_run
+
+    plan = _plan_for_latency()
+    ops = comm_mod.comm_plan(plan).ops
+    with_lat = estimate_run(plan).step_time.comm_total_s
+    old = comm_mod.NCCL_CALL_LATENCY
+    try:
+        comm_mod.NCCL_CALL_LATENCY = False
+        without = estimate_run(plan).step_time.comm_total_s
+    finally:
+        comm_mod.NCCL_CALL_LATENCY = old
+    assert with_lat - without == pytest.approx(sum(op.calls * comm_mod.nccl_call_latency_s(op) for op in ops), rel=1e-9)
+    # Megatron-FSDP reduce-scatters once per layer and micro batch (not per DeepSpeed reduce bucket)
+    mega = plan.model_copy(update={"framework": "megatron"})
+    rs = {op.name: op.calls for op in comm_mod.comm_plan(mega).ops}["zero3_grad_reduce_scatter"]
+    assert rs == mega.ds.grad_accum * mega.shape.num_hidden_layers
+
+
+def _plan_for_latency():
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.models import get_preset
+    from dstoolkit.runplan import RunPlan
+
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW"}}
+    return RunPlan(shape=get_preset("llama-3-8b"), ds_config=ds, world_size=16, gpus_per_node=8,
+                   gpu=get_gpu("H100-SXM"), seq_len=4096, tp=2)

@@ -227,7 +227,8 @@ def test_json_shape_is_stable():
         assert isinstance(js["memory_per_rank_bytes"][k], int) and js["memory_per_rank_bytes"][k] >= 0
     m = js["memory_per_rank_bytes"]
     # issue #15: `total` is the peak over phases; the sum of the category maxima is a labelled upper bound
-    assert m["sum_of_parts_bytes"] == m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["buffers"]
+    assert m["sum_of_parts_bytes"] == m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["buffers"] \
+        + m["temporaries"]
     assert m["total"] == m["peak"] == max(p["device_bytes"] for p in m["timeline"]) <= m["sum_of_parts_bytes"]
     assert m["peak_phase"] in {p["phase"] for p in m["timeline"]}
     assert m["required_bytes"] == m["total"] + m["allowance_bytes"]
@@ -260,3 +261,145 @@ def test_small_custom_shape_has_no_negative_terms():
     for v in est.to_json()["memory_per_rank_bytes"].values():
         if isinstance(v, int):
             assert v >= 0
+
+
+# --- the step's temporaries (issue 24 item 4), numbers from the formulas in step_temporaries.py ----------------------
+from dstoolkit.estimate.activations import activation_bytes  # noqa: E402
+from dstoolkit.estimate.step_temporaries import (  # noqa: E402
+    optimizer_implementation, optimizer_temporary_bytes)
+
+# Ψ of the tiny shape by hand: per layer q,k,v,o 4·64·64 + gated MLP 3·64·128 + two norms 2·64 = 41,088; two layers,
+# embedding 100·64, untied LM head 100·64, final norm 64. Largest tensor: an MLP matrix, 64·128 = 8,192.
+TINY_PSI = 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 100 * 64 + 64
+TINY_LARGEST = 64 * 128
+
+
+def _tiny(stage, *, precision="fp32", gpu="cpu", opt_params=None, opt_type="AdamW", offload=False, clip=None):
+    shape = ModelShape(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=128, vocab_size=100)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": opt_type, "params": dict(opt_params if opt_params is not None
+                                                          else {"torch_adam": True})},
+           "zero_optimization": {"stage": stage, "reduce_bucket_size": 500_000}}
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if clip is not None:
+        cfg["gradient_clipping"] = clip
+    return RunPlan(shape=shape, ds_config=cfg, world_size=2, gpus_per_node=2, gpu=get_gpu(gpu), seq_len=32,
+                   precision=precision, checkpoint=CheckpointPolicy(kind="none"))
+
+
+def test_optimizer_temporaries_per_implementation_from_the_formula():
+    calls = [[10, 30], [20]]  # two step() calls (e.g. two param groups); tensors of 10, 30 and 20 elements
+    assert optimizer_temporary_bytes("torch_for_loop", calls, l2_decay=False) == 2 * 30 * 4  # sqrt + quotient
+    assert optimizer_temporary_bytes("torch_for_loop", calls, l2_decay=True) == 3 * 30 * 4  # + grad.add(param)
+    assert optimizer_temporary_bytes("torch_foreach", calls, l2_decay=False) == 1 * 40 * 4  # _foreach_sqrt(group)
+    assert optimizer_temporary_bytes("torch_foreach", calls, l2_decay=True) == 2 * 40 * 4
+    for impl in ("torch_fused", "deepspeed_fused_adam", "deepspeed_cpu_adam", "other"):
+        assert optimizer_temporary_bytes(impl, calls, l2_decay=True) == 0
+
+
+def test_optimizer_implementation_as_deepspeed_picks_it():
+    # engine.py get_optimizer_configuration; torch's default: foreach on CUDA, the for-loop on CPU
+    assert optimizer_implementation("adamw", True, None, None, False, on_cpu=True) == "torch_for_loop"
+    assert optimizer_implementation("adamw", True, None, None, False, on_cpu=False) == "torch_foreach"
+    assert optimizer_implementation("adamw", True, False, None, False, on_cpu=False) == "torch_for_loop"
+    assert optimizer_implementation("adam", True, True, None, False, on_cpu=True) == "torch_foreach"
+    assert optimizer_implementation("adamw", True, None, True, False, on_cpu=False) == "torch_fused"
+    assert optimizer_implementation("adamw", False, None, None, True, on_cpu=True) == "deepspeed_cpu_adam"
+    assert optimizer_implementation("adamw", False, None, None, False, on_cpu=False) == "deepspeed_fused_adam"
+    assert optimizer_implementation("lamb", False, None, None, False, on_cpu=False) == "other"
+
+
+def test_zero2_for_loop_step_holds_two_copies_of_the_flat_partition():
+    part = (-(-TINY_PSI // 4) * 4) // 2  # flat buffer padded to 2·N = 4 elements, split over 2 ranks
+    ms = deepspeed_model_states(_tiny(2), rank=0)
+    assert ms.optimizer_impl == "torch_for_loop"
+    assert ms.optimizer_temporaries == 2 * part * 4  # the partition is one tensor to torch AdamW
+    # GPU: torch's foreach default (one copy), DeepSpeed FusedAdam without torch_adam (none)
+    assert deepspeed_model_states(_tiny(2, gpu="H100-SXM"), rank=0).optimizer_temporaries == 1 * part * 4
+    fused = deepspeed_model_states(_tiny(2, gpu="H100-SXM", opt_params={}), rank=0)
+    assert (fused.optimizer_impl, fused.optimizer_temporaries) == ("deepspeed_fused_adam", 0)
+    # Adam with adam_w_mode false and weight decay: L2 decay makes a third copy
+    l2 = deepspeed_model_states(_tiny(2, opt_type="Adam", opt_params={"torch_adam": True, "adam_w_mode": False,
+                                                                       "weight_decay": 0.1}), rank=0)
+    assert l2.optimizer_temporaries == 3 * part * 4
+    # optimizer offload: DeepSpeedCPUAdam steps the host partition in place
+    off = deepspeed_model_states(_tiny(2, opt_params={}, offload=True), rank=0)
+    assert (off.optimizer_impl, off.optimizer_temporaries, off.host_optimizer_temporaries) == \
+        ("deepspeed_cpu_adam", 0, 0)
+
+
+def test_stage0_for_loop_step_holds_two_copies_of_the_largest_parameter():
+    ms = deepspeed_model_states(_tiny(0))
+    assert ms.optimizer_temporaries == 2 * TINY_LARGEST * 4
+    # engine.backward -> allreduce_gradients() uses MEMORY_OPT_ALLREDUCE_SIZE (5e8), not reduce_bucket_size
+    # (500,000 here, larger than Ψ anyway): the whole fp32 gradient set is flattened at once
+    assert ms.transient_buffers == TINY_PSI * 4
+    est = estimate_run(_tiny(0))
+    ph = {p.name: p for p in est.memory.timeline.phases}
+    tmp = [t for t in ph["optimizer_step"].terms if t.name == "optimizer_temporaries"]
+    assert [t.bytes for t in tmp] == [2 * TINY_LARGEST * 4] and "for-loop" in tmp[0].source
+
+
+def test_zero12_gradient_norm_makes_an_fp64_copy_of_the_largest_partition_gradient():
+    ms = deepspeed_model_states(_tiny(2), rank=0)
+    assert ms.grad_norm_temporaries == 8 * TINY_LARGEST  # zero/utils.py get_norm_dtype: fp64
+    est = estimate_run(_tiny(2), rank=0)
+    ph = {p.name: p.device_bytes for p in est.memory.timeline.phases}
+    base = ms.params + ms.master_params + ms.optimizer_states
+    assert ph["grad_norm"] == base + ms.grads_at_norm + 8 * TINY_LARGEST
+    assert ms.grads_at_norm > 0  # grads_in_partition is what the norm walks
+    # stage 0 keeps no such copy (clip_grad_norm_'s .float() is the fp32 gradient itself)
+    assert deepspeed_model_states(_tiny(0)).grad_norm_temporaries == 0
+
+
+def test_stage1_end_of_backward_on_rank0_holds_every_gradient_and_its_partition_buffer():
+    ms0 = deepspeed_model_states(_tiny(1), rank=0)
+    # reduce_gradients walks the params in order; rank 0's partition starts at the first one, so its
+    # grads_in_partition is allocated while every .grad (4Ψ, fp32) is alive
+    assert ms0.grads_backward_peak == 4 * TINY_PSI + ms0.grads_at_norm
+    ms1 = deepspeed_model_states(_tiny(1), rank=1)
+    assert ms1.grads_backward_peak < 4 * TINY_PSI + ms1.grads_at_norm  # earlier grads already freed
+
+
+def test_loss_temporaries_from_the_logits_shape():
+    tok, vocab = 32 * 2, 100
+    a = activation_bytes(_tiny(0))
+    assert a.loss_forward_transient == 4 * tok * vocab  # fp32 logits beside the fp32 log-probs
+    assert a.loss_backward_transient == 2 * 4 * tok * vocab  # log_softmax backward: grad_output + grad_input
+    b = activation_bytes(_tiny(0, precision="bf16"))
+    assert b.loss_forward_transient == (2 + 4) * tok * vocab  # bf16 logits + their .float() copy
+    assert b.loss_backward_transient == 2 * 4 * tok * vocab
+
+
+def test_fused_loss_keeps_the_low_precision_logits_and_writes_one_gradient():
+    """loss_impl fused (flash-attn CrossEntropyLoss, llm-foundry's default): no fp32 [tokens, vocab] tensor; the
+    saved part swaps torch's fp32 log-probs for the bf16 logits and an fp32 log-sum-exp per token."""
+    tok, vocab = 32 * 2, 100
+    torch_loss = activation_bytes(_tiny(0, precision="bf16"))
+    fused = activation_bytes(_tiny(0, precision="bf16").model_copy(update={"loss_impl": "fused"}))
+    assert fused.loss_forward_transient == 0
+    assert fused.loss_backward_transient == 2 * tok * vocab  # one bf16 gradient of the logits
+    assert torch_loss.saved - fused.saved == 4 * tok * vocab - (2 * tok * vocab + 4 * tok)
+
+
+def test_loss_impl_is_a_spec_field_that_reaches_the_plan():
+    from dstoolkit.models.resolve import resolve_spec_model
+    from dstoolkit.runplan import plan_from_spec
+    from dstoolkit.spec import spec_from_dict
+
+    base = {"model": {"preset": "llama-3-8b"}, "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "A100-80G"},
+            "training": {"seq_len": 1024, "global_batch": 64, "micro_batch": 8, "precision": "bf16"}}
+    ds = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
+
+    def plan(training_extra):
+        spec = spec_from_dict({**base, "training": {**base["training"], **training_extra}})
+        return plan_from_spec(spec, ds, resolve_spec_model(spec))
+
+    assert plan({}).loss_impl == "torch"
+    assert plan({"loss_impl": "fused"}).loss_impl == "fused"
+    with pytest.raises(Exception, match="loss_impl"):
+        plan({"loss_impl": "liger"})

@@ -88,7 +88,8 @@ def test_tiny_model_swap_state_dicts_and_revert():
     from torch import nn
 
     from dstoolkit.runtime.fp8 import EmulatedFp8Linear, convert, load_state_dict, revert
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     shape, model = _tiny()
     ref_sd = {k: v.clone() for k, v in model.state_dict().items()}
@@ -119,7 +120,7 @@ def test_optimizer_built_before_convert_still_updates_swapped_layers():
     import torch
 
     from dstoolkit.runtime.fp8 import convert
-    from dstoolkit.runtime.model import synthetic_batch
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     shape, model = _tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -10,7 +10,7 @@ import yaml
 from dstoolkit.cli import main
 from dstoolkit.generate.writer import MARKER_FILE, OutputExistsError, write_tree_atomic
 
-FOLDER_FILES = {"ds_config.json", "launch.sh", "hostfile", "slurm.sbatch", "summary.md"}
+FOLDER_FILES = {"ds_config.json", "launch.sh", "hostfile", "slurm.sbatch", "summary.md", "layout.json"}
 
 
 def _tiny(repo_root):

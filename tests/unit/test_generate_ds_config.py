@@ -17,7 +17,8 @@ def _configs(repo_root):
         res = cached_bundled(str(repo_root / "ds_configs"), stem)
         spec, shape = load_spec_and_shape(repo_root / "ds_configs" / f"{stem}.yaml")
         for o in res.generated:
-            out.append((stem, spec, shape, o))
+            if "ds_config.json" in o.files:  # HF-only folders (an HF MoE model at ZeRO-3) have ds_config_hf.json
+                out.append((stem, spec, shape, o))
     return out
 
 

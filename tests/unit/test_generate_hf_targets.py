@@ -119,13 +119,16 @@ def test_launch_lines_flags_and_accelerate_yaml(tmp_path):
     flags = training_args_flags(args)
     assert flags[flags.index("--deepspeed") + 1] == "ds_config_hf.json" and "--bf16" in flags
     line = hf_launch_line(spec, args)
-    assert line.startswith("torchrun --nnodes 2 --node_rank $NODE_RANK") and "--nproc_per_node 8 your_train.py" in line
+    assert line.startswith('torchrun "${NODE_ARGS[@]}" --nproc_per_node 8 "$SCRIPT" --deepspeed "$HERE/ds_config_hf.json"')
+    assert line.endswith('"$@"')
     acc = accelerate_config(spec, cand)
     assert acc["distributed_type"] == "DEEPSPEED" and acc["num_processes"] == 16 and acc["num_machines"] == 2
-    assert acc["deepspeed_config"] == {"deepspeed_config_file": "ds_config_hf.json", "zero3_init_flag": True}
+    assert acc["deepspeed_config"] == {"deepspeed_config_file": "ds_config_hf.json", "zero3_init_flag": True,
+                                       "deepspeed_multinode_launcher": "standard"}
     aline = accelerate_launch_line(spec, training_args(spec, shape, cand, deepspeed=None))
-    assert aline.startswith("accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK")
-    assert "--deepspeed" not in aline
+    assert aline.startswith('accelerate launch --config_file "$HERE/accelerate_config.yaml" '
+                            '--deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT"')
+    assert "--deepspeed " not in aline
     paths = write_hf_target(tmp_path / "zero3", spec, shape, cand, accelerate=True)
     names = sorted(p.name for p in paths)
     assert names == ["accelerate_config.yaml", "ds_config_hf.json", "launch_accelerate.sh", "launch_hf.sh",

@@ -10,7 +10,7 @@ import yaml
 
 from dstoolkit.cli import main
 from dstoolkit.generate import launch
-from dstoolkit.runtime.train import trainer
+from dstoolkit.runtime.train import trainer_inputs
 
 EVIL_NAME = "x'; touch PWNED1; echo '$(touch PWNED2)`touch PWNED3`\ntouch PWNED4 #"
 
@@ -43,8 +43,35 @@ def test_dry_run_deepspeed_command(tiny_out):
     assert "--no_ssh" not in argv and "--node_rank" not in argv  # NO_SSH unset: the launcher starts every node
 
 
+def test_checkpoint_saving_follows_the_spec_and_the_environment(tmp_path, tiny_out, repo_root):
+    """launch.sh saves where and how often the spec says (training.save_dir / save_interval), like the HF and
+    Megatron targets; CKPT_DIR / SAVE_EVERY override; the trainer parses both."""
+    from dstoolkit.runtime.train.trainer_inputs import build_parser
+    from dstoolkit.spec import load_spec
+
+    spec = load_spec(repo_root / "ds_configs" / "tiny_moe_cpu.yaml")
+    r = _bash(["launch.sh"], cwd=tiny_out / "zero2", env={"DRY_RUN": "1"})
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stdout)
+    assert argv[argv.index("--checkpoint-dir") + 1] == spec.training.save_dir == "checkpoints"
+    assert argv[argv.index("--save-every") + 1] == str(spec.training.save_interval())
+    r = _bash(["launch.sh"], cwd=tiny_out / "zero2", env={"DRY_RUN": "1", "CKPT_DIR": "/ck pt", "SAVE_EVERY": "5"})
+    argv = shlex.split(r.stdout)
+    assert argv[argv.index("--checkpoint-dir") + 1] == "/ck pt" and argv[argv.index("--save-every") + 1] == "5"
+    trainer_args = build_parser().parse_args(argv[argv.index("--module") + 2:])
+    assert (trainer_args.checkpoint_dir, trainer_args.save_every) == ("/ck pt", 5)
+
+    own = tmp_path / "spec.yaml"  # a spec that names its own folder and interval
+    own.write_text((repo_root / "ds_configs" / "tiny_moe_cpu.yaml").read_text().replace(
+        "training:\n", "training:\n  save_dir: /data/run 1/ckpt\n  save_interval_steps: 250\n", 1))
+    assert main(["generate", str(own), "--out", str(tmp_path / "g")]) == 0
+    r = _bash(["launch.sh"], cwd=tmp_path / "g" / "zero2", env={"DRY_RUN": "1"})
+    argv = shlex.split(r.stdout)
+    assert argv[argv.index("--checkpoint-dir") + 1] == "/data/run 1/ckpt" and argv[argv.index("--save-every") + 1] == "250"
+
+
 def test_launch_default_timeout_is_the_trainers():
-    assert float(launch.DEFAULT_DIST_TIMEOUT_S) == trainer.DEFAULT_DIST_TIMEOUT_S
+    assert float(launch.DEFAULT_DIST_TIMEOUT_S) == trainer_inputs.DEFAULT_DIST_TIMEOUT_S
 
 
 def test_dry_run_deepspeed_no_ssh_timeout_and_passthrough(tiny_out):

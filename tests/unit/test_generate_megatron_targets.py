@@ -20,10 +20,11 @@ import pytest
 
 from dstoolkit.generate.bundled import BUNDLED_SPECS, cached_bundled
 from dstoolkit.generate.io import load_spec_and_shape
-from dstoolkit.generate.megatron import (ARGS_FILE, DEFAULT_DATA_ARGS, LAUNCH_FILE, TARGETS, RampPlan,
-                                         UnsupportedTarget, megatron_deepspeed_args, megatron_lm_args,
-                                         megatron_target_files, model_constants, read_args_file, render_args_file,
-                                         vocab_divisor, write_megatron_targets)
+from dstoolkit.generate.megatron import (ARGS_FILE, DEFAULT_DATA_ARGS, LAUNCH_FILE, TARGETS, megatron_target_files,
+                                         read_args_file, render_args_file, write_megatron_targets)
+from dstoolkit.generate.megatron_common import RampPlan, UnsupportedTarget, model_constants, vocab_divisor
+from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args
+from dstoolkit.generate.megatron_lm import megatron_lm_args
 
 # Published constants of the bundled models (config.json of each; tiny = dstoolkit/runtime/model.py).
 EXPECTED = {  # stem: (rope base, norm eps, init std)
@@ -66,7 +67,8 @@ def test_megatron_lm_flags(stem, spec, shape, o):
     c, cfg = o.chosen.candidate, o.ds_config
     f = flags(megatron_lm_args(spec, shape, c))
     assert not set(DS_ONLY) & set(f), "DeepSpeed-only flags in the Megatron-LM file"
-    assert "--use-flash-attn" not in f and f["--attention-backend"] == ["flash"]
+    cpu = spec.cluster.gpu == "cpu"
+    assert "--use-flash-attn" not in f and f["--attention-backend"] == ["unfused" if cpu else "flash"]
     assert "--rampup-batch-size" not in f  # parsed and ignored by Megatron-LM
     assert f["--tensor-model-parallel-size"] == [str(c.tp)] and f["--pipeline-model-parallel-size"] == [str(c.pp)]
     assert ("--sequence-parallel" in f) == (c.tp > 1)
@@ -85,6 +87,9 @@ def test_megatron_lm_flags(stem, spec, shape, o):
     assert f["--attention-dropout"] == ["0.0"] and f["--hidden-dropout"] == ["0.0"]
     assert f["--vocab-size"] == [str(shape.vocab_size)]
     assert shape.vocab_size % (int(f["--make-vocab-size-divisible-by"][0]) * c.tp) == 0  # no padding rows
+    assert f["--save"] == f["--load"] == [spec.training.save_dir]
+    assert f["--save-interval"] == [str(spec.training.save_interval())]
+    assert ("--no-gradient-accumulation-fusion" in f) == (spec.cluster.gpu == "cpu")
     if shape.is_mla:
         assert "--multi-latent-attention" in f and "--group-query-attention" not in f
     elif shape.kv_heads != shape.num_attention_heads:
@@ -131,7 +136,16 @@ def test_megatron_deepspeed_flags(stem, spec, shape, o, tmp_path):
     assert f["--attention-dropout"] == ["0.0"] and f["--hidden-dropout"] == ["0.0"]
     if shape.kv_heads != shape.num_attention_heads:
         assert f["--num-key-value-heads"] == [str(shape.kv_heads)]
-    assert "--use-flash-attn-v2" in f
+    cpu = spec.cluster.gpu == "cpu"
+    assert ("--use-flash-attn-v2" in f) == (not cpu)  # no FlashAttention op on DeepSpeed's CPU accelerator
+    assert ("--no-gradient-accumulation-fusion" in f) == ("--no-masked-softmax-fusion" in f) == cpu
+    # recompute through DeepSpeed's checkpoint function (Megatron's refuses the RoPE table list)
+    assert ("--deepspeed-activation-checkpointing" in f) == ("--recompute-granularity" in f)
+    assert f["--save"] == f["--load"] == [spec.training.save_dir]
+    assert f["--save-interval"] == [str(spec.training.save_interval())]
+    # its NullTokenizer adds the end-of-document id: V - 1 gives the model's V embedding rows
+    assert f["--vocab-size"] == [str(shape.vocab_size - 1)]
+    assert shape.vocab_size % (int(f["--make-vocab-size-divisible-by"][0]) * c.tp) == 0
     assert ("--sequence-parallel" in f) == (c.tp > 1)
     if shape.is_moe:  # DeepSpeed MoE spelling; its defaults would be top-1 and experts every 2nd layer
         assert f["--num-experts"] == [str(shape.num_experts)] and f["--expert-interval"] == ["1"]
@@ -265,10 +279,33 @@ def test_launch_scripts_pass_the_file(stem, tmp_path):
     (fake / "torchrun").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
     env.pop("DATA_ARGS", None)
+    env.pop("MOCK_DATA", None)
+    for v in ("NODE_RANK", "MASTER_ADDR", "NNODES"):
+        env.pop(v, None)
+    if spec.cluster.nodes > 1:  # a multi-node launch without NODE_RANK / MASTER_ADDR: one line naming the variable
+        for t in TARGETS:
+            r = subprocess.run(["bash", str(folder / LAUNCH_FILE[t])], env={**env, "DATA_ARGS": "--x"},
+                               capture_output=True, text=True, cwd=tmp_path)
+            assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NODE_RANK is not set" in r.stderr
+            r = subprocess.run(["bash", str(folder / LAUNCH_FILE[t])], env={**env, "DATA_ARGS": "--x", "NODE_RANK": "1"},
+                               capture_output=True, text=True, cwd=tmp_path)
+            assert r.returncode == 2 and "MASTER_ADDR is not set" in r.stderr
+        env.update(NODE_RANK="0", MASTER_ADDR="localhost")
+    for t in TARGETS:  # no data arguments: a one-line message naming DATA_ARGS, exit 2, torchrun never started
+        r = subprocess.run(["bash", str(folder / LAUNCH_FILE[t])], env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 2 and r.stdout == "" and "DATA_ARGS is not set" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    env["MOCK_DATA"] = "1"  # Megatron-LM's synthetic data only when asked, and said on stderr
+    env["DATA_ARGS"] = DEFAULT_DATA_ARGS["megatron-deepspeed"]
+    r = subprocess.run(["bash", str(folder / LAUNCH_FILE["megatron-lm"])], env={**env, "DATA_ARGS": ""},
+                       capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert "MOCK_DATA=1" in r.stderr and "--mock-data" in r.stdout
     for t in TARGETS:
         script = folder / LAUNCH_FILE[t]
         assert script.stat().st_mode & stat.S_IXUSR
-        got = subprocess.run(["bash", str(script), "--log-interval", "1"], env=env, capture_output=True,
+        got = subprocess.run(["bash", str(script), "--log-interval", "1"],
+                             env={**env, "DATA_ARGS": "" if t == "megatron-lm" else DEFAULT_DATA_ARGS[t]},
+                             capture_output=True,
                              check=True, cwd=tmp_path).stdout.decode().split("\0")[:-1]
         words = read_args_file((folder / ARGS_FILE[t]).read_text())
         i = got.index("--master-port") + 2
@@ -340,16 +377,9 @@ def _core():
     return ModelParallelConfig, TransformerConfig, MLATransformerConfig
 
 
-@pytest.mark.parametrize("stem,spec,shape,o", ALL, ids=IDS)
-def test_megatron_lm_values_build_megatron_core_configs(stem, spec, shape, o):
-    """The Megatron-LM values build megatron.core's ModelParallelConfig and (MLA)TransformerConfig: their
-    __post_init__ checks (heads vs TP, GQA groups, MoE/EP, SP needs TP, recompute, pipeline split) pass."""
-    import dataclasses
-
-    import torch
-
-    ModelParallelConfig, TransformerConfig, MLATransformerConfig = _core()
-    f = flags(megatron_lm_args(spec, shape, o.chosen.candidate))
+def _core_kwargs(f: dict[str, list[str]]) -> dict:
+    """megatron.core TransformerConfig fields from Megatron-LM flags, torch-free (dtype and activation by name;
+    see `_core_materialize`)."""
     kw = {}
     for flag, (field, typ) in _CORE_FIELDS.items():
         if flag in f:
@@ -360,11 +390,37 @@ def test_megatron_lm_values_build_megatron_core_configs(stem, spec, shape, o):
     if "--moe-layer-freq" in f:
         kw["moe_layer_freq"] = json.loads(f["--moe-layer-freq"][0])
     kw["gated_linear_unit"] = "--swiglu" in f
-    if "--swiglu" in f:
-        kw["activation_func"] = torch.nn.functional.silu
+    kw["activation_func"] = "silu" if "--swiglu" in f else "gelu"
     kw["add_bias_linear"] = "--disable-bias-linear" not in f
-    kw["params_dtype"] = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else torch.float32
+    kw["params_dtype"] = "bfloat16" if kw.get("bf16") else "float16" if kw.get("fp16") else "float32"
     kw["pipeline_dtype"] = kw["params_dtype"]  # as Megatron-LM's core_transformer_config_from_args sets it
+    kw["gradient_accumulation_fusion"] = "--no-gradient-accumulation-fusion" not in f
+    kw["masked_softmax_fusion"] = "--no-masked-softmax-fusion" not in f
+    return kw
+
+
+def _core_materialize(kw: dict) -> dict:
+    import torch
+
+    kw = dict(kw)
+    kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
+    kw["params_dtype"] = kw["pipeline_dtype"] = getattr(torch, kw["params_dtype"])
+    return kw
+
+
+@pytest.mark.parametrize("stem,spec,shape,o", ALL, ids=IDS)
+def test_megatron_lm_values_build_megatron_core_configs(stem, spec, shape, o):
+    """The Megatron-LM values build megatron.core's ModelParallelConfig and (MLA)TransformerConfig: their
+    __post_init__ checks (heads vs TP, GQA groups, MoE/EP, SP needs TP, recompute, pipeline split) pass."""
+    import dataclasses
+
+    import torch
+
+    ModelParallelConfig, TransformerConfig, MLATransformerConfig = _core()
+    f = flags(megatron_lm_args(spec, shape, o.chosen.candidate))
+    kw = _core_materialize(_core_kwargs(f))
+    if "--swiglu" not in f:
+        kw.pop("activation_func")  # megatron-core's default (GeLU)
     cls = MLATransformerConfig if "--multi-latent-attention" in f else TransformerConfig
     if cls is TransformerConfig:  # the RoPE base is a GPTModel argument for standard attention
         assert float(kw.pop("rotary_base")) == model_constants(spec, shape).rope_theta
@@ -407,3 +463,118 @@ def test_module_imports_no_torch():
     code = "import sys, dstoolkit.generate.megatron; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# One rank (gloo) steps megatron-core's GPTModel built from the Megatron-LM target's values: forward + backward on
+# CPU. What megatron-core 0.16.1 needs CUDA for, and what the worker answers instead (each the same arithmetic here):
+CORE_CPU_ANSWERS = {
+    "torch.cuda.current_device -> 'cpu'": "models/common/embeddings/rotary_pos_embedding.py:162 and "
+    "transformer/moe/router.py:90 move CPU tensors to torch.cuda.current_device() on the first forward",
+    "initialize_rng_tracker(inference_rng_tracker=True)": "tensor_parallel/random.py:235 CudaRNGStatesTracker.add "
+    "calls torch.cuda.get_rng_state; its fork (attention dropout, p = 0 here) is a no-op in megatron-core's own "
+    "inference tracker",
+    "moe_utils.te_general_gemm = None": "transformer/moe/moe_utils.py:1192 reads te_general_gemm, never defined "
+    "without Transformer Engine (NameError)",
+    "MoE: --moe-token-dispatcher-type allgather": "transformer/moe/token_dispatcher.py:445 the alltoall dispatcher "
+    "builds a torch.cuda.Stream (at EP 1 both dispatchers route the same tokens to the same experts)",
+    "MoE: no --moe-grouped-gemm": "transformer/moe/grouped_gemm_util.py:16 GroupedMLP needs the CUDA grouped_gemm "
+    "package; SequentialMLP holds the same expert weights",
+}
+
+_CORE_WORKER = r"""
+import json, os, sys, torch, torch.distributed as dist
+job = json.loads(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=0, world_size=1)
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.random import initialize_rng_tracker
+from megatron.core.transformer import TransformerConfig
+import megatron.core.transformer.moe.moe_utils as moe_utils
+parallel_state.initialize_model_parallel(1, 1)
+torch.cuda.current_device = lambda: "cpu"
+initialize_rng_tracker(inference_rng_tracker=True)
+if not hasattr(moe_utils, "te_general_gemm"):
+    moe_utils.te_general_gemm = None
+torch.manual_seed(0)
+kw = job["kw"]
+kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
+kw["params_dtype"] = kw["pipeline_dtype"] = getattr(torch, kw["params_dtype"])
+cfg = TransformerConfig(use_cpu_initialization=True, **kw)
+spec = get_gpt_layer_local_spec(num_experts=kw.get("num_moe_experts"), moe_grouped_gemm=False,
+                                normalization=kw["normalization"])
+model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=job["vocab"], max_sequence_length=job["max_pos"],
+                 position_embedding_type="rope", rotary_base=job["rope"], share_embeddings_and_output_weights=job["tied"])
+n_params = sum(p.numel() for p in model.parameters())
+b, s = 2, 64
+tok = torch.randint(0, job["vocab"], (b, s + 1))
+pos = torch.arange(s).unsqueeze(0).expand(b, s)
+mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
+loss = model(tok[:, :-1], pos, mask, labels=tok[:, 1:]).float().mean()
+loss.backward()
+grads = [p.grad for p in model.parameters() if p.requires_grad]
+print("RESULT " + json.dumps({"params": n_params, "loss": loss.item(), "n_grads": sum(g is not None for g in grads),
+                              "n_params_tensors": len(grads),
+                              "finite": all(bool(torch.isfinite(g).all()) for g in grads if g is not None)}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("stem", ["tiny_cpu", "tiny_moe_cpu"])
+def test_megatron_core_steps_the_generated_model_on_cpu(stem):
+    """megatron-core's GPTModel from the Megatron-LM target's TransformerConfig (tiny specs, TP 1, one gloo rank):
+    its parameter count is dstoolkit's (exact), and forward + backward give a finite loss near ln(V) at init and a
+    finite gradient on every parameter. CORE_CPU_ANSWERS lists what the worker answers for megatron-core's CUDA calls."""
+    import math
+    import sys
+
+    _core()
+    from dstoolkit.models.params import count_params
+    from dstoolkit.runtime.train.launch import free_port
+
+    _, spec, shape, o = next(a for a in ALL if a[0] == stem and a[3].name == "zero1")
+    f = flags(megatron_lm_args(spec, shape, o.chosen.candidate))
+    assert f["--tensor-model-parallel-size"] == ["1"] and f["--position-embedding-type"] == ["rope"]
+    kw = _core_kwargs(f)
+    kw.pop("rotary_base")
+    if shape.is_moe:
+        assert kw["moe_token_dispatcher_type"] == "alltoall" and kw["moe_grouped_gemm"]  # what the file says
+        kw["moe_token_dispatcher_type"], kw["moe_grouped_gemm"] = "allgather", False  # CORE_CPU_ANSWERS
+    job = {"port": free_port(), "kw": kw, "vocab": int(f["--vocab-size"][0]), "rope": int(f["--rotary-base"][0]),
+           "max_pos": int(f["--max-position-embeddings"][0]), "tied": "--untie-embeddings-and-output-weights" not in f}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", _CORE_WORKER, json.dumps(job)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    res = json.loads(line[len("RESULT "):])
+    assert res["params"] == count_params(shape).total
+    assert res["n_grads"] == res["n_params_tensors"] and res["finite"]
+    assert abs(res["loss"] - math.log(shape.vocab_size)) < 1.0  # random init: about uniform over the vocabulary
+
+
+@pytest.mark.parametrize("train_steps,warmup", [(None, 0), (None, 5), (100, 10)])
+def test_lr_schedule_is_the_deepspeed_jsons(train_steps, warmup, tmp_path):
+    """Same run in every target: the DeepSpeed JSON's scheduler (ds_json.scheduler_section) and the Megatron
+    arguments agree on warm-up, decay and floor (cosine to COSINE_MIN_RATIO x lr only with train_steps)."""
+    from dstoolkit.generate import generate
+    from dstoolkit.generate.ds_json import COSINE_MIN_RATIO, scheduler_section
+
+    root = Path(__file__).resolve().parents[2]
+    extra = (f"  train_steps: {train_steps}\n" if train_steps else "") + f"  warmup_steps: {warmup}\n"
+    (tmp_path / "s.yaml").write_text((root / "ds_configs" / "tiny_cpu.yaml").read_text() + extra)
+    spec, shape = load_spec_and_shape(tmp_path / "s.yaml")
+    c = generate(spec, shape, ["zero1"]).generated[0].chosen.candidate
+    sched = scheduler_section(spec)
+    for words in (megatron_lm_args(spec, shape, c),
+                  megatron_deepspeed_args(spec, shape, c, ds_config_path=tmp_path / "ds_config.json")):
+        f = flags(words)
+        if train_steps:
+            assert sched["type"] == "WarmupCosineLR" and f["--lr-decay-style"] == ["cosine"]
+            assert float(f["--min-lr"][0]) == pytest.approx(spec.training.lr * COSINE_MIN_RATIO)
+            assert f["--lr-decay-iters"] == [str(sched["params"]["total_num_steps"])]
+        else:  # DeepSpeed: WarmupLR (then constant) or no scheduler: constant after any warm-up
+            assert (sched is None) == (warmup == 0) and f["--lr-decay-style"] == ["constant"]
+            assert "--min-lr" not in f
+        assert f.get("--lr-warmup-iters", ["0"]) == [str(warmup)]

@@ -100,3 +100,73 @@ def test_no_locks_no_messages(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "absent"))
     rep = jitlock.check_locks(log=None)
     assert rep.messages == [] and rep.removed == []
+
+
+def _aged(lock: pathlib.Path, age_s: float) -> None:
+    lock.write_text("")
+    t = time.time() - age_s
+    os.utime(lock, (t, t))
+
+
+def test_stale_lock_removed_whatever_its_age(tmp_path, monkeypatch):
+    """A lock no live process holds is removed on two looks STALE_CONFIRM_S apart: a second old or a minute old."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    young, old = _lock(tmp_path, "op_second_old"), _lock(tmp_path, "op_minute_old")
+    _aged(young, 1.0)
+    _aged(old, 60.0)
+    msgs = []
+    rep = jitlock.check_locks(wait_timeout_s=5.0, log=msgs.append, who="job")
+    print("\n".join(msgs))
+    assert sorted(rep.removed) == sorted([str(young), str(old)]) and not young.exists() and not old.exists()
+    assert any("op op_second_old" in m and "removed stale" in m and " s old" in m for m in msgs), msgs
+    (line,) = [m for m in msgs if "op op_minute_old" in m and "removed stale" in m]
+    assert 60 <= int(line.split(" s old")[0].rsplit(" ", 1)[1]) < 120, line
+
+
+def test_rank_guard_reports_a_live_build_then_removes_its_lock_once_the_builder_is_killed(tmp_path, capfd):
+    """Inside a rank (guard_jit_waits): torch's baton wait says what it waits for (op, path, age, the live
+    holder) every REPORT_EVERY_S; the holder SIGKILLed, its lock is removed with a line and the wait ends."""
+    from torch.utils.file_baton import FileBaton
+
+    assert jitlock.guard_jit_waits("test")
+    lock = _lock(tmp_path, "op_live_then_killed")
+    holder = _start_holder(lock)
+    try:
+        killer = subprocess.Popen([sys.executable, "-c", f"import os,time,signal; time.sleep(6); "
+                                                         f"os.kill({holder.pid}, signal.SIGKILL)"])
+        t0 = time.monotonic()
+        FileBaton(str(lock)).wait()  # guarded: returns once the stale lock is gone
+        waited = time.monotonic() - t0
+        killer.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capfd.readouterr().err
+    print(err)
+    assert not lock.exists() and 6.0 <= waited < 30, waited
+    lines = err.splitlines()
+    waits = [ln for ln in lines if "waiting" in ln and "op op_live_then_killed" in ln]
+    assert len(waits) >= 2 and f"pid {holder.pid}" in waits[0] and str(lock) in waits[0] and " s old" in waits[0]
+    assert any("removed stale torch-extension lock for op op_live_then_killed" in ln for ln in lines), lines
+
+
+def test_pin_ninja_puts_the_interpreters_ninja_first(tmp_path, monkeypatch):
+    """Two ninja versions on one machine rebuild each other's ops (log v5 vs v7): ranks pin the venv's one."""
+    import shutil
+
+    from dstoolkit.runtime import jitlock
+
+    venv_bin, system_bin = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    for d in (venv_bin, system_bin):
+        d.mkdir(parents=True)
+        (d / "ninja").write_text("#!/bin/sh\n")
+        (d / "ninja").chmod(0o755)
+    monkeypatch.setattr(jitlock.sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", f"{system_bin}:/bin")
+    assert jitlock.pin_ninja() == str(venv_bin / "ninja")
+    assert shutil.which("ninja") == str(venv_bin / "ninja")
+    assert jitlock.pin_ninja() is None  # already first: PATH unchanged
+    assert jitlock.os.environ["PATH"] == f"{venv_bin}:{system_bin}:/bin"
+    (venv_bin / "ninja").unlink()
+    monkeypatch.setenv("PATH", f"{system_bin}:/bin")
+    assert jitlock.pin_ninja() is None and jitlock.os.environ["PATH"] == f"{system_bin}:/bin"

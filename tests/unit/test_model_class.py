@@ -42,9 +42,11 @@ def test_cli_model_class(capsys):
     base = ["estimate", "--config", str(TINY_DS), "--model", str(KIMI), "--world-size", "2", "--gpu", "cpu",
             "--seq-len", "128", "--format", "json"]
     assert main(base) == 2 and "--model-class DeepseekV3ForCausalLM" in capsys.readouterr().err
-    assert main(base + ["--model-class", "DeepseekV3ForCausalLM"]) == 0
+    # a 1T-parameter model on 2 CPU ranks of a tiny ZeRO-2 config does not fit: estimated, then exit 1 (findings)
+    assert main(base + ["--model-class", "DeepseekV3ForCausalLM"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["params"]["total"] > 1.0e12
+    assert out["mfu"] is None and out["what_would_fit"]
     assert main(["estimate", "--config", str(TINY_DS), "--model", "tiny", "--model-class", "X", "--world-size", "2",
                  "--gpu", "cpu", "--seq-len", "128"]) == 2
     assert "needs an HF config.json" in capsys.readouterr().err

@@ -250,3 +250,29 @@ def test_linear_layers_for_planners():
     experts = groups["model.layers.{i}.mlp.experts.gate_up_proj"]
     assert experts["fused_experts"] and experts["shape"][0] == 256 and experts["count"] == 40
     assert not any("visual" in p for p in groups)
+
+
+def test_routed_experts_without_a_top_k_name_the_keys_and_the_fix():
+    """A module with routed experts and no top-k anywhere (config or module) stops with the keys looked for and
+    what to set (it raised a NameError: the message named a constant that no longer existed)."""
+    import torch.nn as nn
+
+    from dstoolkit.models.module_tree import MODEL_TOPK_KEYS, BuildError, classify
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = nn.Module()
+            self.mlp.experts = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(8, 4)
+            self.layers = nn.ModuleList([Block()])
+
+    with pytest.raises(BuildError) as e:
+        classify(Model(), 1, None, False)
+    msg = str(e.value)
+    assert msg.startswith("layer 0 has 4 routed experts but the config gives no top-k")
+    assert all(k in msg for k in MODEL_TOPK_KEYS) and '"num_experts_per_tok": 2' in msg

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import pathlib
+import typing
 
 import pytest
 import yaml
+
+from dstoolkit.spec.cluster_fields import AttentionImpl, LossImpl
 
 TABLE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.yaml"
 DOC = yaml.safe_load(TABLE.read_text(encoding="utf-8"))
@@ -84,9 +87,11 @@ def test_run_fields(run):
     assert lay.get("vpp") is None or (isinstance(lay["vpp"], int) and lay["vpp"] >= 2), "vpp: null or >= 2"
     ex = run["execution"]
     assert ex["framework"] in {"deepspeed", "megatron", "fsdp"}, "every row records the framework it ran on"
-    assert ex["attention_impl"] in {"eager", "sdpa", "flash", "te"}
+    assert ex["attention_impl"] in typing.get_args(AttentionImpl)
+    assert ex.get("loss_impl", "torch") in typing.get_args(LossImpl)
     assert set(ex) <= {"framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                       "moe_a2a_overlap", "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl"}
+                       "moe_a2a_overlap", "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl",
+                       "loss_impl"}
     if ex.get("tp_comm_overlap"):
         assert lay["tp"] > 1, "TP communication overlap needs tp > 1"
     if ex.get("moe_a2a_overlap"):

@@ -1,11 +1,12 @@
-"""dstoolkit.runtime.shrink: exact shrunk fields, the architecture kept, clear errors naming the field."""
+"""dstoolkit.runtime.shrink (shrink_sizes, shrink_run): exact shrunk fields, the architecture kept, clear errors naming the field."""
 import json
 import pathlib
 
 import pytest
 
-from dstoolkit.runtime.shrink import (ShrinkError, ShrinkSizes, fit_batch, model_config_of, parse_shrink,
-                                      shrink_config)
+from dstoolkit.runtime.shrink import shrink_config
+from dstoolkit.runtime.shrink_run import fit_batch, model_config_of
+from dstoolkit.runtime.shrink_sizes import ShrinkError, ShrinkSizes, parse_shrink
 
 RELEASED = pathlib.Path(__file__).resolve().parents[1] / "golden" / "hf_configs" / "released"
 
@@ -167,7 +168,7 @@ def test_bench_and_tune_refuse_bad_shrink_input(tmp_path):
     from dstoolkit.runtime.bench.harness import BenchInputError
     from dstoolkit.runtime.bench.train import run_train
     from dstoolkit.tune.space import TuneInputError
-    from dstoolkit.tune.study import TuneOptions, _shrunk_run
+    from dstoolkit.tune.options import TuneOptions, _shrunk_run
 
     with pytest.raises(BenchInputError, match=r"--shrink seqlen: unknown key 'seqlen'; did you mean 'seq_len'"):
         run_train([str(tmp_path)], spec=None, strategies=None, steps=3, skip_steps=1, world_size=2, out=None,

@@ -11,8 +11,8 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import estimate_candidate
 from dstoolkit.generate.io import load_spec_and_shape
 from dstoolkit.generate.rules import check_candidate
-from dstoolkit.generate.sweep import (enumerate_candidates, model_state_lower_bound_bytes, run_sweep,
-                                      zero_model_state_bytes)
+from dstoolkit.generate.candidate_grid import enumerate_candidates
+from dstoolkit.generate.sweep import model_state_lower_bound_bytes, run_sweep, zero_model_state_bytes
 
 GB = 1e9
 

@@ -27,7 +27,8 @@ POLICIES = {
 def measured():
     import torch
 
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
     from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy, measure_saved_activation_bytes
 
     shape = get_preset("tiny")
@@ -63,7 +64,8 @@ def test_policy_flags_reach_the_blocks():
 def test_recompute_gives_identical_gradients():
     import torch
 
-    from dstoolkit.runtime.model import build_model, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     shape = get_preset("tiny").model_copy(update={"num_hidden_layers": 2})
     x, y = synthetic_batch(shape, 1, 16, step=0, rank=0)
@@ -101,7 +103,8 @@ _DS_BACKEND_SCRIPT = """
 import os, sys, torch, deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
 from dstoolkit.models import get_preset
-from dstoolkit.runtime.model import build_model, synthetic_batch
+from dstoolkit.runtime.model import build_model
+from dstoolkit.runtime.synthetic import synthetic_batch
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.runtime.train.checkpointing import apply_checkpoint_policy
 shape = get_preset("tiny").model_copy(update={"num_hidden_layers": 2})

@@ -77,7 +77,7 @@ def test_callback_skips_a_spiking_batch_by_zeroing_its_loss(tmp_path):
 # --- `-- <command>` plumbing --------------------------------------------------------------------------------
 def test_placeholders_filled_and_empty_flag_dropped(tmp_path):
     from dstoolkit.runtime.bench.harness import BenchInputError
-    from dstoolkit.runtime.bench.train import command_values, fill_command, hf_form, placeholders_used
+    from dstoolkit.runtime.bench.usercmd import command_values, fill_command, hf_form, placeholders_used
 
     ds = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "torch_adam": True}}, "zero_optimization": {"stage": 2}}
@@ -113,7 +113,7 @@ def test_command_after_double_dash_is_kept_verbatim():
 
 
 def test_hook_rows_summary():
-    from dstoolkit.runtime.bench.train import summarize_hook_rows
+    from dstoolkit.runtime.bench.train_report import summarize_hook_rows
 
     rows = [{"step": i, "step_time_s": t, "tokens": 256, "samples": 8, "loss": 3.0 - i / 10, "peak_memory_bytes": 100 + i,
              "global_batch": 8, "micro_batch": 4, "grad_accum": 1} for i, t in enumerate([1.0, 0.5, 0.4, 0.6], 1)]

@@ -81,7 +81,7 @@ def test_build_is_deterministic_per_seed():
 def test_synthetic_batch_is_a_pure_function_of_seed_step_rank():
     import torch
 
-    from dstoolkit.runtime.model import synthetic_batch
+    from dstoolkit.runtime.synthetic import synthetic_batch
 
     x1, y1 = synthetic_batch(SMALL, 3, 16, step=5, rank=1, seed=0)
     x2, y2 = synthetic_batch(SMALL, 3, 16, step=5, rank=1, seed=0)
@@ -97,7 +97,8 @@ def test_synthetic_batch_is_a_pure_function_of_seed_step_rank():
 def test_loss_falls_visibly_within_twenty_steps():
     import torch
 
-    from dstoolkit.runtime.model import build_model, loss_floor, synthetic_batch
+    from dstoolkit.runtime.model import build_model
+    from dstoolkit.runtime.synthetic import loss_floor, synthetic_batch
 
     torch.manual_seed(0)
     model = build_model(SMALL)

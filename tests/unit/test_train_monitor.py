@@ -84,7 +84,7 @@ def test_monitor_peak_is_the_estimators_peak(tmp_path, monkeypatch):
 
     from dstoolkit.hardware.calibration import load_calibration, peak_flops_per_rank
     from dstoolkit.hardware.table import get_gpu
-    from dstoolkit.runtime.train.trainer import monitor_peak
+    from dstoolkit.runtime.train.builders import monitor_peak
     from dstoolkit.spec import load_spec
 
     raw = {"matmul_flops_per_s_bf16": 3e10, "gemm_peak_flops_per_s_bf16": 9e10, "mem_bw_bytes_per_s": 5e9,
@@ -105,7 +105,7 @@ def test_monitor_peak_on_cpu_ranks_is_the_cpu_row_even_for_a_gpu_spec(monkeypatc
     """A strategy generated for H100s and run here shrunk: its ranks run on this CPU, so MFU divides by the
     CPU's peak, not the H100's 989 TFLOP/s."""
     from dstoolkit.hardware.table import get_gpu
-    from dstoolkit.runtime.train.trainer import monitor_peak
+    from dstoolkit.runtime.train.builders import monitor_peak
     from dstoolkit.spec import load_spec
 
     spec = load_spec(pathlib.Path(__file__).resolve().parents[2] / "ds_configs" / "llama3_8b_1x8_h100.yaml")

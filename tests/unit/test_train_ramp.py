@@ -102,7 +102,7 @@ def test_megatron_args_refuse_inexact_increment():
 
 
 def test_lr_schedule_counts_tokens_not_steps():
-    from dstoolkit.runtime.train.trainer import LR_DECAY_FLOOR, _lr_at
+    from dstoolkit.runtime.train.lr import LR_DECAY_FLOOR, _lr_at
 
     # warm-up over 1000 tokens, cosine to LR_DECAY_FLOOR x peak at 11000 tokens
     assert _lr_at(0, 1.0, 1000, 11000) == pytest.approx(1 / 1000)

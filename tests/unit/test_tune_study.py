@@ -8,7 +8,7 @@ import pytest
 from dstoolkit.cli import main
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.tune import TuneInputError, TuneOptions, run_study
-from dstoolkit.tune.study import STUDY_DB, STUDY_NAME
+from dstoolkit.tune.records import STUDY_DB, STUDY_NAME
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -129,7 +129,7 @@ def test_cli_json_and_errors(repo_root, tmp_path, capsys):
 
 
 def test_seed_count_grows_with_the_estimators_ties():
-    from dstoolkit.tune.study import default_seed_trials, estimate_band_size
+    from dstoolkit.tune.seeding import default_seed_trials, estimate_band_size
 
     # a third of the budget when the estimator has one clear best
     assert [default_seed_trials(b) for b in (1, 3, 5, 7, 10, 30)] == [1, 1, 2, 2, 3, 5]

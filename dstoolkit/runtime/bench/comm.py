@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 from dstoolkit.estimate.comm import busbw_factor  # the one definition (re-exported); parse_ops vets op names first
 from dstoolkit.runtime.bench import harness
 from dstoolkit.runtime.bench.harness import BenchInputError
+from dstoolkit.runtime.rankexit import destroy_groups, install_exit_guard
 
 BENCH_NAME = "comm"
 
@@ -346,6 +347,7 @@ def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: O
         dist.init_process_group(opts.backend, init_method=init, rank=rank, world_size=world,
                                 timeout=__import__("datetime").timedelta(seconds=opts.timeout_s))
         own_group = True
+        install_exit_guard()  # the groups we made are released before the interpreter exits (rankexit)
     try:
         cfg = opts.config()
         cfg_hash = harness.config_hash(cfg)
@@ -381,7 +383,7 @@ def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: O
         return rows if rank == 0 else []
     finally:
         if own_group:
-            dist.destroy_process_group()
+            destroy_groups()
 
 
 def _spawn_entry(rank: int, world: int, opts: CommOptions, port: int, rows_path: str) -> None:

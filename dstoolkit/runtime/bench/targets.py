@@ -51,7 +51,11 @@ def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[st
     except ImportError:  # TODO(#5): the schemas helper's validator; DeepSpeed's own check until it lands
         validate_config = None
     if validate_config is not None:
-        kwargs: dict[str, Any] = {"source": source or name, "world_size": world_size}
+        from dstoolkit.dsconfig.auto import find_auto
+
+        # a config with HF "auto" values (what an HF Trainer / Accelerate user has) is checked the way HF runs it
+        mode = "hf" if find_auto(ds) else "strict"
+        kwargs: dict[str, Any] = {"source": source or name, "world_size": world_size, "mode": mode}
         if ep_size > 1:
             kwargs["ep_size"] = ep_size
         try:
@@ -64,7 +68,8 @@ def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[st
             where = getattr(first, "pointer", None) or getattr(first, "path", "")
             raise BenchInputError(
                 f"config {name!r} fails validation ({len(errors)} error(s)); first: {where} {getattr(first, 'message', first)}"
-                f" -- fix it (see `dstoolkit validate {source or name}`) before benchmarking")
+                f" -- fix it (see `dstoolkit validate {'--mode hf ' if mode == 'hf' else ''}{source or name}`) before "
+                "benchmarking")
         return
     _deepspeed_accepts(ds, name, world_size)
 
@@ -162,7 +167,7 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
         strategies: only these strategy names (for specs and folders).
         work_dir: where generated configs are written.
         world_size: ranks the configs will run on (for batch validation).
-        shrink: `dstoolkit.runtime.shrink.ShrinkSizes` of a shrunk run: each config's batch is fitted to
+        shrink: `dstoolkit.runtime.shrink_sizes.ShrinkSizes` of a shrunk run: each config's batch is fitted to
             `world_size` ranks at the shrink's micro-batch / accumulation caps (`fit_batch`), and expert
             parallelism runs as 1 (the transformers experts are plain modules), before validation.
     """
@@ -195,7 +200,7 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
     if not targets:
         raise BenchInputError("no DeepSpeed configs found in the targets")
     if shrink is not None:
-        from dstoolkit.runtime.shrink import fit_batch
+        from dstoolkit.runtime.shrink_run import fit_batch
 
         for t in targets:
             t.ds_config, changed = fit_batch(t.ds_config, world_size, shrink)

@@ -84,6 +84,8 @@ class TestHosts:
         return self
 
     def down(self) -> None:
+        for k in range(self.n):
+            self.unlimit_cpu(k)
         self._sh("down", str(self.n), self.name, check=False)
 
     def throttle(self, rate: str) -> None:
@@ -92,6 +94,54 @@ class TestHosts:
 
     def unthrottle(self) -> None:
         self._sh("unthrottle", str(self.n), self.name)
+
+    def throttle_host(self, k: int, rate: str) -> None:
+        """tbf-limit host k's uplink only (its egress: traffic out of host k), as `throttle` does for every host."""
+        subprocess.run(["ip", "netns", "exec", self.ns(k), "tc", "qdisc", "replace", "dev", self.ifname, "root",
+                        "tbf", "rate", rate, "burst", "256kb", "latency", "100ms"], check=True, capture_output=True,
+                       timeout=60)
+
+    def unthrottle_host(self, k: int) -> None:
+        subprocess.run(["ip", "netns", "exec", self.ns(k), "tc", "qdisc", "del", "dev", self.ifname, "root"],
+                       capture_output=True, timeout=60)
+
+    def limit_cpu(self, k: int, cpus: float) -> pathlib.Path:
+        """Cap everything running inside host k at `cpus` CPUs together (a throttled or oversubscribed host): a
+        cgroup of its own (v1 cpu controller: cfs_quota_us / cfs_period_us, or v2 cpu.max) holding host k's
+        processes. Returns the cgroup folder; `unlimit_cpu` moves the processes back and removes it."""
+        period = 100_000
+        quota = max(1000, int(cpus * period))
+        v1 = pathlib.Path("/sys/fs/cgroup/cpu")
+        root = v1 if (v1 / "cgroup.procs").exists() else pathlib.Path("/sys/fs/cgroup")
+        cg = root / f"{self.ns(k)}-cpu"
+        cg.mkdir(exist_ok=True)
+        if (cg / "cpu.cfs_quota_us").exists():
+            (cg / "cpu.cfs_period_us").write_text(str(period))
+            (cg / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (cg / "cpu.max").write_text(f"{quota} {period}")
+        for pid in self.pids(k):
+            try:
+                (cg / "cgroup.procs").write_text(str(pid))
+            except OSError:  # exited meanwhile
+                pass
+        return cg
+
+    def unlimit_cpu(self, k: int) -> None:
+        v1 = pathlib.Path("/sys/fs/cgroup/cpu")
+        root = v1 if (v1 / "cgroup.procs").exists() else pathlib.Path("/sys/fs/cgroup")
+        cg = root / f"{self.ns(k)}-cpu"
+        if not cg.exists():
+            return
+        for pid in (cg / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
 
     def cut(self, k: int) -> None:
         """Take host k's link down (`ip link set tb0 down` inside it)."""

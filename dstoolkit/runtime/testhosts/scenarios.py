@@ -160,7 +160,7 @@ def node_commands(hosts: TestHosts, strategy_dir: pathlib.Path, launcher: str, m
     for k in range(2):
         e = {"LAUNCHER": launcher, "NODE_RANK": str(k), "MASTER_ADDR": hosts.addrs[0],
                "MASTER_PORT": str(jobs.MASTER_PORT), "METRICS_OUT": str(metrics), "STEPS": str(steps),
-               "NO_SSH": "1"}
+               "NO_SSH": "1", "CKPT_DIR": str(metrics.parent / "checkpoints")}  # not the cwd: the test's own folder
         if hostfile is not None:
             e["HOSTFILE"] = str(hostfile)
         e.update(env or {})
@@ -201,3 +201,91 @@ def bench_comm_across_hosts(hosts: TestHosts, workdir: pathlib.Path, tag: str, o
     if not rows:
         raise AssertionError(f"bench comm ({tag}) wrote no rows\n{res.tail()}")
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-rank monitor: a throttled host, link or input names its rank/host (issue 28)
+# --------------------------------------------------------------------------------------------------
+
+BOTTLENECK_MODEL = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1024}
+"""~1.8M parameters: a ZeRO-2 step moves a few MB of gradients, so a 100 Mbit/s link costs tenths of a second,
+while compute stays ~0.1 s per step on 2 shared cores."""
+MONITOR_EVERY = 3
+"""Steps per monitor window (the cross-rank gather runs once per window)."""
+
+
+def bottleneck_job(hosts: TestHosts, workdir: pathlib.Path, tag: str, steps: int,
+                   extra: Sequence[str] = ()) -> tuple[list[list[str]], pathlib.Path]:
+    """Per-host torchrun argv of the example trainer (ZeRO-2 bf16, 2 hosts x 2 ranks) and its metrics path."""
+    import yaml
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = {"name": "crossrank", "model": BOTTLENECK_MODEL, "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu": "cpu"},
+            "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 2, "precision": "bf16", "lr": 0.001,
+                         "activation_checkpointing": "none", "zero_stage": 2}}
+    ds = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    (workdir / f"{tag}.spec.yaml").write_text(yaml.safe_dump(spec))
+    (workdir / f"{tag}.ds.json").write_text(json.dumps(ds))
+    metrics = workdir / f"{tag}.metrics.jsonl"
+    script = ["-m", "dstoolkit.runtime.train.trainer", "--deepspeed_config", str(workdir / f"{tag}.ds.json"),
+              "--spec", str(workdir / f"{tag}.spec.yaml"), "--steps", str(steps), "--metrics-out", str(metrics),
+              "--monitor-every", str(MONITOR_EVERY), "--no-progress", "--no-spike-guard", *extra]
+    return [jobs.torchrun_node_argv(k, 2, NPROC_PER_NODE, hosts.addrs[0], script) for k in range(2)], metrics
+
+
+def monitor_events(metrics: pathlib.Path) -> list[dict]:
+    if not metrics.exists():
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        if '"event": "monitor"' in line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written
+                pass
+    return out
+
+
+def bottleneck_phases(hosts: TestHosts, workdir: pathlib.Path, tag: str,
+                      phases: Sequence[tuple[str, Optional[Callable[[], None]], Optional[Callable[[], None]]]],
+                      windows_per_phase: int = 2, extra: Sequence[str] = (), timeout_s: float = 600) -> dict:
+    """One training job; each phase applies its throttle, lets one window pass (the change lands mid-window),
+    keeps the monitor reports of the next `windows_per_phase` windows, then undoes it. The first window is
+    warm-up. Returns {phase: [monitor events]} and the node logs' bottleneck lines."""
+    per_phase = 1 + windows_per_phase
+    steps = MONITOR_EVERY * (1 + per_phase * len(phases))
+    argvs, metrics = bottleneck_job(hosts, workdir, tag, steps, extra)
+    procs, logs, t0 = jobs.start_on_hosts(hosts, argvs, workdir, tag)
+    out: dict = {"steps": steps}
+    try:
+        def wait_windows(n: int) -> list[dict]:
+            deadline = time.monotonic() + timeout_s
+            while len(monitor_events(metrics)) < n:
+                if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                    raise AssertionError(f"{tag}: {len(monitor_events(metrics))} of {n} monitor windows\n"
+                                         + JobResult([p.poll() for p in procs], 0, None, False, logs).tail())
+                time.sleep(0.2)
+            return monitor_events(metrics)
+
+        done = 1
+        wait_windows(done)  # warm-up
+        for name, apply, undo in phases:
+            if apply is not None:
+                apply()
+            try:
+                done += per_phase
+                out[name] = wait_windows(done)[done - windows_per_phase:done]
+            finally:
+                if undo is not None:
+                    undo()
+        res = wait_all(procs, logs, timeout_s, t0)
+        _check(res, tag)
+    finally:
+        for p in procs:
+            jobs.kill_group(p)
+    out["lines"] = [line for p in logs if p.exists() for line in p.read_text(errors="replace").splitlines()
+                    if "bottleneck:" in line or "[monitor]" in line]
+    return out

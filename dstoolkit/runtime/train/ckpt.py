@@ -10,7 +10,6 @@ The rename is atomic on one filesystem; multi-node runs need a shared filesystem
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from dstoolkit.ckpt.names import DSTOOLKIT_MANIFEST as MANIFEST_NAME  # one name: written here, read by ckpt inspect
 from dstoolkit.common.atomic import atomic_write_text
+from dstoolkit.common.filehash import sha256_file
 
-MANIFEST_NAME = "dstoolkit_manifest.json"
 TAG_PREFIX = "step_"
-HASH_CHUNK_BYTES = 1 << 20
-"""Read size when hashing checkpoint files."""
 
 
 def tag_for(step: int) -> str:
@@ -39,19 +37,11 @@ def step_of(tag: str) -> Optional[int]:
         return None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_manifest(ckpt_dir: Path, meta: dict) -> dict:
     files = {}
     for p in sorted(ckpt_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST_NAME:
-            files[str(p.relative_to(ckpt_dir))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            files[str(p.relative_to(ckpt_dir))] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
     manifest = {"format": 1, "files": files, **meta}
     atomic_write_text(ckpt_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
@@ -76,7 +66,7 @@ def verify(ckpt_dir: Path) -> Optional[str]:
         size = p.stat().st_size
         if size != rec["bytes"]:
             return f"{ckpt_dir.name}: {rel} is {size} bytes, manifest says {rec['bytes']} (truncated?)"
-        if _sha256(p) != rec["sha256"]:
+        if sha256_file(p) != rec["sha256"]:
             return f"{ckpt_dir.name}: {rel} SHA-256 mismatch (corrupted)"
     return None
 

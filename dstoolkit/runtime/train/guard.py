@@ -25,7 +25,11 @@ the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
   never leaves a checkpoint that `resume` would load).
 
 Rank 0 appends one JSON line per optimizer step and per event (spike, rollback, checkpoint, resume, done) to
-`metrics_path`. The guard's and the position state travel in every checkpoint's client_state.
+`metrics_path`. Every `monitor_every` optimizer steps (0: off) the cross-rank view (`crossrank.StepWindows`): the
+share of the step blocked in collectives (timed hooks installed here: the collectives DeepSpeed looked up at its
+init, all_gather_into_tensor / reduce_scatter_tensor, are not seen) and, with several ranks, one gather of each
+rank's step, compute and collective wait, naming a rank or host that stands out ("cross_rank" line; the guard
+does not see input wait, which counts as compute here). The guard's and the position state travel in every checkpoint's client_state.
 """
 from __future__ import annotations
 
@@ -43,9 +47,12 @@ class Guard:
 
     def __init__(self, engine: Any, *, config: Optional[SpikeGuardConfig] = None,
                  checkpoint_dir: Optional[str] = None, save_every: int = 0, keep: int = 3, max_rollbacks: int = 5,
-                 metrics_path: Optional[str] = None, log: Any = None) -> None:
+                 metrics_path: Optional[str] = None, log: Any = None, monitor_every: int = 10) -> None:
         import deepspeed.comm as dist
 
+        from dstoolkit.runtime.rankexit import install_exit_guard
+
+        install_exit_guard()  # the process groups destroyed before the interpreter exits (rankexit)
         self.engine = engine
         self.guard = SpikeGuard(config or SpikeGuardConfig())
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -69,6 +76,11 @@ class Guard:
         self._t = time.perf_counter()
         self._f = open(metrics_path, "a", buffering=1) if metrics_path and self.rank == 0 else None
         self._log = log or (lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True) if self.rank == 0 else None)
+        self._windows = None
+        if monitor_every:
+            from dstoolkit.runtime.train.crossrank import CrossRank, StepWindows
+
+            self._windows = StepWindows(monitor_every, cross=CrossRank() if self.world > 1 else None)
 
     # ------------------------------------------------------------------------------------------------------
     def _write(self, obj: dict) -> None:
@@ -179,6 +191,14 @@ class Guard:
         lr = self._apply_lr()
         self._write({"step": self.step_count, "loss": loss, "grad_norm": gn, "lr": lr, "data_pos": self.data_pos,
                      "step_time_s": now - self._t, "lr_multiplier": self.guard.lr_multiplier()})
+        if self._windows is not None:
+            rec = self._windows.step(self.step_count, now - self._t, mem_bytes=_peak_memory_bytes())
+            if rec is not None:
+                self._write(rec)
+                self._log(f"step {self.step_count}: comm {rec['comm_share']:.0%} of the step blocked in collectives"
+                          " (measured)")
+                if rec["bottleneck_line"]:
+                    self._log(rec["bottleneck_line"])
         self._t = now
         self._incidents = []
         if d.action != "none":
@@ -259,3 +279,16 @@ class Guard:
 def guard(engine: Any, **kwargs: Any) -> Guard:
     """`with dstoolkit.runtime.train.guard.guard(engine, ...) as g:` -- the same as `Guard(engine, ...)`."""
     return Guard(engine, **kwargs)
+
+
+def _peak_memory_bytes() -> float:
+    import resource
+
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.max_memory_allocated())
+    except Exception:  # noqa: BLE001 - memory is an extra of the record
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

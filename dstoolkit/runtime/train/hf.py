@@ -25,7 +25,11 @@ What it does, and how (HF Trainer with DeepSpeed, `--deepspeed ds.json` or `acce
   (FLOPs/token x tokens/s / (peak FLOP/s x ranks)), peak memory (RSS on CPU, max allocated on CUDA); beside
   them the estimate for the run's DeepSpeed config (`dstoolkit.runtime.bench.train.estimate_for`) when a spec
   is given (`spec=` or DSTOOLKIT_SPEC, which `dstoolkit tune`/`bench train` set). Lines go to stderr (rank 0)
-  and to `metrics_path` as JSON.
+  and to `metrics_path` as JSON. With it the measured comm share (time blocked in collectives, timed hooks
+  `dstoolkit.runtime.train.commtime` installed when the callback is built) beside the estimate's, and with several
+  ranks the cross-rank view (`crossrank.StepWindows` every `cross_rank_every` steps: one gather of each rank's
+  step, compute, collective wait and memory; a line naming the rank/host that stands out). The callback does not
+  see the DataLoader's wait, which counts as compute here.
 
 Fault injection for tests and demos: `poison_step` (garbage labels for that step's first micro-batch) and
 `lr_blowup=(step, factor)`, each firing once.
@@ -111,7 +115,18 @@ class DstoolkitCallback(TrainerCallback):
 
     def __init__(self, *, spec: Optional[str] = None, config: Optional[SpikeGuardConfig] = None,
                  max_rollbacks: int = 5, metrics_path: Optional[str] = None,
-                 poison_step: Optional[int] = None, lr_blowup: Optional[tuple[int, float]] = None) -> None:
+                 poison_step: Optional[int] = None, lr_blowup: Optional[tuple[int, float]] = None,
+                 cross_rank_every: int = 10) -> None:
+        from dstoolkit.runtime.rankexit import install_rank_guards
+
+        install_rank_guards("dstoolkit callback")  # groups destroyed before exit; JIT-lock waits reported
+        from dstoolkit.runtime.train.commtime import install_comm_timer
+
+        self._comm = install_comm_timer()  # the measured comm share (see the module docstring)
+        self._comm0 = 0.0
+        self.cross_rank_every = cross_rank_every
+        self._windows = None
+        self._t_step = None
         self.guard = SpikeGuard(config or SpikeGuardConfig())
         self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks,
                                   hint="raise DstoolkitCallback(max_rollbacks=...)")
@@ -170,7 +185,12 @@ class DstoolkitCallback(TrainerCallback):
         model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         model.register_forward_hook(self._post_forward, with_kwargs=True)
         self._estimate_for_run(args)
-        self._t_window = time.perf_counter()
+        self._t_window = self._t_step = time.perf_counter()
+        self._comm0 = self._comm.total_s
+        if self.cross_rank_every:
+            from dstoolkit.runtime.train.crossrank import CrossRank, StepWindows
+
+            self._windows = StepWindows(self.cross_rank_every, cross=CrossRank() if self.world > 1 else None)
         marker = Path(args.output_dir) / f"checkpoint-{state.global_step}" / MARKER
         if state.global_step and marker.is_file():  # resumed by the Trainer: the guard's state comes back too
             self.guard.load_state_dict(json.loads(marker.read_text())["guard"])
@@ -202,7 +222,7 @@ class DstoolkitCallback(TrainerCallback):
                 self._say(f"estimate unavailable: {est['error'].splitlines()[0]}")
             if est and "error" not in est:
                 self._estimate = {k: est.get(k) for k in ("step_time_s", "tokens_per_s", "mfu",
-                                                          "memory_per_rank_bytes")}
+                                                          "memory_per_rank_bytes", "comm_share")}
                 self._flops_per_token, self._peak = est.get("flops_per_token"), est.get("peak_flops_per_rank")
             ramp = getattr(spec.training, "batch_ramp", None) or getattr(spec.training, "rampup", None)
             if ramp:
@@ -286,6 +306,14 @@ class DstoolkitCallback(TrainerCallback):
         self.guard.end_step()
         self._apply_lr()
         self._steps_window += 1
+        now = time.perf_counter()
+        if self._windows is not None and self._t_step is not None:
+            rec = self._windows.step(step, now - self._t_step, mem_bytes=float(_peak_memory() or 0))
+            if rec is not None:
+                self._write(rec)
+                if rec["bottleneck_line"]:
+                    self._say(rec["bottleneck_line"])
+        self._t_step = now
         return control
 
     def _lr(self) -> Optional[float]:
@@ -341,16 +369,21 @@ class DstoolkitCallback(TrainerCallback):
         mfu = (tps * self._flops_per_token / (self._peak * self.world)
                if tps and self._flops_per_token and self._peak else None)
         mem = _peak_memory()
+        comm_share = (self._comm.total_s - self._comm0) / dt if dt > 0 else None
         rec = {"event": "monitor", "step": state.global_step, "tokens_per_s": tps, "mfu": mfu,
-               "peak_memory_bytes": mem, "step_time_s": dt / self._steps_window, "estimate": self._estimate}
+               "peak_memory_bytes": mem, "step_time_s": dt / self._steps_window, "estimate": self._estimate,
+               "comm_share": comm_share}
         self._write(rec)
         est = self._estimate or {}
         self._say(f"step {state.global_step}: {tps or 0:,.0f} tok/s"
                   + (f" (est {est['tokens_per_s']:,.0f})" if est.get("tokens_per_s") else "")
                   + (f", MFU {mfu:.2e}" if mfu else "") + (f" (est {est['mfu']:.2e})" if est.get("mfu") else "")
                   + (f", peak mem {mem / 2**30:.2f} GiB" if mem else "")
-                  + (f" (est {est['memory_per_rank_bytes'] / 2**30:.2f})" if est.get("memory_per_rank_bytes") else ""))
+                  + (f" (est {est['memory_per_rank_bytes'] / 2**30:.2f})" if est.get("memory_per_rank_bytes") else "")
+                  + (f", comm {comm_share:.0%} measured" if comm_share is not None else "")
+                  + (f" (est {est['comm_share']:.0%})" if est.get("comm_share") is not None else ""))
         self._t_window, self._tokens, self._steps_window = now, 0, 0
+        self._comm0 = self._comm.total_s
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -2,12 +2,19 @@
 
 Every `every` steps it summarises the recorded steps and flags what it sees, with the numbers:
   * input-bound: the step waited on the data iterator for more than `input_bound_share` of its time;
-  * comm-bound: DeepSpeed's comms_logger timed more than `comm_bound_share` of the step in collectives;
+  * comm-bound: more than `comm_bound_share` of the step was spent blocked in collectives (measured by the timed
+    hooks of `dstoolkit.runtime.train.commtime`, else DeepSpeed's comms_logger when it is on);
   * idle compute: the process (or GPU) was busy less than `idle_util` of the time and neither of the above
     explains it.
 MFU follows docs/anchors.md: achieved tokens/s x FLOPs per token / peak (PaLM App. B). Reports are written
 through DeepSpeed's monitor backends (`engine.monitor.write_events`: csv, tensorboard, wandb as configured)
-and as one compact line. No torch import at module level.
+and as one compact line. The comm share is printed beside the estimate's exposed-comm share when the run has one.
+
+With a `CrossRank` (dstoolkit.runtime.train.crossrank) every window also gathers each rank's step, compute,
+collective wait, input wait and memory (one all_gather of a few floats), writes the per-rank table into the report
+(the metrics JSONL's monitor event: `ranks`) and, when one rank or host stands out beyond the measured noise, a
+second line naming it, how much slower than the median it is, and the reason class with its numbers.
+No torch import at module level.
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ class StepSample:
     cpu_time_s: float
     """Process CPU time (user+sys) spent during the step."""
     comm_time_s: Optional[float] = None
-    """Collective time from DeepSpeed's comms_logger (None when it is disabled)."""
+    """Time blocked in collectives (`comm_wait_total_s` difference over the step; None when nothing measures it)."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +80,23 @@ class MonitorReport:
     """The per-rank peak MFU divides by."""
     peak_label: Optional[str] = None
     """What that peak is."""
+    estimated_comm_share: Optional[float] = None
+    """The estimate's exposed communication / step time for this run (None when not given)."""
+    ranks: Optional[list[dict]] = None
+    """Per-rank window table (`crossrank.RankWindow.as_dict` rows) when the cross-rank view is on."""
+    bottleneck: Optional[dict] = None
+    """`crossrank.Bottleneck.as_dict` when one rank or host stands out beyond the noise, else None."""
+    bottleneck_line: Optional[str] = None
+    """The line naming it (printed after `line()`)."""
 
     def line(self) -> str:
         """Compact one-line form for logs."""
         mfu = f"{self.mfu * 100:.2f}%" if self.mfu is not None else "n/a"
         if self.mfu is not None and self.peak_flops_per_rank:
             mfu += f" of {self.peak_flops_per_rank / 1e9:,.1f} GFLOP/s"
-        comm = f"{self.comm_share * 100:.0f}%" if self.comm_share is not None else "n/a"
+        comm = f"{self.comm_share * 100:.0f}% measured" if self.comm_share is not None else "n/a"
+        if self.estimated_comm_share is not None:
+            comm += f" (estimate {self.estimated_comm_share * 100:.0f}%)"
         flags = ",".join(f.name for f in self.flags) or "ok"
         return (f"[monitor] step {self.step} | {self.tokens_per_s:,.0f} tok/s | MFU {mfu} | "
                 f"rss {self.peak_rss_bytes / 2**20:.0f} MiB | step {self.step_time_s * 1000:.0f} ms | "
@@ -137,6 +154,40 @@ def comms_logger_total_s() -> Optional[float]:
     return total_ms / 1000.0
 
 
+def comm_wait_total_s() -> Optional[float]:
+    """Cumulative seconds blocked in collectives: the timed hooks (`commtime.install_comm_timer`) when installed,
+    else DeepSpeed's comms_logger when enabled, else None."""
+    from dstoolkit.runtime.train.commtime import comm_timer_total_s
+
+    total = comm_timer_total_s()
+    return total if total is not None else comms_logger_total_s()
+
+
+def estimated_comm_share(spec: Any, shape: Any, ds_config: dict, world: int, on_cuda: bool) -> Optional[float]:
+    """The estimate's exposed communication / step time for this run (`estimate_run`'s step_time.comm_exposed_s),
+    for the monitor line beside the measured share. None when the run is not the spec's cluster (a GPU spec shrunk
+    onto CPU ranks) or the estimator refuses it. On CPU the calibration is the cached one, never a probe (the
+    job's ranks hold the cores)."""
+    from dstoolkit.estimate import estimate_run
+    from dstoolkit.hardware import calibration as cal
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.runplan import plan_from_spec
+
+    try:
+        gpu = get_gpu(spec.cluster.gpu)
+        if spec.cluster.world_size != world or (gpu.name == "cpu") == on_cuda:
+            return None
+        calib = None
+        if gpu.name == "cpu":
+            path = cal.calibration_path(getattr(spec.cluster, "calibration", None), "cpu", spec.base_dir, probe=False)
+            precision = spec.training.precision
+            calib = cal.load_calibration(path, precision) if path is not None else None
+        est = estimate_run(plan_from_spec(spec, ds_config, shape, calibration=calib))
+        return est.step_time.comm_exposed_s / est.step_time_s if est.step_time_s > 0 else None
+    except Exception:  # noqa: BLE001 - the line then shows the measured share alone
+        return None
+
+
 def _slope(ys: list[float]) -> float:
     n = len(ys)
     if n < 2:
@@ -153,7 +204,8 @@ class Monitor:
     def __init__(self, every: int, *, flops_per_token: Optional[float], peak_flops: Optional[float],
                  peak_label: str = "given peak", world_size: int = 1, threads: int = 1, ds_monitor: Any = None,
                  input_bound_share: float = INPUT_BOUND_SHARE, comm_bound_share: float = COMM_BOUND_SHARE,
-                 idle_utilization: float = IDLE_UTILIZATION) -> None:
+                 idle_utilization: float = IDLE_UTILIZATION, cross_rank: Any = None,
+                 estimated_comm_share: Optional[float] = None) -> None:
         if every <= 0:
             raise ValueError(f"monitor every={every} must be > 0")
         self.every = every
@@ -168,6 +220,9 @@ class Monitor:
         self.input_bound_share = input_bound_share
         self.comm_bound_share = comm_bound_share
         self.idle_utilization = idle_utilization
+        self.cross_rank = cross_rank
+        """A `crossrank.CrossRank` (every rank calls `record`, so every rank joins the gather), or None."""
+        self.estimated_comm_share = estimated_comm_share
         self.samples: list[StepSample] = []
         self.reports: list[MonitorReport] = []
 
@@ -176,6 +231,8 @@ class Monitor:
         if len(self.samples) < self.every:
             return None
         report = self._summarise(self.samples)
+        if self.cross_rank is not None:
+            report = self._cross_rank(report, self.samples)
         self.samples = []
         self.reports.append(report)
         if self.ds_monitor is not None and getattr(self.ds_monitor, "enabled", False):
@@ -213,7 +270,7 @@ class Monitor:
         if comm_share is not None and comm_share > self.comm_bound_share:
             flags.append(Flag("comm-bound",
                               f"collectives took {comm_share * 100:.0f}% of step time "
-                              f"(> {self.comm_bound_share * 100:.0f}%, DeepSpeed comms_logger)"))
+                              f"(> {self.comm_bound_share * 100:.0f}%, measured)"))
         if not [f for f in flags if f.name != "above-peak"] and util < self.idle_utilization:
             hint = ("" if comm_share is not None else
                     "; comms_logger is off, so time blocked in collectives counts here (enable it to attribute)")
@@ -226,8 +283,21 @@ class Monitor:
             peak_rss_bytes=peak_rss_bytes(), device_mem_bytes=_device_mem_bytes(),
             step_time_s=wall / len(samples), input_wait_s=wait / len(samples), input_wait_share=wait_share,
             comm_share=comm_share, utilization=util, loss=losses[-1], loss_trend_per_step=_slope(losses),
+            estimated_comm_share=self.estimated_comm_share,
             flags=flags, peak_flops_per_rank=self.peak_flops if mfu is not None else None,
             peak_label=self.peak_label if mfu is not None else None)
+
+    def _cross_rank(self, report: MonitorReport, samples: list[StepSample]) -> MonitorReport:
+        import dataclasses
+
+        n = len(samples)
+        comm = sum(s.comm_time_s or 0.0 for s in samples) / n
+        mem = report.device_mem_bytes if report.device_mem_bytes is not None else report.peak_rss_bytes
+        ranks = self.cross_rank.exchange(report.step_time_s, comm, report.input_wait_s, mem)
+        found = self.cross_rank.diagnose(ranks)
+        return dataclasses.replace(report, ranks=[r.as_dict() for r in ranks],
+                                   bottleneck=None if found is None else found.as_dict(),
+                                   bottleneck_line=None if found is None else found.line(report.step))
 
     def _utilization(self, cpu_s: float, wall_s: float) -> float:
         gpu = _gpu_utilization()

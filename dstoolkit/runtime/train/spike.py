@@ -228,7 +228,7 @@ class SpikeGuard:
 
 @dataclass
 class Rollback:
-    """Rolling back after a spike, shared by the example trainer (`trainer.Checkpoints`) and the wrapper for a
+    """Rolling back after a spike, shared by the example trainer (`run_state.Checkpoints`) and the wrapper for a
     user's own DeepSpeed loop (`dstoolkit.runtime.train.guard.Guard`): at most `max_rollbacks` times, to the
     newest intact checkpoint saved while the guard was healthy and at least `rollback_margin_steps` older than
     the spike (`dstoolkit.runtime.train.ckpt.CheckpointManager.latest_valid`), then the guard's skip counter is

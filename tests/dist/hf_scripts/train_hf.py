@@ -70,6 +70,9 @@ class Record(TrainerCallback):
 
 
 def main(argv=None):
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # what a user's script adds: the groups released before exit (dstoolkit/runtime/rankexit.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     own = {"--model": "llama", "--result": "result.json", "--leaf_modules": None, "--also": None}
     for k in list(own):
@@ -122,7 +125,10 @@ def run_one(argv, own, result):
         out = {"losses": rec.losses, "step_s": rec.times[1:] or rec.times, "peak_rss_mib": float(peaks.item()),
                "zero_stage": stage, "offload": offload, "engine": type(ds).__name__ if ds is not None else None,
                "optimizer": type(getattr(ds, "optimizer", None)).__name__,
-               "params_per_rank": sum(p.numel() for p in trainer.model_wrapped.parameters())}
+               "params_per_rank": sum(p.numel() for p in trainer.model_wrapped.parameters()),
+               "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1}
+        print(f"train_hf: world_size={out['world_size']} steps={len(rec.losses)} "
+              f"last_loss={rec.losses[-1] if rec.losses else None}", flush=True)
         with open(result, "w") as f:
             json.dump(out, f)
 

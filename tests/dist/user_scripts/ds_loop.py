@@ -52,6 +52,9 @@ def main():
     ap.add_argument("--metrics", default="")
     ap.add_argument("--local_rank", type=int, default=-1)
     args = ap.parse_args()
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # what a user's loop adds: the groups released before exit (dstoolkit/runtime/rankexit.py)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = TinyLM()

@@ -7,10 +7,12 @@
 #   DRY_RUN=1 bash launch.sh            # print the command instead of running it
 #   bash launch.sh --no-progress        # extra arguments go to the trainer (both launchers)
 #
-# Restart after a failure: run with --checkpoint-dir D --save-every K, then relaunch the same command
+# Checkpoints go to CKPT_DIR (the spec's training.save_dir, relative to where you launch) every
+# SAVE_EVERY steps (training.save_interval_steps). Restart after a failure: relaunch the same command
 # with --resume added (on every node): it continues from the newest intact checkpoint.
 #
-# Overrides (environment): STEPS, SEED, METRICS_OUT, HOSTFILE, MASTER_ADDR, MASTER_PORT, NODE_RANK,
+# Overrides (environment): STEPS, SEED, METRICS_OUT, CKPT_DIR, SAVE_EVERY, HOSTFILE, MASTER_ADDR, MASTER_PORT,
+# NODE_RANK,
 # TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: generate --target megatron-lm|megatron-deepspeed),
 # DIST_TIMEOUT_S (default 600): every process group's timeout; a collective stuck on a dead
 # peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),
@@ -25,6 +27,9 @@ TRAIN_MODULE="${TRAIN_MODULE:-dstoolkit.runtime.train.trainer}"
 STEPS="${STEPS:-20}"
 SEED="${SEED:-0}"
 METRICS_OUT="${METRICS_OUT:-$HERE/metrics.jsonl}"
+CKPT_DEFAULT=checkpoints
+CKPT_DIR="${CKPT_DIR:-$CKPT_DEFAULT}"
+SAVE_EVERY="${SAVE_EVERY:-1000}"
 HOSTFILE="${HOSTFILE:-$HERE/hostfile}"
 MASTER_ADDR="${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
@@ -35,7 +40,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
-TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S")
+TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S" --checkpoint-dir "$CKPT_DIR" --save-every "$SAVE_EVERY")
 TRAIN_ARGS+=("$@")  # extra arguments: to the trainer, whichever launcher
 
 case "${LAUNCHER:-deepspeed}" in
@@ -52,4 +57,8 @@ case "${LAUNCHER:-deepspeed}" in
     exit 2 ;;
 esac
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
+# A torch-extension build lock left by a killed build makes every rank wait on it silently: remove it
+# (one line naming it) or wait on a live build, saying so (dstoolkit/runtime/jitlock.py).
+"${PYTHON:-python}" -m dstoolkit.runtime.jitlock --who launch.sh ||
+  echo "launch.sh: torch-extension lock check failed or a build still holds its lock (see above)" >&2
 exec "${CMD[@]}"

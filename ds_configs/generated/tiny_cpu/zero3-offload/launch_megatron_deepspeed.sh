@@ -2,19 +2,26 @@
 # dstoolkit generate: Megatron-DeepSpeed launch, strategy zero3-offload. Regenerate instead of editing.
 #
 #   PRETRAIN=/path/to/Megatron-DeepSpeed/pretrain_gpt.py bash launch_megatron_deepspeed.sh   # on every node, NODE_RANK=k
-#   DATA_ARGS='--data-path ... --tokenizer-type ... --tokenizer-model ...' overrides the data arguments
+#   DATA_ARGS='--data-path ... --tokenizer-type ... --tokenizer-model ...' is required
 #   extra arguments go to pretrain_gpt.py after the file's (argparse: the last occurrence wins)
 # The arguments are read one per line into an array (mapfile), so no value is split or re-quoted.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PRETRAIN="${PRETRAIN:-Megatron-DeepSpeed/pretrain_gpt.py}"
 NNODES="${NNODES:-1}"
-NODE_RANK="${NODE_RANK:-0}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-2}"
+if [[ "$NNODES" -gt 1 ]]; then  # one job over the nodes: each node must say who it is and where rank 0 is
+    [[ -n "${NODE_RANK:-}" ]] || { echo "launch_megatron_deepspeed.sh: NODE_RANK is not set: run on each node with NODE_RANK=0..$((NNODES - 1)) and MASTER_ADDR=<node 0 address>" >&2; exit 2; }
+    [[ -n "${MASTER_ADDR:-}" ]] || { echo "launch_megatron_deepspeed.sh: MASTER_ADDR is not set: the address of node 0, the same on every node" >&2; exit 2; }
+fi
+NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-localhost}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-DATA_ARGS="${DATA_ARGS:---tokenizer-type NullTokenizer}"
+if [[ -z "${DATA_ARGS:-}" ]]; then
+    echo "launch_megatron_deepspeed.sh: DATA_ARGS is not set: DATA_ARGS='--data-path PREFIX --tokenizer-type ... [--tokenizer-model ...]' (Megatron-DeepSpeed has no mock dataset)" >&2; exit 2
+fi
 export CUDA_DEVICE_MAX_CONNECTIONS=1
+export LOCAL_SIZE="${LOCAL_SIZE:-$GPUS_PER_NODE}"
 mapfile -t ARGS < "$HERE/megatron_deepspeed_args.txt"
 read -r -a DATA <<< "$DATA_ARGS"
 exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE" \

@@ -1,0 +1,431 @@
+"""Measured layout sweeps against the estimator: does it put the layouts of one model on one cluster in the order
+they measured, and is its fastest pick really fast? (issue 24, deliverable 1)
+
+Reads benchmarks/data/layout_sweeps.yaml: groups of measured runs (one model, one cluster, one framework, one
+sequence length, several tp x pp x dp x micro batch layouts), each row cited; plus groups of
+benchmarks/data/published_runs.yaml rows that share model, cluster, sequence length and batch. Writes one spec per
+row (benchmarks/specs/layout_sweeps/<id>.yaml), builds the plan the CLI builds for it (`dstoolkit estimate SPEC`'s
+own loader) and estimates it in process. Per group:
+
+* MAPE of throughput (predicted tokens/s ÷ measured − 1, over the rows that ran);
+* Spearman of predicted vs measured time per token (the order of the layouts; per token because a few rows ran
+  2016 instead of 2048 sequences);
+* top-1 regret: measured time per token of the layout the estimator ranks fastest (among those it says fit) over
+  the measured best, − 1;
+* `sweep`'s own top pick, when every layout of the group lies in the sweep's space (powers of two for tp/pp/micro
+  batch: `generate.candidate_grid.enumerate_candidates`); else why not;
+* refusals (the toolkit rejects a layout that really ran: must be 0), false OOMs (a layout that ran predicted not
+  to fit), and layouts the source reports out of memory that the estimator says fit.
+
+Leave-one-source-out (`--loso`, default on): every fitted constant (benchmarks/estimator_fit.py) is refitted on the
+published-runs rows of the other sources (a sweep source is never in that table; `RELATED` names the published
+source that shares its cluster and is left out with it), and the group is predicted again.
+
+    python benchmarks/layout_sweeps.py            # ~6 min on 2 cores with --loso
+    python benchmarks/layout_sweeps.py --no-loso  # ~40 s
+
+Outputs benchmarks/results/layout_sweeps_<yyyymm>.{jsonl,md}. Nothing here changes the estimator.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import pathlib
+import sys
+from typing import Any, Optional
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import yaml  # noqa: E402
+
+import estimator_fit as fit  # noqa: E402
+import published_runs as pr  # noqa: E402
+from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench.report import render_markdown_table, write_report  # noqa: E402
+
+BENCH = "layout_sweeps"
+TABLE = REPO / "benchmarks" / "data" / "layout_sweeps.yaml"
+SPECS_DIR = REPO / "benchmarks" / "specs" / "layout_sweeps"
+RESULTS_DIR = REPO / "benchmarks" / "results"
+GOALS = {"mape": 0.08, "mean_spearman": 0.85, "top1_regret": 0.03, "refused": 0}
+"""Issue 24 'Done when' for the layout sweeps."""
+RELATED = {"bigscience_prequel": {"bloom"}}
+"""Sweep source -> published_runs sources of the same cluster and framework, left out of its LOSO fit too."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Table -> runs (the published_runs row shape, so published_runs.spec_for builds the spec)
+# --------------------------------------------------------------------------------------------------
+
+
+def load(path: pathlib.Path = TABLE) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for key in ("sources", "groups"):
+        if key not in (doc or {}):
+            raise SystemExit(f"{path}: missing '{key}'")
+    return doc
+
+
+def group_runs(doc: dict[str, Any], published: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every group as {id, source, where, runs: [published_runs-shaped run + measured_step_s / oom]}."""
+    out = []
+    for g in doc["groups"]:
+        common = dict((doc.get("common") or {}).get(g["source"]) or {})
+        runs = []
+        for i, r in enumerate(g["rows"]):
+            gpus = int(common["nodes"]) * int(common["gpus_per_node"])
+            if r["tp"] * r["pp"] * r["dp"] != gpus:
+                raise SystemExit(f"{g['id']} row {i}: tp*pp*dp = {r['tp'] * r['pp'] * r['dp']} != {gpus} GPUs")
+            rid = f"{g['id']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}_mb{r['micro_batch']}"
+            runs.append({
+                "id": rid, "source": g["source"], "model_name": g["id"], "model": g["model"], "gpu": common["gpu"],
+                "nodes": common["nodes"], "gpus_per_node": common["gpus_per_node"],
+                "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": common["zero_stage"]},
+                "execution": common.get("execution") or {}, "micro_batch": r["micro_batch"],
+                "global_batch": r["global_batch"], "seq_len": common["seq_len"], "precision": g["precision"],
+                "recompute": r.get("recompute", common["recompute"]), "text": r["text"],
+                "oom": bool(r.get("oom")), "measured_step_s": r.get("sec_per_iter"),
+            })
+        out.append({"id": g["id"], "source": g["source"], "where": g["where"], "runs": runs})
+    by_id = {r["id"]: r for r in published["runs"]}
+    for g in doc.get("from_published_runs") or []:
+        runs = []
+        for rid in g["runs"]:
+            r = dict(by_id[rid])
+            tokens = r["global_batch"] * r["seq_len"]
+            r.update(oom=False, measured_step_s=tokens / (float(r["tokens_per_s_per_gpu"]) * pr.gpus(r)),
+                     text=r["published"]["text"])
+            runs.append(r)
+        srcs = {r["source"] for r in runs}
+        out.append({"id": g["id"], "source": srcs.pop() if len(srcs) == 1 else "mixed",
+                    "where": "published_runs.yaml rows " + ", ".join(g["runs"]), "runs": runs})
+    return out
+
+
+def write_spec(run: dict[str, Any], out_dir: pathlib.Path) -> pathlib.Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = (f"# {run['model_name']}: {run['text']}\n"
+            "# Generated by benchmarks/layout_sweeps.py from benchmarks/data/layout_sweeps.yaml; edit the table, not this file.\n"
+            + yaml.safe_dump(pr.spec_for(run), sort_keys=False, width=120))
+    path = out_dir / f"{run['id']}.yaml"
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Estimating and scoring
+# --------------------------------------------------------------------------------------------------
+
+
+def estimate_row(run: dict[str, Any], spec_path: pathlib.Path) -> dict[str, Any]:
+    from dstoolkit.estimate import estimate_run
+    from dstoolkit.hardware.table import GpuSpec, get_gpu
+
+    plan, err = fit.plan_for_spec(spec_path)
+    row = {k: run[k] for k in ("id", "source", "micro_batch", "global_batch", "seq_len", "precision", "recompute",
+                               "oom", "measured_step_s", "text")}
+    row["layout"] = {"tp": run["layout"].get("tp", 1), "pp": run["layout"].get("pp", 1),
+                     "dp": pr.gpus(run) // (run["layout"].get("tp", 1) * run["layout"].get("pp", 1)
+                                           * int(run["layout"].get("cp") or 1)),
+                     "zero_stage": run["layout"].get("zero_stage", 0)}
+    row["gpus"] = pr.gpus(run)
+    row["tokens_per_step"] = run["global_batch"] * run["seq_len"]
+    if plan is None:
+        row.update(refused=err, predicted_step_s=None, fits=None)
+        return row
+    est = estimate_run(plan)
+    gpu = run["gpu"]
+    row.update(refused=None, predicted_step_s=float(est.step_time_s), fits=bool(est.fits),
+               memory_gib=est.memory.total / 2**30, flops_per_token=float(est.flops_per_token),
+               peak_flops=get_gpu(GpuSpec.model_validate(gpu) if isinstance(gpu, dict) else gpu).peak_bf16_flops,
+               layout_kept=(plan.tp, plan.pp, plan.dp, plan.ds.micro_batch) == (
+                   row["layout"]["tp"], row["layout"]["pp"], row["layout"]["dp"], run["micro_batch"]),
+               breakdown={k: float(getattr(est.step_time, k)) for k in ("compute_s", "comm_exposed_s", "memory_s")
+                          if hasattr(est.step_time, k)})
+    return row
+
+
+def per_token(step_s: float, row: dict[str, Any]) -> float:
+    return step_s / row["tokens_per_step"]
+
+
+def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> dict[str, Any]:
+    """MAPE, Spearman of the order, top-1 regret over the rows that ran; refusals and OOM disagreements."""
+    ran = [r for r in rows if not r["oom"] and r.get(key) is not None]
+    errs = [r["measured_step_s"] / r[key] - 1.0 for r in ran]
+    sp = None
+    if len(ran) >= 2:
+        v = harness.spearman([per_token(r["measured_step_s"], r) for r in ran], [per_token(r[key], r) for r in ran])
+        sp = None if isinstance(v, float) and math.isnan(v) else v
+    fitting = [r for r in ran if r.get("fits")] or ran
+    best = min(per_token(r["measured_step_s"], r) for r in ran) if ran else None
+    pick = min(fitting, key=lambda r: per_token(r[key], r)) if fitting else None
+    return {
+        "rows": len(rows), "ran": len(ran), "oom_rows": sum(1 for r in rows if r["oom"]),
+        "mape": sum(abs(e) for e in errs) / len(errs) if errs else None,
+        "spearman": sp,
+        "top1_pick": pick["id"] if pick else None,
+        "top1_regret": (per_token(pick["measured_step_s"], pick) / best - 1.0) if pick else None,
+        "refused": [r["id"] for r in rows if r.get("refused") and not r["oom"]],
+        "false_oom": [r["id"] for r in ran if r.get("fits") is False],
+        "missed_oom": [r["id"] for r in rows if r["oom"] and r.get("fits")],
+    }
+
+
+def sweep_pick(group: dict[str, Any], rows: list[dict[str, Any]], spec_path: pathlib.Path) -> dict[str, Any]:
+    """`sweep`'s own top pick over the group's open dimensions, when every measured layout lies in its space."""
+    from dstoolkit.generate.candidate_grid import MICRO_BATCH_CHOICES, pow2_upto
+
+    runs = group["runs"]
+    gpn = runs[0]["gpus_per_node"]
+    # the execution facts as canonical JSON: their values may be lists (recompute_modules), which a set cannot hold
+    fixed = {(r["layout"].get("zero_stage", 0), r["recompute"], json.dumps(r.get("execution") or {}, sort_keys=True),
+              r["layout"].get("vpp"), r["layout"].get("ep", 1), r["layout"].get("cp") or 1) for r in runs}
+    outside = [r["id"] for r in runs if r["layout"].get("tp", 1) not in pow2_upto(gpn)
+               or r["layout"].get("pp", 1) not in pow2_upto(4096) or r["micro_batch"] not in MICRO_BATCH_CHOICES]
+    if outside or len(fixed) > 1:
+        why = (f"{len(outside)} of {len(runs)} layouts outside the sweep space (tp/pp/micro batch powers of two)"
+               if outside else "the layouts differ in more than tp/pp/micro batch (ZeRO stage, schedule, framework or EP)")
+        return {"applicable": False, "why": why}
+    from dstoolkit.generate.sweep import run_sweep
+    from dstoolkit.models import resolve_model
+    from dstoolkit.spec import load_spec
+
+    spec = load_spec(str(spec_path))
+    for f in ("tp", "pp", "micro_batch"):
+        setattr(spec.training, f, "auto")
+    shape = resolve_model(spec.model, spec_path.parent)
+    res = run_sweep(spec, shape, top=1, validate=False, advise=False)
+    if res.winner is None:
+        return {"applicable": True, "pick": None, "why": "the sweep found no fitting layout"}
+    c = res.winner.candidate
+    match = [r for r in rows if (r["layout"]["tp"], r["layout"]["pp"], r["micro_batch"]) == (c.tp, c.pp, c.micro_batch)
+             and not r["oom"]]
+    pick = f"tp{c.tp} pp{c.pp} mb{c.micro_batch}"
+    if not match:
+        return {"applicable": True, "pick": pick, "regret": None, "why": "the sweep's pick was not measured"}
+    ran = [r for r in rows if not r["oom"]]
+    best = min(per_token(r["measured_step_s"], r) for r in ran)
+    return {"applicable": True, "pick": pick, "regret": per_token(match[0]["measured_step_s"], match[0]) / best - 1.0}
+
+
+def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ran_rows = sum(s["ran"] for s in scores.values())
+    mapes = [(s["mape"], s["ran"]) for s in scores.values() if s["mape"] is not None]
+    sps = [s["spearman"] for s in scores.values() if s["spearman"] is not None and s["ran"] >= 3]
+    regrets = [s["top1_regret"] for s in scores.values() if s["top1_regret"] is not None]
+    return {
+        "groups": len(scores), "ran_rows": ran_rows,
+        "mape_rows": sum(m * n for m, n in mapes) / sum(n for _, n in mapes) if mapes else None,
+        "mean_spearman_groups_ge3": sum(sps) / len(sps) if sps else None,
+        "spearman_groups": len(sps),
+        "mean_top1_regret": sum(regrets) / len(regrets) if regrets else None,
+        "max_top1_regret": max(regrets) if regrets else None,
+        "refused": sum(len(s["refused"]) for s in scores.values()),
+        "false_oom": sum(len(s["false_oom"]) for s in scores.values()),
+        "missed_oom": sum(len(s["missed_oom"]) for s in scores.values()),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# LOSO
+# --------------------------------------------------------------------------------------------------
+
+
+def loso_sweeps(groups, rows_by_group, published_doc, specs_pub_dir: pathlib.Path,
+                specs_dir: pathlib.Path = SPECS_DIR) -> dict[str, Any]:
+    """Refit the fitted constants on published_runs rows of the other sources, re-predict each group."""
+    pub_runs = [dict(r, _index=i) for i, r in enumerate(published_doc["runs"])]
+    pub_plans, pub_rows = [], []
+    for r in pub_runs:
+        path = pr.write_spec(r, published_doc["sources"][r["source"]], specs_pub_dir)
+        plan, err = fit.plan_for_spec(path)
+        if plan is None:
+            continue
+        from dstoolkit.estimate import estimate_run
+
+        est = estimate_run(plan)
+        tokens = float(est.tokens_per_step)
+        pub_plans.append(plan)
+        pub_rows.append(fit.Row(r["id"], r["source"], tokens / (float(r["tokens_per_s_per_gpu"]) * pr.gpus(r)),
+                                tokens, pr.gpus(r), float(est.flops_per_token), pr.peak_bf16(r["gpu"])))
+    sweep_items = []  # (group id, row index, plan)
+    for g in groups:
+        for j, row in enumerate(rows_by_group[g["id"]]):
+            if row.get("predicted_step_s") is None:
+                continue
+            plan, _ = fit.plan_for_spec(specs_dir / f"{row['id']}.yaml")
+            sweep_items.append((g["id"], j, plan))
+    points = fit.grid_points()
+    plans = pub_plans + [p for _, _, p in sweep_items]
+    t0 = _dt.datetime.now()
+
+    def progress(n, total):
+        if n % 100 == 0 or n == total:
+            print(f"  grid {n}/{total} ({(_dt.datetime.now() - t0).total_seconds():.0f} s)", flush=True)
+
+    table = fit.evaluate_grid(plans, points, progress)
+    npub = len(pub_plans)
+    pub_table = [t[:npub] for t in table]
+    shipped = [fit.step_time_s(pl) for pl in pub_plans]
+    out = {"_published_runs": {"loso": fit.loso(pub_rows, pub_table, points, shipped),
+                               "ablation": fit.ablation(pub_rows, pub_table, points, shipped)}}
+    for g in groups:
+        excluded = {g["source"]} | RELATED.get(g["source"], set())
+        idx = [i for i, r in enumerate(pub_rows) if r.source not in excluded]
+        p = fit.best_point(pub_rows, pub_table, idx, points)
+        refit = [dict(r) for r in rows_by_group[g["id"]]]
+        for k, (gid, j, _) in enumerate(sweep_items):
+            if gid == g["id"]:
+                refit[j]["predicted_step_s"] = table[p][npub + k]
+        out[g["id"]] = {"refit": points[p], "score": score_group(refit)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+
+
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _sp(x: Optional[float]) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) -> str:
+    s = summary
+    lines = ["# Measured layout sweeps vs the estimator", "",
+             f"`benchmarks/layout_sweeps.py` over `benchmarks/data/layout_sweeps.yaml`: {s['groups']} groups (one model on "
+             f"one cluster at several layouts), {s['ran_rows']} layouts that ran. Error = predicted tokens/s ÷ measured − 1; "
+             "order = Spearman of predicted vs measured time per token; top-1 regret = measured time per token of the "
+             "layout ranked fastest (among those predicted to fit) ÷ the measured best − 1.", "",
+             f"_Estimator at commit {str(env.get('git_commit'))[:12]}, {env.get('timestamp_utc')}._", "", "## Summary", ""]
+    pub = loso.pop("_published_runs", None) if loso else None
+    lo = summarize({k: v["score"] for k, v in loso.items()}) if loso else None
+    lines += render_markdown_table([
+        ["throughput MAPE (rows that ran)", _pct(s["mape_rows"]), _pct(lo["mape_rows"]) if lo else "–", "≤ 8%"],
+        [f"mean within-group Spearman ({s['spearman_groups']} groups of ≥ 3)", _sp(s["mean_spearman_groups_ge3"]),
+         _sp(lo["mean_spearman_groups_ge3"]) if lo else "–", "≥ 0.85"],
+        ["mean / worst top-1 regret", f"{_pct(s['mean_top1_regret'])} / {_pct(s['max_top1_regret'])}",
+         f"{_pct(lo['mean_top1_regret'])} / {_pct(lo['max_top1_regret'])}" if lo else "–", "≤ 3%"],
+        ["layouts that ran but refused", str(s["refused"]), "", "0"],
+        ["layouts that ran, predicted not to fit", str(s["false_oom"]), "", "0"],
+        ["layouts reported OOM, predicted to fit", str(s["missed_oom"]), "", ""],
+    ], ["figure", ("in sample", "r"), ("leave one source out", "r"), "goal"])
+    lines += ["", "## Per group", ""]
+    body = []
+    for g in groups:
+        sc = scores[g["id"]]
+        lg = loso.get(g["id"], {}).get("score") if loso else None
+        sw = sweeps.get(g["id"]) or {}
+        swt = ("n/a: " + sw.get("why", "")) if not sw.get("applicable") else (
+            f"{sw.get('pick')}: " + (_pct(sw.get("regret")) if sw.get("regret") is not None else sw.get("why", "")))
+        body.append([g["id"], g["source"], f"{sc['ran']} (+{sc['oom_rows']} OOM)", _pct(sc["mape"]),
+                     _pct(lg["mape"]) if lg else "–", _sp(sc["spearman"]), _sp(lg["spearman"]) if lg else "–",
+                     _pct(sc["top1_regret"]), _pct(lg["top1_regret"]) if lg else "–",
+                     str(len(sc["refused"])), str(len(sc["false_oom"])), str(len(sc["missed_oom"])), swt])
+    lines += render_markdown_table(body, ["group", "source", ("layouts", "r"), ("MAPE", "r"), ("MAPE loso", "r"),
+                                          ("Spearman", "r"), ("Spearman loso", "r"), ("regret", "r"),
+                                          ("regret loso", "r"), ("refused", "r"), ("false OOM", "r"),
+                                          ("missed OOM", "r"), "sweep's own pick"])
+    lines += ["", "## Rows", ""]
+    body = []
+    for g in groups:
+        for r in rows_by_group[g["id"]]:
+            lay = r["layout"]
+            meas = "OOM" if r["oom"] else f"{per_token(r['measured_step_s'], r) * 1e6:.2f}"
+            pred = "refused: " + r["refused"] if r.get("refused") else (
+                f"{per_token(r['predicted_step_s'], r) * 1e6:.2f}" if r.get("predicted_step_s") else "–")
+            err = "" if r["oom"] or not r.get("predicted_step_s") else _pct(r["measured_step_s"] / r["predicted_step_s"] - 1)
+            fits = "" if r.get("fits") is None else ("fits" if r["fits"] else "no fit")
+            body.append([g["id"], f"tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} z{lay['zero_stage']}", r["micro_batch"],
+                         r["global_batch"], meas, pred, err, fits])
+    lines += render_markdown_table(body, ["group", "layout", ("mb", "r"), ("gbs", "r"), ("measured µs/token", "r"),
+                                          ("predicted µs/token", "r"), ("error", "r"), "memory"])
+    if pub:
+        lines += [""] + fit.render_loso_md(pub["loso"], "Leave one source out on published_runs.yaml (same grid)")
+        lines += fit.render_ablation_md(pub["ablation"])
+    if loso:
+        lines += ["", "## Leave one source out: refitted constants per group", ""]
+        lines += [f"- `{gid}`: {fit.fmt_point(v['refit'])}" for gid, v in loso.items()]
+    lines += ["", "## Sources", ""]
+    for key, src in doc["sources"].items():
+        n = sum(len(rows_by_group[g["id"]]) for g in groups if g["source"] == key or
+                (key == "published_runs" and g["where"].startswith("published_runs")))
+        lines.append(f"- **{key}** ({n} rows): {src['title']}, <{src['url']}>, {src['where']}. {src.get('cluster', '')} "
+                     f"Provenance: {src['verification']}")
+    for key, com in (doc.get("common") or {}).items():
+        lines += [f"- {key} assumed: " + "; ".join(com.get("assumed") or []),
+                  f"- {key} inexpressible: " + "; ".join(com.get("inexpressible") or [])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--table", type=pathlib.Path, default=TABLE)
+    ap.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
+    ap.add_argument("--specs-dir", type=pathlib.Path, default=SPECS_DIR)
+    ap.add_argument("--tag", default=_dt.datetime.now(_dt.timezone.utc).strftime("%Y%m"))
+    ap.add_argument("--loso", action=argparse.BooleanOptionalAction, default=True,
+                    help="refit the fitted constants without each group's source (default on; ~5 min)")
+    args = ap.parse_args(argv)
+    doc = load(args.table)
+    published = pr.load_table()
+    groups = group_runs(doc, published)
+    rows_by_group, scores, sweeps = {}, {}, {}
+    for g in groups:
+        paths = {r["id"]: write_spec(r, args.specs_dir) for r in g["runs"]}
+        rows = [estimate_row(r, paths[r["id"]]) for r in g["runs"]]
+        rows_by_group[g["id"]] = rows
+        scores[g["id"]] = score_group(rows)
+        try:
+            sweeps[g["id"]] = sweep_pick(g, rows, paths[g["runs"][0]["id"]])
+        except Exception as exc:  # reported in the table, never hidden
+            sweeps[g["id"]] = {"applicable": False, "why": f"sweep failed: {exc}"}
+        sc = scores[g["id"]]
+        print(f"{g['id']:42s} ran {sc['ran']:2d}  MAPE {_pct(sc['mape']):>6s}  Spearman {_sp(sc['spearman']):>6s}  "
+              f"regret {_pct(sc['top1_regret']):>6s}  refused {len(sc['refused'])}  false OOM {len(sc['false_oom'])}  "
+              f"missed OOM {len(sc['missed_oom'])}", flush=True)
+    summary = summarize(scores)
+    print(f"\nall: {summary}")
+    loso = loso_sweeps(groups, rows_by_group, published, args.specs_dir.parent / "published", args.specs_dir) if args.loso else {}
+    pub = loso.get("_published_runs") if loso else None
+    if loso:
+        lsum = summarize({k: v["score"] for k, v in loso.items() if k != "_published_runs"})
+        print(f"loso: {lsum}")
+        summary["loso"] = lsum
+        po = pub["loso"]["overall"]
+        summary["published_runs_loso"] = po
+        summary["published_runs_ablation"] = pub["ablation"]
+        print(f"published_runs LOSO: MAPE in {_pct(po['mape_in_sample'])} out {_pct(po['mape_out_of_source'])}; "
+              f"eff Spearman in {_sp(po['spearman_eff_in_sample'])} out {_sp(po['spearman_eff_out_of_source'])}")
+        for k, v in pub["ablation"].items():
+            print(f"  {k}: OOS free {_pct(v['mape_out_of_source_free'])} pinned {_pct(v['mape_out_of_source_pinned'])}")
+    env = harness.capture_env(world_size=1, config={"table": doc}, packages=("pyyaml", "pydantic"))
+    run_id = harness.open_run(None, BENCH, env["config_hash"]).run_id
+    jsonl = args.out / f"{BENCH}_{args.tag}.jsonl"
+    records = []
+    for g in groups:
+        rec = harness.base_record(BENCH, run_id, g["id"], env)
+        rec["result"] = {"group": g["id"], "source": g["source"], "where": g["where"], "rows": rows_by_group[g["id"]],
+                         "score": scores[g["id"]], "sweep_pick": sweeps[g["id"]],
+                         "loso": loso.get(g["id"]) if loso else None}
+        records.append(rec)
+    harness.append_records(jsonl, records)
+    harness.close_run(jsonl, BENCH, env["config_hash"], run_id, summary=summary)
+    write_report(args.out / f"{BENCH}_{args.tag}.md",
+                 render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc))
+    print(f"wrote {jsonl}, {args.out / (BENCH + '_' + args.tag + '.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,362 @@
+"""What a checkpoint folder holds, read from file names and pickled metadata, never from tensors (no torch).
+
+`inspect_checkpoint(path)` accepts a DeepSpeed checkpoint root (with `latest`), one tag folder, a universal
+checkpoint (root with `latest_universal`, or its tag folder with `zero/`), an HF Trainer output folder or one of
+its `checkpoint-N/` folders (DeepSpeed's `global_stepN/` inside), or the project's trainer root (`step_XXXXXXXX/`
+tags with `dstoolkit_manifest.json`, whose sizes and SHA-256 are verified). Every torch file is checked as a zip
+archive (a truncated one has no end record) and by CRC; the metadata come from `dstoolkit.ckpt.torchzip`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from dstoolkit.common.filehash import sha256_file
+from dstoolkit.ckpt import names as N
+from dstoolkit.ckpt.errors import CkptError
+from dstoolkit.ckpt.torchzip import Opaque, TensorMeta, TorchFileError, check_archive, read_meta, tensors
+
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that makes the checkpoint incomplete: the file and what is wrong with it."""
+
+    file: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """The files one data-parallel (or pipeline/expert) rank wrote, and their bytes on disk."""
+
+    rank: int
+    files: tuple[str, ...]
+    bytes: int
+
+
+@dataclass
+class CheckpointInfo:
+    """The inspection of one checkpoint tag."""
+
+    root: Path
+    """The folder holding the tag folders (and `latest`)."""
+    tag_dir: Path
+    format: str
+    """deepspeed-zero | deepspeed-universal | deepspeed-pipeline | deepspeed-moe | hf-trainer | dstoolkit-trainer."""
+    tag: str
+    step: Optional[int] = None
+    tags: list[str] = field(default_factory=list)
+    """Every tag (or checkpoint-N) found beside this one, newest first."""
+    world_size: Optional[int] = None
+    dp: Optional[int] = None
+    tp: Optional[int] = None
+    pp: Optional[int] = None
+    ep: Optional[int] = None
+    zero_stage: Optional[int] = None
+    num_experts: Optional[list[int]] = None
+    dtypes: dict[str, str] = field(default_factory=dict)
+    """Kind of state -> dtype: model (as the module states hold them), master (fp32 partitions), optimizer."""
+    optimizer_states: bool = False
+    scheduler: bool = False
+    offload: Optional[str] = None
+    """The ds_config's offload_optimizer device when the run offloaded (files are the same)."""
+    ranks: list[RankFiles] = field(default_factory=list)
+    shared_bytes: int = 0
+    """Bytes of files no single rank owns (model states written by rank 0 under ZeRO 0-2, expert files, universal)."""
+    total_bytes: int = 0
+    model_state_bytes: int = 0
+    optimizer_state_bytes: int = 0
+    complete: bool = True
+    problems: list[Problem] = field(default_factory=list)
+    manifest_verified: Optional[bool] = None
+    deepspeed_version: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["root"], d["tag_dir"] = str(self.root), str(self.tag_dir)
+        return d
+
+
+def _step_of(tag: str) -> Optional[int]:
+    m = N.STEP_TAG.match(tag) or N.HF_CHECKPOINT_DIR.match(tag)
+    return int(m.group("step")) if m else None
+
+
+def _is_tag_dir(p: Path) -> bool:
+    return p.is_dir() and (any(N.MODEL_STATES.match(f.name) or N.ZERO3_MODEL_STATES.match(f.name)
+                               or N.OPTIM_STATES.match(f.name) or N.PIPE_LAYER.match(f.name)
+                               for f in p.iterdir()) or (p / N.UNIVERSAL_ZERO_DIR).is_dir())
+
+
+def _tags_in(root: Path) -> list[str]:
+    out = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and _is_tag_dir(p)]
+    return sorted(out, key=lambda t: (_step_of(t) or -1, t), reverse=True)
+
+
+def _read_latest(root: Path, name: str) -> Optional[str]:
+    p = root / name
+    return p.read_text().strip() or None if p.is_file() else None
+
+
+def resolve(path: Path) -> tuple[Path, str, str, list[str]]:
+    """(root, tag, wrapper format or '', tags beside it) of the checkpoint at `path`.
+
+    Raises:
+        CkptError: `path` is no checkpoint of a kind we know, or `latest` names a tag that is not there.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CkptError(str(path), "does not exist", "give the checkpoint folder (the one holding `latest`, a "
+                        "global_stepN/ tag folder, or an HF Trainer checkpoint-N/)")
+    if not path.is_dir():
+        raise CkptError(str(path), "is a file, not a checkpoint folder",
+                        f"give its folder ({path.parent}) or the checkpoint root above it")
+    if _is_tag_dir(path):
+        return path.parent, path.name, "", _tags_in(path.parent)
+    hf = sorted((p for p in path.iterdir() if p.is_dir() and N.HF_CHECKPOINT_DIR.match(p.name)),
+                key=lambda p: int(N.HF_CHECKPOINT_DIR.match(p.name).group("step")), reverse=True)
+    if hf and not (path / N.LATEST).is_file():  # an HF Trainer output_dir: its newest checkpoint-N
+        root, tag, _, _ = resolve(hf[0])
+        return root, tag, "hf-trainer", [p.name for p in hf]
+    wrapper = "hf-trainer" if (path / N.HF_TRAINER_STATE).is_file() else ""
+    tags = _tags_in(path)
+    for pointer in (N.LATEST_UNIVERSAL, N.LATEST):
+        tag = _read_latest(path, pointer)
+        if tag is not None:
+            if not (path / tag).is_dir():
+                raise CkptError(str(path / pointer), f"names tag {tag!r} but {path / tag} does not exist",
+                                f"pick an existing tag folder ({', '.join(tags) or 'none found'}), or rewrite "
+                                f"{pointer} to name one")
+            if any((path / t / N.DSTOOLKIT_MANIFEST).is_file() for t in tags):
+                wrapper = wrapper or "dstoolkit-trainer"
+            return path, tag, wrapper, tags
+    if tags:
+        return path, tags[0], wrapper, tags
+    raise CkptError(str(path), "is not a checkpoint folder: no `latest` file, no *_model_states.pt / "
+                    "*_optim_states.pt, no checkpoint-N/ or global_stepN/ folder",
+                    "give the folder DeepSpeed's save_checkpoint wrote (or an HF Trainer output_dir)")
+
+
+def _verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
+    mpath = tag_dir / N.DSTOOLKIT_MANIFEST
+    if not mpath.is_file():
+        if info.format == "dstoolkit-trainer":
+            info.problems.append(Problem(str(mpath), "is missing: the save did not finish (the trainer writes it "
+                                         "last)"))
+        return
+    try:
+        files = json.loads(mpath.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        info.problems.append(Problem(str(mpath), f"is unreadable ({exc})"))
+        info.manifest_verified = False
+        return
+    ok = True
+    for rel, rec in sorted(files.items()):
+        p = tag_dir / rel
+        if not p.is_file():
+            info.problems.append(Problem(str(p), "is missing (listed in the manifest)"))
+            ok = False
+        elif p.stat().st_size != rec["bytes"]:
+            info.problems.append(Problem(str(p), f"is {p.stat().st_size} bytes, the manifest says {rec['bytes']} "
+                                         "(truncated)"))
+            ok = False
+        elif sha256_file(p) != rec["sha256"]:
+            info.problems.append(Problem(str(p), "does not match its SHA-256 in the manifest (corrupted)"))
+            ok = False
+    info.manifest_verified = ok
+
+
+def _zero_stage(v: Any) -> Optional[int]:
+    if isinstance(v, Opaque) and v.args:
+        v = v.args[0]
+    return int(v) if isinstance(v, int) else None
+
+
+def _dtype_of(items: list[tuple[str, TensorMeta]]) -> Optional[str]:
+    kinds = sorted({t.dtype for _, t in items if t.numel or t.storage_bytes})
+    return "+".join(kinds) if kinds else (items[0][1].dtype if items else None)
+
+
+def _load(path: Path, info: CheckpointInfo) -> Optional[Any]:
+    try:
+        return read_meta(path)
+    except TorchFileError as exc:
+        info.problems.append(Problem(str(path), str(exc)))
+        return None
+
+
+def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
+    """Inspect the checkpoint at `path` (see the module docstring for what `path` may be).
+
+    Args:
+        path: the checkpoint folder.
+        crc: also check every member's CRC (reads every byte once; off: the zip end record only).
+
+    Returns:
+        A CheckpointInfo; `complete` is False (with `problems` naming each file) when a rank's file is missing,
+        truncated, damaged or does not match the project's manifest.
+
+    Raises:
+        CkptError: `path` is not a checkpoint folder.
+    """
+    root, tag, wrapper, tags = resolve(Path(path))
+    tag_dir = root / tag
+    files = sorted(p for p in tag_dir.iterdir() if p.is_file())
+    universal = (tag_dir / N.UNIVERSAL_ZERO_DIR).is_dir()
+    info = CheckpointInfo(root=root, tag_dir=tag_dir, format="", tag=tag, step=_step_of(tag), tags=tags)
+    if wrapper == "hf-trainer":
+        info.step = _step_of(root.name) if _step_of(root.name) is not None else info.step
+    model_files = [p for p in files if N.MODEL_STATES.match(p.name)]
+    z3_model = {(int(m.group("dp")), int(m.group("mp"))): p for p in files if (m := N.ZERO3_MODEL_STATES.match(p.name))}
+    optim = {(int(m.group("dp")), int(m.group("mp"))): p for p in files if (m := N.OPTIM_STATES.match(p.name))}
+    expert_optim = {int(m.group("ep")): p for p in files if (m := N.EXPERT_OPTIM_STATES.match(p.name))}
+    experts = [p for p in files if N.EXPERT_STATES.match(p.name)]
+    pipe = [p for p in files if N.PIPE_LAYER.match(p.name)]
+
+    for p in files:
+        if p.suffix == ".pt":
+            problem = check_archive(p, crc=crc)
+            if problem is not None:
+                info.problems.append(Problem(str(p), problem))
+    _verify_manifest(tag_dir, info)
+    bad = {pr.file for pr in info.problems}
+
+    head_file = (model_files or [z3_model[k] for k in sorted(z3_model)] or [None])[0]
+    head = _load(head_file, info) if head_file is not None and str(head_file) not in bad else None
+    if head_file is None and not universal:
+        info.problems.append(Problem(str(tag_dir / "mp_rank_00_model_states.pt"),
+                                     "is missing (no *_model_states.pt in the tag folder)"))
+    ds_config: dict = {}
+    if isinstance(head, dict):
+        ds_config = head.get("ds_config") if isinstance(head.get("ds_config"), dict) else {}
+        info.dp = head.get("dp_world_size")
+        dims = head.get("checkpoint_parallel_dimensions") or {}
+        info.tp = dims.get("tp_degree", head.get("mp_world_size"))
+        info.pp = dims.get("pp_degree")
+        info.scheduler = head.get("lr_scheduler") is not None
+        info.deepspeed_version = head.get("ds_version")
+        if isinstance(head.get("global_steps"), int):
+            info.step = head["global_steps"] if info.step is None or wrapper != "hf-trainer" else info.step
+        ne = head.get("num_experts")
+        if isinstance(ne, list) and ne:
+            info.num_experts = [int(x) for x in ne]
+        elif isinstance(ne, int) and ne > 1:
+            info.num_experts = [ne]
+        module = head.get("module")
+        if isinstance(module, dict):
+            info.dtypes["model"] = _dtype_of(tensors(module)) or "?"
+        if head.get("optimizer") is not None:
+            info.optimizer_states = True
+            info.dtypes["optimizer"] = _dtype_of(tensors(head["optimizer"])) or "?"
+        zo = ds_config.get("zero_optimization") or {}
+        info.zero_stage = zo.get("stage", 0) if isinstance(zo.get("stage", 0), int) else None
+        off = zo.get("offload_optimizer") or {}
+        if isinstance(off, dict) and off.get("device") not in (None, "none"):
+            info.offload = str(off.get("device"))
+
+    first_optim = optim[min(optim)] if optim else None
+    if first_optim is not None and str(first_optim) not in bad:
+        osd = _load(first_optim, info)
+        if isinstance(osd, dict):
+            o = osd.get("optimizer_state_dict") or {}
+            stage = _zero_stage(o.get("zero_stage"))
+            if stage is not None:
+                info.zero_stage = stage
+            info.optimizer_states = True
+            base = o.get("base_optimizer_state") or o.get("optimizer_state_dict") or {}
+            state_t = [t for t in tensors(base.get("state") if isinstance(base, dict) else base)
+                       if not t[0].endswith("step")]
+            info.dtypes["optimizer"] = _dtype_of(state_t) or info.dtypes.get("optimizer", "?")
+            master = o.get("single_partition_of_fp32_groups") or o.get("fp32_flat_groups")
+            if master is not None:
+                info.dtypes["master"] = _dtype_of(tensors(master)) or "?"
+            groups = base.get("param_groups") if isinstance(base, dict) else None
+            for g in groups or []:
+                name = g.get("name") if isinstance(g, dict) else None
+                if isinstance(name, str) and name.startswith("ep_size_") and name[8:].isdigit():
+                    info.ep = int(name[8:])
+    if experts and info.ep is None:
+        info.ep = 1
+
+    if universal:
+        info.format = "deepspeed-universal"
+        zdir = tag_dir / N.UNIVERSAL_ZERO_DIR
+        params = [p for p in zdir.iterdir() if p.is_dir()]
+        for p in params:
+            if not (p / "fp32.pt").is_file():
+                info.problems.append(Problem(str(p / "fp32.pt"), "is missing (every parameter needs its fp32 copy)"))
+        info.optimizer_states = any((p / "exp_avg.pt").is_file() for p in params)
+        info.dtypes.setdefault("master", "float32")
+        info.notes.append(f"{len(params)} parameters under zero/ (layout-free: resumable at any dp / ZeRO stage)")
+    elif pipe or (info.pp or 1) > 1:
+        info.format = "deepspeed-pipeline"
+        if pipe and "model" not in info.dtypes:
+            lay = _load(pipe[0], info) if str(pipe[0]) not in bad else None
+            if isinstance(lay, dict):
+                info.dtypes["model"] = _dtype_of(tensors(lay)) or "?"
+    elif info.num_experts:
+        info.format = "deepspeed-moe"
+    else:
+        info.format = "deepspeed-zero"
+    if wrapper == "hf-trainer" and (root / "scheduler.pt").is_file():
+        info.scheduler = True  # HF Trainer keeps its own scheduler beside DeepSpeed's tag folder
+    if wrapper:
+        info.notes.append(f"{info.format} checkpoint inside")
+        info.format = wrapper
+
+    # completeness: every data-parallel rank's partition present
+    expect_dp = info.dp if isinstance(info.dp, int) and info.dp > 0 else None
+    if info.zero_stage and info.zero_stage >= 1 and not universal:
+        mp = max(1, int(info.tp or 1)) * max(1, int(info.pp or 1))
+        n_opt = expect_dp if expect_dp else (max(d for d, _ in optim) + 1 if optim else 0)
+        mps = sorted({m for _, m in optim} | {m for _, m in z3_model}) or [0]
+        prefix = "bf16_" if any(N.OPTIM_STATES.match(p.name).group("bf16") for p in optim.values()) else ""
+        for m in mps:
+            for r in range(n_opt):
+                if (r, m) not in optim:
+                    info.problems.append(Problem(
+                        str(tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"),
+                        f"is missing (rank {r} of dp {n_opt})"))
+                if info.zero_stage == 3 and (r, m) not in z3_model:
+                    info.problems.append(Problem(str(tag_dir / f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"),
+                                                 f"is missing (rank {r} of dp {n_opt})"))
+        if mp > 1 and len(mps) < mp and not pipe:
+            info.notes.append(f"model-parallel size {mp} but optimizer files for mp ranks {mps} only")
+    if info.num_experts:
+        for layer, n in enumerate(info.num_experts):
+            for e in range(n):
+                p = tag_dir / f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt"
+                if not p.is_file():
+                    info.problems.append(Problem(str(p), f"is missing (expert {e} of {n}, MoE layer {layer})"))
+
+    # degrees and bytes per rank
+    if info.dp is not None:
+        info.world_size = int(info.dp) * int(info.tp or 1) * int(info.pp or 1)
+    owned: dict[tuple[int, int], list[Path]] = {}
+    for key, p in list(optim.items()) + list(z3_model.items()):
+        owned.setdefault((key[1], key[0]), []).append(p)  # ranks ordered model-parallel rank major
+    for r, p in expert_optim.items():
+        owned.setdefault((0, r), []).append(p)
+    all_files = [p for p in tag_dir.rglob("*") if p.is_file()]
+    owned_set = {p for ps in owned.values() for p in ps}
+    info.ranks = [RankFiles(i, tuple(p.name for p in sorted(ps)), sum(p.stat().st_size for p in ps))
+                  for i, (_, ps) in enumerate(sorted(owned.items()))]
+    info.total_bytes = sum(p.stat().st_size for p in all_files)
+    info.shared_bytes = sum(p.stat().st_size for p in all_files if p not in owned_set)
+    opt_files = set(optim.values()) | set(expert_optim.values())
+    if universal:
+        opt_files |= {p for p in all_files if p.name in ("exp_avg.pt", "exp_avg_sq.pt")}
+    info.optimizer_state_bytes = sum(p.stat().st_size for p in all_files if p in opt_files)
+    info.model_state_bytes = sum(p.stat().st_size for p in all_files
+                                 if p not in opt_files and p.suffix == ".pt")
+    if info.zero_stage == 3 and info.optimizer_states:
+        info.notes.append("ZeRO-3: the weights live in the fp32 partitions of the *_optim_states.pt files "
+                          "(the model-states files hold placeholders)")
+    seen: set[tuple[str, str]] = set()
+    info.problems = [p for p in info.problems if (p.file, p.problem) not in seen and not seen.add((p.file, p.problem))]
+    info.complete = not info.problems
+    return info

@@ -1,0 +1,18 @@
+"""`dstoolkit ckpt inspect | reshard | export`: what a checkpoint holds, a universal copy to resume at another
+layout, and a Hugging Face export. One module per sub-verb (cli/ckpt_inspect.py, ckpt_reshard.py,
+ckpt_export.py); torch is imported only by reshard and export, inside their run.
+
+Exit codes: 0 ok, 1 findings (inspect: the checkpoint is incomplete), 2 bad input.
+"""
+from __future__ import annotations
+
+from dstoolkit.cli import ckpt_export, ckpt_inspect, ckpt_reshard
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("ckpt", help="inspect, reshard (universal) or export (HF) a DeepSpeed checkpoint",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="ckpt_cmd", metavar="CMD")
+    sub.required = True
+    for module in (ckpt_inspect, ckpt_reshard, ckpt_export):
+        module.add_subparser(sub)

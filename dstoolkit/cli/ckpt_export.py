@@ -1,0 +1,37 @@
+"""`dstoolkit ckpt export DIR --hf OUT`: the consolidated weights of a ZeRO checkpoint (DeepSpeed's zero_to_fp32) as
+safetensors plus config.json, loadable by transformers `from_pretrained`.
+
+Exit codes: 0 written, 2 bad input (not a checkpoint, incomplete, no config.json, weights that do not fit it,
+OUT exists).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dstoolkit.ckpt.errors import CkptError
+from dstoolkit.cli.options import EXIT_OK, exit_map
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("export", help="consolidated safetensors + config.json for transformers from_pretrained",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("dir", metavar="DIR", help="the checkpoint (root with `latest`, a tag folder, or checkpoint-N/)")
+    p.add_argument("--hf", required=True, metavar="OUT", help="new folder for model.safetensors + config.json")
+    p.add_argument("--config", metavar="CONFIG_JSON", default=None,
+                   help="the model's HF config.json (default: config.json beside the tag folders or in DIR)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the exported weights")
+    p.set_defaults(run=run)
+
+
+@exit_map("ckpt export")
+def run(args) -> int:
+    out = Path(args.hf)
+    if out.exists():
+        raise CkptError(str(out), "already exists", "give --hf a new folder (nothing is overwritten)")
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.runtime.ckpt.export import export_hf
+
+    res = export_hf(Path(args.dir), out, config=Path(args.config) if args.config else None, dtype=args.dtype)
+    print(f"wrote {res.weights} ({res.tensors} tensors, {res.params} parameters, {args.dtype}) and {res.config} "
+          f"from {res.source} (prefix stripped: {res.prefix!r})")
+    return EXIT_OK

@@ -1,0 +1,69 @@
+"""`dstoolkit ckpt inspect DIR`: format, tag and step, world size and dp/tp/pp/ep, ZeRO stage, dtypes, optimizer and
+scheduler states, bytes per rank, and completeness (each missing or truncated file named), read from file names
+and pickled metadata without torch.
+
+Exit codes: 0 complete, 1 incomplete (missing / truncated / corrupt file), 2 not a checkpoint folder.
+"""
+from __future__ import annotations
+
+import json
+
+from dstoolkit.ckpt.inspect import inspect_checkpoint
+from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, add_format_flag, exit_map
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("inspect", help="what a checkpoint folder holds, and whether it is complete",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("dir", metavar="DIR", help="checkpoint root (with `latest`), a tag folder (global_stepN/), a "
+                   "universal checkpoint, an HF Trainer output_dir or checkpoint-N/, or a `dstoolkit train` "
+                   "--checkpoint-dir")
+    p.add_argument("--no-crc", action="store_true",
+                   help="skip the CRC check of every file member (check only that each archive is whole)")
+    add_format_flag(p)
+    p.set_defaults(run=run)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def render(info) -> str:
+    deg = " ".join(f"{k}={getattr(info, k)}" for k in ("dp", "tp", "pp", "ep") if getattr(info, k) is not None)
+    lines = [
+        f"{info.tag_dir}",
+        f"  format       {info.format}" + (f" ({'; '.join(info.notes[:1])})" if info.format == "hf-trainer" else ""),
+        f"  tag          {info.tag} (step {info.step})" + (f"; tags here: {', '.join(info.tags)}" if len(info.tags) > 1 else ""),
+        f"  world size   {info.world_size} ({deg or 'unknown'})",
+        f"  ZeRO stage   {info.zero_stage}" + (f", optimizer offload to {info.offload}" if info.offload else ""),
+        f"  dtypes       " + (", ".join(f"{k} {v}" for k, v in info.dtypes.items()) or "unknown"),
+        f"  states       optimizer {'yes' if info.optimizer_states else 'no'}, scheduler "
+        f"{'yes' if info.scheduler else 'no'}" + (f", experts per MoE layer {info.num_experts}" if info.num_experts else ""),
+        f"  bytes        total {info.total_bytes} ({_mib(info.total_bytes)}): model states {info.model_state_bytes}, "
+        f"optimizer states {info.optimizer_state_bytes}",
+    ]
+    for r in info.ranks:
+        lines.append(f"    rank {r.rank:<3} {r.bytes:>12}  {', '.join(r.files)}")
+    if info.shared_bytes:
+        lines.append(f"    shared   {info.shared_bytes:>12}  (written once: model states / experts)")
+    if info.manifest_verified is not None:
+        lines.append(f"  manifest     SHA-256 {'verified' if info.manifest_verified else 'MISMATCH'}")
+    for n in info.notes[1 if info.format == "hf-trainer" else 0:]:
+        lines.append(f"  note         {n}")
+    if info.complete:
+        lines.append("  complete     yes")
+    else:
+        lines.append(f"  complete     NO ({len(info.problems)} problem(s))")
+        for p in info.problems:
+            lines.append(f"    {p.file}: {p.problem}")
+    return "\n".join(lines)
+
+
+@exit_map("ckpt inspect")
+def run(args) -> int:
+    info = inspect_checkpoint(args.dir, crc=not args.no_crc)
+    if args.format == "json":
+        print(json.dumps(info.as_dict(), indent=1))
+    else:
+        print(render(info))
+    return EXIT_OK if info.complete else EXIT_FINDINGS

@@ -1,0 +1,40 @@
+"""`dstoolkit ckpt reshard DIR --out OUT`: a DeepSpeed ZeRO-1/2/3 checkpoint -> a universal checkpoint (DeepSpeed's
+own ds_to_universal), resumable at another world size or ZeRO stage with `"checkpoint": {"load_universal": true}`.
+
+Exit codes: 0 written, 2 bad input (not a checkpoint, incomplete, a target layout it cannot reach, OUT exists).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dstoolkit.ckpt.errors import CkptError
+from dstoolkit.ckpt.layout import parse_target
+from dstoolkit.cli.options import EXIT_OK, add_out_flag, exit_map
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("reshard", help="convert to a DeepSpeed universal checkpoint (resume at another layout)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("dir", metavar="DIR", help="the checkpoint (root with `latest`, or one tag folder)")
+    add_out_flag(p, required=True, metavar="OUT", help="new folder for the universal checkpoint "
+                 "(OUT/<tag>/ and OUT/latest_universal); must not exist")
+    p.add_argument("--to", metavar="KEY=N,...", default=None,
+                   help="the layout you will resume at, checked before converting: world=N,zero=S,tp=T,pp=P,ep=E")
+    p.set_defaults(run=run)
+
+
+@exit_map("ckpt reshard")
+def run(args) -> int:
+    target = parse_target(args.to) if args.to else None
+    out = Path(args.out)
+    if out.exists():  # before importing torch: refuse at once
+        raise CkptError(str(out), "already exists", "give --out a new folder (nothing is overwritten)")
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.runtime.ckpt.reshard import to_universal
+
+    info = to_universal(Path(args.dir), out, target=target)
+    print(f"wrote universal checkpoint {out / info.tag} from {info.tag_dir} (ZeRO-{info.zero_stage}, "
+          f"dp={info.dp}, step {info.step})")
+    print(f"resume: add \"checkpoint\": {{\"load_universal\": true}} to the new run's DeepSpeed JSON and call "
+          f"engine.load_checkpoint('{out}')")
+    return EXIT_OK

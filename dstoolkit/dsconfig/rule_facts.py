@@ -1,0 +1,59 @@
+"""Facts the DeepSpeed rules read from a config and the command line (`RuleContext`): the bf16 section under
+either name, an `enabled` flag as the DeepSpeed version reads it, the sequence-parallel and data-parallel sizes
+and the MoE facts (the arithmetic asked of `dstoolkit.layout`), and the AutoEP note the generators quote. Shared
+by ``rules`` and ``rules_parallel``.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from dstoolkit.dsconfig.registry import RuleContext, as_int, section
+from dstoolkit.layout.constraints import LayoutFacts
+from dstoolkit.layout.dims import data_parallel_size
+
+def _bf16_section(cfg: Mapping) -> tuple[str, dict]:
+    if "bf16" in cfg:
+        return "bf16", section(cfg, "bf16")
+    return "bfloat16", section(cfg, "bfloat16")
+
+
+def _enabled(sec: dict, ctx: RuleContext) -> bool:
+    v = sec.get("enabled", False)
+    if v == "auto":
+        # 0.16 read `enabled` with get_scalar_param, so "auto" is truthy there; 0.19's pydantic drops it.
+        return ctx.deepspeed_version.startswith("0.16") and ctx.mode == "strict"
+    return v is True
+
+
+def _sp(cfg: Mapping) -> int:
+    return as_int(cfg.get("sequence_parallel_size")) or 1
+
+
+def _dp_size(cfg: Mapping, ctx: RuleContext) -> Optional[int]:
+    """dp = world / (tp * pp * sequence_parallel_size) (dstoolkit.layout); None when unknown or not whole."""
+    if ctx.world_size is None:
+        return None
+    return data_parallel_size(ctx.world_size, ctx.tp, ctx.pp, _sp(cfg))
+
+
+def _layout_facts(cfg: Mapping, ctx: RuleContext, **more) -> LayoutFacts:
+    return LayoutFacts(world=ctx.world_size, gpus_per_node=ctx.gpus_per_node, tp=max(ctx.tp, 1),
+                       pp=max(ctx.pp, 1), sp=max(_sp(cfg), 1), **more)
+
+
+def _moe_facts(cfg: Mapping, ctx: RuleContext) -> tuple[Optional[int], Optional[int], Optional[int]]:
+    moe = section(section(cfg, "dstoolkit"), "moe")
+    n = ctx.num_experts if ctx.num_experts is not None else as_int(moe.get("num_experts"))
+    ep = ctx.ep_size if ctx.ep_size is not None else as_int(moe.get("ep_size"))
+    k = as_int(moe.get("top_k"))
+    return n, ep, k
+
+
+AUTOEP_TRANSFORMERS_NOTE = (
+    "DeepSpeed 0.19.8 AutoEP runs with no released transformers measured here: under transformers 5.x "
+    "deepspeed.initialize raises TypeError (_CanRecordRegistry.get() takes 2 positional arguments but 3 were given: "
+    "module_inject/auto_ep_presets/base.py calls the output-capturing registry as get(key, default), transformers 5 "
+    "made it a dict subclass with get(model)); under transformers 4.57.1 that registry is a plain dict, but the "
+    "presets expect transformers 5's fused 3-D experts (gate_up_proj) and fail on 4.x's ModuleList experts "
+    "(ValueError: Could not infer hidden_size/ffn_hidden_size from experts module with storage=module_list)")
+"""Why AutoEP is not generated: shared by the validator (DS228) and the generator's notes."""

@@ -1,0 +1,126 @@
+"""Megatron-LM (NVIDIA, megatron/training/arguments.py) command line for one candidate, as flat words, in the
+spelling its parser accepts (checked at d98e8a64: benchmarks/megatron_parsers.py). No torch import.
+"""
+from __future__ import annotations
+
+from dstoolkit.generate.candidates import Candidate
+from dstoolkit.generate.ds_json import is_cpu_cluster
+from dstoolkit.generate.megatron_common import (ModelConstants, _batch, _checkpoint_saving,
+                                               _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
+                                               model_constants)
+from dstoolkit.layout import pipeline_first_stage_layers
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.spec import Spec
+
+
+def _precision_lm(spec: Spec) -> list[str]:
+    p = spec.training.precision
+    if p == "fp16":
+        return ["--fp16"]
+    if p == "bf16":
+        return ["--bf16"]
+    if p == "fp8":
+        return ["--bf16"] + list(spec.training.fp8_config().to_megatron_args().args)
+    return []
+
+
+def uses_megatron_fsdp(cand: Candidate) -> bool:
+    """ZeRO-3 layouts map to Megatron-FSDP (parameters, gradients and optimizer states sharded)."""
+    return cand.zero_stage == 3
+
+
+def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
+    """Megatron-LM (megatron/training/arguments.py) command line for one candidate, as flat words.
+
+    ZeRO mapping: stage 0 = DDP; stages 1-2 = the distributed optimizer (optimizer states sharded over DP,
+    gradients reduce-scattered) with grad-reduce / param-gather overlap; stage 3 (and ZeRO++, whose quantized
+    collectives Megatron does not have) = Megatron-FSDP optim_grads_params. Optimizer offload =
+    --optimizer-cpu-offload (needs the distributed optimizer and the precision-aware optimizer).
+
+    Raises:
+        UnsupportedTarget: what Megatron-LM cannot express (an optimizer it lacks, a non-SwiGLU gated MLP).
+    """
+    k = model_constants(spec, shape)
+    out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
+    first = pipeline_first_stage_layers(shape.num_hidden_layers, cand.pp)
+    if first is not None and first >= 1:
+        out += ["--decoder-first-pipeline-num-layers", str(first)]
+    if cand.tp > 1:
+        out += ["--sequence-parallel"]
+    out += _common_model(spec, shape, k, cand)
+    if shape.is_mla:
+        out += ["--multi-latent-attention", "--kv-lora-rank", str(shape.kv_lora_rank),
+                "--qk-head-dim", str(shape.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(shape.qk_rope_head_dim),
+                "--v-head-dim", str(shape.v_head_dim)]
+        if shape.q_lora_rank:
+            out += ["--q-lora-rank", str(shape.q_lora_rank)]
+    elif shape.kv_heads != shape.num_attention_heads:
+        out += ["--group-query-attention", "--num-query-groups", str(shape.kv_heads)]
+    if shape.learned_positions:
+        out += ["--position-embedding-type", "learned_absolute"]
+    else:
+        out += ["--position-embedding-type", "rope", "--rotary-base", str(int(k.rope_theta))]
+    out += ["--normalization", "RMSNorm" if shape.norm_type == "rmsnorm" else "LayerNorm",
+            "--norm-epsilon", repr(k.norm_eps)]
+    if shape.qk_norm:
+        out.append("--qk-layernorm")
+    if not (shape.o_proj_bias or shape.mlp_bias):
+        out.append("--disable-bias-linear")
+        if shape.attention_bias:
+            out.append("--add-qkv-bias")
+    # FlashAttention is a CUDA kernel: a CPU cluster runs the unfused attention (the same arithmetic)
+    flash = spec.training.flash_attention and not is_cpu_cluster(spec)
+    out += ["--attention-backend", "flash" if flash else "unfused"]
+    out += _cpu_kernels(spec)
+    out += _moe_lm(shape, cand, k)
+    out += _batch(spec, cand, "megatron-lm")
+    out += _train_length(spec, cand)
+    out += _precision_lm(spec)
+    out += _recompute(shape, cand)
+    out += _optimizer(spec, "megatron-lm")
+    out += _distributed_lm(spec, cand)
+    out += _checkpoint_saving(spec)
+    return out
+
+
+def _moe_lm(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]:
+    if not shape.is_moe:
+        return []
+    out = ["--num-experts", str(shape.num_experts), "--expert-model-parallel-size", str(cand.ep),
+           "--moe-router-topk", str(shape.num_experts_per_tok), "--moe-ffn-hidden-size", str(shape.expert_ffn_size),
+           "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    if shape.num_shared_experts:
+        out += ["--moe-shared-expert-intermediate-size", str(shape.num_shared_experts * shape.expert_ffn_size)]
+    elif shape.shared_expert_intermediate_size:
+        out += ["--moe-shared-expert-intermediate-size", str(shape.shared_expert_intermediate_size)]
+    if any(not shape.is_moe_layer(i) for i in range(shape.num_hidden_layers)):
+        pattern = [1 if shape.is_moe_layer(i) else 0 for i in range(shape.num_hidden_layers)]
+        out += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
+    if shape.router_score_correction_bias:  # DeepSeek-V3 auxiliary-loss-free balancing + sequence-wise loss
+        out += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                "--moe-router-load-balancing-type", "seq_aux_loss"]
+    else:
+        out += ["--moe-router-load-balancing-type", "aux_loss"]
+    out += ["--moe-aux-loss-coeff", repr(k.moe_aux_loss_coeff)]
+    if k.moe_topk_scaling_factor not in (None, 1.0):
+        out += ["--moe-router-topk-scaling-factor", repr(float(k.moe_topk_scaling_factor))]
+    if k.moe_router_num_groups and k.moe_router_num_groups > 1 and k.moe_router_group_topk:
+        out += ["--moe-router-num-groups", str(k.moe_router_num_groups),
+                "--moe-router-group-topk", str(k.moe_router_group_topk)]
+    return out
+
+
+def _distributed_lm(spec: Spec, cand: Candidate) -> list[str]:
+    out: list[str] = []
+    if uses_megatron_fsdp(cand):
+        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                "--ckpt-format", "fsdp_dtensor", "--overlap-grad-reduce", "--overlap-param-gather"]
+    elif cand.zero_stage >= 1:
+        out += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    else:
+        out += ["--overlap-grad-reduce"]
+    if cand.offload_optimizer:
+        out += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
+    if cand.tp > 1 and not uses_megatron_fsdp(cand):
+        out += ["--tp-comm-overlap"]
+    return out

@@ -1,0 +1,72 @@
+"""What each launcher can run: the one place the sweep, `estimate --target` and `generate` ask. No torch import.
+
+- ``deepspeed`` (the bundled trainer under DeepSpeed's engine) and ``megatron-deepspeed``: every layout of the
+  sweep; MoE layers are DeepSpeed's own (``deepspeed.moe``), which DeepSpeed refuses at ZeRO-3.
+- ``megatron-lm``: Megatron-Core's own TP/PP/EP/CP; its MoE blocks are Megatron's, so ZeRO-3-like sharding of
+  replicated experts is not refused by DeepSpeed's rule (dstoolkit.generate.megatron owns the rest).
+- ``hf`` and ``accelerate`` (HF Trainer / Accelerate driving DeepSpeed): no pipeline engine (the model is not a
+  ``PipelineModule``), no AutoEP (DeepSpeed 0.19.8 against transformers 5), no Megatron sequence parallelism;
+  experts are plain modules, so ZeRO-3 is open to an HF MoE model (`hf_targets.hf_unavailable_reason`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
+from dstoolkit.generate.candidates import Candidate, strategy_unavailable_reason
+from dstoolkit.generate.hf_targets import HF_TARGETS, hf_unavailable_reason
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.spec import Spec
+
+NATIVE_MOE_TARGETS = ("deepspeed", "megatron-deepspeed")
+"""Targets whose MoE layers are DeepSpeed's own (deepspeed.moe), which DeepSpeed refuses at ZeRO-3; HF models
+(hf, accelerate) and Megatron-LM run plain modules, and ZeRO-3 with replicated experts is open to them."""
+KNOWN_TARGETS = ("deepspeed", "megatron-lm", "megatron-deepspeed", *HF_TARGETS)
+"""Every launcher name `--target` accepts (held equal to dstoolkit.generate.core.TARGETS by the tests)."""
+
+
+def is_hf(target: str) -> bool:
+    """HF Trainer / Accelerate (the user's own HF script)."""
+    return target in HF_TARGETS
+
+
+def native_moe(targets: Sequence[str]) -> bool:
+    """Whether the MoE layers are DeepSpeed's own for these targets (any of `NATIVE_MOE_TARGETS`)."""
+    return any(t in NATIVE_MOE_TARGETS for t in targets)
+
+
+def spec_for_targets(spec: Spec, targets: Sequence[str]) -> Spec:
+    """The spec with the "auto" fields no requested target can use pinned: HF targets alone sweep pp and ep as 1
+    (the pipeline engine and AutoEP have no HF form), instead of enumerating layouts they would drop."""
+    if not targets or not all(is_hf(t) for t in targets):
+        return spec
+    t = spec.training
+    update = {k: 1 for k in ("pp", "ep") if getattr(t, k) == "auto"}
+    return spec.model_copy(update={"training": t.model_copy(update=update)}) if update else spec
+
+
+def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -> Optional[str]:
+    """Why `target` cannot run this layout, or None (HF: `hf_unavailable_reason`; others: every layout)."""
+    if is_hf(target):
+        return hf_unavailable_reason(cand, shape)
+    return None
+
+
+def unavailable_for_all(targets: Sequence[str], cand: Candidate, shape: ModelShape) -> Optional[str]:
+    """A reason when none of `targets` can run the layout (the first target's reason), else None."""
+    if not targets:
+        return None
+    reasons = [target_unavailable_reason(t, cand, shape) for t in targets]
+    if all(r is not None for r in reasons):
+        return f"{targets[0]}: {reasons[0]}"
+    return None
+
+
+def strategy_unavailable_for(targets: Sequence[str], strategy, *, is_moe: bool) -> Optional[str]:
+    """Why a strategy family cannot exist for these targets (one group: all HF or none), or None:
+    `candidates.strategy_unavailable_reason`, and for HF targets no expert-parallel family (AutoEP)."""
+
+    why = strategy_unavailable_reason(strategy, is_moe=is_moe, native_moe=native_moe(targets))
+    if why is None and strategy.expert_parallel and targets and all(is_hf(t) for t in targets):
+        why = f"expert parallelism (AutoEP) has no HF form: {AUTOEP_TRANSFORMERS_NOTE}"
+    return why

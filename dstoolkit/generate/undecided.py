@@ -1,0 +1,82 @@
+"""Say when the ranking cannot decide (issue 24, item 5): the ranked layouts whose estimated step time lies within
+the step-time model's measured error of the best one are ties for the estimator, and only a measurement orders
+them. `sweep` and `generate` mark them and print the `dstoolkit tune --mode real` command that measures just them.
+
+The error is measured, never chosen: on GPUs the leave-one-source-out throughput MAPE of benchmarks/published_runs.py
+(every fitted constant refitted without the source it predicts), on CPU ranks the calibrated model's MAPE against
+real DeepSpeed steps (benchmarks/step_time_fidelity.py). tests/unit/test_undecided.py holds the GPU figure equal to
+the committed result. No torch import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+GPU_OUT_OF_SOURCE_ERROR = 0.055
+"""Leave-one-source-out throughput MAPE of the GPU step-time model: benchmarks/results/published_runs_202612.jsonl,
+closing record, summary.loso.overall.mape_out_of_source (rounded to 0.5%)."""
+GPU_ERROR_SOURCE = "leave-one-source-out MAPE, benchmarks/results/published_runs_202612.md"
+CPU_STEP_TIME_ERROR = 0.079
+"""Calibrated CPU step-time model against real 2-rank DeepSpeed steps: cpu-clock MAPE 7.9% over 10 configs
+(benchmarks/results/step_time_fidelity_cpu_202612.md)."""
+CPU_ERROR_SOURCE = "CPU step-time MAPE, benchmarks/results/step_time_fidelity_cpu_202612.md"
+MAX_TUNE_SEED_TRIALS = 5
+"""`dstoolkit tune --seed-trials` takes 1-5 estimator-ranked points (tune.seeding.MAX_SEED_TRIALS; spelled out here
+because generate sits below tune in the import order, tests/unit/test_undecided.py holds them equal)."""
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """The ranked positions (0 = best) the estimator cannot order, and the error that decides it."""
+
+    positions: tuple[int, ...]
+    error: float
+    source: str
+
+    @property
+    def decided(self) -> bool:
+        """Only the best one lies within the error: the ranking decides."""
+        return len(self.positions) <= 1
+
+
+def model_error(is_cpu: bool) -> tuple[float, str]:
+    """(relative step-time error, where it was measured) for the device kind."""
+    return (CPU_STEP_TIME_ERROR, CPU_ERROR_SOURCE) if is_cpu else (GPU_OUT_OF_SOURCE_ERROR, GPU_ERROR_SOURCE)
+
+
+def within_error(step_times_s: Sequence[float], error: float) -> tuple[int, ...]:
+    """Positions whose step time is at most best x (1 + error); the best is always among them."""
+    if not step_times_s:
+        return ()
+    if error < 0:
+        raise ValueError(f"error={error}: a relative error is >= 0")
+    best = min(step_times_s)
+    return tuple(i for i, t in enumerate(step_times_s) if t <= best * (1.0 + error))
+
+
+def undecided(step_times_s: Sequence[float], is_cpu: bool) -> Undecided:
+    err, src = model_error(is_cpu)
+    return Undecided(within_error(step_times_s, err), err, src)
+
+
+def tune_command(spec_path: str, n: int, out_dir: str = "tune_undecided") -> str:
+    """The `dstoolkit tune --mode real` command whose first trials are the n best estimated layouts: tune seeds
+    its study with the estimator's ranking (`--seed-trials`, 1-5) and `--budget n` stops after them."""
+    k = max(1, min(n, MAX_TUNE_SEED_TRIALS))
+    return f"dstoolkit tune {spec_path} --mode real --budget {max(1, n)} --seed-trials {k} -o {out_dir}"
+
+
+def undecided_lines(labels: Sequence[str], step_times_s: Sequence[float], is_cpu: bool,
+                    spec_path: str = "SPEC.yaml") -> list[str]:
+    """Text for sweep/generate: which layouts are ties and the tune command; [] when the ranking decides."""
+    u = undecided(step_times_s, is_cpu)
+    if u.decided:
+        return []
+    names = ", ".join(f"#{i + 1} {labels[i]}" for i in u.positions)
+    lines = [f"Cannot decide: {len(u.positions)} layouts lie within {100 * u.error:.1f}% of the best estimate "
+             f"(the model's measured error: {u.source}): {names}.",
+             f"Measure them: {tune_command(spec_path, len(u.positions))}"]
+    if len(u.positions) > MAX_TUNE_SEED_TRIALS:
+        lines.append(f"(tune seeds at most {MAX_TUNE_SEED_TRIALS} estimator-ranked points; the rest of the budget "
+                     "is its own search)")
+    return lines

@@ -1,0 +1,50 @@
+"""Fault injection for the example trainer (tests and demos; off by default): a poisoned batch, an LR blow-up, a
+killed rank. Every fault fires once, even when a rollback replays its step.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dstoolkit.runtime.train.run_state import MetricsWriter
+
+
+class FaultInjector:
+    """--inject-poison, --inject-lr-blowup and --kill-at-step."""
+
+    def __init__(self, args: argparse.Namespace, blowups: dict[int, float], writer: "MetricsWriter") -> None:
+        self.poison_steps = args.inject_poison
+        self.blowups = blowups
+        self.kill_at_step, self.kill_rank = args.kill_at_step, args.kill_rank
+        self.writer = writer
+        self.fired: set[tuple[str, int]] = set()
+
+    def lr_factor(self, step: int) -> float:
+        """The blow-up factor for this step's LR (1.0 when none is due)."""
+        if step in self.blowups and ("lr", step) not in self.fired:
+            self.fired.add(("lr", step))
+            self.writer.write({"event": "inject", "kind": "lr_blowup", "step": step, "factor": self.blowups[step]})
+            return self.blowups[step]
+        return 1.0
+
+    def poison_due(self, step: int) -> bool:
+        return step in self.poison_steps and ("poison", step) not in self.fired
+
+    @staticmethod
+    def poisoned_labels(labels: Any, pos: int, vocab_size: int) -> Any:
+        """Random labels seeded by the data position: every rank's batch is bad (a globally bad batch)."""
+        import torch
+
+        gen = torch.Generator().manual_seed(pos)
+        return torch.randint(0, vocab_size, labels.shape, generator=gen)
+
+    def poisoned(self, step: int, pos: int) -> None:
+        self.fired.add(("poison", step))
+        self.writer.write({"event": "inject", "kind": "poison", "step": step, "data_pos": pos})
+
+    def maybe_kill(self, step: int, rank: int) -> None:
+        if self.kill_at_step is not None and step == self.kill_at_step and rank == self.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # die like an OOM-killed / preempted rank

@@ -1,0 +1,126 @@
+"""The example trainer's position (`RunState`, stored in every checkpoint), rank 0's metrics file (`MetricsWriter`),
+and the save / resume / roll-back of that position through the atomic CheckpointManager (`Checkpoints`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunState:
+    """Trainer position; stored in every checkpoint's client_state."""
+
+    step: int = 0
+    """Completed optimizer steps."""
+    data_pos: int = 0
+    """Micro-batches this rank has drawn from the data stream (consumed or skipped)."""
+    consumed_samples: int = 0
+    """Global sequences trained on (drives the ramp)."""
+    tokens: int = 0
+    """Global tokens trained on (drives the LR schedule)."""
+    skip_positions: list[int] = field(default_factory=list)
+    """Data positions never to train on (batches a rollback marked as offending)."""
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "data_pos": self.data_pos, "consumed_samples": self.consumed_samples,
+                "tokens": self.tokens, "skip_positions": sorted(self.skip_positions)}
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per line and flushes (so a killed run keeps what it wrote)."""
+
+    def __init__(self, path: str, enabled: bool) -> None:
+        self.enabled = enabled
+        self.f = None
+        if enabled:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.f = open(path, "a", buffering=1)
+
+    def write(self, obj: dict) -> None:
+        if self.f is not None:
+            self.f.write(json.dumps(obj, default=float) + "\n")
+            self.f.flush()
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+class Checkpoints:
+    """Save, resume and roll back through the atomic CheckpointManager (all no-ops without --checkpoint-dir).
+    The trainer's RunState and the spike guard's state travel in every checkpoint's client_state."""
+
+    def __init__(self, mgr: Any, args: argparse.Namespace, engine: Any, state: RunState, guard: Any,
+                 writer: MetricsWriter, log) -> None:
+        self.mgr = mgr
+        self.engine, self.state, self.guard, self.writer, self.log = engine, state, guard, writer, log
+        from dstoolkit.runtime.train.spike import Rollback
+
+        self.rollbacks = Rollback(guard, max_rollbacks=args.max_rollbacks,
+                                  hint="raise --max-rollbacks or inspect the data")
+
+    def client_state(self) -> dict:
+        return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
+
+    def _restore(self, cs: dict, keep_skips: bool) -> None:
+        run, state = cs["dstoolkit"]["run"], self.state
+        skips = set(state.skip_positions) if keep_skips else set()
+        state.step, state.data_pos = run["step"], run["data_pos"]
+        state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
+        state.skip_positions = sorted(skips | set(run["skip_positions"]))
+        self.guard.load_state_dict(cs["dstoolkit"]["guard"])
+
+    def _load(self, tag: str) -> dict:
+        path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
+        if path is None or cs is None or "dstoolkit" not in cs:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
+        return cs
+
+    def resume(self) -> None:
+        """Continue from the newest intact checkpoint (corrupt / truncated ones are skipped and reported)."""
+        if self.mgr is None:
+            return
+        found = self.mgr.latest_valid()
+        for reason in found.rejected:
+            self.log(f"resume: skipping checkpoint: {reason}")
+        if found.tag is not None:
+            self._restore(self._load(found.tag), keep_skips=False)
+            self.writer.write({"event": "resume", "tag": found.tag, "step": self.state.step,
+                               "data_pos": self.state.data_pos, "rejected": found.rejected})
+            self.log(f"resumed from {found.tag} (step {self.state.step}, data position {self.state.data_pos})")
+        else:
+            self.writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
+            self.log("resume: no intact checkpoint, starting from step 0")
+
+    def rollback(self, spike_step: int, reason: str, offending: list[int]) -> bool:
+        """Go back to the newest healthy checkpoint before the spike and never train on `offending` again.
+        False when there is no checkpoint to go back to; an error after --max-rollbacks.
+        The policy (count, which checkpoint, guard reset) is `dstoolkit.runtime.train.spike.Rollback`."""
+        if self.mgr is None:
+            return False
+        from_step = self.state.step
+        tag, rejected = self.rollbacks.perform(
+            self.mgr, spike_step, reason, load=lambda t: self._restore(self._load(t), keep_skips=True))
+        if tag is None:
+            self.writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
+                               "rejected": rejected})
+            self.log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; continuing")
+            return False
+        self.state.skip_positions = sorted(set(self.state.skip_positions) | set(offending))
+        self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
+                           "to_step": self.state.step, "reason": reason, "skip_positions": offending,
+                           "lr_scale": self.guard.config.lr_scale, "lr_scale_steps": self.guard.config.lr_scale_steps})
+        self.log(f"step {spike_step}: ROLLBACK to {tag}: {reason}; skipping data positions {offending}")
+        return True
+
+    def maybe_save(self, every: int, barrier) -> None:
+        if self.mgr is None or not every or self.state.step % every != 0:
+            return
+        healthy = self.guard.healthy()
+        tag = self.mgr.save(self.engine, self.state.step, self.client_state(), healthy=healthy, barrier=barrier)
+        self.writer.write({"event": "checkpoint", "tag": tag, "step": self.state.step,
+                           "data_pos": self.state.data_pos, "healthy": self.guard.healthy()})

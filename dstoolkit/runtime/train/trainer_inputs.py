@@ -1,0 +1,185 @@
+"""The example trainer's command line (`python -m dstoolkit.runtime.train.trainer`): its flags, and the inputs
+(DeepSpeed JSON, spec, shape, --shrink) read and checked before torch or deepspeed is imported. Every problem is
+a `UsageError` (exit 2, the message names the flag, the value and the fix).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+TRAINER_DESCRIPTION = "Example DeepSpeed trainer: TinyTransformer on synthetic data, with every training helper wired in."
+"""The --help description: the first line of the trainer module's docstring."""
+DEFAULT_DIST_TIMEOUT_S = 600.0
+"""Process-group timeout: DeepSpeed's own init default (10 min). Long enough for a rank to wait out a peer's
+checkpoint write or first-use C++ op compile (cpu_adam: 46 s on a 2-core host); short enough that a dead link or frozen node
+fails the job in minutes, not after torch's 30 min gloo default that `dist.new_group` groups get otherwise."""
+
+
+class UsageError(Exception):
+    """Bad input: exit code 2 with the message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dstoolkit.runtime.train.trainer", description=TRAINER_DESCRIPTION)
+    p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config", required=True,
+                   help="DeepSpeed JSON (batch triad, ZeRO, precision, optimizer, monitors)")
+    p.add_argument("--spec", required=True, help="spec YAML: model, training.seq_len, checkpoint policy, ramp")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to run (total, including resumed ones)")
+    p.add_argument("--metrics-out", required=True, help="JSON-lines file rank 0 appends to")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ep-size", type=int, default=None, help="expert-parallel degree (default: spec training.ep or 1)")
+    p.add_argument("--shrink", default=None, metavar="auto|KEY=N,...",
+                   help="train the spec's own transformers architecture (model.hf_config or inline HF fields), "
+                        "shrunk to run here: 'auto', or sizes such as layers=4,hidden=64,heads=4,head_dim=16,"
+                        "experts=8,vocab=512,window=16,seq_len=64 (dstoolkit.runtime.shrink). Without it the "
+                        "trainer builds the project's TinyTransformer stand-in of the shape")
+    p.add_argument("--checkpoint-dir", default=None, help="root for atomic DeepSpeed checkpoints")
+    p.add_argument("--save-every", type=int, default=0, help="save every K steps (0: never)")
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint (if any)")
+    p.add_argument("--dist-timeout-s", type=float, default=DEFAULT_DIST_TIMEOUT_S,
+                   help="timeout of every process group, world and the ZeRO / expert groups DeepSpeed makes with "
+                        "new_group (which otherwise get torch's default, 30 min on gloo): a collective stuck on a "
+                        "dead peer or cut link fails after this long instead of hanging. Default 600 s, DeepSpeed's "
+                        "own init default: room for a peer's checkpoint write or op compile, yet a dead link costs "
+                        "minutes, not half an hour. Replaces DEEPSPEED_TIMEOUT")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint-backend", choices=["torch", "deepspeed"], default="torch",
+                   help="recompute through torch.utils.checkpoint or deepspeed.checkpointing")
+    p.add_argument("--monitor-every", type=int, default=5)
+    p.add_argument("--monitor-dir", default=None, help="enable DeepSpeed's csv monitor (and tensorboard when installed) writing here")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="peak FLOP/s per rank for MFU (default: the peak the estimator uses - this machine's "
+                        "cached GEMM peak on CPU, the hardware table's on GPU)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar with ETA")
+    p.add_argument("--data-delay-s", type=float, default=0.0, help="sleep per batch in the data iterator")
+    p.add_argument("--data-delay-rank", type=int, default=None,
+                   help="only this rank sleeps --data-delay-s (a slow loader on one rank; default: every rank)")
+    p.add_argument("--link-probe-bytes", type=int, default=None,
+                   help="cross-rank view: bytes each rank receives from the previous host per monitor window to time "
+                        "the links (multi-host only; default dstoolkit.runtime.train.crossrank.PROBE_BYTES; 0: off)")
+    g = p.add_argument_group("spike guard")
+    g.add_argument("--spike-guard", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--spike-z", type=float, default=6.0)
+    g.add_argument("--spike-window", type=int, default=20)
+    g.add_argument("--spike-action", choices=["none", "skip", "lr_scale", "rollback"], default="skip")
+    g.add_argument("--grad-spike-action", choices=["none", "lr_scale", "rollback"], default="lr_scale")
+    g.add_argument("--escalate-after", type=int, default=2, help="consecutive skips that trigger a rollback")
+    g.add_argument("--lr-scale", type=float, default=0.1)
+    g.add_argument("--lr-scale-steps", type=int, default=10)
+    g.add_argument("--max-rollbacks", type=int, default=5,
+                   help="give up (exit 1) after this many rollbacks: the damage is not transient")
+    f = p.add_argument_group("fault injection (tests and demos)")
+    f.add_argument("--inject-poison", type=int, action="append", default=[],
+                   help="at this step, the first micro-batch (every rank) gets random labels")
+    f.add_argument("--inject-lr-blowup", action="append", default=[], metavar="STEP:FACTOR",
+                   help="multiply the LR of one step by FACTOR (once)")
+    f.add_argument("--kill-at-step", type=int, default=None, help="SIGKILL one rank after this step")
+    f.add_argument("--kill-rank", type=int, default=1)
+    return p
+
+
+def load_spec_and_shape(path: str) -> tuple[Any, Any]:
+    """(Spec, ModelShape) from a spec YAML, through the models package when it provides the readers."""
+    from dstoolkit import spec as spec_mod
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--spec {path}: no such file")
+    if hasattr(spec_mod, "load_spec"):
+        spec = spec_mod.load_spec(p)
+    else:  # TODO(#3): drop once load_spec lands everywhere
+        import yaml
+
+        spec = spec_mod.Spec.model_validate(yaml.safe_load(p.read_text()))
+    try:
+        from dstoolkit.models import resolve_model
+    except ImportError:
+        resolve_model = None
+    if resolve_model is not None:
+        shape = resolve_model(spec.model, p.parent)
+    else:  # TODO(#3): inline-only fallback until dstoolkit.models.resolve_model lands
+        from dstoolkit.models.shape import ModelShape
+
+        extra = dict(spec.model.model_extra or {})
+        if spec.model.preset or spec.model.hf_config:
+            raise UsageError("spec model.preset / model.hf_config need dstoolkit.models.resolve_model")
+        shape = ModelShape(**extra)
+    return spec, shape
+
+
+def _parse_blowups(specs: list[str]) -> dict[int, float]:
+    out = {}
+    for s in specs:
+        try:
+            step, factor = s.split(":")
+            out[int(step)] = float(factor)
+        except ValueError:
+            raise UsageError(f"--inject-lr-blowup {s!r}: expected STEP:FACTOR, e.g. 18:1000") from None
+    return out
+
+
+@dataclass
+class Inputs:
+    """What the command line names, read and checked before torch / deepspeed are imported."""
+
+    ds_config: dict
+    spec: Any
+    shape: Any
+    blowups: dict[int, float]
+    shrunk: Any = None
+    """`dstoolkit.runtime.shrink_run.ShrunkRun` with --shrink (then `shape` is the shrunk shape), else None."""
+
+
+def read_inputs(args: argparse.Namespace) -> Inputs:
+    """Check the flags and read the DeepSpeed JSON and the spec; every problem is a UsageError (exit 2)."""
+    if args.steps <= 0:
+        raise UsageError(f"--steps={args.steps} must be > 0")
+    if args.save_every < 0:
+        raise UsageError(f"--save-every={args.save_every} must be >= 0")
+    if (args.save_every or args.resume or args.spike_action == "rollback") and not args.checkpoint_dir:
+        raise UsageError("--save-every / --resume / --spike-action rollback need --checkpoint-dir")
+    cfg_path = Path(args.deepspeed_config)
+    if not cfg_path.is_file():
+        raise UsageError(f"--deepspeed_config {cfg_path}: no such file")
+    try:
+        ds_config = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise UsageError(f"--deepspeed_config {cfg_path}: not valid JSON ({e})") from None
+    try:
+        spec, shape = load_spec_and_shape(args.spec)
+    except ValueError as e:  # pydantic ValidationError included: names the field
+        raise UsageError(f"--spec {args.spec}: {e}") from None
+    blowups = _parse_blowups(args.inject_lr_blowup)
+    if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
+        raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
+    shrunk = read_shrink(args, spec)
+    if shrunk is not None:
+        shape = shrunk.shape
+    return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups, shrunk=shrunk)
+
+
+def read_shrink(args: argparse.Namespace, spec: Any) -> Any:
+    """--shrink: the spec's model shrunk (`dstoolkit.runtime.shrink_run.prepare_shrunk_run`) and the spec's
+    seq_len capped to the shrink's; None without the flag. Every problem is a UsageError naming the field."""
+    from dstoolkit.runtime.shrink_run import prepare_shrunk_run
+    from dstoolkit.runtime.shrink_sizes import ShrinkError, parse_shrink
+
+    try:
+        sizes = parse_shrink(args.shrink)
+        if sizes is None:
+            return None
+        run = prepare_shrunk_run(spec, spec.base_dir, sizes)
+    except ShrinkError as e:
+        raise UsageError(f"--shrink (spec {args.spec}): {e}") from None
+    if args.ep_size is not None and args.ep_size > 1:
+        raise UsageError(f"--ep-size={args.ep_size} with --shrink: the transformers model's experts are plain "
+                         "modules (no DeepSpeed expert groups); run with --ep-size 1 (experts data-parallel)")
+    if run.seq_len < spec.training.seq_len:
+        spec.training.seq_len = run.seq_len  # a short sequence: the shrunk run takes seconds, not minutes
+    return run

@@ -1,0 +1,142 @@
+"""Issue 24's cluster physics: a collective group's inter-node bandwidth by its ranks per node and the node's NICs
+(NCCL runs a ring per NIC), TP across whole nodes allowed with a warning and priced over the NICs, pipeline p2p
+overlapped only where the framework overlaps it, and the "cannot decide" marking of sweep/generate."""
+import pytest
+
+from dstoolkit.estimate.comm import comm_plan, group_inter_node_busbw, group_layout, op_time_s
+from dstoolkit.generate import undecided as und
+from dstoolkit.hardware.table import GPU_TABLE, get_gpu
+from dstoolkit.layout.constraints import LayoutFacts, check_layout, tp_across_nodes_note, tp_tiles_nodes
+from dstoolkit.models import get_preset
+from dstoolkit.runplan import RunPlan
+
+NIC, NVLINK = 24e9, 230e9  # DGX A100: one 200 Gb/s HDR NIC per GPU, NVLink all-reduce busbw
+
+
+def _plan(tp=1, pp=1, world=16, gpn=8, framework="deepspeed", schedule="1f1b", vpp=1, gpu="A100-80G"):
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW"}}
+    return RunPlan(shape=get_preset("llama-3-8b"), ds_config=ds, world_size=world, gpus_per_node=gpn,
+                   gpu=get_gpu(gpu), seq_len=2048, tp=tp, pp=pp, framework=framework, pipeline_schedule=schedule,
+                   virtual_stages=vpp)
+
+
+def test_group_gets_a_nic_per_rank_on_the_node_capped_by_nvlink(monkeypatch):
+    import dstoolkit.estimate.comm as comm
+
+    monkeypatch.setattr(comm, "MULTI_RING_GAIN", True)
+    # ring per NIC: tp 1's DP group holds all 8 ranks of each node -> 8 rings over 8 NICs (192 GB/s < NVLink 230)
+    assert group_inter_node_busbw(NIC, 8, 8, 1, NVLINK) == pytest.approx(8 * NIC)
+    assert group_inter_node_busbw(50e9, 8, 8, 1, 200e9) == pytest.approx(200e9)  # never above the NVLink ring
+
+
+def test_nics_are_shared_by_the_groups_crossing_a_node():
+    # shipped (MULTI_RING_GAIN off, measured against: comm.MULTI_RING_GAIN): a group gets at most one NIC
+    assert group_inter_node_busbw(NIC, 8, 8, 1, NVLINK) == pytest.approx(NIC)
+    # tp 8: 8 DP groups side by side, one rank per node each -> one NIC each
+    assert group_inter_node_busbw(NIC, 8, 1, 8, NVLINK) == pytest.approx(NIC)
+    # 4 NICs for 8 groups crossing at once (Jean Zay: 4 Omni-Path links per 8-GPU node): half a NIC each
+    assert group_inter_node_busbw(12e9, 4, 1, 8, NVLINK) == pytest.approx(6e9)
+
+
+def test_group_layout_counts_ranks_per_node():
+    assert group_layout(16, 8, 16, 1).ranks_per_node == 8  # tp 1 DP group of 16 over 2 nodes
+    lay = group_layout(16, 8, 2, 8)  # tp 8: DP groups of 2, one rank per node, 8 of them per node
+    assert (lay.cross_node, lay.concurrent_groups, lay.ranks_per_node) == (True, 8, 1)
+    assert group_layout(16, 8, 4, 4).ranks_per_node == 2  # tp 4: DP group of 4, 2 ranks on each node
+
+
+def test_data_parallel_ops_carry_ranks_per_node_and_concurrency(monkeypatch):
+    import dstoolkit.estimate.comm as comm
+
+    ops1 = {o.name: o for o in comm_plan(_plan(tp=1)).ops}
+    ops8 = {o.name: o for o in comm_plan(_plan(tp=8)).ops}
+    a1, a8 = ops1["zero_grad_all_reduce"], ops8["zero_grad_all_reduce"]
+    assert (a1.ranks_per_node, a1.concurrent_groups) == (8, 1)
+    assert (a8.ranks_per_node, a8.concurrent_groups) == (1, 8)
+    monkeypatch.setattr(comm, "MULTI_RING_GAIN", True)
+    t1 = op_time_s(a1, NVLINK, NIC, nics_per_node=8) / a1.bytes
+    t8 = op_time_s(a8, NVLINK, NIC, nics_per_node=8) / a8.bytes
+    # per byte, tp 1's 16-rank all-reduce (factor 2*15/16) over 8 NICs vs tp 8's 2-rank one (factor 1) over one
+    assert t8 / t1 == pytest.approx(8 * 1.0 / (2 * 15 / 16))
+
+
+def test_hardware_table_states_nics_per_node():
+    for name in ("H100-SXM", "H200", "H800", "A100-80G", "A100-40G"):
+        assert GPU_TABLE[name].nics_per_node == 8
+
+
+def test_tp_across_whole_nodes_is_allowed_with_a_warning_and_priced_over_the_nics():
+    assert check_layout(LayoutFacts(tp=16, gpus_per_node=8), ("LY002",)) == []
+    v = check_layout(LayoutFacts(tp=12, gpus_per_node=8), ("LY002",))
+    assert v and "tp=12 must divide gpus_per_node=8 or be a multiple of it" in v[0].message
+    assert check_layout(LayoutFacts(tp=3, gpus_per_node=8), ("LY002",))
+    assert tp_tiles_nodes(16, 8) and tp_tiles_nodes(4, 8) and not tp_tiles_nodes(12, 8)
+    assert "tp=16 spans 2 nodes of 8 GPUs" in tp_across_nodes_note(16, 8)
+    assert tp_across_nodes_note(8, 8) is None
+    # llama-3-8b has 8 KV heads, so tp 8 over nodes of 4 GPUs stands for tp 16 over 8-GPU nodes
+    tp = {o.name: o for o in comm_plan(_plan(tp=8, gpn=4)).ops}["tp_all_reduce"]
+    assert (tp.cross_node, tp.ranks_per_node, tp.concurrent_groups) == (True, 4, 1)
+    inside = {o.name: o for o in comm_plan(_plan(tp=8)).ops}["tp_all_reduce"]
+    assert not inside.cross_node
+
+
+def test_pipeline_p2p_overlaps_only_under_megatrons_interleaved_schedule():
+    def p2p(**kw):
+        return {o.name: o for o in comm_plan(_plan(tp=8, pp=2, **kw)).ops}["pp_p2p"]
+
+    ds = p2p()
+    assert ds.cross_node and not ds.overlappable and ds.concurrent_groups == 8
+    assert not p2p(framework="megatron").overlappable
+    assert p2p(framework="megatron", schedule="interleaved", vpp=2).overlappable
+
+
+def test_undecided_marks_layouts_within_the_measured_error_and_prints_the_tune_command():
+    assert und.within_error([1.0, 1.05, 1.2], 0.10) == (0, 1)
+    assert und.within_error([1.3, 1.0, 1.09], 0.10) == (1, 2)
+    with pytest.raises(ValueError, match="error=-0.1"):
+        und.within_error([1.0], -0.1)
+    assert und.tune_command("s.yaml", 2) == "dstoolkit tune s.yaml --mode real --budget 2 --seed-trials 2 -o tune_undecided"
+    assert und.tune_command("s.yaml", 7).endswith("--budget 7 --seed-trials 5 -o tune_undecided")
+    lines = und.undecided_lines(["a", "b", "c"], [1.0, 1.0 + und.GPU_OUT_OF_SOURCE_ERROR / 2, 2.0], False, "s.yaml")
+    assert lines[0].startswith("Cannot decide: 2 layouts") and "#1 a, #2 b" in lines[0]
+    assert lines[1] == "Measure them: dstoolkit tune s.yaml --mode real --budget 2 --seed-trials 2 -o tune_undecided"
+    assert und.undecided_lines(["a", "b"], [1.0, 2.0], False) == []
+    assert und.model_error(True)[0] == und.CPU_STEP_TIME_ERROR
+
+
+def test_undecided_seed_limit_matches_tune():
+    from dstoolkit.tune.seeding import MAX_SEED_TRIALS
+
+    assert und.MAX_TUNE_SEED_TRIALS == MAX_SEED_TRIALS
+
+
+# -- per-kernel fixed cost ----------------------------------------------------------------------------------
+def test_layer_kernels_counted_from_the_block_structure():
+    import dstoolkit.estimate.cluster_model as cm
+
+    plan = _plan().model_copy(update={"attention_impl": "flash"})
+    # llama-3-8b, fused QKV: GEMMs 2 + gated MLP 3 = 5; core 1; elementwise 2 norms + 2 adds + SiLU and gate + RoPE
+    # q, k = 8. forward 5 + 1 + 8 = 14, backward 2*5 + 2*1 + 8 = 20
+    assert cm.layer_kernels(plan, 0) == 34
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+
+    full = plan.model_copy(update={"checkpoint": CheckpointPolicy(kind="full")})
+    assert cm.layer_kernels(full, 0) == 34 + 14  # a recomputed block runs its forward again
+    # eager attention: QK^T, softmax, PV forward (3) and 6 backward kernels
+    assert cm.layer_kernels(plan.model_copy(update={"attention_impl": "eager"}), 0) == 34 + 2 + 4
+    # Mixtral's MoE block: GEMMs 2 + router 1 + grouped gate/up/down 3 = 6; elementwise 8 + top-k, softmax, permute,
+    # unpermute = 12: forward 6 + 1 + 12 = 19, backward 12 + 2 + 12 = 26
+    moe = plan.model_copy(update={"shape": get_preset("mixtral-8x7b")})
+    assert moe.shape.is_moe_layer(0) and cm.layer_kernels(moe, 0) == 45
+
+
+def test_kernel_launch_cost_adds_per_block_and_micro_batch(monkeypatch):
+    import dstoolkit.estimate.cluster_model as cm
+
+    plan = _plan().model_copy(update={"attention_impl": "flash"})
+    tok = cm.tokens_per_micro(plan)
+    monkeypatch.setattr(cm, "KERNEL_LAUNCH_S", 0.0)
+    bare = cm.layer_compute_s(plan, 0, tok, 1e6, 2e12)
+    monkeypatch.setattr(cm, "KERNEL_LAUNCH_S", 5e-6)
+    assert cm.layer_compute_s(plan, 0, tok, 1e6, 2e12) - bare == pytest.approx(34 * 5e-6)
