@@ -31,6 +31,7 @@ import pathlib
 import platform
 import subprocess
 import sys
+import threading
 from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -294,17 +295,33 @@ def _key_digest(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+PROBE_TIMEOUT_S = 900.0
+"""The probe's ranks are killed after this long (it takes 5-30 s on 2 cores)."""
+PROBE_LINES_SHOWN = ("calibrated in", "warning:")
+"""Probe output passed on to the user: its summary and a busy-machine warning; and every line about a
+torch-extension lock (dstoolkit.runtime.jitlock, before the ranks start and inside them: a stale lock removed,
+a live build waited for)."""
+
+
 def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
     cmd = [sys.executable, "-m", "dstoolkit.runtime.probe", "--out", str(out), "--ranks", str(key["ranks"]),
            "--key", json.dumps(key)]
     env = cpu_rank_env(dict(os.environ, OMP_NUM_THREADS="1"))  # the ranks' allocator settings, as jobs get them
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 or not out.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise CalibrationInputError(f"probing this machine failed (exit {proc.returncode}): {' | '.join(tail)}")
-    for line in (proc.stdout + proc.stderr).splitlines():  # the probe's summary and a busy-machine warning
-        if line.startswith(("calibrated in", "warning:")):
-            print(f"[dstoolkit] {line}", file=sys.stderr)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(PROBE_TIMEOUT_S, proc.kill)
+    timer.start()
+    lines = []
+    try:
+        for line in proc.stdout:  # as they come: a lock the probe removes or waits for is said while it happens
+            lines.append(line.rstrip("\n"))
+            if line.startswith(PROBE_LINES_SHOWN) or "torch-extension" in line:
+                print(f"[dstoolkit] {line.rstrip()}", file=sys.stderr, flush=True)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+    if rc != 0 or not out.is_file():
+        why = f"killed after {PROBE_TIMEOUT_S:.0f} s" if rc == -9 else f"exit {rc}"
+        raise CalibrationInputError(f"probing this machine failed ({why}): {' | '.join(lines[-3:])}")
 
 
 def cached_machine_calibration_path(key: Optional[dict[str, Any]] = None) -> Optional[pathlib.Path]:

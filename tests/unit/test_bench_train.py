@@ -154,3 +154,41 @@ def test_launcher_found_beside_the_interpreter_else_named_with_the_path_fix(tmp_
         find_launcher(["accelerate", "launch", "x.py"])
     msg = str(exc.value)
     assert "'accelerate'" in msg and "not on PATH" in msg and "export PATH=" in msg and str(bindir) in msg
+
+
+def test_user_command_runs_in_the_callers_directory_so_a_relative_script_is_found(tmp_path, monkeypatch):
+    """`bench train CFG -- torchrun ... train.py` as typed in the user's folder: the script path is relative to
+    where the user is, not to the run folder dstoolkit writes the config into."""
+    import sys as _sys
+
+    from dstoolkit.runtime.bench.usercmd import run_command
+
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text("import os, sys\nopen(os.path.join(sys.argv[1], 'ran'), 'w').write(os.getcwd())\n")
+    monkeypatch.chdir(work)
+    run_dir = tmp_path / "runs" / "c1"
+    res = run_command([_sys.executable, "train.py", "{out}"], {"train_micro_batch_size_per_gpu": 1}, run_dir,
+                      steps=2, skip_steps=0, world_size=1, timeout_s=60)
+    assert (run_dir / "ran").read_text() == str(work)  # it ran, in the user's folder, and wrote to {out}
+    assert res["status"] == "error" and "no DeepSpeed engine step was seen" in res["reason"]
+
+
+def test_failure_reason_is_the_ranks_error_not_torchruns_banner():
+    from dstoolkit.runtime.bench.usercmd import _failure
+
+    tail = "\n".join([
+        "/venv/bin/python: can't open file '/w/train.py': [Errno 2] No such file or directory",
+        "E1202 17:43:24.574000 11111 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 2)",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================"])
+    status, reason = _failure(1, tail, 60, False)
+    assert status == "error" and reason.startswith("/venv/bin/python: can't open file '/w/train.py'"), reason
+    assert reason.endswith("(exit 1)")
+
+
+def test_failed_row_in_the_table_prints_its_reason():
+    rec = {"config_name": "mine", "status": "failed", "returncode": 1, "reason": "ValueError: bad (exit 1)",
+           "error_tail": "x\n====="}
+    line = train_report.format_table([rec]).splitlines()[-1]
+    assert line.split() == ["mine", "FAILED", "(exit", "1):", "ValueError:", "bad", "(exit", "1)"]

@@ -70,8 +70,8 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
              f"{'p90':>7} {'mem GiB':>8} {'(est)':>7} {'MFU':>8} {'(est)':>8} {'loss':>13}"]
     for r in records:
         if r.get("status") != "ok":
-            lines.append(f"  {r.get('config_name'):<16} FAILED (exit {r.get('returncode')}): "
-                         f"{(r.get('error_tail') or '').strip().splitlines()[-1:] or ''}")
+            why = r.get("reason") or next(iter((r.get("error_tail") or "").strip().splitlines()[-1:]), "")
+            lines.append(f"  {r.get('config_name'):<16} FAILED (exit {r.get('returncode')}): {why}")
             continue
         m, e, err = r["measured"], r.get("estimate") or {}, r.get("error") or {}
 

@@ -28,6 +28,13 @@ OOM_MARKERS = ("out of memory", "OutOfMemoryError", "CUDA error: out of memory",
                "Cannot allocate memory")
 
 
+ERROR_MARKERS = ("error:", "errno", "can't open file", "no such file", "not found")
+"""Lower-case markers of the line that says why a rank failed (a Python exception, a missing script)."""
+LAUNCHER_WRAPPER_MARKERS = ("ChildFailedError", "torch/distributed/elastic", "torch.distributed.elastic",
+                            "failed (exitcode:")
+"""Lines in which torchrun reports that a child failed: they name no cause, the rank's own line does."""
+
+
 def _failure(rc: int, tail: str, timeout_s: float, timed_out: bool) -> tuple[str, str]:
     """(status, one-line reason) for a failed run."""
     if timed_out:
@@ -38,7 +45,10 @@ def _failure(rc: int, tail: str, timeout_s: float, timed_out: bool) -> tuple[str
                    f"a rank was killed (exit {rc}; the kernel OOM killer sends SIGKILL)")
         return "oom", why[:300]
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
-    first = next((ln for ln in lines if "training failed" in ln or "error:" in ln.lower()), None)
+    # the rank's own error, not the launcher's report of it (torchrun's ChildFailedError, its per-rank banner)
+    own = [ln for ln in lines if not any(w in ln for w in LAUNCHER_WRAPPER_MARKERS)]
+    first = next((ln for ln in own if "training failed" in ln or any(m in ln.lower() for m in ERROR_MARKERS)),
+                 None) or next((ln for ln in lines if "error:" in ln.lower()), None)
     return "error", (first or (lines[-1] if lines else f"exit code {rc}"))[:300] + f" (exit {rc})"
 
 
@@ -306,8 +316,9 @@ def run_command(template: Sequence[str], ds_config: dict, run_dir: pathlib.Path,
     with open(log_path, "w") as log:
         log.write(f"# dstoolkit: {' '.join(cmd)}\n# placeholders set: {json.dumps(used)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run_dir,
-                                start_new_session=True)
+        # in the caller's working directory, as the user typed the command (`train.py` relative to it); what the
+        # run writes goes where the placeholders point ({out}, {config}: absolute paths under run_dir)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
