@@ -66,13 +66,12 @@ def destroy_groups() -> bool:
     if not _initialized():
         return False
     _destroyed.extend(pg for pg in _live_groups() if all(pg is not d for d in _destroyed))
-    try:
-        import deepspeed.comm as ds_comm
-
-        if ds_comm.is_initialized():
-            ds_comm.destroy_process_group()
-    except ImportError:
-        pass
+    # Only a DeepSpeed the program imported can hold groups. Importing it here, at exit, would fail in a program
+    # that never did (deepspeed -> concurrent.futures.process registers a threading atexit: "can't register
+    # atexit after shutdown"), and the groups would not be destroyed.
+    ds_comm = sys.modules.get("deepspeed.comm")
+    if ds_comm is not None and ds_comm.is_initialized():
+        ds_comm.destroy_process_group()
     if _initialized():  # torch's groups made without DeepSpeed, or DeepSpeed absent
         import torch.distributed as td
 

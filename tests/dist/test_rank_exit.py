@@ -95,3 +95,31 @@ def test_release_groups_joins_the_gloo_workers_a_finished_run_still_refers_to(tm
         assert int(f["released"]) == int(f["before"]), ln  # every worker joined
         assert f["engine"] == f["names"] == f["default"] == f["cls"] == f["slot"] == "NoneType", ln
         assert int(f["replaced"]) >= 6, ln
+
+
+FAILING = r'''
+import os, sys, time
+import torch, torch.distributed as dist
+from dstoolkit.runtime import rankexit
+
+rankexit.install_rank_guards("test")
+dist.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+if os.environ["RANK"] == "1":
+    raise ValueError("rank 1 found a bad batch")
+dist.all_reduce(t)  # rank 0 waits in a collective its peer never joins
+time.sleep(60)
+'''
+
+
+def test_a_rank_that_fails_for_a_real_reason_still_exits_non_zero_with_its_reason(tmp_path):
+    """The exit guard turns a finished run's exit into 0; it must not hide a real failure: the job's exit
+    status is non-zero, the rank's exception is on screen, and the peer stuck in a collective does not hang it."""
+    (tmp_path / "f.py").write_text(FAILING)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        f"--master_port={free_port()}", "f.py"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0, p.stderr[-3000:]
+    assert "ValueError: rank 1 found a bad batch" in p.stderr, p.stderr[-3000:]
+    assert "destroying the process groups at exit failed" not in p.stderr, p.stderr[-3000:]
