@@ -302,6 +302,35 @@ def slow_precisions(clock: dict[str, float]) -> list[str]:
     return out
 
 
+def precision_for_this_cpu(precision: str = "bf16", n: int = 256) -> str:
+    """`precision`, or "fp32" where it runs below SLOW_DTYPE_RATIO of fp32's GEMM rate on this CPU (bf16 without
+    avx512_bf16 / amx: ~1-2 GFLOP/s through aten's generic GEMM, 50-100x below fp32). A quick check (an n^3 matmul
+    per dtype, best of 5 after 3 warm-up calls; ~0.1 s where bf16 is slow) for test jobs whose timing assumes a usable precision."""
+    if precision == "fp32":
+        return precision
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+    def best_s(dt) -> float:
+        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+        for _ in range(3):  # the first calls start the thread pool and pick the kernel (seen 300x slower)
+            a @ b
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: a busy second core stalls a 2-thread GEMM for milliseconds
+    try:
+        return "fp32" if best_s(torch.float32) < SLOW_DTYPE_RATIO * best_s(dtype) else precision
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _worker(rank: int, world: int, port: int, out_path: str, key: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))

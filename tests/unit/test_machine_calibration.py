@@ -118,3 +118,13 @@ def test_a_failed_probe_is_an_error_naming_it(cache, monkeypatch):
 
     with pytest.raises(cal.CalibrationInputError, match="probing this machine failed"):
         cal.machine_calibration_path(KEY, probe=broken, announce=lambda m: None)
+
+
+def test_test_jobs_run_fp32_exactly_where_this_cpu_has_no_native_bf16():
+    """runtime.probe.precision_for_this_cpu (the cross-rank monitor's scenario job uses it): bf16 where the CPU
+    has native bf16 GEMMs (avx512_bf16 / amx_bf16), fp32 where bf16 runs through aten's generic GEMM."""
+    from dstoolkit.runtime.probe import precision_for_this_cpu
+
+    native = bool({"avx512_bf16", "amx_bf16"} & set(cal._cpu_flags()))
+    assert precision_for_this_cpu("bf16") == ("bf16" if native else "fp32")
+    assert precision_for_this_cpu("fp32") == "fp32"

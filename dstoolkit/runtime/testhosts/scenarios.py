@@ -217,16 +217,22 @@ MONITOR_EVERY = 3
 
 def bottleneck_job(hosts: TestHosts, workdir: pathlib.Path, tag: str, steps: int,
                    extra: Sequence[str] = ()) -> tuple[list[list[str]], pathlib.Path]:
-    """Per-host torchrun argv of the example trainer (ZeRO-2 bf16, 2 hosts x 2 ranks) and its metrics path."""
+    """Per-host torchrun argv of the example trainer (ZeRO-2 bf16, fp32 where bf16 is slow here; 2 hosts x 2
+    ranks) and its metrics path."""
     import yaml
 
+    from dstoolkit.runtime.probe import precision_for_this_cpu
+
     workdir.mkdir(parents=True, exist_ok=True)
+    # the delays and throttles are sized against a ~0.1 s step: on a CPU without native bf16 the bf16 step takes
+    # seconds and would hide them, so the job runs fp32 there
+    prec = precision_for_this_cpu("bf16")
     spec = {"name": "crossrank", "model": BOTTLENECK_MODEL, "cluster": {"nodes": 2, "gpus_per_node": 2, "gpu": "cpu"},
-            "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 2, "precision": "bf16", "lr": 0.001,
+            "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 2, "precision": prec, "lr": 0.001,
                          "activation_checkpointing": "none", "zero_stage": 2}}
     ds = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "torch_adam": True}},
-          "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+          "zero_optimization": {"stage": 2}, "bf16": {"enabled": prec == "bf16"}}
     (workdir / f"{tag}.spec.yaml").write_text(yaml.safe_dump(spec))
     (workdir / f"{tag}.ds.json").write_text(json.dumps(ds))
     metrics = workdir / f"{tag}.metrics.jsonl"
