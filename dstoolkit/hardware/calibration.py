@@ -29,6 +29,7 @@ import math
 import os
 import pathlib
 import platform
+import signal
 import subprocess
 import sys
 import threading
@@ -320,7 +321,7 @@ def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
     finally:
         timer.cancel()
     if rc != 0 or not out.is_file():
-        why = f"killed after {PROBE_TIMEOUT_S:.0f} s" if rc == -9 else f"exit {rc}"
+        why = f"killed after {PROBE_TIMEOUT_S:.0f} s" if rc == -signal.SIGKILL else f"exit {rc}"
         raise CalibrationInputError(f"probing this machine failed ({why}): {' | '.join(lines[-3:])}")
 
 

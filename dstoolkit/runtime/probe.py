@@ -305,7 +305,8 @@ def slow_precisions(clock: dict[str, float]) -> list[str]:
 def precision_for_this_cpu(precision: str = "bf16", n: int = 256) -> str:
     """`precision`, or "fp32" where it runs below SLOW_DTYPE_RATIO of fp32's GEMM rate on this CPU (bf16 without
     avx512_bf16 / amx: ~1-2 GFLOP/s through aten's generic GEMM, 50-100x below fp32). A quick check (an n^3 matmul
-    per dtype, best of 5 after 3 warm-up calls; ~0.1 s where bf16 is slow) for test jobs whose timing assumes a usable precision."""
+    per dtype, best of 5 after 3 warm-up calls; ~0.1 s where bf16 is slow) for test jobs whose timing assumes a
+    usable precision."""
     if precision == "fp32":
         return precision
     import torch
