@@ -37,8 +37,9 @@ def test_estimated_peak_matches_the_continuous_measurement(repo_root, tmp_path):
         assert abs(r["err_peak"]) <= bench.PEAK_GOAL, where
         assert r["measured_phase"] == expect[r["cell"]], where
         assert r["estimate_measured_phase"] == r["measured_phase"], where
-        # the census between phase points misses the transient the peak is made of
-        assert r["sampled_peak"] < r["measured_peak"] * (1 - bench.PEAK_GOAL), where
+        # the census between phase points can miss the transient the peak is made of, or catch it when a phase
+        # point falls on it (fc3 at e5af1d1: llama-z0-fp32 rank 1 sampled 99,992,992 of 99,993,008 bytes): never above
+        assert r["sampled_peak"] <= r["measured_peak"], where
     for r in (r for r in rows if r["cell"] == "llama-z2-bf16"):
         # inside the inner step, beyond the census taken at its entry: the modelled for-loop temporaries (1%)
         assert r["estimate_optimizer_impl"] == "torch_for_loop"
