@@ -470,6 +470,18 @@ MEASURED_PHASE_OF = {
 """Which measured phase each estimated phase names (the estimator's phases are instants, the tracker's spans)."""
 
 
+PHASE_TIE = 1e-3
+"""Phases whose continuous maximum lies within this fraction of the peak reach the peak too: a phase is "the" peak
+phase only up to such a tie (llama-z0-fp32 rank 0: the step's maximum 124 bytes above the end of backward's,
+of 100 MB, in one run of three)."""
+
+
+def peak_phases(cont: dict, peak_bytes: int) -> list[str]:
+    """The measured phases that reach the peak, within PHASE_TIE (the tracker's peak phase first)."""
+    tied = [n for n, b in cont["phase_max_bytes"].items() if b >= peak_bytes * (1 - PHASE_TIE)]
+    return [cont["peak_phase"]] + sorted(n for n in tied if n != cont["peak_phase"])
+
+
 def score(recs: list[dict]) -> list[dict]:
     """One row per (cell, rank): the continuous peak and the sampled census vs the estimator's timeline."""
     from dstoolkit.estimate import estimate_run
@@ -492,6 +504,7 @@ def score(recs: list[dict]) -> list[dict]:
             cell=cell["name"], rank=r["rank"], ok=True, optimizer_class=r["optimizer_class"],
             inner_optimizer=r.get("inner_optimizer", ""),
             measured_peak=meas, measured_phase=cont["peak_phase"] if cont else top["name"],
+            peak_phases=peak_phases(cont, meas) if cont else [top["name"]],
             continuous_phase_max=cont["phase_max_bytes"] if cont else {},
             sampled_peak=top["total"], sampled_phase=top["name"], measured_phases={p["name"]: p["total"] for p in ph},
             sampled_vs_continuous=rel_err(top["total"], meas),
@@ -531,7 +544,7 @@ def render_md(rows: list[dict], env: dict) -> str:
     worst = max(ok, key=lambda r: abs(r["err_peak"]), default=None)
     over = sorted({r["cell"] for r in ok if abs(r["err_peak"]) > PEAK_GOAL})
     worst_s = min(ok, key=lambda r: r["sampled_vs_continuous"], default=None)
-    same_phase = sum(1 for r in ok if r["estimate_measured_phase"] == r["measured_phase"])
+    same_phase = sum(1 for r in ok if r["estimate_measured_phase"] in r["peak_phases"])
     continuous = all(r["continuous_phase_max"] for r in ok)
     how = ("Measured continuously: a counting wrapper installed as torch's CPU allocator "
            "(dstoolkit/runtime/alloc_tracker.py, c10::SetCPUAllocator) counts the live bytes of every CPU "
@@ -555,8 +568,8 @@ def render_md(rows: list[dict], env: dict) -> str:
         f"**Cells:** {len({r['cell'] for r in rows})}, failed: {len(rows) - len(ok)}. "
         f"**Worst peak error:** {pct(worst['err_peak']) if worst else 'n/a'} ({worst['cell'] if worst else ''}, "
         f"rank {worst['rank'] if worst else ''}). Goal ±{PEAK_GOAL:.0%}; cells over it: "
-        f"{', '.join(over) if over else 'none'}. Estimated peak phase = measured phase in {same_phase} of "
-        f"{len(ok)} rows. Largest shortfall of the sampled census against the continuous peak: "
+        f"{', '.join(over) if over else 'none'}. Estimated peak phase = a measured peak phase in {same_phase} of "
+        f"{len(ok)} rows (phases within {PHASE_TIE:.1%} of the peak tie; the table lists them). Largest shortfall of the sampled census against the continuous peak: "
         f"{pct(worst_s['sampled_vs_continuous']) if worst_s else 'n/a'} ({worst_s['cell'] if worst_s else ''}).",
         "",
     ]
@@ -567,7 +580,7 @@ def render_md(rows: list[dict], env: dict) -> str:
             continue
         inner = r["optimizer_class"] if r.get("inner_optimizer", "").startswith(r["optimizer_class"]) else \
             f"{r['optimizer_class']} ({r['inner_optimizer']})"
-        table.append([r["cell"], r["rank"], inner, mib(r["measured_peak"]), r["measured_phase"],
+        table.append([r["cell"], r["rank"], inner, mib(r["measured_peak"]), " = ".join(r.get("peak_phases") or [r["measured_phase"]]),
                       mib(r["sampled_peak"]), pct(r["sampled_vs_continuous"]), mib(r["estimate_peak"]),
                       r["estimate_phase"], pct(r["err_peak"]), pct(r["err_peak_sampled"])])
     lines += render_markdown_table(table, COLUMNS)

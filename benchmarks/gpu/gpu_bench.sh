@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-node GPU benchmark: NCCL collective sweep + training-throughput bench, then the report.
-# Sized to finish in < 8 minutes on one node (1-8 GPUs); each phase has its own timeout.
+# Sized to finish in < 10 minutes on one node (1-8 GPUs); each phase has its own timeout.
 #
 #   bash benchmarks/gpu/gpu_bench.sh                 # results -> benchmarks/results/{comm,train}_<gpu>x<n>_<yyyymm>.jsonl
 #   NGPU=4 STEPS=20 bash benchmarks/gpu/gpu_bench.sh
@@ -67,6 +67,18 @@ else
   echo "gpu_bench: dstoolkit generate failed:" >&2; tail -5 "$WORK/generate.log" >&2
 fi
 echo "gpu_bench: train done after $(( $(date +%s) - t0 )) s"
+
+# 2b) The host floor (estimate.cluster_model.host_layer_s): the same model at micro batch 1 x 1024 tokens, where
+# the host's time to issue each block's kernels, not the GPU, sets the step. ZeRO-2 and ZeRO-3, ~2 min.
+sed -e "s/^  micro_batch: .*/  micro_batch: 1/" -e "s/^  seq_len: .*/  seq_len: 1024/" "$WORK/spec.yaml" > "$WORK/spec_mb1.yaml"
+if timeout 90 "$PY" -m dstoolkit generate "$WORK/spec_mb1.yaml" --out "$WORK/gen_mb1" > "$WORK/generate_mb1.log" 2>&1; then
+  timeout 240 "$PY" -m dstoolkit bench train "$WORK/gen_mb1" --spec "$WORK/spec_mb1.yaml" --strategy zero2 --strategy zero3 \
+    --steps 10 --skip-steps 4 --world-size "$NGPU" --timeout-s 110 --no-progress \
+    --out "$RES/train_mb1_${TAG}_${STAMP}.jsonl" || echo "gpu_bench: micro-batch-1 bench failed or timed out (exit $?)" >&2
+else
+  echo "gpu_bench: dstoolkit generate (micro batch 1) failed:" >&2; tail -5 "$WORK/generate_mb1.log" >&2
+fi
+echo "gpu_bench: host-floor pass done after $(( $(date +%s) - t0 )) s"
 
 # 3) Tables and plots from every result file.
 "$PY" -m dstoolkit report "$RES" --include "*_${TAG}*_${STAMP}.jsonl" --out "$RES/report_${TAG}_${STAMP}.md" --force > /dev/null \

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from dstoolkit.estimate.activations import layer_activation_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
 from dstoolkit.estimate.dtype_bytes import param_bytes
@@ -101,6 +101,34 @@ constant on a 0/1/3/10 ms grid, per micro batch and stage: published LOSO 8.0% e
 source 0.927 -> 0.923, sweeps LOSO MAPE 8.3% -> 9.0%, Spearman 0.509 -> 0.531: not kept)."""
 
 
+HOST_S_PER_KERNEL = 3.7e-05
+"""Measured (benchmarks/host_overhead.py -> results/host_overhead_cpu_202612.md; every HOST_S_* constant is
+`constants()` of that file, held to it by tests/unit/test_cluster_physics.py): host seconds per kernel that
+layer_kernels counts, for a Hugging Face block's forward + backward issued from Python (module calls, autograd, the
+ATen dispatcher; tensors so small the kernels take no time). Such a block dispatches ~2.6 ATen kernel ops per
+kernel counted here (bias adds, casts, copies, gradient accumulation) at ~9-14 us each. The GPU runs
+asynchronously, so this is a floor, not a cost: a stage's micro batch takes max(GPU time, host time)
+(pipeline_compute_s). It binds for small models at small micro batches, where each kernel's GPU time is a few us.
+The same VM measured 22-33 us per kernel an hour earlier (its CPU's speed varies); the CUDA launch call (~2-5 us)
+is not in a CPU run."""
+HOST_S_PER_PARAM_TENSOR = {0: 1e-05, 1: 1e-05, 2: 6e-05, 3: 0.00035}
+"""Measured (benchmarks/host_overhead.py): extra host seconds per parameter tensor and micro step of a DeepSpeed
+engine (bf16, clipping), by ZeRO stage, beyond the plain forward + backward: ZeRO-2's per-parameter gradient hook
+(stage_1_and_2.py reduce_ready_partitions_and_remove_grads copies each gradient into the reduce bucket), ZeRO-3's
+per-module pre-/post-forward and backward hooks that gather and release each parameter
+(partitioned_param_coordinator.py fetch_sub_module / release_sub_module)."""
+HOST_S_PER_MICRO_STEP = {0: 0.0004, 1: 0.001, 2: 0.0019, 3: 0.0055}
+"""Measured (benchmarks/host_overhead.py): host seconds per micro step outside the blocks: the model's embedding,
+LM head and loss, plus the DeepSpeed engine's fixed work per micro step of its ZeRO stage (forward/backward/step
+wrappers, bucket bookkeeping, ZeRO-3's parameter coordinator trace); other frameworks take ZeRO 0's."""
+HOST_S_PER_STEP = {0: 0.0012, 1: 0.002, 2: 0.002, 3: 0.0012}
+"""Measured (benchmarks/host_overhead.py): host seconds a DeepSpeed engine's optimizer step adds at a gradient
+accumulation boundary (bf16, gradient clipping), fixed part by ZeRO stage."""
+HOST_S_PER_STEP_PER_PARAM_TENSOR = {0: 8e-05, 1: 9e-05, 2: 4e-05, 3: 8e-05}
+"""Measured (benchmarks/host_overhead.py): the optimizer step's host seconds per parameter tensor of the rank's
+blocks, by ZeRO stage (per-tensor gradient norms for clipping, the overflow check, copies between the parameters
+and the flat partition)."""
+
 def layer_kernels(plan: RunPlan, i: int) -> int:
     """Kernels block i launches per micro batch (forward + backward + recompute), counted from its structure:
     GEMMs (QKV fused in Megatron/TE stacks, q/k/v separate in eager-module stacks (sdpa); gated MLP 3, plain 2; MoE:
@@ -125,6 +153,55 @@ def layer_kernels(plan: RunPlan, i: int) -> int:
     recompute = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]
     return fwd * (2 if recompute else 1) + bwd
 
+
+def layer_param_tensors(plan: RunPlan, i: int) -> int:
+    """Parameter tensors of block i on one rank, counted from its structure: the projection weights as
+    layer_kernels counts its forward GEMMs (q/k/v separate in eager-module stacks), their biases, the norms
+    (weight, + bias for LayerNorm; + q/k norms) and, in an MoE block, the router and each local expert's matrices.
+    DeepSpeed's ZeRO-2 hooks and ZeRO-3 gathers run once per tensor (HOST_S_PER_PARAM_TENSOR)."""
+    shape = plan.shape
+    sep = plan.attention_kind == "sdpa"
+    gated = 3 if shape.mlp_gated else 2
+    n = (4 if sep else 2) + (((3 if sep else 1) if shape.attention_bias else 0) + (1 if shape.o_proj_bias else 0))
+    norm = 2 if shape.norm_type == "layernorm" else 1
+    n += 2 * norm + (2 if shape.qk_norm else 0)
+    if shape.is_moe_layer(i) and shape.num_experts:
+        n += 1 + gated * max(1, shape.num_experts // max(1, plan.ep))
+        if shape.num_shared_experts or shape.shared_expert_intermediate_size:
+            n += gated
+    else:
+        n += gated + (gated if shape.mlp_bias else 0)
+    return n
+
+
+def host_layer_s(plan: RunPlan, i: int) -> float:
+    """Host seconds block i takes to issue one micro batch's forward + backward (+ recompute) on a GPU rank:
+    layer_kernels x HOST_S_PER_KERNEL, and for DeepSpeed the engine's per-tensor work of its ZeRO stage
+    (layer_param_tensors x HOST_S_PER_PARAM_TENSOR). Both measured by benchmarks/host_overhead.py."""
+    s = layer_kernels(plan, i) * HOST_S_PER_KERNEL
+    if plan.framework == "deepspeed":
+        s += layer_param_tensors(plan, i) * HOST_S_PER_PARAM_TENSOR[plan.ds.zero_stage]
+    return s
+
+
+def host_micro_step_s(plan: RunPlan) -> float:
+    """Host seconds of one micro batch outside the blocks on a GPU rank (HOST_S_PER_MICRO_STEP): the model's
+    embedding, head and loss, with the DeepSpeed engine's fixed work of its ZeRO stage when DeepSpeed runs it."""
+    return HOST_S_PER_MICRO_STEP[plan.ds.zero_stage if plan.framework == "deepspeed" else 0]
+
+
+
+def host_step_s(plan: RunPlan) -> float:
+    """Host seconds of the optimizer step on a GPU rank beyond its memory-bound update, paid once per step and
+    exposed (the step ends in host syncs: the gradient norm and overflow checks): a DeepSpeed engine's
+    HOST_S_PER_STEP + HOST_S_PER_STEP_PER_PARAM_TENSOR x the parameter tensors of the rank's heaviest stage.
+    Other frameworks: 0 (not measured here)."""
+    if plan.framework != "deepspeed":
+        return 0.0
+    z = plan.ds.zero_stage
+    tensors = max(sum(layer_param_tensors(plan, i) for i in stage_layers(plan.shape.num_hidden_layers, plan.pp, st))
+                  for st in range(plan.pp))
+    return HOST_S_PER_STEP[z] + tensors * HOST_S_PER_STEP_PER_PARAM_TENSOR[z]
 
 def attention_fraction(gpu: GpuSpec, impl: str) -> float:
     """Fraction of dense bf16 peak the attention core sustains for this kernel family on this GPU
@@ -300,24 +377,33 @@ def sequence_shards(plan: RunPlan) -> int:
     return plan.cp * plan.ulysses
 
 
-def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], head_s: float) -> float:
+def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], head_s: float,
+                       host_s: Optional[Callable[[int], float]] = None, host_micro_s: float = 0.0) -> float:
     """Compute seconds of one optimizer step: the heaviest pipeline stage's blocks, `layer_s(i, saved_bytes)` for
     one micro batch (evaluated once per kind of block: MoE or dense, recomputed or not), over every micro batch,
     `head_s` (the LM head) on the last stage, stretched by the schedule's bubble (bubble_fraction). The one
-    stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s)."""
+    stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s).
+
+    `host_s(i)`: host seconds block i takes to issue its kernels per micro batch, and `host_micro_s` the host's
+    fixed cost per micro batch (GPU path: host_layer_s, host_micro_step_s). The host runs ahead of the GPU, so a
+    stage's micro batch takes the longer of its GPU time and its host time."""
 
     shape, ds = plan.shape, plan.ds
     ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
-    per_kind: dict[tuple[bool, bool], float] = {}
+    per_kind: dict[tuple[bool, bool], tuple[float, float]] = {}
 
-    def one(i: int) -> float:
+    def one(i: int) -> tuple[float, float]:
         key = (shape.is_moe_layer(i), ckpt[i])
         if key not in per_kind:
-            per_kind[key] = layer_s(i, layer_activation_bytes(plan, i, ds.micro_batch).full)
+            per_kind[key] = (layer_s(i, layer_activation_bytes(plan, i, ds.micro_batch).full),
+                             host_s(i) if host_s is not None else 0.0)
         return per_kind[key]
 
-    stages = [sum(one(i) for i in stage_layers(shape.num_hidden_layers, plan.pp, st)) for st in range(plan.pp)]
-    stages[-1] += head_s
+    stages = []
+    for st in range(plan.pp):
+        blocks = [one(i) for i in stage_layers(shape.num_hidden_layers, plan.pp, st)]
+        gpu = sum(b[0] for b in blocks) + (head_s if st == plan.pp - 1 else 0.0)
+        stages.append(max(gpu, sum(b[1] for b in blocks) + host_micro_s))
     bubble = bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
     return max(stages) * ds.grad_accum * (1.0 + bubble)
 

@@ -128,7 +128,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         nics = plan.gpu.nics_per_node or plan.gpus_per_node
         mem_bw = cm.hbm_bw(plan.gpu, DEFAULT_HBM_BW_BYTES_PER_S)
         eta = DEFAULT_OVERLAP_EFFICIENCY
-        overhead = 0.0
+        overhead = cm.host_step_s(plan)  # the optimizer step's host work (DeepSpeed engine, measured)
         compute = gpu_compute_s(plan, mem_bw)
 
     exposed = 0.0
@@ -190,8 +190,8 @@ def _backward_only(name: str) -> bool:
 def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     """Compute seconds of one optimizer step on a GPU rank: the heaviest pipeline stage's blocks (each GEMM at
     its shape's rate, the attention core at its kernel's rate, the memory-bound rest at HBM bandwidth) over
-    every micro batch, the LM head on the last stage, stretched by the schedule's bubble and divided by the
-    framework efficiency (estimate.cluster_model)."""
+    every micro batch, the LM head on the last stage, divided by the framework efficiency, never below the host's
+    time to issue them (cluster_model.host_layer_s), stretched by the schedule's bubble (estimate.cluster_model)."""
     shape = plan.shape
     tok = cm.tokens_per_micro(plan)
     h, v = shape.hidden_size, shape.vocab_size
@@ -200,5 +200,8 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
     head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
     head = 6 * v * h * tok / plan.tp / gemm_rate(plan.gpu, head_prec, tok, v / plan.tp, h)
-    compute = cm.pipeline_compute_s(plan, lambda i, saved: cm.layer_compute_s(plan, i, tok, saved, mem_bw), head)
-    return compute / cm.FRAMEWORK_EFFICIENCY
+    eff = cm.FRAMEWORK_EFFICIENCY
+    # the host issues each block's kernels ahead of the GPU: a micro batch takes the longer of the two
+    # (cluster_model.host_layer_s; binds for small models at small micro batches)
+    return cm.pipeline_compute_s(plan, lambda i, saved: cm.layer_compute_s(plan, i, tok, saved, mem_bw) / eff,
+                                 head / eff, lambda i: cm.host_layer_s(plan, i), cm.host_micro_step_s(plan))

@@ -35,8 +35,10 @@ def test_estimated_peak_matches_the_continuous_measurement(repo_root, tmp_path):
     for r in rows:
         where = (r["cell"], r["rank"], r["continuous_phase_max"], r["estimate_phases"])
         assert abs(r["err_peak"]) <= bench.PEAK_GOAL, where
-        assert r["measured_phase"] == expect[r["cell"]], where
-        assert r["estimate_measured_phase"] == r["measured_phase"], where
+        # a phase whose maximum ties the peak within bench.PHASE_TIE reaches it too (fc1 at 2a26d3f: the step's
+        # maximum 124 bytes above the end of backward's, of 100 MB)
+        assert expect[r["cell"]] in r["peak_phases"], where
+        assert r["estimate_measured_phase"] in r["peak_phases"], where
         # the census between phase points can miss the transient the peak is made of, or catch it when a phase
         # point falls on it (fc3 at e5af1d1: llama-z0-fp32 rank 1 sampled 99,992,992 of 99,993,008 bytes): never above
         assert r["sampled_peak"] <= r["measured_peak"], where

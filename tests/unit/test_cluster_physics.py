@@ -140,3 +140,81 @@ def test_kernel_launch_cost_adds_per_block_and_micro_batch(monkeypatch):
     bare = cm.layer_compute_s(plan, 0, tok, 1e6, 2e12)
     monkeypatch.setattr(cm, "KERNEL_LAUNCH_S", 5e-6)
     assert cm.layer_compute_s(plan, 0, tok, 1e6, 2e12) - bare == pytest.approx(34 * 5e-6)
+
+
+# -- the host floor: kernels issued from Python, DeepSpeed's per-tensor hooks --------------------------------
+def _small(mb: int, stage: int = 2, framework: str = "deepspeed") -> RunPlan:
+    from dstoolkit.models.hf import shape_from_hf_dict
+
+    shape = shape_from_hf_dict({"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816,
+                                "num_hidden_layers": 16, "num_attention_heads": 16, "vocab_size": 32000})
+    ds = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 16 // mb, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": stage}}
+    return RunPlan(shape=shape, ds_config=ds, world_size=8, gpus_per_node=8, gpu=get_gpu("A100-80G"), seq_len=1024,
+                   precision="bf16", attention_impl="sdpa", framework=framework)
+
+
+def test_layer_param_tensors_counted_from_the_block_structure():
+    import dstoolkit.estimate.cluster_model as cm
+
+    # HF Llama block: q, k, v, o + gate, up, down + 2 RMSNorm weights (benchmarks/host_overhead.py counts 9)
+    assert cm.layer_param_tensors(_small(1), 0) == 9
+    moe = _plan().model_copy(update={"shape": get_preset("mixtral-8x7b"), "attention_impl": "flash"})
+    # fused QKV + o (2), 2 norms, router 1, 8 local experts x 3 matrices
+    assert cm.layer_param_tensors(moe, 0) == 2 + 2 + 1 + 24
+
+
+def test_host_floor_binds_at_small_micro_batches_only():
+    import dstoolkit.estimate.cluster_model as cm
+    from dstoolkit.estimate.step_time import gpu_compute_s
+
+    mem_bw = 2.039e12
+    for mb, binds in ((1, True), (16, False)):
+        plan = _small(mb)
+        host = sum(cm.host_layer_s(plan, i) for i in range(16)) + cm.host_micro_step_s(plan)
+        t = gpu_compute_s(plan, mem_bw)
+        # one stage, no bubble: the step's compute is accum x max(GPU time of a micro batch, host time)
+        gpu_only = cm.pipeline_compute_s(plan, lambda i, s: cm.layer_compute_s(plan, i, cm.tokens_per_micro(plan), s, mem_bw)
+                                         / cm.FRAMEWORK_EFFICIENCY, 0.0)
+        assert (t == pytest.approx(host * plan.ds.grad_accum)) is binds
+        assert t >= gpu_only and t >= host * plan.ds.grad_accum * (1 - 1e-9)
+
+
+def test_deepspeed_zero_stage_sets_the_hook_cost_other_frameworks_pay_none():
+    import dstoolkit.estimate.cluster_model as cm
+
+    h = {z: cm.host_layer_s(_small(1, z), 0) for z in (1, 2, 3)}
+    kernels = cm.layer_kernels(_small(1), 0) * cm.HOST_S_PER_KERNEL
+    assert h[1] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[1])
+    assert h[2] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[2])
+    assert h[3] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[3])
+    assert h[1] <= h[2] < h[3]
+    assert cm.host_layer_s(_small(1, 3, "fsdp"), 0) == pytest.approx(kernels)
+    assert cm.host_micro_step_s(_small(1, 3, "fsdp")) == cm.HOST_S_PER_MICRO_STEP[0]
+
+
+def test_optimizer_step_host_work_counts_the_stage_tensors_deepspeed_only():
+    import dstoolkit.estimate.cluster_model as cm
+
+    for z in (0, 1, 2, 3):
+        plan = _small(4, z)
+        assert cm.host_step_s(plan) == pytest.approx(cm.HOST_S_PER_STEP[z] + 16 * 9 * cm.HOST_S_PER_STEP_PER_PARAM_TENSOR[z])
+    assert cm.host_step_s(_small(4, 2, "megatron")) == 0.0
+
+
+def test_host_constants_are_the_committed_measurement(repo_root):
+    """The shipped host constants are `constants()` of benchmarks/results/host_overhead_cpu_202612.json."""
+    import importlib.util
+    import json
+
+    import dstoolkit.estimate.cluster_model as cm
+
+    path = repo_root / "benchmarks" / "host_overhead.py"
+    spec = importlib.util.spec_from_file_location("host_overhead", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = json.loads((repo_root / "benchmarks" / "results" / "host_overhead_cpu_202612.json").read_text())
+    want = mod.constants(doc)
+    assert want["HOST_S_PER_KERNEL"] == cm.HOST_S_PER_KERNEL
+    for name in ("HOST_S_PER_PARAM_TENSOR", "HOST_S_PER_MICRO_STEP", "HOST_S_PER_STEP", "HOST_S_PER_STEP_PER_PARAM_TENSOR"):
+        assert {int(k): v for k, v in want[name].items()} == getattr(cm, name), name
