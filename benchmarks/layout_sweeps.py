@@ -12,6 +12,10 @@ own loader) and estimates it in process. Per group:
   2016 instead of 2048 sequences);
 * top-1 regret: measured time per token of the layout the estimator ranks fastest (among those it says fit) over
   the measured best, − 1;
+* the layouts `sweep` / `generate` mark as undecided (`generate.undecided`: estimated time per token within the GPU
+  model's out-of-source error of the fastest estimate, among those estimated to fit), whether the measured best is
+  among them, and the regret left after `tune --mode real` measures just those (the best measured of the marked
+  ones over the measured best, − 1);
 * `sweep`'s own top pick, when every layout of the group lies in the sweep's space (powers of two for tp/pp/micro
   batch: `generate.candidate_grid.enumerate_candidates`); else why not;
 * refusals (the toolkit rejects a layout that really ran: must be 0), false OOMs (a layout that ran predicted not
@@ -44,6 +48,7 @@ import yaml  # noqa: E402
 
 import estimator_fit as fit  # noqa: E402
 import published_runs as pr  # noqa: E402
+from dstoolkit.generate.undecided import GPU_OUT_OF_SOURCE_ERROR, within_error  # noqa: E402
 from dstoolkit.runtime.bench import harness  # noqa: E402
 from dstoolkit.runtime.bench.report import render_markdown_table, write_report  # noqa: E402
 
@@ -154,8 +159,24 @@ def per_token(step_s: float, row: dict[str, Any]) -> float:
     return step_s / row["tokens_per_step"]
 
 
+def marked_undecided(ran: list[dict[str, Any]], key: str = "predicted_step_s",
+                     error: float = GPU_OUT_OF_SOURCE_ERROR) -> dict[str, Any]:
+    """What `sweep` / `generate` would mark over these measured layouts: the ones estimated to fit whose estimated
+    time per token lies within `error` of the fastest estimate (generate.undecided.within_error), whether the
+    measured best is among them, and the regret left once they are all measured."""
+    fitting = [r for r in ran if r.get("fits")] or ran
+    if not fitting:
+        return {"marked": [], "best_marked": None, "regret_after_measuring": None}
+    marked = [fitting[i] for i in within_error([per_token(r[key], r) for r in fitting], error)]
+    best = min(per_token(r["measured_step_s"], r) for r in ran)
+    got = min(per_token(r["measured_step_s"], r) for r in marked)
+    return {"marked": [r["id"] for r in marked], "best_marked": got <= best,
+            "regret_after_measuring": got / best - 1.0}
+
+
 def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> dict[str, Any]:
-    """MAPE, Spearman of the order, top-1 regret over the rows that ran; refusals and OOM disagreements."""
+    """MAPE, Spearman of the order, top-1 regret over the rows that ran; the undecided set `sweep` would mark and
+    what measuring it leaves; refusals and OOM disagreements."""
     ran = [r for r in rows if not r["oom"] and r.get(key) is not None]
     errs = [r["measured_step_s"] / r[key] - 1.0 for r in ran]
     sp = None
@@ -171,6 +192,7 @@ def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> di
         "spearman": sp,
         "top1_pick": pick["id"] if pick else None,
         "top1_regret": (per_token(pick["measured_step_s"], pick) / best - 1.0) if pick else None,
+        **marked_undecided(ran, key),
         "refused": [r["id"] for r in rows if r.get("refused") and not r["oom"]],
         "false_oom": [r["id"] for r in ran if r.get("fits") is False],
         "missed_oom": [r["id"] for r in rows if r["oom"] and r.get("fits")],
@@ -219,6 +241,9 @@ def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
     mapes = [(s["mape"], s["ran"]) for s in scores.values() if s["mape"] is not None]
     sps = [s["spearman"] for s in scores.values() if s["spearman"] is not None and s["ran"] >= 3]
     regrets = [s["top1_regret"] for s in scores.values() if s["top1_regret"] is not None]
+    # the undecided set only says something where there is an order to decide: groups of >= 2 layouts that ran
+    multi = [s for s in scores.values() if s["ran"] >= 2 and s.get("best_marked") is not None]
+    after = [s["regret_after_measuring"] for s in multi]
     return {
         "groups": len(scores), "ran_rows": ran_rows,
         "mape_rows": sum(m * n for m, n in mapes) / sum(n for _, n in mapes) if mapes else None,
@@ -226,6 +251,12 @@ def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "spearman_groups": len(sps),
         "mean_top1_regret": sum(regrets) / len(regrets) if regrets else None,
         "max_top1_regret": max(regrets) if regrets else None,
+        "undecided_error": GPU_OUT_OF_SOURCE_ERROR,
+        "undecided_groups": len(multi),
+        "undecided_best_marked": sum(1 for s in multi if s["best_marked"]),
+        "undecided_share_marked": (sum(len(s["marked"]) / s["ran"] for s in multi) / len(multi)) if multi else None,
+        "mean_regret_after_measuring": sum(after) / len(after) if after else None,
+        "max_regret_after_measuring": max(after) if after else None,
         "refused": sum(len(s["refused"]) for s in scores.values()),
         "false_oom": sum(len(s["false_oom"]) for s in scores.values()),
         "missed_oom": sum(len(s["missed_oom"]) for s in scores.values()),
@@ -300,6 +331,18 @@ def _sp(x: Optional[float]) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+def _marked(sc: Optional[dict[str, Any]]) -> str:
+    """`k/n, best in` (or `best out, regret after x%`) for one group's undecided set; – where nothing is marked."""
+    if not sc or sc.get("best_marked") is None or sc["ran"] < 2:
+        return "–"
+    head = f"{len(sc['marked'])}/{sc['ran']}"
+    return f"{head}, best in" if sc["best_marked"] else f"{head}, best out, {_pct(sc['regret_after_measuring'])}"
+
+
+def _frac(k: Optional[int], n: Optional[int]) -> str:
+    return "–" if not n else f"{k} of {n}"
+
+
 def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) -> str:
     s = summary
     lines = ["# Measured layout sweeps vs the estimator", "",
@@ -316,6 +359,15 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
          _sp(lo["mean_spearman_groups_ge3"]) if lo else "–", "≥ 0.85"],
         ["mean / worst top-1 regret", f"{_pct(s['mean_top1_regret'])} / {_pct(s['max_top1_regret'])}",
          f"{_pct(lo['mean_top1_regret'])} / {_pct(lo['max_top1_regret'])}" if lo else "–", "≤ 3%"],
+        [f"measured best among the layouts marked undecided (within {_pct(s['undecided_error'])} of the fastest "
+         f"estimate; {s['undecided_groups']} groups of ≥ 2)",
+         _frac(s["undecided_best_marked"], s["undecided_groups"]),
+         _frac(lo["undecided_best_marked"], lo["undecided_groups"]) if lo else "–", ""],
+        ["mean share of a group's layouts marked", _pct(s["undecided_share_marked"]),
+         _pct(lo["undecided_share_marked"]) if lo else "–", ""],
+        ["mean / worst regret after `tune --mode real` measures the marked ones",
+         f"{_pct(s['mean_regret_after_measuring'])} / {_pct(s['max_regret_after_measuring'])}",
+         f"{_pct(lo['mean_regret_after_measuring'])} / {_pct(lo['max_regret_after_measuring'])}" if lo else "–", ""],
         ["layouts that ran but refused", str(s["refused"]), "", "0"],
         ["layouts that ran, predicted not to fit", str(s["false_oom"]), "", "0"],
         ["layouts reported OOM, predicted to fit", str(s["missed_oom"]), "", ""],
@@ -330,11 +382,12 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
             f"{sw.get('pick')}: " + (_pct(sw.get("regret")) if sw.get("regret") is not None else sw.get("why", "")))
         body.append([g["id"], g["source"], f"{sc['ran']} (+{sc['oom_rows']} OOM)", _pct(sc["mape"]),
                      _pct(lg["mape"]) if lg else "–", _sp(sc["spearman"]), _sp(lg["spearman"]) if lg else "–",
-                     _pct(sc["top1_regret"]), _pct(lg["top1_regret"]) if lg else "–",
+                     _pct(sc["top1_regret"]), _pct(lg["top1_regret"]) if lg else "–", _marked(sc), _marked(lg),
                      str(len(sc["refused"])), str(len(sc["false_oom"])), str(len(sc["missed_oom"])), swt])
     lines += render_markdown_table(body, ["group", "source", ("layouts", "r"), ("MAPE", "r"), ("MAPE loso", "r"),
                                           ("Spearman", "r"), ("Spearman loso", "r"), ("regret", "r"),
-                                          ("regret loso", "r"), ("refused", "r"), ("false OOM", "r"),
+                                          ("regret loso", "r"), ("marked: best in? / regret after", "r"),
+                                          ("marked loso", "r"), ("refused", "r"), ("false OOM", "r"),
                                           ("missed OOM", "r"), "sweep's own pick"])
     lines += ["", "## Rows", ""]
     body = []

@@ -4,8 +4,9 @@ them. `sweep` and `generate` mark them and print the `dstoolkit tune --mode real
 
 The error is measured, never chosen: on GPUs the leave-one-source-out throughput MAPE of benchmarks/published_runs.py
 (every fitted constant refitted without the source it predicts), on CPU ranks the calibrated model's MAPE against
-real DeepSpeed steps (benchmarks/step_time_fidelity.py). tests/unit/test_undecided.py holds the GPU figure equal to
-the committed result. No torch import.
+real DeepSpeed steps (benchmarks/step_time_fidelity.py). tests/unit/test_estimator_fit.py holds the GPU figure equal to
+the committed result; benchmarks/layout_sweeps.py reports how often the measured best is among the marked
+layouts. No torch import.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ CPU_STEP_TIME_ERROR = 0.079
 CPU_ERROR_SOURCE = "CPU step-time MAPE, benchmarks/results/step_time_fidelity_cpu_202612.md"
 MAX_TUNE_SEED_TRIALS = 5
 """`dstoolkit tune --seed-trials` takes 1-5 estimator-ranked points (tune.seeding.MAX_SEED_TRIALS; spelled out here
-because generate sits below tune in the import order, tests/unit/test_undecided.py holds them equal)."""
+because generate sits below tune in the import order, tests/unit/test_cluster_physics.py holds them equal)."""
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,30 @@ def test_equal_lists_are_one_set_of_fixed_facts():
     b["execution"] = dict(reversed(list(b["execution"].items())))
     got = ls.sweep_pick({"runs": [a, b]}, [], pathlib.Path("unused.yaml"))
     assert got == {"applicable": False, "why": "1 of 2 layouts outside the sweep space (tp/pp/micro batch powers of two)"}
+
+
+def _row(rid, pred_s, meas_s, fits=True, tokens=1000):
+    return {"id": rid, "predicted_step_s": pred_s, "measured_step_s": meas_s, "fits": fits, "tokens_per_step": tokens}
+
+
+def test_marked_set_holds_the_measured_best_within_the_error():
+    # a is estimated fastest; b lies 4% above it (inside 5.5%), c 10% above (outside). b measured best.
+    ran = [_row("a", 100.0, 110.0), _row("b", 104.0, 100.0), _row("c", 110.0, 105.0)]
+    got = ls.marked_undecided(ran, error=0.055)
+    assert got == {"marked": ["a", "b"], "best_marked": True, "regret_after_measuring": 0.0}
+
+
+def test_marked_set_reports_what_measuring_it_leaves_when_the_best_is_outside():
+    ran = [_row("a", 100.0, 110.0), _row("b", 104.0, 108.0), _row("c", 110.0, 100.0)]
+    got = ls.marked_undecided(ran, error=0.055)
+    assert got["marked"] == ["a", "b"] and got["best_marked"] is False
+    assert abs(got["regret_after_measuring"] - 0.08) < 1e-12
+
+
+def test_marked_set_skips_layouts_estimated_not_to_fit_and_compares_per_token():
+    # d is estimated fastest but not to fit: never marked, though it ran and measured best. e ran 990 tokens where
+    # f ran 1000: per token e is estimated 0.1 s and f 0.104 s, so only e lies within 2%.
+    ran = [_row("d", 50.0, 80.0, fits=False), _row("e", 99.0, 99.0, tokens=990), _row("f", 104.0, 103.0)]
+    got = ls.marked_undecided(ran, error=0.02)
+    assert got["marked"] == ["e"] and got["best_marked"] is False
+    assert abs(got["regret_after_measuring"] - (0.1 / 0.08 - 1.0)) < 1e-12

@@ -299,7 +299,12 @@ def _sweeps_row(res: Results) -> Row:
                f"{_pct(lo['mape_rows'], sign=False)} leave-one-source-out, mean within-group Spearman "
                f"{s['mean_spearman_groups_ge3']:.3f} (out of source {lo['mean_spearman_groups_ge3']:.3f}), top-1 "
                f"regret mean {_pct(s['mean_top1_regret'], sign=False)} / worst {_pct(s['max_top1_regret'], sign=False)}, "
-               f"{s['refused']} refused, {s['false_oom']} false OOM, {s['missed_oom']} OOM layouts not flagged", (f,))
+               f"{s['refused']} refused, {s['false_oom']} false OOM, {s['missed_oom']} OOM layouts not flagged; the "
+               f"measured best is among the layouts `sweep` marks undecided (within "
+               f"{_pct(s['undecided_error'], sign=False)} of the fastest estimate) in {s['undecided_best_marked']} of "
+               f"{s['undecided_groups']} groups (out of source {lo['undecided_best_marked']} of "
+               f"{lo['undecided_groups']}), and measuring those leaves a regret of {_pct(s['mean_regret_after_measuring'], sign=False)} mean / "
+               f"{_pct(s['max_regret_after_measuring'], sign=False)} worst", (f,))
 
 
 def _megatron_parsers_row(res: Results) -> Row:
