@@ -320,8 +320,23 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         # overlapping p2p communication"); DeepSpeed's PipelineEngine sends and receives blocking (pipe/p2p.py).
         cross = plan.world_size // plan.pp >= plan.gpus_per_node or plan.gpus_per_node < plan.tp * 2
         overlap = plan.framework == "megatron" and plan.pipeline_schedule == "interleaved"
-        add("pp_p2p", "p2p", 2 * v * tok * shape.hidden_size * pb // (plan.tp if plan.sequence_parallel else 1) * ga,
-            2, cross, 2 * v * ga, overlap, min(plan.gpus_per_node, plan.world_size // plan.pp) if cross else 1)
+        act = tok * shape.hidden_size * pb  # one micro batch's activations (or their gradient) at a boundary
+        concurrent = min(plan.gpus_per_node, plan.world_size // plan.pp) if cross else 1
+        if plan.framework == "deepspeed" and plan.tp > 1:
+            # DeepSpeed's PipelineEngine with model parallelism: each TP rank sends only its 1/tp slice of the
+            # activations (pipeline.pipe_partitioned) and of their gradients (grad_partitioned), both default
+            # true, and the receiving stage all-gathers the slices over its TP group (runtime/pipe/engine.py
+            # is_pipe_partitioned / is_grad_partitioned, PartitionedTensor.full())
+            parts = [ds.pipe_partitioned, ds.grad_partitioned]
+            sent = sum(act / plan.tp if part else act for part in parts)
+            add("pp_p2p", "p2p", v * sent * ga, 2, cross, 2 * v * ga, overlap, concurrent)
+            gathers = sum(parts)
+            tp_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.tp, 1)
+            add("pp_partition_all_gather", "all_gather", gathers * v * act * ga, plan.tp, tp_lay.cross_node,
+                gathers * v * ga, False, tp_lay.concurrent_groups, per_node=tp_lay.ranks_per_node)
+        else:
+            add("pp_p2p", "p2p", 2 * v * act // (plan.tp if plan.sequence_parallel else 1) * ga,
+                2, cross, 2 * v * ga, overlap, concurrent)
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dstoolkit.dsconfig import DeepSpeedConfig
+from dstoolkit.dsconfig.ds_misc import PipelineConfig
 from dstoolkit.dsconfig.ds_optim import OptimizerConfig
 from dstoolkit.dsconfig.ds_precision import BF16Config, DataTypesConfig, FP16Config
 from dstoolkit.dsconfig.ds_zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
@@ -64,6 +65,12 @@ class DsView(BaseModel):
     zeropp_hpz: int
     ds_precision: Literal["bf16", "fp16", "fp32"]
     bf16_immediate_grad_update: bool
+    pipe_partitioned: bool = True
+    """pipeline.pipe_partitioned (DeepSpeed default true): with tp > 1 the PipelineEngine sends each TP rank's
+    1/tp slice of a stage's activations and all-gathers them over the TP group on the receiving stage
+    (runtime/pipe/engine.py `is_pipe_partitioned`, PartitionedTensor)."""
+    grad_partitioned: bool = True
+    """pipeline.grad_partitioned (DeepSpeed default true): the same for the activation gradients sent back."""
 
 
 def _first_auto(node: Any, path: tuple = ()) -> Optional[tuple]:
@@ -137,6 +144,7 @@ def _read(key: str, dims: ParallelDims) -> DsView:
     fp16 = cfg.fp16 or FP16Config()
     ds_precision = "bf16" if bf16.enabled is True else ("fp16" if fp16.enabled is True else "fp32")
     dtypes = cfg.data_types or DataTypesConfig()
+    pipe = cfg.pipeline or PipelineConfig()
     return DsView(
         micro_batch=triad.micro_batch,
         grad_accum=triad.grad_accum,
@@ -169,4 +177,6 @@ def _read(key: str, dims: ParallelDims) -> DsView:
         zeropp_hpz=z.zero_hpz_partition_size,
         ds_precision=ds_precision,
         bf16_immediate_grad_update=bf16.immediate_grad_update,
+        pipe_partitioned=bool(pipe.pipe_partitioned),
+        grad_partitioned=bool(pipe.grad_partitioned),
     )

@@ -91,6 +91,31 @@ def test_pipeline_p2p_overlaps_only_under_megatrons_interleaved_schedule():
     assert p2p(framework="megatron", schedule="interleaved", vpp=2).overlappable
 
 
+def test_deepspeed_pipeline_sends_one_tp_slice_and_gathers_it_on_the_next_stage():
+    # llama-3-8b, seq 2048, micro batch 1, bf16: one boundary's activations 2048 x 4096 x 2 bytes; ga 8
+    act = 2048 * 4096 * 2
+
+    def ops(ds_pipeline=None, **kw):
+        plan = _plan(tp=8, pp=2, **kw)
+        if ds_pipeline is not None:
+            plan = plan.model_copy(update={"ds_config": {**plan.ds_config, "pipeline": ds_pipeline}})
+        return {o.name: o for o in comm_plan(plan).ops}
+
+    shipped = ops()
+    # pipe_partitioned + grad_partitioned (DeepSpeed defaults): 1/8 of the activations and of their gradients
+    # cross to the next stage, and the receiver all-gathers the full tensor over its TP group (inside the node)
+    assert shipped["pp_p2p"].bytes == 2 * act // 8 * 8
+    gather = shipped["pp_partition_all_gather"]
+    assert (gather.bytes, gather.group_size, gather.calls, gather.cross_node) == (2 * act * 8, 8, 2 * 8, False)
+    # turned off in the config: full tensors, no gather; only the gradients partitioned: half of each
+    off = ops({"pipe_partitioned": False, "grad_partitioned": False})
+    assert off["pp_p2p"].bytes == 2 * act * 8 and "pp_partition_all_gather" not in off
+    half = ops({"pipe_partitioned": False})
+    assert half["pp_p2p"].bytes == (act + act // 8) * 8 and half["pp_partition_all_gather"].calls == 8
+    # Megatron-Core without sequence parallelism sends the full tensor from every TP rank (p2p_communication.py)
+    assert ops(framework="megatron")["pp_p2p"].bytes == 2 * act * 8
+
+
 def test_undecided_marks_layouts_within_the_measured_error_and_prints_the_tune_command():
     assert und.within_error([1.0, 1.05, 1.2], 0.10) == (0, 1)
     assert und.within_error([1.3, 1.0, 1.09], 0.10) == (1, 2)
