@@ -65,12 +65,12 @@ class DsView(BaseModel):
     zeropp_hpz: int
     ds_precision: Literal["bf16", "fp16", "fp32"]
     bf16_immediate_grad_update: bool
-    pipe_partitioned: bool = True
-    """pipeline.pipe_partitioned (DeepSpeed default true): with tp > 1 the PipelineEngine sends each TP rank's
-    1/tp slice of a stage's activations and all-gathers them over the TP group on the receiving stage
-    (runtime/pipe/engine.py `is_pipe_partitioned`, PartitionedTensor)."""
-    grad_partitioned: bool = True
-    """pipeline.grad_partitioned (DeepSpeed default true): the same for the activation gradients sent back."""
+    pipe_partitioned: bool
+    """pipeline.pipe_partitioned (default: dsconfig.ds_misc.PipelineConfig): with tp > 1 the PipelineEngine sends
+    each TP rank's 1/tp slice of a stage's activations and all-gathers them over the TP group on the receiving
+    stage (runtime/pipe/engine.py `is_pipe_partitioned`, PartitionedTensor)."""
+    grad_partitioned: bool
+    """pipeline.grad_partitioned (default: PipelineConfig): the same for the activation gradients sent back."""
 
 
 def _first_auto(node: Any, path: tuple = ()) -> Optional[tuple]:

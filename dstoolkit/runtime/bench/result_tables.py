@@ -303,7 +303,8 @@ def _sweeps_row(res: Results) -> Row:
                f"measured best is among the layouts `sweep` marks undecided (within "
                f"{_pct(s['undecided_error'], sign=False)} of the fastest estimate) in {s['undecided_best_marked']} of "
                f"{s['undecided_groups']} groups (out of source {lo['undecided_best_marked']} of "
-               f"{lo['undecided_groups']}), and measuring those leaves a regret of {_pct(s['mean_regret_after_measuring'], sign=False)} mean / "
+               f"{lo['undecided_groups']}), and measuring those leaves a regret of "
+               f"{_pct(s['mean_regret_after_measuring'], sign=False)} mean / "
                f"{_pct(s['max_regret_after_measuring'], sign=False)} worst", (f,))
 
 
