@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from dstoolkit.estimate.activations import layer_activation_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
 from dstoolkit.estimate.dtype_bytes import param_bytes
-from dstoolkit.estimate.gemm import gemm_rate, projection_s
+from dstoolkit.estimate.gemm import LinearSeconds, gemm_rate, linear_s, projection_s
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.runplan import RunPlan
@@ -422,17 +422,17 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     recompute = 1.0
     if plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]:
         recompute = 4.0 / 3.0  # one more forward (2N of 6N): docs/anchors.md, "Full recompute"
-    # seconds per FLOP-per-weight-and-token of each GEMM role (6 = forward + backward, 2 = one more forward)
-    role: dict[str, float] = {}
+    # each GEMM role's forward and backward seconds (gemm.linear_s: every pass at its own shape)
+    role: dict[str, LinearSeconds] = {}
     # attention projections: (tok x h) @ (h x heads·d / t)
     up_share = 2.0 / 3.0 if shape.mlp_gated else 0.5  # gate + up of (gate, up, down); up of (up, down)
     if shape.is_mla:
-        role["attention"] = w.attention * tok / t / gemm_rate(gpu, prec, tok, h / t, h)
+        role["attention"] = linear_s(gpu, prec, w.attention * tok / t, tok, h / t, h)
     else:
         q, kv = shape.num_attention_heads * shape.head_size, shape.kv_heads * shape.head_size
         qkv_share = (q + 2 * kv) / (2 * q + 2 * kv)  # QKV h x (q + 2kv), output q x h
-        role["attention"] = (w.attention * tok / t * qkv_share / gemm_rate(gpu, prec, tok, (q + 2 * kv) / t, h)
-                             + w.attention * tok / t * (1 - qkv_share) / gemm_rate(gpu, prec, tok, h, q / t))
+        role["attention"] = (linear_s(gpu, prec, w.attention * tok / t * qkv_share, tok, (q + 2 * kv) / t, h)
+                             + linear_s(gpu, prec, w.attention * tok / t * (1 - qkv_share), tok, h, q / t))
     if w.dense_mlp:
         work = w.dense_mlp * tok / t
         role["mlp"] = projection_s(gpu, prec, work * up_share, work * (1 - up_share), tok,
@@ -448,14 +448,15 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         width = w.shared / ((3 if shape.mlp_gated else 2) * h)
         work = w.shared * tok / t
         role["shared_experts"] = projection_s(gpu, prec, work * up_share, work * (1 - up_share), tok, width / t, h)
-    s = 6 * sum(role.values()) * recompute
+    # forward + backward, and a recomputed block's forward once more (docs/anchors.md, "Full recompute")
+    s = sum(r.forward_s * (2.0 if recompute > 1.0 else 1.0) + r.backward_s for r in role.values())
     mods = set(plan.recompute_modules) if recompute == 1.0 else set()
     if mods:
         # Megatron --recompute-modules: each recomputed GEMM module runs its forward (2 FLOPs per weight and token)
         # once more in backward; "moe" recomputes the shared experts too
         if "moe" in mods:
             mods.add("shared_experts")
-        s += 2 * sum(v for name, v in role.items() if name in mods)
+        s += sum(r.forward_s for name, r in role.items() if name in mods)
         if "mla_up_proj" in mods and shape.is_mla:
             s += 2 * mla_up_proj_weights(shape) * tok / t / gemm_rate(gpu, prec, tok, h / t, shape.kv_lora_rank or h)
 

@@ -9,6 +9,7 @@ whole step keeps of the kernel rate (cluster_model.FRAMEWORK_EFFICIENCY) and the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from dstoolkit.hardware.table import GpuSpec
 
@@ -43,6 +44,17 @@ sweeps MAPE 9.3% -> 9.1%, within-group Spearman 0.416 -> 0.506, top-1 regret mea
 micro_batch x seq, and a narrow column-parallel output (h / tp) then leaves whole waves of SMs part-idle (A100,
 m 2048 x n 1792: 69% of the tile slots busy; m 8192: 96%), the micro-batch dependence the old smallest-dimension
 form could not have (it saw only h / tp)."""
+GEMM_BACKWARD_SHAPES = False
+"""Whether a linear's backward GEMMs run at their own shapes (linear_s) instead of at the forward's. For Y = X @ W
+with X (m x k), W (k x n): forward (m x k) @ (k x n); dgrad dX = dY @ W^T, (m x n) @ (n x k), reduction depth n;
+wgrad dW = X^T @ dY, (k x m) @ (m x n), reduction depth m, the micro batch's tokens (the chain rule of a matrix
+product; Megatron's ColumnParallelLinear / RowParallelLinear backward issues exactly these two GEMMs, Shoeybi et al.
+2019 §3). Off (shipped): backward = 2 x forward at the forward's shape. Issue 24, measured at 68149cc with the
+shipped constants: published runs MAPE 5.4% -> 6.1% in sample, 5.4% -> 6.3% leave one source out (refitted
+in-sample best moves to half-dim 512, the grid's edge), efficiency Spearman 0.961 -> 0.957: the wgrad's depth is
+the tokens, deep for the MPT 125M-3B rows, whose errors rise by 2-7 points (H100: +6 -> +12%); layout sweeps
+MAPE 11.7% -> 11.3%, mean within-group Spearman 0.536 -> 0.488, worst top-1 regret 15.5% -> 24.8% (at half-dim
+512: 10.2%, 0.588, 24.8%). It stays off; the switch stays for that comparison."""
 SMS_BY_COMPUTE_CAPABILITY = {"8.0": 108, "9.0": 132}
 """Streaming multiprocessors of the data-centre part of each generation: A100 108 SMs (NVIDIA A100 Tensor Core GPU
 Architecture whitepaper, 2020, "108 SMs"), H100 / H200 / H800 SXM 132 (NVIDIA H100 Tensor Core GPU Architecture
@@ -123,11 +135,35 @@ def gemm_rate(gpu: GpuSpec, precision: str, m: float, n: float, k: float, groups
             * precision_factor(precision, gpu))
 
 
+@dataclass(frozen=True)
+class LinearSeconds:
+    """Seconds of linear layers on one rank for one micro batch: one forward pass, and the backward (dgrad +
+    wgrad)."""
+
+    forward_s: float
+    backward_s: float
+
+    def __add__(self, other: "LinearSeconds") -> "LinearSeconds":
+        return LinearSeconds(self.forward_s + other.forward_s, self.backward_s + other.backward_s)
+
+
+def linear_s(gpu: GpuSpec, precision: str, work: float, m: float, n: float, k: float,
+             groups: int = 1) -> LinearSeconds:
+    """One linear Y = X @ W, X (m x k), W (k x n), `work` = its weights x tokens on the rank (2 FLOPs each per
+    GEMM): the forward at (m, n, k) and, with GEMM_BACKWARD_SHAPES, the dgrad at (m, k, n) and the wgrad at
+    (k, n, m) (gemm_rate's (rows, columns, depth) of the output and the reduction)."""
+    fwd = 2.0 * work / gemm_rate(gpu, precision, m, n, k, groups)
+    if not GEMM_BACKWARD_SHAPES:
+        return LinearSeconds(fwd, 2.0 * fwd)
+    return LinearSeconds(fwd, 2.0 * work / gemm_rate(gpu, precision, m, k, n, groups)
+                         + 2.0 * work / gemm_rate(gpu, precision, k, n, m, groups))
+
+
 def projection_s(gpu: GpuSpec, precision: str, work_in: float, work_out: float, m: float, n_in: float,
-                 h: float, groups: int = 1) -> float:
-    """Seconds of a block's in- and out-projections on one TP rank per FLOP per (weight x token): the in-projection
-    (QKV; gate + up) (m x h) @ (h x n_in), the out-projection (attention output; down) (m x n_in) @ (n_in x h)
-    (Megatron column- then row-parallel linears, Shoeybi et al. 2019 §3; n_in is already per TP rank). work_in /
-    work_out: their weights x tokens on the rank."""
-    return (work_in / gemm_rate(gpu, precision, m, n_in, h, groups)
-            + work_out / gemm_rate(gpu, precision, m, h, n_in, groups))
+                 h: float, groups: int = 1) -> LinearSeconds:
+    """A block's in- and out-projections on one TP rank (linear_s): the in-projection (QKV; gate + up)
+    (m x h) @ (h x n_in), the out-projection (attention output; down) (m x n_in) @ (n_in x h) (Megatron column-
+    then row-parallel linears, Shoeybi et al. 2019 §3; n_in is already per TP rank). work_in / work_out: their
+    weights x tokens on the rank."""
+    return (linear_s(gpu, precision, work_in, m, n_in, h, groups)
+            + linear_s(gpu, precision, work_out, m, h, n_in, groups))

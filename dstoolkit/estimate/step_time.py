@@ -15,7 +15,7 @@ from dstoolkit.estimate import comm as _comm
 from dstoolkit.estimate.comm import CommPlan, nccl_call_latency_s, op_time_s
 from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
 from dstoolkit.estimate.flops import FlopsPerToken
-from dstoolkit.estimate.gemm import gemm_rate
+from dstoolkit.estimate.gemm import linear_s
 from dstoolkit.hardware.calibration import peak_flops_per_rank
 from dstoolkit.runplan import RunPlan
 
@@ -199,7 +199,8 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     # Engine module, and the FP8 context wraps the transformer layers only (transformer_block.py); torchtitan's
     # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
     head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
-    head = 6 * v * h * tok / plan.tp / gemm_rate(plan.gpu, head_prec, tok, v / plan.tp, h)
+    one = linear_s(plan.gpu, head_prec, v * h * tok / plan.tp, tok, v / plan.tp, h)
+    head = one.forward_s + one.backward_s
     eff = cm.FRAMEWORK_EFFICIENCY
     # the host issues each block's kernels ahead of the GPU: a micro batch takes the longer of the two
     # (cluster_model.host_layer_s; binds for small models at small micro batches)

@@ -53,11 +53,37 @@ def test_gemm_shape_factor_by_generation_and_switch():
 def test_projections_run_at_their_own_shapes():
     # column-parallel in-projection (m x h) @ (h x n), row-parallel out-projection (m x n) @ (n x h)
     a100 = get_gpu("A100-80G")
-    got = gemm.projection_s(a100, "bf16", 3.0, 1.0, 2048, 1792, 14336)
-    want = 3.0 / gemm.gemm_rate(a100, "bf16", 2048, 1792, 14336) + 1.0 / gemm.gemm_rate(a100, "bf16", 2048, 14336, 1792)
+    got = gemm.projection_s(a100, "bf16", 3.0, 1.0, 2048, 1792, 14336).forward_s
+    want = 2 * (3.0 / gemm.gemm_rate(a100, "bf16", 2048, 1792, 14336)
+                + 1.0 / gemm.gemm_rate(a100, "bf16", 2048, 14336, 1792))
     assert got == pytest.approx(want, rel=1e-12)
     # the out-projection's short k (h / tp) falls off, the in-projection's narrow output wastes SM waves
     assert gemm.gemm_rate(a100, "bf16", 2048, 14336, 1792) == pytest.approx(
         312e12 * 0.87 * 1792 / (1792 + gemm.GEMM_HALF_DIM) * gemm.wave_utilisation(2048, 14336, 108), rel=1e-9)
     assert gemm.gemm_rate(a100, "bf16", 2048, 1792, 14336) == pytest.approx(
         312e12 * 0.87 * 14336 / (14336 + gemm.GEMM_HALF_DIM) * gemm.wave_utilisation(2048, 1792, 108), rel=1e-9)
+
+
+def test_linear_backward_passes_at_their_own_shapes():
+    # Y = X @ W, X (m x k), W (k x n): dgrad (m x n) @ (n x k), wgrad (k x m) @ (m x n); off: 2 x the forward
+    a100 = get_gpu("A100-80G")
+    m, n, k, work = 2048.0, 1792.0, 14336.0, 5.0
+    fwd = 2 * work / gemm.gemm_rate(a100, "bf16", m, n, k)
+    old = gemm.GEMM_BACKWARD_SHAPES
+    try:
+        gemm.GEMM_BACKWARD_SHAPES = True
+        on = gemm.linear_s(a100, "bf16", work, m, n, k)
+        assert on.forward_s == pytest.approx(fwd, rel=1e-12)
+        assert on.backward_s == pytest.approx(2 * work / gemm.gemm_rate(a100, "bf16", m, k, n)
+                                              + 2 * work / gemm.gemm_rate(a100, "bf16", k, n, m), rel=1e-12)
+        # the wgrad reduces over the tokens: a 4x larger micro batch is a deeper, faster wgrad per token
+        big = gemm.linear_s(a100, "bf16", 4 * work, 4 * m, n, k)
+        assert big.backward_s < 4 * on.backward_s and big.forward_s == pytest.approx(4 * on.forward_s, rel=0.05)
+        gemm.GEMM_BACKWARD_SHAPES = False
+        off = gemm.linear_s(a100, "bf16", work, m, n, k)
+        assert (off.forward_s, off.backward_s) == (pytest.approx(fwd, rel=1e-12), pytest.approx(2 * fwd, rel=1e-12))
+        both = gemm.projection_s(a100, "bf16", 3.0, 1.0, m, n, k)
+        assert both.forward_s == pytest.approx(gemm.linear_s(a100, "bf16", 3.0, m, n, k).forward_s
+                                               + gemm.linear_s(a100, "bf16", 1.0, m, k, n).forward_s, rel=1e-12)
+    finally:
+        gemm.GEMM_BACKWARD_SHAPES = old
