@@ -271,6 +271,36 @@ def attention_facts(model, parts: dict, text_cfg) -> None:
             rec["attention_width"] = layer_heads * hd
 
 
+def keyword_default(fn, name: str):
+    """The default of keyword `name` of function `fn`, or None. Looks through wrappers: functools.wraps chains, and
+    the nn.Module that transformers' hub-kernel decorator (`use_kernel_func_from_hub_with_fallback`, transformers
+    >= 5.25 with `kernels` installed) puts around the torch fallback, whose forward closes over the original."""
+
+    seen, todo = set(), [fn]
+    while todo:
+        f = todo.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        try:
+            param = inspect.signature(f).parameters.get(name)
+        except (TypeError, ValueError):
+            param = None
+        if param is not None and param.default is not inspect.Parameter.empty:
+            return param.default
+        todo.append(getattr(f, "__wrapped__", None))
+        forward = getattr(type(f), "forward", None) if not inspect.isfunction(f) else None
+        for fun in (f, forward):
+            for cell in (getattr(fun, "__closure__", None) or ()):
+                try:
+                    value = cell.cell_contents
+                except ValueError:
+                    continue
+                if callable(value):
+                    todo.append(value)
+    return None
+
+
 def scan_facts(model, parts: dict) -> None:
     """Per layer: the widths of its chunked scan or indexer, read from the built module's attributes (gated
     DeltaNet: num_v_heads / head_k_dim / head_v_dim and the chunk size its torch function defaults to; Mamba-2
@@ -288,10 +318,14 @@ def scan_facts(model, parts: dict) -> None:
             a = lambda *names: all(isinstance(getattr(m, n, None), int) for n in names)  # noqa: E731
             if a("num_v_heads", "head_k_dim", "head_v_dim"):
                 fn = getattr(sys.modules[type(m).__module__], "torch_chunk_gated_delta_rule", None)
-                chunk = inspect.signature(fn).parameters["chunk_size"].default if fn is not None else None
-                if isinstance(chunk, int):
-                    rec["scan"] = dict(kind="gated_delta", heads=m.num_v_heads, key_dim=m.head_k_dim,
-                                       value_dim=m.head_v_dim, chunk=chunk)
+                if fn is None:
+                    break
+                chunk = keyword_default(fn, "chunk_size")
+                if not isinstance(chunk, int):
+                    raise BuildError(f"{type(m).__name__} at {path}: cannot read the chunk size of "
+                                     f"torch_chunk_gated_delta_rule ({type(fn).__name__}); its scan FLOPs need it")
+                rec["scan"] = dict(kind="gated_delta", heads=m.num_v_heads, key_dim=m.head_k_dim,
+                                   value_dim=m.head_v_dim, chunk=chunk)
                 break
             if a("num_heads", "head_dim", "ssm_state_size", "chunk_size"):
                 rec["scan"] = dict(kind="mamba2_ssd", heads=m.num_heads, key_dim=m.ssm_state_size,

@@ -276,3 +276,34 @@ def test_routed_experts_without_a_top_k_name_the_keys_and_the_fix():
     msg = str(e.value)
     assert msg.startswith("layer 0 has 4 routed experts but the config gives no top-k")
     assert all(k in msg for k in MODEL_TOPK_KEYS) and '"num_experts_per_tok": 2' in msg
+
+
+def test_a_keyword_default_is_read_through_the_wrappers_transformers_puts_around_a_function():
+    """transformers 5.25 with `kernels` wraps torch_chunk_gated_delta_rule in an nn.Module whose signature is
+    (*args, **kwargs) and whose forward closes over the original: the chunk size must still come out (CI at
+    188f80b refused Qwen3-Next and Qwen3.5 with KeyError 'chunk_size')."""
+    import functools
+
+    import torch
+
+    from dstoolkit.models.module_tree import keyword_default
+
+    def rule(q, k, chunk_size: int = 48, flag=False):
+        return q
+
+    @functools.wraps(rule)
+    def wrapped(*args, **kwargs):
+        return rule(*args, **kwargs)
+
+    def module_around(func):
+        class Func(torch.nn.Module):
+            def forward(self, *args, **kwargs):
+                return func(*args, **kwargs)
+        return Func()
+
+    assert keyword_default(rule, "chunk_size") == 48
+    assert keyword_default(wrapped, "chunk_size") == 48
+    assert keyword_default(module_around(rule), "chunk_size") == 48
+    assert keyword_default(module_around(wrapped), "chunk_size") == 48
+    assert keyword_default(module_around(lambda *a, **k: None), "chunk_size") is None
+    assert keyword_default(rule, "q") is None
