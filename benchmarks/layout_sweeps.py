@@ -263,6 +263,57 @@ def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+CEILING_DRAWS = 4000
+CEILING_SEED = 0
+
+
+def repeat_sigma(pairs: list[dict[str, Any]]) -> Optional[float]:
+    """Log-normal noise sigma of one measurement from pairs of repeated timings (a_s, b_s) of one layout:
+    var(ln a - ln b) = 2 sigma^2, pooled over the pairs."""
+    if not pairs:
+        return None
+    return math.sqrt(sum(math.log(p["a_s"] / p["b_s"]) ** 2 for p in pairs) / (2 * len(pairs)))
+
+
+def noise_ceiling(times: list[float], sigma: float, draws: int = CEILING_DRAWS, seed: int = CEILING_SEED) -> Optional[float]:
+    """Mean Spearman between `times` and one re-measurement of each, times x exp(sigma z), z ~ N(0, 1), over
+    `draws` seeded draws: what a model that knew `times` exactly would score against a single noisy measurement
+    per layout. `times` are themselves measured (noisier than the truth, so more spread out), which makes this an
+    upper estimate of the ceiling."""
+    if len(times) < 3 or sigma is None:
+        return None
+    import random
+
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(draws):
+        total += harness.spearman(times, [t * math.exp(sigma * rng.gauss(0.0, 1.0)) for t in times])
+    return total / draws
+
+
+def ceilings(groups, rows_by_group, scores, doc, loso=None) -> dict[str, Any]:
+    """Per group of a source with repeated timings (doc['repeatability']): the noise ceiling of its Spearman; and
+    over those groups of >= 3 layouts the mean ceiling beside the model's mean Spearman (in sample, LOSO)."""
+    sig = {src: repeat_sigma(pairs) for src, pairs in (doc.get("repeatability") or {}).items()}
+    per, model, model_lo = {}, [], []
+    for g in groups:
+        sc = scores[g["id"]]
+        if g["source"] not in sig or sc["ran"] < 3 or sc["spearman"] is None:
+            continue
+        ran = [r for r in rows_by_group[g["id"]] if not r["oom"] and r.get("predicted_step_s") is not None]
+        per[g["id"]] = noise_ceiling([per_token(r["measured_step_s"], r) for r in ran], sig[g["source"]])
+        model.append(sc["spearman"])
+        lg = (loso or {}).get(g["id"], {}).get("score")
+        if lg and lg.get("spearman") is not None:
+            model_lo.append(lg["spearman"])
+    vals = [v for v in per.values() if v is not None]
+    return {"sigma_by_source": sig, "pairs_by_source": {k: len(v) for k, v in (doc.get("repeatability") or {}).items()},
+            "draws": CEILING_DRAWS, "seed": CEILING_SEED, "per_group": per, "groups": len(vals),
+            "mean_ceiling": sum(vals) / len(vals) if vals else None,
+            "mean_model_spearman": sum(model) / len(model) if model else None,
+            "mean_model_spearman_loso": sum(model_lo) / len(model_lo) if model_lo and len(model_lo) == len(model) else None}
+
+
 # --------------------------------------------------------------------------------------------------
 # LOSO
 # --------------------------------------------------------------------------------------------------
@@ -372,6 +423,16 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
         ["layouts that ran, predicted not to fit", str(s["false_oom"]), "", "0"],
         ["layouts reported OOM, predicted to fit", str(s["missed_oom"]), "", ""],
     ], ["figure", ("in sample", "r"), ("leave one source out", "r"), "goal"])
+    ce = s.get("noise_ceiling")
+    if ce and ce["groups"]:
+        sig = ", ".join(f"{k} {_pct(v)} from {ce['pairs_by_source'][k]} repeated timings" for k, v in ce["sigma_by_source"].items())
+        lines += ["", f"**Noise ceiling.** One measured iteration moves on its own (noise σ per measurement: {sig}; "
+                  "`repeatability` in the table). A model that knew every measured time exactly would score a mean "
+                  f"Spearman of {_sp(ce['mean_ceiling'])} against one such measurement per layout on the {ce['groups']} "
+                  f"groups of those sources ({ce['draws']} seeded draws, an upper estimate); the estimator scores "
+                  f"{_sp(ce['mean_model_spearman'])} in sample and {_sp(ce['mean_model_spearman_loso'])} out of source "
+                  "on the same groups."]
+    per_ceiling = (ce or {}).get("per_group") or {}
     lines += ["", "## Per group", ""]
     body = []
     for g in groups:
@@ -382,10 +443,11 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
             f"{sw.get('pick')}: " + (_pct(sw.get("regret")) if sw.get("regret") is not None else sw.get("why", "")))
         body.append([g["id"], g["source"], f"{sc['ran']} (+{sc['oom_rows']} OOM)", _pct(sc["mape"]),
                      _pct(lg["mape"]) if lg else "–", _sp(sc["spearman"]), _sp(lg["spearman"]) if lg else "–",
-                     _pct(sc["top1_regret"]), _pct(lg["top1_regret"]) if lg else "–", _marked(sc), _marked(lg),
+                     _sp(per_ceiling.get(g["id"])) if g["id"] in per_ceiling else "–", _pct(sc["top1_regret"]), _pct(lg["top1_regret"]) if lg else "–", _marked(sc), _marked(lg),
                      str(len(sc["refused"])), str(len(sc["false_oom"])), str(len(sc["missed_oom"])), swt])
     lines += render_markdown_table(body, ["group", "source", ("layouts", "r"), ("MAPE", "r"), ("MAPE loso", "r"),
-                                          ("Spearman", "r"), ("Spearman loso", "r"), ("regret", "r"),
+                                          ("Spearman", "r"), ("Spearman loso", "r"), ("noise ceiling", "r"),
+                                          ("regret", "r"),
                                           ("regret loso", "r"), ("marked: best in? / regret after", "r"),
                                           ("marked loso", "r"), ("refused", "r"), ("false OOM", "r"),
                                           ("missed OOM", "r"), "sweep's own pick"])
@@ -462,6 +524,11 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"eff Spearman in {_sp(po['spearman_eff_in_sample'])} out {_sp(po['spearman_eff_out_of_source'])}")
         for k, v in pub["ablation"].items():
             print(f"  {k}: OOS free {_pct(v['mape_out_of_source_free'])} pinned {_pct(v['mape_out_of_source_pinned'])}")
+    summary["noise_ceiling"] = ceilings(groups, rows_by_group, scores, doc,
+                                        {k: v for k, v in loso.items() if k != "_published_runs"} if loso else None)
+    nc = summary["noise_ceiling"]
+    print(f"noise ceiling: sigma {nc['sigma_by_source']}; mean Spearman ceiling {_sp(nc['mean_ceiling'])} over "
+          f"{nc['groups']} groups; model {_sp(nc['mean_model_spearman'])} (loso {_sp(nc['mean_model_spearman_loso'])})")
     env = harness.capture_env(world_size=1, config={"table": doc}, packages=("pyyaml", "pydantic"))
     run_id = harness.open_run(None, BENCH, env["config_hash"]).run_id
     jsonl = args.out / f"{BENCH}_{args.tag}.jsonl"
