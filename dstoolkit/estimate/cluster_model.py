@@ -131,7 +131,8 @@ and the flat partition)."""
 
 def layer_kernels(plan: RunPlan, i: int) -> int:
     """Kernels block i launches per micro batch (forward + backward + recompute), counted from its structure:
-    GEMMs (QKV fused in Megatron/TE stacks, q/k/v separate in eager-module stacks (sdpa); gated MLP 3, plain 2; MoE:
+    GEMMs (QKV fused in Megatron/TE stacks and in modules with one qkv weight (ModelShape.qkv_fused: GPT-2 c_attn),
+    q/k/v separate in other eager-module stacks (sdpa); gated MLP 3, plain 2; MoE:
     router + one grouped GEMM per expert matrix + shared experts), the attention core (flash/fused 1; eager
     QK^T, softmax, PV 3) and the elementwise ops (2 norms, 2 residual adds, the activation (+ the gate product),
     RoPE on q and k unless learned positions; MoE top-k, softmax, permute, unpermute). Backward runs two GEMMs per
@@ -140,7 +141,7 @@ def layer_kernels(plan: RunPlan, i: int) -> int:
     shape = plan.shape
     impl = plan.attention_kind
     gated = 3 if shape.mlp_gated else 2
-    gemm = 4 if impl == "sdpa" else 2
+    gemm = 4 if impl == "sdpa" and not shape.qkv_fused else 2
     elem = 2 + 2 + (2 if shape.mlp_gated else 1) + (0 if shape.learned_positions else 2)
     if shape.is_moe_layer(i) and shape.num_experts:
         gemm += 1 + gated + (gated if (shape.num_shared_experts or shape.shared_expert_intermediate_size) else 0)
@@ -156,11 +157,11 @@ def layer_kernels(plan: RunPlan, i: int) -> int:
 
 def layer_param_tensors(plan: RunPlan, i: int) -> int:
     """Parameter tensors of block i on one rank, counted from its structure: the projection weights as
-    layer_kernels counts its forward GEMMs (q/k/v separate in eager-module stacks), their biases, the norms
-    (weight, + bias for LayerNorm; + q/k norms) and, in an MoE block, the router and each local expert's matrices.
+    layer_kernels counts its forward GEMMs (q/k/v separate in eager-module stacks unless qkv_fused), their biases,
+    the norms (weight, + bias for LayerNorm; + q/k norms) and, in an MoE block, the router and each local expert's matrices.
     DeepSpeed's ZeRO-2 hooks and ZeRO-3 gathers run once per tensor (HOST_S_PER_PARAM_TENSOR)."""
     shape = plan.shape
-    sep = plan.attention_kind == "sdpa"
+    sep = plan.attention_kind == "sdpa" and not shape.qkv_fused
     gated = 3 if shape.mlp_gated else 2
     n = (4 if sep else 2) + (((3 if sep else 1) if shape.attention_bias else 0) + (1 if shape.o_proj_bias else 0))
     norm = 2 if shape.norm_type == "layernorm" else 1

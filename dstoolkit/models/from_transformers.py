@@ -276,6 +276,10 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     )
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
+    qkv_width = (heads + 2 * kv) * head_dim
+    if any(g.role == "attention" and g.layers and g.in_features == h and g.out_features == qkv_width
+           for g in m.linear_layers()):
+        kw["qkv_fused"] = True  # one projection makes q, k and v (GPT-NeoX query_key_value, Falcon, Phi-3 qkv_proj)
     moe = [l for l in m.layers if l.is_moe]
     if moe:
         each = max(l.expert_params_each for l in moe)

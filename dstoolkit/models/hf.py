@@ -228,7 +228,7 @@ def _gpt2(d: dict, fam: Family) -> dict:
         max_position_embeddings=pick("n_positions", "max_position_embeddings"),
         learned_positions=True,
         tie_word_embeddings=_bool(d, "tie_word_embeddings", True),
-        attention_bias=True, o_proj_bias=True, mlp_bias=True, mlp_gated=False, norm_type="layernorm",
+        attention_bias=True, o_proj_bias=True, mlp_bias=True, mlp_gated=False, norm_type="layernorm", qkv_fused=True,
         hidden_act=str(d.get("activation_function", "gelu_new")),
     )
 

@@ -56,6 +56,10 @@ class ModelShape(BaseModel):
     """FFN activation as HF names it (silu for SwiGLU models, gelu_new for GPT-2)."""
     qk_norm: bool = False
     """Qwen3: per-head RMSNorm (width head_dim) on q and k inside attention."""
+    qkv_fused: bool = False
+    """q, k and v projected by one weight tensor (GPT-2's `c_attn` Conv1D, transformers GPT2Attention); False: the
+    separate q_proj / k_proj / v_proj of Llama-style modules. Counts the block's GEMM launches and parameter tensors
+    (estimate.cluster_model.layer_kernels / layer_param_tensors), not its parameters."""
 
     # --- Mixture of experts (0 experts = dense) ---
     num_experts: int = Field(default=0, ge=0)

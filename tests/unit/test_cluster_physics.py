@@ -189,6 +189,40 @@ def test_layer_param_tensors_counted_from_the_block_structure():
     assert cm.layer_param_tensors(moe, 0) == 2 + 2 + 1 + 24
 
 
+def test_gpt2_block_counts_one_qkv_tensor():
+    import dstoolkit.estimate.cluster_model as cm
+    from dstoolkit.models.hf import shape_from_hf_dict
+
+    shape = shape_from_hf_dict({"model_type": "gpt2", "n_embd": 1024, "n_layer": 16, "n_head": 16, "vocab_size": 50257,
+                                "n_positions": 1024})
+    assert shape.qkv_fused
+    plan = _small(1).model_copy(update={"shape": shape})
+    # transformers GPT2Block: c_attn, c_proj, c_fc, mlp.c_proj, each with a bias, + ln_1 and ln_2 (weight, bias);
+    # benchmarks/host_overhead.py counts 12 on the built block
+    assert cm.layer_param_tensors(plan, 0) == 12
+    # forward GEMMs c_attn, c_proj, c_fc, c_proj = 4 (a Llama block under sdpa: q, k, v, o + gate, up, down = 7)
+    llama = _small(1)
+    fwd_gemm_llama, fwd_gemm_gpt2 = 7, 4
+    # every forward GEMM launches 3 kernels per micro batch (forward, data and weight gradient)
+    gemm_diff = 3 * (fwd_gemm_llama - fwd_gemm_gpt2)
+    # elementwise ops: Llama 2 norms + 2 adds + SiLU and gate product + RoPE on q and k = 8; GPT-2 without RoPE and
+    # the gate product: 5; each runs once forward and once backward
+    elem_diff = 2 * (8 - 5)
+    assert cm.layer_kernels(llama, 0) - cm.layer_kernels(plan, 0) == gemm_diff + elem_diff
+
+
+def test_transformers_built_fused_qkv_is_read_from_the_module_tree():
+    pytest.importorskip("transformers")
+    from dstoolkit.models.hf import shape_from_transformers
+
+    neox = shape_from_transformers({"model_type": "gpt_neox", "hidden_size": 256, "num_hidden_layers": 2,
+                                    "num_attention_heads": 4, "intermediate_size": 1024, "vocab_size": 1000})
+    assert neox.qkv_fused  # gpt_neox.layers.{i}.attention.query_key_value: 256 -> 768
+    llama = shape_from_transformers({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+                                     "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000})
+    assert not llama.qkv_fused  # q_proj, k_proj, v_proj
+
+
 def test_host_floor_binds_at_small_micro_batches_only():
     import dstoolkit.estimate.cluster_model as cm
     from dstoolkit.estimate.step_time import gpu_compute_s
