@@ -159,12 +159,17 @@ def per_token(step_s: float, row: dict[str, Any]) -> float:
     return step_s / row["tokens_per_step"]
 
 
+def candidates(ran: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The layouts a planner would choose among: those estimated to fit, or all that ran when none is."""
+    return [r for r in ran if r.get("fits")] or ran
+
+
 def marked_undecided(ran: list[dict[str, Any]], key: str = "predicted_step_s",
                      error: float = GPU_OUT_OF_SOURCE_ERROR) -> dict[str, Any]:
     """What `sweep` / `generate` would mark over these measured layouts: the ones estimated to fit whose estimated
     time per token lies within `error` of the fastest estimate (generate.undecided.within_error), whether the
     measured best is among them, and the regret left once they are all measured."""
-    fitting = [r for r in ran if r.get("fits")] or ran
+    fitting = candidates(ran)
     if not fitting:
         return {"marked": [], "best_marked": None, "regret_after_measuring": None}
     marked = [fitting[i] for i in within_error([per_token(r[key], r) for r in fitting], error)]
@@ -183,7 +188,7 @@ def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> di
     if len(ran) >= 2:
         v = harness.spearman([per_token(r["measured_step_s"], r) for r in ran], [per_token(r[key], r) for r in ran])
         sp = None if isinstance(v, float) and math.isnan(v) else v
-    fitting = [r for r in ran if r.get("fits")] or ran
+    fitting = candidates(ran)
     best = min(per_token(r["measured_step_s"], r) for r in ran) if ran else None
     pick = min(fitting, key=lambda r: per_token(r[key], r)) if fitting else None
     return {
