@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from dstoolkit.estimate.cluster_model import ep_a2a_layer_bytes, ep_a2a_split, moe_layers_per_stage, resolved_overlap
 from dstoolkit.estimate.layout import param_layout
-from dstoolkit.estimate.memory import param_bytes, rank_param_groups, zero_group_sizes
+from dstoolkit.estimate.memory import optimizer_path, param_bytes, rank_param_groups, zero_group_sizes
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.runplan import RunPlan
 
@@ -213,6 +213,16 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
             dp_lay.concurrent_groups, per_node=dp_lay.ranks_per_node)
         add("dp_all_reduce_experts", "all_reduce", expert * pb, edp, edp_cross,
             math.ceil(expert / bucket) if expert else 0, grad_overlap, edp_lay.concurrent_groups, per_node=edp_lay.ranks_per_node)
+        if optimizer_path(plan) == "bf16_optimizer":
+            # BF16_Optimizer partitions the fp32 master over DP (its "ZeRO-1 equivalent") and after the step
+            # all-gathers the updated low-precision parameters (bf16_optimizer.py update_lp_params ->
+            # runtime/utils.py all_gather_dp_groups): Ψ more, after the step, exposed
+            agb = max(1, ds.allgather_bucket_size)
+            add("bf16_optimizer_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), False,
+                dp_lay.concurrent_groups, per_node=dp_lay.ranks_per_node)
+            add("bf16_optimizer_all_gather_experts", "all_gather", expert * pb, edp, edp_cross,
+                math.ceil(expert / agb) if expert else 0, False, edp_lay.concurrent_groups,
+                per_node=edp_lay.ranks_per_node)
     elif stage in (1, 2):
         # Gradient reduction + all-gather of updated parameters. ZeRO §7 (view="paper"): reduce-scatter, 2Ψ in
         # all. DeepSpeed 0.19.8 (view="deepspeed"): an all-reduce per bucket by default (zero12_grad_collective),

@@ -122,7 +122,9 @@ def zero_group_sizes(plan: RunPlan) -> tuple[int, int]:
     return plan.dp * shards, plan.edp * shards
 
 
-def _optimizer_path(plan: RunPlan) -> str:
+def optimizer_path(plan: RunPlan) -> str:
+    """The DeepSpeed class that holds the plan's optimizer states (ModelStates.optimizer_path), as DeepSpeed
+    0.19.8's engine picks it (engine.py _do_optimizer_sanity_check / _configure_optimizer)."""
     ds = plan.ds
     p = plan.precision
     lowp = p in ("bf16", "fp16", "fp8")
@@ -226,7 +228,7 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
     sb = optimizer_state_bytes_per_param(ds.optimizer_type)
     groups = rank_param_groups(plan)
     group_dp = list(zero_group_sizes(plan))[:len(groups)]
-    path = _optimizer_path(plan)
+    path = optimizer_path(plan)
     ms = ModelStates(optimizer_path=path)
     largest = max((n for g in groups for n in g), default=0)
     raw = sum(sum(g) for g in groups)
@@ -257,15 +259,18 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
         return ms
 
     if path == "bf16_optimizer":
+        # bf16_optimizer.py: fp32_groups_gradients_flat is a full-size buffer of grad_acc_dtype
+        # (`torch.zeros_like(bf16_groups_flat[i], dtype=self.grad_acc_dtype)`), which the engine passes as
+        # data_types.grad_accum_dtype, else the model dtype (engine.get_data_types): fp32 only when asked for
+        acc = FP32_BYTES if ds.grad_accum_dtype in ("fp32", "float32", "float") else pb
         for g, dp in zip(groups, group_dp):
             padded = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp)
             part = padded // dp
             ms.params += padded * pb
             ms.master_params += part * FP32_BYTES
             ms.optimizer_states += part * sb
-            # bf16_optimizer.py: fp32_groups_gradients_flat is a full-size fp32 buffer (grad_acc_dtype)
-            ms.grads_at_step += padded * FP32_BYTES
-            ms.grads_persistent += padded * FP32_BYTES  # allocated in __init__, kept
+            ms.grads_at_step += padded * acc
+            ms.grads_persistent += padded * acc  # allocated in __init__, kept
         if not ds.bf16_immediate_grad_update:
             # backward_epilogue(clear_lp_grads=False): the bf16 .grad tensors live until clear_lp_grads() at the
             # end of step() (bf16.immediate_grad_update=false, the default)

@@ -117,6 +117,8 @@ def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
     mp = _mixed_precision(spec)
     if mp == "bf16":
         cfg["bf16"] = {"enabled": AUTO}
+        if spec.training.grad_accum_dtype:  # not a TrainingArguments field: DeepSpeed reads it from this file
+            cfg["data_types"] = {"grad_accum_dtype": spec.training.grad_accum_dtype}
     elif mp == "fp16":
         cfg["fp16"] = {"enabled": AUTO, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}

@@ -258,6 +258,10 @@ class TrainingSpec(ClusterModelFields):
     """Expert-parallel degree (MoE only)."""
     zero_stage: Union[Literal[0, 1, 2, 3], Auto] = "auto"
     """ZeRO stage."""
+    grad_accum_dtype: Optional[Literal["fp32"]] = None
+    """Accumulate gradients in fp32 under bf16 / fp8 (DeepSpeed `data_types.grad_accum_dtype`); None: in the model
+    dtype, DeepSpeed's default. With it DeepSpeed runs BF16_Optimizer at ZeRO 0 and at ZeRO 1 without offload
+    (engine.py _do_optimizer_sanity_check): a full-size fp32 gradient buffer beside the bf16 parameters."""
     offload: bool = False
     """Whether CPU offload of optimizer (and at stage 3 parameters) may be used."""
     zeropp: bool = False
@@ -307,6 +311,18 @@ class TrainingSpec(ClusterModelFields):
                 f"checkpoint_ratio={self.checkpoint_ratio} is only used with activation_checkpointing='ratio' "
                 f"(training.activation_checkpointing={self.activation_checkpointing!r})",
                 "set activation_checkpointing: ratio, or remove checkpoint_ratio",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_grad_accum_dtype(self) -> "TrainingSpec":
+        if self.grad_accum_dtype is not None and self.precision not in ("bf16", "fp8"):
+            raise SpecFieldError(
+                ("grad_accum_dtype",),
+                f"grad_accum_dtype={self.grad_accum_dtype!r} needs precision bf16 or fp8, not "
+                f"{self.precision!r} (fp32 training accumulates in fp32 already; DeepSpeed refuses fp16 with fp32 "
+                "accumulation at ZeRO 0: engine.py 'unsupported mix of model_dtype and grad_accum_dtype')",
+                "remove grad_accum_dtype, or set precision: bf16",
             )
         return self
 

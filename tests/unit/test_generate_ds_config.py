@@ -112,3 +112,44 @@ def test_cpu_spec_avoids_fused_adam_but_offload_keeps_cpu_adam(repo_root):
     assert "torch_adam" not in by_name["zero2-offload"]["optimizer"]["params"]
     assert by_name["zero2-offload"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert by_name["zero3-offload"]["zero_optimization"]["offload_param"]["device"] == "cpu"
+
+
+
+def test_fp32_gradient_accumulation_reaches_both_deepspeed_files(repo_root, tmp_path):
+    from dstoolkit.generate.core import generate
+    from dstoolkit.models.params import count_params
+
+    def shape_params(shape):
+        return count_params(shape).total
+
+    text = (repo_root / "ds_configs" / "tiny_cpu.yaml").read_text(encoding="utf-8")
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(text.replace("  offload: true", "  grad_accum_dtype: fp32\n  offload: true"), encoding="utf-8")
+    spec, shape = load_spec_and_shape(spec_path)
+    assert spec.training.grad_accum_dtype == "fp32"
+    res = generate(spec, shape, strategies=["zero1"], targets=("deepspeed", "hf"))
+    (o,) = res.generated
+    for name in ("ds_config.json", "ds_config_hf.json"):
+        cfg = json.loads(o.files[name])
+        assert cfg["data_types"] == {"grad_accum_dtype": "fp32"}, name
+    # bf16 + fp32 accumulation at ZeRO 1 without offload: DeepSpeed runs BF16_Optimizer, whose full-size fp32
+    # gradient buffer (4 bytes per parameter) the estimate holds beside the bf16 .grad tensors (2): 6 bytes per
+    # parameter, where ZeRO-1 without it holds the bf16 gradients and a 1/dp fp32 partition (2 + 4 / 2 ranks)
+    base_spec, _ = load_spec_and_shape(repo_root / "ds_configs" / "tiny_cpu.yaml")
+    (base,) = generate(base_spec, shape, strategies=["zero1"]).generated
+    n = shape_params(shape)
+    grads, base_grads = (x.chosen.estimate.memory_breakdown_bytes["grads"] for x in (o, base))
+    assert abs(grads - 6 * n) <= 0.001 * 6 * n and abs(base_grads - 4 * n) <= 0.001 * 4 * n
+
+
+def test_fp32_gradient_accumulation_needs_a_16_bit_precision(repo_root, tmp_path):
+    from dstoolkit.generate.io import SpecLoadError
+
+    text = (repo_root / "ds_configs" / "tiny_cpu.yaml").read_text(encoding="utf-8")
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(text.replace("  precision: bf16", "  precision: fp16\n  grad_accum_dtype: fp32"),
+                         encoding="utf-8")
+    with pytest.raises(SpecLoadError) as exc:
+        load_spec_and_shape(spec_path)
+    msg = str(exc.value)
+    assert "training.grad_accum_dtype" in msg and "not 'fp16'" in msg and "set precision: bf16" in msg

@@ -1,0 +1,41 @@
+"""DeepSpeed's BF16_Optimizer as the estimator prices it (stage 0 + bf16 with pipeline parallelism, or with fp32
+gradient accumulation): its gradient buffer is of data_types.grad_accum_dtype, and it all-gathers the updated
+parameters over data parallelism after the step (DeepSpeed 0.19.8 runtime/bf16_optimizer.py)."""
+from dstoolkit.estimate.comm import comm_plan
+from dstoolkit.estimate.memory import deepspeed_model_states, optimizer_path
+from dstoolkit.hardware.table import get_gpu
+from dstoolkit.models import get_preset
+from dstoolkit.runplan import RunPlan
+
+
+def _plan(stage=0, pp=2, precision="bf16", grad_accum_dtype=None):
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8, "zero_optimization": {"stage": stage},
+          "optimizer": {"type": "AdamW"}}
+    if precision == "bf16":
+        ds["bf16"] = {"enabled": True}
+    if grad_accum_dtype:
+        ds["data_types"] = {"grad_accum_dtype": grad_accum_dtype}
+    return RunPlan(shape=get_preset("llama-3-8b"), ds_config=ds, world_size=16, gpus_per_node=8,
+                   gpu=get_gpu("A100-80G"), seq_len=2048, tp=2, pp=pp, precision=precision)
+
+
+def test_gradient_buffer_has_the_accumulation_dtype():
+    bf16 = deepspeed_model_states(_plan())
+    fp32 = deepspeed_model_states(_plan(grad_accum_dtype="fp32"))
+    assert optimizer_path(_plan()) == optimizer_path(_plan(grad_accum_dtype="fp32")) == "bf16_optimizer"
+    # the persistent buffer is the padded flat group: 2 bytes per element by default, 4 with fp32 accumulation
+    # (engine.get_data_types: grad_accum_dtype defaults to the model dtype)
+    assert fp32.grads_persistent == 2 * bf16.grads_persistent
+    assert bf16.grads_persistent == bf16.params  # bf16 params and a bf16 buffer of the same padded groups
+
+
+def test_updated_parameters_are_all_gathered_after_the_step():
+    plan = _plan()
+    ops = {op.name: op for op in comm_plan(plan).ops}
+    gather = ops["bf16_optimizer_all_gather"]
+    # Ψ of the rank's dense parameters in bf16, the same bytes the gradient all-reduce moves, and not overlapped
+    assert gather.bytes == ops["dp_all_reduce"].bytes
+    assert gather.group_size == plan.dp and not gather.overlappable
+    # stage 0 without BF16_Optimizer (fp32: the basic path) gathers nothing
+    assert optimizer_path(_plan(precision="fp32")) == "basic"
+    assert "bf16_optimizer_all_gather" not in {op.name for op in comm_plan(_plan(precision="fp32")).ops}
