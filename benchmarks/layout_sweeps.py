@@ -89,11 +89,12 @@ def group_runs(doc: dict[str, Any], published: dict[str, Any]) -> list[dict[str,
             runs.append({
                 "id": rid, "source": g["source"], "model_name": g["id"], "model": g["model"], "gpu": common["gpu"],
                 "nodes": common["nodes"], "gpus_per_node": common["gpus_per_node"],
-                "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": common["zero_stage"]},
-                "execution": common.get("execution") or {}, "micro_batch": r["micro_batch"],
+                "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": g.get("zero_stage", common["zero_stage"])},
+                "execution": {**(common.get("execution") or {}), **(g.get("execution") or {})},
+                "micro_batch": r["micro_batch"],
                 "global_batch": r["global_batch"], "seq_len": common["seq_len"], "precision": g["precision"],
                 "recompute": r.get("recompute", common["recompute"]), "text": r["text"],
-                "oom": bool(r.get("oom")), "measured_step_s": r.get("sec_per_iter"),
+                "oom": bool(r.get("oom")), "measured_step_s": r.get("sec_per_iter"), "measured_mem_gb": r.get("mem_gb"),
             })
         out.append({"id": g["id"], "source": g["source"], "where": g["where"], "runs": runs})
     by_id = {r["id"]: r for r in published["runs"]}
@@ -132,8 +133,8 @@ def estimate_row(run: dict[str, Any], spec_path: pathlib.Path) -> dict[str, Any]
     from dstoolkit.hardware.table import GpuSpec, get_gpu
 
     plan, err = fit.plan_for_spec(spec_path)
-    row = {k: run[k] for k in ("id", "source", "micro_batch", "global_batch", "seq_len", "precision", "recompute",
-                               "oom", "measured_step_s", "text")}
+    row = {k: run.get(k) for k in ("id", "source", "micro_batch", "global_batch", "seq_len", "precision", "recompute",
+                                   "oom", "measured_step_s", "measured_mem_gb", "text")}
     row["layout"] = {"tp": run["layout"].get("tp", 1), "pp": run["layout"].get("pp", 1),
                      "dp": pr.gpus(run) // (run["layout"].get("tp", 1) * run["layout"].get("pp", 1)
                                            * int(run["layout"].get("cp") or 1)),
@@ -146,7 +147,9 @@ def estimate_row(run: dict[str, Any], spec_path: pathlib.Path) -> dict[str, Any]
     est = estimate_run(plan)
     gpu = run["gpu"]
     row.update(refused=None, predicted_step_s=float(est.step_time_s), fits=bool(est.fits),
-               memory_gib=est.memory.total / 2**30, flops_per_token=float(est.flops_per_token),
+               memory_gib=est.memory.total / 2**30, sum_of_parts_gib=est.memory.sum_of_parts_bytes / 2**30,
+               allowance_gib=est.memory.allowance_bytes / 2**30, device_gib=plan.gpu.memory_bytes / 2**30,
+               flops_per_token=float(est.flops_per_token),
                peak_flops=get_gpu(GpuSpec.model_validate(gpu) if isinstance(gpu, dict) else gpu).peak_bf16_flops,
                layout_kept=(plan.tp, plan.pp, plan.dp, plan.ds.micro_batch) == (
                    row["layout"]["tp"], row["layout"]["pp"], row["layout"]["dp"], run["micro_batch"]),
@@ -266,6 +269,29 @@ def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "false_oom": sum(len(s["false_oom"]) for s in scores.values()),
         "missed_oom": sum(len(s["missed_oom"]) for s in scores.values()),
     }
+
+
+def memory_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The estimate against the device memory a source reports per run (`mem_gb`: nvidia-smi's figure, the CUDA
+    context and what the caching allocator holds; read as GiB, nvidia-smi's MiB / 1024). Two estimates beside it:
+    the peak of the phase timeline + the allowance (what `fits` tests), and every category at its own maximum + the
+    allowance (sum of parts: what a caching allocator that reuses no block across phases would hold). Reported,
+    not fitted. OOM rows: how many each estimate puts over the device."""
+    have = [r for r in rows if r.get("measured_mem_gb") and r.get("memory_gib") is not None and not r["oom"]]
+    out: dict[str, Any] = {"rows": len(have)}
+    for key, col in (("peak", "memory_gib"), ("sum_of_parts", "sum_of_parts_gib")):
+        ratios = sorted(r["measured_mem_gb"] / (r[col] + r["allowance_gib"]) for r in have)
+        errs = [abs((r[col] + r["allowance_gib"]) / r["measured_mem_gb"] - 1.0) for r in have]
+        out[key] = {"median_measured_over_estimate": ratios[len(ratios) // 2] if ratios else None,
+                    "min_ratio": ratios[0] if ratios else None, "max_ratio": ratios[-1] if ratios else None,
+                    "mape": sum(errs) / len(errs) if errs else None}
+    oom = [r for r in rows if r["oom"] and r.get("memory_gib") is not None]
+    out["oom_rows"] = len(oom)
+    out["oom_over_device_peak"] = sum(1 for r in oom if r["memory_gib"] + r["allowance_gib"] > r["device_gib"])
+    out["oom_over_device_sum_of_parts"] = sum(1 for r in oom if r["sum_of_parts_gib"] + r["allowance_gib"] > r["device_gib"])
+    ran = [r for r in rows if not r["oom"] and r.get("memory_gib") is not None]
+    out["ran_over_device_sum_of_parts"] = sum(1 for r in ran if r["sum_of_parts_gib"] + r["allowance_gib"] > r["device_gib"])
+    return out
 
 
 CEILING_DRAWS = 4000
@@ -470,6 +496,33 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
                          r["global_batch"], meas, pred, err, fits])
     lines += render_markdown_table(body, ["group", "layout", ("mb", "r"), ("gbs", "r"), ("measured µs/token", "r"),
                                           ("predicted µs/token", "r"), ("error", "r"), "memory"])
+    mv = s.get("memory_vs_reported")
+    if mv and mv["rows"]:
+        pk, sp = mv["peak"], mv["sum_of_parts"]
+        lines += ["", "## Device memory vs what the source reports", "",
+                  f"{mv['rows']} layouts that ran report their device memory (`mem_gb`, nvidia-smi: the CUDA context and "
+                  "what PyTorch's caching allocator holds, not the allocated peak). Measured ÷ (estimated peak + "
+                  f"allowance, what `fits` tests): median {pk['median_measured_over_estimate']:.2f}, range "
+                  f"{pk['min_ratio']:.2f}-{pk['max_ratio']:.2f} (MAPE {_pct(pk['mape'])}); measured ÷ (sum of parts + "
+                  f"allowance, each category at its own maximum): median {sp['median_measured_over_estimate']:.2f}, "
+                  f"range {sp['min_ratio']:.2f}-{sp['max_ratio']:.2f} (MAPE {_pct(sp['mape'])}). Of the "
+                  f"{mv['oom_rows']} layouts reported out of memory, the peak puts {mv['oom_over_device_peak']} over the "
+                  f"device and the sum of parts {mv['oom_over_device_sum_of_parts']}; the sum of parts puts "
+                  f"{mv['ran_over_device_sum_of_parts']} of the layouts that ran over it. Reported, not fitted: "
+                  "`fits` stays the peak's.", ""]
+        body = []
+        for g in groups:
+            for r in rows_by_group[g["id"]]:
+                if r.get("memory_gib") is None or not (r.get("measured_mem_gb") or r["oom"]):
+                    continue
+                lay = r["layout"]
+                body.append([g["id"], f"tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} z{lay['zero_stage']}", r["micro_batch"],
+                             "OOM" if r["oom"] else f"{r['measured_mem_gb']:g}",
+                             f"{r['memory_gib'] + r['allowance_gib']:.1f}", f"{r['sum_of_parts_gib'] + r['allowance_gib']:.1f}",
+                             f"{r['device_gib']:.0f}"])
+        lines += render_markdown_table(body, ["group", "layout", ("mb", "r"), ("reported GiB", "r"),
+                                              ("peak + allowance GiB", "r"), ("sum of parts + allowance GiB", "r"),
+                                              ("device GiB", "r")])
     if pub:
         lines += [""] + fit.render_loso_md(pub["loso"], "Leave one source out on published_runs.yaml (same grid)")
         lines += fit.render_ablation_md(pub["ablation"])
@@ -481,7 +534,7 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
         n = sum(len(rows_by_group[g["id"]]) for g in groups if g["source"] == key or
                 (key == "published_runs" and g["where"].startswith("published_runs")))
         lines.append(f"- **{key}** ({n} rows): {src['title']}, <{src['url']}>, {src['where']}. {src.get('cluster', '')} "
-                     f"Provenance: {src['verification']}")
+                     f"{('Memory: ' + src['memory'] + '. ') if src.get('memory') else ''}Provenance: {src['verification']}")
     for key, com in (doc.get("common") or {}).items():
         lines += [f"- {key} assumed: " + "; ".join(com.get("assumed") or []),
                   f"- {key} inexpressible: " + "; ".join(com.get("inexpressible") or [])]
@@ -529,6 +582,11 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"eff Spearman in {_sp(po['spearman_eff_in_sample'])} out {_sp(po['spearman_eff_out_of_source'])}")
         for k, v in pub["ablation"].items():
             print(f"  {k}: OOS free {_pct(v['mape_out_of_source_free'])} pinned {_pct(v['mape_out_of_source_pinned'])}")
+    summary["memory_vs_reported"] = memory_check([r for g in groups for r in rows_by_group[g["id"]]])
+    mv = summary["memory_vs_reported"]
+    print(f"memory vs reported ({mv['rows']} rows): measured / (peak + allowance) median "
+          f"{mv['peak']['median_measured_over_estimate']}, / (sum of parts + allowance) "
+          f"{mv['sum_of_parts']['median_measured_over_estimate']}")
     summary["noise_ceiling"] = ceilings(groups, rows_by_group, scores, doc,
                                         {k: v for k, v in loso.items() if k != "_published_runs"} if loso else None)
     nc = summary["noise_ceiling"]

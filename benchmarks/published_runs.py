@@ -113,9 +113,11 @@ def spec_for(run: dict[str, Any]) -> dict[str, Any]:
 
 
 EXECUTION_KEYS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
-                  "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl", "loss_impl")
+                  "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl", "loss_impl",
+                  "grad_accum_dtype")
 """What a row's execution: mapping may set (facts of how the run was made: its framework, the overlap flags its
-recipe turns on, its pipeline schedule, its attention and loss kernels); never fitted values."""
+recipe turns on, its pipeline schedule, its attention and loss kernels, its gradient accumulation dtype); never fitted
+values."""
 
 
 def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +146,8 @@ def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
         out["attention_impl"] = ex["attention_impl"]
     if ex.get("loss_impl") is not None:
         out["loss_impl"] = ex["loss_impl"]
+    if ex.get("grad_accum_dtype") is not None:
+        out["grad_accum_dtype"] = ex["grad_accum_dtype"]
     return out
 
 

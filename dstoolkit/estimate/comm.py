@@ -213,7 +213,7 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
             dp_lay.concurrent_groups, per_node=dp_lay.ranks_per_node)
         add("dp_all_reduce_experts", "all_reduce", expert * pb, edp, edp_cross,
             math.ceil(expert / bucket) if expert else 0, grad_overlap, edp_lay.concurrent_groups, per_node=edp_lay.ranks_per_node)
-        if optimizer_path(plan) == "bf16_optimizer":
+        if plan.framework == "deepspeed" and optimizer_path(plan) == "bf16_optimizer":
             # BF16_Optimizer partitions the fp32 master over DP (its "ZeRO-1 equivalent") and after the step
             # all-gathers the updated low-precision parameters (bf16_optimizer.py update_lp_params ->
             # runtime/utils.py all_gather_dp_groups): Ψ more, after the step, exposed

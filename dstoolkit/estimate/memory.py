@@ -261,8 +261,12 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
     if path == "bf16_optimizer":
         # bf16_optimizer.py: fp32_groups_gradients_flat is a full-size buffer of grad_acc_dtype
         # (`torch.zeros_like(bf16_groups_flat[i], dtype=self.grad_acc_dtype)`), which the engine passes as
-        # data_types.grad_accum_dtype, else the model dtype (engine.get_data_types): fp32 only when asked for
-        acc = FP32_BYTES if ds.grad_accum_dtype in ("fp32", "float32", "float") else pb
+        # data_types.grad_accum_dtype, else the model dtype (engine.get_data_types): fp32 only when asked for.
+        # Megatron-LM (this path's stand-in for its non-distributed optimizer) always accumulates bf16 gradients
+        # in an fp32 main_grad buffer (arguments.py: "bfloat16 requires gradient accumulation and all-reduce to be
+        # done in fp32", accumulate_allreduce_grads_in_fp32 forced on)
+        fp32_acc = ds.grad_accum_dtype in ("fp32", "float32", "float") or plan.framework != "deepspeed"
+        acc = FP32_BYTES if fp32_acc else pb
         for g, dp in zip(groups, group_dp):
             padded = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp)
             part = padded // dp

@@ -39,3 +39,11 @@ def test_updated_parameters_are_all_gathered_after_the_step():
     # stage 0 without BF16_Optimizer (fp32: the basic path) gathers nothing
     assert optimizer_path(_plan(precision="fp32")) == "basic"
     assert "bf16_optimizer_all_gather" not in {op.name for op in comm_plan(_plan(precision="fp32")).ops}
+
+
+def test_megatron_keeps_its_fp32_main_grad_buffer():
+    # Megatron-LM forces accumulate_allreduce_grads_in_fp32 under bf16 (arguments.py), whatever the DeepSpeed
+    # JSON's data_types says: the fp32 buffer stays, and its optimizer does not all-gather as BF16_Optimizer does
+    meg = _plan().model_copy(update={"framework": "megatron"})
+    assert deepspeed_model_states(meg).grads_persistent == deepspeed_model_states(_plan(grad_accum_dtype="fp32")).grads_persistent
+    assert "bf16_optimizer_all_gather" not in {op.name for op in comm_plan(meg).ops}
