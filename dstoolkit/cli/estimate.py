@@ -213,6 +213,9 @@ def render_findings(findings: list) -> list[str]:
 
 
 def render_table(plan, est, assumptions: list[str]) -> str:
+    from dstoolkit.estimate.core import upper_bound_exceeds
+    from dstoolkit.estimate.timeline import is_cpu_device
+
     m = est.memory
     ds = plan.ds
     lines = [
@@ -254,6 +257,12 @@ def render_table(plan, est, assumptions: list[str]) -> str:
                  f" (peak + allowance = {m.required_bytes / GiB:.2f} GiB)"
                  f"   (DeepSpeed path: {m.optimizer_path}; ZeRO paper view for this stage: "
                  f"{est.paper_view.stage_bytes / GiB:.2f} GiB model states)")
+    if est.fits and not is_cpu_device(plan.gpu) and upper_bound_exceeds(m.sum_of_parts_bytes, m.allowance_bytes,
+                                                                        plan.gpu.memory_bytes):
+        lines.append(f"caution: the sum of parts + allowance ({(m.sum_of_parts_bytes + m.allowance_bytes) / GiB:.2f} "
+                     f"GiB) is over the {plan.gpu.memory_bytes / GiB:.0f} GiB device: the peak fits, but a caching "
+                     "allocator that keeps each phase's blocks can hold more; leave room or set "
+                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     lines += ["", f"FLOPs/token {est.flops_per_token:.4g} (with recompute {est.hardware_flops_per_token:.4g}); "
                   f"FLOPs/step {est.flops_per_step:.4g}; tokens/step {est.tokens_per_step:,}", "",
               f"{'communication per step':<32}{'bytes/rank':>20}"]

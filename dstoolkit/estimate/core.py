@@ -66,6 +66,14 @@ class TimelineOut(_Frozen):
     sum_of_parts_bytes: int
 
 
+def upper_bound_exceeds(sum_of_parts_bytes: int, allowance_bytes: int, device_bytes: int) -> bool:
+    """Whether the sum of parts + allowance is over the device: the peak may fit, but a caching allocator that keeps
+    each phase's blocks for the next (PyTorch's CUDA allocator without expandable segments) can hold up to the sum of
+    parts. Measured on a real cluster: benchmarks/layout_sweeps.py memory_check against the device memory the BLOOM
+    logbook reports per layout (benchmarks/results/layout_sweeps_*.md, "Device memory vs what the source reports")."""
+    return sum_of_parts_bytes + allowance_bytes > device_bytes
+
+
 class MemoryBreakdown(_Frozen):
     """Device bytes per rank. `total` is the peak: the maximum over the phases of a step of what is alive together
     (`timeline`). The five parts are each at their own maximum; their sum is `sum_of_parts_bytes`, an upper bound."""

@@ -4,6 +4,7 @@ Deterministic text: no timestamps, no absolute paths, fixed number formats.
 """
 from __future__ import annotations
 
+from dstoolkit.estimate.core import upper_bound_exceeds
 from dstoolkit.estimate.flops import flops_per_token
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
@@ -117,7 +118,7 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
         f"{'left' if est.within_headroom else 'NOT left (no fitting layout of this strategy leaves it)'} |",
         f"| step time | {est.step_time_s:.4g} s |",
         f"| MFU | {est.mfu * 100:.1f}% |",
-        f"| fits | {'yes' if est.fits else 'no'} |",
+        f"| fits | {_fits_text(est, spec)} |",
         "",
     ]
     if len(out.sweep.ranked) > 1:
@@ -244,3 +245,14 @@ def render_index(spec: Spec, shape: ModelShape, result: GenerateResult) -> str:
                 lines += ["", "  ```", *["  " + ln for ln in s.fits_nowhere.splitlines()], "  ```", ""]
         lines.append("")
     return "\n".join(lines)
+
+
+def _fits_text(est, spec) -> str:
+    """`fits` for the summary, with the caution where only the peak fits (estimate.core.upper_bound_exceeds)."""
+    if not est.fits:
+        return "no"
+    if not is_cpu_device(spec.cluster.gpu_spec) and upper_bound_exceeds(est.sum_of_parts_bytes, est.allowance_bytes,
+                                                         est.device_memory_bytes):
+        return ("yes by the peak; caution: the sum of parts + allowance is over the device, and a caching allocator "
+                "that keeps each phase's blocks can hold that much")
+    return "yes"

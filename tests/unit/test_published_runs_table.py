@@ -91,7 +91,8 @@ def test_run_fields(run):
     assert ex.get("loss_impl", "torch") in typing.get_args(LossImpl)
     assert set(ex) <= {"framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                        "moe_a2a_overlap", "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl",
-                       "loss_impl"}
+                       "loss_impl", "grad_accum_dtype"}
+    assert ex.get("grad_accum_dtype") in (None, "fp32") and (ex.get("grad_accum_dtype") is None or run["precision"] == "bf16")
     if ex.get("tp_comm_overlap"):
         assert lay["tp"] > 1, "TP communication overlap needs tp > 1"
     if ex.get("moe_a2a_overlap"):
@@ -172,6 +173,7 @@ def test_committed_spec_matches_row_and_loads(run):
     assert t["pipeline_schedule"] == ex.get("pipeline_schedule", "interleaved" if vpp > 1 else "1f1b")
     assert (t["framework"], t["attention_impl"]) == (ex["framework"], ex["attention_impl"])
     assert t["recompute_modules"] == list(ex.get("recompute_modules") or [])
+    assert t.get("grad_accum_dtype") == ex.get("grad_accum_dtype")
     for key, default in (("overlap_grad_reduce", "auto"), ("overlap_param_gather", "auto"),
                          ("tp_comm_overlap", False), ("moe_a2a_overlap", False), ("moe_dispatcher", "alltoall")):
         assert t[key] == ex.get(key, default), key
