@@ -138,6 +138,8 @@ def optimizer_path(plan: RunPlan) -> str:
         return "zero12"
     if not lowp:
         return "basic"
+    # engine.py at stage 0: bf16 with the pipeline engine -> BF16_Optimizer (bf16 accumulation); a grad_accum_dtype
+    # other than the model's raises NotImplementedError (rule DS229), which this path does not model
     if p in ("bf16", "fp8") and (grad_fp32 or plan.pp > 1):
         return "bf16_optimizer"
     fused = ds.optimizer_type in ("adam", "adamw", "fusedadam") and not ds.torch_adam

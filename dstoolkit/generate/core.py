@@ -64,6 +64,8 @@ def default_strategy_names(spec: Spec, shape: ModelShape,
             why = "training.offload is false"
         if why is None and s.zeropp and not t.zeropp:
             why = "training.zeropp is false"
+        if why is None and s.zero_stage == 0 and t.grad_accum_dtype:
+            why = f"training.grad_accum_dtype={t.grad_accum_dtype}: DeepSpeed refuses it without ZeRO (rule DS229)"
         if why is None and shape.is_moe and t.ep != "auto":
             if s.expert_parallel and int(t.ep) == 1:
                 why = "training.ep=1 (experts replicated): no expert-parallel variant"

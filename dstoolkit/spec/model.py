@@ -260,8 +260,9 @@ class TrainingSpec(ClusterModelFields):
     """ZeRO stage."""
     grad_accum_dtype: Optional[Literal["fp32"]] = None
     """Accumulate gradients in fp32 under bf16 / fp8 (DeepSpeed `data_types.grad_accum_dtype`); None: in the model
-    dtype, DeepSpeed's default. With it DeepSpeed runs BF16_Optimizer at ZeRO 0 and at ZeRO 1 without offload
-    (engine.py _do_optimizer_sanity_check): a full-size fp32 gradient buffer beside the bf16 parameters."""
+    dtype, DeepSpeed's default. With it DeepSpeed runs BF16_Optimizer at ZeRO 1 without offload (engine.py
+    _do_optimizer_sanity_check): a full-size fp32 gradient buffer beside the bf16 parameters; stages 2 and 3 keep
+    their ZeRO optimizer, and stage 0 is refused (rule DS229), so zero0 strategies are not generated with it."""
     offload: bool = False
     """Whether CPU offload of optimizer (and at stage 3 parameters) may be used."""
     zeropp: bool = False
@@ -323,6 +324,14 @@ class TrainingSpec(ClusterModelFields):
                 f"{self.precision!r} (fp32 training accumulates in fp32 already; DeepSpeed refuses fp16 with fp32 "
                 "accumulation at ZeRO 0: engine.py 'unsupported mix of model_dtype and grad_accum_dtype')",
                 "remove grad_accum_dtype, or set precision: bf16",
+            )
+        if self.grad_accum_dtype is not None and self.zero_stage == 0:
+            raise SpecFieldError(
+                ("grad_accum_dtype",),
+                f"grad_accum_dtype={self.grad_accum_dtype!r} with zero_stage: 0: DeepSpeed 0.19 refuses a gradient "
+                "accumulation dtype other than the model's without ZeRO (engine.py NotImplementedError "
+                "'unsupported mix of model_dtype and grad_accum_dtype'; rule DS229)",
+                "set zero_stage: 1 (BF16_Optimizer) or auto, or remove grad_accum_dtype",
             )
         return self
 

@@ -153,3 +153,23 @@ def test_fp32_gradient_accumulation_needs_a_16_bit_precision(repo_root, tmp_path
         load_spec_and_shape(spec_path)
     msg = str(exc.value)
     assert "training.grad_accum_dtype" in msg and "not 'fp16'" in msg and "set precision: bf16" in msg
+
+
+def test_fp32_gradient_accumulation_leaves_zero0_out(repo_root, tmp_path):
+    from dstoolkit.generate.core import default_strategy_names
+    from dstoolkit.generate.io import SpecLoadError
+
+    text = (repo_root / "ds_configs" / "tiny_cpu.yaml").read_text(encoding="utf-8")
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(text.replace("  offload: true", "  grad_accum_dtype: fp32\n  offload: true"), encoding="utf-8")
+    spec, shape = load_spec_and_shape(spec_path)
+    names, skipped = default_strategy_names(spec, shape)
+    assert "zero0" not in names and {"zero1", "zero2", "zero3"} <= set(names)
+    why = {s.name: s.reason for s in skipped}["zero0"]
+    assert "grad_accum_dtype=fp32" in why and "DS229" in why
+    # asked for explicitly, stage 0 with it is the spec's error, with the field named
+    spec_path.write_text(text.replace("  offload: true", "  grad_accum_dtype: fp32\n  offload: true")
+                         .replace("  zero_stage: auto", "  zero_stage: 0"), encoding="utf-8")
+    with pytest.raises(SpecLoadError) as exc:
+        load_spec_and_shape(spec_path)
+    assert "training.grad_accum_dtype" in str(exc.value) and "set zero_stage: 1" in str(exc.value)

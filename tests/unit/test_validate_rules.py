@@ -235,3 +235,20 @@ def test_fp16_dynamic_loss_scale_window_positive():
     assert codes(with_(fp16={"enabled": True, "loss_scale": 128, "loss_scale_window": -1})) == set()
     with pytest.raises(ValidationError, match="loss_scale_window=-1 must be > 0"):
         DeepSpeedConfig.model_validate(cfg)
+
+
+def test_grad_accum_dtype_other_than_the_models_needs_zero():
+    # DeepSpeed 0.19.8 engine._do_optimizer_sanity_check: stage 0 with bf16 + fp32 accumulation raises
+    # NotImplementedError; stages 1-3 accept it (stage 1 runs BF16_Optimizer)
+    bf16_fp32 = {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}
+    assert ("DS229", "/data_types/grad_accum_dtype") in codes(with_(zero_optimization={"stage": 0}, **bf16_fp32))
+    for stage in (1, 2, 3):
+        assert not any(c == "DS229" for c, _ in codes(with_(zero_optimization={"stage": stage}, **bf16_fp32)))
+    # the model's own dtype is fine at stage 0, and so is fp32 with fp32
+    assert not any(c == "DS229" for c, _ in codes(with_(zero_optimization={"stage": 0}, bf16={"enabled": True},
+                                                        data_types={"grad_accum_dtype": "bf16"})))
+    assert not any(c == "DS229" for c, _ in codes(with_(zero_optimization={"stage": 0},
+                                                        data_types={"grad_accum_dtype": "fp32"})))
+    # 0.16's engine is not read: no finding under --deepspeed-version 0.16
+    assert not any(c == "DS229" for c, _ in codes(with_(zero_optimization={"stage": 0}, **bf16_fp32),
+                                                  deepspeed_version="0.16"))
