@@ -212,6 +212,7 @@ def test_model_validator_runs_the_registry():
                   {"deepspeed_version": "0.16"}),
         "DS226": (with_(sequence_parallel_size=3), {"num_heads": 4}),
         "DS227": (with_(expert_parallel={"enabled": True, "autoep_size": 8}), {"world_size": 4}),
+        "DS229": (with_(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}), {}),
     }
     errors = {code for code, r in rules.RULES.items() if r.severity == "error"}
     assert set(triggers) == errors
