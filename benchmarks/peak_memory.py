@@ -92,7 +92,7 @@ def _cell(model, stage, prec, offload="none", ckpt="none", acc=None):
         ("" if ckpt == "none" else f"-ckpt_{ckpt}") + ("" if acc is None else f"-acc_{acc}")
     cell = dict(name=name, model=model, stage=stage, prec=prec, offload=offload, ckpt=ckpt)
     if acc is not None:
-        cell["acc"] = acc  # data_types.grad_accum_dtype: bf16 + fp32 at ZeRO 0/1 runs DeepSpeed's BF16_Optimizer
+        cell["acc"] = acc  # data_types.grad_accum_dtype (BF16_OPTIMIZER_CELLS)
     return cell
 
 

@@ -129,6 +129,11 @@ HOST_S_PER_STEP_PER_PARAM_TENSOR = {0: 8e-05, 1: 9e-05, 2: 4e-05, 3: 8e-05}
 blocks, by ZeRO stage (per-tensor gradient norms for clipping, the overflow check, copies between the parameters
 and the flat partition)."""
 
+def _separate_qkv(plan: RunPlan) -> bool:
+    """q, k and v as three projections: eager-module stacks (sdpa) whose module has no single qkv weight."""
+    return plan.attention_kind == "sdpa" and not plan.shape.qkv_fused
+
+
 def layer_kernels(plan: RunPlan, i: int) -> int:
     """Kernels block i launches per micro batch (forward + backward + recompute), counted from its structure:
     GEMMs (QKV fused in Megatron/TE stacks and in modules with one qkv weight (ModelShape.qkv_fused: GPT-2 c_attn),
@@ -141,7 +146,7 @@ def layer_kernels(plan: RunPlan, i: int) -> int:
     shape = plan.shape
     impl = plan.attention_kind
     gated = 3 if shape.mlp_gated else 2
-    gemm = 4 if impl == "sdpa" and not shape.qkv_fused else 2
+    gemm = 4 if _separate_qkv(plan) else 2
     elem = 2 + 2 + (2 if shape.mlp_gated else 1) + (0 if shape.learned_positions else 2)
     if shape.is_moe_layer(i) and shape.num_experts:
         gemm += 1 + gated + (gated if (shape.num_shared_experts or shape.shared_expert_intermediate_size) else 0)
@@ -161,7 +166,7 @@ def layer_param_tensors(plan: RunPlan, i: int) -> int:
     the norms (weight, + bias for LayerNorm; + q/k norms) and, in an MoE block, the router and each local expert's matrices.
     DeepSpeed's ZeRO-2 hooks and ZeRO-3 gathers run once per tensor (HOST_S_PER_PARAM_TENSOR)."""
     shape = plan.shape
-    sep = plan.attention_kind == "sdpa" and not shape.qkv_fused
+    sep = _separate_qkv(plan)
     gated = 3 if shape.mlp_gated else 2
     n = (4 if sep else 2) + (((3 if sep else 1) if shape.attention_bias else 0) + (1 if shape.o_proj_bias else 0))
     norm = 2 if shape.norm_type == "layernorm" else 1

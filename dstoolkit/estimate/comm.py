@@ -205,6 +205,15 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
             out.ops.append(CommOp(name, coll, int(nbytes), n, cross, int(calls), overlap,
                                   int(concurrent) if cross else 1, hidden, int(per_node) if cross else 1))
 
+    def add_param_gathers(name, overlap):
+        # the updated low-precision parameters all-gathered after the step: dense over DP, experts over EDP
+        agb = max(1, ds.allgather_bucket_size)
+        add(name, "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), overlap,
+            dp_lay.concurrent_groups, per_node=dp_lay.ranks_per_node)
+        add(name + "_experts", "all_gather", expert * pb, edp, edp_cross,
+            math.ceil(expert / agb) if expert else 0, overlap, edp_lay.concurrent_groups,
+            per_node=edp_lay.ranks_per_node)
+
     bucket = max(1, ds.reduce_bucket_size)
     stage = ds.zero_stage
     if stage == 0:
@@ -217,12 +226,7 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
             # BF16_Optimizer partitions the fp32 master over DP (its "ZeRO-1 equivalent") and after the step
             # all-gathers the updated low-precision parameters (bf16_optimizer.py update_lp_params ->
             # runtime/utils.py all_gather_dp_groups): Ψ more, after the step, exposed
-            agb = max(1, ds.allgather_bucket_size)
-            add("bf16_optimizer_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), False,
-                dp_lay.concurrent_groups, per_node=dp_lay.ranks_per_node)
-            add("bf16_optimizer_all_gather_experts", "all_gather", expert * pb, edp, edp_cross,
-                math.ceil(expert / agb) if expert else 0, False, edp_lay.concurrent_groups,
-                per_node=edp_lay.ranks_per_node)
+            add_param_gathers("bf16_optimizer_all_gather", False)
     elif stage in (1, 2):
         # Gradient reduction + all-gather of updated parameters. ZeRO §7 (view="paper"): reduce-scatter, 2Ψ in
         # all. DeepSpeed 0.19.8 (view="deepspeed"): an all-reduce per bucket by default (zero12_grad_collective),
@@ -238,11 +242,7 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         add(name + "_experts", coll, expert * pb * reps, edp, edp_cross,
             reps * (edp if coll == "reduce" else 1) * (math.ceil(expert / bucket) if expert else 0),
             grad_overlap, edp_lay.concurrent_groups, per_node=edp_lay.ranks_per_node)
-        agb = max(1, ds.allgather_bucket_size)
-        add("zero_all_gather", "all_gather", dense * pb, dp, dp_cross, math.ceil(dense / agb), param_overlap,
-            dp_lay.concurrent_groups, per_node=dp_lay.ranks_per_node)
-        add("zero_all_gather_experts", "all_gather", expert * pb, edp, edp_cross,
-            math.ceil(expert / agb) if expert else 0, param_overlap, edp_lay.concurrent_groups, per_node=edp_lay.ranks_per_node)
+        add_param_gathers("zero_all_gather", param_overlap)
     else:
         # ZeRO §7: stage 3 gathers parameters in forward and again in backward, and reduce-scatters grads: 3Ψ
         fwd_bytes = QWZ_BYTES_PER_PARAM if ds.zeropp_qwz else pb

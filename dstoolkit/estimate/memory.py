@@ -122,13 +122,18 @@ def zero_group_sizes(plan: RunPlan) -> tuple[int, int]:
     return plan.dp * shards, plan.edp * shards
 
 
+def _accumulates_in_fp32(ds) -> bool:
+    """data_types.grad_accum_dtype asks for fp32 gradient accumulation."""
+    return ds.grad_accum_dtype in ("fp32", "float32", "float")
+
+
 def optimizer_path(plan: RunPlan) -> str:
     """The DeepSpeed class that holds the plan's optimizer states (ModelStates.optimizer_path), as DeepSpeed
     0.19.8's engine picks it (engine.py _do_optimizer_sanity_check / _configure_optimizer)."""
     ds = plan.ds
     p = plan.precision
     lowp = p in ("bf16", "fp16", "fp8")
-    grad_fp32 = ds.grad_accum_dtype in ("fp32", "float32", "float")
+    grad_fp32 = _accumulates_in_fp32(ds)
     if ds.zero_stage == 3:
         return "zero3"
     if ds.zero_stage in (1, 2):
@@ -267,8 +272,7 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
         # Megatron-LM (this path's stand-in for its non-distributed optimizer) always accumulates bf16 gradients
         # in an fp32 main_grad buffer (arguments.py: "bfloat16 requires gradient accumulation and all-reduce to be
         # done in fp32", accumulate_allreduce_grads_in_fp32 forced on)
-        fp32_acc = ds.grad_accum_dtype in ("fp32", "float32", "float") or plan.framework != "deepspeed"
-        acc = FP32_BYTES if fp32_acc else pb
+        acc = FP32_BYTES if _accumulates_in_fp32(ds) or plan.framework != "deepspeed" else pb
         for g, dp in zip(groups, group_dp):
             padded = _padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp)
             part = padded // dp

@@ -47,13 +47,17 @@ def is_cpu_cluster(spec: Spec) -> bool:
     return isinstance(gpu, str) and gpu.lower() == "cpu"
 
 
+def data_types_section(spec: Spec) -> dict:
+    """DeepSpeed's data_types section for training.grad_accum_dtype ({} when it is not set); both DeepSpeed JSON
+    files carry it (HF TrainingArguments has no such field)."""
+    acc = spec.training.grad_accum_dtype
+    return {"data_types": {"grad_accum_dtype": acc}} if acc else {}
+
+
 def _precision_sections(spec: Spec) -> dict:
     p = spec.training.precision
     if p in ("bf16", "fp8"):  # fp8: FP8 GEMMs run inside Transformer Engine; DeepSpeed keeps bf16 weights
-        out: dict = {"bf16": {"enabled": True}}
-        if spec.training.grad_accum_dtype:
-            out["data_types"] = {"grad_accum_dtype": spec.training.grad_accum_dtype}
-        return out
+        return {"bf16": {"enabled": True}, **data_types_section(spec)}
     if p == "fp16":
         return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": FP16_INITIAL_SCALE_POWER,
                          "loss_scale_window": FP16_LOSS_SCALE_WINDOW, "hysteresis": FP16_HYSTERESIS,

@@ -32,7 +32,7 @@ from typing import Any, Optional
 from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import (ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, STEPS_PER_PRINT, WEIGHT_DECAY,
-                                        is_cpu_cluster, scheduler_section)
+                                        data_types_section, is_cpu_cluster, scheduler_section)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 from dstoolkit.validate import validate_config
@@ -117,8 +117,7 @@ def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
     mp = _mixed_precision(spec)
     if mp == "bf16":
         cfg["bf16"] = {"enabled": AUTO}
-        if spec.training.grad_accum_dtype:  # not a TrainingArguments field: DeepSpeed reads it from this file
-            cfg["data_types"] = {"grad_accum_dtype": spec.training.grad_accum_dtype}
+        cfg.update(data_types_section(spec))
     elif mp == "fp16":
         cfg["fp16"] = {"enabled": AUTO, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}
