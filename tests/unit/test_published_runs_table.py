@@ -46,6 +46,9 @@ def recompute(run: dict) -> float:
     if f == "gpu_hours_per_trillion_tokens":
         assert pub["metric"] == "gpu_hours_per_trillion_tokens"
         return 1e12 / (x * 3600)
+    if f == "tokens_per_s_total":
+        assert pub["metric"] == "tokens_per_s_total"
+        return x / p["gpus"]
     raise AssertionError(f"{run['id']}: unknown normalisation formula {f!r}")
 
 
@@ -120,6 +123,8 @@ def test_layout_consistent(run):
     if run["normalisation"]["formula"] == "step_time":
         p = run["normalisation"]["params"]
         assert (p["global_batch"], p["seq_len"], p["gpus"]) == (run["global_batch"], run["seq_len"], world)
+    if run["normalisation"]["formula"] == "tokens_per_s_total":
+        assert run["normalisation"]["params"]["gpus"] == world
 
 
 CROSS = [r for r in RUNS if "cross_check" in r["normalisation"]]
