@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from dstoolkit.runtime.probe import precision_for_this_cpu
 from dstoolkit.runtime.testhosts import jobs, scenarios
 from tests.dist.multinode.fixtures import two_hosts  # noqa: F401  (fixture)
 
@@ -29,7 +30,7 @@ BOUNDED = {"DIST_TIMEOUT_S": str(scenarios.PG_TIMEOUT_S)}
 def generated(tmp_path_factory):
     d = tmp_path_factory.mktemp("mn_faults_gen")
     spec = d / "two_node_cpu.yaml"
-    spec.write_text(scenarios.two_node_spec_text())
+    spec.write_text(scenarios.two_node_spec_text(precision=precision_for_this_cpu("bf16")))
     return scenarios.generate(spec, d / "out", ["zero2"]) / "zero2"
 
 

@@ -17,6 +17,7 @@ import subprocess
 
 import pytest
 
+from dstoolkit.runtime.probe import precision_for_this_cpu
 from dstoolkit.runtime.testhosts import jobs, scenarios
 from tests.dist.multinode.fixtures import two_hosts  # noqa: F401  (fixture)
 
@@ -28,7 +29,7 @@ STRATEGY = "zero2"
 def generated(tmp_path_factory) -> pathlib.Path:
     d = tmp_path_factory.mktemp("mn_gen")
     spec = d / "two_node_cpu.yaml"
-    spec.write_text(scenarios.two_node_spec_text())
+    spec.write_text(scenarios.two_node_spec_text(precision=precision_for_this_cpu("bf16")))
     out = scenarios.generate(spec, d / "out", [STRATEGY])
     return out / STRATEGY
 

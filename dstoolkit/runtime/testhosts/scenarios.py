@@ -86,12 +86,14 @@ def fault_and_resume(hosts: TestHosts, workdir: pathlib.Path, fault: str, comman
 # --------------------------------------------------------------------------------------------------
 
 def two_node_spec_text(name: str = "two_node_cpu", preset: str = "tiny", ep: str = "1", zero_stage: str = "auto",
-                       global_batch: int = 16, seq_len: int = 64, micro_batch: str = "4") -> str:
-    """A 2 nodes x 2 ranks (gpu: cpu) spec like the bundled tiny_cpu one, for generation in a test folder."""
+                       global_batch: int = 16, seq_len: int = 64, micro_batch: str = "4",
+                       precision: str = "bf16") -> str:
+    """A 2 nodes x 2 ranks (gpu: cpu) spec like the bundled tiny_cpu one, for generation in a test folder
+    (tests pass runtime.probe.precision_for_this_cpu(): fp32 where this CPU's bf16 GEMM is the slow generic one)."""
     return (
         f"name: {name}\nmodel:\n  preset: {preset}\ncluster:\n  nodes: 2\n  gpus_per_node: 2\n  gpu: cpu\n"
         f"training:\n  seq_len: {seq_len}\n  global_batch: {global_batch}\n  micro_batch: {micro_batch}\n"
-        f"  precision: bf16\n  optimizer: adamw\n  lr: 0.001\n  activation_checkpointing: none\n"
+        f"  precision: {precision}\n  optimizer: adamw\n  lr: 0.001\n  activation_checkpointing: none\n"
         f"  tp: 1\n  pp: 1\n  ep: {ep}\n  zero_stage: {zero_stage}\n  offload: false\n  zeropp: false\n"
     )
 
