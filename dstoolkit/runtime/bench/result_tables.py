@@ -128,7 +128,7 @@ def _peak_memory_row(res: Results) -> Row:
     f = "peak_memory_cpu_202612_continuous.md"
     cells = res.match(f, r"\*\*Cells:\*\* (\d+), failed: (\d+)\. \*\*Worst peak error:\*\* ([-+0-9.]+%) \(([^)]*)\)\. "
                          r"Goal ±([0-9.]+%); cells over it: ([^.]+)\.")
-    phase = res.match(f, r"Estimated peak phase = measured phase in (\d+) of (\d+) rows")
+    phase = res.match(f, r"Estimated peak phase = a measured peak phase in (\d+) of (\d+) rows")
     census = res.match(f, r"Largest shortfall of the sampled census against the continuous peak: ([-+0-9.]+%)")
     return Row("peak memory per rank", "the CPU allocator's running count of live bytes over every allocation and "
                "free, all threads (`dstoolkit/runtime/alloc_tracker.py`), iterations 2-3 of real DeepSpeed engines, "
