@@ -16,8 +16,8 @@ own loader) and estimates it in process. Per group:
   model's out-of-source error of the fastest estimate, among those estimated to fit), whether the measured best is
   among them, and the regret left after `tune --mode real` measures just those (the best measured of the marked
   ones over the measured best, − 1);
-* `sweep`'s own top pick, when every layout of the group lies in the sweep's space (powers of two for tp/pp/micro
-  batch: `generate.candidate_grid.enumerate_candidates`); else why not;
+* `sweep`'s own top pick, when every layout of the group lies in the sweep's space (tp, pp and micro batch as
+  `generate.candidate_grid.enumerate_candidates` tries them, one global batch); else why not;
 * refusals (the toolkit rejects a layout that really ran: must be 0), false OOMs (a layout that ran predicted not
   to fit), and layouts the source reports out of memory that the estimator says fit.
 
@@ -207,29 +207,40 @@ def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> di
     }
 
 
+SWEEP_SPACE = ("tp a power of two up to the node, pp dividing the world (candidate_grid.pp_choices), micro batch in "
+               "candidate_grid.MICRO_BATCH_CHOICES, one global batch and GPU count")
+
+
 def sweep_pick(group: dict[str, Any], rows: list[dict[str, Any]], spec_path: pathlib.Path) -> dict[str, Any]:
     """`sweep`'s own top pick over the group's open dimensions, when every measured layout lies in its space."""
-    from dstoolkit.generate.candidate_grid import MICRO_BATCH_CHOICES, pow2_upto
+    from dstoolkit.generate.candidate_grid import MICRO_BATCH_CHOICES, pow2_upto, pp_choices
 
     runs = group["runs"]
     gpn = runs[0]["gpus_per_node"]
     # the execution facts as canonical JSON: their values may be lists (recompute_modules), which a set cannot hold
     fixed = {(r["layout"].get("zero_stage", 0), r["recompute"], json.dumps(r.get("execution") or {}, sort_keys=True),
               r["layout"].get("vpp"), r["layout"].get("ep", 1), r["layout"].get("cp") or 1) for r in runs}
+    if len(fixed) > 1:
+        return {"applicable": False,
+                "why": "the layouts differ in more than tp/pp/micro batch (ZeRO stage, schedule, framework or EP)"}
     outside = [r["id"] for r in runs if r["layout"].get("tp", 1) not in pow2_upto(gpn)
-               or r["layout"].get("pp", 1) not in pow2_upto(4096) or r["micro_batch"] not in MICRO_BATCH_CHOICES]
-    if outside or len(fixed) > 1:
-        why = (f"{len(outside)} of {len(runs)} layouts outside the sweep space (tp/pp/micro batch powers of two)"
-               if outside else "the layouts differ in more than tp/pp/micro batch (ZeRO stage, schedule, framework or EP)")
-        return {"applicable": False, "why": why}
-    from dstoolkit.generate.sweep import run_sweep
-    from dstoolkit.models import resolve_model
-    from dstoolkit.spec import load_spec
+               or r["micro_batch"] not in MICRO_BATCH_CHOICES or r.get("global_batch") != runs[0].get("global_batch")
+               or (r.get("nodes"), r["gpus_per_node"]) != (runs[0].get("nodes"), gpn)]
+    spec = shape = None
+    if not outside:
+        from dstoolkit.models import resolve_model
+        from dstoolkit.spec import load_spec
 
-    spec = load_spec(str(spec_path))
+        spec = load_spec(str(spec_path))
+        shape = resolve_model(spec.model, spec_path.parent)
+        pps = pp_choices(spec.cluster.world_size, shape.num_hidden_layers)
+        outside = [r["id"] for r in runs if r["layout"].get("pp", 1) not in pps]
+    if outside:
+        return {"applicable": False, "why": f"{len(outside)} of {len(runs)} layouts outside the sweep space ({SWEEP_SPACE})"}
+    from dstoolkit.generate.sweep import run_sweep
+
     for f in ("tp", "pp", "micro_batch"):
         setattr(spec.training, f, "auto")
-    shape = resolve_model(spec.model, spec_path.parent)
     res = run_sweep(spec, shape, top=1, validate=False, advise=False)
     if res.winner is None:
         return {"applicable": True, "pick": None, "why": "the sweep found no fitting layout"}
@@ -425,6 +436,22 @@ def _frac(k: Optional[int], n: Optional[int]) -> str:
     return "–" if not n else f"{k} of {n}"
 
 
+def sweep_pick_summary(sweeps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`sweep`'s own pick over the groups: in how many it applies, how many of its picks were measured, their regret."""
+    applied = [v for v in sweeps.values() if v.get("applicable")]
+    measured = [v["regret"] for v in applied if v.get("regret") is not None]
+    return {"groups": len(sweeps), "applicable": len(applied), "measured": len(measured),
+            "mean_regret": sum(measured) / len(measured) if measured else None,
+            "max_regret": max(measured) if measured else None}
+
+
+def _sweep_pick_figure(sp: dict[str, Any]) -> list[str]:
+    value = f"{sp['applicable']} of {sp['groups']} / {sp['measured']}"
+    if sp["measured"]:
+        value += f" / {_pct(sp['mean_regret'])} / {_pct(sp['max_regret'])}"
+    return ["`sweep`'s own pick: groups inside its space / picks that were measured / their mean / worst regret", value]
+
+
 def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) -> str:
     s = summary
     lines = ["# Measured layout sweeps vs the estimator", "",
@@ -453,6 +480,7 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
         ["layouts that ran but refused", str(s["refused"]), "", "0"],
         ["layouts that ran, predicted not to fit", str(s["false_oom"]), "", "0"],
         ["layouts reported OOM, predicted to fit", str(s["missed_oom"]), "", ""],
+        [*_sweep_pick_figure(s.get("sweep_pick") or sweep_pick_summary(sweeps)), "", ""],
     ], ["figure", ("in sample", "r"), ("leave one source out", "r"), "goal"])
     ce = s.get("noise_ceiling")
     if ce and ce["groups"]:
@@ -568,6 +596,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"regret {_pct(sc['top1_regret']):>6s}  refused {len(sc['refused'])}  false OOM {len(sc['false_oom'])}  "
               f"missed OOM {len(sc['missed_oom'])}", flush=True)
     summary = summarize(scores)
+    summary["sweep_pick"] = sweep_pick_summary(sweeps)
     print(f"\nall: {summary}")
     loso = loso_sweeps(groups, rows_by_group, published, args.specs_dir.parent / "published", args.specs_dir) if args.loso else {}
     pub = loso.get("_published_runs") if loso else None

@@ -49,10 +49,22 @@ def _training_plans(args, spec, shape, ranked) -> list:
                                     RAMP_ESTIMATES) for r in ranked]
 
 
-def _ranked_json(r) -> dict:
+PEAK_ONLY_MARK = "*"
+"""Marks a ranked layout whose peak fits but whose sum of parts does not (generate.costing.only_peak_fits)."""
+
+
+def _peak_only(r, spec) -> bool:
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.costing import only_peak_fits
+
+    return only_peak_fits(r.estimate, spec.cluster.gpu_spec)
+
+
+def _ranked_json(r, spec) -> dict:
     e = r.estimate
     return {"label": r.candidate.label, "layout": r.candidate.model_dump(mode="json"),
-            "memory_per_rank_bytes": e.memory_per_rank_bytes, "memory_breakdown_bytes": e.memory_breakdown_bytes,
+            "memory_per_rank_bytes": e.memory_per_rank_bytes, "sum_of_parts_bytes": e.sum_of_parts_bytes,
+            "only_peak_fits": _peak_only(r, spec), "memory_breakdown_bytes": e.memory_breakdown_bytes,
             "host_memory_per_rank_bytes": e.host_memory_per_rank_bytes, "step_time_s": e.step_time_s,
             "mfu": e.mfu, "reason": r.reason,
             "findings": [{"severity": f.severity, "code": f.code, "pointer": f.pointer, "message": f.message}
@@ -98,10 +110,10 @@ def run(args) -> int:
         doc = {
             "spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
             "estimator": res.estimator, "considered": res.considered, "fitting": res.all_ranked_count,
-            "ranked": [{**_ranked_json(r), **({"training_plan": tp.to_json()} if tp is not None else {})}
+            "ranked": [{**_ranked_json(r, spec), **({"training_plan": tp.to_json()} if tp is not None else {})}
                        for r, tp in zip(res.ranked, plans)], "winner_reason": res.winner_reason,
             "dropped_by_code": res.dropped_by_code, "targets": list(targets),
-            "best_per_target": {t: (None if r is None else _ranked_json(r)) for t, r in per_target.items()},
+            "best_per_target": {t: (None if r is None else _ranked_json(r, spec)) for t, r in per_target.items()},
             "dropped": [{"label": d.candidate.label, "code": d.code, "reason": d.reason} for d in res.dropped],
             "fits_nowhere": None if res.fits_nowhere is None else {
                 "needed_per_gpu_bytes": res.fits_nowhere.needed_per_gpu_bytes,
@@ -118,9 +130,11 @@ def run(args) -> int:
     if res.ranked:
         print()
         print(f"{'#':>2}  {'layout':<46} {'mem/rank':>10} {'step':>10} {'MFU':>6}  why")
+        peak_only = [_peak_only(r, spec) for r in res.ranked]
         for i, r in enumerate(res.ranked, start=1):
             e = r.estimate
-            print(f"{i:>2}  {r.candidate.label:<46} {e.memory_per_rank_bytes / GiB:>6.1f} GiB {e.step_time_s:>8.4g} s "
+            mark = PEAK_ONLY_MARK if peak_only[i - 1] else " "
+            print(f"{i:>2}  {r.candidate.label:<46} {e.memory_per_rank_bytes / GiB:>6.1f} GiB{mark}{e.step_time_s:>8.4g} s "
                   f"{e.mfu * 100:>5.1f}%  {r.reason}")
             if plans[i - 1] is not None:
                 # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
@@ -130,6 +144,13 @@ def run(args) -> int:
                 print(f"    to train {human_tokens(tp.tokens_requested)} tokens: {tp.steps:,} steps, {tp.wall_days:,.1f} days, "
                       f"{tp.gpu_hours:,.0f} GPU-hours" + (f", cost {tp.cost:,.0f}" if tp.cost is not None else "")
                       + f" (ramp {tp.ramp_steps:,} steps)")
+        if any(peak_only):
+            worst = max((r for r, p in zip(res.ranked, peak_only) if p), key=lambda r: r.estimate.sum_of_parts_bytes)
+            print(f"{PEAK_ONLY_MARK} the peak fits, but the sum of parts + allowance is over the "
+                  f"{worst.estimate.device_memory_bytes / GiB:.0f} GiB device (up to "
+                  f"{(worst.estimate.sum_of_parts_bytes + worst.estimate.allowance_bytes) / GiB:.1f} GiB): a caching "
+                  "allocator that keeps each phase's blocks can hold that much; leave room or set "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
         print()
         print(f"Why #1: {res.winner_reason}")
         for line in _undecided_lines(res, spec, args.spec):  # ties within the model's measured error (issue 24)

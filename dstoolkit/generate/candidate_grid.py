@@ -28,6 +28,15 @@ def pow2_upto(n: int) -> list[int]:
     return out
 
 
+def pp_choices(world_size: int, num_layers: int) -> list[int]:
+    """Pipeline degrees the sweep (and the tuner) try: every degree up to the layer count that divides the world
+    size, so that some data-parallel degree exists. On a power-of-two world these are the powers of two; on 48
+    nodes x 8 GPUs they include 3, 6, 12, 24 and 48 (BLOOM's fastest measured layouts were PP 6 and 12 on 384 GPUs,
+    benchmarks/data/layout_sweeps.yaml). Stages need not split the layers evenly (the estimator and DeepSpeed's
+    pipeline partitioner take uneven stages)."""
+    return [p for p in range(1, min(world_size, num_layers) + 1) if world_size % p == 0]
+
+
 def zero_modes(spec: Spec, strategy: Optional[StrategyDef]) -> list[tuple[int, bool, bool, bool]]:
     """(stage, offload_optimizer, offload_param, zeropp) combinations the spec (or the strategy) allows."""
     if strategy is not None:
@@ -62,7 +71,7 @@ def enumerate_candidates(spec: Spec, shape: ModelShape, strategy: Optional[Strat
     """Every combination the spec leaves open ("auto" fields), restricted to `strategy` when given."""
     t, c = spec.training, spec.cluster
     tps = _degrees(t.tp, pow2_upto(c.gpus_per_node))
-    pps = _degrees(t.pp, [p for p in pow2_upto(min(c.world_size, shape.num_hidden_layers))])
+    pps = _degrees(t.pp, pp_choices(c.world_size, shape.num_hidden_layers))
     if shape.is_moe:
         eps = _degrees(t.ep, [e for e in pow2_upto(min(shape.num_experts, c.world_size))
                               if shape.num_experts % e == 0])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dstoolkit.estimate import estimate_run
+from dstoolkit.estimate.core import upper_bound_exceeds
 from dstoolkit.estimate.timeline import GPU_CONTEXT_BYTES, allowance_source, is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
@@ -138,6 +139,14 @@ def run_plan_for(spec: Spec, shape: ModelShape, cand: Candidate, ds_config: Opti
     extra = {} if calibration is None else {"calibration": calibration}
     return plan_from_spec(spec, cfg, shape, tp=cand.tp, pp=cand.pp, ep=cand.ep, checkpoint=cand.checkpoint,
                           sequence_parallel=cand.sequence_parallel, gpu=gpu, **extra)
+
+
+def only_peak_fits(est: "CandidateEstimate", gpu: GpuSpec) -> bool:
+    """Whether a GPU candidate fits by its peak but not by the sum of parts (estimate.core.upper_bound_exceeds): a
+    caching allocator that keeps each phase's blocks can hold that much. Never on CPU ranks (host RAM, no caching
+    allocator between phases)."""
+    return (est.fits and not is_cpu_device(gpu)
+            and upper_bound_exceeds(est.sum_of_parts_bytes, est.allowance_bytes, est.device_memory_bytes))
 
 
 def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec,

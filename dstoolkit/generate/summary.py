@@ -4,10 +4,10 @@ Deterministic text: no timestamps, no absolute paths, fixed number formats.
 """
 from __future__ import annotations
 
-from dstoolkit.estimate.core import upper_bound_exceeds
 from dstoolkit.estimate.flops import flops_per_token
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
+from dstoolkit.generate.costing import only_peak_fits
 from dstoolkit.generate.result import GenerateResult, StrategyOutput
 from dstoolkit.models import count_params
 from dstoolkit.models.shape import ModelShape
@@ -248,11 +248,10 @@ def render_index(spec: Spec, shape: ModelShape, result: GenerateResult) -> str:
 
 
 def _fits_text(est, spec) -> str:
-    """`fits` for the summary, with the caution where only the peak fits (estimate.core.upper_bound_exceeds)."""
+    """`fits` for the summary, with the caution where only the peak fits (generate.costing.only_peak_fits)."""
     if not est.fits:
         return "no"
-    if not is_cpu_device(spec.cluster.gpu_spec) and upper_bound_exceeds(est.sum_of_parts_bytes, est.allowance_bytes,
-                                                         est.device_memory_bytes):
+    if only_peak_fits(est, spec.cluster.gpu_spec):
         return ("yes by the peak; caution: the sum of parts + allowance is over the device, and a caching allocator "
                 "that keeps each phase's blocks can hold that much")
     return "yes"

@@ -29,7 +29,7 @@ def test_equal_lists_are_one_set_of_fixed_facts():
     a, b = _run("a", 2, 8, ["layernorm", "moe_act"]), _run("b", 3, 8, ["layernorm", "moe_act"])
     b["execution"] = dict(reversed(list(b["execution"].items())))
     got = ls.sweep_pick({"runs": [a, b]}, [], pathlib.Path("unused.yaml"))
-    assert got == {"applicable": False, "why": "1 of 2 layouts outside the sweep space (tp/pp/micro batch powers of two)"}
+    assert got == {"applicable": False, "why": f"1 of 2 layouts outside the sweep space ({ls.SWEEP_SPACE})"}
 
 
 def _row(rid, pred_s, meas_s, fits=True, tokens=1000):
@@ -57,3 +57,14 @@ def test_marked_set_skips_layouts_estimated_not_to_fit_and_compares_per_token():
     got = ls.marked_undecided(ran, error=0.02)
     assert got["marked"] == ["e"] and got["best_marked"] is False
     assert abs(got["regret_after_measuring"] - (0.1 / 0.08 - 1.0)) < 1e-12
+
+
+def test_sweep_pick_summary_counts_applicable_and_measured_picks():
+    sweeps = {"a": {"applicable": False, "why": "outside"},
+              "b": {"applicable": True, "pick": "tp4 pp12 mb2", "regret": 0.0},
+              "c": {"applicable": True, "pick": "tp4 pp3 mb2", "regret": None, "why": "the sweep's pick was not measured"},
+              "d": {"applicable": True, "pick": "tp8 pp6 mb4", "regret": 0.06}}
+    got = ls.sweep_pick_summary(sweeps)
+    assert got == {"groups": 4, "applicable": 3, "measured": 2, "mean_regret": 0.03, "max_regret": 0.06}
+    assert ls.sweep_pick_summary({"a": {"applicable": False}}) == {
+        "groups": 1, "applicable": 0, "measured": 0, "mean_regret": None, "max_regret": None}

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import pathlib
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dstoolkit.runtime.bench.report import _fmt, _human_size, _latest, render_markdown_table  # the one reporter's cell formats
 
@@ -305,7 +305,19 @@ def _sweeps_row(res: Results) -> Row:
                f"{s['undecided_groups']} groups (out of source {lo['undecided_best_marked']} of "
                f"{lo['undecided_groups']}), and measuring those leaves a regret of "
                f"{_pct(s['mean_regret_after_measuring'], sign=False)} mean / "
-               f"{_pct(s['max_regret_after_measuring'], sign=False)} worst", (f,))
+               f"{_pct(s['max_regret_after_measuring'], sign=False)} worst" + _sweep_pick_text(s.get("sweep_pick")), (f,))
+
+
+def _sweep_pick_text(sp: Optional[dict]) -> str:
+    """`sweep`'s own pick (benchmarks/layout_sweeps.py sweep_pick_summary), where the summary has it."""
+    if not sp:
+        return ""
+    text = (f"; `sweep`'s own pick over the full grid: the group lies in its space in {sp['applicable']} of "
+            f"{sp['groups']}, its pick was measured in {sp['measured']}")
+    if sp["measured"]:
+        text += (f" (regret {_pct(sp['mean_regret'], sign=False)} mean / {_pct(sp['max_regret'], sign=False)} "
+                 "worst)")
+    return text
 
 
 def _megatron_parsers_row(res: Results) -> Row:
