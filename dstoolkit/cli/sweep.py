@@ -145,12 +145,11 @@ def run(args) -> int:
                       f"{tp.gpu_hours:,.0f} GPU-hours" + (f", cost {tp.cost:,.0f}" if tp.cost is not None else "")
                       + f" (ramp {tp.ramp_steps:,} steps)")
         if any(peak_only):
+            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+            from dstoolkit.generate.costing import peak_only_caution
+
             worst = max((r for r, p in zip(res.ranked, peak_only) if p), key=lambda r: r.estimate.sum_of_parts_bytes)
-            print(f"{PEAK_ONLY_MARK} the peak fits, but the sum of parts + allowance is over the "
-                  f"{worst.estimate.device_memory_bytes / GiB:.0f} GiB device (up to "
-                  f"{(worst.estimate.sum_of_parts_bytes + worst.estimate.allowance_bytes) / GiB:.1f} GiB): a caching "
-                  "allocator that keeps each phase's blocks can hold that much; leave room or set "
-                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+            print(f"{PEAK_ONLY_MARK} {peak_only_caution(worst.estimate)}")
         print()
         print(f"Why #1: {res.winner_reason}")
         for line in _undecided_lines(res, spec, args.spec):  # ties within the model's measured error (issue 24)

@@ -149,6 +149,13 @@ def only_peak_fits(est: "CandidateEstimate", gpu: GpuSpec) -> bool:
             and upper_bound_exceeds(est.sum_of_parts_bytes, est.allowance_bytes, est.device_memory_bytes))
 
 
+def peak_only_caution(est: "CandidateEstimate") -> str:
+    """The caution for a candidate `only_peak_fits` marks, with its figures."""
+    return (f"the peak fits, but the sum of parts + allowance ({(est.sum_of_parts_bytes + est.allowance_bytes) / GiB:.1f}"
+            f" GiB) is over the {est.device_memory_bytes / GiB:.0f} GiB device: a caching allocator that keeps each "
+            "phase's blocks can hold that much; leave room or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
 def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec,
                        *, ds_config: Optional[dict] = None) -> CandidateEstimate:
     """Estimate one candidate with `dstoolkit.estimate.estimate_run`.

@@ -55,7 +55,7 @@ def render_markdown(result, space: TuneSpace, opts, findings: list[str]) -> str:
         if e:
             lines.append(f"- estimate: {e.get('tokens_per_s', 0):,.0f} tok/s, {e.get('step_time_s', 0):.4g} s/step, "
                          f"{e.get('memory_per_rank_bytes', 0) / GiB:.3f} GiB per rank")
-        lines.append("- config: `best_ds_config.json` (validate_config: "
+        lines.append("- config: `best_ds_config.json` (validate_config and the memory estimate: "
                      + ("no findings" if not findings else f"{len(findings)} non-error finding(s): "
                         + "; ".join(findings[:5])) + "), spec copy `best_spec.yaml`")
     else:

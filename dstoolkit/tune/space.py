@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dstoolkit.generate.planner import (MICRO_BATCH_CHOICES, Candidate, CandidateEstimate, EstimateInputError,
                                         candidates_for, check_candidate, checkpoint_choices, ds_config_for,
                                         estimate_candidate, is_cpu_cluster, zero_modes)
+from dstoolkit.generate.costing import only_peak_fits, peak_only_caution
 from dstoolkit.layout import data_parallel_size
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -302,6 +303,8 @@ class TuneSpace:
                               f"estimated peak {est.memory_per_rank_bytes / GiB:.2f} GiB per rank > "
                               f"{est.device_memory_bytes / GiB:.2f} GiB on {gpu.name} less "
                               f"{est.allowance_bytes / GiB:.2f} GiB allowance (peak in {est.peak_phase}: {alive})", warns)
+        if only_peak_fits(est, gpu):
+            warns = warns + (f"memory: {peak_only_caution(est)}",)
         return PointCheck(point, cfg, est, warnings=warns)
 
 

@@ -67,8 +67,8 @@ def test_only_peak_fits_compares_the_sum_of_parts_with_the_device():
     assert not only_peak_fits(_estimate(True, 90.0), get_gpu("cpu"))  # host RAM: no caching allocator
 
 
-def test_sweep_marks_a_layout_whose_sum_of_parts_is_over_the_device(tmp_path, capsys):
-    # BLOOM-176B's shape at tp 4 pp 3 on 48 x 8 A100-80G: the peak fits, the sum of parts does not
+def _bloom_tp4_pp3(tmp_path):
+    """BLOOM-176B's shape at tp 4 pp 3 on 48 x 8 A100-80G: the peak fits, the sum of parts does not."""
     doc = {"name": "bloom_tp4_pp3", "model": {"model_type": "bloom", "hidden_size": 14336, "n_layer": 72,
                                               "n_head": 64, "vocab_size": 250880},
            "cluster": {"nodes": 48, "gpus_per_node": 8, "gpu": "A100-80G"},
@@ -76,6 +76,11 @@ def test_sweep_marks_a_layout_whose_sum_of_parts_is_over_the_device(tmp_path, ca
                         "pp": 3, "zero_stage": 1, "activation_checkpointing": "full"}}
     path = tmp_path / "bloom.yaml"
     path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_sweep_marks_a_layout_whose_sum_of_parts_is_over_the_device(tmp_path, capsys):
+    path = _bloom_tp4_pp3(tmp_path)
     assert main(["sweep", str(path), "--format", "json"]) == 0
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     assert len(ranked) == 1 and ranked[0]["only_peak_fits"] is True
@@ -84,4 +89,18 @@ def test_sweep_marks_a_layout_whose_sum_of_parts_is_over_the_device(tmp_path, ca
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if ln.startswith(" 1  "))
     assert "GiB*" in row
-    assert "* the peak fits, but the sum of parts + allowance is over the 80 GiB device" in out
+    caution = next(ln for ln in out.splitlines() if ln.startswith("* the peak fits, but the sum of parts + allowance ("))
+    assert caution.endswith("GiB) is over the 80 GiB device: a caching allocator that keeps each phase's blocks can "
+                            "hold that much; leave room or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+def test_tune_reports_the_caution_on_a_point_whose_sum_of_parts_is_over_the_device(tmp_path):
+    from dstoolkit.tune.space import TunePoint, TuneSpace
+
+    path = _bloom_tp4_pp3(tmp_path)
+    spec, shape = load_spec_and_shape(str(path))
+    space = TuneSpace.from_spec(spec, shape, bucket_scales=(1.0,), tune_overlap=False)
+    point = next(iter(space.points()))
+    chk = space.check(point)
+    assert not chk.pruned and only_peak_fits(chk.estimate, spec.cluster.gpu_spec)
+    assert [w for w in chk.warnings if w.startswith("memory: the peak fits, but the sum of parts + allowance (")]
