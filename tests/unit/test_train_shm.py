@@ -47,9 +47,25 @@ def test_orphan_sweep_spares_mapped_buffers_and_other_users(tmp_path):
         f"7f0000000000-7f0004200000 rw-s 00000000 00:19 42   {shm.SHM_DIR}/{live.name}\n"
         "7f0010000000-7f0010001000 r-xp 00000000 08:01 7    /usr/lib/libc.so.6\n")
     (proc / "self").mkdir()  # non-numeric entries are skipped
-    assert shm.orphaned_buffers(shm_dir, proc) == [dead]
-    assert shm.remove_orphaned_buffers(shm_dir, proc) == [dead.name]
+    old = os.stat(dead).st_mtime - 2 * shm.ORPHAN_MIN_AGE_S
+    for p in (live, dead, foreign):
+        os.utime(p, (old, old))
+    # utime leaves ctime at now: the age test takes the later of the two, so ask "as of" a minute on
+    later = os.stat(dead).st_ctime + shm.ORPHAN_MIN_AGE_S
+    assert shm.orphaned_buffers(shm_dir, proc, now_s=later) == [dead]
+    assert shm.orphaned_buffers(shm_dir, proc) == []  # changed just now (ctime): maybe a job creating it
+    assert shm.remove_orphaned_buffers(shm_dir, proc, min_age_s=0.0) == [dead.name]
     assert live.exists() and foreign.exists() and not dead.exists()
+
+
+def test_a_buffer_created_a_moment_ago_is_not_orphaned(tmp_path):
+    """Between DeepSpeed's shm_open and its mmap a live job's buffer is mapped by nobody: too young to remove."""
+    young = make(tmp_path, f"deepspeed_allreduce_buffer_{os.getuid()}_h_4_0")
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    assert shm.remove_orphaned_buffers(tmp_path, proc) == []
+    assert young.exists()
+    assert shm.orphaned_buffers(tmp_path, proc, now_s=os.stat(young).st_ctime + shm.ORPHAN_MIN_AGE_S) == [young]
 
 
 def test_mapped_shm_names_sees_a_real_mapping(tmp_path):

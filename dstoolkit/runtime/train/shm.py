@@ -12,12 +12,14 @@ Two remedies, no torch import:
 - `unlink_job_buffers` right after every rank has mapped every other rank's buffer (after the rendezvous and
   a barrier): the mappings stay valid for the job's lifetime, only the names go (the trainer does this);
 - `remove_orphaned_buffers` for jobs that died before that: removes this user's buffers that no live process
-  maps (read from /proc/<pid>/maps), so a running job's buffers are never touched.
+  maps (read from /proc/<pid>/maps) and that are older than ORPHAN_MIN_AGE_S, so a running job's buffers are
+  never touched, not even in the moment between their creation and their mapping.
 """
 from __future__ import annotations
 
 import os
 import pathlib
+import time
 from typing import Optional
 
 SHM_DIR = pathlib.Path("/dev/shm")
@@ -78,11 +80,29 @@ def mapped_shm_names(proc_dir: pathlib.Path = pathlib.Path("/proc")) -> set[str]
     return names
 
 
-def orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = pathlib.Path("/proc")) -> list[pathlib.Path]:
-    """This user's DeepSpeed buffers that no live process maps."""
+ORPHAN_MIN_AGE_S = 60.0
+"""A buffer younger than this (by its last change) is never orphaned: between DeepSpeed's `shm_open(O_CREAT)` and
+its `mmap` (shm.cpp `shared_create`) a live job's new buffer is mapped by nobody, and a sweep run by another job on
+the same machine at that moment would unlink it, leaving its peers waiting for the name forever. A dead job's
+buffers are removed by a later sweep."""
+
+
+def orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = pathlib.Path("/proc"),
+                     min_age_s: float = ORPHAN_MIN_AGE_S, now_s: Optional[float] = None) -> list[pathlib.Path]:
+    """This user's DeepSpeed buffers that no live process maps and that nothing changed in the last `min_age_s`."""
     mine = f"{BUFFER_PREFIX}_{os.getuid()}_"
+    now_s = time.time() if now_s is None else now_s
+    files = []
     try:
-        files = [p for p in shm_dir.iterdir() if p.name.startswith(mine)]
+        for p in shm_dir.iterdir():
+            if not p.name.startswith(mine):
+                continue
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # unlinked since the listing
+                continue
+            if now_s - max(st.st_mtime, st.st_ctime) >= min_age_s:
+                files.append(p)
     except OSError:
         return []
     if not files:
@@ -91,9 +111,10 @@ def orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = p
     return sorted(p for p in files if p.name not in in_use)
 
 
-def remove_orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = pathlib.Path("/proc")) -> list[str]:
+def remove_orphaned_buffers(shm_dir: pathlib.Path = SHM_DIR, proc_dir: pathlib.Path = pathlib.Path("/proc"),
+                            min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
     """Remove `orphaned_buffers`; returns the names removed."""
-    return _unlink_each(orphaned_buffers(shm_dir, proc_dir))
+    return _unlink_each(orphaned_buffers(shm_dir, proc_dir, min_age_s))
 
 
 def unlink_after_rendezvous() -> list[str]:
