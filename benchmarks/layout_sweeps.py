@@ -226,8 +226,7 @@ def sweep_pick(group: dict[str, Any], rows: list[dict[str, Any]], spec_path: pat
     outside = [r["id"] for r in runs if r["layout"].get("tp", 1) not in pow2_upto(gpn)
                or r["micro_batch"] not in MICRO_BATCH_CHOICES or r.get("global_batch") != runs[0].get("global_batch")
                or (r.get("nodes"), r["gpus_per_node"]) != (runs[0].get("nodes"), gpn)]
-    spec = shape = None
-    if not outside:
+    if not outside:  # the pp test needs the spec's world size and layer count
         from dstoolkit.models import resolve_model
         from dstoolkit.spec import load_spec
 
@@ -480,7 +479,7 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
         ["layouts that ran but refused", str(s["refused"]), "", "0"],
         ["layouts that ran, predicted not to fit", str(s["false_oom"]), "", "0"],
         ["layouts reported OOM, predicted to fit", str(s["missed_oom"]), "", ""],
-        [*_sweep_pick_figure(s.get("sweep_pick") or sweep_pick_summary(sweeps)), "", ""],
+        [*_sweep_pick_figure(s["sweep_pick"]), "", ""],
     ], ["figure", ("in sample", "r"), ("leave one source out", "r"), "goal"])
     ce = s.get("noise_ceiling")
     if ce and ce["groups"]:

@@ -95,7 +95,7 @@ def test_sweep_marks_a_layout_whose_sum_of_parts_is_over_the_device(tmp_path, ca
 
 
 def test_tune_reports_the_caution_on_a_point_whose_sum_of_parts_is_over_the_device(tmp_path):
-    from dstoolkit.tune.space import TunePoint, TuneSpace
+    from dstoolkit.tune.space import TuneSpace
 
     path = _bloom_tp4_pp3(tmp_path)
     spec, shape = load_spec_and_shape(str(path))
