@@ -20,6 +20,7 @@ from dstoolkit.estimate.dtype_bytes import param_bytes
 from dstoolkit.estimate.gemm import LinearSeconds, gemm_rate, linear_s, projection_s
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
+from dstoolkit.layout import pipeline_split, stage_layer_range
 from dstoolkit.runplan import RunPlan
 
 # -- kernel efficiency outside one GEMM (gemm.py: how fast one GEMM runs) ----------------------------
@@ -205,7 +206,7 @@ def host_step_s(plan: RunPlan) -> float:
     if plan.framework != "deepspeed":
         return 0.0
     z = plan.ds.zero_stage
-    tensors = max(sum(layer_param_tensors(plan, i) for i in stage_layers(plan.shape.num_hidden_layers, plan.pp, st))
+    tensors = max(sum(layer_param_tensors(plan, i) for i in stage_layers(plan, st))
                   for st in range(plan.pp))
     return HOST_S_PER_STEP[z] + tensors * HOST_S_PER_STEP_PER_PARAM_TENSOR[z]
 
@@ -367,15 +368,15 @@ def layer_weights(shape, i: int) -> LayerWeights:
     return LayerWeights(att, dense, routed, shared, router)
 
 
-def stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    """Layers of pipeline stage `stage`: ceil(L/pp) contiguous blocks (the estimator's one partition)."""
-    per = math.ceil(num_layers / pp)
-    return range(stage * per, min(num_layers, (stage + 1) * per))
+def stage_layers(plan: RunPlan, stage: int) -> range:
+    """Blocks of pipeline stage `stage` as the plan's framework splits them (layout.stage_layers: Megatron's split,
+    or DeepSpeed's PipelineModule / torchtitan's uniform one)."""
+    return stage_layer_range(plan.shape.num_hidden_layers, plan.pp, stage, pipeline_split(plan.framework))
 
 
-def moe_layers_per_stage(shape, pp: int) -> list[int]:
+def moe_layers_per_stage(plan: RunPlan) -> list[int]:
     """MoE blocks on each pipeline stage (DeepSeek-V3 at pp 16: 1 on stage 0, 4 on the others)."""
-    return [sum(shape.is_moe_layer(i) for i in stage_layers(shape.num_hidden_layers, pp, s)) for s in range(pp)]
+    return [sum(plan.shape.is_moe_layer(i) for i in stage_layers(plan, s)) for s in range(plan.pp)]
 
 
 def sequence_shards(plan: RunPlan) -> int:
@@ -407,7 +408,7 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
 
     stages = []
     for st in range(plan.pp):
-        blocks = [one(i) for i in stage_layers(shape.num_hidden_layers, plan.pp, st)]
+        blocks = [one(i) for i in stage_layers(plan, st)]
         gpu = sum(b[0] for b in blocks) + (head_s if st == plan.pp - 1 else 0.0)
         stages.append(max(gpu, sum(b[1] for b in blocks) + host_micro_s))
     bubble = bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)

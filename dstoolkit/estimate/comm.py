@@ -283,7 +283,7 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     # (deepspeed/moe/mappings.py drop_tokens) and Megatron with sequence parallelism holds tokens/tp per rank.
     tok = plan.seq_len * ds.micro_batch / shards
     if shape.is_moe and plan.ep > 1:
-        moe_layers = max(moe_layers_per_stage(shape, plan.pp))
+        moe_layers = max(moe_layers_per_stage(plan))
         ep_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.ep, plan.tp * shards)
         a2a_bytes, a2a_calls = ep_a2a_layer_bytes(plan) * moe_layers * ga, 4 * moe_layers * ga
         if ep_lay.cross_node and not is_cpu_device(plan.gpu):

@@ -33,7 +33,7 @@ from dstoolkit.estimate.paper_view import (  # noqa: F401 - re-exported (moved o
     ZERO_PAPER_GRAD_BYTES, ZERO_PAPER_K, ZERO_PAPER_WEIGHT_BYTES, PaperView, paper_model_states)
 from dstoolkit.estimate.param_groups import (  # noqa: F401 - re-exported (moved out to keep this file short)
     FP8_WEIGHT_CACHE_BYTES_PER_PARAM, NCCL_START_ALIGNMENT_FACTOR, ParamEntry, _expert_index, _padded,
-    _partition_grad_numels, _stage_layers, fp8_weight_cache_bytes, head_grad_numel, rank_param_groups)
+    _partition_grad_numels, fp8_weight_cache_bytes, head_grad_numel, rank_param_groups)
 from dstoolkit.estimate.step_temporaries import (
     grad_norm_temporary_bytes, optimizer_implementation, optimizer_temporary_bytes)
 from dstoolkit.runplan import RunPlan

@@ -7,6 +7,7 @@ import math
 from functools import lru_cache
 
 from dstoolkit.estimate.layout import ParamEntry, param_layout
+from dstoolkit.layout import pipeline_split, stage_layer_range, stage_layers
 from dstoolkit.runplan import RunPlan
 
 NCCL_START_ALIGNMENT_FACTOR = 2
@@ -20,9 +21,8 @@ FP8_WEIGHT_CACHE_BYTES_PER_PARAM = 2
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    per = math.ceil(num_layers / pp)
-    return range(stage * per, min(num_layers, (stage + 1) * per))
+def _stage_layers(num_layers: int, pp: int, stage: int, split: str) -> range:
+    return stage_layer_range(num_layers, pp, stage, split)
 
 
 def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[int]]:
@@ -33,18 +33,20 @@ def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[i
     TP shards matrices (and vocab) by tp; PP keeps the layers of one stage (the heaviest stage when
     `pp_stage` is None: embedding on the first, final norm + LM head on the last).
     """
-    return [list(g) for g in _rank_param_groups(plan.shape, plan.tp, plan.pp, plan.ep, pp_stage)]
+    return [list(g) for g in _rank_param_groups(plan.shape, plan.tp, plan.pp, plan.ep, pp_stage,
+                                                pipeline_split(plan.framework))]
 
 
 @lru_cache(maxsize=256)
-def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None) -> tuple[tuple[int, ...], ...]:
+def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
+                       split: str = "megatron") -> tuple[tuple[int, ...], ...]:
     layout = param_layout(shape)
     stages = [pp_stage] if pp_stage is not None else list(range(pp))
     best: tuple[tuple[int, ...], ...] = ()
     best_total = -1
     local_experts = shape.num_experts // ep if shape.is_moe else 0
     for st in stages:
-        layers = set(_stage_layers(shape.num_hidden_layers, pp, st))
+        layers = set(_stage_layers(shape.num_hidden_layers, pp, st, split))
         dense: list[int] = []
         experts: list[int] = []
         for p in layout:
@@ -113,7 +115,9 @@ def fp8_weight_cache_bytes(plan: RunPlan) -> int:
         return 0
     layout = param_layout(plan.shape)
     local = 0
-    layers = set(_stage_layers(plan.shape.num_hidden_layers, plan.pp, 0))
+    split = pipeline_split(plan.framework)
+    counts = stage_layers(plan.shape.num_hidden_layers, plan.pp, split)
+    layers = set(_stage_layers(plan.shape.num_hidden_layers, plan.pp, counts.index(max(counts)), split))
     local_experts = plan.shape.num_experts // plan.ep if plan.shape.is_moe else 0
     for p in layout:
         if p.kind not in ("attention", "dense_mlp", "expert", "shared_expert") or p.layer not in layers:

@@ -110,7 +110,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         if cal.has_op_rates:  # the probe's op-level rates: each GEMM at its shape, attention, elementwise
 
             compute = cpu_compute_s(plan, op_rates(cal))
-            layers = max(len(cm.stage_layers(plan.shape.num_hidden_layers, plan.pp, st)) for st in range(plan.pp))
+            layers = max(len(cm.stage_layers(plan, st)) for st in range(plan.pp))
         else:  # one block rate, interpolated in size between the probe's two blocks
             flops = fpt.hardware * tokens_per_rank_step / model_ranks
             if plan.pp > 1:

@@ -210,7 +210,7 @@ def _recompute(shape: ModelShape, cand: Candidate) -> list[str]:
         return ["--recompute-granularity", "selective"]
     if c.kind == "full":
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    per_stage = stage_layers(shape.num_hidden_layers, cand.pp)[-1]
+    per_stage = max(stage_layers(shape.num_hidden_layers, cand.pp))
     n = sum(c.checkpointed_layers(per_stage))
     if n == 0:
         return []

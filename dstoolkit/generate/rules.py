@@ -11,13 +11,13 @@ from typing import Optional
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.hardware.table import lookup_gpu_name
-from dstoolkit.layout import LayoutFacts, ParallelDims, first_violation, pipeline_first_stage_layers
+from dstoolkit.layout import LayoutFacts, ParallelDims, first_violation
 from dstoolkit.layout import ramp_increment as _ramp_increment
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
 __all__ = ["RuleViolation", "candidate_facts", "check_candidate", "dims_for", "hpz_partition_size",
-           "pipeline_first_stage_layers", "ramp_increment"]
+           "ramp_increment"]
 
 SWEEP_ORDER = ("LY001", "LY002", "LY003", "LY004", "LY005", "LY006", "LY010", "LY007", "LY008", "LY009",
                "LY011", "LY012", "LY013", "LY014", "LY015", "LY016", "LY017", "LY018")

@@ -133,29 +133,76 @@ def resolve_batch(train_batch: Optional[int], micro_batch: Optional[int], grad_a
     return BatchTriad(mb, ga, mb * ga * dp)
 
 
-def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
-    """Layers per pipeline stage: ceil(L / pp) on every stage after the first, the rest on stage 0
-    (Megatron-LM's --decoder-first-pipeline-num-layers convention for an uneven split).
+PipelineSplit = str
+"""How a framework assigns blocks to pipeline stages: "megatron" or "uniform" (pipeline_split)."""
+PIPELINE_SPLITS = ("megatron", "uniform")
+
+
+def pipeline_split(framework: Optional[str]) -> PipelineSplit:
+    """The stage split a framework's pipeline uses: Megatron-LM's ("megatron"), or DeepSpeed's PipelineModule and
+    torchtitan's ("uniform": the first L mod pp stages take one block more)."""
+    return "megatron" if framework == "megatron" else "uniform"
+
+
+def stage_layers(num_layers: int, pp: int, split: PipelineSplit = "megatron") -> tuple[int, ...]:
+    """Blocks per pipeline stage, stage 0 first: the one statement of the split (the LY005 rule, the estimate
+    and the generated Megatron-LM arguments all read it).
+
+    "megatron" (Megatron-LM / Megatron-Core): L / pp each when pp divides L; else ceil(L / pp) on every stage
+    after the first and the rest on stage 0 (--decoder-first-pipeline-num-layers); where that leaves stage 0
+    nothing, equal middle stages and the rest split between the first and the last stage
+    (--decoder-first- and --decoder-last-pipeline-num-layers: Megatron-Core TransformerConfig's uneven-PP check
+    requires each edge stage > 0 and the middle layers divisible by the middle stages), the middle size chosen to
+    make the largest stage smallest.
+    "uniform": DeepSpeed's PipelineModule (deepspeed/runtime/utils.py partition_uniform: L // pp each, the first
+    L mod pp stages one more; Megatron-DeepSpeed's partition_method 'type:transformer' balances the same block
+    counts) and torchtitan's split.
 
     Raises:
-        LayoutError: pp exceeds the layer count, or stage 0 would get no layer (LY005).
+        LayoutError: pp below 1 or above the layer count (LY005): some stage would hold no block.
     """
     if pp < 1 or pp > num_layers:
-        raise LayoutError("LY005", f"pp={pp} exceeds num_hidden_layers={num_layers}", "each stage needs a layer")
+        raise LayoutError("LY005", f"pp={pp} exceeds num_hidden_layers={num_layers}",
+                          f"pick pp between 1 and {num_layers}: each pipeline stage needs a layer")
+    if split == "uniform":
+        base, extra = divmod(num_layers, pp)
+        return tuple(base + (1 if s < extra else 0) for s in range(pp))
     if num_layers % pp == 0:
         return (num_layers // pp,) * pp
     per_stage = -(-num_layers // pp)
     first = num_layers - (pp - 1) * per_stage
-    if first < 1:
-        raise LayoutError("LY005", f"num_hidden_layers={num_layers} cannot be split over pp={pp} stages "
-                          "(stage 0 would get no layer)", "pick a pp that leaves stage 0 at least one layer")
-    return (first,) + (per_stage,) * (pp - 1)
+    if first >= 1:
+        return (first,) + (per_stage,) * (pp - 1)
+    best: Optional[tuple[int, ...]] = None
+    for middle in range(per_stage, 0, -1):
+        edges = num_layers - (pp - 2) * middle
+        if edges < 2:
+            continue
+        cand = (edges // 2,) + (middle,) * (pp - 2) + (edges - edges // 2,)
+        if best is None or max(cand) < max(best):
+            best = cand
+    assert best is not None  # middle = 1 leaves edges = L - pp + 2 >= 2
+    return best
 
 
-def pipeline_first_stage_layers(num_layers: int, pp: int) -> Optional[int]:
-    """Layers on stage 0 for an uneven split (None for an even one); raises `LayoutError` when none exists."""
-    layers = stage_layers(num_layers, pp)
-    return None if len(set(layers)) == 1 else layers[0]
+def stage_layer_range(num_layers: int, pp: int, stage: int, split: PipelineSplit = "megatron") -> range:
+    """The blocks (indices) pipeline stage `stage` holds under stage_layers' split."""
+    counts = stage_layers(num_layers, pp, split)
+    start = sum(counts[:stage])
+    return range(start, start + counts[stage])
+
+
+def pipeline_edge_stage_layers(num_layers: int, pp: int) -> tuple[Optional[int], Optional[int]]:
+    """Megatron's uneven split as its two flags: (--decoder-first-pipeline-num-layers,
+    --decoder-last-pipeline-num-layers), each None where that stage holds the middle stages' count (stage_layers
+    "megatron"). Raises `LayoutError` (LY005) where no split exists."""
+    layers = stage_layers(num_layers, pp, "megatron")
+    if len(set(layers)) == 1:
+        return None, None
+    middle = layers[1] if pp > 2 else None
+    first = layers[0] if layers[0] != middle else None
+    last = layers[-1] if pp > 2 and layers[-1] != middle else None
+    return first, last
 
 
 def ramp_increment(increment: Optional[int], micro_batch: int, dp: int) -> int:

@@ -146,9 +146,14 @@ def test_te_activations_per_token_hidden():
 
 # -- MoE -------------------------------------------------------------------------------------------------
 def test_moe_layers_counted_on_the_heaviest_stage():
-    # DeepSeek-V3: 61 layers, first 3 dense; pp 16 -> 4 layers a stage: stage 0 holds 1 MoE layer, 1-14 hold 4
-    per = cm.moe_layers_per_stage(get_preset("deepseek-v3"), 16)
-    assert per[0] == 1 and per[1] == 4 and max(per) == 4 and per[15] == 1
+    # DeepSeek-V3: 61 layers, the first 3 dense, over pp 16. Megatron: 4 blocks on stages 1-15, the 1 left on
+    # stage 0 (--decoder-first-pipeline-num-layers 1): stage 0 holds block 0 (dense), stage 1 blocks 1-4 (2 MoE),
+    # the others 4 MoE each
+    meg = cm.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="megatron"))
+    assert meg == [0, 2] + [4] * 14
+    # DeepSpeed's PipelineModule (partition_uniform): 61 = 16 x 3 + 13, so stages 0-12 take 4 blocks, 13-15 take 3
+    ds = cm.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="deepspeed"))
+    assert ds == [1] + [4] * 12 + [3] * 3
 
 
 def test_megatron_dropless_all_to_all_per_tp_rank():

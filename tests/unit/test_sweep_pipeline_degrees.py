@@ -42,15 +42,14 @@ def _spec(tmp_path, training: dict) -> str:
 
 def test_48_nodes_rank_the_pipeline_degrees_that_give_a_power_of_two_dp(tmp_path):
     # 384 GPUs, tp 8: dp = 48 / pp, and 2048 sequences split into micro batches of 1 only over a power-of-two dp,
-    # so pp 3, 6, 12 and 24 keep the batch; 32 layers split Megatron's way (layout.dims.stage_layers: ceil(L / pp)
-    # per stage, the rest on stage 0) leave stage 0 nothing at pp 12 and 24, so pp 3 and 6 rank. A powers-of-two
-    # grid had no layout at all here.
+    # so pp 3, 6, 12 and 24 keep the batch. The 32 layers split over 12 and 24 stages too (layout.stage_layers:
+    # DeepSpeed's PipelineModule uniformly; Megatron with first/last-stage flags), so all four rank. A
+    # powers-of-two grid had no layout at all here.
     spec, shape = load_spec_and_shape(_spec(tmp_path, {"tp": 8, "pp": "auto", "micro_batch": 1}))
     res = run_sweep(spec, shape, top=20, validate=False, advise=False)
-    assert sorted(r.candidate.pp for r in res.ranked) == [3, 6]
+    assert sorted(r.candidate.pp for r in res.ranked) == [3, 6, 12, 24]
     dropped = {d.candidate.pp: d.code for d in res.dropped}
-    assert dropped == {1: "batch", 2: "batch", 4: "batch", 8: "batch", 16: "batch", 12: "pp-layers",
-                       24: "pp-layers", 32: "mp-world"}
+    assert dropped == {1: "batch", 2: "batch", 4: "batch", 8: "batch", 16: "batch", 32: "mp-world"}
 
 
 def _estimate(fits: bool, sum_of_parts_gib: float) -> CandidateEstimate:
