@@ -8,7 +8,7 @@ from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
                                                model_constants)
-from dstoolkit.layout import pipeline_edge_stage_layers
+from dstoolkit.layout import megatron_split
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -42,11 +42,13 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     """
     k = model_constants(spec, shape)
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
-    first, last = pipeline_edge_stage_layers(shape.num_hidden_layers, cand.pp)
-    if first is not None:
-        out += ["--decoder-first-pipeline-num-layers", str(first)]
-    if last is not None:
-        out += ["--decoder-last-pipeline-num-layers", str(last)]
+    split = megatron_split(shape.num_hidden_layers, cand.pp)
+    if split.first is not None:
+        out += ["--decoder-first-pipeline-num-layers", str(split.first)]
+    if split.last is not None:
+        out += ["--decoder-last-pipeline-num-layers", str(split.last)]
+    if split.layout is not None:
+        out += ["--pipeline-model-parallel-layout", split.layout]
     if cand.tp > 1:
         out += ["--sequence-parallel"]
     out += _common_model(spec, shape, k, cand)

@@ -6,10 +6,10 @@ Pure Python and at the bottom of the core (beside `hardware`): the spec loader, 
 rules, the sweep, the estimator, the tuner and the trainer all ask it."""
 from dstoolkit.layout.constraints import (CONSTRAINTS, LayoutFacts, Violation, check_layout, explain,
                                           first_violation, require)
-from dstoolkit.layout.dims import (BatchTriad, LayoutError, ParallelDims, data_parallel_size,
-                                   pipeline_edge_stage_layers, pipeline_split, ramp_increment, resolve_batch,
-                                   stage_layer_range, stage_layers)
+from dstoolkit.layout.dims import (BatchTriad, LayoutError, MegatronSplit, ParallelDims, data_parallel_size,
+                                   megatron_split, pipeline_split, ramp_increment, resolve_batch, stage_layer_range,
+                                   stage_layers)
 
-__all__ = ["BatchTriad", "CONSTRAINTS", "LayoutError", "LayoutFacts", "ParallelDims", "Violation", "check_layout",
-           "data_parallel_size", "explain", "first_violation", "pipeline_edge_stage_layers", "pipeline_split", "ramp_increment",
-           "require", "resolve_batch", "stage_layer_range", "stage_layers"]
+__all__ = ["BatchTriad", "CONSTRAINTS", "LayoutError", "LayoutFacts", "MegatronSplit", "ParallelDims", "Violation",
+           "check_layout", "data_parallel_size", "explain", "first_violation", "megatron_split", "pipeline_split",
+           "ramp_increment", "require", "resolve_batch", "stage_layer_range", "stage_layers"]

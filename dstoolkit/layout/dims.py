@@ -144,45 +144,76 @@ def pipeline_split(framework: Optional[str]) -> PipelineSplit:
     return "megatron" if framework == "megatron" else "uniform"
 
 
+@dataclass(frozen=True)
+class MegatronSplit:
+    """How Megatron-LM is told a split (megatron_split): nothing (even), the edge-stage flags, or a layout."""
+
+    layers: tuple[int, ...]
+    first: Optional[int] = None
+    """--decoder-first-pipeline-num-layers."""
+    last: Optional[int] = None
+    """--decoder-last-pipeline-num-layers."""
+    layout: Optional[str] = None
+    """--pipeline-model-parallel-layout: stages split by "|", "E" the embedding, "t*n" n decoder layers, "L" the
+    output layer and loss (Megatron-Core PipelineParallelLayerLayout)."""
+
+
+def _check_pp(num_layers: int, pp: int) -> None:
+    if pp < 1 or pp > num_layers:
+        raise LayoutError("LY005", f"pp={pp} exceeds num_hidden_layers={num_layers}",
+                          f"pick pp between 1 and {num_layers}: each pipeline stage needs a layer")
+
+
+def _uniform(num_layers: int, pp: int) -> tuple[int, ...]:
+    base, extra = divmod(num_layers, pp)
+    return tuple(base + (1 if s < extra else 0) for s in range(pp))
+
+
+def megatron_split(num_layers: int, pp: int) -> MegatronSplit:
+    """Megatron-LM's split of L blocks over pp stages, and the flags that ask for it. Every uneven form keeps the
+    largest stage at ceil(L / pp):
+
+    - pp divides L: L / pp each, no flag;
+    - else ceil(L / pp) on every stage after the first and the rest on stage 0 (--decoder-first-pipeline-num-layers);
+    - where that leaves stage 0 nothing: ceil(L / pp) on the middle stages and the rest split between the first
+      and the last (--decoder-first- and --decoder-last-pipeline-num-layers; Megatron-Core TransformerConfig's
+      uneven-PP check wants each edge stage > 0 and the middle layers divisible by the middle stages);
+    - where that leaves an edge empty too: the uniform split (stage_layers "uniform") written as
+      --pipeline-model-parallel-layout.
+
+    Raises:
+        LayoutError: pp below 1 or above the layer count (LY005).
+    """
+    _check_pp(num_layers, pp)
+    if num_layers % pp == 0:
+        return MegatronSplit((num_layers // pp,) * pp)
+    per_stage = -(-num_layers // pp)
+    first = num_layers - (pp - 1) * per_stage
+    if first >= 1:
+        return MegatronSplit((first,) + (per_stage,) * (pp - 1), first=first)
+    edges = num_layers - (pp - 2) * per_stage
+    if edges >= 2:
+        a, b = edges // 2, edges - edges // 2
+        return MegatronSplit((a,) + (per_stage,) * (pp - 2) + (b,), first=a, last=b)
+    layers = _uniform(num_layers, pp)
+    stages = [f"t*{n}" for n in layers]
+    return MegatronSplit(layers, layout="|".join(["E" + stages[0]] + stages[1:-1] + [stages[-1] + "L"]))
+
+
 def stage_layers(num_layers: int, pp: int, split: PipelineSplit = "megatron") -> tuple[int, ...]:
     """Blocks per pipeline stage, stage 0 first: the one statement of the split (the LY005 rule, the estimate
-    and the generated Megatron-LM arguments all read it).
-
-    "megatron" (Megatron-LM / Megatron-Core): L / pp each when pp divides L; else ceil(L / pp) on every stage
-    after the first and the rest on stage 0 (--decoder-first-pipeline-num-layers); where that leaves stage 0
-    nothing, equal middle stages and the rest split between the first and the last stage
-    (--decoder-first- and --decoder-last-pipeline-num-layers: Megatron-Core TransformerConfig's uneven-PP check
-    requires each edge stage > 0 and the middle layers divisible by the middle stages), the middle size chosen to
-    make the largest stage smallest.
-    "uniform": DeepSpeed's PipelineModule (deepspeed/runtime/utils.py partition_uniform: L // pp each, the first
-    L mod pp stages one more; Megatron-DeepSpeed's partition_method 'type:transformer' balances the same block
-    counts) and torchtitan's split.
+    and the generated Megatron-LM arguments all read it). "megatron": megatron_split. "uniform": DeepSpeed's
+    PipelineModule (deepspeed/runtime/utils.py partition_uniform: L // pp each, the first L mod pp stages one
+    more; Megatron-DeepSpeed's partition_method 'type:transformer' balances the same block counts) and
+    torchtitan's split.
 
     Raises:
         LayoutError: pp below 1 or above the layer count (LY005): some stage would hold no block.
     """
-    if pp < 1 or pp > num_layers:
-        raise LayoutError("LY005", f"pp={pp} exceeds num_hidden_layers={num_layers}",
-                          f"pick pp between 1 and {num_layers}: each pipeline stage needs a layer")
     if split == "uniform":
-        base, extra = divmod(num_layers, pp)
-        return tuple(base + (1 if s < extra else 0) for s in range(pp))
-    if num_layers % pp == 0:
-        return (num_layers // pp,) * pp
-    per_stage = -(-num_layers // pp)
-    first = num_layers - (pp - 1) * per_stage
-    if first >= 1:
-        return (first,) + (per_stage,) * (pp - 1)
-    best: Optional[tuple[int, ...]] = None
-    for middle in range(per_stage, 0, -1):
-        edges = num_layers - (pp - 2) * middle
-        if edges < 2:
-            continue
-        cand = (edges // 2,) + (middle,) * (pp - 2) + (edges - edges // 2,)
-        if best is None or max(cand) < max(best):
-            best = cand
-    assert best is not None  # middle = 1 leaves edges = L - pp + 2 >= 2
-    return best
+        _check_pp(num_layers, pp)
+        return _uniform(num_layers, pp)
+    return megatron_split(num_layers, pp).layers
 
 
 def stage_layer_range(num_layers: int, pp: int, stage: int, split: PipelineSplit = "megatron") -> range:
@@ -190,19 +221,6 @@ def stage_layer_range(num_layers: int, pp: int, stage: int, split: PipelineSplit
     counts = stage_layers(num_layers, pp, split)
     start = sum(counts[:stage])
     return range(start, start + counts[stage])
-
-
-def pipeline_edge_stage_layers(num_layers: int, pp: int) -> tuple[Optional[int], Optional[int]]:
-    """Megatron's uneven split as its two flags: (--decoder-first-pipeline-num-layers,
-    --decoder-last-pipeline-num-layers), each None where that stage holds the middle stages' count (stage_layers
-    "megatron"). Raises `LayoutError` (LY005) where no split exists."""
-    layers = stage_layers(num_layers, pp, "megatron")
-    if len(set(layers)) == 1:
-        return None, None
-    middle = layers[1] if pp > 2 else None
-    first = layers[0] if layers[0] != middle else None
-    last = layers[-1] if pp > 2 and layers[-1] != middle else None
-    return first, last
 
 
 def ramp_increment(increment: Optional[int], micro_batch: int, dp: int) -> int:

@@ -346,6 +346,8 @@ _CORE_FIELDS = {
     "--pipeline-model-parallel-size": ("pipeline_model_parallel_size", int),
     "--expert-model-parallel-size": ("expert_model_parallel_size", int),
     "--decoder-first-pipeline-num-layers": ("num_layers_in_first_pipeline_stage", int),
+    "--decoder-last-pipeline-num-layers": ("num_layers_in_last_pipeline_stage", int),
+    "--pipeline-model-parallel-layout": ("pipeline_model_parallel_layout", str),
     "--num-experts": ("num_moe_experts", int), "--moe-router-topk": ("moe_router_topk", int),
     "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", int),
     "--moe-shared-expert-intermediate-size": ("moe_shared_expert_intermediate_size", int),

@@ -1,6 +1,7 @@
 """The pipeline layer split has one owner (dstoolkit.layout.stage_layers), per framework: Megatron's (even, else the
-rest on stage 0, else on the first and the last stage) and the uniform one of DeepSpeed's PipelineModule. Any
-1 <= pp <= L is a layout both frameworks run, so LY005 refuses only pp above the layer count."""
+rest on stage 0, else on the first and the last stage, else a --pipeline-model-parallel-layout) and the uniform one
+of DeepSpeed's PipelineModule. Any 1 <= pp <= L is a layout both frameworks run, so LY005 refuses only pp above the
+layer count."""
 from __future__ import annotations
 
 import pytest
@@ -8,17 +9,24 @@ import pytest
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.io import load_spec_and_shape
 from dstoolkit.generate.megatron_lm import megatron_lm_args
-from dstoolkit.layout import (LayoutError, LayoutFacts, check_layout, pipeline_edge_stage_layers, pipeline_split,
+from dstoolkit.layout import (LayoutError, LayoutFacts, MegatronSplit, check_layout, megatron_split, pipeline_split,
                               stage_layer_range, stage_layers)
 
 
 def test_megatron_split_exact():
-    assert stage_layers(32, 4) == (8, 8, 8, 8)
-    assert stage_layers(30, 4) == (6, 8, 8, 8)  # --decoder-first-pipeline-num-layers 6
-    assert stage_layers(72, 16) == (1,) + (5,) * 14 + (1,)  # the rest (2) on the first and the last stage
-    assert stage_layers(32, 12) == (1,) + (3,) * 10 + (1,)
-    assert stage_layers(10, 9) == (1,) * 8 + (2,)
-    assert stage_layers(3, 2) == (1, 2)
+    assert megatron_split(32, 4) == MegatronSplit((8, 8, 8, 8))  # no flag
+    assert megatron_split(30, 4).layers == (6, 8, 8, 8) and megatron_split(30, 4).first == 6
+    s = megatron_split(72, 16)  # the rest (2) on the first and the last stage
+    assert s.layers == (1,) + (5,) * 14 + (1,) and (s.first, s.last, s.layout) == (1, 1, None)
+    assert megatron_split(32, 12).layers == (1,) + (3,) * 10 + (1,)
+    assert megatron_split(3, 2).layers == (1, 2)
+    # 61 over 32: ceil 2 leaves 61 - 30 x 2 = 1 for both edges, so the uniform split as a layout
+    s = megatron_split(61, 32)
+    assert s.layers == (2,) * 29 + (1,) * 3 and s.first is None and s.last is None
+    assert s.layout == "|".join(["Et*2"] + ["t*2"] * 28 + ["t*1"] * 2 + ["t*1L"])
+    for layers in range(2, 80):
+        for pp in range(1, layers + 1):
+            assert max(stage_layers(layers, pp)) == -(-layers // pp)
 
 
 def test_uniform_split_exact():
@@ -43,24 +51,29 @@ def test_uniform_is_deepspeeds_partition_uniform(layers):
 
 
 def test_megatron_split_is_one_megatron_core_accepts():
-    """Every (L, pp) with pp <= L builds megatron.core's TransformerConfig with the split's edge-stage flags, and
-    the split's stages are the ones Megatron-Core derives (middle stages even)."""
+    """Every (L, pp) with pp <= L builds megatron.core's TransformerConfig with the split's flags, and Megatron-Core
+    puts the same number of decoder layers on each stage."""
     try:
         import torch
         from megatron.core.transformer import TransformerConfig
+        from megatron.core.transformer.enums import LayerType
     except Exception as exc:  # noqa: BLE001 - any import failure means: cannot check here
         pytest.skip(f"megatron-core cannot be imported here ({type(exc).__name__}: {exc})")
     for layers in (5, 30, 32, 61, 72):
         for pp in range(2, layers + 1):
-            split = stage_layers(layers, pp)
-            first, last = pipeline_edge_stage_layers(layers, pp)
-            TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=4, pipeline_model_parallel_size=pp,
-                              num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
-                              pipeline_dtype=torch.float32)
-            assert sum(split) == layers and min(split) >= 1
-            assert (first is None) == (split[0] == split[1])
-            # pp 2: the second stage is Megatron's one middle stage, so the last flag never appears
-            assert (last is None) == (pp == 2 or split[-1] == split[-2])
+            s = megatron_split(layers, pp)
+            cfg = TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=4,
+                                    pipeline_model_parallel_size=pp, num_layers_in_first_pipeline_stage=s.first,
+                                    num_layers_in_last_pipeline_stage=s.last, pipeline_model_parallel_layout=s.layout,
+                                    pipeline_dtype=torch.float32)
+            assert sum(s.layers) == layers and min(s.layers) >= 1
+            if s.layout is not None:
+                per_stage = [sum(t == LayerType.decoder for t in row[0]) for row in cfg.pipeline_model_parallel_layout.layout]
+                assert tuple(per_stage) == s.layers
+            elif s.first is not None or s.last is not None:
+                middle = (layers - (s.first or 0) - (s.last or 0)) // (pp - (s.first is not None) - (s.last is not None))
+                assert s.layers == ((s.first,) if s.first else ()) + (middle,) * (pp - (s.first is not None)
+                                                                                  - (s.last is not None)) + ((s.last,) if s.last else ())
 
 
 def test_ly005_refuses_only_pp_above_the_layer_count():
@@ -84,6 +97,11 @@ def test_megatron_lm_args_carry_both_edge_flags(tmp_path):
     spec, shape = load_spec_and_shape(spec_path)  # 32 layers
     words = megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=8, pp=12, micro_batch=1))
     i, j = words.index("--decoder-first-pipeline-num-layers"), words.index("--decoder-last-pipeline-num-layers")
-    assert words[i + 1] == "1" and words[j + 1] == "1"
+    assert words[i + 1] == "1" and words[j + 1] == "1" and "--pipeline-model-parallel-layout" not in words
     even = megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=8, pp=4, micro_batch=1))
-    assert "--decoder-first-pipeline-num-layers" not in even and "--decoder-last-pipeline-num-layers" not in even
+    assert not {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                "--pipeline-model-parallel-layout"} & set(even)
+    # 32 over 24: ceil 2 leaves 32 - 22 x 2 < 2 for the edges, so a layout: 8 stages of 2, 16 of 1
+    deep = megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=4, pp=24, micro_batch=1))
+    layout = deep[deep.index("--pipeline-model-parallel-layout") + 1]
+    assert layout == "|".join(["Et*2"] + ["t*2"] * 7 + ["t*1"] * 15 + ["t*1L"])

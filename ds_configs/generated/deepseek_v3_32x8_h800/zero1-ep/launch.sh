@@ -38,7 +38,7 @@ DIST_TIMEOUT_S="${DIST_TIMEOUT_S:-600}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
-TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S" --checkpoint-dir "$CKPT_DIR" --save-every "$SAVE_EVERY" --ep-size 16)
+TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S" --checkpoint-dir "$CKPT_DIR" --save-every "$SAVE_EVERY" --ep-size 8)
 TRAIN_ARGS+=("$@")  # extra arguments: to the trainer, whichever launcher
 
 case "${LAUNCHER:-deepspeed}" in
