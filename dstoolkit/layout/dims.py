@@ -171,13 +171,16 @@ def _uniform(num_layers: int, pp: int) -> tuple[int, ...]:
 
 def megatron_split(num_layers: int, pp: int) -> MegatronSplit:
     """Megatron-LM's split of L blocks over pp stages, and the flags that ask for it. Every uneven form keeps the
-    largest stage at ceil(L / pp):
+    largest stage at ceil(L / pp) and puts the lighter stages at the end, where the output layer and the loss
+    (V x h weights, the logits) already sit:
 
     - pp divides L: L / pp each, no flag;
-    - else ceil(L / pp) on every stage after the first and the rest on stage 0 (--decoder-first-pipeline-num-layers);
-    - where that leaves stage 0 nothing: ceil(L / pp) on the middle stages and the rest split between the first
-      and the last (--decoder-first- and --decoder-last-pipeline-num-layers; Megatron-Core TransformerConfig's
-      uneven-PP check wants each edge stage > 0 and the middle layers divisible by the middle stages);
+    - else ceil(L / pp) on every stage before the last and the rest on the last
+      (--decoder-last-pipeline-num-layers);
+    - where that leaves the last stage nothing: ceil(L / pp) on the middle stages and the rest split between the
+      first and the last, the last taking the smaller half (--decoder-first- and --decoder-last-pipeline-num-layers;
+      Megatron-Core TransformerConfig's uneven-PP check wants each edge stage > 0 and the middle layers divisible
+      by the middle stages);
     - where that leaves an edge empty too: the uniform split (stage_layers "uniform") written as
       --pipeline-model-parallel-layout.
 
@@ -188,12 +191,12 @@ def megatron_split(num_layers: int, pp: int) -> MegatronSplit:
     if num_layers % pp == 0:
         return MegatronSplit((num_layers // pp,) * pp)
     per_stage = -(-num_layers // pp)
-    first = num_layers - (pp - 1) * per_stage
-    if first >= 1:
-        return MegatronSplit((first,) + (per_stage,) * (pp - 1), first=first)
+    last = num_layers - (pp - 1) * per_stage
+    if last >= 1:
+        return MegatronSplit((per_stage,) * (pp - 1) + (last,), last=last)
     edges = num_layers - (pp - 2) * per_stage
     if edges >= 2:
-        a, b = edges // 2, edges - edges // 2
+        a, b = edges - edges // 2, edges // 2
         return MegatronSplit((a,) + (per_stage,) * (pp - 2) + (b,), first=a, last=b)
     layers = _uniform(num_layers, pp)
     stages = [f"t*{n}" for n in layers]

@@ -146,11 +146,10 @@ def test_te_activations_per_token_hidden():
 
 # -- MoE -------------------------------------------------------------------------------------------------
 def test_moe_layers_counted_on_the_heaviest_stage():
-    # DeepSeek-V3: 61 layers, the first 3 dense, over pp 16. Megatron: 4 blocks on stages 1-15, the 1 left on
-    # stage 0 (--decoder-first-pipeline-num-layers 1): stage 0 holds block 0 (dense), stage 1 blocks 1-4 (2 MoE),
-    # the others 4 MoE each
+    # DeepSeek-V3: 61 layers, the first 3 dense, over pp 16. Megatron: 4 blocks on stages 0-14, the 1 left on the
+    # last stage (--decoder-last-pipeline-num-layers 1): stage 0 holds blocks 0-3 (1 MoE), stage 15 block 60
     meg = cm.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="megatron"))
-    assert meg == [0, 2] + [4] * 14
+    assert meg == [1] + [4] * 14 + [1]
     # DeepSpeed's PipelineModule (partition_uniform): 61 = 16 x 3 + 13, so stages 0-12 take 4 blocks, 13-15 take 3
     ds = cm.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="deepspeed"))
     assert ds == [1] + [4] * 12 + [3] * 3

@@ -15,12 +15,15 @@ from dstoolkit.layout import (LayoutError, LayoutFacts, MegatronSplit, check_lay
 
 def test_megatron_split_exact():
     assert megatron_split(32, 4) == MegatronSplit((8, 8, 8, 8))  # no flag
-    assert megatron_split(30, 4).layers == (6, 8, 8, 8) and megatron_split(30, 4).first == 6
-    s = megatron_split(72, 16)  # the rest (2) on the first and the last stage
-    assert s.layers == (1,) + (5,) * 14 + (1,) and (s.first, s.last, s.layout) == (1, 1, None)
-    assert megatron_split(32, 12).layers == (1,) + (3,) * 10 + (1,)
-    assert megatron_split(3, 2).layers == (1, 2)
-    # 61 over 32: ceil 2 leaves 61 - 30 x 2 = 1 for both edges, so the uniform split as a layout
+    # the lighter stage last, beside the output layer: --decoder-last-pipeline-num-layers
+    assert megatron_split(30, 4) == MegatronSplit((8, 8, 8, 6), last=6)
+    assert megatron_split(61, 16) == MegatronSplit((4,) * 15 + (1,), last=1)
+    assert megatron_split(3, 2) == MegatronSplit((2, 1), last=1)
+    # 72 over 16: 5 on 15 stages would leave the last -3, so the rest (2) on the first and the last stage
+    assert megatron_split(72, 16) == MegatronSplit((1,) + (5,) * 14 + (1,), first=1, last=1)
+    # 33 over 12: the rest (3) split over the edges, the smaller half last
+    assert megatron_split(33, 12) == MegatronSplit((2,) + (3,) * 10 + (1,), first=2, last=1)
+    # 61 over 32: 2 on 30 middle stages leaves 1 for both edges, so the uniform split as a layout
     s = megatron_split(61, 32)
     assert s.layers == (2,) * 29 + (1,) * 3 and s.first is None and s.last is None
     assert s.layout == "|".join(["Et*2"] + ["t*2"] * 28 + ["t*1"] * 2 + ["t*1L"])
