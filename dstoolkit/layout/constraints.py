@@ -169,9 +169,10 @@ def _tp_divides_kv_heads(f: LayoutFacts, n: Names):
 
 
 @constraint("LY005", "pp-layers", "every pipeline stage needs a layer", ("pp", "num_layers"),
-            "Each framework splits any L >= pp blocks over pp stages (dims.stage_layers: Megatron with "
-            "--decoder-first/last-pipeline-num-layers where pp does not divide L, DeepSpeed's PipelineModule "
-            "uniformly); pp above the layer count leaves a stage empty.")
+            "Each framework splits any L >= pp blocks over pp stages (dims.stage_layers: Megatron-LM with "
+            "--decoder-last/--decoder-first-pipeline-num-layers or a --pipeline-model-parallel-layout where pp "
+            "does not divide L, DeepSpeed's PipelineModule uniformly); pp above the layer count leaves a stage "
+            "empty.")
 def _pp_layers(f: LayoutFacts, n: Names):
     if not _known(f.pp, f.num_layers):
         return None
