@@ -212,6 +212,33 @@ def render_findings(findings: list) -> list[str]:
         f"  {f.format_text()}" for f in findings]
 
 
+def pipeline_split_line(plan) -> list[str]:
+    """The layers per pipeline stage the estimate assumed (layout.stage_layers, the framework's split), and how
+    Megatron-LM is told an uneven one; nothing at pp 1."""
+    from dstoolkit.layout import megatron_split, pipeline_split, stage_layers
+
+    if plan.pp <= 1:
+        return []
+    split = pipeline_split(plan.framework)
+    layers = stage_layers(plan.shape.num_hidden_layers, plan.pp, split)
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    text = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+    if split == "uniform":
+        how = "DeepSpeed PipelineModule's uniform partition"
+    else:
+        m = megatron_split(plan.shape.num_hidden_layers, plan.pp)
+        flags = [f"--decoder-first-pipeline-num-layers {m.first}" if m.first is not None else "",
+                 f"--decoder-last-pipeline-num-layers {m.last}" if m.last is not None else "",
+                 "--pipeline-model-parallel-layout" if m.layout is not None else ""]
+        how = "Megatron-LM" + (f": {' '.join(f for f in flags if f)}" if any(flags) else "")
+    return [f"pipeline stages: {text} layers, stage 0 first ({how}); the last stage also holds the output layer"]
+
+
 def render_table(plan, est, assumptions: list[str]) -> str:
     from dstoolkit.estimate.core import upper_bound_exceeds
     from dstoolkit.estimate.timeline import is_cpu_device
@@ -345,6 +372,11 @@ def run(args) -> int:
         out["step_time_calibration"] = cal_label
         out["validation_warnings"] = [f.model_dump() for f in findings]
         out["checkpoint_bytes"] = ckpt_bytes.to_json()  # dstoolkit.estimate.checkpoint_bytes
+        if plan.pp > 1:  # the split the estimate assumed (pipeline_split_line)
+            from dstoolkit.layout import pipeline_split, stage_layers
+
+            out["pipeline_stage_layers"] = list(stage_layers(plan.shape.num_hidden_layers, plan.pp,
+                                                             pipeline_split(plan.framework)))
         out["flops_path"] = {"path": fpt.path, "detail": fpt.detail, "dense_per_token": fpt.dense,
                              "attention_per_token": fpt.attention}
         if train_plan is not None:
@@ -354,8 +386,9 @@ def run(args) -> int:
             out["what_would_fit"] = advice or []
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join([render_table(plan, est, assumptions), f"FLOPs path: {fpt.path}: {fpt.detail}",
-                         f"step time from {cal_label}", *render_findings(findings)]))
+        print("\n".join([render_table(plan, est, assumptions), *pipeline_split_line(plan),
+                         f"FLOPs path: {fpt.path}: {fpt.detail}", f"step time from {cal_label}",
+                         *render_findings(findings)]))
         print(render_checkpoint_bytes(ckpt_bytes))
         if train_plan is not None:
             # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs

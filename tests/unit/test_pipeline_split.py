@@ -108,3 +108,24 @@ def test_megatron_lm_args_carry_both_edge_flags(tmp_path):
     deep = megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=4, pp=24, micro_batch=1))
     layout = deep[deep.index("--pipeline-model-parallel-layout") + 1]
     assert layout == "|".join(["Et*2"] + ["t*2"] * 7 + ["t*1"] * 15 + ["t*1L"])
+
+
+def test_estimate_prints_and_returns_the_split(tmp_path, capsys):
+    import json
+
+    from dstoolkit.cli import main
+
+    text = ("name: gpt30\nmodel: {model_type: gpt2, n_embd: 1024, n_layer: 30, n_head: 16, vocab_size: 51200, "
+            "n_positions: 2048}\ncluster: {nodes: 2, gpus_per_node: 8, gpu: A100-80G}\ntraining: {seq_len: 2048, "
+            "global_batch: 64, micro_batch: 1, zero_stage: 1, tp: 2, pp: 4, framework: FW}\n")
+    for fw, line, layers in (
+            ("megatron", "pipeline stages: 8 x 3, 6 layers, stage 0 first (Megatron-LM: "
+                         "--decoder-last-pipeline-num-layers 6); the last stage also holds the output layer", [8, 8, 8, 6]),
+            ("deepspeed", "pipeline stages: 8 x 2, 7 x 2 layers, stage 0 first (DeepSpeed PipelineModule's uniform "
+                          "partition); the last stage also holds the output layer", [8, 8, 7, 7])):
+        spec = tmp_path / f"{fw}.yaml"
+        spec.write_text(text.replace("FW", fw))
+        assert main(["estimate", str(spec)]) == 0
+        assert line in capsys.readouterr().out.splitlines()
+        assert main(["estimate", str(spec), "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["pipeline_stage_layers"] == layers
