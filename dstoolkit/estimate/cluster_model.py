@@ -42,6 +42,18 @@ HOPPER_FA2_ATTENTION_FRACTION = 0.35
 peak (Shah et al. 2024, FlashAttention-3, abstract: "FlashAttention-2 ... achieving only 35% utilization on the
 H100 GPU"): they use no wgmma/TMA. Replaces ATTENTION_FRACTION's sdpa and flash figures (measured on A100) on
 compute capability 9.x; te (cuDNN fused attention, Hopper-native) keeps its figure."""
+ATTENTION_QUERY_TILE = 128
+"""Query rows one thread block of a flash-style attention kernel computes. FlashAttention-2 splits the work over
+batch x heads x query blocks ("we additionally parallelize over the sequence length dimension", Dao 2023 §3.2; its
+forward tiles are 128 rows for the head sizes of these models, flash-attn kernel traits kBlockM = 128), as do
+FlashAttention-3 and cuDNN's fused attention on Hopper. FlashAttention (v1) is described there as splitting over
+batch x heads only (§3.2: efficient "when batch size x number of heads is large, >= 80"), but the llm-foundry
+rows it ran (flash-attn 1.0.x, 8 GPUs, 1-3 sequences of 8192 tokens x 32 heads, 32-96 such blocks on 108 SMs) show
+no such loss (predicted 23-60% too slow with one block per head), so it is counted with the query blocks too.
+With few blocks the last wave leaves SMs idle (attention_occupancy)."""
+ATTENTION_OCCUPANCY = True
+"""Whether the attention core's rate carries attention_occupancy (issue 24). The switch stays for the comparison in
+benchmarks/results (published runs and layout sweeps with and without it)."""
 NON_GEMM_PASSES_PER_SAVED_BYTE = 3.0
 """Memory-bound work per layer outside the GEMMs and the attention core (norms, activation functions, residual
 adds, RoPE): each saved activation byte is written in forward and read in backward, and its gradient is written
@@ -218,6 +230,26 @@ def attention_fraction(gpu: GpuSpec, impl: str) -> float:
         v1_ratio = ATTENTION_FRACTION["flash1"] / ATTENTION_FRACTION["flash"] if impl == "flash1" else 1.0
         return HOPPER_FA2_ATTENTION_FRACTION * v1_ratio
     return ATTENTION_FRACTION[impl]
+
+
+def attention_occupancy(plan: RunPlan) -> float:
+    """Fraction of the SMs a flash-style attention kernel keeps busy over its waves (ATTENTION_QUERY_TILE): thread
+    blocks = micro batch x the rank's query heads (heads / tp / Ulysses) x query blocks of its sequence share
+    (seq / cp, in ATTENTION_QUERY_TILE rows), run in ceil(blocks / SMs) waves
+    (NVIDIA "Matrix Multiplication Background User's Guide" ch. 3, wave quantization, the same arithmetic as
+    gemm.wave_utilisation). 1 for eager attention (batched GEMMs over the whole s x s scores), where the SM count is
+    unknown, or with ATTENTION_OCCUPANCY off. Binds at small micro batches with high TP: 32 heads at tp 8, mb 1,
+    seq 2048 give 64 blocks on an A100's 108 SMs."""
+    from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY
+
+    impl = plan.attention_kind
+    sms = SMS_BY_COMPUTE_CAPABILITY.get(str(plan.gpu.compute_capability or ""))
+    if not ATTENTION_OCCUPANCY or impl == "eager" or not sms:
+        return 1.0
+    heads = max(1, math.ceil(plan.shape.num_attention_heads / (plan.tp * plan.ulysses)))
+    q_blocks = math.ceil(plan.seq_len / plan.cp / ATTENTION_QUERY_TILE)
+    blocks = plan.ds.micro_batch * heads * q_blocks
+    return blocks / (math.ceil(blocks / sms) * sms)
 
 
 def hbm_bw(gpu: GpuSpec, fallback: float) -> float:
@@ -480,7 +512,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     work = 12 * H * Q * plan.seq_len * tok / t * (1.0 if impl == "eager" else CAUSAL_ATTENTION_WORK)
     if (plan.checkpoint.recomputes_attention_core and not op_sac) or recompute > 1:
         work *= 4.0 / 3.0
-    s += work / (gpu.peak_bf16_flops * attention_fraction(gpu, impl))
+    s += work / (gpu.peak_bf16_flops * attention_fraction(gpu, impl) * attention_occupancy(plan))
     if plan.framework == "megatron" and shape.is_moe_layer(i) and shape.num_experts:
         # the dispatcher's / grouped GEMM's host syncs (MEGATRON_MOE_HOST_SYNC_S): the CPU launches the rest of the
         # block while an exposed all-to-all transfers, so without EP overlap only what outlasts it shows

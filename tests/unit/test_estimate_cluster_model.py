@@ -242,10 +242,13 @@ def test_flash_attention_v1_runs_at_the_fraction_the_fa2_paper_gives_it():
                        precision="bf16", framework="fsdp", attention_impl=impl)
         return cm.layer_compute_s(plan, 0, 8192.0, 0.0, a100.hbm_bw_bytes_per_s)
 
-    # the attention core alone differs: 12·H·Q·S·T/2 FLOPs at 0.30 vs 0.55 of peak
+    # the attention core alone differs: 12·H·Q·S·T/2 FLOPs at 0.30 vs 0.55 of peak, both at the occupancy of
+    # 32 heads x 64 query blocks = 2048 thread blocks in 19 waves over 108 SMs (cm.attention_occupancy)
     h, q = shape.num_attention_heads, shape.head_size
     work = 12 * h * q * 8192 * 8192 * cm.CAUSAL_ATTENTION_WORK
-    assert core_s("flash1") - core_s("flash") == pytest.approx(work / a100.peak_bf16_flops * (1 / 0.30 - 1 / 0.55))
+    occ = 2048 / (19 * 108)
+    assert core_s("flash1") - core_s("flash") == pytest.approx(
+        work / a100.peak_bf16_flops * (1 / 0.30 - 1 / 0.55) / occ)
 
 
 def test_gemm_half_depth_follows_the_gpu_ridge_point():
@@ -265,3 +268,25 @@ def test_gemm_half_depth_follows_the_gpu_ridge_point():
         f = gemm.gemm_shape_factor(gpu, m, n, k) / gemm.wave_utilisation(m, n, gemm.SMS_BY_COMPUTE_CAPABILITY[
             gpu.compute_capability])
         assert f == pytest.approx(k / (k + gemm.half_depth(gpu)))
+
+
+def test_attention_occupancy_counts_blocks_over_the_sms():
+    # flash-style kernels: micro batch x the rank's heads x 128-row query blocks, in waves over the SMs
+    # (A100: 108 SMs). Llama-3-8B (32 heads) at tp 8, mb 1, seq 2048: 1 x 4 x 16 = 64 blocks -> 64 / 108
+    p = _plan(world=8, tp=8, seq=2048, gpu="A100-80G", attention_impl="flash")
+    assert cm.attention_occupancy(p) == pytest.approx(64 / 108)
+    # mb 4: 256 blocks in 3 waves of 108
+    p4 = _plan(world=8, tp=8, mb=4, seq=2048, gpu="A100-80G", attention_impl="flash")
+    assert cm.attention_occupancy(p4) == pytest.approx(256 / 324)
+    # H100 (132 SMs), tp 1, seq 8192: 32 x 64 = 2048 blocks in 16 waves
+    assert cm.attention_occupancy(_plan(seq=8192, attention_impl="flash")) == pytest.approx(2048 / (16 * 132))
+    # eager attention is batched GEMMs over the whole score matrix: no such term
+    assert cm.attention_occupancy(_plan(world=8, tp=8, seq=2048, gpu="A100-80G", attention_impl="eager")) == 1.0
+    # and it slows the attention core only: the block at tp 8 mb 1 is slower than with the term off
+    on = cm.layer_compute_s(p, 0, 2048, 0.0, 2.0e12)
+    try:
+        cm.ATTENTION_OCCUPANCY = False
+        off = cm.layer_compute_s(p, 0, 2048, 0.0, 2.0e12)
+    finally:
+        cm.ATTENTION_OCCUPANCY = True
+    assert on > off
