@@ -114,10 +114,10 @@ def spec_for(run: dict[str, Any]) -> dict[str, Any]:
 
 EXECUTION_KEYS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "moe_a2a_overlap",
                   "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl", "loss_impl",
-                  "grad_accum_dtype")
+                  "grad_accum_dtype", "cuda_launch_blocking")
 """What a row's execution: mapping may set (facts of how the run was made: its framework, the overlap flags its
-recipe turns on, its pipeline schedule, its attention and loss kernels, its gradient accumulation dtype); never fitted
-values."""
+recipe turns on, its pipeline schedule, its attention and loss kernels, its gradient accumulation dtype, whether it
+ran with CUDA_LAUNCH_BLOCKING=1); never fitted values."""
 
 
 def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +148,8 @@ def execution_fields(run: dict[str, Any]) -> dict[str, Any]:
         out["loss_impl"] = ex["loss_impl"]
     if ex.get("grad_accum_dtype") is not None:
         out["grad_accum_dtype"] = ex["grad_accum_dtype"]
+    if ex.get("cuda_launch_blocking"):
+        out["cuda_launch_blocking"] = True
     return out
 
 

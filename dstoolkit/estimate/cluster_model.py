@@ -425,7 +425,9 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
 
     `host_s(i)`: host seconds block i takes to issue its kernels per micro batch, and `host_micro_s` the host's
     fixed cost per micro batch (GPU path: host_layer_s, host_micro_step_s). The host runs ahead of the GPU, so a
-    stage's micro batch takes the longer of its GPU time and its host time."""
+    stage's micro batch takes the longer of its GPU time and its host time; with plan.cuda_launch_blocking each
+    launch waits for its kernel (CUDA_LAUNCH_BLOCKING=1, CUDA C++ Programming Guide "Concurrent Execution between
+    Host and Device": kernel launches become synchronous), so it takes their sum."""
 
     shape, ds = plan.shape, plan.ds
     ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
@@ -442,7 +444,8 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
     for st in range(plan.pp):
         blocks = [one(i) for i in stage_layers(plan, st)]
         gpu = sum(b[0] for b in blocks) + (head_s if st == plan.pp - 1 else 0.0)
-        stages.append(max(gpu, sum(b[1] for b in blocks) + host_micro_s))
+        host = sum(b[1] for b in blocks) + host_micro_s
+        stages.append(gpu + host if plan.cuda_launch_blocking else max(gpu, host))
     bubble = bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
     return max(stages) * ds.grad_accum * (1.0 + bubble)
 

@@ -72,6 +72,8 @@ class RunPlan(BaseModel):
     """TP collectives overlapped with the GEMMs (Megatron --tp-comm-overlap)."""
     moe_a2a_overlap: bool = False
     """MoE all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm, DualPipe)."""
+    cuda_launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1: host issue time adds to GPU time (cluster_model.pipeline_compute_s)."""
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
     """MoE token dispatch: one all-to-all (alltoall) or DeepEP's node-deduplicated IB + NVLink forwarding (deepep)."""
     recompute_modules: tuple[str, ...] = ()
@@ -230,6 +232,7 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         overlap_param_gather=None if t.overlap_param_gather == "auto" else t.overlap_param_gather,
         tp_comm_overlap=t.tp_comm_overlap,
         moe_a2a_overlap=t.moe_a2a_overlap,
+        cuda_launch_blocking=t.cuda_launch_blocking,
         moe_dispatcher=t.moe_dispatcher,
         recompute_modules=tuple(t.recompute_modules),
         pipeline_schedule=t.pipeline_schedule,

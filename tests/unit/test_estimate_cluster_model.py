@@ -290,3 +290,15 @@ def test_attention_occupancy_counts_blocks_over_the_sms():
     finally:
         cm.ATTENTION_OCCUPANCY = True
     assert on > off
+
+
+def test_cuda_launch_blocking_adds_the_host_time_to_the_gpu_time():
+    # host ahead of the GPU: a stage's micro batch takes max(GPU, host); CUDA_LAUNCH_BLOCKING=1: their sum
+    base = _plan("llama-3-8b", world=16, ga=8, tp=8, pp=2, framework="megatron")
+    blocking = base.model_copy(update={"cuda_launch_blocking": True})
+    gpu = lambda i, saved: 1.0  # noqa: E731 - one second of GPU work per block and micro batch
+    host = lambda i: 0.25  # noqa: E731
+    stage = 16  # 32 blocks over pp 2
+    bubble = 1.0 + cm.bubble_fraction("1f1b", 2, 8)
+    assert cm.pipeline_compute_s(base, gpu, 0.0, host, 0.5) == pytest.approx(stage * 1.0 * 8 * bubble)
+    assert cm.pipeline_compute_s(blocking, gpu, 0.0, host, 0.5) == pytest.approx((stage * 1.25 + 0.5) * 8 * bubble)

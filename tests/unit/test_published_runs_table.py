@@ -94,7 +94,8 @@ def test_run_fields(run):
     assert ex.get("loss_impl", "torch") in typing.get_args(LossImpl)
     assert set(ex) <= {"framework", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                        "moe_a2a_overlap", "moe_dispatcher", "recompute_modules", "pipeline_schedule", "attention_impl",
-                       "loss_impl", "grad_accum_dtype"}
+                       "loss_impl", "grad_accum_dtype", "cuda_launch_blocking"}
+    assert ex.get("cuda_launch_blocking", False) in (False, True)
     assert ex.get("grad_accum_dtype") in (None, "fp32") and (ex.get("grad_accum_dtype") is None or run["precision"] == "bf16")
     if ex.get("tp_comm_overlap"):
         assert lay["tp"] > 1, "TP communication overlap needs tp > 1"
