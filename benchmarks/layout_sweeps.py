@@ -123,6 +123,31 @@ def write_spec(run: dict[str, Any], out_dir: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def execution_ab(doc: dict[str, Any], specs_dir: pathlib.Path) -> list[dict[str, Any]]:
+    """Each `execution_ab` entry: one layout the source timed with an execution setting on and off, everything else
+    equal. The estimator's cost of the setting (predicted step time on / off - 1) beside the measured one
+    (throughput off / on - 1); no figure of these rows is fitted or scored above."""
+    out = []
+    for e in doc.get("execution_ab") or []:
+        common = dict((doc.get("common") or {}).get(e["source"]) or {})
+        for i, r in enumerate(e["rows"]):
+            pred = {}
+            for flag in (False, True):
+                run = {"id": f"{e['id']}_{i}_{e['field']}_{str(flag).lower()}", "source": e["source"],
+                       "model_name": e["id"], "model": e["model"], "gpu": common["gpu"], "nodes": r["nodes"],
+                       "gpus_per_node": common["gpus_per_node"],
+                       "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": e.get("zero_stage", common["zero_stage"])},
+                       "execution": {**(common.get("execution") or {}), **(e.get("execution") or {}), e["field"]: flag},
+                       "micro_batch": r["micro_batch"], "global_batch": r["global_batch"], "seq_len": common["seq_len"],
+                       "precision": e["precision"], "recompute": common["recompute"], "text": r["text"]}
+                pred[flag] = estimate_row(run, write_spec(run, specs_dir))["predicted_step_s"]
+            out.append({"id": e["id"], "field": e["field"], "row": i, "text": r["text"], "gpus": r["nodes"] * common["gpus_per_node"],
+                        "global_batch": r["global_batch"],
+                        "predicted_cost": pred[True] / pred[False] - 1 if pred[True] and pred[False] else None,
+                        "measured_cost": float(r["tflops_off"]) / float(r["tflops_on"]) - 1})
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # Estimating and scoring
 # --------------------------------------------------------------------------------------------------
@@ -490,6 +515,15 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
                   f"groups of those sources ({ce['draws']} seeded draws, an upper estimate); the estimator scores "
                   f"{_sp(ce['mean_model_spearman'])} in sample and {_sp(ce['mean_model_spearman_loso'])} out of source "
                   "on the same groups."]
+    ab = s.get("execution_ab") or []
+    if ab:
+        lines += ["", "**Execution A/B.** A setting the source timed on and off on one layout (`execution_ab` in the "
+                  "table), everything else equal: the estimator's cost of it (predicted step time on ÷ off − 1) beside "
+                  "the measured cost (throughput off ÷ on − 1). Not scored above.", ""]
+        lines += render_markdown_table(
+            [[a["id"], a["field"], str(a["gpus"]), str(a["global_batch"]), _pct(a["predicted_cost"]),
+              _pct(a["measured_cost"]), a["text"].replace("|", "\\|")] for a in ab],
+            ["check", "setting", ("GPUs", "r"), ("gbs", "r"), ("predicted cost", "r"), ("measured cost", "r"), "source row"])
     per_ceiling = (ce or {}).get("per_group") or {}
     lines += ["", "## Per group", ""]
     body = []
@@ -620,6 +654,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     nc = summary["noise_ceiling"]
     print(f"noise ceiling: sigma {nc['sigma_by_source']}; mean Spearman ceiling {_sp(nc['mean_ceiling'])} over "
           f"{nc['groups']} groups; model {_sp(nc['mean_model_spearman'])} (loso {_sp(nc['mean_model_spearman_loso'])})")
+    summary["execution_ab"] = execution_ab(doc, args.specs_dir)
+    for a in summary["execution_ab"]:
+        print(f"A/B {a['id']} row {a['row']} ({a['field']}): predicted {_pct(a['predicted_cost'])}, "
+              f"measured {_pct(a['measured_cost'])}")
     env = harness.capture_env(world_size=1, config={"table": doc}, packages=("pyyaml", "pydantic"))
     run_id = harness.open_run(None, BENCH, env["config_hash"]).run_id
     jsonl = args.out / f"{BENCH}_{args.tag}.jsonl"

@@ -21,10 +21,6 @@ FP8_WEIGHT_CACHE_BYTES_PER_PARAM = 2
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _stage_layers(num_layers: int, pp: int, stage: int, split: str) -> range:
-    return stage_layer_range(num_layers, pp, stage, split)
-
-
 def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[int]]:
     """Parameter numels a rank holds, split into DeepSpeed optimizer param groups, in registration order.
 
@@ -46,7 +42,7 @@ def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
     best_total = -1
     local_experts = shape.num_experts // ep if shape.is_moe else 0
     for st in stages:
-        layers = set(_stage_layers(shape.num_hidden_layers, pp, st, split))
+        layers = set(stage_layer_range(shape.num_hidden_layers, pp, st, split))
         dense: list[int] = []
         experts: list[int] = []
         for p in layout:
@@ -117,7 +113,7 @@ def fp8_weight_cache_bytes(plan: RunPlan) -> int:
     local = 0
     split = pipeline_split(plan.framework)
     counts = stage_layers(plan.shape.num_hidden_layers, plan.pp, split)
-    layers = set(_stage_layers(plan.shape.num_hidden_layers, plan.pp, counts.index(max(counts)), split))
+    layers = set(stage_layer_range(plan.shape.num_hidden_layers, plan.pp, counts.index(max(counts)), split))
     local_experts = plan.shape.num_experts // plan.ep if plan.shape.is_moe else 0
     for p in layout:
         if p.kind not in ("attention", "dense_mlp", "expert", "shared_expert") or p.layer not in layers:

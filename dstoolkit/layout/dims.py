@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 
 class LayoutError(ValueError):
@@ -133,9 +133,8 @@ def resolve_batch(train_batch: Optional[int], micro_batch: Optional[int], grad_a
     return BatchTriad(mb, ga, mb * ga * dp)
 
 
-PipelineSplit = str
-"""How a framework assigns blocks to pipeline stages: "megatron" or "uniform" (pipeline_split)."""
-PIPELINE_SPLITS = ("megatron", "uniform")
+PipelineSplit = Literal["megatron", "uniform"]
+"""How a framework assigns blocks to pipeline stages (pipeline_split)."""
 
 
 def pipeline_split(framework: Optional[str]) -> PipelineSplit:
