@@ -75,6 +75,18 @@ def load(path: pathlib.Path = TABLE) -> dict[str, Any]:
     return doc
 
 
+def _run(rid: str, g: dict[str, Any], common: dict[str, Any], r: dict[str, Any], nodes: int,
+         **execution: Any) -> dict[str, Any]:
+    """One table row of group (or A/B entry) `g` as a published_runs-shaped run: the source's `common` facts, the
+    group's model, precision and overrides, the row's layout and batch; `execution` on top of both."""
+    return {"id": rid, "source": g["source"], "model_name": g["id"], "model": g["model"], "gpu": common["gpu"],
+            "nodes": nodes, "gpus_per_node": common["gpus_per_node"],
+            "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": g.get("zero_stage", common["zero_stage"])},
+            "execution": {**(common.get("execution") or {}), **(g.get("execution") or {}), **execution},
+            "micro_batch": r["micro_batch"], "global_batch": r["global_batch"], "seq_len": common["seq_len"],
+            "precision": g["precision"], "recompute": r.get("recompute", common["recompute"]), "text": r["text"]}
+
+
 def group_runs(doc: dict[str, Any], published: dict[str, Any]) -> list[dict[str, Any]]:
     """Every group as {id, source, where, runs: [published_runs-shaped run + measured_step_s / oom]}."""
     out = []
@@ -86,16 +98,9 @@ def group_runs(doc: dict[str, Any], published: dict[str, Any]) -> list[dict[str,
             if r["tp"] * r["pp"] * r["dp"] != gpus:
                 raise SystemExit(f"{g['id']} row {i}: tp*pp*dp = {r['tp'] * r['pp'] * r['dp']} != {gpus} GPUs")
             rid = f"{g['id']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}_mb{r['micro_batch']}"
-            runs.append({
-                "id": rid, "source": g["source"], "model_name": g["id"], "model": g["model"], "gpu": common["gpu"],
-                "nodes": common["nodes"], "gpus_per_node": common["gpus_per_node"],
-                "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": g.get("zero_stage", common["zero_stage"])},
-                "execution": {**(common.get("execution") or {}), **(g.get("execution") or {})},
-                "micro_batch": r["micro_batch"],
-                "global_batch": r["global_batch"], "seq_len": common["seq_len"], "precision": g["precision"],
-                "recompute": r.get("recompute", common["recompute"]), "text": r["text"],
-                "oom": bool(r.get("oom")), "measured_step_s": r.get("sec_per_iter"), "measured_mem_gb": r.get("mem_gb"),
-            })
+            runs.append({**_run(rid, g, common, r, common["nodes"]),
+                         "oom": bool(r.get("oom")), "measured_step_s": r.get("sec_per_iter"),
+                         "measured_mem_gb": r.get("mem_gb")})
         out.append({"id": g["id"], "source": g["source"], "where": g["where"], "runs": runs})
     by_id = {r["id"]: r for r in published["runs"]}
     for g in doc.get("from_published_runs") or []:
@@ -133,13 +138,8 @@ def execution_ab(doc: dict[str, Any], specs_dir: pathlib.Path) -> list[dict[str,
         for i, r in enumerate(e["rows"]):
             pred = {}
             for flag in (False, True):
-                run = {"id": f"{e['id']}_{i}_{e['field']}_{str(flag).lower()}", "source": e["source"],
-                       "model_name": e["id"], "model": e["model"], "gpu": common["gpu"], "nodes": r["nodes"],
-                       "gpus_per_node": common["gpus_per_node"],
-                       "layout": {"tp": r["tp"], "pp": r["pp"], "zero_stage": e.get("zero_stage", common["zero_stage"])},
-                       "execution": {**(common.get("execution") or {}), **(e.get("execution") or {}), e["field"]: flag},
-                       "micro_batch": r["micro_batch"], "global_batch": r["global_batch"], "seq_len": common["seq_len"],
-                       "precision": e["precision"], "recompute": common["recompute"], "text": r["text"]}
+                run = _run(f"{e['id']}_{i}_{e['field']}_{str(flag).lower()}", e, common, r, r["nodes"],
+                           **{e["field"]: flag})
                 pred[flag] = estimate_row(run, write_spec(run, specs_dir))["predicted_step_s"]
             out.append({"id": e["id"], "field": e["field"], "row": i, "text": r["text"], "gpus": r["nodes"] * common["gpus_per_node"],
                         "global_batch": r["global_batch"],

@@ -212,30 +212,23 @@ def render_findings(findings: list) -> list[str]:
         f"  {f.format_text()}" for f in findings]
 
 
-def pipeline_split_line(plan) -> list[str]:
-    """The layers per pipeline stage the estimate assumed (layout.stage_layers, the framework's split), and how
-    Megatron-LM is told an uneven one; nothing at pp 1."""
-    from dstoolkit.layout import megatron_split, pipeline_split, stage_layers
+def pipeline_split_line(plan, layers: tuple[int, ...]) -> list[str]:
+    """The layers per pipeline stage the estimate assumed (`layers`: layout.stage_layers in the framework's split), and
+    the Megatron-LM flags that ask for an uneven one (the layout string named, not spelled out); nothing at pp 1."""
+    from itertools import groupby
+
+    from dstoolkit.layout import megatron_split, pipeline_split
 
     if plan.pp <= 1:
         return []
-    split = pipeline_split(plan.framework)
-    layers = stage_layers(plan.shape.num_hidden_layers, plan.pp, split)
-    runs: list[list[int]] = []
-    for n in layers:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
+    runs = [(n, len(list(g))) for n, g in groupby(layers)]
     text = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
-    if split == "uniform":
+    if pipeline_split(plan.framework) == "uniform":
         how = "DeepSpeed PipelineModule's uniform partition"
     else:
-        m = megatron_split(plan.shape.num_hidden_layers, plan.pp)
-        flags = [f"--decoder-first-pipeline-num-layers {m.first}" if m.first is not None else "",
-                 f"--decoder-last-pipeline-num-layers {m.last}" if m.last is not None else "",
-                 "--pipeline-model-parallel-layout" if m.layout is not None else ""]
-        how = "Megatron-LM" + (f": {' '.join(f for f in flags if f)}" if any(flags) else "")
+        flags = [flag if flag == "--pipeline-model-parallel-layout" else f"{flag} {v}"
+                 for flag, v in megatron_split(plan.shape.num_hidden_layers, plan.pp).args()]
+        how = "Megatron-LM" + (f": {' '.join(flags)}" if flags else "")
     return [f"pipeline stages: {text} layers, stage 0 first ({how}); the last stage also holds the output layer"]
 
 
@@ -366,6 +359,9 @@ def run(args) -> int:
         return _err(f"{loc + ': ' if loc else ''}{first.get('msg')}")
     except ValueError as exc:
         return _err(str(exc))
+    from dstoolkit.layout import pipeline_split, stage_layers
+
+    stage_split = stage_layers(plan.shape.num_hidden_layers, plan.pp, pipeline_split(plan.framework))
     if args.format == "json":
         out = est.to_json()
         out["assumptions"] = assumptions
@@ -373,10 +369,7 @@ def run(args) -> int:
         out["validation_warnings"] = [f.model_dump() for f in findings]
         out["checkpoint_bytes"] = ckpt_bytes.to_json()  # dstoolkit.estimate.checkpoint_bytes
         if plan.pp > 1:  # the split the estimate assumed (pipeline_split_line)
-            from dstoolkit.layout import pipeline_split, stage_layers
-
-            out["pipeline_stage_layers"] = list(stage_layers(plan.shape.num_hidden_layers, plan.pp,
-                                                             pipeline_split(plan.framework)))
+            out["pipeline_stage_layers"] = list(stage_split)
         out["flops_path"] = {"path": fpt.path, "detail": fpt.detail, "dense_per_token": fpt.dense,
                              "attention_per_token": fpt.attention}
         if train_plan is not None:
@@ -386,7 +379,7 @@ def run(args) -> int:
             out["what_would_fit"] = advice or []
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join([render_table(plan, est, assumptions), *pipeline_split_line(plan),
+        print("\n".join([render_table(plan, est, assumptions), *pipeline_split_line(plan, stage_split),
                          f"FLOPs path: {fpt.path}: {fpt.detail}", f"step time from {cal_label}",
                          *render_findings(findings)]))
         print(render_checkpoint_bytes(ckpt_bytes))

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from dstoolkit.estimate.activations import layer_activation_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
 from dstoolkit.estimate.dtype_bytes import param_bytes
-from dstoolkit.estimate.gemm import LinearSeconds, gemm_rate, linear_s, projection_s
+from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY, LinearSeconds, gemm_rate, linear_s, projection_s
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.layout import pipeline_split, stage_layer_range
@@ -240,8 +240,6 @@ def attention_occupancy(plan: RunPlan) -> float:
     gemm.wave_utilisation). 1 for eager attention (batched GEMMs over the whole s x s scores), where the SM count is
     unknown, or with ATTENTION_OCCUPANCY off. Binds at small micro batches with high TP: 32 heads at tp 8, mb 1,
     seq 2048 give 64 blocks on an A100's 108 SMs."""
-    from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY
-
     impl = plan.attention_kind
     sms = SMS_BY_COMPUTE_CAPABILITY.get(str(plan.gpu.compute_capability or ""))
     if not ATTENTION_OCCUPANCY or impl == "eager" or not sms:

@@ -42,13 +42,7 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     """
     k = model_constants(spec, shape)
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
-    split = megatron_split(shape.num_hidden_layers, cand.pp)
-    if split.first is not None:
-        out += ["--decoder-first-pipeline-num-layers", str(split.first)]
-    if split.last is not None:
-        out += ["--decoder-last-pipeline-num-layers", str(split.last)]
-    if split.layout is not None:
-        out += ["--pipeline-model-parallel-layout", split.layout]
+    out += [w for pair in megatron_split(shape.num_hidden_layers, cand.pp).args() for w in pair]
     if cand.tp > 1:
         out += ["--sequence-parallel"]
     out += _common_model(spec, shape, k, cand)

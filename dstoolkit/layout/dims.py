@@ -156,6 +156,12 @@ class MegatronSplit:
     """--pipeline-model-parallel-layout: stages split by "|", "E" the embedding, "t*n" n decoder layers, "L" the
     output layer and loss (Megatron-Core PipelineParallelLayerLayout)."""
 
+    def args(self) -> list[tuple[str, str]]:
+        """(flag, value) pairs that ask Megatron-LM for this split; none for an even one."""
+        pairs = (("--decoder-first-pipeline-num-layers", self.first), ("--decoder-last-pipeline-num-layers", self.last),
+                 ("--pipeline-model-parallel-layout", self.layout))
+        return [(flag, str(v)) for flag, v in pairs if v is not None]
+
 
 def _check_pp(num_layers: int, pp: int) -> None:
     if pp < 1 or pp > num_layers:
