@@ -124,6 +124,16 @@ asynchronously, so this is a floor, not a cost: a stage's micro batch takes max(
 (pipeline_compute_s). It binds for small models at small micro batches, where each kernel's GPU time is a few us.
 The same VM measured 22-33 us per kernel an hour earlier (its CPU's speed varies); the CUDA launch call (~2-5 us)
 is not in a CPU run."""
+HOST_ATEN_OPS_PER_KERNEL = 2.6
+"""Measured (benchmarks/host_overhead.py): ATen kernel ops a block dispatches per kernel layer_kernels counts (bias
+adds, casts, copies, gradient accumulation; 105 / 40 for a Llama block, 81 / 31 for a GPT-2 block). On a GPU each
+launches a CUDA kernel, whose launch call the CPU run does not pay: host_layer_s adds KERNEL_LAUNCH_S for each."""
+HOST_RECOMPUTE_REPLAY = 0.87
+"""Measured (benchmarks/host_overhead.py, the same blocks under torch.utils.checkpoint, reentrant as Megatron's
+CheckpointFunction): host seconds a recomputed block adds over its plain forward + backward, as a fraction of that
+plain time (GPT-2 0.90, Llama 0.84, the mean; results/host_recompute_cpu_202612.md). The replayed forward is a third of the block's kernels, but the
+checkpoint machinery (saving the inputs and RNG states, re-entering autograd for the block's own backward) costs
+host time of its own, so a recomputed block's host floor is (1 + this) x its plain one (host_layer_s)."""
 HOST_S_PER_PARAM_TENSOR = {0: 1e-05, 1: 1e-05, 2: 6e-05, 3: 0.00035}
 """Measured (benchmarks/host_overhead.py): extra host seconds per parameter tensor and micro step of a DeepSpeed
 engine (bf16, clipping), by ZeRO stage, beyond the plain forward + backward: ZeRO-2's per-parameter gradient hook
@@ -147,7 +157,7 @@ def _separate_qkv(plan: RunPlan) -> bool:
     return plan.attention_kind == "sdpa" and not plan.shape.qkv_fused
 
 
-def layer_kernels(plan: RunPlan, i: int) -> int:
+def layer_kernels(plan: RunPlan, i: int, recompute: Optional[bool] = None) -> int:
     """Kernels block i launches per micro batch (forward + backward + recompute), counted from its structure:
     GEMMs (QKV fused in Megatron/TE stacks and in modules with one qkv weight (ModelShape.qkv_fused: GPT-2 c_attn),
     q/k/v separate in other eager-module stacks (sdpa); gated MLP 3, plain 2; MoE:
@@ -169,7 +179,8 @@ def layer_kernels(plan: RunPlan, i: int) -> int:
     core = 3 if impl == "eager" else 1
     fwd = gemm + core + elem
     bwd = 2 * gemm + 2 * core + elem
-    recompute = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]
+    if recompute is None:
+        recompute = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]
     return fwd * (2 if recompute else 1) + bwd
 
 
@@ -194,10 +205,14 @@ def layer_param_tensors(plan: RunPlan, i: int) -> int:
 
 
 def host_layer_s(plan: RunPlan, i: int) -> float:
-    """Host seconds block i takes to issue one micro batch's forward + backward (+ recompute) on a GPU rank:
-    layer_kernels x HOST_S_PER_KERNEL, and for DeepSpeed the engine's per-tensor work of its ZeRO stage
-    (layer_param_tensors x HOST_S_PER_PARAM_TENSOR). Both measured by benchmarks/host_overhead.py."""
-    s = layer_kernels(plan, i) * HOST_S_PER_KERNEL
+    """Host seconds block i takes to issue one micro batch's forward + backward (+ recompute) on a GPU rank: its
+    kernels without recompute (layer_kernels) x (HOST_S_PER_KERNEL + the CUDA launch call, KERNEL_LAUNCH_S, of each
+    of the HOST_ATEN_OPS_PER_KERNEL ATen ops behind one), x (1 + HOST_RECOMPUTE_REPLAY) for a recomputed block, and
+    for DeepSpeed the engine's per-tensor work of its ZeRO stage (layer_param_tensors x HOST_S_PER_PARAM_TENSOR).
+    Measured by benchmarks/host_overhead.py but for the launch call (cited at KERNEL_LAUNCH_S)."""
+    recomputed = plan.checkpoint.checkpointed_layers(plan.shape.num_hidden_layers)[i]
+    per_kernel = HOST_S_PER_KERNEL + HOST_ATEN_OPS_PER_KERNEL * KERNEL_LAUNCH_S
+    s = layer_kernels(plan, i, recompute=False) * per_kernel * (1.0 + (HOST_RECOMPUTE_REPLAY if recomputed else 0.0))
     if plan.framework == "deepspeed":
         s += layer_param_tensors(plan, i) * HOST_S_PER_PARAM_TENSOR[plan.ds.zero_stage]
     return s

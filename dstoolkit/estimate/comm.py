@@ -92,6 +92,8 @@ class CommOp:
     in the critical path (DeepSpeed ZeRO-3 parameter gathers: `zero3_prefetch_hidden_fraction`)."""
     ranks_per_node: int = 1
     """Ranks of one group on one node (the rings NCCL can open over that node's NICs: group_inter_node_busbw)."""
+    one_ring: bool = False
+    """Charged one NIC's rate whatever its ranks per node (DEEPSPEED_ZERO3_ONE_RING)."""
 
 
 @dataclass
@@ -200,10 +202,11 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     dp_cross, edp_cross = dp_lay.cross_node, edp_lay.cross_node
     nlayers = math.ceil(shape.num_hidden_layers / plan.pp)
 
-    def add(name, coll, nbytes, n, cross, calls, overlap, concurrent=1, hidden=1.0, per_node=1):
+    def add(name, coll, nbytes, n, cross, calls, overlap, concurrent=1, hidden=1.0, per_node=1, one_ring=False):
         if n > 1 and nbytes > 0:
             out.ops.append(CommOp(name, coll, int(nbytes), n, cross, int(calls), overlap,
-                                  int(concurrent) if cross else 1, hidden, int(per_node) if cross else 1))
+                                  int(concurrent) if cross else 1, hidden, int(per_node) if cross else 1,
+                                  one_ring))
 
     def add_param_gathers(name, overlap):
         # the updated low-precision parameters all-gathered after the step: dense over DP, experts over EDP
@@ -257,15 +260,17 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         calls = ga * 2 * nlayers * units
         c = dp_lay.concurrent_groups
         hidden = zero3_prefetch_hidden_fraction(plan)
+        one = DEEPSPEED_ZERO3_ONE_RING and plan.framework == "deepspeed"
         add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2,
-            param_overlap, c, hidden, per_node=dp_lay.ranks_per_node)
+            param_overlap, c, hidden, per_node=dp_lay.ranks_per_node, one_ring=one)
         # hpZ: the backward gather reads the secondary partition inside the node (ZeRO++ §3.2)
         add("zero3_param_all_gather_bwd", "all_gather", dense * (fwd_bytes if not hpz else pb) * ga,
-            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c, hidden, per_node=dp_lay.ranks_per_node)
+            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c, hidden,
+            per_node=dp_lay.ranks_per_node, one_ring=one)
         add("zero3_grad_reduce_scatter" if not ds.zeropp_qgz else "zeropp_qgz_all_to_all",
             "reduce_scatter" if not ds.zeropp_qgz else "all_to_all", dense * grad_bytes * ga, dp, dp_cross,
             ga * (nlayers if per_layer else math.ceil(dense / bucket)),
-            grad_overlap or plan.framework == "deepspeed", c, per_node=dp_lay.ranks_per_node)
+            grad_overlap or plan.framework == "deepspeed", c, per_node=dp_lay.ranks_per_node, one_ring=one)
         if expert:
             # expert parameters (reachable at stage 3 only where DeepSpeed does not run the model: Megatron FSDP,
             # PyTorch FSDP) are gathered and their gradients reduce-scattered over the expert-data-parallel group
@@ -414,15 +419,24 @@ def group_inter_node_busbw(nic_busbw: float, nics_per_node: int, ranks_per_node:
     return min(intra_busbw, nic_busbw * rings)
 
 
-MULTI_RING_GAIN = False
-"""Whether a group with r > 1 ranks on a node gets r NICs (the ring-per-NIC gain above). Off: measured against
-it, not for it. With it on, the DeepSpeed ZeRO-3 rows of Narayanan et al. 2021 Table 2 (tp 1, one DP group of
-384-2240 A100s, 8 HDR NICs per node) are predicted 31-144% too fast and the published-runs MAPE goes 7.9% -> 14.7%
-in sample, 8.9% -> 18.5% out of source (benchmarks/results/layout_sweeps_202612_multiring.md, run with the gain on at
-the constants of 15d2367; benchmarks/results/layout_sweeps_202612_baseline.md is 15d2367 itself); no
-measurement in this repo shows the gain (the issue's independent TP-1 sweep is not here). The NIC count still
-divides the node's bandwidth among the groups crossing it side by side (Jean Zay: 4 links for 8 groups).
-TODO(#24): find what caps a ZeRO-3 all-gather group at one NIC's rate before turning the gain on."""
+MULTI_RING_GAIN = True
+"""Whether a group with r > 1 ranks on a node gets r NICs (the ring-per-NIC gain above). On since the vTrain
+multi-node sweep joined benchmarks/data/layout_sweeps.yaml (Bang et al., MICRO'24; Megatron-LM GPT 3.6-175B on 64-512
+A100s, 4 x 200 Gb/s per node): its 3.6B model at TP 16 over two nodes (8 ranks per node in each TP group) measured
+10.6-13.5 s per step; with one NIC per group the estimate said 26.7-28.9 s (2.5x too slow), with a ring per NIC
+9.7-11.9 s. Earlier in issue 24 the gain was off because it broke the DeepSpeed ZeRO-3 rows of Narayanan et al. 2021
+Table 2; those keep one ring (DEEPSPEED_ZERO3_ONE_RING). The switch stays for the comparison
+(benchmarks/results/layout_sweeps_202612_multiring.md and _baseline.md are the earlier runs with it on and off)."""
+
+DEEPSPEED_ZERO3_ONE_RING = True
+"""Whether DeepSpeed ZeRO-3's parameter all-gathers and gradient reduce-scatters are charged one NIC's rate per
+group whatever its ranks per node. Measured, cause not found: the only multi-node measurement of them here
+(Narayanan et al. 2021 Table 2, DeepSpeed ZeRO-3 at tp 1 on 384-2240 A100s, 8 HDR NICs per node) falls from 144 to
+44 TFLOP/s per GPU as the GPUs quadruple at one global batch, i.e. about one NIC's rate per rank; with a ring per
+NIC they are predicted 36-194% too fast (published-runs MAPE 5.8% -> 9.7%). NCCL's ring count is not the suspect
+(modern DeepSpeed all-gathers a flat buffer per submodule, which NCCL spreads over every NIC); DeepSpeed's 2021
+per-submodule gathers without prefetch are. Not fitted: a flag, on one source's evidence; other frameworks' FSDP
+(torchtitan, llm-foundry, Megatron-FSDP) get the gain."""
 
 
 NCCL_BASE_LATENCY_S = 8.4e-6
@@ -477,8 +491,8 @@ def op_time_s(op: CommOp, intra_busbw: float, inter_busbw: float, latency_s: flo
     """
     if op.cross_node:
         if nics_per_node is not None:
-            bw = group_inter_node_busbw(inter_busbw, nics_per_node, op.ranks_per_node, op.concurrent_groups,
-                                        intra_busbw)
+            bw = group_inter_node_busbw(inter_busbw, nics_per_node, 1 if op.one_ring else op.ranks_per_node,
+                                        op.concurrent_groups, intra_busbw)
         else:
             share = 1 if links_per_node is None else link_share(op, links_per_node)
             bw = inter_busbw / share

@@ -30,9 +30,14 @@ def test_group_gets_a_nic_per_rank_on_the_node_capped_by_nvlink(monkeypatch):
     assert group_inter_node_busbw(50e9, 8, 8, 1, 200e9) == pytest.approx(200e9)  # never above the NVLink ring
 
 
-def test_nics_are_shared_by_the_groups_crossing_a_node():
-    # shipped (MULTI_RING_GAIN off, measured against: comm.MULTI_RING_GAIN): a group gets at most one NIC
+def test_nics_are_shared_by_the_groups_crossing_a_node(monkeypatch):
+    import dstoolkit.estimate.comm as comm
+
+    assert comm.MULTI_RING_GAIN is True  # shipped on since the vTrain sweep's TP 16 rows (comm.MULTI_RING_GAIN)
+    # with the gain off a group gets at most one NIC (the comparison the switch keeps)
+    monkeypatch.setattr(comm, "MULTI_RING_GAIN", False)
     assert group_inter_node_busbw(NIC, 8, 8, 1, NVLINK) == pytest.approx(NIC)
+    monkeypatch.undo()
     # tp 8: 8 DP groups side by side, one rank per node each -> one NIC each
     assert group_inter_node_busbw(NIC, 8, 1, 8, NVLINK) == pytest.approx(NIC)
     # 4 NICs for 8 groups crossing at once (Jean Zay: 4 Omni-Path links per 8-GPU node): half a NIC each
@@ -59,6 +64,29 @@ def test_data_parallel_ops_carry_ranks_per_node_and_concurrency(monkeypatch):
     t8 = op_time_s(a8, NVLINK, NIC, nics_per_node=8) / a8.bytes
     # per byte, tp 1's 16-rank all-reduce (factor 2*15/16) over 8 NICs vs tp 8's 2-rank one (factor 1) over one
     assert t8 / t1 == pytest.approx(8 * 1.0 / (2 * 15 / 16))
+
+
+def test_deepspeed_zero3_collectives_keep_one_ring_other_fsdp_gets_a_ring_per_nic():
+    """comm.DEEPSPEED_ZERO3_ONE_RING: DeepSpeed ZeRO-3's gathers and reduce-scatters at one NIC's rate (Narayanan et
+    al. 2021 Table 2); a PyTorch-FSDP framework's same ops and DeepSpeed's ZeRO-1 all-reduce get a ring per NIC."""
+    import dstoolkit.estimate.comm as comm
+
+    def ops(stage, framework="deepspeed"):
+        plan = _plan(tp=1, framework=framework)
+        ds = dict(plan.ds_config, zero_optimization={"stage": stage})
+        return {o.name: o for o in comm_plan(plan.model_copy(update={"ds_config": ds})).ops}
+
+    z3 = ops(3)
+    for name in ("zero3_param_all_gather_fwd", "zero3_param_all_gather_bwd", "zero3_grad_reduce_scatter"):
+        op = z3[name]
+        assert op.one_ring and op.ranks_per_node == 8 and op.cross_node, name
+        assert op_time_s(op, NVLINK, NIC, nics_per_node=8) == pytest.approx(
+            op_time_s(comm.CommOp(**{**op.__dict__, "ranks_per_node": 1, "one_ring": False}), NVLINK, NIC,
+                      nics_per_node=8))
+    fsdp = ops(3, "fsdp")["zero3_param_all_gather_fwd"]
+    assert not fsdp.one_ring and op_time_s(fsdp, NVLINK, NIC, nics_per_node=8) < op_time_s(
+        z3["zero3_param_all_gather_fwd"], NVLINK, NIC, nics_per_node=8) / 7
+    assert not ops(1)["zero_grad_all_reduce"].one_ring
 
 
 def test_hardware_table_states_nics_per_node():
@@ -243,7 +271,7 @@ def test_deepspeed_zero_stage_sets_the_hook_cost_other_frameworks_pay_none():
     import dstoolkit.estimate.cluster_model as cm
 
     h = {z: cm.host_layer_s(_small(1, z), 0) for z in (1, 2, 3)}
-    kernels = cm.layer_kernels(_small(1), 0) * cm.HOST_S_PER_KERNEL
+    kernels = cm.layer_kernels(_small(1), 0) * (cm.HOST_S_PER_KERNEL + cm.HOST_ATEN_OPS_PER_KERNEL * cm.KERNEL_LAUNCH_S)
     assert h[1] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[1])
     assert h[2] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[2])
     assert h[3] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[3])
@@ -275,5 +303,25 @@ def test_host_constants_are_the_committed_measurement(repo_root):
     doc = json.loads((repo_root / "benchmarks" / "results" / "host_overhead_cpu_202612.json").read_text())
     want = mod.constants(doc)
     assert want["HOST_S_PER_KERNEL"] == cm.HOST_S_PER_KERNEL
+    assert want["HOST_ATEN_OPS_PER_KERNEL"] == cm.HOST_ATEN_OPS_PER_KERNEL == 2.6
+    rec = json.loads((repo_root / "benchmarks" / "results" / "host_recompute_cpu_202612.json").read_text())
+    assert mod.recompute_constants(rec) == {"HOST_RECOMPUTE_REPLAY": cm.HOST_RECOMPUTE_REPLAY}
     for name in ("HOST_S_PER_PARAM_TENSOR", "HOST_S_PER_MICRO_STEP", "HOST_S_PER_STEP", "HOST_S_PER_STEP_PER_PARAM_TENSOR"):
         assert {int(k): v for k, v in want[name].items()} == getattr(cm, name), name
+
+
+def test_a_recomputed_block_costs_the_measured_replay_of_host_time_on_top_of_its_plain_one():
+    """host_layer_s: plain kernels x (host per kernel + the CUDA launch of each ATen op behind one), and a
+    recomputed block (1 + HOST_RECOMPUTE_REPLAY) x that: the checkpoint machinery costs more host time than the
+    third of the kernels its replayed forward adds (benchmarks/results/host_recompute_cpu_202612.md)."""
+    import dstoolkit.estimate.cluster_model as cm
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+
+    plain = _small(1, 0, "megatron")
+    full = plain.model_copy(update={"checkpoint": CheckpointPolicy(kind="full")})
+    assert full.checkpoint.checkpointed_layers(16)[0] and not plain.checkpoint.checkpointed_layers(16)[0]
+    per_kernel = cm.HOST_S_PER_KERNEL + cm.HOST_ATEN_OPS_PER_KERNEL * cm.KERNEL_LAUNCH_S
+    assert cm.host_layer_s(plain, 0) == pytest.approx(cm.layer_kernels(plain, 0) * per_kernel)
+    assert cm.host_layer_s(full, 0) == pytest.approx(cm.layer_kernels(plain, 0) * per_kernel * (1 + cm.HOST_RECOMPUTE_REPLAY))
+    # the GPU side still counts the replayed forward's kernels once more (layer_kernels with recompute)
+    assert cm.layer_kernels(full, 0) > cm.layer_kernels(full, 0, recompute=False) == cm.layer_kernels(plain, 0)
