@@ -94,11 +94,12 @@ def group_runs(doc: dict[str, Any], published: dict[str, Any]) -> list[dict[str,
         common = dict((doc.get("common") or {}).get(g["source"]) or {})
         runs = []
         for i, r in enumerate(g["rows"]):
-            gpus = int(common["nodes"]) * int(common["gpus_per_node"])
+            nodes = int(g.get("nodes", common["nodes"]))  # a group may run on its own node count (vTrain: 8-64)
+            gpus = nodes * int(common["gpus_per_node"])
             if r["tp"] * r["pp"] * r["dp"] != gpus:
                 raise SystemExit(f"{g['id']} row {i}: tp*pp*dp = {r['tp'] * r['pp'] * r['dp']} != {gpus} GPUs")
             rid = f"{g['id']}_tp{r['tp']}_pp{r['pp']}_dp{r['dp']}_mb{r['micro_batch']}"
-            runs.append({**_run(rid, g, common, r, common["nodes"]),
+            runs.append({**_run(rid, g, common, r, nodes),
                          "oom": bool(r.get("oom")), "measured_step_s": r.get("sec_per_iter"),
                          "measured_mem_gb": r.get("mem_gb")})
         out.append({"id": g["id"], "source": g["source"], "where": g["where"], "runs": runs})

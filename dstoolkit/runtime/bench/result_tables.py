@@ -293,8 +293,8 @@ def _sweeps_row(res: Results) -> Row:
     s = _last_summary(res.jsonl(f))
     lo = s["loso"]
     return Row("layout order on one cluster; out of source", f"{s['groups']} measured layout sweeps (BigScience BLOOM "
-               "topology search on 48 A100 nodes, Narayanan Table 2, torchtitan 405B, Megatron MoE zoo); every fitted "
-               "constant refitted without the held-out source",
+               "topology search on 48 A100 nodes, vTrain's Megatron-LM GPT 3.6-175B on 64-512 A100s, Narayanan "
+               "Table 2, torchtitan 405B, Megatron MoE zoo); every fitted constant refitted without the held-out source",
                f"{s['ran_rows']} layouts that ran: MAPE {_pct(s['mape_rows'], sign=False)} in sample and "
                f"{_pct(lo['mape_rows'], sign=False)} leave-one-source-out, mean within-group Spearman "
                f"{s['mean_spearman_groups_ge3']:.3f} (out of source {lo['mean_spearman_groups_ge3']:.3f}), top-1 "
@@ -306,6 +306,20 @@ def _sweeps_row(res: Results) -> Row:
                f"{lo['undecided_groups']}), and measuring those leaves a regret of "
                f"{_pct(s['mean_regret_after_measuring'], sign=False)} mean / "
                f"{_pct(s['max_regret_after_measuring'], sign=False)} worst" + _sweep_pick_text(s.get("sweep_pick")), (f,))
+
+
+def _small_models_row(res: Results) -> Row:
+    # benchmarks/small_model_sweeps.py: its summary table in the markdown is the record
+    f = "small_model_sweeps_202612.md"
+    rows = res.match(f, r"(\d+) measured iterations in (\d+) groups")
+    mape = res.match(f, r"throughput MAPE \(all rows\) \| ([\d.]+%)")
+    sp = res.match(f, r"Spearman \((\d+) groups of ≥ 3\) \| ([\d.]+)")
+    reg = res.match(f, r"top-1 regret \| ([\d.]+%) / ([\d.]+%)")
+    return Row("small models on one node; out of sample",
+               "vTrain's single-node set: Megatron-LM GPT 0.2-1.3B (hidden 1024/2048, 12-24 layers, sequence 1024) on "
+               "2-8 A100s at every tp x pp x dp x micro batch they ran; no row enters a fitted constant",
+               f"{rows[1]} runs in {rows[2]} groups: MAPE {mape[1]}, mean within-group Spearman {sp[2]} ({sp[1]} groups), "
+               f"top-1 regret mean {reg[1]} / worst {reg[2]}", (f,))
 
 
 def _sweep_pick_text(sp: Optional[dict]) -> str:
@@ -338,7 +352,8 @@ def _megatron_parsers_row(res: Results) -> Row:
 
 FIDELITY_ROWS: tuple[Callable[[Results], Row | list[Row]], ...] = (
     _memory_rows, _peak_memory_row, _step_time_row, _cpu_block_row, _malloc_row, _bench_train_row, _throttle_row,
-    _megatron_ds_row, _megatron_two_host_row, _validate_speed_row, _published_row, _sweeps_row, _megatron_parsers_row)
+    _megatron_ds_row, _megatron_two_host_row, _validate_speed_row, _published_row, _sweeps_row, _small_models_row,
+    _megatron_parsers_row)
 
 
 def _files_cell(files: Sequence[str], prefix: str) -> str:
