@@ -98,7 +98,8 @@ KERNEL_LAUNCH_S = 5e-6
 stream (launch latency, prologue, tail), of the order of a CUDA kernel launch, ~4-6 us per kernel submitted through
 the driver and runtime (NVIDIA technical blog "Getting Started with CUDA Graphs", 2019: for short kernels the
 launch overhead of several us dominates; pegainfer "From Launch Overhead to CUDA Graph", 4-6 us per launch).
-Cited, not fitted: `layer_kernels(plan, i)` of them per block and micro batch (layer_compute_s). Checked by
+Cited, not fitted: `layer_kernels(plan, i)` of them per block and micro batch (layer_compute_s); the host pays the
+same call per ATen op it launches (host_layer_s). Checked by
 leave-one-source-out (benchmarks/estimator_fit.py, the fitted constants refitted with it on): published runs
 8.5% -> 8.4% MAPE in sample and out of source, layout sweeps 9.8% -> 9.5%, within-group Spearman 0.395 -> 0.396.
 Tried and not kept in issue 24 (worse out of source): the shape fall-off on each of m, n, k instead of the
@@ -122,8 +123,8 @@ ATen dispatcher; tensors so small the kernels take no time). Such a block dispat
 kernel counted here (bias adds, casts, copies, gradient accumulation) at ~9-14 us each. The GPU runs
 asynchronously, so this is a floor, not a cost: a stage's micro batch takes max(GPU time, host time)
 (pipeline_compute_s). It binds for small models at small micro batches, where each kernel's GPU time is a few us.
-The same VM measured 22-33 us per kernel an hour earlier (its CPU's speed varies); the CUDA launch call (~2-5 us)
-is not in a CPU run."""
+The same VM measured 22-33 us per kernel an hour earlier (its CPU's speed varies); the CUDA launch call is not in a
+CPU run, so host_layer_s adds KERNEL_LAUNCH_S for each of the HOST_ATEN_OPS_PER_KERNEL ATen ops behind a kernel."""
 HOST_ATEN_OPS_PER_KERNEL = 2.6
 """Measured (benchmarks/host_overhead.py): ATen kernel ops a block dispatches per kernel layer_kernels counts (bias
 adds, casts, copies, gradient accumulation; 105 / 40 for a Llama block, 81 / 31 for a GPT-2 block). On a GPU each
