@@ -1,7 +1,7 @@
 """Small models on one node at many layouts against the estimator: where a step is fixed costs, not FLOPs.
 
 Reads benchmarks/data/vtrain/ground_truth_single.csv, the single-node measurements published with vTrain (Bang et
-al., MICRO'24; VIA-Research/vTrain data/ground_truth_single.csv at f8dda84, copied byte for byte): 1440 Megatron-LM
+al., MICRO'24; VIA-Research/vTrain data/ground_truth_single.csv at f8dda84, copied byte for byte): 1440 Megatron-DeepSpeed
 iterations of GPT models with hidden 1024 or 2048 and 12-24 layers (0.2-1.3B parameters), sequence 1024, on 2, 4 or
 8 A100s of one node, at every tp x pp x dp x micro batch x global batch the authors ran. The cluster and execution
 facts are those of the multi-node set in benchmarks/data/layout_sweeps.yaml (source vtrain_micro24, `common`), the
@@ -103,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     jsonl.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
     lines = ["# Small models on one node: measured layouts vs the estimator", "",
              f"`benchmarks/small_model_sweeps.py` over `benchmarks/data/vtrain/ground_truth_single.csv` (vTrain, Bang et "
-             f"al., MICRO'24: Megatron-LM GPT, hidden 1024/2048, 12-24 layers, sequence 1024, 2-8 A100s of one node): "
+             f"al., MICRO'24: Megatron-DeepSpeed GPT, hidden 1024/2048, 12-24 layers, sequence 1024, 2-8 A100s of one node): "
              f"{len(rows)} measured iterations in {len(groups)} groups (one model, GPU count and global batch). "
              "Error = predicted tokens/s ÷ measured − 1 (positive: the estimate is too fast). Out of sample: no row "
              "enters a fitted constant.", "",

@@ -421,10 +421,10 @@ def group_inter_node_busbw(nic_busbw: float, nics_per_node: int, ranks_per_node:
 
 MULTI_RING_GAIN = True
 """Whether a group with r > 1 ranks on a node gets r NICs (the ring-per-NIC gain above). On since the vTrain
-multi-node sweep joined benchmarks/data/layout_sweeps.yaml (Bang et al., MICRO'24; Megatron-LM GPT 3.6-175B on 64-512
-A100s, 4 x 200 Gb/s per node): its 3.6B model at TP 16 over two nodes (8 ranks per node in each TP group) measured
-10.6-13.5 s per step; with one NIC per group the estimate said 26.7-28.9 s (2.5x too slow), with a ring per NIC
-9.7-11.9 s. Earlier in issue 24 the gain was off because it broke the DeepSpeed ZeRO-3 rows of Narayanan et al. 2021
+multi-node sweep joined benchmarks/data/layout_sweeps.yaml (Bang et al., MICRO'24; Megatron-DeepSpeed GPT 3.6-175B on
+64-512 A100s, 4 x 200 Gb/s per node): its 3.6B model at TP 16 over two nodes (8 ranks per node in each TP group)
+measured 10.6-13.5 s per step; with one NIC per group the estimate said 26.7-28.9 s (2.5x too slow), with a ring per
+NIC 9.7-11.9 s (estimator at dad0aed, that table's first reading: framework megatron, 150 GB/s inside the node). Earlier in issue 24 the gain was off because it broke the DeepSpeed ZeRO-3 rows of Narayanan et al. 2021
 Table 2; those keep one ring (DEEPSPEED_ZERO3_ONE_RING). The switch stays for the comparison
 (benchmarks/results/layout_sweeps_202612_multiring.md and _baseline.md are the earlier runs with it on and off)."""
 

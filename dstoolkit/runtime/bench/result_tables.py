@@ -293,7 +293,7 @@ def _sweeps_row(res: Results) -> Row:
     s = _last_summary(res.jsonl(f))
     lo = s["loso"]
     return Row("layout order on one cluster; out of source", f"{s['groups']} measured layout sweeps (BigScience BLOOM "
-               "topology search on 48 A100 nodes, vTrain's Megatron-LM GPT 3.6-175B on 64-512 A100s, Narayanan "
+               "topology search on 48 A100 nodes, vTrain's Megatron-DeepSpeed GPT 3.6-175B on 64-512 A100s, Narayanan "
                "Table 2, torchtitan 405B, Megatron MoE zoo); every fitted constant refitted without the held-out source",
                f"{s['ran_rows']} layouts that ran: MAPE {_pct(s['mape_rows'], sign=False)} in sample and "
                f"{_pct(lo['mape_rows'], sign=False)} leave-one-source-out, mean within-group Spearman "
@@ -316,7 +316,7 @@ def _small_models_row(res: Results) -> Row:
     sp = res.match(f, r"Spearman \((\d+) groups of ≥ 3\) \| ([\d.]+)")
     reg = res.match(f, r"top-1 regret \| ([\d.]+%) / ([\d.]+%)")
     return Row("small models on one node; out of sample",
-               "vTrain's single-node set: Megatron-LM GPT 0.2-1.3B (hidden 1024/2048, 12-24 layers, sequence 1024) on "
+               "vTrain's single-node set: Megatron-DeepSpeed GPT 0.2-1.3B (hidden 1024/2048, 12-24 layers, sequence 1024) on "
                "2-8 A100s at every tp x pp x dp x micro batch they ran; no row enters a fitted constant",
                f"{rows[1]} runs in {rows[2]} groups: MAPE {mape[1]}, mean within-group Spearman {sp[2]} ({sp[1]} groups), "
                f"top-1 regret mean {reg[1]} / worst {reg[2]}", (f,))
