@@ -276,12 +276,12 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
             # PyTorch FSDP) are gathered and their gradients reduce-scattered over the expert-data-parallel group
             ce = edp_lay.concurrent_groups
             add("zero3_param_all_gather_fwd_experts", "all_gather", expert * fwd_bytes * ga, edp, edp_cross,
-                calls // 2, param_overlap, ce, hidden, per_node=edp_lay.ranks_per_node)
+                calls // 2, param_overlap, ce, hidden, per_node=edp_lay.ranks_per_node, one_ring=one)
             add("zero3_param_all_gather_bwd_experts", "all_gather", expert * fwd_bytes * ga, edp, edp_cross,
-                calls // 2, param_overlap, ce, hidden, per_node=edp_lay.ranks_per_node)
+                calls // 2, param_overlap, ce, hidden, per_node=edp_lay.ranks_per_node, one_ring=one)
             add("zero3_grad_reduce_scatter_experts", "reduce_scatter", expert * grad_bytes * ga, edp, edp_cross,
                 ga * (nlayers if per_layer else math.ceil(expert / bucket)),
-                grad_overlap or plan.framework == "deepspeed", ce, per_node=edp_lay.ranks_per_node)
+                grad_overlap or plan.framework == "deepspeed", ce, per_node=edp_lay.ranks_per_node, one_ring=one)
     # Expert parallelism: dispatch + combine all-to-all in forward, and the same two in backward, per MoE layer
     # of the heaviest pipeline stage (DeepSeek-V3 at pp 16: 4 MoE layers on stages 1-15, 1 on stage 0).
     # Per TP rank: DeepSpeed drops the tokens duplicated across TP ranks before the all-to-all

@@ -87,6 +87,11 @@ def test_deepspeed_zero3_collectives_keep_one_ring_other_fsdp_gets_a_ring_per_ni
     assert not fsdp.one_ring and op_time_s(fsdp, NVLINK, NIC, nics_per_node=8) < op_time_s(
         z3["zero3_param_all_gather_fwd"], NVLINK, NIC, nics_per_node=8) / 7
     assert not ops(1)["zero_grad_all_reduce"].one_ring
+    # an MoE model's experts as ordinary parameters under DeepSpeed ZeRO-3 (Hugging Face modules): gathered the same way
+    moe = _plan(tp=1).model_copy(update={"shape": get_preset("mixtral-8x7b")})
+    moe = moe.model_copy(update={"ds_config": dict(moe.ds_config, zero_optimization={"stage": 3})})
+    ex = {o.name: o for o in comm_plan(moe).ops}
+    assert ex["zero3_param_all_gather_fwd_experts"].one_ring and ex["zero3_grad_reduce_scatter_experts"].one_ring
 
 
 def test_hardware_table_states_nics_per_node():

@@ -7,6 +7,7 @@
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: HF MoE model at ZeRO-3: experts are replicated plain modules (not deepspeed.moe). Make the MoE block a ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = [transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; set_z3_leaf_modules(model, [MixtralSparseMoeBlock])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).
+# NOTE: AutoTP: tensor_parallel.autotp_size=2; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 8.
 # NOTE: Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine (~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).
 # NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
@@ -18,6 +19,6 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 if [ -z "${NODE_RANK:-}" ]; then echo "$ME: NODE_RANK is not set: a 2-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..1>" >&2; exit 2; fi
 if [ -z "${MASTER_ADDR:-}" ]; then echo "$ME: MASTER_ADDR is not set: a 2-node launch runs this script on every node with MASTER_ADDR=<node 0's address, the same on every node>" >&2; exit 2; fi
 NODE_ARGS=(--nnodes 2 --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
-CMD=(torchrun "${NODE_ARGS[@]}" --nproc_per_node 8 "$SCRIPT" --deepspeed "$HERE/ds_config_hf.json" --output_dir checkpoints --per_device_train_batch_size 16 --gradient_accumulation_steps 1 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
+CMD=(torchrun "${NODE_ARGS[@]}" --nproc_per_node 8 "$SCRIPT" --deepspeed "$HERE/ds_config_hf.json" --output_dir checkpoints --per_device_train_batch_size 32 --gradient_accumulation_steps 1 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"
