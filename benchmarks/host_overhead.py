@@ -18,12 +18,17 @@ here:
   backward, per block and per parameter tensor (ZeRO-2's gradient hooks, ZeRO-3's per-module gather and release),
   and the host seconds the optimizer step adds at a boundary (gradient norm, clipping, update, all-gather).
 
+* with --recompute only: the same blocks plain and under torch.utils.checkpoint (reentrant), and the host time the
+  checkpoint machinery adds over the plain block as a fraction of it (`cluster_model.HOST_RECOMPUTE_REPLAY`).
+
 One thread, minimum of REPS calls after warm-ups (a busy machine only lengthens a call). The host of a GPU job
-also pays the CUDA launch call per kernel, which this CPU run does not: the figures are a lower bound for it.
+also pays the CUDA launch call per kernel, which this CPU run does not (the estimator adds it per ATen op:
+`cluster_model.HOST_ATEN_OPS_PER_KERNEL`, from this file's op counts).
 
     python benchmarks/host_overhead.py [--out DIR] [--tag YYYYMM]
+    python benchmarks/host_overhead.py --recompute [--tag YYYYMM]   # ~20 s
 
-Outputs benchmarks/results/host_overhead_cpu_<tag>.{json,md}.
+Outputs benchmarks/results/host_overhead_cpu_<tag>.{json,md}; with --recompute host_recompute_cpu_<tag>.{json,md}.
 """
 from __future__ import annotations
 
