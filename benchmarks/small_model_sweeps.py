@@ -51,18 +51,16 @@ def runs(path: pathlib.Path = CSV, table: pathlib.Path = ls.TABLE) -> list[dict[
                 raise SystemExit(f"{path.name} row {i + 2}: tp*pp*dp = {tp * pp * dp} != {n} GPUs")
             h, layers, heads, seq = (int(r[k]) for k in ("hidden size", "# layers", "attention heads", "sequence length"))
             group = f"gpt_h{h}_l{layers}_{n}gpu_gbs{r['global batch']}"
-            out.append({
-                "id": f"{group}_tp{tp}_pp{pp}_dp{dp}_mb{r['micro batch']}", "group": group, "source": SOURCE,
-                "model_name": group,
-                "model": {"model_type": "gpt2", "n_embd": h, "n_layer": layers, "n_head": heads, "vocab_size": VOCAB,
-                          "n_positions": seq},
-                "gpu": common["gpu"], "nodes": 1, "gpus_per_node": n,
-                "layout": {"tp": tp, "pp": pp, "zero_stage": common["zero_stage"]},
-                "execution": dict(common["execution"]), "micro_batch": int(r["micro batch"]),
-                "global_batch": int(r["global batch"]), "seq_len": seq, "precision": "fp16",
-                "recompute": common["recompute"], "text": ",".join(r.values()), "oom": False,
-                "measured_step_s": float(r["iteration time (ms)"]) / 1e3, "hidden": h,
-            })
+            g = {"id": group, "source": SOURCE, "precision": "fp16",
+                 "model": {"model_type": "gpt2", "n_embd": h, "n_layer": layers, "n_head": heads, "vocab_size": VOCAB,
+                           "n_positions": seq}}
+            row = {"tp": tp, "pp": pp, "micro_batch": int(r["micro batch"]), "global_batch": int(r["global batch"]),
+                   "text": ",".join(r.values())}
+            # one node of n GPUs at this row's sequence length; the source's other facts as layout_sweeps reads them
+            run = ls._run(f"{group}_tp{tp}_pp{pp}_dp{dp}_mb{row['micro_batch']}", g,
+                          {**common, "gpus_per_node": n, "seq_len": seq}, row, 1)
+            out.append({**run, "group": group, "oom": False, "hidden": h,
+                        "measured_step_s": float(r["iteration time (ms)"]) / 1e3})
     return out
 
 

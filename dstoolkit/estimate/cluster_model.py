@@ -132,9 +132,10 @@ launches a CUDA kernel, whose launch call the CPU run does not pay: host_layer_s
 HOST_RECOMPUTE_REPLAY = 0.87
 """Measured (benchmarks/host_overhead.py, the same blocks under torch.utils.checkpoint, reentrant as Megatron's
 CheckpointFunction): host seconds a recomputed block adds over its plain forward + backward, as a fraction of that
-plain time (GPT-2 0.90, Llama 0.84, the mean; results/host_recompute_cpu_202612.md). The replayed forward is a third of the block's kernels, but the
-checkpoint machinery (saving the inputs and RNG states, re-entering autograd for the block's own backward) costs
-host time of its own, so a recomputed block's host floor is (1 + this) x its plain one (host_layer_s)."""
+plain time (GPT-2 0.90, Llama 0.84, the mean; results/host_recompute_cpu_202612.md). The replayed forward is a
+third of the block's kernels, but the checkpoint machinery (saving the inputs and RNG states, re-entering autograd
+for the block's own backward) costs host time of its own, so a recomputed block's host floor is (1 + this) x its
+plain one (host_layer_s)."""
 HOST_S_PER_PARAM_TENSOR = {0: 1e-05, 1: 1e-05, 2: 6e-05, 3: 0.00035}
 """Measured (benchmarks/host_overhead.py): extra host seconds per parameter tensor and micro step of a DeepSpeed
 engine (bf16, clipping), by ZeRO stage, beyond the plain forward + backward: ZeRO-2's per-parameter gradient hook

@@ -424,8 +424,9 @@ MULTI_RING_GAIN = True
 multi-node sweep joined benchmarks/data/layout_sweeps.yaml (Bang et al., MICRO'24; Megatron-DeepSpeed GPT 3.6-175B on
 64-512 A100s, 4 x 200 Gb/s per node): its 3.6B model at TP 16 over two nodes (8 ranks per node in each TP group)
 measured 10.6-13.5 s per step; with one NIC per group the estimate said 26.7-28.9 s (2.5x too slow), with a ring per
-NIC 9.7-11.9 s (estimator at dad0aed, that table's first reading: framework megatron, 150 GB/s inside the node). Earlier in issue 24 the gain was off because it broke the DeepSpeed ZeRO-3 rows of Narayanan et al. 2021
-Table 2; those keep one ring (DEEPSPEED_ZERO3_ONE_RING). The switch stays for the comparison
+NIC 9.7-11.9 s (estimator at dad0aed, that table's first reading: framework megatron, 150 GB/s inside the node).
+Earlier in issue 24 the gain was off because it broke the DeepSpeed ZeRO-3 rows of Narayanan et al. 2021 Table 2;
+those keep one ring (DEEPSPEED_ZERO3_ONE_RING). The switch stays for the comparison
 (benchmarks/results/layout_sweeps_202612_multiring.md and _baseline.md are the earlier runs with it on and off)."""
 
 DEEPSPEED_ZERO3_ONE_RING = True
