@@ -102,7 +102,20 @@ def _dense_common(d: dict) -> dict:
         vocab_size=_int(d, "vocab_size"),
         max_position_embeddings=_int(d, "max_position_embeddings", None, allow_none=True),
         hidden_act=str(d.get("hidden_act", "silu")),
+        attention_dropout=_dropout(d, "attention_dropout", 0.0),
     )
+
+
+def _dropout(d: dict, key: str, default: float) -> float:
+    """A dropout probability of the config (transformers' default when absent), checked to lie in [0, 1)."""
+    v = d.get(key, default)
+    try:
+        f = float(default if v is None else v)
+    except (TypeError, ValueError):
+        raise HFConfigError(key, f"{v!r} is not a number", "give a probability in [0, 1), e.g. 0.0") from None
+    if not 0.0 <= f < 1.0:
+        raise HFConfigError(key, f"{f} is not a probability in [0, 1)", "give e.g. 0.0 (no dropout) or 0.1")
+    return f
 
 
 def _llama(d: dict, fam: Family) -> dict:
@@ -230,6 +243,7 @@ def _gpt2(d: dict, fam: Family) -> dict:
         tie_word_embeddings=_bool(d, "tie_word_embeddings", True),
         attention_bias=True, o_proj_bias=True, mlp_bias=True, mlp_gated=False, norm_type="layernorm", qkv_fused=True,
         hidden_act=str(d.get("activation_function", "gelu_new")),
+        attention_dropout=_dropout(d, "attn_pdrop", 0.1),  # transformers GPT2Config default
     )
 
 

@@ -56,6 +56,11 @@ class ModelShape(BaseModel):
     """FFN activation as HF names it (silu for SwiGLU models, gelu_new for GPT-2)."""
     qk_norm: bool = False
     """Qwen3: per-head RMSNorm (width head_dim) on q and k inside attention."""
+    attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout probability on the attention probabilities in training (GPT-2 `attn_pdrop`, HF default 0.1, as
+    Megatron-LM's GPT `--attention-dropout` default; Llama-style configs `attention_dropout`, default 0.0). An eager
+    core with it runs and keeps a dropout pass over its score matrices (estimate.attention_core,
+    estimate.activations)."""
     qkv_fused: bool = False
     """q, k and v projected by one weight tensor (GPT-2's `c_attn` Conv1D, transformers GPT2Attention); False: the
     separate q_proj / k_proj / v_proj of Llama-style modules. Counts the block's GEMM launches and parameter tensors

@@ -56,7 +56,9 @@ class RunPlan(BaseModel):
     precision: Precision = "bf16"
     """Compute precision; fp8 = FP8 GEMMs with bf16 weights/activations elsewhere."""
     attention_dropout: bool = False
-    """Whether attention/hidden dropout masks are stored (Korthikanti's GPT has them; Llama-style has none)."""
+    """Whether the model trains with attention/hidden dropout (plan_from_spec: the model config's attention dropout,
+    ModelShape.attention_dropout > 0): its masks are stored (Korthikanti's GPT has them; Llama-style has none) and an
+    eager attention core runs a dropout pass over its scores (estimate.attention_core)."""
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     """Expert capacity factor: tokens computed per expert = cf * k * tokens / E (1.0 = exactly top-k)."""
     calibration: Optional[Calibration] = None
@@ -224,6 +226,7 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         ep=deg(ep, t.ep),
         checkpoint=checkpoint,
         flash_attention=t.flash_attention,
+        attention_dropout=shape.attention_dropout > 0,
         sequence_parallel=t.sequence_parallel if sequence_parallel is None else sequence_parallel,
         precision=t.precision,
         calibration=calibration_for_spec(spec) if calibration is _FROM_SPEC else calibration,
