@@ -276,6 +276,11 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     )
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
+    # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,
+    # Bloom / Llama-style attention_dropout 0.0); a non-number or out-of-range value counts as none
+    drop = config_value(text_cfg, "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+    if isinstance(drop, (int, float)) and not isinstance(drop, bool) and 0.0 < float(drop) < 1.0:
+        kw["attention_dropout"] = float(drop)
     qkv_width = (heads + 2 * kv) * head_dim
     if any(g.role == "attention" and g.layers and g.in_features == h and g.out_features == qkv_width
            for g in m.linear_layers()):

@@ -112,6 +112,10 @@ def test_attention_dropout_comes_from_the_model_config():
              "intermediate_size": 128, "vocab_size": 100}
     assert shape_from_hf_config(llama).attention_dropout == 0.0
     assert shape_from_hf_config({**llama, "attention_dropout": 0.05}).attention_dropout == pytest.approx(0.05)
+    # a family built through transformers (Bloom): its config's attention_dropout, transformers' default 0.0
+    bloom = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100}
+    assert shape_from_hf_config(bloom).attention_dropout == 0.0
+    assert shape_from_hf_config({**bloom, "attention_dropout": 0.1}).attention_dropout == pytest.approx(0.1)
     with pytest.raises(HFConfigError, match="attn_pdrop.*1.5.*probability"):
         shape_from_hf_config({**gpt2, "attn_pdrop": 1.5})
     with pytest.raises(HFConfigError, match="attention_dropout.*'high'.*not a number"):
