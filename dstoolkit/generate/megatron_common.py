@@ -77,13 +77,14 @@ _FAMILY_DEFAULTS: dict[str, ModelConstants] = {
     "qwen3_moe": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=0.001, source="transformers Qwen3MoeConfig defaults"),
     "deepseek_v2": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=0.001, source="transformers DeepseekV2Config defaults"),
     "deepseek_v3": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=1e-4, source="transformers DeepseekV3Config defaults"),
-    "gpt2": ModelConstants(10000.0, 1e-5, 0.02, attention_dropout=0.0, hidden_dropout=0.0,
-                           source="transformers GPT2Config defaults (dropout 0 for pre-training here)"),
+    "gpt2": ModelConstants(10000.0, 1e-5, 0.02, attention_dropout=0.1, hidden_dropout=0.1,
+                           source="transformers GPT2Config defaults (attn_pdrop, resid_pdrop 0.1: the model the "
+                                  "estimate and the Hugging Face targets train)"),
 }
 
 
 _CONFIG_KEYS = {"rope_theta": ("rope_theta",), "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
-                "init_std": ("initializer_range",), "attention_dropout": ("attention_dropout",),
+                "init_std": ("initializer_range",), "hidden_dropout": ("hidden_dropout", "resid_pdrop"),
                 "moe_aux_loss_coeff": ("router_aux_loss_coef", "aux_loss_alpha"),
                 "moe_topk_scaling_factor": ("routed_scaling_factor",), "moe_router_num_groups": ("n_group",),
                 "moe_router_group_topk": ("topk_group",)}
@@ -114,7 +115,8 @@ def model_constants(spec: Spec, shape: ModelShape) -> ModelConstants:
     """RoPE base, norm epsilon, init std, dropout and aux-loss coefficient of the spec's model.
 
     The config's own values win (hf_config / inline fields), then the bundled preset's published values, then
-    the transformers defaults of the model_type. Dropout is 0 unless the config says otherwise.
+    the transformers defaults of the model_type (dropout: 0, but GPT-2's 0.1; the attention dropout is the one
+    ModelShape.attention_dropout reads, which the estimate charges).
     """
     base = _PRESET_CONSTANTS.get(spec.model.preset or "", None) if spec.model.form == "preset" else None
     if base is None:
@@ -130,6 +132,11 @@ def model_constants(spec: Spec, shape: ModelShape) -> ModelConstants:
                 vals[field] = int(d[k]) if field in _INT_FIELDS else float(d[k])
                 used.append(k)
                 break
+    # the attention dropout has one owner: the model shape (models.hf: the config's attention_dropout / attn_pdrop,
+    # else its family's transformers default), which the estimate charges too
+    if shape.attention_dropout != vals["attention_dropout"]:
+        vals["attention_dropout"] = float(shape.attention_dropout)
+        used.append("attention dropout of the model shape")
     src = base.source + (f"; from the config: {', '.join(used)}" if used else "")
     return ModelConstants(source=src, **vals)
 

@@ -457,6 +457,13 @@ def test_gpt2_style_model_on_both_targets(tmp_path):
     ds = flags(megatron_deepspeed_args(spec, shape, c, ds_config_path=tmp_path / "ds_config.json"))
     assert ds["--normalization"] == ["layernorm"] and "--use-rotary-position-embeddings" not in ds
     assert "--openai-gelu" in ds and "--no-pipeline-parallel" in ds and ds["--zero-stage"] == ["2"]
+    # GPT-2's dropout (transformers' default 0.1, what the estimate charges) on both targets; the config's own wins
+    assert lm["--attention-dropout"] == ds["--attention-dropout"] == ["0.1"] and lm["--hidden-dropout"] == ["0.1"]
+    (tmp_path / "g0.yaml").write_text((tmp_path / "g.yaml").read_text().replace(
+        "n_positions: 512}", "n_positions: 512, attn_pdrop: 0.0, resid_pdrop: 0.0}"))
+    spec0, shape0 = load_spec_and_shape(tmp_path / "g0.yaml")
+    lm0 = flags(megatron_lm_args(spec0, shape0, c))
+    assert lm0["--attention-dropout"] == ["0.0"] and lm0["--hidden-dropout"] == ["0.0"]
 
 
 def test_module_imports_no_torch():
