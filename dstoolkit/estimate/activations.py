@@ -77,6 +77,17 @@ def _act_bytes(plan: RunPlan) -> tuple[int, int]:
     return p, pl
 
 
+def eager_score_bytes(plan: RunPlan, micro_batch: float) -> float:
+    """Bytes of the score matrices an eager attention core keeps for backward on one rank, per block: the softmax
+    output (kept for the softmax backward and for probs @ V) over local queries x all keys (cp) or a/u heads x the
+    whole square (Ulysses), split over TP; with dropout also its mask and the dropped probabilities (Korthikanti et
+    al. 2022's 5as/h term with p = 2)."""
+    a, s = plan.shape.num_attention_heads, plan.seq_len
+    p = _act_bytes(plan)[0]
+    elements = a * s * s * micro_batch / (plan.cp * plan.ulysses) / plan.tp
+    return elements * (p + ((1 + p) if plan.attention_dropout else 0))
+
+
 def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) -> LayerActivations:
     """Itemised saved-tensor bytes of block `layer_index` (see module docstring).
 
@@ -132,11 +143,7 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
     if impl != "eager":
         core = FP32_BYTES * b * a * s / shards  # log-sum-exp
     else:
-        # softmax output, kept for softmax backward and for probs @ V: local queries x all keys (cp), or a/u
-        # heads x the whole square (Ulysses)
-        core = p * a * s * s * b / shards
-        if plan.attention_dropout:
-            core += (a * s * s * b + p * a * s * s * b) / shards  # dropout mask + dropped probabilities
+        core = eager_score_bytes(plan, b) * t
     attention = (q_bytes + k_bytes + v_bytes + o_bytes + core) / t + latent + rope
     del attn_heads_dim
     # Selective recompute checkpoints the attention core (q, k, v -> out): it keeps its inputs, so with GQA it

@@ -1,4 +1,5 @@
 """Seconds of an eager (unfused) attention core on one GPU rank, kernel by kernel (issue 24). No torch import.
+cluster_model.layer_compute_s asks eager_core; the bytes it keeps for backward are activations.eager_score_bytes.
 
 Megatron-LM's CoreAttention before flash attention (megatron/model/transformer.py, 2021-2023; Megatron-DeepSpeed
 and vTrain's copy of the model, src/model/gpt_modeling.py, run the same four kernels) computes the attention of
@@ -21,8 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
+from dstoolkit.estimate.activations import _act_bytes
+from dstoolkit.estimate.flops import attention_head_dims
 from dstoolkit.estimate.gemm import gemm_rate
 from dstoolkit.hardware.table import GpuSpec
+from dstoolkit.runplan import RunPlan
 
 SOFTMAX_FORWARD_PASSES = 2
 """Passes over the scores of the fused scale-mask-softmax forward: read the scores, write the probabilities
@@ -77,3 +83,16 @@ def eager_core_s(gpu: GpuSpec, precision: str, *, groups: int, queries: float, k
                 + mm(queries, head_dim_qk, keys, head_dim_qk)  # dQ = dS K
                 + mm(keys, head_dim_qk, queries, head_dim_qk))  # dK = dS^T Q
     return EagerCoreSeconds(forward, backward)
+
+
+def eager_core(plan: RunPlan, tok: float, mem_bw: float) -> EagerCoreSeconds:
+    """The eager attention core of one block for `tok` tokens on one rank (eager_core_s): micro batch x the rank's
+    heads (heads / tp / Ulysses), each its seq / cp queries over the whole sequence, with the model's dropout."""
+    shape = plan.shape
+    _, d_qk = attention_head_dims(shape)
+    d_v = (shape.v_head_dim or shape.head_size) if shape.is_mla else shape.head_size
+    heads = max(1, math.ceil(shape.num_attention_heads / (plan.tp * plan.ulysses)))
+    micro_batch = tok / (plan.seq_len / (plan.cp * plan.ulysses))
+    return eager_core_s(plan.gpu, plan.precision, groups=max(1, round(micro_batch * heads)),
+                        queries=plan.seq_len / plan.cp, keys=plan.seq_len, head_dim_qk=d_qk, head_dim_v=d_v,
+                        element_bytes=_act_bytes(plan)[0], dropout=plan.attention_dropout, mem_bw=mem_bw)

@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from dstoolkit.estimate.activations import layer_activation_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
+from dstoolkit.estimate.activations import (eager_score_bytes, layer_activation_bytes, moe_capacity,
+                                            op_sac_recomputed_weights, uses_op_sac)
 from dstoolkit.estimate.dtype_bytes import param_bytes
-from dstoolkit.estimate.attention_core import EagerCoreSeconds, eager_core_s
+from dstoolkit.estimate.attention_core import eager_core
 from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY, LinearSeconds, gemm_rate, linear_s, projection_s
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
@@ -56,7 +57,7 @@ With few blocks the last wave leaves SMs idle (attention_occupancy)."""
 EAGER_CORE_BY_KERNEL = True
 """Whether an eager attention core (attention_impl eager) is charged kernel by kernel (attention_core.eager_core_s:
 its batched GEMMs at their own shapes, its softmax and dropout passes over the score matrices at HBM bandwidth;
-eager_core) instead of its FLOPs at ATTENTION_FRACTION["eager"] of peak with its saved scores in the generic
+attention_core.eager_core) instead of its FLOPs at ATTENTION_FRACTION["eager"] of peak with its saved scores in the generic
 elementwise passes. Issue 24, with the attention dropout of the model config (ModelShape.attention_dropout): the
 vTrain sweeps (Megatron-DeepSpeed GPT, eager core with dropout 0.1) moved most: 64-512 GPUs MAPE 10.5% -> 8.1%,
 the 3.6B model (32 heads of 96) 18.7% -> 9.9%; one node, 1440 rows, 10.7% -> 10.0%; published runs 5.4% -> 5.5%
@@ -543,7 +544,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     if impl == "eager" and EAGER_CORE_BY_KERNEL:
         core = eager_core(plan, tok, mem_bw)
         s += core.forward_s * (2.0 if core_again else 1.0) + core.backward_s
-        eager_saved = eager_core_saved_bytes(plan, tok)
+        eager_saved = eager_score_bytes(plan, tok / (plan.seq_len / sequence_shards(plan)))
     else:
         work = 12 * H * Q * plan.seq_len * tok / t * (1.0 if impl == "eager" else CAUSAL_ATTENTION_WORK)
         if core_again:
@@ -569,37 +570,9 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
                                           plan.ds.micro_batch).full
         s += (passes * kept_all + passes / 3.0 * max(0.0, kept_all - saved_bytes)) / mem_bw
     else:
-        # an eager core's score matrices are charged kernel by kernel above (eager_core)
+        # an eager core's score matrices are charged kernel by kernel above (attention_core.eager_core)
         s += passes * max(0.0, saved_bytes - eager_saved) / mem_bw
     return s
-
-
-def eager_core(plan: RunPlan, tok: float, mem_bw: float) -> EagerCoreSeconds:
-    """The eager attention core of one block for `tok` tokens on one rank (attention_core.eager_core_s): micro
-    batch x the rank's heads, each its seq / cp queries over the whole sequence."""
-    from dstoolkit.estimate.activations import _act_bytes
-    from dstoolkit.estimate.flops import attention_head_dims
-
-    shape = plan.shape
-    _, d_qk = attention_head_dims(shape)
-    d_v = (shape.v_head_dim or shape.head_size) if shape.is_mla else shape.head_size
-    heads = max(1, math.ceil(shape.num_attention_heads / (plan.tp * plan.ulysses)))
-    queries = plan.seq_len / plan.cp
-    b = tok / (plan.seq_len / sequence_shards(plan))
-    return eager_core_s(plan.gpu, plan.precision, groups=max(1, round(b * heads)), queries=queries,
-                        keys=plan.seq_len, head_dim_qk=d_qk, head_dim_v=d_v, element_bytes=_act_bytes(plan)[0],
-                        dropout=plan.attention_dropout, mem_bw=mem_bw)
-
-
-def eager_core_saved_bytes(plan: RunPlan, tok: float) -> float:
-    """Bytes of the score matrices an eager core keeps for backward on one rank (the probabilities, and with
-    dropout its mask and the dropped probabilities: activations.layer_activation_bytes' core term)."""
-    from dstoolkit.estimate.activations import _act_bytes
-
-    p = _act_bytes(plan)[0]
-    heads = plan.shape.num_attention_heads / (plan.tp * plan.ulysses)
-    elements = tok / (plan.seq_len / sequence_shards(plan)) * heads * plan.seq_len / plan.cp * plan.seq_len
-    return elements * (p + ((1 + p) if (plan.attention_dropout) else 0))
 
 
 def mla_up_proj_weights(shape) -> float:

@@ -68,13 +68,13 @@ def _plan(impl="eager", dropout=False, recompute="none"):
 
 
 def test_eager_layer_charges_the_core_once_and_its_scores_not_twice(monkeypatch):
-    from dstoolkit.estimate.activations import layer_activation_bytes
+    from dstoolkit.estimate.activations import eager_score_bytes, layer_activation_bytes
 
     plan = _plan(dropout=True)
     tok, bw = 2 * 2048, 2.039e12
     saved = layer_activation_bytes(plan, 0, 2).full
-    core = cm.eager_core(plan, tok, bw)
-    scores = cm.eager_core_saved_bytes(plan, tok)
+    core = ac.eager_core(plan, tok, bw)
+    scores = eager_score_bytes(plan, 2)
     assert scores == pytest.approx(2 * (32 / 2) * 2048 * 2048 * (2 + 1 + 2))  # probs + mask + dropped probs
     with_core = cm.layer_compute_s(plan, 0, tok, saved, bw)
     monkeypatch.setattr(cm, "EAGER_CORE_BY_KERNEL", False)
@@ -96,7 +96,6 @@ def test_eager_layer_charges_the_core_once_and_its_scores_not_twice(monkeypatch)
 def test_flash_layers_keep_their_attention_fraction():
     plan = _plan(impl="flash")
     tok = 2 * 2048
-    assert cm.eager_core_saved_bytes(plan, tok) > 0  # defined, but only an eager layer uses it
     from dstoolkit.estimate.activations import layer_activation_bytes
 
     s = cm.layer_compute_s(plan, 0, tok, layer_activation_bytes(plan, 0, 2).full, 2.039e12)
