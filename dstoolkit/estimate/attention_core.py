@@ -20,9 +20,8 @@ sequences.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 from dstoolkit.estimate.activations import _act_bytes
 from dstoolkit.estimate.flops import attention_head_dims

@@ -57,8 +57,8 @@ With few blocks the last wave leaves SMs idle (attention_occupancy)."""
 EAGER_CORE_BY_KERNEL = True
 """Whether an eager attention core (attention_impl eager) is charged kernel by kernel (attention_core.eager_core_s:
 its batched GEMMs at their own shapes, its softmax and dropout passes over the score matrices at HBM bandwidth;
-attention_core.eager_core) instead of its FLOPs at ATTENTION_FRACTION["eager"] of peak with its saved scores in the generic
-elementwise passes. Issue 24, with the attention dropout of the model config (ModelShape.attention_dropout): the
+attention_core.eager_core) instead of its FLOPs at ATTENTION_FRACTION["eager"] of peak with its saved scores in the
+generic elementwise passes. Issue 24, with the attention dropout of the model config (ModelShape.attention_dropout): the
 vTrain sweeps (Megatron-DeepSpeed GPT, eager core with dropout 0.1) moved most: 64-512 GPUs MAPE 10.5% -> 8.1%,
 the 3.6B model (32 heads of 96) 18.7% -> 9.9%; one node, 1440 rows, 10.7% -> 10.0%; published runs 5.4% -> 5.5%
 (Korthikanti et al. 2022's selective-recompute rows 5.1% -> 8.4%, predicted slower). Not fitted. The switch stays
@@ -568,7 +568,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
 
         kept_all = layer_activation_bytes(plan.model_copy(update={"recompute_modules": ()}), i,
                                           plan.ds.micro_batch).full
-        s += (passes * kept_all + passes / 3.0 * max(0.0, kept_all - saved_bytes)) / mem_bw
+        s += (passes * max(0.0, kept_all - eager_saved) + passes / 3.0 * max(0.0, kept_all - saved_bytes)) / mem_bw
     else:
         # an eager core's score matrices are charged kernel by kernel above (attention_core.eager_core)
         s += passes * max(0.0, saved_bytes - eager_saved) / mem_bw
