@@ -280,7 +280,7 @@ def main() -> int:
     ap.add_argument("--tag", default=_dt.date.today().strftime("%Y%m"))
     ap.add_argument("--runs", type=int, default=3, help="repeat every measurement; the report takes medians")
     ap.add_argument("--recompute", action="store_true",
-                    help="only the recompute replay (host_recompute_cpu_<tag>.{json,md}), ~2 min")
+                    help="only the recompute replay (host_recompute_cpu_<tag>.{json,md}), ~20 s")
     args = ap.parse_args()
     import torch
 

@@ -84,14 +84,14 @@ def eager_core_s(gpu: GpuSpec, precision: str, *, groups: int, queries: float, k
     return EagerCoreSeconds(forward, backward)
 
 
-def eager_core(plan: RunPlan, tok: float, mem_bw: float) -> EagerCoreSeconds:
-    """The eager attention core of one block for `tok` tokens on one rank (eager_core_s): micro batch x the rank's
-    heads (heads / tp / Ulysses), each its seq / cp queries over the whole sequence, with the model's dropout."""
+def eager_core(plan: RunPlan, micro_batch: float, mem_bw: float) -> EagerCoreSeconds:
+    """The eager attention core of one block for one micro batch on one rank (eager_core_s): micro batch x the
+    rank's heads (heads / tp / Ulysses), each its seq / cp queries over the whole sequence, with the model's
+    dropout."""
     shape = plan.shape
     _, d_qk = attention_head_dims(shape)
     d_v = (shape.v_head_dim or shape.head_size) if shape.is_mla else shape.head_size
     heads = max(1, math.ceil(shape.num_attention_heads / (plan.tp * plan.ulysses)))
-    micro_batch = tok / (plan.seq_len / (plan.cp * plan.ulysses))
     return eager_core_s(plan.gpu, plan.precision, groups=max(1, round(micro_batch * heads)),
                         queries=plan.seq_len / plan.cp, keys=plan.seq_len, head_dim_qk=d_qk, head_dim_v=d_v,
                         element_bytes=_act_bytes(plan)[0], dropout=plan.attention_dropout, mem_bw=mem_bw)

@@ -542,9 +542,10 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     core_again = (plan.checkpoint.recomputes_attention_core and not op_sac) or recompute > 1
     eager_saved = 0.0
     if impl == "eager" and EAGER_CORE_BY_KERNEL:
-        core = eager_core(plan, tok, mem_bw)
+        micro_batch = tok / (plan.seq_len / sequence_shards(plan))  # the sequences behind `tok` on this rank
+        core = eager_core(plan, micro_batch, mem_bw)
         s += core.forward_s * (2.0 if core_again else 1.0) + core.backward_s
-        eager_saved = eager_score_bytes(plan, tok / (plan.seq_len / sequence_shards(plan)))
+        eager_saved = eager_score_bytes(plan, micro_batch)
     else:
         work = 12 * H * Q * plan.seq_len * tok / t * (1.0 if impl == "eager" else CAUSAL_ATTENTION_WORK)
         if core_again:

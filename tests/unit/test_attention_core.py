@@ -73,7 +73,7 @@ def test_eager_layer_charges_the_core_once_and_its_scores_not_twice(monkeypatch)
     plan = _plan(dropout=True)
     tok, bw = 2 * 2048, 2.039e12
     saved = layer_activation_bytes(plan, 0, 2).full
-    core = ac.eager_core(plan, tok, bw)
+    core = ac.eager_core(plan, 2, bw)
     scores = eager_score_bytes(plan, 2)
     assert scores == pytest.approx(2 * (32 / 2) * 2048 * 2048 * (2 + 1 + 2))  # probs + mask + dropped probs
     with_core = cm.layer_compute_s(plan, 0, tok, saved, bw)
