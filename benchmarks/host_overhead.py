@@ -5,25 +5,25 @@ that the kernels themselves take no time: what the GPU waits for when its own wo
 Why (issue 24): on a GPU the host issues every kernel of a block from Python (module calls, autograd, the
 dispatcher) and the GPU runs them asynchronously. While a block's GPU work outlasts its host work, the host runs
 ahead and costs nothing; for small models at small micro batches it does not, and the step takes the host's
-time. The estimator's GPU path (estimate.cluster_model.host_layer_s) takes that floor from the figures measured
+time. The estimator's GPU path (estimate.host_cost.host_layer_s) takes that floor from the figures measured
 here:
 
 * per block of a Hugging Face causal LM (LlamaForCausalLM, GPT2LMHeadModel; sdpa attention; fp32; batch 1 x 16
   tokens, hidden 64): the ATen ops forward + backward dispatches (counted with a TorchDispatchMode; views and
   other metadata-only ops counted apart, they launch no kernel), the host seconds per block (least squares over
   models of LAYERS blocks; the intercept is the embedding, LM head and loss), and those seconds per kernel the
-  estimator counts for the block (`cluster_model.layer_kernels`);
+  estimator counts for the block (`host_cost.layer_kernels`);
 * per block and per micro step of a DeepSpeed engine (ZeRO 0-3, bf16, gradient clipping, torch AdamW, one gloo
   rank): the host seconds of a micro step that is not an accumulation boundary beyond the plain bf16 forward +
   backward, per block and per parameter tensor (ZeRO-2's gradient hooks, ZeRO-3's per-module gather and release),
   and the host seconds the optimizer step adds at a boundary (gradient norm, clipping, update, all-gather).
 
 * with --recompute only: the same blocks plain and under torch.utils.checkpoint (reentrant), and the host time the
-  checkpoint machinery adds over the plain block as a fraction of it (`cluster_model.HOST_RECOMPUTE_REPLAY`).
+  checkpoint machinery adds over the plain block as a fraction of it (`host_cost.HOST_RECOMPUTE_REPLAY`).
 
 One thread, minimum of REPS calls after warm-ups (a busy machine only lengthens a call). The host of a GPU job
 also pays the CUDA launch call per kernel, which this CPU run does not (the estimator adds it per ATen op:
-`cluster_model.HOST_ATEN_OPS_PER_KERNEL`, from this file's op counts).
+`host_cost.HOST_ATEN_OPS_PER_KERNEL`, from this file's op counts).
 
     python benchmarks/host_overhead.py [--out DIR] [--tag YYYYMM]
     python benchmarks/host_overhead.py --recompute [--tag YYYYMM]   # ~20 s
@@ -118,8 +118,8 @@ def _slope(ys: dict[int, float]) -> float:
 
 
 def counted_kernels(family: str) -> int:
-    """The estimator's kernels per block for this family (no recompute): `cluster_model.layer_kernels`."""
-    from dstoolkit.estimate import cluster_model as cm
+    """The estimator's kernels per block for this family (no recompute): `host_cost.layer_kernels`."""
+    from dstoolkit.estimate import host_cost as hc
     from dstoolkit.hardware.table import get_gpu
     from dstoolkit.models.hf import shape_from_hf_dict
     from dstoolkit.runplan import RunPlan
@@ -129,7 +129,7 @@ def counted_kernels(family: str) -> int:
     shape = shape_from_hf_dict(cfg)
     plan = RunPlan(shape=shape, ds_config={"train_micro_batch_size_per_gpu": 1}, world_size=1, gpus_per_node=1,
                    gpu=get_gpu("H100-SXM"), seq_len=TOKENS, precision="bf16", attention_impl="sdpa")
-    return cm.layer_kernels(plan, 0)
+    return hc.layer_kernels(plan, 0)
 
 
 def measure_family(family: str) -> dict:
@@ -160,7 +160,7 @@ def measure_family(family: str) -> dict:
 def measure_recompute(family: str) -> dict:
     """Host seconds per block of the family's forward + backward, plain and with every block under
     torch.utils.checkpoint (reentrant, as Megatron's CheckpointFunction and DeepSpeed's activation checkpointing
-    run it): the replay's share over the plain block (`cluster_model.HOST_RECOMPUTE_REPLAY`)."""
+    run it): the replay's share over the plain block (`host_cost.HOST_RECOMPUTE_REPLAY`)."""
     import torch
 
     x = torch.randint(0, 128, (1, TOKENS))
@@ -315,8 +315,8 @@ def main() -> int:
              f"`benchmarks/host_overhead.py`: one thread, batch 1 x {TOKENS} tokens, hidden 64, minimum of "
              f"{REPS} calls, median of {args.runs} runs; per block and fixed = least squares over {', '.join(map(str, LAYERS))}-block models. "
              "The estimator's GPU path uses the per-estimator-kernel figure as the host floor of a block "
-             "(`estimate.cluster_model.HOST_S_PER_KERNEL`) and the ZeRO rows as the engine's extra host work "
-             "(`estimate.cluster_model.HOST_S_PER_PARAM_TENSOR`, `HOST_S_PER_MICRO_STEP`, `HOST_S_PER_STEP*`).", "", "## Hugging Face blocks, forward + backward", ""]
+             "(`estimate.host_cost.HOST_S_PER_KERNEL`) and the ZeRO rows as the engine's extra host work "
+             "(`estimate.host_cost.HOST_S_PER_PARAM_TENSOR`, `HOST_S_PER_MICRO_STEP`, `HOST_S_PER_STEP*`).", "", "## Hugging Face blocks, forward + backward", ""]
     lines += render_markdown_table(
         [[b["family"], f"{b['host_s_per_layer'] * 1e6:.0f}", f"{b['aten_kernel_ops_per_layer']:.0f}",
           f"{b['aten_metadata_ops_per_layer']:.0f}", f"{b['host_s_per_aten_kernel_op'] * 1e6:.1f}",
@@ -356,7 +356,7 @@ def main_recompute(args) -> int:
              f"(dropout on), minimum of {REPS} calls, median of {args.runs} runs; per block = least squares over "
              f"{', '.join(map(str, LAYERS))}-block models. The CPU's speed moves both columns together (this VM "
              "measured a plain GPT-2 block at 666 and at 1158 µs on two days); the estimator takes only their "
-             "ratio (`estimate.cluster_model.HOST_RECOMPUTE_REPLAY`).", ""]
+             "ratio (`estimate.host_cost.HOST_RECOMPUTE_REPLAY`).", ""]
     lines += render_markdown_table(
         [[b["family"], f"{b['host_s_per_layer'] * 1e6:.0f}", f"{b['host_s_per_layer_recomputed'] * 1e6:.0f}",
           f"{b['recompute_replay']:.2f}"] for b in rows],

@@ -68,7 +68,7 @@ else
 fi
 echo "gpu_bench: train done after $(( $(date +%s) - t0 )) s"
 
-# 2b) The host floor (estimate.cluster_model.host_layer_s): the same model at micro batch 1 x 1024 tokens, where
+# 2b) The host floor (estimate.host_cost.host_layer_s): the same model at micro batch 1 x 1024 tokens, where
 # the host's time to issue each block's kernels, not the GPU, sets the step. ZeRO-2 and ZeRO-3, ~2 min.
 sed -e "s/^  micro_batch: .*/  micro_batch: 1/" -e "s/^  seq_len: .*/  seq_len: 1024/" "$WORK/spec.yaml" > "$WORK/spec_mb1.yaml"
 if timeout 90 "$PY" -m dstoolkit generate "$WORK/spec_mb1.yaml" --out "$WORK/gen_mb1" > "$WORK/generate_mb1.log" 2>&1; then

@@ -1,7 +1,7 @@
 """The GPU cluster model behind the step time (issue 16): attention and memory-bound work per block, per-block kernel
-launches and host syncs; pipeline bubbles by schedule; overlap defaults per framework; per-stage layer work (the
-heaviest pipeline stage decides the step); MoE expert-parallel traffic. One GEMM's rate by shape, precision and GPU
-generation is estimate.gemm's. No torch import.
+gaps and MoE host syncs; overlap defaults per framework; MoE expert-parallel traffic. One GEMM's rate by shape,
+precision and GPU generation is estimate.gemm's; the stages and their bubble estimate.pipeline_stages'; what the
+host pays to issue a block estimate.host_cost's. No torch import.
 
 Every constant cites its source. The constants marked "fitted" (gemm.GEMM_HALF_DIM, FRAMEWORK_EFFICIENCY and
 MEGATRON_MOE_HOST_SYNC_S) are the grid point (benchmarks/estimator_fit.py GRID) with the lowest throughput MAPE over
@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
 
-from dstoolkit.estimate.activations import (eager_score_bytes, layer_activation_bytes, moe_capacity,
-                                            op_sac_recomputed_weights, uses_op_sac)
-from dstoolkit.estimate.dtype_bytes import param_bytes
+from dstoolkit.estimate.activations import eager_score_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
+from dstoolkit.estimate import host_cost
 from dstoolkit.estimate.attention_core import eager_core
+from dstoolkit.estimate.dtype_bytes import param_bytes
 from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY, LinearSeconds, gemm_rate, linear_s, projection_s
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
-from dstoolkit.layout import pipeline_split, stage_layer_range
 from dstoolkit.runplan import RunPlan
 
 # -- kernel efficiency outside one GEMM (gemm.py: how fast one GEMM runs) ----------------------------
@@ -105,152 +103,6 @@ the training rows of benchmarks/published_runs.py (i % 3 != 2), the other fitted
 13.2% at 0, 7.5% at 4 ms, 7.1% at 4.5 ms, 7.2% at 5 ms (held-out 13.7% -> 9.4% at 4.5 ms). Applies to every MoE
 block a Megatron run executes, whatever the model."""
 
-KERNEL_LAUNCH_S = 5e-6
-"""Fixed seconds per kernel a block runs, per micro batch (issue 24): the gap between dependent kernels of one
-stream (launch latency, prologue, tail), of the order of a CUDA kernel launch, ~4-6 us per kernel submitted through
-the driver and runtime (NVIDIA technical blog "Getting Started with CUDA Graphs", 2019: for short kernels the
-launch overhead of several us dominates; pegainfer "From Launch Overhead to CUDA Graph", 4-6 us per launch).
-Cited, not fitted: `layer_kernels(plan, i)` of them per block and micro batch (layer_compute_s); the host pays the
-same call per ATen op it launches (host_layer_s). Checked by
-leave-one-source-out (benchmarks/estimator_fit.py, the fitted constants refitted with it on): published runs
-8.5% -> 8.4% MAPE in sample and out of source, layout sweeps 9.8% -> 9.5%, within-group Spearman 0.395 -> 0.396.
-Tried and not kept in issue 24 (worse out of source): the shape fall-off on each of m, n, k instead of the
-smallest (published LOSO 8.6%, sweep Spearman 0.330); tile/wave quantisation over the SMs (NVIDIA "Matrix
-Multiplication Background User's Guide" ch. 3; on top of the fall-off: published LOSO 10.0-12.6%; instead of it, the
-best of 256x128/128x256/128x128/64x128/128x64 tiles: published LOSO 8.7%, efficiency Spearman 0.924, sweeps MAPE
-9.8%, Spearman 0.435, regret mean 3.1%: better order, worse MAPE; kept later in issue 24 in another form:
-gemm.GEMM_WAVE_QUANTISATION, with the fall-off on k only, each projection at its own shape and an expert layer's
-grouped GEMM as one launch); a fixed per-micro-batch cost per
-pipeline stage (3 ms: sweep Spearman 0.446 but efficiency Spearman 0.921; 10 ms: 0.480 but published MAPE 8.8%,
-and the published rows, which fit it, prefer 0; re-screened after the wave and NCCL-latency terms as a fourth fitted
-constant on a 0/1/3/10 ms grid, per micro batch and stage: published LOSO 8.0% either way, efficiency Spearman out of
-source 0.927 -> 0.923, sweeps LOSO MAPE 8.3% -> 9.0%, Spearman 0.509 -> 0.531: not kept)."""
-
-
-HOST_S_PER_KERNEL = 3.7e-05
-"""Measured (benchmarks/host_overhead.py -> results/host_overhead_cpu_202612.md; every HOST_S_* constant is
-`constants()` of that file, held to it by tests/unit/test_cluster_physics.py): host seconds per kernel that
-layer_kernels counts, for a Hugging Face block's forward + backward issued from Python (module calls, autograd, the
-ATen dispatcher; tensors so small the kernels take no time). Such a block dispatches ~2.6 ATen kernel ops per
-kernel counted here (bias adds, casts, copies, gradient accumulation) at ~9-14 us each. The GPU runs
-asynchronously, so this is a floor, not a cost: a stage's micro batch takes max(GPU time, host time)
-(pipeline_compute_s). It binds for small models at small micro batches, where each kernel's GPU time is a few us.
-The same VM measured 22-33 us per kernel an hour earlier (its CPU's speed varies); the CUDA launch call is not in a
-CPU run, so host_layer_s adds KERNEL_LAUNCH_S for each of the HOST_ATEN_OPS_PER_KERNEL ATen ops behind a kernel."""
-HOST_ATEN_OPS_PER_KERNEL = 2.6
-"""Measured (benchmarks/host_overhead.py): ATen kernel ops a block dispatches per kernel layer_kernels counts (bias
-adds, casts, copies, gradient accumulation; 105 / 40 for a Llama block, 81 / 31 for a GPT-2 block). On a GPU each
-launches a CUDA kernel, whose launch call the CPU run does not pay: host_layer_s adds KERNEL_LAUNCH_S for each."""
-HOST_RECOMPUTE_REPLAY = 0.87
-"""Measured (benchmarks/host_overhead.py, the same blocks under torch.utils.checkpoint, reentrant as Megatron's
-CheckpointFunction): host seconds a recomputed block adds over its plain forward + backward, as a fraction of that
-plain time (GPT-2 0.90, Llama 0.84, the mean; results/host_recompute_cpu_202612.md). The replayed forward is a
-third of the block's kernels, but the checkpoint machinery (saving the inputs and RNG states, re-entering autograd
-for the block's own backward) costs host time of its own, so a recomputed block's host floor is (1 + this) x its
-plain one (host_layer_s)."""
-HOST_S_PER_PARAM_TENSOR = {0: 1e-05, 1: 1e-05, 2: 6e-05, 3: 0.00035}
-"""Measured (benchmarks/host_overhead.py): extra host seconds per parameter tensor and micro step of a DeepSpeed
-engine (bf16, clipping), by ZeRO stage, beyond the plain forward + backward: ZeRO-2's per-parameter gradient hook
-(stage_1_and_2.py reduce_ready_partitions_and_remove_grads copies each gradient into the reduce bucket), ZeRO-3's
-per-module pre-/post-forward and backward hooks that gather and release each parameter
-(partitioned_param_coordinator.py fetch_sub_module / release_sub_module)."""
-HOST_S_PER_MICRO_STEP = {0: 0.0004, 1: 0.001, 2: 0.0019, 3: 0.0055}
-"""Measured (benchmarks/host_overhead.py): host seconds per micro step outside the blocks: the model's embedding,
-LM head and loss, plus the DeepSpeed engine's fixed work per micro step of its ZeRO stage (forward/backward/step
-wrappers, bucket bookkeeping, ZeRO-3's parameter coordinator trace); other frameworks take ZeRO 0's."""
-HOST_S_PER_STEP = {0: 0.0012, 1: 0.002, 2: 0.002, 3: 0.0012}
-"""Measured (benchmarks/host_overhead.py): host seconds a DeepSpeed engine's optimizer step adds at a gradient
-accumulation boundary (bf16, gradient clipping), fixed part by ZeRO stage."""
-HOST_S_PER_STEP_PER_PARAM_TENSOR = {0: 8e-05, 1: 9e-05, 2: 4e-05, 3: 8e-05}
-"""Measured (benchmarks/host_overhead.py): the optimizer step's host seconds per parameter tensor of the rank's
-blocks, by ZeRO stage (per-tensor gradient norms for clipping, the overflow check, copies between the parameters
-and the flat partition)."""
-
-def _separate_qkv(plan: RunPlan) -> bool:
-    """q, k and v as three projections: eager-module stacks (sdpa) whose module has no single qkv weight."""
-    return plan.attention_kind == "sdpa" and not plan.shape.qkv_fused
-
-
-def layer_kernels(plan: RunPlan, i: int, recompute: Optional[bool] = None) -> int:
-    """Kernels block i launches per micro batch (forward + backward + recompute), counted from its structure:
-    GEMMs (QKV fused in Megatron/TE stacks and in modules with one qkv weight (ModelShape.qkv_fused: GPT-2 c_attn),
-    q/k/v separate in other eager-module stacks (sdpa); gated MLP 3, plain 2; MoE:
-    router + one grouped GEMM per expert matrix + shared experts), the attention core (flash/fused 1; eager
-    QK^T, softmax, PV 3) and the elementwise ops (2 norms, 2 residual adds, the activation (+ the gate product),
-    RoPE on q and k unless learned positions; MoE top-k, softmax, permute, unpermute). Backward runs two GEMMs per
-    forward GEMM (data and weight gradient), two attention-core kernels per forward one and one kernel per
-    elementwise op; a recomputed block runs its forward again."""
-    shape = plan.shape
-    impl = plan.attention_kind
-    gated = 3 if shape.mlp_gated else 2
-    gemm = 4 if _separate_qkv(plan) else 2
-    elem = 2 + 2 + (2 if shape.mlp_gated else 1) + (0 if shape.learned_positions else 2)
-    if shape.is_moe_layer(i) and shape.num_experts:
-        gemm += 1 + gated + (gated if (shape.num_shared_experts or shape.shared_expert_intermediate_size) else 0)
-        elem += 4
-    else:
-        gemm += gated
-    core = 3 if impl == "eager" else 1
-    fwd = gemm + core + elem
-    bwd = 2 * gemm + 2 * core + elem
-    if recompute is None:
-        recompute = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]
-    return fwd * (2 if recompute else 1) + bwd
-
-
-def layer_param_tensors(plan: RunPlan, i: int) -> int:
-    """Parameter tensors of block i on one rank, counted from its structure: the projection weights as
-    layer_kernels counts its forward GEMMs (q/k/v separate in eager-module stacks unless qkv_fused), their biases,
-    the norms (weight, + bias for LayerNorm; + q/k norms) and, in an MoE block, the router and each local expert's matrices.
-    DeepSpeed's ZeRO-2 hooks and ZeRO-3 gathers run once per tensor (HOST_S_PER_PARAM_TENSOR)."""
-    shape = plan.shape
-    sep = _separate_qkv(plan)
-    gated = 3 if shape.mlp_gated else 2
-    n = (4 if sep else 2) + (((3 if sep else 1) if shape.attention_bias else 0) + (1 if shape.o_proj_bias else 0))
-    norm = 2 if shape.norm_type == "layernorm" else 1
-    n += 2 * norm + (2 if shape.qk_norm else 0)
-    if shape.is_moe_layer(i) and shape.num_experts:
-        n += 1 + gated * max(1, shape.num_experts // max(1, plan.ep))
-        if shape.num_shared_experts or shape.shared_expert_intermediate_size:
-            n += gated
-    else:
-        n += gated + (gated if shape.mlp_bias else 0)
-    return n
-
-
-def host_layer_s(plan: RunPlan, i: int) -> float:
-    """Host seconds block i takes to issue one micro batch's forward + backward (+ recompute) on a GPU rank: its
-    kernels without recompute (layer_kernels) x (HOST_S_PER_KERNEL + the CUDA launch call, KERNEL_LAUNCH_S, of each
-    of the HOST_ATEN_OPS_PER_KERNEL ATen ops behind one), x (1 + HOST_RECOMPUTE_REPLAY) for a recomputed block, and
-    for DeepSpeed the engine's per-tensor work of its ZeRO stage (layer_param_tensors x HOST_S_PER_PARAM_TENSOR).
-    Measured by benchmarks/host_overhead.py but for the launch call (cited at KERNEL_LAUNCH_S)."""
-    recomputed = plan.checkpoint.checkpointed_layers(plan.shape.num_hidden_layers)[i]
-    per_kernel = HOST_S_PER_KERNEL + HOST_ATEN_OPS_PER_KERNEL * KERNEL_LAUNCH_S
-    s = layer_kernels(plan, i, recompute=False) * per_kernel * (1.0 + (HOST_RECOMPUTE_REPLAY if recomputed else 0.0))
-    if plan.framework == "deepspeed":
-        s += layer_param_tensors(plan, i) * HOST_S_PER_PARAM_TENSOR[plan.ds.zero_stage]
-    return s
-
-
-def host_micro_step_s(plan: RunPlan) -> float:
-    """Host seconds of one micro batch outside the blocks on a GPU rank (HOST_S_PER_MICRO_STEP): the model's
-    embedding, head and loss, with the DeepSpeed engine's fixed work of its ZeRO stage when DeepSpeed runs it."""
-    return HOST_S_PER_MICRO_STEP[plan.ds.zero_stage if plan.framework == "deepspeed" else 0]
-
-
-
-def host_step_s(plan: RunPlan) -> float:
-    """Host seconds of the optimizer step on a GPU rank beyond its memory-bound update, paid once per step and
-    exposed (the step ends in host syncs: the gradient norm and overflow checks): a DeepSpeed engine's
-    HOST_S_PER_STEP + HOST_S_PER_STEP_PER_PARAM_TENSOR x the parameter tensors of the rank's heaviest stage.
-    Other frameworks: 0 (not measured here)."""
-    if plan.framework != "deepspeed":
-        return 0.0
-    z = plan.ds.zero_stage
-    tensors = max(sum(layer_param_tensors(plan, i) for i in stage_layers(plan, st))
-                  for st in range(plan.pp))
-    return HOST_S_PER_STEP[z] + tensors * HOST_S_PER_STEP_PER_PARAM_TENSOR[z]
-
 def attention_fraction(gpu: GpuSpec, impl: str) -> float:
     """Fraction of dense bf16 peak the attention core sustains for this kernel family on this GPU
     (ATTENTION_FRACTION; HOPPER_FA2_ATTENTION_FRACTION for FA2-based kernels on compute capability 9.x, and for
@@ -282,26 +134,6 @@ def attention_occupancy(plan: RunPlan) -> float:
 def hbm_bw(gpu: GpuSpec, fallback: float) -> float:
     """HBM bandwidth of the GPU (`GpuSpec.hbm_bw_bytes_per_s`), else the fallback."""
     return gpu.hbm_bw_bytes_per_s or fallback
-
-
-# -- pipeline schedules -----------------------------------------------------------------------------------
-def bubble_fraction(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
-    """Idle time of a pipeline flush relative to the ideal compute time.
-
-    1f1b: (p-1)/m (Narayanan et al. 2021 §2.2.1); interleaved: (p-1)/(v·m) (§2.2.2); zero-bubble (ZB-H1, Qi et
-    al. 2023 §3): (p-1)(F+B-2W)/(m(F+B)) = (p-1)/(3m) with F = W = B/2; dualpipe (DeepSeek-V3 Table 2):
-    (p/2-1)(F&B+B-3W)/(m(F+B)) = (p-2)/(3m) with F&B = F+B (no intra-pair overlap credited).
-    """
-    if pp <= 1:
-        return 0.0
-    m = max(1, micro_batches)
-    if schedule == "interleaved":
-        return (pp - 1) / (max(1, virtual_stages) * m)
-    if schedule == "zero-bubble":
-        return (pp - 1) / (3.0 * m)
-    if schedule == "dualpipe":
-        return max(0.0, (pp - 2) / (3.0 * m))
-    return (pp - 1) / m
 
 
 # -- overlap defaults -------------------------------------------------------------------------------------
@@ -427,54 +259,9 @@ def layer_weights(shape, i: int) -> LayerWeights:
     return LayerWeights(att, dense, routed, shared, router)
 
 
-def stage_layers(plan: RunPlan, stage: int) -> range:
-    """Blocks of pipeline stage `stage` as the plan's framework splits them (layout.stage_layers: Megatron's split,
-    or DeepSpeed's PipelineModule / torchtitan's uniform one)."""
-    return stage_layer_range(plan.shape.num_hidden_layers, plan.pp, stage, pipeline_split(plan.framework))
-
-
-def moe_layers_per_stage(plan: RunPlan) -> list[int]:
-    """MoE blocks on each pipeline stage (DeepSeek-V3 at pp 16: 1 on stage 0, 4 on the others)."""
-    return [sum(plan.shape.is_moe_layer(i) for i in stage_layers(plan, s)) for s in range(plan.pp)]
-
-
 def sequence_shards(plan: RunPlan) -> int:
     """Ranks one sequence is split over: context parallel x Ulysses."""
     return plan.cp * plan.ulysses
-
-
-def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], head_s: float,
-                       host_s: Optional[Callable[[int], float]] = None, host_micro_s: float = 0.0) -> float:
-    """Compute seconds of one optimizer step: the heaviest pipeline stage's blocks, `layer_s(i, saved_bytes)` for
-    one micro batch (evaluated once per kind of block: MoE or dense, recomputed or not), over every micro batch,
-    `head_s` (the LM head) on the last stage, stretched by the schedule's bubble (bubble_fraction). The one
-    stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s).
-
-    `host_s(i)`: host seconds block i takes to issue its kernels per micro batch, and `host_micro_s` the host's
-    fixed cost per micro batch (GPU path: host_layer_s, host_micro_step_s). The host runs ahead of the GPU, so a
-    stage's micro batch takes the longer of its GPU time and its host time; with plan.cuda_launch_blocking each
-    launch waits for its kernel (CUDA_LAUNCH_BLOCKING=1, CUDA C++ Programming Guide "Concurrent Execution between
-    Host and Device": kernel launches become synchronous), so it takes their sum."""
-
-    shape, ds = plan.shape, plan.ds
-    ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
-    per_kind: dict[tuple[bool, bool], tuple[float, float]] = {}
-
-    def one(i: int) -> tuple[float, float]:
-        key = (shape.is_moe_layer(i), ckpt[i])
-        if key not in per_kind:
-            per_kind[key] = (layer_s(i, layer_activation_bytes(plan, i, ds.micro_batch).full),
-                             host_s(i) if host_s is not None else 0.0)
-        return per_kind[key]
-
-    stages = []
-    for st in range(plan.pp):
-        blocks = [one(i) for i in stage_layers(plan, st)]
-        gpu = sum(b[0] for b in blocks) + (head_s if st == plan.pp - 1 else 0.0)
-        host = sum(b[1] for b in blocks) + host_micro_s
-        stages.append(gpu + host if plan.cuda_launch_blocking else max(gpu, host))
-    bubble = bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
-    return max(stages) * ds.grad_accum * (1.0 + bubble)
 
 
 def tokens_per_micro(plan: RunPlan) -> float:
@@ -558,7 +345,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         if not plan.moe_a2a_overlap:
             sync = max(0.0, sync - ep_a2a_layer_s(plan))
         s += sync
-    s += layer_kernels(plan, i) * KERNEL_LAUNCH_S
+    s += host_cost.layer_kernels(plan, i) * host_cost.KERNEL_LAUNCH_S
     passes = UNFUSED_NON_GEMM_PASSES_PER_SAVED_BYTE if impl == "sdpa" else NON_GEMM_PASSES_PER_SAVED_BYTE
     if op_sac:
         passes *= 4.0 / 3.0  # op-level SAC re-runs the block's elementwise forward (1 of its 3 thirds) in backward

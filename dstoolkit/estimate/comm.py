@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dstoolkit.estimate.cluster_model import ep_a2a_layer_bytes, ep_a2a_split, moe_layers_per_stage, resolved_overlap
+from dstoolkit.estimate.cluster_model import ep_a2a_layer_bytes, ep_a2a_split, resolved_overlap
+from dstoolkit.estimate.pipeline_stages import moe_layers_per_stage
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.estimate.memory import optimizer_path, param_bytes, rank_param_groups, zero_group_sizes
 from dstoolkit.estimate.timeline import is_cpu_device

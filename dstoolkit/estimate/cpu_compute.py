@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from dstoolkit.estimate.cluster_model import pipeline_compute_s
+from dstoolkit.estimate.pipeline_stages import pipeline_compute_s
 from dstoolkit.estimate.flops import attention_head_dims
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.runplan import RunPlan
@@ -215,7 +215,7 @@ def layer_s(plan: RunPlan, rates: OpRates, i: int, tok: float, batch: float, sav
 
 def cpu_compute_s(plan: RunPlan, rates: OpRates) -> float:
     """Compute seconds of one optimizer step on a CPU rank: the blocks (`layer_s`) and the LM head's GEMMs
-    through the pipeline arithmetic every path shares (`cluster_model.pipeline_compute_s`)."""
+    through the pipeline arithmetic every path shares (`pipeline_stages.pipeline_compute_s`)."""
 
     shape, mb = plan.shape, plan.ds.micro_batch
     tok = mb * plan.seq_len

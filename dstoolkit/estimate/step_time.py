@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from dstoolkit.estimate import cluster_model as cm
 from dstoolkit.estimate import comm as _comm
+from dstoolkit.estimate import host_cost
+from dstoolkit.estimate import pipeline_stages as stages
 from dstoolkit.estimate.comm import CommPlan, nccl_call_latency_s, op_time_s
 from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
 from dstoolkit.estimate.flops import FlopsPerToken
@@ -110,12 +112,12 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         if cal.has_op_rates:  # the probe's op-level rates: each GEMM at its shape, attention, elementwise
 
             compute = cpu_compute_s(plan, op_rates(cal))
-            layers = max(len(cm.stage_layers(plan, st)) for st in range(plan.pp))
+            layers = max(len(stages.stage_layers(plan, st)) for st in range(plan.pp))
         else:  # one block rate, interpolated in size between the probe's two blocks
             flops = fpt.hardware * tokens_per_rank_step / model_ranks
             if plan.pp > 1:
                 # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
-                flops *= 1.0 + cm.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
+                flops *= 1.0 + stages.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
             compute = flops / cal.rate_at(ds.micro_batch * plan.seq_len * plan.shape.hidden_size / plan.tp)
             layers = plan.shape.num_hidden_layers
         overhead = cal.step_overhead_s + cal.per_layer_overhead_s * layers * ds.grad_accum
@@ -128,7 +130,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         nics = plan.gpu.nics_per_node or plan.gpus_per_node
         mem_bw = cm.hbm_bw(plan.gpu, DEFAULT_HBM_BW_BYTES_PER_S)
         eta = DEFAULT_OVERLAP_EFFICIENCY
-        overhead = cm.host_step_s(plan)  # the optimizer step's host work (DeepSpeed engine, measured)
+        overhead = host_cost.host_step_s(plan)  # the optimizer step's host work (DeepSpeed engine, measured)
         compute = gpu_compute_s(plan, mem_bw)
 
     exposed = 0.0
@@ -191,7 +193,7 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     """Compute seconds of one optimizer step on a GPU rank: the heaviest pipeline stage's blocks (each GEMM at
     its shape's rate, the attention core at its kernel's rate, the memory-bound rest at HBM bandwidth) over
     every micro batch, the LM head on the last stage, divided by the framework efficiency, never below the host's
-    time to issue them (cluster_model.host_layer_s), stretched by the schedule's bubble (estimate.cluster_model)."""
+    time to issue them (host_cost.host_layer_s), stretched by the schedule's bubble (estimate.cluster_model)."""
     shape = plan.shape
     tok = cm.tokens_per_micro(plan)
     h, v = shape.hidden_size, shape.vocab_size
@@ -203,6 +205,7 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     head = one.forward_s + one.backward_s
     eff = cm.FRAMEWORK_EFFICIENCY
     # the host issues each block's kernels ahead of the GPU: a micro batch takes the longer of the two
-    # (cluster_model.host_layer_s; binds for small models at small micro batches)
-    return cm.pipeline_compute_s(plan, lambda i, saved: cm.layer_compute_s(plan, i, tok, saved, mem_bw) / eff,
-                                 head / eff, lambda i: cm.host_layer_s(plan, i), cm.host_micro_step_s(plan))
+    # (host_cost.host_layer_s; binds for small models at small micro batches)
+    return stages.pipeline_compute_s(plan, lambda i, saved: cm.layer_compute_s(plan, i, tok, saved, mem_bw) / eff,
+                                     head / eff, lambda i: host_cost.host_layer_s(plan, i),
+                                     host_cost.host_micro_step_s(plan))

@@ -64,7 +64,7 @@ class ModelShape(BaseModel):
     qkv_fused: bool = False
     """q, k and v projected by one weight tensor (GPT-2's `c_attn` Conv1D, transformers GPT2Attention); False: the
     separate q_proj / k_proj / v_proj of Llama-style modules. Counts the block's GEMM launches and parameter tensors
-    (estimate.cluster_model.layer_kernels / layer_param_tensors), not its parameters."""
+    (estimate.host_cost.layer_kernels / layer_param_tensors), not its parameters."""
 
     # --- Mixture of experts (0 experts = dense) ---
     num_experts: int = Field(default=0, ge=0)

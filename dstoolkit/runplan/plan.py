@@ -75,13 +75,13 @@ class RunPlan(BaseModel):
     moe_a2a_overlap: bool = False
     """MoE all-to-all overlapped with compute (Megatron --overlap-moe-expert-parallel-comm, DualPipe)."""
     cuda_launch_blocking: bool = False
-    """CUDA_LAUNCH_BLOCKING=1: host issue time adds to GPU time (cluster_model.pipeline_compute_s)."""
+    """CUDA_LAUNCH_BLOCKING=1: host issue time adds to GPU time (pipeline_stages.pipeline_compute_s)."""
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
     """MoE token dispatch: one all-to-all (alltoall) or DeepEP's node-deduplicated IB + NVLink forwarding (deepep)."""
     recompute_modules: tuple[str, ...] = ()
     """Megatron --recompute-modules beyond the checkpoint policy (activations._fused_layer_bytes, cluster_model)."""
     pipeline_schedule: Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"] = "1f1b"
-    """Pipeline schedule (bubble: estimate.cluster_model.bubble_fraction)."""
+    """Pipeline schedule (bubble: estimate.pipeline_stages.bubble_fraction)."""
     virtual_stages: int = Field(default=1, ge=1)
     """Model chunks per pipeline rank (interleaved schedule)."""
     cp: int = Field(default=1, ge=1)

@@ -45,7 +45,7 @@ class ClusterModelFields(StrictModel):
     cuda_launch_blocking: bool = False
     """The run sets CUDA_LAUNCH_BLOCKING=1 (a debugging and hang workaround: every kernel launch waits for the GPU
     to finish it), so the host's time to issue the kernels adds to the GPU's instead of running ahead of it
-    (estimate.cluster_model.pipeline_compute_s). The estimate only: the generated launch scripts do not set it."""
+    (estimate.pipeline_stages.pipeline_compute_s). The estimate only: the generated launch scripts do not set it."""
     moe_dispatcher: MoeDispatcher = "alltoall"
     """How MoE tokens reach their experts' ranks: alltoall (one copy per routed expert in one all-to-all over the EP
     group: DeepSpeed MoE, Megatron --moe-token-dispatcher-type alltoall) or deepep (Megatron's flex dispatcher with

@@ -3,6 +3,8 @@
 overlapped only where the framework overlaps it, and the "cannot decide" marking of sweep/generate."""
 import pytest
 
+from dstoolkit.estimate import host_cost as hc
+from dstoolkit.estimate import pipeline_stages as ps
 from dstoolkit.estimate.comm import comm_plan, group_inter_node_busbw, group_layout, op_time_s
 from dstoolkit.generate import undecided as und
 from dstoolkit.hardware.table import GPU_TABLE, get_gpu
@@ -171,22 +173,21 @@ def test_undecided_seed_limit_matches_tune():
 
 # -- per-kernel fixed cost ----------------------------------------------------------------------------------
 def test_layer_kernels_counted_from_the_block_structure():
-    import dstoolkit.estimate.cluster_model as cm
 
     plan = _plan().model_copy(update={"attention_impl": "flash"})
     # llama-3-8b, fused QKV: GEMMs 2 + gated MLP 3 = 5; core 1; elementwise 2 norms + 2 adds + SiLU and gate + RoPE
     # q, k = 8. forward 5 + 1 + 8 = 14, backward 2*5 + 2*1 + 8 = 20
-    assert cm.layer_kernels(plan, 0) == 34
+    assert hc.layer_kernels(plan, 0) == 34
     from dstoolkit.spec.checkpoint import CheckpointPolicy
 
     full = plan.model_copy(update={"checkpoint": CheckpointPolicy(kind="full")})
-    assert cm.layer_kernels(full, 0) == 34 + 14  # a recomputed block runs its forward again
+    assert hc.layer_kernels(full, 0) == 34 + 14  # a recomputed block runs its forward again
     # eager attention: QK^T, softmax, PV forward (3) and 6 backward kernels
-    assert cm.layer_kernels(plan.model_copy(update={"attention_impl": "eager"}), 0) == 34 + 2 + 4
+    assert hc.layer_kernels(plan.model_copy(update={"attention_impl": "eager"}), 0) == 34 + 2 + 4
     # Mixtral's MoE block: GEMMs 2 + router 1 + grouped gate/up/down 3 = 6; elementwise 8 + top-k, softmax, permute,
     # unpermute = 12: forward 6 + 1 + 12 = 19, backward 12 + 2 + 12 = 26
     moe = plan.model_copy(update={"shape": get_preset("mixtral-8x7b")})
-    assert moe.shape.is_moe_layer(0) and cm.layer_kernels(moe, 0) == 45
+    assert moe.shape.is_moe_layer(0) and hc.layer_kernels(moe, 0) == 45
 
 
 def test_kernel_launch_cost_adds_per_block_and_micro_batch(monkeypatch):
@@ -194,9 +195,9 @@ def test_kernel_launch_cost_adds_per_block_and_micro_batch(monkeypatch):
 
     plan = _plan().model_copy(update={"attention_impl": "flash"})
     tok = cm.tokens_per_micro(plan)
-    monkeypatch.setattr(cm, "KERNEL_LAUNCH_S", 0.0)
+    monkeypatch.setattr(hc, "KERNEL_LAUNCH_S", 0.0)
     bare = cm.layer_compute_s(plan, 0, tok, 1e6, 2e12)
-    monkeypatch.setattr(cm, "KERNEL_LAUNCH_S", 5e-6)
+    monkeypatch.setattr(hc, "KERNEL_LAUNCH_S", 5e-6)
     assert cm.layer_compute_s(plan, 0, tok, 1e6, 2e12) - bare == pytest.approx(34 * 5e-6)
 
 
@@ -213,17 +214,15 @@ def _small(mb: int, stage: int = 2, framework: str = "deepspeed") -> RunPlan:
 
 
 def test_layer_param_tensors_counted_from_the_block_structure():
-    import dstoolkit.estimate.cluster_model as cm
 
     # HF Llama block: q, k, v, o + gate, up, down + 2 RMSNorm weights (benchmarks/host_overhead.py counts 9)
-    assert cm.layer_param_tensors(_small(1), 0) == 9
+    assert hc.layer_param_tensors(_small(1), 0) == 9
     moe = _plan().model_copy(update={"shape": get_preset("mixtral-8x7b"), "attention_impl": "flash"})
     # fused QKV + o (2), 2 norms, router 1, 8 local experts x 3 matrices
-    assert cm.layer_param_tensors(moe, 0) == 2 + 2 + 1 + 24
+    assert hc.layer_param_tensors(moe, 0) == 2 + 2 + 1 + 24
 
 
 def test_gpt2_block_counts_one_qkv_tensor():
-    import dstoolkit.estimate.cluster_model as cm
     from dstoolkit.models.hf import shape_from_hf_dict
 
     shape = shape_from_hf_dict({"model_type": "gpt2", "n_embd": 1024, "n_layer": 16, "n_head": 16, "vocab_size": 50257,
@@ -232,7 +231,7 @@ def test_gpt2_block_counts_one_qkv_tensor():
     plan = _small(1).model_copy(update={"shape": shape})
     # transformers GPT2Block: c_attn, c_proj, c_fc, mlp.c_proj, each with a bias, + ln_1 and ln_2 (weight, bias);
     # benchmarks/host_overhead.py counts 12 on the built block
-    assert cm.layer_param_tensors(plan, 0) == 12
+    assert hc.layer_param_tensors(plan, 0) == 12
     # forward GEMMs c_attn, c_proj, c_fc, c_proj = 4 (a Llama block under sdpa: q, k, v, o + gate, up, down = 7)
     llama = _small(1)
     fwd_gemm_llama, fwd_gemm_gpt2 = 7, 4
@@ -241,7 +240,7 @@ def test_gpt2_block_counts_one_qkv_tensor():
     # elementwise ops: Llama 2 norms + 2 adds + SiLU and gate product + RoPE on q and k = 8; GPT-2 without RoPE and
     # the gate product: 5; each runs once forward and once backward
     elem_diff = 2 * (8 - 5)
-    assert cm.layer_kernels(llama, 0) - cm.layer_kernels(plan, 0) == gemm_diff + elem_diff
+    assert hc.layer_kernels(llama, 0) - hc.layer_kernels(plan, 0) == gemm_diff + elem_diff
 
 
 def test_transformers_built_fused_qkv_is_read_from_the_module_tree():
@@ -263,35 +262,33 @@ def test_host_floor_binds_at_small_micro_batches_only():
     mem_bw = 2.039e12
     for mb, binds in ((1, True), (16, False)):
         plan = _small(mb)
-        host = sum(cm.host_layer_s(plan, i) for i in range(16)) + cm.host_micro_step_s(plan)
+        host = sum(hc.host_layer_s(plan, i) for i in range(16)) + hc.host_micro_step_s(plan)
         t = gpu_compute_s(plan, mem_bw)
         # one stage, no bubble: the step's compute is accum x max(GPU time of a micro batch, host time)
-        gpu_only = cm.pipeline_compute_s(plan, lambda i, s: cm.layer_compute_s(plan, i, cm.tokens_per_micro(plan), s, mem_bw)
+        gpu_only = ps.pipeline_compute_s(plan, lambda i, s: cm.layer_compute_s(plan, i, cm.tokens_per_micro(plan), s, mem_bw)
                                          / cm.FRAMEWORK_EFFICIENCY, 0.0)
         assert (t == pytest.approx(host * plan.ds.grad_accum)) is binds
         assert t >= gpu_only and t >= host * plan.ds.grad_accum * (1 - 1e-9)
 
 
 def test_deepspeed_zero_stage_sets_the_hook_cost_other_frameworks_pay_none():
-    import dstoolkit.estimate.cluster_model as cm
 
-    h = {z: cm.host_layer_s(_small(1, z), 0) for z in (1, 2, 3)}
-    kernels = cm.layer_kernels(_small(1), 0) * (cm.HOST_S_PER_KERNEL + cm.HOST_ATEN_OPS_PER_KERNEL * cm.KERNEL_LAUNCH_S)
-    assert h[1] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[1])
-    assert h[2] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[2])
-    assert h[3] == pytest.approx(kernels + 9 * cm.HOST_S_PER_PARAM_TENSOR[3])
+    h = {z: hc.host_layer_s(_small(1, z), 0) for z in (1, 2, 3)}
+    kernels = hc.layer_kernels(_small(1), 0) * (hc.HOST_S_PER_KERNEL + hc.HOST_ATEN_OPS_PER_KERNEL * hc.KERNEL_LAUNCH_S)
+    assert h[1] == pytest.approx(kernels + 9 * hc.HOST_S_PER_PARAM_TENSOR[1])
+    assert h[2] == pytest.approx(kernels + 9 * hc.HOST_S_PER_PARAM_TENSOR[2])
+    assert h[3] == pytest.approx(kernels + 9 * hc.HOST_S_PER_PARAM_TENSOR[3])
     assert h[1] <= h[2] < h[3]
-    assert cm.host_layer_s(_small(1, 3, "fsdp"), 0) == pytest.approx(kernels)
-    assert cm.host_micro_step_s(_small(1, 3, "fsdp")) == cm.HOST_S_PER_MICRO_STEP[0]
+    assert hc.host_layer_s(_small(1, 3, "fsdp"), 0) == pytest.approx(kernels)
+    assert hc.host_micro_step_s(_small(1, 3, "fsdp")) == hc.HOST_S_PER_MICRO_STEP[0]
 
 
 def test_optimizer_step_host_work_counts_the_stage_tensors_deepspeed_only():
-    import dstoolkit.estimate.cluster_model as cm
 
     for z in (0, 1, 2, 3):
         plan = _small(4, z)
-        assert cm.host_step_s(plan) == pytest.approx(cm.HOST_S_PER_STEP[z] + 16 * 9 * cm.HOST_S_PER_STEP_PER_PARAM_TENSOR[z])
-    assert cm.host_step_s(_small(4, 2, "megatron")) == 0.0
+        assert hc.host_step_s(plan) == pytest.approx(hc.HOST_S_PER_STEP[z] + 16 * 9 * hc.HOST_S_PER_STEP_PER_PARAM_TENSOR[z])
+    assert hc.host_step_s(_small(4, 2, "megatron")) == 0.0
 
 
 def test_host_constants_are_the_committed_measurement(repo_root):
@@ -299,34 +296,31 @@ def test_host_constants_are_the_committed_measurement(repo_root):
     import importlib.util
     import json
 
-    import dstoolkit.estimate.cluster_model as cm
-
     path = repo_root / "benchmarks" / "host_overhead.py"
     spec = importlib.util.spec_from_file_location("host_overhead", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     doc = json.loads((repo_root / "benchmarks" / "results" / "host_overhead_cpu_202612.json").read_text())
     want = mod.constants(doc)
-    assert want["HOST_S_PER_KERNEL"] == cm.HOST_S_PER_KERNEL
-    assert want["HOST_ATEN_OPS_PER_KERNEL"] == cm.HOST_ATEN_OPS_PER_KERNEL == 2.6
+    assert want["HOST_S_PER_KERNEL"] == hc.HOST_S_PER_KERNEL
+    assert want["HOST_ATEN_OPS_PER_KERNEL"] == hc.HOST_ATEN_OPS_PER_KERNEL == 2.6
     rec = json.loads((repo_root / "benchmarks" / "results" / "host_recompute_cpu_202612.json").read_text())
-    assert mod.recompute_constants(rec) == {"HOST_RECOMPUTE_REPLAY": cm.HOST_RECOMPUTE_REPLAY}
+    assert mod.recompute_constants(rec) == {"HOST_RECOMPUTE_REPLAY": hc.HOST_RECOMPUTE_REPLAY}
     for name in ("HOST_S_PER_PARAM_TENSOR", "HOST_S_PER_MICRO_STEP", "HOST_S_PER_STEP", "HOST_S_PER_STEP_PER_PARAM_TENSOR"):
-        assert {int(k): v for k, v in want[name].items()} == getattr(cm, name), name
+        assert {int(k): v for k, v in want[name].items()} == getattr(hc, name), name
 
 
 def test_a_recomputed_block_costs_the_measured_replay_of_host_time_on_top_of_its_plain_one():
     """host_layer_s: plain kernels x (host per kernel + the CUDA launch of each ATen op behind one), and a
     recomputed block (1 + HOST_RECOMPUTE_REPLAY) x that: the checkpoint machinery costs more host time than the
     third of the kernels its replayed forward adds (benchmarks/results/host_recompute_cpu_202612.md)."""
-    import dstoolkit.estimate.cluster_model as cm
     from dstoolkit.spec.checkpoint import CheckpointPolicy
 
     plain = _small(1, 0, "megatron")
     full = plain.model_copy(update={"checkpoint": CheckpointPolicy(kind="full")})
     assert full.checkpoint.checkpointed_layers(16)[0] and not plain.checkpoint.checkpointed_layers(16)[0]
-    per_kernel = cm.HOST_S_PER_KERNEL + cm.HOST_ATEN_OPS_PER_KERNEL * cm.KERNEL_LAUNCH_S
-    assert cm.host_layer_s(plain, 0) == pytest.approx(cm.layer_kernels(plain, 0) * per_kernel)
-    assert cm.host_layer_s(full, 0) == pytest.approx(cm.layer_kernels(plain, 0) * per_kernel * (1 + cm.HOST_RECOMPUTE_REPLAY))
+    per_kernel = hc.HOST_S_PER_KERNEL + hc.HOST_ATEN_OPS_PER_KERNEL * hc.KERNEL_LAUNCH_S
+    assert hc.host_layer_s(plain, 0) == pytest.approx(hc.layer_kernels(plain, 0) * per_kernel)
+    assert hc.host_layer_s(full, 0) == pytest.approx(hc.layer_kernels(plain, 0) * per_kernel * (1 + hc.HOST_RECOMPUTE_REPLAY))
     # the GPU side still counts the replayed forward's kernels once more (layer_kernels with recompute)
-    assert cm.layer_kernels(full, 0) > cm.layer_kernels(full, 0, recompute=False) == cm.layer_kernels(plain, 0)
+    assert hc.layer_kernels(full, 0) > hc.layer_kernels(full, 0, recompute=False) == hc.layer_kernels(plain, 0)

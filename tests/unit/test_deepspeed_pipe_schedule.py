@@ -2,12 +2,13 @@
 and odd stages alternating forward and backward, each step opening with a blocking send/recv pair between two
 neighbours. Replayed step by step from DeepSpeed's own schedule objects (a stage's step starts once it and the
 neighbour it exchanges with have finished their previous step), its makespan is the one the estimator charges
-(cluster_model.bubble_fraction "1f1b": the heaviest stage's forward + backward x (m + p - 1))."""
+(pipeline_stages.bubble_fraction "1f1b": the heaviest stage's forward + backward x (m + p - 1))."""
 from __future__ import annotations
 
 import pytest
 
 from dstoolkit.estimate import cluster_model as cm
+from dstoolkit.estimate import pipeline_stages as ps
 
 
 def _makespan(p: int, m: int, fwd: list[float], bwd: list[float]) -> float:
@@ -38,7 +39,7 @@ def _makespan(p: int, m: int, fwd: list[float], bwd: list[float]) -> float:
 def test_equal_stages_take_the_1f1b_makespan(p, m):
     # full recompute: backward = recomputed forward + 2 x forward
     ds = _makespan(p, m, [1.0] * p, [3.0] * p)
-    assert ds == pytest.approx(4.0 * m * (1.0 + cm.bubble_fraction("1f1b", p, m)))
+    assert ds == pytest.approx(4.0 * m * (1.0 + ps.bubble_fraction("1f1b", p, m)))
 
 
 @pytest.mark.parametrize("p,m", [(6, 64), (12, 128)])
@@ -48,5 +49,5 @@ def test_a_heavier_last_stage_sets_the_pace(p, m):
     fwd, bwd = [1.0] * p, [3.0] * p
     fwd[-1], bwd[-1] = 1.3, 3.9
     ds = _makespan(p, m, fwd, bwd)
-    charged = 5.2 * m * (1.0 + cm.bubble_fraction("1f1b", p, m))
+    charged = 5.2 * m * (1.0 + ps.bubble_fraction("1f1b", p, m))
     assert 0.97 * charged <= ds <= charged

@@ -3,6 +3,7 @@ all-to-all and fused-kernel activations, pinned with hand-derived numbers agains
 import pytest
 
 from dstoolkit.estimate import cluster_model as cm
+from dstoolkit.estimate import pipeline_stages as ps
 from dstoolkit.estimate.activations import activation_bytes, layer_activation_bytes
 from dstoolkit.estimate.comm import comm_plan
 from dstoolkit.estimate.core import estimate_run
@@ -26,20 +27,20 @@ def _plan(preset="llama-3-8b", world=8, stage=1, mb=1, ga=1, seq=4096, zero=None
 # -- pipeline schedules -----------------------------------------------------------------------------------
 def test_1f1b_bubble_is_p_minus_1_over_m():
     # Narayanan et al. 2021 §2.2.1: bubble time fraction (p - 1) / m
-    assert cm.bubble_fraction("1f1b", 8, 32) == pytest.approx(7 / 32)
+    assert ps.bubble_fraction("1f1b", 8, 32) == pytest.approx(7 / 32)
 
 
 def test_interleaved_bubble_divides_by_virtual_stages():
     # Narayanan et al. 2021 §2.2.2: (p - 1) / (v · m)
-    assert cm.bubble_fraction("interleaved", 8, 32, 4) == pytest.approx(7 / 128)
+    assert ps.bubble_fraction("interleaved", 8, 32, 4) == pytest.approx(7 / 128)
 
 
 def test_zero_bubble_and_dualpipe():
     # ZB-H1 (Qi et al. 2023): (p-1)(F+B-2W) / (m(F+B)) with F = 1, B = 2, W = 1 -> (p-1) / (3m)
-    assert cm.bubble_fraction("zero-bubble", 8, 32) == pytest.approx(7 / 96)
+    assert ps.bubble_fraction("zero-bubble", 8, 32) == pytest.approx(7 / 96)
     # DeepSeek-V3 Table 2: (p/2 - 1)(F&B + B - 3W) / (m(F+B)), F&B = 3 -> (p - 2) / (3m)
-    assert cm.bubble_fraction("dualpipe", 16, 32) == pytest.approx(14 / 96)
-    assert cm.bubble_fraction("1f1b", 1, 32) == 0.0
+    assert ps.bubble_fraction("dualpipe", 16, 32) == pytest.approx(14 / 96)
+    assert ps.bubble_fraction("1f1b", 1, 32) == 0.0
 
 
 def test_interleaved_schedule_shortens_the_step_and_multiplies_p2p():
@@ -148,10 +149,10 @@ def test_te_activations_per_token_hidden():
 def test_moe_layers_counted_on_the_heaviest_stage():
     # DeepSeek-V3: 61 layers, the first 3 dense, over pp 16. Megatron: 4 blocks on stages 0-14, the 1 left on the
     # last stage (--decoder-last-pipeline-num-layers 1): stage 0 holds blocks 0-3 (1 MoE), stage 15 block 60
-    meg = cm.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="megatron"))
+    meg = ps.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="megatron"))
     assert meg == [1] + [4] * 14 + [1]
     # DeepSpeed's PipelineModule (partition_uniform): 61 = 16 x 3 + 13, so stages 0-12 take 4 blocks, 13-15 take 3
-    ds = cm.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="deepspeed"))
+    ds = ps.moe_layers_per_stage(_plan("deepseek-v3", world=16, pp=16, framework="deepspeed"))
     assert ds == [1] + [4] * 12 + [3] * 3
 
 
@@ -299,6 +300,6 @@ def test_cuda_launch_blocking_adds_the_host_time_to_the_gpu_time():
     gpu = lambda i, saved: 1.0  # noqa: E731 - one second of GPU work per block and micro batch
     host = lambda i: 0.25  # noqa: E731
     stage = 16  # 32 blocks over pp 2
-    bubble = 1.0 + cm.bubble_fraction("1f1b", 2, 8)
-    assert cm.pipeline_compute_s(base, gpu, 0.0, host, 0.5) == pytest.approx(stage * 1.0 * 8 * bubble)
-    assert cm.pipeline_compute_s(blocking, gpu, 0.0, host, 0.5) == pytest.approx((stage * 1.25 + 0.5) * 8 * bubble)
+    bubble = 1.0 + ps.bubble_fraction("1f1b", 2, 8)
+    assert ps.pipeline_compute_s(base, gpu, 0.0, host, 0.5) == pytest.approx(stage * 1.0 * 8 * bubble)
+    assert ps.pipeline_compute_s(blocking, gpu, 0.0, host, 0.5) == pytest.approx((stage * 1.25 + 0.5) * 8 * bubble)
