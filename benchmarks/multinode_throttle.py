@@ -98,7 +98,8 @@ def predict(spec_path: pathlib.Path, ds_config: dict, cal: dict, inter_busbw: fl
       inter_busbw, no link sharing.
     """
     from dstoolkit.estimate import Calibration, estimate_run
-    from dstoolkit.estimate.comm import comm_plan, op_time_s
+    from dstoolkit.estimate.collective_time import op_time_s
+    from dstoolkit.estimate.comm import comm_plan
     from dstoolkit.runplan import plan_from_spec
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
@@ -142,7 +143,7 @@ def predict(spec_path: pathlib.Path, ds_config: dict, cal: dict, inter_busbw: fl
 
 
 def _factor(op: dict) -> float:
-    from dstoolkit.estimate.comm import busbw_factor
+    from dstoolkit.estimate.collective_time import busbw_factor
 
     return busbw_factor(op["collective"], op["group_size"])
 

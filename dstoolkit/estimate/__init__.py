@@ -7,7 +7,8 @@
 callers that only estimate.
 """
 from dstoolkit.estimate.activations import activation_bytes, korthikanti_layer_bytes, layer_activation_bytes
-from dstoolkit.estimate.comm import busbw_factor, comm_plan, zeropp_cross_node_bytes
+from dstoolkit.estimate.collective_time import busbw_factor
+from dstoolkit.estimate.comm import comm_plan, zeropp_cross_node_bytes
 from dstoolkit.estimate.core import Estimate, MemoryBreakdown, estimate_run
 from dstoolkit.estimate.flops import flops_per_token, mfu
 from dstoolkit.estimate.memory import deepspeed_model_states, paper_model_states

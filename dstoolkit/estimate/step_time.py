@@ -2,7 +2,7 @@
 
 Collectives whose group spans nodes run at the inter-node rate (GpuSpec.inter_node_bw, or
 Calibration.inter_node_busbw when calibrated), divided among the groups that cross one link side by side
-(estimate.comm.link_share). Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
+(estimate.collective_time.link_share). Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
 overlap_comm, stage-3 prefetching) hide behind backward compute with efficiency η
 (docs/anchors.md: η = 1 − exposed ÷ total); everything else is exposed. No torch import.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dstoolkit.estimate import cluster_model as cm
-from dstoolkit.estimate import comm as _comm
+from dstoolkit.estimate import collective_time as _ct
 from dstoolkit.estimate import host_cost
 from dstoolkit.estimate import pipeline_stages as stages
-from dstoolkit.estimate.comm import CommPlan, nccl_call_latency_s, op_time_s
+from dstoolkit.estimate.collective_time import nccl_call_latency_s, op_time_s
+from dstoolkit.estimate.comm import CommPlan
 from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
 from dstoolkit.estimate.flops import FlopsPerToken
 from dstoolkit.estimate.gemm import linear_s
@@ -125,7 +126,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         intra, inter = plan.gpu.intra_node_bw_bytes_per_s, plan.gpu.inter_node_bw_bytes_per_s
         latency = inter_latency = 0.0
         # GpuSpec.inter_node_bw is one NIC's; a group gets a NIC per rank it has on the node, shared with the
-        # groups crossing beside it (comm.group_inter_node_busbw); nodes without a stated NIC count have one per GPU
+        # groups crossing beside it (collective_time.group_inter_node_busbw); nodes without a stated NIC count have one per GPU
         links = None
         nics = plan.gpu.nics_per_node or plan.gpus_per_node
         mem_bw = cm.hbm_bw(plan.gpu, DEFAULT_HBM_BW_BYTES_PER_S)
@@ -137,11 +138,11 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     total = 0.0
     hide_bwd = 0.0
     hide_any = 0.0
-    gpu_latency = cal is None and _comm.NCCL_CALL_LATENCY
+    gpu_latency = cal is None and _ct.NCCL_CALL_LATENCY
     for op in comm.ops:
         t = op_time_s(op, intra, inter, latency, inter_latency, links, nics)
         if gpu_latency:
-            # GPU ranks: each call's fixed cost in NCCL's own tuning model (comm.nccl_call_latency_s)
+            # GPU ranks: each call's fixed cost in NCCL's own tuning model (collective_time.nccl_call_latency_s)
             t += op.calls * nccl_call_latency_s(op)
         total += t
         if not op.overlappable:

@@ -69,7 +69,7 @@ class Calibration(BaseModel):
     """Fixed cost per call of a collective spanning nodes (None: comm_latency_s)."""
     inter_node_links_per_node: int = Field(default=1, ge=1)
     """Independent inter-node links per node behind that busbw: groups crossing nodes side by side beyond
-    this many share one (estimate.comm.link_share). 1 = one uplink per node (the CPU test hosts)."""
+    this many share one (estimate.collective_time.link_share). 1 = one uplink per node (the CPU test hosts)."""
     peak_flops_per_s: Optional[float] = Field(default=None, gt=0)
     """Dense-GEMM peak FLOP/s per rank for this precision: the best square matmul the probe measured, never
     below the block rates above (so an estimate's MFU is at most 1). The MFU denominator on CPU ranks, for the

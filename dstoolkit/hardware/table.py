@@ -37,7 +37,7 @@ class GpuSpec(StrictModel):
     nics_per_node: Optional[int] = Field(default=None, ge=1)
     """Compute (east-west) NICs per node, each at inter_node_bw_bytes_per_s. NCCL opens rings/channels over every
     NIC near the group's GPUs, so a group with r ranks on a node can use up to r of them
-    (estimate.comm.group_inter_node_busbw). None: one per GPU of the node."""
+    (estimate.collective_time.group_inter_node_busbw). None: one per GPU of the node."""
     compute_capability: Optional[str] = None
     """CUDA compute capability such as "9.0" (gates FP8 recipes); None for non-NVIDIA or CPU."""
     hbm_bw_bytes_per_s: Optional[float] = Field(default=None, gt=0)

@@ -145,7 +145,7 @@ def tp_across_nodes_note(tp: int, gpus_per_node: int) -> Optional[str]:
     if tp <= gpus_per_node or tp % gpus_per_node:
         return None
     return (f"warning: tp={tp} spans {tp // gpus_per_node} nodes of {gpus_per_node} GPUs: every layer's TP "
-            "all-reduces cross the inter-node link (priced at the NICs' rate, estimate.comm.group_inter_node_busbw), "
+            "all-reduces cross the inter-node link (priced at the NICs' rate, estimate.collective_time.group_inter_node_busbw), "
             "usually much slower than NVLink (Narayanan et al. 2021 §5.4.1)")
 
 

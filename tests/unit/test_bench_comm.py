@@ -20,7 +20,7 @@ def test_busbw_factors_are_nccl_tests(op, n, factor):
 def test_busbw_factor_one_rank_is_the_formula(op, factor):
     # one rank: the docs/anchors.md formulas as written (2(n-1)/n = 0, (n-1)/n = 0, broadcast 1), and the bench
     # uses the estimate's definition, so both sides agree at every n
-    from dstoolkit.estimate.comm import busbw_factor
+    from dstoolkit.estimate.collective_time import busbw_factor
 
     assert comm.busbw_factor is busbw_factor
     assert comm.busbw_factor(op, 1) == factor

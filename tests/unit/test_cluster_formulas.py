@@ -118,7 +118,7 @@ def test_hidden_fraction_exposes_the_rest_of_an_overlappable_op():
     p = _plan(stage=3, mb=4, seq=4096)
     fpt = plan_flops_per_token(p)
     nbytes, n = 10 * 2**30, 8
-    # bytes at the NVLink busbw plus one call's NCCL latency: 8.4 us + 7 ring steps x 3.4 us (comm.nccl_call_latency_s)
+    # bytes at the NVLink busbw plus one call's NCCL latency: 8.4 us + 7 ring steps x 3.4 us (collective_time.nccl_call_latency_s)
     t = nbytes * (n - 1) / n / p.gpu.intra_node_bw_bytes_per_s + 8.4e-6 + 7 * 3.4e-6
 
     def exposed(f):

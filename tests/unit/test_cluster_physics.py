@@ -5,7 +5,9 @@ import pytest
 
 from dstoolkit.estimate import host_cost as hc
 from dstoolkit.estimate import pipeline_stages as ps
-from dstoolkit.estimate.comm import comm_plan, group_inter_node_busbw, group_layout, op_time_s
+from dstoolkit.estimate import collective_time as ct
+from dstoolkit.estimate.collective_time import group_inter_node_busbw, op_time_s
+from dstoolkit.estimate.comm import CommOp, comm_plan, group_layout
 from dstoolkit.generate import undecided as und
 from dstoolkit.hardware.table import GPU_TABLE, get_gpu
 from dstoolkit.layout.constraints import LayoutFacts, check_layout, tp_across_nodes_note, tp_tiles_nodes
@@ -24,20 +26,16 @@ def _plan(tp=1, pp=1, world=16, gpn=8, framework="deepspeed", schedule="1f1b", v
 
 
 def test_group_gets_a_nic_per_rank_on_the_node_capped_by_nvlink(monkeypatch):
-    import dstoolkit.estimate.comm as comm
-
-    monkeypatch.setattr(comm, "MULTI_RING_GAIN", True)
+    monkeypatch.setattr(ct, "MULTI_RING_GAIN", True)
     # ring per NIC: tp 1's DP group holds all 8 ranks of each node -> 8 rings over 8 NICs (192 GB/s < NVLink 230)
     assert group_inter_node_busbw(NIC, 8, 8, 1, NVLINK) == pytest.approx(8 * NIC)
     assert group_inter_node_busbw(50e9, 8, 8, 1, 200e9) == pytest.approx(200e9)  # never above the NVLink ring
 
 
 def test_nics_are_shared_by_the_groups_crossing_a_node(monkeypatch):
-    import dstoolkit.estimate.comm as comm
-
-    assert comm.MULTI_RING_GAIN is True  # shipped on since the vTrain sweep's TP 16 rows (comm.MULTI_RING_GAIN)
+    assert ct.MULTI_RING_GAIN is True  # shipped on since the vTrain sweep's TP 16 rows (collective_time.MULTI_RING_GAIN)
     # with the gain off a group gets at most one NIC (the comparison the switch keeps)
-    monkeypatch.setattr(comm, "MULTI_RING_GAIN", False)
+    monkeypatch.setattr(ct, "MULTI_RING_GAIN", False)
     assert group_inter_node_busbw(NIC, 8, 8, 1, NVLINK) == pytest.approx(NIC)
     monkeypatch.undo()
     # tp 8: 8 DP groups side by side, one rank per node each -> one NIC each
@@ -54,14 +52,12 @@ def test_group_layout_counts_ranks_per_node():
 
 
 def test_data_parallel_ops_carry_ranks_per_node_and_concurrency(monkeypatch):
-    import dstoolkit.estimate.comm as comm
-
     ops1 = {o.name: o for o in comm_plan(_plan(tp=1)).ops}
     ops8 = {o.name: o for o in comm_plan(_plan(tp=8)).ops}
     a1, a8 = ops1["zero_grad_all_reduce"], ops8["zero_grad_all_reduce"]
     assert (a1.ranks_per_node, a1.concurrent_groups) == (8, 1)
     assert (a8.ranks_per_node, a8.concurrent_groups) == (1, 8)
-    monkeypatch.setattr(comm, "MULTI_RING_GAIN", True)
+    monkeypatch.setattr(ct, "MULTI_RING_GAIN", True)
     t1 = op_time_s(a1, NVLINK, NIC, nics_per_node=8) / a1.bytes
     t8 = op_time_s(a8, NVLINK, NIC, nics_per_node=8) / a8.bytes
     # per byte, tp 1's 16-rank all-reduce (factor 2*15/16) over 8 NICs vs tp 8's 2-rank one (factor 1) over one
@@ -71,8 +67,6 @@ def test_data_parallel_ops_carry_ranks_per_node_and_concurrency(monkeypatch):
 def test_deepspeed_zero3_collectives_keep_one_ring_other_fsdp_gets_a_ring_per_nic():
     """comm.DEEPSPEED_ZERO3_ONE_RING: DeepSpeed ZeRO-3's gathers and reduce-scatters at one NIC's rate (Narayanan et
     al. 2021 Table 2); a PyTorch-FSDP framework's same ops and DeepSpeed's ZeRO-1 all-reduce get a ring per NIC."""
-    import dstoolkit.estimate.comm as comm
-
     def ops(stage, framework="deepspeed"):
         plan = _plan(tp=1, framework=framework)
         ds = dict(plan.ds_config, zero_optimization={"stage": stage})
@@ -83,7 +77,7 @@ def test_deepspeed_zero3_collectives_keep_one_ring_other_fsdp_gets_a_ring_per_ni
         op = z3[name]
         assert op.one_ring and op.ranks_per_node == 8 and op.cross_node, name
         assert op_time_s(op, NVLINK, NIC, nics_per_node=8) == pytest.approx(
-            op_time_s(comm.CommOp(**{**op.__dict__, "ranks_per_node": 1, "one_ring": False}), NVLINK, NIC,
+            op_time_s(CommOp(**{**op.__dict__, "ranks_per_node": 1, "one_ring": False}), NVLINK, NIC,
                       nics_per_node=8))
     fsdp = ops(3, "fsdp")["zero3_param_all_gather_fwd"]
     assert not fsdp.one_ring and op_time_s(fsdp, NVLINK, NIC, nics_per_node=8) < op_time_s(

@@ -5,14 +5,8 @@ import pytest
 
 from dstoolkit.estimate import Calibration, estimate_run
 from dstoolkit.runplan import RunPlan
-from dstoolkit.estimate.comm import (
-    CommOp,
-    busbw_factor,
-    comm_plan,
-    group_layout,
-    op_time_s,
-    zero12_grad_collective,
-)
+from dstoolkit.estimate.collective_time import busbw_factor, op_time_s
+from dstoolkit.estimate.comm import CommOp, comm_plan, group_layout, zero12_grad_collective
 from dstoolkit.models import get_preset
 from dstoolkit.hardware.table import get_gpu
 
@@ -137,7 +131,7 @@ def test_busbw_factor_rejects_an_empty_group():
 
 # -- NCCL per-call latency (src/graph/tuning.cc ncclTopoTuneModel, ring / Simple) ------------------------
 def test_nccl_call_latency_follows_nccls_ring_model():
-    from dstoolkit.estimate.comm import CommOp, nccl_call_latency_s
+    from dstoolkit.estimate.collective_time import nccl_call_latency_s
 
     us = 1e-6
     # all-reduce inside a node of 8: baseLat 8.4 + 2·7 NVLink steps x 3.4
@@ -155,22 +149,22 @@ def test_nccl_call_latency_follows_nccls_ring_model():
 
 
 def test_gpu_step_time_charges_each_call_its_latency():
-    from dstoolkit.estimate import comm as comm_mod
+    from dstoolkit.estimate import collective_time as ct
     from dstoolkit.estimate.core import estimate_run
 
     plan = _plan_for_latency()
-    ops = comm_mod.comm_plan(plan).ops
+    ops = comm_plan(plan).ops
     with_lat = estimate_run(plan).step_time.comm_total_s
-    old = comm_mod.NCCL_CALL_LATENCY
+    old = ct.NCCL_CALL_LATENCY
     try:
-        comm_mod.NCCL_CALL_LATENCY = False
+        ct.NCCL_CALL_LATENCY = False
         without = estimate_run(plan).step_time.comm_total_s
     finally:
-        comm_mod.NCCL_CALL_LATENCY = old
-    assert with_lat - without == pytest.approx(sum(op.calls * comm_mod.nccl_call_latency_s(op) for op in ops), rel=1e-9)
+        ct.NCCL_CALL_LATENCY = old
+    assert with_lat - without == pytest.approx(sum(op.calls * ct.nccl_call_latency_s(op) for op in ops), rel=1e-9)
     # Megatron-FSDP reduce-scatters once per layer and micro batch (not per DeepSpeed reduce bucket)
     mega = plan.model_copy(update={"framework": "megatron"})
-    rs = {op.name: op.calls for op in comm_mod.comm_plan(mega).ops}["zero3_grad_reduce_scatter"]
+    rs = {op.name: op.calls for op in comm_plan(mega).ops}["zero3_grad_reduce_scatter"]
     assert rs == mega.ds.grad_accum * mega.shape.num_hidden_layers
 
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from dstoolkit.estimate.comm import busbw_factor  # the one definition (re-exported); parse_ops vets op names first
+from dstoolkit.estimate.collective_time import busbw_factor  # the one definition (re-exported); parse_ops vets op names first
 from dstoolkit.runtime.bench import harness
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.rankexit import destroy_groups, install_exit_guard
