@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dstoolkit.estimate.dtype_bytes import param_bytes
+from dstoolkit.estimate.dtype_bytes import FP32_BYTES, param_bytes
 from dstoolkit.estimate.memory import zero_group_sizes
 from dstoolkit.estimate.param_groups import NCCL_START_ALIGNMENT_FACTOR, _padded, rank_param_groups
 from dstoolkit.runplan import RunPlan
 
-FP32_BYTES = 4
 ADAM_MOMENT_BYTES = 8
 """exp_avg + exp_avg_sq, fp32 each (torch.optim.Adam / AdamW, DeepSpeed's FusedAdam and CPUAdam alike)."""
 STEP_SCALAR_BYTES = 4

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dstoolkit.estimate.activations import eager_score_bytes, moe_capacity, op_sac_recomputed_weights, uses_op_sac
+from dstoolkit.estimate.activations import eager_score_bytes, op_sac_recomputed_weights, uses_op_sac
+from dstoolkit.estimate.moe_activations import moe_capacity
 from dstoolkit.estimate import host_cost
 from dstoolkit.estimate.attention_core import eager_core
 from dstoolkit.estimate.dtype_bytes import param_bytes

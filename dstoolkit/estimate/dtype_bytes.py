@@ -1,9 +1,14 @@
-"""Bytes per element of what DeepSpeed allocates per parameter: optimizer state and working weights.
+"""Bytes per element: fp32 and int64 index tensors, and what DeepSpeed allocates per parameter (optimizer state and
+working weights).
 
 Moved out of memory.py (re-exported there). No torch import.
 """
 from __future__ import annotations
 
+FP32_BYTES = 4
+"""fp32 element size (RMSNorm's upcast, softmax log-sum-exp, the fp32 loss logits, fp32 router outputs)."""
+INDEX_BYTES = 8
+"""int64 token ids / labels kept by the embedding and the loss backward; int64 expert-slot indices."""
 
 OPTIMIZER_STATE_BYTES_PER_PARAM = {
     # fp32 exp_avg + exp_avg_sq (torch.optim.Adam(W), DeepSpeed FusedAdam / DeepSpeedCPUAdam)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dstoolkit.estimate.dtype_bytes import (  # noqa: F401 - re-exported
-    OPTIMIZER_STATE_BYTES_PER_PARAM, optimizer_state_bytes_per_param, param_bytes)
+    FP32_BYTES, OPTIMIZER_STATE_BYTES_PER_PARAM, optimizer_state_bytes_per_param, param_bytes)
 from dstoolkit.estimate.paper_view import (  # noqa: F401 - re-exported (moved out to keep this file short)
     ZERO_PAPER_GRAD_BYTES, ZERO_PAPER_K, ZERO_PAPER_WEIGHT_BYTES, PaperView, paper_model_states)
 from dstoolkit.estimate.param_groups import (  # noqa: F401 - re-exported (moved out to keep this file short)
@@ -38,8 +38,6 @@ from dstoolkit.estimate.step_temporaries import (
     grad_norm_temporary_bytes, optimizer_implementation, optimizer_temporary_bytes)
 from dstoolkit.runplan import RunPlan
 
-FP32_BYTES = 4
-"""Bytes per fp32 element (master weights, Adam moments, fp32 gradients)."""
 
 # ---------------------------------------------------------------------------------------------------------
 # Results

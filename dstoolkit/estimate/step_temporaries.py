@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FP32_BYTES = 4
+from dstoolkit.estimate.dtype_bytes import FP32_BYTES
+
 NORM_BYTES = 8
 """zero/utils.py get_norm_dtype: torch.double on accelerators with fp64 (CPU, CUDA)."""
 FOR_LOOP_COPIES = 2
