@@ -18,7 +18,6 @@ from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.runplan import RunPlan
 
 
-
 def korthikanti_layer_bytes(
     s: int, b: int, h: int, a: int, t: int = 1, *, sequence_parallel: bool = False,
     recompute: str = "none", flash_attention: bool = False,

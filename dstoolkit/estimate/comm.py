@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass, field
 
 from dstoolkit.estimate.cluster_model import ep_a2a_layer_bytes, ep_a2a_split, resolved_overlap
-from dstoolkit.estimate.pipeline_stages import moe_layers_per_stage
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.estimate.memory import optimizer_path, param_bytes, rank_param_groups, zero_group_sizes
+from dstoolkit.estimate.pipeline_stages import moe_layers_per_stage
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.runplan import RunPlan
 
@@ -44,7 +44,7 @@ group whatever its ranks per node. Measured, cause not found: the only multi-nod
 NIC they are predicted 36-194% too fast (published-runs MAPE 5.8% -> 9.7%). NCCL's ring count is not the suspect
 (modern DeepSpeed all-gathers a flat buffer per submodule, which NCCL spreads over every NIC); DeepSpeed's 2021
 per-submodule gathers without prefetch are. Not fitted: a flag, on one source's evidence; other frameworks' FSDP
-(torchtitan, llm-foundry, Megatron-FSDP) get the gain."""
+(torchtitan, llm-foundry, Megatron-FSDP) get the gain (collective_time.MULTI_RING_GAIN)."""
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,6 @@ def host_micro_step_s(plan: RunPlan) -> float:
     return HOST_S_PER_MICRO_STEP[plan.ds.zero_stage if plan.framework == "deepspeed" else 0]
 
 
-
 def host_step_s(plan: RunPlan) -> float:
     """Host seconds of the optimizer step on a GPU rank beyond its memory-bound update, paid once per step and
     exposed (the step ends in host syncs: the gradient norm and overflow checks): a DeepSpeed engine's
