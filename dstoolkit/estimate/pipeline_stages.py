@@ -1,6 +1,6 @@
 """Pipeline stages and their schedule (split from estimate.cluster_model): which blocks each stage holds, the
 flush's bubble by schedule, and the one stage/bubble arithmetic every step-time path shares: the heaviest stage
-decides the step. No torch import."""
+runs every micro batch, the fill and drain pass through the others (flush_s). No torch import."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -44,8 +44,8 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
                        host_s: Optional[Callable[[int], float]] = None, host_micro_s: float = 0.0) -> float:
     """Compute seconds of one optimizer step: the heaviest pipeline stage's blocks, `layer_s(i, saved_bytes)` for
     one micro batch (evaluated once per kind of block: MoE or dense, recomputed or not), over every micro batch,
-    `head_s` (the LM head) on the last stage, stretched by the schedule's bubble (bubble_fraction). The one
-    stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s).
+    `head_s` (the LM head) on the last stage, plus the schedule's fill and drain through the other stages
+    (flush_s, bubble_fraction). The one stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s).
 
     `host_s(i)`: host seconds block i takes to issue its kernels per micro batch, and `host_micro_s` the host's
     fixed cost per micro batch (GPU path: host_cost.host_layer_s, host_cost.host_micro_step_s). The host runs
@@ -72,4 +72,18 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
         host = sum(b[1] for b in blocks) + host_micro_s
         stages.append(gpu + host if plan.cuda_launch_blocking else max(gpu, host))
     bubble = bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
-    return max(stages) * ds.grad_accum * (1.0 + bubble)
+    return flush_s(stages, ds.grad_accum, bubble)
+
+
+def flush_s(stage_s: list[float], micro_batches: int, bubble: float) -> float:
+    """Seconds of one pipeline flush whose stages take `stage_s` each per micro batch (forward + backward): the
+    heaviest stage runs every micro batch back to back, and the fill and drain pass once through each of the
+    others. For 1F1B that critical path is m·t_max + (Σ t_s − t_max) (the schedule's makespan, replayed step by step
+    from DeepSpeed's TrainSchedule in tests/unit/test_deepspeed_pipe_schedule.py); `bubble` (bubble_fraction,
+    m·bubble = p − 1 for 1F1B) scales the fill and drain for the other schedules, at the pace of the stages other
+    than the heaviest. With equal stages it is (1 + bubble)·m·t (Narayanan et al. 2021 §2.2)."""
+    m, heaviest = max(1, micro_batches), max(stage_s)
+    if len(stage_s) <= 1:
+        return heaviest * m * (1.0 + bubble)
+    others = (sum(stage_s) - heaviest) / (len(stage_s) - 1)
+    return heaviest * m + bubble * m * others

@@ -194,7 +194,7 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     """Compute seconds of one optimizer step on a GPU rank: the heaviest pipeline stage's blocks (each GEMM at
     its shape's rate, the attention core at its kernel's rate, the memory-bound rest at HBM bandwidth) over
     every micro batch, the LM head on the last stage, divided by the framework efficiency, never below the host's
-    time to issue them (host_cost.host_layer_s), stretched by the schedule's bubble (estimate.cluster_model)."""
+    time to issue them (host_cost.host_layer_s), with the schedule's fill and drain (pipeline_stages.flush_s)."""
     shape = plan.shape
     tok = cm.tokens_per_micro(plan)
     h, v = shape.hidden_size, shape.vocab_size

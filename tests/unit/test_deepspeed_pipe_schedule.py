@@ -2,8 +2,11 @@
 and odd stages alternating forward and backward, each step opening with a blocking send/recv pair between two
 neighbours. Replayed step by step from DeepSpeed's own schedule objects (a stage's step starts once it and the
 neighbour it exchanges with have finished their previous step), its makespan is the one the estimator charges
-(pipeline_stages.bubble_fraction "1f1b": the heaviest stage's forward + backward x (m + p - 1))."""
+(pipeline_stages.flush_s with bubble_fraction "1f1b": the heaviest stage's forward + backward x m, plus one pass
+through each other stage for the fill and drain)."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -42,12 +45,28 @@ def test_equal_stages_take_the_1f1b_makespan(p, m):
     assert ds == pytest.approx(4.0 * m * (1.0 + ps.bubble_fraction("1f1b", p, m)))
 
 
-@pytest.mark.parametrize("p,m", [(6, 64), (12, 128)])
-def test_a_heavier_last_stage_sets_the_pace(p, m):
-    # the output layer on the last stage: it is the heaviest, and the makespan stays within 3% below the
-    # estimator's heaviest-stage x (m + p - 1) (the other stages' shorter fill and drain)
+@pytest.mark.parametrize("p,m,extra", [(6, 64, 0.3), (12, 128, 0.18), (32, 96, 0.085), (4, 8, 0.3)])
+def test_a_heavier_last_stage_sets_the_pace_and_the_others_fill_and_drain(p, m, extra):
+    # the output layer on the last stage makes it the heaviest: it runs all m micro batches back to back, and the
+    # fill and drain pass once through each of the other p - 1 stages, not at the heaviest stage's pace
     fwd, bwd = [1.0] * p, [3.0] * p
-    fwd[-1], bwd[-1] = 1.3, 3.9
+    fwd[-1], bwd[-1] = 1.0 + extra, 3.0 * (1.0 + extra)
     ds = _makespan(p, m, fwd, bwd)
-    charged = 5.2 * m * (1.0 + ps.bubble_fraction("1f1b", p, m))
-    assert 0.97 * charged <= ds <= charged
+    stage = [f + b for f, b in zip(fwd, bwd)]
+    assert ps.flush_s(stage, m, ps.bubble_fraction("1f1b", p, m)) == pytest.approx(ds)
+    assert ds == pytest.approx(4.0 * (1.0 + extra) * m + 4.0 * (p - 1))
+
+
+def test_uneven_stages_are_charged_between_the_makespan_and_the_heaviest_stage_throughout():
+    # any stage may be the heaviest: the charge never undercuts DeepSpeed's makespan, and never exceeds charging
+    # the heaviest stage's pace for the fill and drain as well
+    rng = random.Random(7)
+    for _ in range(60):
+        p = rng.choice([2, 3, 4, 6, 8, 12])
+        m = rng.choice([p, 2 * p, 32])
+        fwd = [1.0 + 0.5 * rng.random() for _ in range(p)]
+        bwd = [rng.uniform(2.0, 3.2) * f for f in fwd]
+        stage = [f + b for f, b in zip(fwd, bwd)]
+        charged = ps.flush_s(stage, m, ps.bubble_fraction("1f1b", p, m))
+        assert _makespan(p, m, fwd, bwd) <= charged * (1 + 1e-9)
+        assert charged <= max(stage) * (m + p - 1) * (1 + 1e-9)
