@@ -25,8 +25,9 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from dstoolkit.models.measured import LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, buffers_not_counted,
-                                          classify, config_value, is_vision, linear_groups, scan_facts)
+from dstoolkit.models.module_tree import (ATTENTION_DROPOUT_KEYS, DROPOUT_FIX, MODEL_TOPK_KEYS, BuildError, as_int,
+                                          attention_facts, buffers_not_counted, classify, config_value,
+                                          dropout_probability, is_vision, linear_groups, scan_facts)
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""
@@ -277,10 +278,16 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
     # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,
-    # Bloom / Llama-style attention_dropout 0.0); a non-number or out-of-range value counts as none
-    drop = config_value(text_cfg, "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
-    if isinstance(drop, (int, float)) and not isinstance(drop, bool) and 0.0 < float(drop) < 1.0:
-        kw["attention_dropout"] = float(drop)
+    # Bloom / Llama-style attention_dropout 0.0); a value that is not a probability is refused, naming its key
+    for key in ATTENTION_DROPOUT_KEYS:
+        drop = config_value(text_cfg, key)
+        if drop is None:
+            continue
+        try:  # a per-layer config's list: the largest layer's
+            kw["attention_dropout"] = max(map(dropout_probability, drop if isinstance(drop, list) else [drop]))
+        except ValueError as exc:
+            raise BuildError(str(exc), field=key, fix=DROPOUT_FIX) from None
+        break
     qkv_width = (heads + 2 * kv) * head_dim
     if any(g.role == "attention" and g.layers and g.in_features == h and g.out_features == qkv_width
            for g in m.linear_layers()):

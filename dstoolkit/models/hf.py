@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Union
 from pydantic import ValidationError
 
 from dstoolkit.models import from_transformers as _tf
+from dstoolkit.models.module_tree import ATTENTION_DROPOUT_KEYS, DROPOUT_FIX, dropout_probability
 from dstoolkit.models.shape import ModelShape
 
 
@@ -107,15 +108,13 @@ def _dense_common(d: dict) -> dict:
 
 
 def _dropout(d: dict, key: str, default: float) -> float:
-    """A dropout probability of the config (transformers' default when absent), checked to lie in [0, 1)."""
+    """A dropout probability of the config (transformers' default when absent), checked to lie in [0, 1)
+    (module_tree.dropout_probability)."""
     v = d.get(key, default)
     try:
-        f = float(default if v is None else v)
-    except (TypeError, ValueError):
-        raise HFConfigError(key, f"{v!r} is not a number", "give a probability in [0, 1), e.g. 0.0") from None
-    if not 0.0 <= f < 1.0:
-        raise HFConfigError(key, f"{f} is not a probability in [0, 1)", "give e.g. 0.0 (no dropout) or 0.1")
-    return f
+        return dropout_probability(default if v is None else v)
+    except ValueError as exc:
+        raise HFConfigError(key, str(exc), DROPOUT_FIX) from None
 
 
 def _llama(d: dict, fam: Family) -> dict:
@@ -343,6 +342,13 @@ def shape_from_transformers(config: dict, name: Optional[str] = None, *,
     model_type = str(config.get("model_type"))
     display = name or config.get("name") or config.get("_name_or_path") or model_type
     clean = {k: v for k, v in config.items() if k not in ("name", "model_class")}
+    # refused before the build: some families' modules refuse it in words that do not name the key, others read
+    # it only in forward and would build
+    text = clean.get("text_config")
+    for d in (clean, text if isinstance(text, dict) else {}):
+        for key in ATTENTION_DROPOUT_KEYS:
+            if d.get(key) is not None:
+                _dropout(d, key, 0.0)
     try:
         measured = _tf.measure_config(clean, model_class)
         kwargs = _tf.shape_fields(_tf.text_config_of(clean, model_class), measured)
@@ -352,6 +358,8 @@ def shape_from_transformers(config: dict, name: Optional[str] = None, *,
                             "pip install 'dstoolkit[hf]' (then any type transformers builds is accepted), or use "
                             f"one of: {', '.join(FAMILIES)}") from None
     except _tf.BuildError as exc:
+        if exc.field is not None:  # the model builds; one of the config's values cannot be used
+            raise HFConfigError(exc.field, exc.reason, exc.fix or "") from None
         raise HFConfigError("model_class" if model_class else "model_type",
                             f"unsupported model_type {model_type!r}: {exc.reason}",
                             _refusal_fix(config, model_type, exc.offer)) from None

@@ -25,12 +25,37 @@ MODEL_TOPK_KEYS = TOPK_KEYS + ("n_activated_experts", "num_activated_experts", "
 
 class BuildError(ValueError):
     """The model cannot be built (transformers refuses the config) or read (no decoder layers found); `offer`
-    names a class from the config's `architectures` that transformers does have."""
+    names a class from the config's `architectures` that transformers does have. `field` and `fix`: the config
+    key whose value is refused and what to give instead (the model builds, the value cannot be used)."""
 
-    def __init__(self, reason: str, offer: Optional[str] = None):
+    def __init__(self, reason: str, offer: Optional[str] = None, *, field: Optional[str] = None,
+                 fix: Optional[str] = None):
         self.reason = reason
         self.offer = offer
+        self.field = field
+        self.fix = fix
         super().__init__(reason)
+
+
+ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+"""The config keys transformers' families name the attention dropout by (Llama-style, GPT-2, BERT-style)."""
+DROPOUT_FIX = "give a probability in [0, 1), e.g. 0.0 (no dropout) or 0.1"
+"""What to give instead of a dropout value dropout_probability refuses."""
+
+
+def dropout_probability(value: Any) -> float:
+    """A config's dropout value as a probability; ValueError naming the problem unless it is a number in [0, 1)
+    (torch.nn.Dropout refuses anything else when the model is built for training). The one check of both model
+    readers: a config mapping (models.hf) and a transformers config object (models.from_transformers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a number")
+    try:
+        f = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+    if not 0.0 <= f < 1.0:
+        raise ValueError(f"{f} is not a probability in [0, 1)")
+    return f
 
 
 def config_value(cfg: Any, *keys: str) -> Any:

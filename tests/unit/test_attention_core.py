@@ -119,6 +119,12 @@ def test_attention_dropout_comes_from_the_model_config():
         shape_from_hf_config({**gpt2, "attn_pdrop": 1.5})
     with pytest.raises(HFConfigError, match="attention_dropout.*'high'.*not a number"):
         shape_from_hf_config({**llama, "attention_dropout": "high"})
+    # the transformers-built path refuses the same values with the same words, naming the config's key
+    for bad, words in ((1.5, "1.5 is not a probability in [0, 1)"), ("high", "'high' is not a number")):
+        with pytest.raises(HFConfigError) as refused:
+            shape_from_hf_config({**bloom, "attention_dropout": bad})
+        assert (refused.value.field, refused.value.problem) == ("attention_dropout", words)
+        assert refused.value.fix == "give a probability in [0, 1), e.g. 0.0 (no dropout) or 0.1"
 
 
 def test_the_plan_takes_dropout_from_the_shape(tmp_path):
