@@ -45,7 +45,8 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
     """Compute seconds of one optimizer step: the heaviest pipeline stage's blocks, `layer_s(i, saved_bytes)` for
     one micro batch (evaluated once per kind of block: MoE or dense, recomputed or not), over every micro batch,
     `head_s` (the LM head) on the last stage, plus the schedule's fill and drain through the other stages
-    (flush_s, bubble_fraction). The one stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the CPU one (cpu_compute.cpu_compute_s).
+    (flush_s, bubble_fraction). The one stage/bubble arithmetic of the GPU path (step_time.gpu_compute_s) and the
+    CPU one (cpu_compute.cpu_compute_s).
 
     `host_s(i)`: host seconds block i takes to issue its kernels per micro batch, and `host_micro_s` the host's
     fixed cost per micro batch (GPU path: host_cost.host_layer_s, host_cost.host_micro_step_s). The host runs

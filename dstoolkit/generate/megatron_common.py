@@ -132,8 +132,8 @@ def model_constants(spec: Spec, shape: ModelShape) -> ModelConstants:
                 vals[field] = int(d[k]) if field in _INT_FIELDS else float(d[k])
                 used.append(k)
                 break
-    # the attention dropout has one owner: the model shape (models.hf: the config's attention_dropout / attn_pdrop,
-    # else its family's transformers default), which the estimate charges too
+    # the attention dropout has one owner: the model shape (models.hf_families: the config's attention_dropout /
+    # attn_pdrop, else its family's transformers default), which the estimate charges too
     if shape.attention_dropout != vals["attention_dropout"]:
         vals["attention_dropout"] = float(shape.attention_dropout)
         used.append("attention dropout of the model shape")

@@ -46,7 +46,7 @@ DROPOUT_FIX = "give a probability in [0, 1), e.g. 0.0 (no dropout) or 0.1"
 def dropout_probability(value: Any) -> float:
     """A config's dropout value as a probability; ValueError naming the problem unless it is a number in [0, 1)
     (torch.nn.Dropout refuses anything else when the model is built for training). The one check of both model
-    readers: a config mapping (models.hf) and a transformers config object (models.from_transformers)."""
+    readers: a config mapping (models.hf_families) and a transformers config object (models.from_transformers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{value!r} is not a number")
     try:

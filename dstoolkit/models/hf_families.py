@@ -1,0 +1,289 @@
+"""The hand-written Hugging Face config readers (split from models.hf): one config mapping of a known `model_type`
+into ModelShape keyword arguments, exact and fast (no torch, no transformers: the sweep calls the estimator
+thousands of times), and the strict check of an inline spec's keys. models.hf picks between these readers and
+transformers.
+
+The analytic `model_type`s and the fields each needs are listed in `FAMILIES`. Optional fields take the
+defaults of the corresponding `transformers` config class (e.g. `num_key_value_heads` defaults to
+`num_attention_heads`, Llama's `tie_word_embeddings` to False, GPT-2's to True). Module layouts the
+config does not spell out are fixed per family, as in the `transformers` modelling code:
+Qwen2 and Qwen2-MoE always have q/k/v biases, GPT-2 always has biases and LayerNorm, and so on.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from dstoolkit.models.module_tree import DROPOUT_FIX, dropout_probability
+
+
+class HFConfigError(ValueError):
+    """A Hugging Face config problem tied to one field (`field` is the config key, or None)."""
+
+    def __init__(self, field: Optional[str], problem: str, fix: str):
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field + ': ' if field else ''}{problem} ({fix})")
+
+
+# Keys found in real config.json files that do not change the parameter count (accepted everywhere, so that
+# a strict inline spec can still say e.g. `rope_theta:`; typos of the fields we read are still reported).
+_IGNORED_KEYS = frozenset({
+    "_name_or_path", "architectures", "auto_map", "torch_dtype", "transformers_version", "bos_token_id",
+    "eos_token_id", "pad_token_id", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+    "rope_theta", "rope_scaling", "rope_type", "use_cache", "attention_dropout", "hidden_dropout",
+    "sliding_window", "use_sliding_window", "max_window_layers", "pretraining_tp", "output_router_logits",
+    "router_aux_loss_coef", "router_jitter_noise", "aux_loss_alpha", "seq_aux", "norm_topk_prob",
+    "routed_scaling_factor", "scoring_func", "n_group", "topk_group", "ep_size", "quantization_config",
+    "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn",
+    "scale_attn_by_inverse_layer_idx", "n_ctx", "task_specific_params", "use_mla", "name", "dtype",
+    "max_position_embeddings", "hidden_act", "activation_function", "qkv_bias", "moe_layer_freq",
+    "num_nextn_predict_layers", "topk_method", "model_type", "tie_word_embeddings", "head_dim",
+    "attention_bias", "mlp_bias", "decoder_sparse_step", "mlp_only_layers", "first_k_dense_replace",
+    "num_key_value_heads",
+})
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one `model_type` maps to a ModelShape."""
+
+    required: tuple[str, ...]
+    """Keys that must be present (the ones without a safe transformers default)."""
+    build: Callable[[dict, "Family"], dict]
+    """Turns the config dict into ModelShape keyword arguments."""
+    optional: tuple[str, ...] = ()
+    """Keys read when present (defaults from transformers)."""
+
+
+def _get(d: dict, key: str) -> Any:
+    if key not in d:
+        raise HFConfigError(key, "required field is missing", f"add {key!r}")
+    return d[key]
+
+
+def _int(d: dict, key: str, default: Any = ..., *, allow_none: bool = False) -> Optional[int]:
+    value = d.get(key, default) if default is not ... else _get(d, key)
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HFConfigError(key, f"expected a non-negative integer, got {value!r}", f"fix {key!r}")
+    return value
+
+
+def _bool(d: dict, key: str, default: bool) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise HFConfigError(key, f"expected true/false, got {value!r}", f"fix {key!r}")
+    return value
+
+
+def _dense_common(d: dict) -> dict:
+    heads = _int(d, "num_attention_heads")
+    return dict(
+        hidden_size=_int(d, "hidden_size"),
+        num_hidden_layers=_int(d, "num_hidden_layers"),
+        num_attention_heads=heads,
+        # transformers: num_key_value_heads=None means multi-head attention (= num_attention_heads).
+        num_key_value_heads=_int(d, "num_key_value_heads", None, allow_none=True) or heads,
+        head_dim=_int(d, "head_dim", None, allow_none=True),
+        intermediate_size=_int(d, "intermediate_size"),
+        vocab_size=_int(d, "vocab_size"),
+        max_position_embeddings=_int(d, "max_position_embeddings", None, allow_none=True),
+        hidden_act=str(d.get("hidden_act", "silu")),
+        attention_dropout=dropout(d, "attention_dropout", 0.0),
+    )
+
+
+def dropout(d: dict, key: str, default: float) -> float:
+    """A dropout probability of the config (transformers' default when absent), checked to lie in [0, 1)
+    (module_tree.dropout_probability)."""
+    v = d.get(key, default)
+    try:
+        return dropout_probability(default if v is None else v)
+    except ValueError as exc:
+        raise HFConfigError(key, str(exc), DROPOUT_FIX) from None
+
+
+def _llama(d: dict, fam: Family) -> dict:
+    # LlamaConfig: attention_bias puts a bias on q, k, v AND o_proj; mlp_bias on gate/up/down.
+    kw = _dense_common(d)
+    bias = _bool(d, "attention_bias", False)
+    kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False), attention_bias=bias, o_proj_bias=bias,
+              mlp_bias=_bool(d, "mlp_bias", False))
+    return kw
+
+
+def _mistral(d: dict, fam: Family) -> dict:
+    kw = _dense_common(d)
+    kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False))
+    return kw
+
+
+def _mixtral(d: dict, fam: Family) -> dict:
+    kw = _mistral(d, fam)
+    kw.update(num_experts=_int(d, "num_local_experts"), num_experts_per_tok=_int(d, "num_experts_per_tok"),
+              moe_intermediate_size=None)
+    return kw
+
+
+def _qwen2(d: dict, fam: Family) -> dict:
+    # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False (hard-coded in transformers).
+    kw = _dense_common(d)
+    kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False), attention_bias=True, o_proj_bias=False)
+    return kw
+
+
+def _qwen_sparse_layers(d: dict, n_layers: int) -> tuple[int, ...]:
+    # Qwen2MoeDecoderLayer: layer i is sparse iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+    step = _int(d, "decoder_sparse_step", 1)
+    if step < 1:
+        raise HFConfigError("decoder_sparse_step", f"must be >= 1, got {step}", "use 1 for MoE in every layer")
+    only = d.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise HFConfigError("mlp_only_layers", f"expected a list of layer indices, got {only!r}", "fix mlp_only_layers")
+    dense = set(only) | {i for i in range(n_layers) if (i + 1) % step != 0}
+    return tuple(sorted(i for i in dense if 0 <= i < n_layers))
+
+
+def _qwen2_moe(d: dict, fam: Family) -> dict:
+    kw = _qwen2(d, fam)
+    shared = _int(d, "shared_expert_intermediate_size")
+    kw.update(num_experts=_int(d, "num_experts"), num_experts_per_tok=_int(d, "num_experts_per_tok"),
+              moe_intermediate_size=_int(d, "moe_intermediate_size"),
+              shared_expert_intermediate_size=shared or None,
+              mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]))
+    return kw
+
+
+def _qwen3(d: dict, fam: Family) -> dict:
+    # Qwen3Attention: q/k/v/o bias = attention_bias (default False); q_norm/k_norm RMSNorm(head_dim).
+    kw = _dense_common(d)
+    kw["head_dim"] = _int(d, "head_dim")
+    bias = _bool(d, "attention_bias", False)
+    kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False), attention_bias=bias, o_proj_bias=bias,
+              qk_norm=True)
+    return kw
+
+
+def _qwen3_moe(d: dict, fam: Family) -> dict:
+    kw = _qwen3(d, fam)
+    kw.update(num_experts=_int(d, "num_experts"), num_experts_per_tok=_int(d, "num_experts_per_tok"),
+              moe_intermediate_size=_int(d, "moe_intermediate_size"),
+              mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]))
+    return kw
+
+
+def _deepseek(d: dict, fam: Family) -> dict:
+    kw = _dense_common(d)
+    kw["head_dim"] = None  # MLA: per-head widths come from qk_nope/qk_rope/v_head_dim
+    kw["num_key_value_heads"] = None
+    bias = _bool(d, "attention_bias", False)
+    routed = _int(d, "n_routed_experts", allow_none=True)
+    v3 = fam is FAMILIES.get("deepseek_v3")
+    kw.update(
+        tie_word_embeddings=_bool(d, "tie_word_embeddings", False),
+        attention_bias=bias, o_proj_bias=bias,
+        q_lora_rank=_int(d, "q_lora_rank", allow_none=True),
+        kv_lora_rank=_int(d, "kv_lora_rank"),
+        qk_rope_head_dim=_int(d, "qk_rope_head_dim"),
+        qk_nope_head_dim=_int(d, "qk_nope_head_dim"),
+        v_head_dim=_int(d, "v_head_dim"),
+        num_nextn_predict_layers=_int(d, "num_nextn_predict_layers", 0),
+    )
+    if routed:
+        # DeepseekV2/V3 MoE gate: e_score_correction_bias exists only for topk_method == "noaux_tc"
+        # (the V3 default; V2 uses greedy / group_limited_greedy).
+        topk_method = d.get("topk_method", "noaux_tc" if v3 else "greedy")
+        kw.update(
+            num_experts=routed,
+            num_experts_per_tok=_int(d, "num_experts_per_tok"),
+            moe_intermediate_size=_int(d, "moe_intermediate_size"),
+            num_shared_experts=_int(d, "n_shared_experts", allow_none=True) or 0,
+            first_k_dense_replace=_int(d, "first_k_dense_replace"),
+            moe_layer_freq=_int(d, "moe_layer_freq"),
+            router_score_correction_bias=topk_method == "noaux_tc",
+        )
+    return kw
+
+
+def _gpt2(d: dict, fam: Family) -> dict:
+    # GPT2Config names (n_embd, n_layer, n_head, n_positions, n_inner); GPT2Model always has biases on
+    # c_attn/c_proj/c_fc, LayerNorm with bias, learned positions, and ties lm_head to wte by default.
+    def pick(name: str, alias: str) -> int:
+        if name in d:
+            return _int(d, name)
+        if alias in d:
+            return _int(d, alias)
+        raise HFConfigError(name, "required field is missing", f"add {name!r}")
+
+    h = pick("n_embd", "hidden_size")
+    inner = d.get("n_inner")
+    return dict(
+        hidden_size=h,
+        num_hidden_layers=pick("n_layer", "num_hidden_layers"),
+        num_attention_heads=pick("n_head", "num_attention_heads"),
+        intermediate_size=_int(d, "n_inner") if inner is not None else 4 * h,
+        vocab_size=_int(d, "vocab_size"),
+        max_position_embeddings=pick("n_positions", "max_position_embeddings"),
+        learned_positions=True,
+        tie_word_embeddings=_bool(d, "tie_word_embeddings", True),
+        attention_bias=True, o_proj_bias=True, mlp_bias=True, mlp_gated=False, norm_type="layernorm", qkv_fused=True,
+        hidden_act=str(d.get("activation_function", "gelu_new")),
+        attention_dropout=dropout(d, "attn_pdrop", 0.1),  # transformers GPT2Config default
+    )
+
+
+_DENSE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+_MLA = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+_DEEPSEEK_MOE = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(_DENSE, _llama, ("num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias")),
+    "mistral": Family(_DENSE, _mistral, ("num_key_value_heads", "head_dim", "tie_word_embeddings")),
+    "mixtral": Family(_DENSE + ("num_local_experts", "num_experts_per_tok"), _mixtral,
+                      ("num_key_value_heads", "head_dim", "tie_word_embeddings")),
+    "qwen2": Family(_DENSE, _qwen2, ("num_key_value_heads", "tie_word_embeddings")),
+    "qwen2_moe": Family(_DENSE + ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                  "shared_expert_intermediate_size"), _qwen2_moe,
+                        ("num_key_value_heads", "tie_word_embeddings", "decoder_sparse_step", "mlp_only_layers")),
+    "qwen3": Family(_DENSE + ("head_dim",), _qwen3, ("num_key_value_heads", "tie_word_embeddings", "attention_bias")),
+    "qwen3_moe": Family(_DENSE + ("head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+                        _qwen3_moe, ("num_key_value_heads", "tie_word_embeddings", "attention_bias",
+                                     "decoder_sparse_step", "mlp_only_layers")),
+    "deepseek_v2": Family(_DENSE + _MLA + _DEEPSEEK_MOE + ("first_k_dense_replace", "moe_layer_freq"), _deepseek,
+                          ("tie_word_embeddings", "attention_bias", "topk_method")),
+    "deepseek_v3": Family(_DENSE + _MLA + _DEEPSEEK_MOE + ("first_k_dense_replace", "moe_layer_freq"), _deepseek,
+                          ("tie_word_embeddings", "attention_bias", "topk_method", "num_nextn_predict_layers")),
+    "gpt2": Family(("vocab_size",), _gpt2, ("n_embd", "n_layer", "n_head", "n_positions", "n_inner",
+                                           "tie_word_embeddings", "activation_function")),
+}
+"""Supported HF model types. DeepSeek's MoE keys may be null (n_routed_experts: null makes a dense model)."""
+
+_GPT2_ALIASES = frozenset({"n_embd", "n_layer", "n_head", "n_positions", "n_inner", "hidden_size",
+                           "num_hidden_layers", "num_attention_heads"})
+
+
+def _known_keys(fam: Family) -> set[str]:
+    return set(fam.required) | set(fam.optional) | set(_IGNORED_KEYS) | (_GPT2_ALIASES if fam.build is _gpt2 else set())
+
+
+def check_unknown_keys(d: dict, fam: Family) -> None:
+    """Refuse a key `fam` neither reads nor knows to be irrelevant, with a did-you-mean. Only for strict (inline
+    spec) use: a real config.json carries many keys we need not read."""
+    known = _known_keys(fam)
+    all_fields = set().union(*(set(f.required) | set(f.optional) for f in FAMILIES.values()))
+    for key in d:
+        if key in known:
+            continue
+        guess = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        if guess:
+            raise HFConfigError(key, "unknown field", f"did you mean {guess[0]!r}?")
+        if key in all_fields:
+            raise HFConfigError(key, f"not a field of model_type {d.get('model_type')!r}",
+                                "remove it, or pick the model_type that has it")
+        raise HFConfigError(key, "unknown field", f"remove it (fields read for {d.get('model_type')!r}: "
+                            f"{', '.join(list(fam.required) + list(fam.optional))})")
