@@ -33,7 +33,7 @@ from typing import Optional
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calibration_flag, add_checkpoint_flags,
                                    add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
                                    add_target_flag, add_training_plan_flags, add_world_flags, checkpoint_policy,
-                                   exit_map, input_error, targets_of)
+                                   exit_map, input_error, targets_of, validation_error_text)
 from dstoolkit.cli.spec_override import apply_model_class
 from dstoolkit.validate.engine import validate_config
 
@@ -354,9 +354,7 @@ def run(args) -> int:
               "(`dstoolkit validate` shows the same findings)", file=sys.stderr)
         return EXIT_FINDINGS
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        return _err(f"{loc + ': ' if loc else ''}{first.get('msg')}")
+        return _err(validation_error_text(exc) or str(exc))
     except ValueError as exc:
         return _err(str(exc))
     from dstoolkit.layout import pipeline_split, stage_layers

@@ -94,8 +94,8 @@ def _load_fp8_config(args, spec_fp8: dict | None):
     try:
         return Fp8Config.model_validate(data)
     except ValidationError as exc:
-        msgs = "; ".join(f"fp8.{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
-                         for e in exc.errors())
+        msgs = "; ".join((f"fp8.{'.'.join(map(str, e['loc']))}: " if e["loc"] else "")
+                         + e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise InputError(f"invalid FP8 settings: {msgs}") from None
 
 

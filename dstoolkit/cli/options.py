@@ -54,8 +54,9 @@ def _is_instance(exc: BaseException, names: Sequence[tuple[str, str]]) -> bool:
     return False
 
 
-def _validation_error_text(exc: BaseException) -> Optional[str]:
-    """``loc: msg`` of a pydantic ValidationError's first error (pydantic's own text spans many lines)."""
+def validation_error_text(exc: BaseException) -> Optional[str]:
+    """``loc: msg`` of a pydantic ValidationError's first error (pydantic's own text spans many lines, and it
+    prefixes a validator's own message with "Value error, "); None for any other exception."""
     core = sys.modules.get("pydantic_core")
     cls = getattr(core, "ValidationError", None)
     if not (isinstance(cls, type) and isinstance(exc, cls)):
@@ -65,7 +66,7 @@ def _validation_error_text(exc: BaseException) -> Optional[str]:
         return str(exc)
     first = errors[0]
     loc = ".".join(str(x) for x in first.get("loc", ()))
-    return f"{loc + ': ' if loc else ''}{first.get('msg')}"
+    return f"{loc + ': ' if loc else ''}{str(first.get('msg', '')).removeprefix('Value error, ')}"
 
 
 def error_message(verb: str, message: str) -> str:
@@ -90,7 +91,7 @@ def exit_code_for(verb: str, exc: BaseException,
         return EXIT_FINDINGS, f"dstoolkit {verb}: failed: {exc}"
     if _is_instance(exc, _VERBATIM):
         return EXIT_INPUT, str(exc)
-    text = _validation_error_text(exc)
+    text = validation_error_text(exc)
     if text is not None:
         return EXIT_INPUT, error_message(verb, text)
     top = (getattr(exc, "name", None) or "").split(".")[0]

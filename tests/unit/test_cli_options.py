@@ -39,6 +39,26 @@ def _validation_error():
     raise AssertionError("CheckpointPolicy accepted kind='bogus'")
 
 
+def _validator_error():
+    from pydantic import BaseModel, field_validator
+
+    class Plan(BaseModel):
+        seq_len: int
+
+        @field_validator("seq_len")
+        @classmethod
+        def _positive(cls, v: int) -> int:
+            if v <= 0:
+                raise ValueError(f"seq_len={v}: the sequence length must be > 0")
+            return v
+
+    try:
+        Plan(seq_len=-5)
+    except ValueError as exc:
+        return exc
+    raise AssertionError("the validator accepted seq_len=-5")
+
+
 def _output_exists():
     from dstoolkit.generate.writer import OutputExistsError
 
@@ -66,6 +86,9 @@ CASES = [
      "dstoolkit demo: error: s.yaml:3:5: training.seq_len: must be > 0 (set a positive sequence length)"),
     ("spec-load-error-verbatim", _spec_load_error, EXIT_INPUT, "s.yaml:3:5: error: training.seq_len: must be > 0"),
     ("pydantic-first-error", _validation_error, EXIT_INPUT, "dstoolkit demo: error: kind: Input should be"),
+    # a validator's own message, without pydantic's "Value error, " prefix
+    ("pydantic-validator-error", _validator_error, EXIT_INPUT,
+     "dstoolkit demo: error: seq_len: seq_len=-5: the sequence length must be > 0\n"),
     ("tune-input", _tune_input_error, EXIT_INPUT, "dstoolkit demo: error: --budget must be >= 1"),
     ("bench-input", _bench_input_error, EXIT_INPUT, "dstoolkit demo: error: no *.jsonl results in r/"),
     ("output-exists", _output_exists, EXIT_INPUT, "dstoolkit demo: error: out exists; pass --force"),
