@@ -25,9 +25,9 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from dstoolkit.models.measured import LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (ATTENTION_DROPOUT_KEYS, DROPOUT_FIX, MODEL_TOPK_KEYS, BuildError, as_int,
-                                          attention_facts, buffers_not_counted, classify, config_value,
-                                          dropout_probability, is_vision, linear_groups, scan_facts)
+from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, buffers_not_counted,
+                                          classify, config_value, is_vision, linear_groups, scan_facts)
+from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, DROPOUT_FIX, dropout_probability
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""

@@ -16,8 +16,7 @@ from pydantic import ValidationError
 
 from dstoolkit.models import from_transformers as _tf
 from dstoolkit.models.hf_families import FAMILIES, HFConfigError, check_unknown_keys, dropout
-from dstoolkit.models.module_tree import ATTENTION_DROPOUT_KEYS
-from dstoolkit.models.shape import ModelShape
+from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, ModelShape
 
 __all__ = ["FAMILIES", "HFConfigError", "load_hf_config", "shape_from_hf_dict", "shape_from_transformers"]
 

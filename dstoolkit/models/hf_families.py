@@ -15,7 +15,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dstoolkit.models.module_tree import DROPOUT_FIX, dropout_probability
+from dstoolkit.models.shape import DROPOUT_FIX, dropout_probability
 
 
 class HFConfigError(ValueError):

@@ -6,7 +6,7 @@ Readers (`dstoolkit.models.hf`) and presets (`dstoolkit.models.presets`) produce
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -202,3 +202,25 @@ class ModelShape(BaseModel):
         if bad:
             raise ValueError(f"mlp_only_layers={bad} outside 0..num_hidden_layers-1={self.num_hidden_layers - 1}")
         return self
+
+
+ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+"""The config keys transformers' families name the attention dropout by (Llama-style, GPT-2, BERT-style)."""
+DROPOUT_FIX = "give a probability in [0, 1), e.g. 0.0 (no dropout) or 0.1"
+"""What to give instead of a dropout value dropout_probability refuses."""
+
+
+def dropout_probability(value: Any) -> float:
+    """A config's dropout value as a probability; ValueError naming the problem unless it is a number in [0, 1)
+    (torch.nn.Dropout refuses anything else when the model is built for training). The one check of both model
+    readers: a config mapping (models.hf_families) and a transformers config object (models.from_transformers);
+    ModelShape.attention_dropout holds the same range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a number")
+    try:
+        f = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+    if not 0.0 <= f < 1.0:
+        raise ValueError(f"{f} is not a probability in [0, 1)")
+    return f
