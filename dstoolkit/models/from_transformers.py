@@ -27,7 +27,7 @@ from typing import Any, Optional
 from dstoolkit.models.measured import LayerParams, MeasuredParams
 from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, buffers_not_counted,
                                           classify, config_value, is_vision, linear_groups, scan_facts)
-from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, DROPOUT_FIX, dropout_probability
+from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""
@@ -278,16 +278,11 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
     # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,
-    # Bloom / Llama-style attention_dropout 0.0); a value that is not a probability is refused, naming its key
-    for key in ATTENTION_DROPOUT_KEYS:
-        drop = config_value(text_cfg, key)
-        if drop is None:
-            continue
-        try:  # a per-layer config's list: the largest layer's
-            kw["attention_dropout"] = max(map(dropout_probability, drop if isinstance(drop, list) else [drop]))
-        except ValueError as exc:
-            raise BuildError(str(exc), field=key, fix=DROPOUT_FIX) from None
-        break
+    # Bloom / Llama-style attention_dropout 0.0); models.hf refuses a value that is not a probability, naming its
+    # key, before the build
+    drop = config_value(text_cfg, *ATTENTION_DROPOUT_KEYS)
+    if drop is not None:
+        kw["attention_dropout"] = dropout_probability(drop)
     qkv_width = (heads + 2 * kv) * head_dim
     if any(g.role == "attention" and g.layers and g.in_features == h and g.out_features == qkv_width
            for g in m.linear_layers()):

@@ -82,8 +82,6 @@ def shape_from_transformers(config: dict, name: Optional[str] = None, *,
                             "pip install 'dstoolkit[hf]' (then any type transformers builds is accepted), or use "
                             f"one of: {', '.join(FAMILIES)}") from None
     except _tf.BuildError as exc:
-        if exc.field is not None:  # the model builds; one of the config's values cannot be used
-            raise HFConfigError(exc.field, exc.reason, exc.fix or "") from None
         raise HFConfigError("model_class" if model_class else "model_type",
                             f"unsupported model_type {model_type!r}: {exc.reason}",
                             _refusal_fix(config, model_type, exc.offer)) from None

@@ -25,15 +25,11 @@ MODEL_TOPK_KEYS = TOPK_KEYS + ("n_activated_experts", "num_activated_experts", "
 
 class BuildError(ValueError):
     """The model cannot be built (transformers refuses the config) or read (no decoder layers found); `offer`
-    names a class from the config's `architectures` that transformers does have. `field` and `fix`: the config
-    key whose value is refused and what to give instead (the model builds, the value cannot be used)."""
+    names a class from the config's `architectures` that transformers does have."""
 
-    def __init__(self, reason: str, offer: Optional[str] = None, *, field: Optional[str] = None,
-                 fix: Optional[str] = None):
+    def __init__(self, reason: str, offer: Optional[str] = None):
         self.reason = reason
         self.offer = offer
-        self.field = field
-        self.fix = fix
         super().__init__(reason)
 
 
