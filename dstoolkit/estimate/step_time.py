@@ -4,7 +4,8 @@ Collectives whose group spans nodes run at the inter-node rate (GpuSpec.inter_no
 Calibration.inter_node_busbw when calibrated), divided among the groups that cross one link side by side
 (estimate.collective_time.link_share). Overlap assumption (explicit): collectives DeepSpeed can overlap (stage 1/2 gradient reduction with
 overlap_comm, stage-3 prefetching) hide behind backward compute with efficiency η
-(docs/anchors.md: η = 1 − exposed ÷ total); everything else is exposed. No torch import.
+(docs/anchors.md: η = 1 − exposed ÷ total), read as contention: the compute runs at η of its speed beside them
+(overlapped_exposed_s); everything else is exposed. No torch import.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ uses the per-GEMM model of estimate.cluster_model): published end-to-end MFU is 
 Megatron 51-56%, MegaScale 55.2%; docs/anchors.md)."""
 DEFAULT_OVERLAP_EFFICIENCY = 0.8
 """η for overlappable collectives on GPUs (separate comm streams); Lee et al. 2025 measure sequential
-execution only 10.2% slower than overlapped, i.e. most but not all communication hides."""
+execution only 10.2% slower than overlapped, i.e. most but not all communication hides. Applied as the compute's
+speed while collectives run beside it (overlapped_exposed_s), so a communication-bound step pays the collectives'
+time, not that plus a slowdown of the compute hidden under them."""
 DEFAULT_HBM_BW_BYTES_PER_S = 3.35e12
 """H100 SXM HBM3 datasheet bandwidth; the optimizer update is memory-bound."""
 ADAM_BYTES_PER_PARAM_UPDATE = 30
@@ -158,7 +161,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     # behind any compute left over; each hides with efficiency eta
     window_bwd = min(hide_bwd, compute * BACKWARD_SHARE)
     window_any = min(hide_any, max(0.0, compute - window_bwd))
-    exposed += (hide_bwd - eta * window_bwd) + (hide_any - eta * window_any)
+    exposed += overlapped_exposed_s(hide_bwd + hide_any, window_bwd + window_any, eta)
     offload = 0.0
     if ds.offload_optimizer:
         optimizer = partition_numel / CPU_ADAM_PARAMS_PER_S if cal is None else \
@@ -183,6 +186,19 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     loss_traffic = LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / cm.sequence_shards(plan)
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
                     memory_s=grad_traffic / grad_bw + loss_traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
+
+
+def overlapped_exposed_s(comm_s: float, window_s: float, eta: float) -> float:
+    """Seconds that `comm_s` of overlappable communication adds to a step whose compute offers `window_s` to hide
+    it in (window_s <= comm_s), at overlap efficiency `eta` (docs/anchors.md: eta = 1 - exposed / total).
+
+    A contention model: while the collectives run, the compute proceeds at `eta` of its speed (it shares the GPU's
+    SMs and memory bandwidth with the collectives' kernels) and the collectives at theirs. Where the compute is
+    the longer, the collectives finish inside it and slow it by (1 - eta) x comm_s; where they are the longer, the
+    slowed compute finishes under them and the step pays only what overflows the window. So the step pays the
+    longer of the two, max(comm_s - window_s, (1 - eta) x comm_s): eta = 1 gives max(compute, comm), eta = 0 (no
+    overlap, e.g. gloo on the cores that compute) their sum."""
+    return max(comm_s - window_s, (1.0 - eta) * comm_s)
 
 
 def _backward_only(name: str) -> bool:

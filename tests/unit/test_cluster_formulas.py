@@ -130,6 +130,33 @@ def test_hidden_fraction_exposes_the_rest_of_an_overlappable_op():
     assert exposed(0.25) == pytest.approx(0.75 * t + 0.25 * t * (1 - eta))
 
 
+def test_overlap_contention_slows_compute_not_the_collective():
+    # eta is the compute's speed while collectives run beside it: compute-bound, the step pays (1 - eta) x comm;
+    # comm-bound, the slowed compute finishes under the collectives and the step pays only the overflow;
+    # eta 0 (nothing overlaps) is the sum, eta 1 the longer of the two
+    from dstoolkit.estimate.step_time import overlapped_exposed_s
+
+    assert overlapped_exposed_s(4.0, 4.0, 0.8) == pytest.approx(0.8)  # 4 s of comm inside 10 s of compute
+    assert overlapped_exposed_s(17.0, 13.0, 0.8) == pytest.approx(4.0)  # comm-bound: max(17 - 13, 0.2 x 17)
+    assert overlapped_exposed_s(11.0, 10.0, 0.8) == pytest.approx(2.2)  # compute still the longer: 0.2 x 11
+    assert overlapped_exposed_s(6.0, 4.0, 0.0) == pytest.approx(6.0)  # sequential: all of it
+    assert overlapped_exposed_s(6.0, 4.0, 1.0) == pytest.approx(2.0)  # perfect overlap: max(comm, compute)
+
+
+def test_comm_bound_zero3_step_is_the_collectives_time():
+    # a ZeRO-3 gather far longer than the step's compute: the step takes the gather's time plus the compute it
+    # cannot hide behind, not the gather plus (1 - eta) x the compute on top (the additive charge it replaced)
+    p = _plan(stage=3, mb=1, seq=512)
+    fpt = plan_flops_per_token(p)
+    nbytes, n = 400 * 2**30, 8
+    op = CommOp("zero3_param_all_gather_fwd", "all_gather", nbytes, n, False, 1, True, 1, 1.0)
+    st = step_time(p, fpt, CommPlan([op]), 1, 512)
+    t = st.comm_total_s
+    assert t > 2 * st.compute_s
+    assert st.comm_exposed_s == pytest.approx(t - st.compute_s)
+    assert st.compute_s + st.comm_exposed_s == pytest.approx(t)
+
+
 # -- ZeRO over the data-parallel ranks with context parallelism -------------------------------------------
 def test_zero_partitions_over_dp_times_cp():
     # Megatron-Core's distributed optimizer uses the data-parallel group with context parallelism: 16 GPUs,
