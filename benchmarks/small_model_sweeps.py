@@ -110,6 +110,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         ["throughput MAPE (all rows)", f"{summary['mape_rows']:.1%}"],
         [f"mean within-group Spearman ({summary['spearman_groups']} groups of ≥ 3)", f"{summary['mean_spearman_groups_ge3']:.3f}"],
         ["mean / worst top-1 regret", f"{summary['mean_top1_regret']:.1%} / {summary['max_top1_regret']:.1%}"],
+        [f"measured best among the layouts marked undecided (within {summary['undecided_error']:.1%} of the fastest "
+         f"estimate; generate/undecided.py)", f"{summary['undecided_best_marked']} of {summary['undecided_groups']}"],
+        ["mean share of a group's layouts marked", f"{summary['undecided_share_marked']:.1%}"],
+        ["mean / worst regret after `tune --mode real` measures the marked ones",
+         f"{summary['mean_regret_after_measuring']:.1%} / {summary['max_regret_after_measuring']:.1%}"],
         ["layouts refused / predicted not to fit", f"{sum(len(s['refused']) for s in scores.values())} / "
                                                   f"{sum(len(s['false_oom']) for s in scores.values())}"],
     ], ["figure", ("value", "r")])
