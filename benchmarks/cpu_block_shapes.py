@@ -93,7 +93,7 @@ def main() -> int:
     from dstoolkit.hardware import calibration as cal
 
     torch.set_num_threads(1)
-    path = pathlib.Path(args.calibration) if args.calibration else cal.machine_calibration_path()
+    path = pathlib.Path(args.calibration) if args.calibration else cal.calibration_path("machine", "cpu")
     load_before = os.getloadavg()
     rows = []
     for prec, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):

@@ -7,8 +7,7 @@ No torch import. A calibration replaces the hardware table's nominal rates in th
    the hardware table's nominal rates, "reference" for the packaged reference measurement, or "machine";
 2. otherwise the environment variable DSTOOLKIT_CALIBRATION (same values);
 3. otherwise, for ``gpu: cpu``, this machine ("machine"): a calibration probed once per CPU model, core count
-   and torch version (`dstoolkit.runtime.probe`, started as a subprocess so this module never imports torch)
-   and cached under ~/.cache/dstoolkit/calibration/. A CPU's rates differ by up to 60x between machines (bf16
+   and torch version, and cached under ~/.cache/dstoolkit/calibration/ (`hardware.machine_calibration`). A CPU's rates differ by up to 60x between machines (bf16
    without native support), so no packaged number can stand in for them. Without torch installed there is
    nothing to probe with, and the packaged reference (dstoolkit/data/calibration_cpu_reference.json, measured
    on a 2-core machine with native bf16) is used, and named so. GPU rows have no default calibration: their
@@ -21,24 +20,17 @@ and by benchmarks/step_time_fidelity.py keep one set per clock ("wall", "cpu") a
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import math
 import os
 import pathlib
-import platform
-import signal
-import subprocess
-import sys
-import threading
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dstoolkit.common.cpu_env import cpu_rank_env
+from dstoolkit.hardware import machine_calibration as machine
 from dstoolkit.hardware.table import GpuSpec, lookup_gpu_name
+
 
 class Calibration(BaseModel):
     """Measured rates that replace the GPU table's nominal ones in the step-time model
@@ -123,8 +115,6 @@ MACHINE = "machine"
 """cluster.calibration value for this machine's probed (and cached) calibration; the default for gpu: cpu."""
 ENV_VAR = "DSTOOLKIT_CALIBRATION"
 """Environment variable giving the calibration for specs that name none (same values as cluster.calibration)."""
-PROBE_RANKS = 2
-"""Ranks the probe runs side by side: the CPU jobs here run 2 ranks on 2 cores, and per-rank rates depend on it."""
 CLOCKS = ("wall", "cpu")
 """Per-clock sections a step_time_fidelity calibration file holds; estimates use wall-clock rates."""
 
@@ -233,135 +223,15 @@ def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path]
     if word == MACHINE:
         if not (isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu"):
             return None
-        return machine_calibration_path() if probe else cached_machine_calibration_path()
+        if not probe:
+            return machine.cached_machine_calibration_path()
+        try:
+            path = machine.machine_calibration_path()
+        except machine.ProbeError as exc:
+            raise CalibrationInputError(str(exc)) from None
+        return PACKAGED["cpu"] if path is None else path  # None: no torch to probe with (it said so)
     p = pathlib.Path(str(value)).expanduser()
     return p if p.is_absolute() or base_dir is None else base_dir / p
-
-
-# ---------------------------------------------------------------------------------------------- this machine
-
-
-def _cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-
-    return platform.processor() or platform.machine()
-
-
-def _cpu_flags() -> list[str]:
-    """The CPU features that change GEMM rates by dtype (native bf16 / AMX / AVX-512)."""
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    return sorted(f for f in set(flags) if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_vnni"))
-
-
-def _torch_version() -> Optional[str]:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-PROBE_VERSION = 4
-"""What the probe measures; a cached calibration from another version is probed again (2: GEMM peak added; 3: op-level rates - GEMM grid fit, attention grid, elementwise per saved byte; 4: more repetitions, elementwise through the origin)."""
-
-
-def machine_key(ranks: int = PROBE_RANKS) -> dict[str, Any]:
-    """What a CPU calibration depends on: CPU model and features, usable cores, torch version, ranks, and the
-    probe's version."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return {"cpu": _cpu_model(), "flags": _cpu_flags(), "cores": cores, "torch": _torch_version(), "ranks": ranks,
-            "probe": PROBE_VERSION}
-
-
-def cache_dir() -> pathlib.Path:
-    """Where machine calibrations are cached: $DSTOOLKIT_CACHE_DIR, else $XDG_CACHE_HOME/dstoolkit, else
-    ~/.cache/dstoolkit (one file per machine key under calibration/)."""
-    root = os.environ.get("DSTOOLKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dstoolkit")
-    return pathlib.Path(root) / "calibration"
-
-
-def _key_digest(key: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-PROBE_TIMEOUT_S = 900.0
-"""The probe's ranks are killed after this long (it takes 5-30 s on 2 cores)."""
-PROBE_LINES_SHOWN = ("calibrated in", "warning:")
-"""Probe output passed on to the user: its summary and a busy-machine warning; and every line about a
-torch-extension lock (dstoolkit.runtime.jitlock, before the ranks start and inside them: a stale lock removed,
-a live build waited for)."""
-
-
-def _probe_subprocess(out: pathlib.Path, key: dict[str, Any]) -> None:
-    cmd = [sys.executable, "-m", "dstoolkit.runtime.probe", "--out", str(out), "--ranks", str(key["ranks"]),
-           "--key", json.dumps(key)]
-    env = cpu_rank_env(dict(os.environ, OMP_NUM_THREADS="1"))  # the ranks' allocator settings, as jobs get them
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timer = threading.Timer(PROBE_TIMEOUT_S, proc.kill)
-    timer.start()
-    lines = []
-    try:
-        for line in proc.stdout:  # as they come: a lock the probe removes or waits for is said while it happens
-            lines.append(line.rstrip("\n"))
-            if line.startswith(PROBE_LINES_SHOWN) or "torch-extension" in line:
-                print(f"[dstoolkit] {line.rstrip()}", file=sys.stderr, flush=True)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-    if rc != 0 or not out.is_file():
-        why = f"killed after {PROBE_TIMEOUT_S:.0f} s" if rc == -signal.SIGKILL else f"exit {rc}"
-        raise CalibrationInputError(f"probing this machine failed ({why}): {' | '.join(lines[-3:])}")
-
-
-def cached_machine_calibration_path(key: Optional[dict[str, Any]] = None) -> Optional[pathlib.Path]:
-    """This machine's cached calibration file, or None when it was never probed (nothing is probed here: a
-    training rank must not start a probe of its own beside the job's ranks)."""
-    path = cache_dir() / f"cpu-{_key_digest(key or machine_key())}.json"
-    return path if path.is_file() else None
-
-
-def machine_calibration_path(key: Optional[dict[str, Any]] = None,
-                             probe: Optional[Callable[[pathlib.Path, dict], None]] = None,
-                             announce: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)
-                             ) -> Optional[pathlib.Path]:
-    """This machine's calibration file: cached for `key` (`machine_key()`), else probed now (once) and cached.
-
-    Without torch installed nothing can be probed: the packaged CPU reference is returned and `announce`
-    says so. `probe(out_path, key)` runs the probe (default: `python -m dstoolkit.runtime.probe` in a
-    subprocess).
-
-    Raises:
-        CalibrationInputError: the probe failed (the message has the end of its output).
-    """
-    key = key or machine_key()
-    path = cached_machine_calibration_path(key)
-    if path is not None:
-        return path
-    path = cache_dir() / f"cpu-{_key_digest(key)}.json"
-    if probe is None:
-        if key.get("torch") is None or importlib.util.find_spec("torch") is None:
-            announce("[dstoolkit] torch is not installed, so this CPU cannot be probed: CPU estimates use the "
-                     "packaged reference calibration (measured on another machine; install dstoolkit[train] "
-                     "to calibrate this one)")
-            return PACKAGED["cpu"]
-        probe = _probe_subprocess
-    announce(f"[dstoolkit] calibrating this CPU once ({key['cpu']}, {key['cores']} cores, torch {key['torch']}); "
-             f"cached in {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    probe(path, key)
-    return path
 
 
 def calibration_path_for(spec, probe: bool = True) -> Optional[pathlib.Path]:
@@ -407,7 +277,7 @@ def path_label(path: Optional[pathlib.Path]) -> str:
     """How a calibration file is named in summaries: packaged ones by package path; None = nominal rates."""
     if path is None:
         return "nominal hardware-table rates"
-    if path.parent == cache_dir():
+    if path.parent == machine.cache_dir():
         return f"this machine's calibration {path}"
     try:
         shown = "dstoolkit/" + path.resolve().relative_to(DATA_DIR.parent).as_posix()

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dstoolkit.hardware import calibration as cal
+from dstoolkit.hardware import machine_calibration as machine
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -15,10 +16,10 @@ def test_probe_writes_a_usable_calibration_once(tmp_path, monkeypatch):
     monkeypatch.setenv("DSTOOLKIT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("DSTOOLKIT_CALIBRATION", raising=False)
     said = []
-    path = cal.machine_calibration_path(announce=said.append)
+    path = machine.machine_calibration_path(announce=said.append)
     assert path.parent == tmp_path / "calibration" and len(said) == 1
     rec = json.loads(path.read_text())
-    assert rec["machine"] == cal.machine_key()
+    assert rec["machine"] == machine.machine_key()
     for clock in ("wall", "cpu"):
         c = rec["calibration"][clock]
         assert all(c[f"matmul_flops_per_s_{p}{s}"] > 0 for p in ("fp32", "bf16") for s in ("", "_large"))
@@ -37,4 +38,4 @@ def test_probe_writes_a_usable_calibration_once(tmp_path, monkeypatch):
         assert cal.load_calibration(path, prec).peak_flops_per_s == max(
             w[f"gemm_peak_flops_per_s_{prec}"], w[f"matmul_flops_per_s_{prec}"], w[f"matmul_flops_per_s_{prec}_large"])
     again = []
-    assert cal.machine_calibration_path(announce=again.append) == path and again == []
+    assert machine.machine_calibration_path(announce=again.append) == path and again == []

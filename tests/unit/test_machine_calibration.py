@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from dstoolkit.hardware import calibration as cal
+from dstoolkit.hardware import machine_calibration as machine
 
 
 @pytest.fixture
@@ -33,8 +34,8 @@ KEY = {"cpu": "Test CPU", "flags": ["avx2"], "cores": 2, "torch": "2.13.0", "ran
 
 def test_second_run_does_not_probe_again(cache):
     probe, said = FakeProbe(), []
-    first = cal.machine_calibration_path(KEY, probe=probe, announce=said.append)
-    second = cal.machine_calibration_path(KEY, probe=probe, announce=said.append)
+    first = machine.machine_calibration_path(KEY, probe=probe, announce=said.append)
+    second = machine.machine_calibration_path(KEY, probe=probe, announce=said.append)
     assert first == second and first.parent == cache and first.is_file()
     assert len(probe.calls) == 1 and "calibrating this CPU once (Test CPU, 2 cores, torch 2.13.0)" in said[0]
 
@@ -43,20 +44,25 @@ def test_second_run_does_not_probe_again(cache):
                                     {"flags": ["avx2", "avx512_bf16"]}])
 def test_another_cpu_or_torch_probes_again(cache, change):
     probe = FakeProbe()
-    a = cal.machine_calibration_path(KEY, probe=probe, announce=lambda m: None)
-    b = cal.machine_calibration_path({**KEY, **change}, probe=probe, announce=lambda m: None)
+    a = machine.machine_calibration_path(KEY, probe=probe, announce=lambda m: None)
+    b = machine.machine_calibration_path({**KEY, **change}, probe=probe, announce=lambda m: None)
     assert a != b and len(probe.calls) == 2
 
 
-def test_without_torch_the_reference_is_used_and_said(cache):
+def test_without_torch_the_reference_is_used_and_said(cache, monkeypatch):
     said = []
-    path = cal.machine_calibration_path({**KEY, "torch": None}, announce=said.append)
-    assert path == cal.PACKAGED["cpu"] and "torch is not installed" in said[0]
+    assert machine.machine_calibration_path({**KEY, "torch": None}, announce=said.append) is None
+    assert "torch is not installed" in said[0] and "packaged reference" in said[0]
     assert not cache.exists()
+    # what an estimate then uses: the packaged reference, by its package path
+    monkeypatch.setattr(machine, "machine_key", lambda ranks=machine.PROBE_RANKS: {**KEY, "torch": None})
+    monkeypatch.setattr(machine.importlib.util, "find_spec", lambda name: None)
+    assert cal.calibration_path("machine", "cpu") == cal.PACKAGED["cpu"]
+    assert cal.path_label(cal.PACKAGED["cpu"]) == "reference calibration dstoolkit/data/calibration_cpu_reference.json"
 
 
 def test_default_for_cpu_is_this_machine(cache, monkeypatch):
-    seeded = cache / f"cpu-{cal._key_digest(cal.machine_key())}.json"
+    seeded = cache / f"cpu-{machine._key_digest(machine.machine_key())}.json"
     seeded.parent.mkdir(parents=True)
     shutil.copy(cal.PACKAGED["cpu"], seeded)
     assert cal.calibration_path(None, "cpu") == seeded
@@ -76,17 +82,17 @@ def test_gpu_rows_get_no_default_calibration(cache):
 
 
 def test_machine_key_names_what_rates_depend_on():
-    key = cal.machine_key()
+    key = machine.machine_key()
     assert set(key) == {"cpu", "flags", "cores", "torch", "ranks", "probe"} and key["cores"] >= 1 and key["ranks"] == 2
-    assert key["probe"] == cal.PROBE_VERSION  # a calibration from an older probe is probed again
+    assert key["probe"] == machine.PROBE_VERSION  # a calibration from an older probe is probed again
     json.dumps(key)  # recorded in the probe's file
 
 
 def test_cached_lookup_never_probes(cache, monkeypatch):
-    assert cal.cached_machine_calibration_path(KEY) is None
-    path = cal.machine_calibration_path(KEY, probe=lambda out, key: out.write_text("{}"), announce=lambda m: None)
-    assert cal.cached_machine_calibration_path(KEY) == path
-    monkeypatch.setattr(cal, "machine_calibration_path", lambda *a, **k: pytest.fail("probed"))
+    assert machine.cached_machine_calibration_path(KEY) is None
+    path = machine.machine_calibration_path(KEY, probe=lambda out, key: out.write_text("{}"), announce=lambda m: None)
+    assert machine.cached_machine_calibration_path(KEY) == path
+    monkeypatch.setattr(machine, "machine_calibration_path", lambda *a, **k: pytest.fail("probed"))
     assert cal.calibration_path("machine", "cpu", probe=False) is None  # a training rank's question: no probe
 
 
@@ -114,10 +120,31 @@ def test_peak_is_the_measured_gemm_peak_and_never_below_the_block_rates():
 
 def test_a_failed_probe_is_an_error_naming_it(cache, monkeypatch):
     def broken(out, key):
-        raise cal.CalibrationInputError("probing this machine failed (exit 1): boom")
+        raise machine.ProbeError("probing this machine failed (exit 1): boom")
 
-    with pytest.raises(cal.CalibrationInputError, match="probing this machine failed"):
-        cal.machine_calibration_path(KEY, probe=broken, announce=lambda m: None)
+    with pytest.raises(machine.ProbeError, match="probing this machine failed"):
+        machine.machine_calibration_path(KEY, probe=broken, announce=lambda m: None)
+    # an estimate asking for this machine's calibration gets the calibration input error its callers handle
+    monkeypatch.setattr(machine, "machine_calibration_path", lambda *a, **k: broken(None, KEY))
+    with pytest.raises(cal.CalibrationInputError, match=r"probing this machine failed \(exit 1\): boom"):
+        cal.calibration_path("machine", "cpu")
+
+
+def test_the_probe_subprocess_failure_names_exit_and_output(cache, monkeypatch):
+    # the real subprocess path, with a command that exits 3 after printing: ProbeError with both
+    class Done:
+        def __init__(self, *a, **k):
+            self.stdout = iter(["line one\n", "the end\n"])
+
+        def wait(self):
+            return 3
+
+        def kill(self):  # the timeout's handle; never fired here
+            raise AssertionError("killed")
+
+    monkeypatch.setattr(machine.subprocess, "Popen", Done)
+    with pytest.raises(machine.ProbeError, match=r"\(exit 3\): line one \| the end"):
+        machine._probe_subprocess(cache / "out.json", KEY)
 
 
 def test_test_jobs_run_fp32_exactly_where_this_cpu_has_no_native_bf16():
@@ -125,6 +152,6 @@ def test_test_jobs_run_fp32_exactly_where_this_cpu_has_no_native_bf16():
     has native bf16 GEMMs (avx512_bf16 / amx_bf16), fp32 where bf16 runs through aten's generic GEMM."""
     from dstoolkit.runtime.probe import precision_for_this_cpu
 
-    native = bool({"avx512_bf16", "amx_bf16"} & set(cal._cpu_flags()))
+    native = bool({"avx512_bf16", "amx_bf16"} & set(machine.cpu_flags()))
     assert precision_for_this_cpu("bf16") == ("bf16" if native else "fp32")
     assert precision_for_this_cpu("fp32") == "fp32"

@@ -21,9 +21,9 @@ from dstoolkit.runtime.trace import TraceError, analytic_flops_per_token, trace_
 HF = pathlib.Path(__file__).resolve().parents[1] / "golden" / "hf_configs"
 
 def _cpu_has_native_bf16() -> bool:
-    from dstoolkit.hardware.calibration import _cpu_flags  # the flags the calibration records per machine
+    from dstoolkit.hardware.machine_calibration import cpu_flags  # the flags the calibration records per machine
 
-    return bool({"avx512_bf16", "amx_bf16"} & set(_cpu_flags()))
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
 # The traces run a bf16 copy (saved bytes depend on the dtype). A CPU without avx512_bf16 / amx_bf16 runs bf16
