@@ -53,9 +53,7 @@ def load_spec_and_shape_with(path: Union[str, Path], model_class: Optional[str])
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.spec import load_spec
 
-    p = Path(path)
-    if not p.is_file():
-        raise SpecLoadError(f"{p}: error: spec file not found")
+    p = Path(path)  # a missing file or a folder: load_spec's SpecError says which
     try:
         spec = load_spec(p)
         apply_model_class(spec, model_class, f"{p}: error")

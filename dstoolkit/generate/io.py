@@ -21,9 +21,7 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
         SpecLoadError: with the `file:line:col: error: ...` text of the underlying `SpecError`.
     """
 
-    p = Path(path)
-    if not p.is_file():
-        raise SpecLoadError(f"{p}: error: spec file not found")
+    p = Path(path)  # a missing file or a folder: load_spec's SpecError says which
     try:
         spec = load_spec(p)
         shape = resolve_spec_model(spec)

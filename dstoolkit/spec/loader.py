@@ -178,8 +178,13 @@ def load_spec(path: Union[str, Path]) -> Spec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError([spec_finding(str(path), None, None, (), f"cannot read spec file: {exc.strerror or exc}",
-                                      "check the path", "SP006")]) from None
+        if path.is_dir():
+            problem, fix = "is a folder, not a spec file", "give the spec's YAML file"
+        elif not path.exists():
+            problem, fix = "spec file not found", "check the path"
+        else:
+            problem, fix = f"cannot read spec file: {exc.strerror or exc}", "check the file's permissions"
+        raise SpecError([spec_finding(str(path), None, None, (), problem, fix, "SP006")]) from None
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()

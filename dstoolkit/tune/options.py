@@ -89,9 +89,7 @@ def check_options(opts: TuneOptions) -> None:
 
 
 def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
-    if not opts.spec_path.is_file():
-        raise TuneInputError(f"{opts.spec_path}: no such spec file")
-    spec = load_spec(opts.spec_path)  # SpecError (a ValueError) names the YAML line
+    spec = load_spec(opts.spec_path)  # SpecError (a ValueError) names the YAML line, or a missing file / folder
     shrunk = _shrunk_run(opts, spec)
     shape = shrunk.shape if shrunk is not None else resolve_spec_model(spec)
     calibration_for_spec(spec)  # an unusable cluster.calibration file: SpecError before any trial

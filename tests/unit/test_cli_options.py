@@ -148,8 +148,14 @@ def test_exit_codes():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["sweep", "missing.yaml"], "missing.yaml: error: spec file not found"),
-    (["generate", "missing.yaml", "--out", "{tmp}/out"], "missing.yaml: error: spec file not found"),
+    (["sweep", "missing.yaml"], "missing.yaml: spec file not found (check the path)"),
+    (["generate", "missing.yaml", "--out", "{tmp}/out"], "missing.yaml: spec file not found (check the path)"),
+    (["generate", "{tmp}", "--out", "{tmp}/out"], "{tmp}: is a folder, not a spec file (give the spec's YAML file)"),
+    (["sweep", "{tmp}"], "{tmp}: is a folder, not a spec file"),
+    (["estimate", "{tmp}"], "dstoolkit estimate: error: {tmp}: is a folder, not a spec file"),
+    (["tune", "{tmp}", "--budget", "1", "-o", "{tmp}/t"], "dstoolkit tune: error: {tmp}: is a folder, not a spec file"),
+    (["tune", "{tmp}/nope.yaml", "--budget", "1", "-o", "{tmp}/t"],
+     "dstoolkit tune: error: {tmp}/nope.yaml: spec file not found (check the path)"),
     (["estimate", "--config", "{tmp}/nope.json", "--model", "tiny", "--world-size", "2"],
      "dstoolkit estimate: error: --config"),
     (["resolve", "{tmp}/nope.json", "-o", "{tmp}/r.json", "--world-size", "2"],

@@ -119,9 +119,22 @@ def test_not_a_mapping(tmp_path, text, expect):
     assert expect in lines[0]
 
 
-def test_unreadable_file(tmp_path):
-    with pytest.raises(SpecError, match=r"nope.yaml: cannot read spec file"):
+def test_unreadable_file(tmp_path, monkeypatch):
+    # a missing path, a folder and a file the OS will not read: each named for what it is, with its fix
+    with pytest.raises(SpecError, match=r"nope.yaml: spec file not found \(check the path\)"):
         load_spec(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match=r": is a folder, not a spec file \(give the spec's YAML file\)"):
+        load_spec(tmp_path)
+    locked = tmp_path / "locked.yaml"
+    locked.write_text("model: tiny\n")
+
+    def denied(self, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(locked), "read_text", denied)
+    with pytest.raises(SpecError, match=r"locked.yaml: cannot read spec file: Permission denied \(check the file's "
+                                        r"permissions\)"):
+        load_spec(locked)
 
 
 def test_explicit_gpu_facts(tmp_path):
