@@ -13,6 +13,7 @@ import sys
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_out_flag, add_parallel_flags, add_world_flags, exit_map, positive_int)
 from dstoolkit.cli.schema import write_atomic
+from dstoolkit.common.paths import input_file_problem
 from dstoolkit.dsconfig.auto import resolve_auto
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.parse import decode_bytes, parse_text
@@ -46,8 +47,9 @@ def add_parser(subparsers) -> None:
 
 @exit_map("resolve")
 def run(args) -> int:
-    if not os.path.isfile(args.config):
-        raise InputError(f"{args.config}: no such file")
+    problem = input_file_problem(args.config)
+    if problem:
+        raise InputError(f"{args.config}: {problem}")
     if os.path.exists(args.output) and not args.force:
         raise InputError(f"{args.output} exists; pass --force to overwrite it")
     with open(args.config, "rb") as fh:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
                                    exit_map)
+from dstoolkit.common.paths import input_file_problem
 
 
 def add_parser(subparsers) -> None:
@@ -66,8 +67,9 @@ def summarize(metrics_path: str) -> dict:
 @exit_map("train")
 def run(args) -> int:
     for flag, path in (("--spec", args.spec), ("--config", args.config)):
-        if not Path(path).is_file():
-            raise InputError(f"{flag} {path}: no such file")
+        problem = input_file_problem(path)
+        if problem:
+            raise InputError(f"{flag} {path}: {problem}")
     if args.steps <= 0 or args.nproc <= 0:
         raise InputError(f"--steps={args.steps} and --nproc={args.nproc} must be > 0")
     cmd = launch_command(args)

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from dstoolkit.common.paths import input_file_problem
 from dstoolkit.layout.dims import LayoutError
 from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecSource, _did_you_mean, _dotted, _walk,
                                    spec_finding)
@@ -178,12 +179,10 @@ def load_spec(path: Union[str, Path]) -> Spec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        if path.is_dir():
-            problem, fix = "is a folder, not a spec file", "give the spec's YAML file"
-        elif not path.exists():
-            problem, fix = "spec file not found", "check the path"
-        else:
-            problem, fix = f"cannot read spec file: {exc.strerror or exc}", "check the file's permissions"
+        problem = input_file_problem(path)
+        fix = {"no such file": "check the path", "is a folder, not a file": "give the spec's YAML file"}.get(
+            problem or "", "check the file's permissions")
+        problem = problem or f"cannot read spec file: {exc.strerror or exc}"
         raise SpecError([spec_finding(str(path), None, None, (), problem, fix, "SP006")]) from None
     loader = yaml.SafeLoader(text)
     try:

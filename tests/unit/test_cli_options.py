@@ -148,14 +148,14 @@ def test_exit_codes():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["sweep", "missing.yaml"], "missing.yaml: spec file not found (check the path)"),
-    (["generate", "missing.yaml", "--out", "{tmp}/out"], "missing.yaml: spec file not found (check the path)"),
-    (["generate", "{tmp}", "--out", "{tmp}/out"], "{tmp}: is a folder, not a spec file (give the spec's YAML file)"),
-    (["sweep", "{tmp}"], "{tmp}: is a folder, not a spec file"),
-    (["estimate", "{tmp}"], "dstoolkit estimate: error: {tmp}: is a folder, not a spec file"),
-    (["tune", "{tmp}", "--budget", "1", "-o", "{tmp}/t"], "dstoolkit tune: error: {tmp}: is a folder, not a spec file"),
+    (["sweep", "missing.yaml"], "missing.yaml: no such file (check the path)"),
+    (["generate", "missing.yaml", "--out", "{tmp}/out"], "missing.yaml: no such file (check the path)"),
+    (["generate", "{tmp}", "--out", "{tmp}/out"], "{tmp}: is a folder, not a file (give the spec's YAML file)"),
+    (["sweep", "{tmp}"], "{tmp}: is a folder, not a file"),
+    (["estimate", "{tmp}"], "dstoolkit estimate: error: {tmp}: is a folder, not a file"),
+    (["tune", "{tmp}", "--budget", "1", "-o", "{tmp}/t"], "dstoolkit tune: error: {tmp}: is a folder, not a file"),
     (["tune", "{tmp}/nope.yaml", "--budget", "1", "-o", "{tmp}/t"],
-     "dstoolkit tune: error: {tmp}/nope.yaml: spec file not found (check the path)"),
+     "dstoolkit tune: error: {tmp}/nope.yaml: no such file (check the path)"),
     (["estimate", "--config", "{tmp}/nope.json", "--model", "tiny", "--world-size", "2"],
      "dstoolkit estimate: error: --config"),
     (["resolve", "{tmp}/nope.json", "-o", "{tmp}/r.json", "--world-size", "2"],
@@ -165,6 +165,9 @@ def test_exit_codes():
     (["report", "{tmp}"], "dstoolkit report: error:"),
     (["train", "--spec", "{tmp}/s.yaml", "--config", "{tmp}/ds.json", "--steps", "1"],
      "dstoolkit train: error: --spec {tmp}/s.yaml: no such file"),
+    (["train", "--spec", "{tmp}", "--config", "{tmp}/ds.json", "--steps", "1"],
+     "dstoolkit train: error: --spec {tmp}: is a folder, not a file"),
+    (["resolve", "{tmp}", "-o", "{tmp}/r.json", "--world-size", "2"], "dstoolkit resolve: error: {tmp}: is a folder, not a file"),
 ])
 def test_bad_input_through_each_verb_is_exit_2_without_traceback(tmp_path, capsys, argv, needle):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

@@ -86,7 +86,7 @@ def test_bad_spec_is_a_located_error(tmp_path, repo_root, capsys):
     err = capsys.readouterr().err
     assert "bad.yaml:" in err and "zero_stagee" in err and "Traceback" not in err
     assert main(["generate", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "y")]) == 2
-    assert "spec file not found" in capsys.readouterr().err
+    assert "no such file (check the path)" in capsys.readouterr().err
 
 
 def test_json_output(tmp_path, repo_root, capsys):

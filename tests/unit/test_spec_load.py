@@ -121,9 +121,9 @@ def test_not_a_mapping(tmp_path, text, expect):
 
 def test_unreadable_file(tmp_path, monkeypatch):
     # a missing path, a folder and a file the OS will not read: each named for what it is, with its fix
-    with pytest.raises(SpecError, match=r"nope.yaml: spec file not found \(check the path\)"):
+    with pytest.raises(SpecError, match=r"nope.yaml: no such file \(check the path\)"):
         load_spec(tmp_path / "nope.yaml")
-    with pytest.raises(SpecError, match=r": is a folder, not a spec file \(give the spec's YAML file\)"):
+    with pytest.raises(SpecError, match=r": is a folder, not a file \(give the spec's YAML file\)"):
         load_spec(tmp_path)
     locked = tmp_path / "locked.yaml"
     locked.write_text("model: tiny\n")

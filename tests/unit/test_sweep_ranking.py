@@ -103,4 +103,4 @@ def test_fits_nowhere_says_what_is_needed_and_what_would_fit(tmp_path, capsys):
 
 def test_bad_input_exit_2(tmp_path, capsys):
     assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
-    assert "not found" in capsys.readouterr().err
+    assert "nope.yaml: no such file (check the path)" in capsys.readouterr().err

@@ -125,7 +125,7 @@ def test_cli_json_and_errors(repo_root, tmp_path, capsys):
                str(tmp_path / "e"), "--mode", "real"])
     assert rc == 2 and "use --mode estimate" in capsys.readouterr().err
     rc = main(["tune", str(tmp_path / "nope.yaml"), "--budget", "2", "--out", str(tmp_path / "f")])
-    assert rc == 2 and "nope.yaml: spec file not found (check the path)" in capsys.readouterr().err
+    assert rc == 2 and "nope.yaml: no such file (check the path)" in capsys.readouterr().err
 
 
 def test_seed_count_grows_with_the_estimators_ties():

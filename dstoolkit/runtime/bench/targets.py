@@ -16,6 +16,7 @@ import sys
 import tempfile
 from typing import Any, Optional
 
+from dstoolkit.common.paths import input_file_problem
 from dstoolkit.layout import LayoutError, resolve_batch
 from dstoolkit.runtime.bench.harness import BenchInputError
 
@@ -172,8 +173,9 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
             parallelism runs as 1 (the transformers experts are plain modules), before validation.
     """
     spec_path = pathlib.Path(spec).resolve() if spec else None
-    if spec_path is not None and not spec_path.is_file():
-        raise BenchInputError(f"--spec {spec!r}: no such file")
+    problem = input_file_problem(spec_path) if spec_path is not None else None
+    if problem:
+        raise BenchInputError(f"--spec {spec!r}: {problem}")
     targets: list[BenchTarget] = []
     # With several specs/folders, strategy names repeat (zero2 of each): prefix them with their source.
     multi = len(items) > 1

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dstoolkit.common.paths import input_file_problem
+
 
 TRAINER_DESCRIPTION = "Example DeepSpeed trainer: TinyTransformer on synthetic data, with every training helper wired in."
 """The --help description: the first line of the trainer module's docstring."""
@@ -89,14 +91,10 @@ def load_spec_and_shape(path: str) -> tuple[Any, Any]:
     from dstoolkit import spec as spec_mod
 
     p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--spec {path}: no such file")
-    if hasattr(spec_mod, "load_spec"):
-        spec = spec_mod.load_spec(p)
-    else:  # TODO(#3): drop once load_spec lands everywhere
-        import yaml
-
-        spec = spec_mod.Spec.model_validate(yaml.safe_load(p.read_text()))
+    problem = input_file_problem(p)
+    if problem:
+        raise UsageError(f"--spec {path}: {problem}")
+    spec = spec_mod.load_spec(p)
     try:
         from dstoolkit.models import resolve_model
     except ImportError:
@@ -145,8 +143,9 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
     if (args.save_every or args.resume or args.spike_action == "rollback") and not args.checkpoint_dir:
         raise UsageError("--save-every / --resume / --spike-action rollback need --checkpoint-dir")
     cfg_path = Path(args.deepspeed_config)
-    if not cfg_path.is_file():
-        raise UsageError(f"--deepspeed_config {cfg_path}: no such file")
+    problem = input_file_problem(cfg_path)
+    if problem:
+        raise UsageError(f"--deepspeed_config {cfg_path}: {problem}")
     try:
         ds_config = json.loads(cfg_path.read_text())
     except ValueError as e:
