@@ -180,7 +180,7 @@ def load_hf_config(path: Union[str, Path], name: Optional[str] = None, *, model_
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise HFConfigError(None, f"cannot read HF config {str(p)!r}: {exc.strerror or exc}",
-                            "check the path (relative paths in a spec resolve against the spec's folder)") from None
+                            "check the path; relative paths in a spec resolve against the spec's folder") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
