@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, InputError, add_format_flag,
                                    add_model_class_flag, add_model_kwargs_flag, add_parallel_flags, exit_map,
-                                   positive_int as _positive_int)
+                                   positive_int as _positive_int, pydantic_error_text)
 from dstoolkit.cli.spec_override import apply_model_class
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -94,8 +94,7 @@ def _load_fp8_config(args, spec_fp8: dict | None):
     try:
         return Fp8Config.model_validate(data)
     except ValidationError as exc:
-        msgs = "; ".join((f"fp8.{'.'.join(map(str, e['loc']))}: " if e["loc"] else "")
-                         + e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        msgs = "; ".join(pydantic_error_text(e, "fp8.") for e in exc.errors())
         raise InputError(f"invalid FP8 settings: {msgs}") from None
 
 

@@ -64,9 +64,14 @@ def validation_error_text(exc: BaseException) -> Optional[str]:
     errors = exc.errors()  # type: ignore[attr-defined]
     if not errors:
         return str(exc)
-    first = errors[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    return f"{loc + ': ' if loc else ''}{str(first.get('msg', '')).removeprefix('Value error, ')}"
+    return pydantic_error_text(errors[0])
+
+
+def pydantic_error_text(error: dict, loc_prefix: str = "") -> str:
+    """``loc: msg`` of one entry of a pydantic ValidationError's errors(), `loc_prefix` before its location, without
+    the "Value error, " pydantic puts before a validator's own message."""
+    loc = ".".join(str(x) for x in error.get("loc", ()))
+    return f"{loc_prefix + loc + ': ' if loc else ''}{str(error.get('msg', '')).removeprefix('Value error, ')}"
 
 
 def error_message(verb: str, message: str) -> str:

@@ -7,11 +7,12 @@ No torch import. A calibration replaces the hardware table's nominal rates in th
    the hardware table's nominal rates, "reference" for the packaged reference measurement, or "machine";
 2. otherwise the environment variable DSTOOLKIT_CALIBRATION (same values);
 3. otherwise, for ``gpu: cpu``, this machine ("machine"): a calibration probed once per CPU model, core count
-   and torch version, and cached under ~/.cache/dstoolkit/calibration/ (`hardware.machine_calibration`). A CPU's rates differ by up to 60x between machines (bf16
-   without native support), so no packaged number can stand in for them. Without torch installed there is
-   nothing to probe with, and the packaged reference (dstoolkit/data/calibration_cpu_reference.json, measured
-   on a 2-core machine with native bf16) is used, and named so. GPU rows have no default calibration: their
-   datasheet peaks with published efficiencies are the default.
+   and torch version, and cached under ~/.cache/dstoolkit/calibration/ (`hardware.machine_calibration`). A CPU's
+   rates differ by up to 60x between machines (bf16 without native support), so no packaged number can stand in
+   for them. Without torch installed there is nothing to probe with, and the packaged reference
+   (dstoolkit/data/calibration_cpu_reference.json, measured on a 2-core machine with native bf16) is used, and
+   named so. GPU rows have no default calibration: their datasheet peaks with published efficiencies are the
+   default.
 
 A calibration JSON holds `Calibration` fields, bare or under a "calibration" key; files written by the probe
 and by benchmarks/step_time_fidelity.py keep one set per clock ("wall", "cpu") and per precision

@@ -29,7 +29,9 @@ class ProbeError(RuntimeError):
     """Probing this machine failed; the message has the end of the probe's output."""
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (Linux), else platform.processor() (what a calibration and every benchmark
+    record name the machine by)."""
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
             if line.lower().startswith("model name"):
@@ -68,7 +70,7 @@ def machine_key(ranks: int = PROBE_RANKS) -> dict[str, Any]:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return {"cpu": _cpu_model(), "flags": cpu_flags(), "cores": cores, "torch": _torch_version(), "ranks": ranks,
+    return {"cpu": cpu_model(), "flags": cpu_flags(), "cores": cores, "torch": _torch_version(), "ranks": ranks,
             "probe": PROBE_VERSION}
 
 

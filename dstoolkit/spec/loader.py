@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dstoolkit.common.paths import input_file_problem
+from dstoolkit.common.paths import A_FOLDER, NO_SUCH_FILE, input_file_problem
 from dstoolkit.layout.dims import LayoutError
 from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecSource, _did_you_mean, _dotted, _walk,
                                    spec_finding)
@@ -180,7 +180,7 @@ def load_spec(path: Union[str, Path]) -> Spec:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         problem = input_file_problem(path)
-        fix = {"no such file": "check the path", "is a folder, not a file": "give the spec's YAML file"}.get(
+        fix = {NO_SUCH_FILE: "check the path", A_FOLDER: "give the spec's YAML file"}.get(
             problem or "", "check the file's permissions")
         problem = problem or f"cannot read spec file: {exc.strerror or exc}"
         raise SpecError([spec_finding(str(path), None, None, (), problem, fix, "SP006")]) from None

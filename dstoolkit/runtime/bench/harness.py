@@ -28,6 +28,8 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
+from dstoolkit.hardware.machine_calibration import cpu_model  # noqa: F401  (its one definition)
+
 #: Version of the record layout written by this module; bump when a field changes meaning.
 RECORD_SCHEMA_VERSION = 1
 
@@ -253,17 +255,6 @@ def _pkg_version(name: str) -> Optional[str]:
         except metadata.PackageNotFoundError:
             continue
     return None
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def git_commit(repo: Optional[pathlib.Path] = None) -> Optional[str]:
