@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from dstoolkit.runtime.bench import comm, harness
+from dstoolkit.runtime.bench import comm, comm_options, harness, ranks
 
 BENCH_NAME = "comm_overhead"
 
@@ -53,12 +53,12 @@ def _rank(rank: int, world: int, port: int, args) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    sizes = comm.parse_sizes(args.sizes)
-    ops = comm.parse_ops(args.ops)
+    sizes = comm_options.parse_sizes(args.sizes)
+    ops = comm_options.parse_ops(args.ops)
     cfg = {"bench": BENCH_NAME, "sizes": sizes, "ops": ops, "rounds": args.rounds, "iters": args.iters, "world": world}
     env = harness.capture_env(world, "gloo", cfg) if rank == 0 else {}
     run_id = harness.open_run(args.out, BENCH_NAME, harness.config_hash(cfg), resume=False).run_id
-    opts = comm.CommOptions(ops=ops, sizes=sizes, iters=args.iters, warmup=2, reps=3, backend="gloo",
+    opts = comm_options.CommOptions(ops=ops, sizes=sizes, iters=args.iters, warmup=2, reps=3, backend="gloo",
                             world_size=world, time_budget_s=1e9, progress=False)
     for op in ops:
         for size in sizes:
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    comm.spawn_ranks(_rank, args.world_size, (args.world_size, harness.free_port(), args), 3600)
+    ranks.spawn_ranks(_rank, args.world_size, (args.world_size, harness.free_port(), args), 3600)
     return 0
 
 

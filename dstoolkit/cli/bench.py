@@ -116,12 +116,12 @@ def _default_backend() -> str:
 
 def _run_comm(args) -> int:
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
-    from dstoolkit.runtime.bench import comm
+    from dstoolkit.runtime.bench import comm, comm_options
 
-    opts = comm.CommOptions(
-        ops=comm.parse_ops(args.ops),
-        sizes=comm.parse_sizes(args.sizes),
-        dtype=comm.parse_dtype(args.dtype),
+    opts = comm_options.CommOptions(
+        ops=comm_options.parse_ops(args.ops),
+        sizes=comm_options.parse_sizes(args.sizes),
+        dtype=comm_options.parse_dtype(args.dtype),
         iters=args.iters,
         warmup=args.warmup,
         reps=args.reps,

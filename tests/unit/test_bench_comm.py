@@ -1,7 +1,7 @@
 """bench comm: argument parsing, nccl-tests factors, buffer layout and the correctness oracle."""
 import pytest
 
-from dstoolkit.runtime.bench import comm
+from dstoolkit.runtime.bench import comm, comm_options
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.cli import main
 
@@ -27,24 +27,24 @@ def test_busbw_factor_one_rank_is_the_formula(op, factor):
 
 
 def test_parse_sizes_ranges_and_lists():
-    assert comm.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
-    assert comm.parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
-    assert comm.parse_sizes("64M,1K") == [1024, 64 * 2**20]
-    assert len(comm.parse_sizes("1K:256M")) == 19
+    assert comm_options.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert comm_options.parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
+    assert comm_options.parse_sizes("64M,1K") == [1024, 64 * 2**20]
+    assert len(comm_options.parse_sizes("1K:256M")) == 19
 
 
 @pytest.mark.parametrize("text,match", [("0", "0 bytes"), ("0K", "0 bytes"), ("abc", "cannot parse"),
                                         ("8K:1K", "below MIN"), ("1K:8K:1", "factor")])
 def test_parse_sizes_errors(text, match):
     with pytest.raises(BenchInputError, match=match):
-        comm.parse_sizes(text)
+        comm_options.parse_sizes(text)
 
 
 def test_parse_ops():
-    assert comm.parse_ops("all") == list(comm.OPS)
-    assert comm.parse_ops("broadcast,all-reduce") == ["all_reduce", "broadcast"]
+    assert comm_options.parse_ops("all") == list(comm_options.OPS)
+    assert comm_options.parse_ops("broadcast,all-reduce") == ["all_reduce", "broadcast"]
     with pytest.raises(BenchInputError, match="unknown op 'allreduce'.*all_reduce"):
-        comm.parse_ops("allreduce")
+        comm_options.parse_ops("allreduce")
 
 
 def test_layout_rounds_to_world_size():
@@ -76,7 +76,7 @@ def _simulate(op, lay, world, dtype):
     return [o.to(dtype) for o in outs]
 
 
-@pytest.mark.parametrize("op", comm.OPS)
+@pytest.mark.parametrize("op", comm_options.OPS)
 @pytest.mark.parametrize("world", [2, 3, 8])
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "int32"])  # names: no torch import at collection
 def test_expected_results_match_simulated_collective(op, world, dtype_name):

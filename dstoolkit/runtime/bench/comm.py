@@ -20,149 +20,20 @@ import dataclasses
 import json
 import os
 import pathlib
-import re
 import sys
 import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from dstoolkit.estimate.collective_time import busbw_factor  # the one definition (re-exported); parse_ops vets op names first
+from dstoolkit.estimate.collective_time import busbw_factor  # the one definition; comm_options.parse_ops vets op names first
 from dstoolkit.runtime.bench import harness
-from dstoolkit.runtime.bench.harness import BenchInputError
+from dstoolkit.runtime.bench.comm_options import BENCH_NAME, DTYPES, ELEMENT_BYTES, OPS, CommOptions
+from dstoolkit.runtime.bench.ranks import check_world_size, spawn_ranks
 from dstoolkit.runtime.rankexit import destroy_groups, install_exit_guard
-
-BENCH_NAME = "comm"
-
-#: Supported collectives, in the order they are run and printed.
-OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-
-
-#: User-facing dtype names -> (torch dtype attribute, nccl-tests type name).
-DTYPES: dict[str, tuple[str, str]] = {
-    "float32": ("float32", "float"), "float": ("float32", "float"), "fp32": ("float32", "float"),
-    "float16": ("float16", "half"), "half": ("float16", "half"), "fp16": ("float16", "half"),
-    "bfloat16": ("bfloat16", "bfloat16"), "bf16": ("bfloat16", "bfloat16"),
-    "float64": ("float64", "double"), "double": ("float64", "double"),
-    "int32": ("int32", "int32"), "int": ("int32", "int32"),
-    "int64": ("int64", "int64"),
-    "int8": ("int8", "int8"), "uint8": ("uint8", "uint8"),
-}
-
-#: Bytes per element for each torch dtype name above (avoids importing torch to parse arguments).
-_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
 
 #: Relative tolerance of the correctness check per dtype. The test pattern uses small integers, which
 #: are exact in every type for world sizes up to 8; the tolerance only matters beyond that.
 _RTOL = {"float32": 1e-6, "float64": 1e-12, "float16": 1e-3, "bfloat16": 8e-3}
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B?)?\s*$", re.IGNORECASE)
-#: nccl-tests' -b/-e suffixes are binary: 1K = 1024 bytes.
-_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-
-
-def parse_size(text: str) -> int:
-    """Parse '64M', '1K', '4096' (binary suffixes, as nccl-tests) into bytes; size 0 is an error."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise BenchInputError(f"--sizes: cannot parse size {text!r}; use e.g. 1K, 64M, 1G or a byte count")
-    value = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
-    if value < 1:
-        raise BenchInputError(f"--sizes: size {text!r} is 0 bytes; every size must be at least 1 byte (e.g. 1K)")
-    return int(value)
-
-
-def parse_sizes(spec: str) -> list[int]:
-    """Parse a size list: 'MIN:MAX' (x2 steps), 'MIN:MAX:FACTOR', or comma-separated sizes; mixable by commas."""
-    sizes: list[int] = []
-    for part in str(spec).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if ":" in part:
-            fields = part.split(":")
-            if len(fields) not in (2, 3):
-                raise BenchInputError(f"--sizes: {part!r} must be MIN:MAX or MIN:MAX:FACTOR")
-            lo, hi = parse_size(fields[0]), parse_size(fields[1])
-            factor = float(fields[2]) if len(fields) == 3 else 2.0
-            if factor <= 1:
-                raise BenchInputError(f"--sizes: step factor {fields[2]!r} in {part!r} must be > 1")
-            if hi < lo:
-                raise BenchInputError(f"--sizes: MAX {fields[1]!r} is below MIN {fields[0]!r} in {part!r}")
-            s = float(lo)
-            while s <= hi * (1 + 1e-9):
-                sizes.append(int(s))
-                s *= factor
-        else:
-            sizes.append(parse_size(part))
-    if not sizes:
-        raise BenchInputError(f"--sizes: {spec!r} gives no sizes; use e.g. 1K:256M")
-    return sorted(set(sizes))
-
-
-def parse_ops(spec: str | Sequence[str]) -> list[str]:
-    """Parse 'all_reduce,all_gather' (or 'all'); unknown names are an error naming the valid ones."""
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    items = [i.strip().replace("-", "_") for i in items if i.strip()]
-    if items == ["all"]:
-        return list(OPS)
-    bad = [i for i in items if i not in OPS]
-    if bad:
-        raise BenchInputError(f"--ops: unknown op {bad[0]!r}; choose from {', '.join(OPS)} (or 'all')")
-    if not items:
-        raise BenchInputError("--ops: no op given; choose from " + ", ".join(OPS))
-    return [op for op in OPS if op in items]
-
-
-def parse_dtype(name: str) -> str:
-    """User dtype name -> canonical torch dtype name."""
-    try:
-        return DTYPES[name.lower()][0]
-    except KeyError:
-        raise BenchInputError(f"--dtype: unknown dtype {name!r}; choose from {', '.join(sorted(DTYPES))}") from None
-
-
-@dataclasses.dataclass
-class CommOptions:
-    """Everything `run_comm` needs (the CLI fills this from flags)."""
-
-    ops: list[str]
-    sizes: list[int]
-    dtype: str = "float32"
-    iters: int = 20
-    """Ops per timed repetition (nccl-tests -n)."""
-    warmup: int = 5
-    """Untimed ops before timing (nccl-tests -w)."""
-    reps: int = 5
-    """Timed repetitions per row: the samples behind the median and spread."""
-    backend: str = "gloo"
-    world_size: int = 2
-    out: Optional[str] = None
-    """JSON Lines file to append rows to (resumable)."""
-    resume: bool = True
-    time_budget_s: float = 20.0
-    """Per-row timing budget: iters is reduced (never below 1) for sizes where iters x reps would exceed it."""
-    timeout_s: float = 1800.0
-    progress: bool = True
-
-    def check(self) -> None:
-        """Validate values that argparse cannot (exit 2 in the CLI)."""
-        parse_ops(self.ops)
-        if self.backend not in ("gloo", "nccl"):
-            raise BenchInputError(f"--backend: {self.backend!r} is not supported; use gloo (CPU) or nccl (GPU)")
-        if self.world_size < 2:
-            raise BenchInputError(f"--world-size: {self.world_size} ranks measure no communication; use at least 2")
-        if self.iters < 1 or self.reps < 1 or self.warmup < 0:
-            raise BenchInputError(
-                f"--iters {self.iters}, --reps {self.reps}, --warmup {self.warmup}: iters and reps must be >= 1, warmup >= 0"
-            )
-        if any(s <= 0 for s in self.sizes):
-            raise BenchInputError("--sizes: every size must be at least 1 byte")
-
-    def config(self) -> dict[str, Any]:
-        """The fields that define 'the same experiment' (hashed for resume and comparison)."""
-        return {"bench": BENCH_NAME, "ops": self.ops, "sizes": self.sizes, "dtype": self.dtype, "iters": self.iters,
-                "warmup": self.warmup, "reps": self.reps, "backend": self.backend, "world_size": self.world_size,
-                "time_budget_s": self.time_budget_s}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +92,7 @@ def _expected(torch, op: str, lay: Layout, rank: int, world: int, dtype):
     return torch.cat([_pattern(torch, per, j, rank * per, dtype) for j in range(world)])
 
 
-def _op_callable(torch, dist, op: str, inp, out, group=None) -> Callable[[], Any]:
+def op_callable(torch, dist, op: str, inp, out, group=None) -> Callable[[], Any]:
     if op == "all_reduce":
         return lambda: dist.all_reduce(inp, group=group)
     if op == "broadcast":
@@ -256,7 +127,7 @@ def _check_wrong(torch, dist, op: str, lay: Layout, rank: int, world: int, dtype
     else:
         inp = _pattern(torch, lay.in_numel, rank, 0, dtype).to(device)
     out = torch.zeros(lay.out_numel, dtype=dtype, device=device) if op in ("all_gather", "reduce_scatter", "all_to_all") else None
-    _op_callable(torch, dist, op, inp, out)()
+    op_callable(torch, dist, op, inp, out)()
     got = (out if out is not None else inp).cpu()
     exp = _expected(torch, op, lay, rank, world, dtype)
     wrong = torch.tensor([count_wrong(torch, got, exp)], dtype=torch.int64, device=device)
@@ -268,11 +139,11 @@ def measure_row(torch, dist, op: str, size_bytes: int, opts: CommOptions, rank: 
                 progress: Optional[Callable[[], None]] = None) -> dict[str, Any]:
     """Time one (op, size) on the current process group and check correctness. Collective: all ranks call it."""
     dtype = getattr(torch, opts.dtype)
-    lay = layout(op, size_bytes, _ELEMENT_BYTES[opts.dtype], world)
+    lay = layout(op, size_bytes, ELEMENT_BYTES[opts.dtype], world)
     # Timing buffers are zeros: repeated in-place sums stay finite (no inf/denormal slow paths).
     inp = torch.zeros(lay.in_numel, dtype=dtype, device=device)
     out = torch.zeros(lay.out_numel, dtype=dtype, device=device) if op in ("all_gather", "reduce_scatter", "all_to_all") else None
-    fn = _op_callable(torch, dist, op, inp, out)
+    fn = op_callable(torch, dist, op, inp, out)
 
     # Size the inner loop to the time budget from one timed warm-up call (same value on every rank).
     harness.sync_all()
@@ -391,43 +262,6 @@ def _spawn_entry(rank: int, world: int, opts: CommOptions, port: int, rows_path:
     sys.stdout.flush()
     os.dup2(2, 1)  # spawned ranks' logs go to stderr: stdout carries only the parent's table / JSON
     rank_main(rank, world, rank, opts, port, rows_path)
-
-
-def spawn_ranks(entry: Callable, world: int, args: tuple, timeout_s: float) -> None:
-    """Start `world` spawned processes running ``entry(rank, *args)``; fail (and kill them) after timeout_s.
-
-    Raises:
-        RuntimeError: a rank failed or the timeout passed.
-    """
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(entry, args=args, nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ranks did not finish within {timeout_s:.0f} s (raise --timeout-s)")
-    except mp.ProcessRaisedException as exc:
-        raise RuntimeError(f"a rank failed: {str(exc).strip().splitlines()[-1]}") from None
-    except mp.ProcessExitedException as exc:
-        raise RuntimeError(f"a rank exited abnormally: {exc}") from None
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-
-
-def check_world_size(backend: str, world_size: int) -> None:
-    """Refuse more local ranks than this node has devices (nccl) or CPU cores (gloo)."""
-    limit = harness.max_local_ranks(backend)
-    if world_size > limit:
-        what = "CUDA devices" if backend == "nccl" else "CPU cores (one gloo rank per core)"
-        raise BenchInputError(
-            f"--world-size {world_size}: this machine has {limit} {what}; use --world-size {max(limit, 2) if limit >= 2 else 2}"
-            + (" on a machine with at least 2 GPUs" if backend == "nccl" and limit < 2 else "")
-            + " or run under torchrun across nodes"
-        )
 
 
 def run_comm(opts: CommOptions) -> list[dict[str, Any]]:

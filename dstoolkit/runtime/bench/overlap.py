@@ -135,7 +135,7 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                 micro_batch: Optional[int], profile: bool, out: Optional[str], resume: bool, timeout_s: float,
                 progress: bool = True) -> list[dict[str, Any]]:
     """Run the overlap bench; returns the records (also appended to ``out``)."""
-    from dstoolkit.runtime.bench.comm import check_world_size, spawn_ranks
+    from dstoolkit.runtime.bench.ranks import check_world_size, spawn_ranks
     from dstoolkit.models import count_params
 
     if steps < 2 or warmup < 0:

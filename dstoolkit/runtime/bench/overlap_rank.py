@@ -79,7 +79,7 @@ def replay_comm(calls: Sequence[dict[str, Any]], world: int, device, warmup: int
     import torch
     import torch.distributed as dist
 
-    from dstoolkit.runtime.bench.comm import _op_callable, layout
+    from dstoolkit.runtime.bench.comm import layout, op_callable
 
     fns = []
     for c in calls:
@@ -92,7 +92,7 @@ def replay_comm(calls: Sequence[dict[str, Any]], world: int, device, warmup: int
         lay = layout(op, size, 4, world)
         inp = torch.zeros(lay.in_numel, dtype=torch.float32, device=device)
         out = torch.zeros(lay.out_numel, dtype=torch.float32, device=device)
-        fn = _op_callable(torch, dist, op, inp, out)
+        fn = op_callable(torch, dist, op, inp, out)
         fns += [fn] * c["count"]
     if not fns:
         return [0.0] * reps

@@ -292,7 +292,7 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
     With `shrink` (a `--shrink` value: 'auto' or sizes, `dstoolkit.runtime.shrink_sizes.parse_shrink`) the trainer
     trains the spec's own transformers architecture shrunk, each config's batch fitted to the ranks
     (`fit_batch`), and the estimate beside it is the shrunk model's at the run's sequence length."""
-    from dstoolkit.runtime.bench.comm import check_world_size
+    from dstoolkit.runtime.bench.ranks import check_world_size
     from dstoolkit.runtime.shrink_sizes import ShrinkError, parse_shrink
 
     try:
