@@ -358,6 +358,18 @@ def noise_ceiling(times: list[float], sigma: float, draws: int = CEILING_DRAWS, 
     return total / draws
 
 
+def mape_floor(sigma: Optional[float], draws: int = CEILING_DRAWS, seed: int = CEILING_SEED) -> Optional[float]:
+    """Mean |error| of a model that knew every true step time, scored against one measurement each, true x
+    exp(sigma z), z ~ N(0, 1) (error = predicted tokens/s / measured - 1 = exp(-sigma z) - 1), over `draws` seeded
+    draws: the MAPE that measurement noise alone leaves (~0.8 sigma for small sigma)."""
+    if sigma is None:
+        return None
+    import random
+
+    rng = random.Random(seed)
+    return sum(abs(math.exp(-sigma * rng.gauss(0.0, 1.0)) - 1.0) for _ in range(draws)) / draws
+
+
 def ceilings(groups, rows_by_group, scores, doc, loso=None) -> dict[str, Any]:
     """Per group of a source with repeated timings (doc['repeatability']): the noise ceiling of its Spearman; and
     over those groups of >= 3 layouts the mean ceiling beside the model's mean Spearman (in sample, LOSO)."""
@@ -374,7 +386,14 @@ def ceilings(groups, rows_by_group, scores, doc, loso=None) -> dict[str, Any]:
         if lg and lg.get("spearman") is not None:
             model_lo.append(lg["spearman"])
     vals = [v for v in per.values() if v is not None]
-    return {"sigma_by_source": sig, "pairs_by_source": {k: len(v) for k, v in (doc.get("repeatability") or {}).items()},
+    ran_all = [r for g in groups for r in rows_by_group[g["id"]]
+               if not r["oom"] and r.get("predicted_step_s") and r.get("measured_step_s")]
+    noisy = [r for r in ran_all if r["source"] in sig]
+    floor = {src: mape_floor(v) for src, v in sig.items()}
+    return {"sigma_by_source": sig, "mape_floor_by_source": floor, "rows_with_sigma": len(noisy), "rows": len(ran_all),
+            "mape_floor_rows_with_sigma": (sum(floor[r["source"]] for r in noisy) / len(noisy)) if noisy else None,
+            "model_mape_rows_with_sigma": (sum(abs(r["measured_step_s"] / r["predicted_step_s"] - 1) for r in noisy)
+                                           / len(noisy)) if noisy else None, "pairs_by_source": {k: len(v) for k, v in (doc.get("repeatability") or {}).items()},
             "draws": CEILING_DRAWS, "seed": CEILING_SEED, "per_group": per, "groups": len(vals),
             "mean_ceiling": sum(vals) / len(vals) if vals else None,
             "mean_model_spearman": sum(model) / len(model) if model else None,
@@ -516,6 +535,12 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
                   f"groups of those sources ({ce['draws']} seeded draws, an upper estimate); the estimator scores "
                   f"{_sp(ce['mean_model_spearman'])} in sample and {_sp(ce['mean_model_spearman_loso'])} out of source "
                   "on the same groups."]
+        if ce.get("mape_floor_rows_with_sigma") is not None:
+            lines[-1] += (f" The same noise leaves a MAPE of {_pct(ce['mape_floor_rows_with_sigma'])} to such a model on "
+                          f"the {ce['rows_with_sigma']} layouts of those sources (the estimator: "
+                          f"{_pct(ce['model_mape_rows_with_sigma'])} in sample), "
+                          f"{_pct(ce['mape_floor_rows_with_sigma'] * ce['rows_with_sigma'] / ce['rows'])} of the "
+                          f"overall MAPE over all {ce['rows']}; σ from so few pairs is itself uncertain.")
     ab = s.get("execution_ab") or []
     if ab:
         lines += ["", "**Execution A/B.** A setting the source timed on and off on one layout (`execution_ab` in the "

@@ -27,3 +27,13 @@ def test_ceiling_is_one_without_noise_and_falls_as_layouts_crowd_together():
     assert far > 0.99 and close < 0.5 and close < far
     # seeded: the same call gives the same figure
     assert ls.noise_ceiling([1.00, 1.01, 1.02, 1.03, 1.04], 0.05, draws=500) == close
+
+
+def test_mape_floor_is_zero_without_noise_and_near_its_closed_form():
+    assert ls.mape_floor(None) is None
+    assert ls.mape_floor(0.0, draws=50) == 0.0
+    # E|exp(-sigma z) - 1| for z ~ N(0, 1): for small sigma about sigma * E|z| = sigma * sqrt(2 / pi)
+    got = ls.mape_floor(0.047, draws=20000)
+    assert abs(got - 0.047 * math.sqrt(2 / math.pi)) < 0.0015
+    assert ls.mape_floor(0.1, draws=500) > ls.mape_floor(0.05, draws=500)
+    assert ls.mape_floor(0.047, draws=500) == ls.mape_floor(0.047, draws=500)  # seeded
