@@ -1,8 +1,9 @@
 """`dstoolkit resolve CONFIG --world-size N --hidden-size H [...] -o OUT`: fill Hugging Face "auto" values
 the way HF Trainer does (see dstoolkit.dsconfig.auto), so DeepSpeed can be run on the config directly.
 
-Refuses to overwrite OUT without --force. Exit 0 when everything was filled and the result validates,
-1 when something could not be filled or the result has errors, 2 on bad input.
+Refuses to overwrite OUT without --force. Exit 0 when everything was filled and the result validates, 1 when
+something could not be filled (OUT is written with those "auto" values left for HF Trainer to fill) or when the
+result has errors (OUT is not written: DeepSpeed would refuse it), 2 on bad input.
 """
 from __future__ import annotations
 
@@ -67,11 +68,14 @@ def run(args) -> int:
                           betas=tuple(args.betas) if args.betas else None, eps=args.eps,
                           weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                           warmup_steps=args.warmup_steps, total_steps=args.total_steps, precision=args.precision)
-    write_atomic(args.output, json.dumps(report.config, indent=2) + "\n")
-    findings = [f for f in validate_config(report.config, source=args.output, world_size=args.world_size,
+    # errors of the resolved config, named at CONFIG (the input holds them, or the values filled into it):
+    # a config DeepSpeed would refuse is not written
+    findings = [f for f in validate_config(report.config, source=args.config, world_size=args.world_size,
                                            tp=args.tp, pp=args.pp) if f.severity == "error" and f.code != "DS110"]
+    if not findings:
+        write_atomic(args.output, json.dumps(report.config, indent=2) + "\n")
     if args.format == "json":
-        print(json.dumps({"output": args.output,
+        print(json.dumps({"output": None if findings else args.output,
                           "filled": [{"pointer": p, "value": v, "source": s} for p, v, s in report.filled],
                           "unfilled": [{"pointer": p, "reason": r} for p, r in report.unfilled],
                           "findings": [f.model_dump() for f in findings]}, indent=2))
@@ -82,5 +86,10 @@ def run(args) -> int:
             print(f"UNFILLED {p}: {r}")
         for f in findings:
             print(f.format_text())
-        print(f"wrote {args.output}: {len(report.filled)} filled, {len(report.unfilled)} not filled", file=sys.stderr)
+        if findings:
+            print(f"{args.output} not written: the resolved config has {len(findings)} error(s) DeepSpeed would refuse; "
+                  f"fix {args.config} (or the flags that filled it) and rerun", file=sys.stderr)
+        else:
+            print(f"wrote {args.output}: {len(report.filled)} filled, {len(report.unfilled)} not filled",
+                  file=sys.stderr)
     return EXIT_FINDINGS if report.unfilled or findings else EXIT_OK

@@ -67,3 +67,26 @@ def test_cli_partial_exit_1(tmp_path, capsys):
     src.write_text(json.dumps(HF))
     assert main(["resolve", str(src), "--world-size", "4", "-o", str(tmp_path / "o.json")]) == 1
     assert "UNFILLED /zero_optimization/reduce_bucket_size: needs --hidden-size" in capsys.readouterr().out
+
+
+def test_cli_writes_nothing_when_the_result_has_errors(tmp_path, capsys):
+    # train_batch_size 10 cannot be 4 x 1 x dp 2: DeepSpeed would refuse the resolved config, so OUT is not written
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4,
+                               "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}))
+    out = tmp_path / "out.json"
+    assert main(["resolve", str(src), "--world-size", "2", "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert not out.exists()
+    assert f"{src}: error[DS201]" in captured.out and '(set "train_batch_size": 8)' in captured.out
+    assert f"{out} not written: the resolved config has 1 error(s)" in captured.err
+    # with --force an existing OUT is kept as it was, not replaced by a config DeepSpeed refuses
+    out.write_text("keep me")
+    assert main(["resolve", str(src), "--world-size", "2", "-o", str(out), "--force", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert out.read_text() == "keep me" and doc["output"] is None and doc["findings"][0]["code"] == "DS201"
+    # a value filled from a flag that breaks the triad is reported the same way
+    src.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto",
+                               "gradient_accumulation_steps": 1}))
+    assert main(["resolve", str(src), "--world-size", "2", "--micro-batch", "3", "-o", str(tmp_path / "o2.json")]) == 1
+    assert not (tmp_path / "o2.json").exists() and "error[DS201]" in capsys.readouterr().out
