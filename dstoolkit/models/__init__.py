@@ -11,7 +11,8 @@ from .hf import FAMILIES, HFConfigError, load_hf_config, shape_from_hf_dict, sha
 from .measured import LayerParams, MeasuredParams, measured_layout
 from .params import ParamCount, count_measured, count_params
 from .resolve import check_model_fits_spec, load_model, resolve_model, resolve_spec_model
-from .user_module import UserModelError, is_module_ref, load_user_model
+from .user_module import load_user_model
+from .user_module_build import UserModelError, is_module_ref
 
 __all__ = [
     "ModelShape",

@@ -7,7 +7,8 @@ from typing import Optional, Union
 from dstoolkit.models.hf import HFConfigError, load_hf_config, shape_from_hf_dict
 from dstoolkit.models.presets import get_preset
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.models.user_module import UserModelError, is_module_ref, load_user_model
+from dstoolkit.models.user_module import load_user_model
+from dstoolkit.models.user_module_build import UserModelError, is_module_ref
 from dstoolkit.spec import ModelSpec, Spec
 
 
