@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     if args.render_from:
         sys.stdout.write(render_md(args.render_from))
         return 0
-    from dstoolkit.runtime.bench import harness
+    from dstoolkit.runtime.bench import harness, results_jsonl
 
     kinds = [k for k in args.kinds.split(",") if k]
     label = args.label or ("after" if args.tree.resolve() == REPO else f"before ({args.tree})")
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
                         "loadavg_after": [round(x, 2) for x in os.getloadavg()], "env": env})
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"clean_exit_cpu_{_dt.date.today():%Y%m}"
-    harness.append_records(stem.with_suffix(".jsonl"), records)
+    results_jsonl.append_records(stem.with_suffix(".jsonl"), records)
     stem.with_suffix(".md").write_text(render_md(stem.with_suffix(".jsonl")))
     for r in records:
         print(f"{r['label']:<10} {r['kind']:<12} jobs {r['jobs']:>3}  aborts {r['aborts']:>3}  other failures "

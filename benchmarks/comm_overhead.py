@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from dstoolkit.runtime.bench import comm, comm_options, harness, ranks
+from dstoolkit.runtime.bench import comm, comm_options, harness, ranks, results_jsonl
 
 BENCH_NAME = "comm_overhead"
 
@@ -57,7 +57,7 @@ def _rank(rank: int, world: int, port: int, args) -> None:
     ops = comm_options.parse_ops(args.ops)
     cfg = {"bench": BENCH_NAME, "sizes": sizes, "ops": ops, "rounds": args.rounds, "iters": args.iters, "world": world}
     env = harness.capture_env(world, "gloo", cfg) if rank == 0 else {}
-    run_id = harness.open_run(args.out, BENCH_NAME, harness.config_hash(cfg), resume=False).run_id
+    run_id = results_jsonl.open_run(args.out, BENCH_NAME, harness.config_hash(cfg), resume=False).run_id
     opts = comm_options.CommOptions(ops=ops, sizes=sizes, iters=args.iters, warmup=2, reps=3, backend="gloo",
                             world_size=world, time_budget_s=1e9, progress=False)
     for op in ops:
@@ -74,11 +74,11 @@ def _rank(rank: int, world: int, port: int, args) -> None:
             if rank == 0:
                 hm, bm = statistics.median(h), statistics.median(b)
                 env["load_avg"] = harness.load_average()
-                rec = harness.base_record(BENCH_NAME, run_id, f"{op}:{size}", dict(env))
+                rec = results_jsonl.base_record(BENCH_NAME, run_id, f"{op}:{size}", dict(env))
                 rec.update({"op": op, "size": comm.layout(op, size, 4, world).size_bytes, "harness_busbw": hm,
                             "bare_busbw": bm, "rel_diff": hm / bm - 1, "harness_samples": h, "bare_samples": b,
                             "rounds": args.rounds, "iters": args.iters, "world_size": world, "backend": "gloo"})
-                harness.append_records(args.out, [rec])
+                results_jsonl.append_records(args.out, [rec])
                 print(f"{op:>12} {size:>11}  harness {hm:.3f}  bare {bm:.3f} GB/s  diff {100 * (hm / bm - 1):+.1f}%  "
                       f"load {env['load_avg']}", flush=True)
     dist.barrier()

@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench import stats  # noqa: E402
 
 FITTED = {
     "GEMM_HALF_DIM": "dstoolkit.estimate.gemm",
@@ -151,7 +151,7 @@ def _eff_spearman(rows: Sequence[Row], pred_s: dict[int, float]) -> Optional[flo
     meas = [rows[i].tokens_per_step / rows[i].measured_step_s / rows[i].gpus * rows[i].flops_per_token / rows[i].peak_flops
             for i in idx]
     pred = [rows[i].tokens_per_step / pred_s[i] / rows[i].gpus * rows[i].flops_per_token / rows[i].peak_flops for i in idx]
-    v = harness.spearman(meas, pred)
+    v = stats.spearman(meas, pred)
     return None if isinstance(v, float) and math.isnan(v) else v
 
 

@@ -49,7 +49,7 @@ import yaml  # noqa: E402
 import estimator_fit as fit  # noqa: E402
 import published_runs as pr  # noqa: E402
 from dstoolkit.generate.undecided import GPU_OUT_OF_SOURCE_ERROR, within_error  # noqa: E402
-from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench import harness, results_jsonl, stats  # noqa: E402
 from dstoolkit.runtime.bench.report import render_markdown_table, write_report  # noqa: E402
 
 BENCH = "layout_sweeps"
@@ -215,7 +215,7 @@ def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> di
     errs = [r["measured_step_s"] / r[key] - 1.0 for r in ran]
     sp = None
     if len(ran) >= 2:
-        v = harness.spearman([per_token(r["measured_step_s"], r) for r in ran], [per_token(r[key], r) for r in ran])
+        v = stats.spearman([per_token(r["measured_step_s"], r) for r in ran], [per_token(r[key], r) for r in ran])
         sp = None if isinstance(v, float) and math.isnan(v) else v
     fitting = candidates(ran)
     best = min(per_token(r["measured_step_s"], r) for r in ran) if ran else None
@@ -354,7 +354,7 @@ def noise_ceiling(times: list[float], sigma: float, draws: int = CEILING_DRAWS, 
     rng = random.Random(seed)
     total = 0.0
     for _ in range(draws):
-        total += harness.spearman(times, [t * math.exp(sigma * rng.gauss(0.0, 1.0)) for t in times])
+        total += stats.spearman(times, [t * math.exp(sigma * rng.gauss(0.0, 1.0)) for t in times])
     return total / draws
 
 
@@ -685,17 +685,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"A/B {a['id']} row {a['row']} ({a['field']}): predicted {_pct(a['predicted_cost'])}, "
               f"measured {_pct(a['measured_cost'])}")
     env = harness.capture_env(world_size=1, config={"table": doc}, packages=("pyyaml", "pydantic"))
-    run_id = harness.open_run(None, BENCH, env["config_hash"]).run_id
+    run_id = results_jsonl.open_run(None, BENCH, env["config_hash"]).run_id
     jsonl = args.out / f"{BENCH}_{args.tag}.jsonl"
     records = []
     for g in groups:
-        rec = harness.base_record(BENCH, run_id, g["id"], env)
+        rec = results_jsonl.base_record(BENCH, run_id, g["id"], env)
         rec["result"] = {"group": g["id"], "source": g["source"], "where": g["where"], "rows": rows_by_group[g["id"]],
                          "score": scores[g["id"]], "sweep_pick": sweeps[g["id"]],
                          "loso": loso.get(g["id"]) if loso else None}
         records.append(rec)
-    harness.append_records(jsonl, records)
-    harness.close_run(jsonl, BENCH, env["config_hash"], run_id, summary=summary)
+    results_jsonl.append_records(jsonl, records)
+    results_jsonl.close_run(jsonl, BENCH, env["config_hash"], run_id, summary=summary)
     write_report(args.out / f"{BENCH}_{args.tag}.md",
                  render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc))
     print(f"wrote {jsonl}, {args.out / (BENCH + '_' + args.tag + '.md')}")

@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     if a.render:
         print(f"wrote {render(a.render)}")
         return 0
-    from dstoolkit.runtime.bench.harness import append_records, capture_env
+    from dstoolkit.runtime.bench.harness import capture_env
+    from dstoolkit.runtime.bench.results_jsonl import append_records
     from dstoolkit.runtime.testhosts.hosts import TestHosts, reap_stale, unavailable_reason
 
     why = unavailable_reason()
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
 
 
 def render(jsonl: Path) -> Path:
-    from dstoolkit.runtime.bench.harness import read_records
+    from dstoolkit.runtime.bench.results_jsonl import read_records
     from dstoolkit.runtime.bench.report import render_markdown_table, write_report
 
     recs = [r for r in read_records(jsonl) if r.get("bench") == "megatron_two_host"]

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench import harness, results_jsonl, stats  # noqa: E402
 from dstoolkit.runtime.bench.report import render_markdown_table, save_figure, write_report  # noqa: E402
 
 BENCH = "published_runs"
@@ -324,14 +324,14 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "failed": [{"id": r["id"], "error": r.get("estimate_error")} for r in rows if not r.get("predicted_tokens_per_s_per_gpu")],
         "sources": len({r["source"] for r in rows}),
         "mape": mape(ok),
-        "median_abs_error": harness.summarize(errs).median if errs else None,
+        "median_abs_error": stats.summarize(errs).median if errs else None,
         "mape_fitting_only": mape([r for r in ok if r.get("fits")]),
         "mape_fully_expressible": mape(clean),
         "fully_expressible": len(clean),
         "within_15pct": sum(1 for e in errs if e <= FAR_OFF),
-        "spearman_tokens_per_s": harness.spearman([r["published_tokens_per_s_per_gpu"] for r in ok],
+        "spearman_tokens_per_s": stats.spearman([r["published_tokens_per_s_per_gpu"] for r in ok],
                                                   [r["predicted_tokens_per_s_per_gpu"] for r in ok]) if len(ok) > 2 else None,
-        "spearman_efficiency": harness.spearman([r["published_efficiency"] for r in eff],
+        "spearman_efficiency": stats.spearman([r["published_efficiency"] for r in eff],
                                                 [r["predicted_efficiency"] for r in eff]) if len(eff) > 2 else None,
         "not_fitting": [r["id"] for r in ok if r.get("fits") is False],
         "layout_changed": [r["id"] for r in ok if r.get("layout_changed")],
@@ -350,10 +350,10 @@ def _part(sel: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "runs": len(sel),
         "mape": sum(errs) / len(errs) if errs else None,
-        "median_abs_error": harness.summarize(errs).median if errs else None,
-        "spearman_tokens_per_s": harness.spearman([r["published_tokens_per_s_per_gpu"] for r in sel],
+        "median_abs_error": stats.summarize(errs).median if errs else None,
+        "spearman_tokens_per_s": stats.spearman([r["published_tokens_per_s_per_gpu"] for r in sel],
                                                   [r["predicted_tokens_per_s_per_gpu"] for r in sel]) if len(sel) > 2 else None,
-        "spearman_efficiency": harness.spearman([r["published_efficiency"] for r in eff],
+        "spearman_efficiency": stats.spearman([r["published_efficiency"] for r in eff],
                                                 [r["predicted_efficiency"] for r in eff]) if len(eff) > 2 else None,
         "false_ooms": sum(1 for r in sel if r.get("fits") is False),
     }
@@ -577,7 +577,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     doc = load_table(args.table)
     if args.render_from:
-        recs = harness.read_records(args.render_from)
+        recs = results_jsonl.read_records(args.render_from)
         runs = [r for r in recs if r.get("bench") == BENCH and r.get("event") is None and "key" in r]
         if not runs:
             raise SystemExit(f"{args.render_from}: no {BENCH} records")
@@ -602,16 +602,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     env = harness.capture_env(world_size=1, config={"table": doc["runs"] if args.only is None else runs},
                               packages=("pyyaml", "pydantic", "transformers"))
-    run_id = harness.open_run(None, BENCH, env["config_hash"]).run_id
+    run_id = results_jsonl.open_run(None, BENCH, env["config_hash"]).run_id
     stem = f"{BENCH}_{args.tag}" if args.only is None else f"{BENCH}_{args.tag}_{args.only}"
     jsonl = args.out / f"{stem}.jsonl"
     records = []
     for row in rows:
-        rec = harness.base_record(BENCH, run_id, row["id"], env)
+        rec = results_jsonl.base_record(BENCH, run_id, row["id"], env)
         rec["result"] = row
         records.append(rec)
-    harness.append_records(jsonl, records)
-    harness.close_run(jsonl, BENCH, env["config_hash"], run_id, summary=summary)
+    results_jsonl.append_records(jsonl, records)
+    results_jsonl.close_run(jsonl, BENCH, env["config_hash"], run_id, summary=summary)
     png = plot(rows, args.out / f"{stem}.png")
     md = render_md(rows, summary, env, doc["sources"], png.name if png is not None else None)
     write_report(args.out / f"{stem}.md", md)

@@ -34,7 +34,8 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dstoolkit.runtime.bench.harness import capture_env, free_port, spearman  # noqa: E402
+from dstoolkit.runtime.bench.harness import capture_env, free_port
+from dstoolkit.runtime.bench.stats import spearman  # noqa: E402
 from dstoolkit.runtime.bench.report import env_brief, render_markdown_table, write_json, write_report  # noqa: E402
 
 MAPE_GOAL = 0.15

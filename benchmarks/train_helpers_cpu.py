@@ -4,7 +4,7 @@
 
 Parts (each real, none copied from our own output):
   step_time   seconds per optimizer step of the `tiny` preset (and `tiny-moe` at ep=2), ZeRO-2 bf16, 2 ranks,
-              the example trainer; median / p10 / p90 over the steps after warm-up (bench harness `summarize`).
+              the example trainer; median / p10 / p90 over the steps after warm-up (`runtime.bench.stats.summarize`).
   activations saved-tensor bytes per checkpoint policy (torch.autograd.graph.saved_tensors_hooks, bf16, one
               process) vs `dstoolkit.estimate.activation_bytes` for the SAME CheckpointPolicy; absolute bytes,
               saving vs none, and the error of each.
@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dstoolkit.common.atomic import atomic_write_text  # noqa: E402
-from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench import harness, stats  # noqa: E402
 from dstoolkit.runtime.train.ckpt import tag_for  # noqa: E402
 from dstoolkit.runtime.train.launch import read_metrics, run_local, start_local  # noqa: E402
 
@@ -63,7 +63,7 @@ def step_time(work: pathlib.Path, steps: int, skip: int) -> list[dict]:
             out.append({"model": preset, "error": proc.stderr[-2000:]})
             continue
         m = read_metrics(metrics)
-        st = harness.summarize([s["step_time_s"] for s in m.steps[skip:]])
+        st = stats.summarize([s["step_time_s"] for s in m.steps[skip:]])
         mon = m.of("monitor")
         out.append({"model": preset, "ep": ep, "zero_stage": 2, "precision": "bf16", "ranks": 2, "seq_len": 64,
                     "global_batch": 8, "micro_batch": 4, "timed_steps": len(m.steps) - skip,

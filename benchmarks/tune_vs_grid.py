@@ -38,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dstoolkit.common.atomic import atomic_write_text  # noqa: E402
-from dstoolkit.runtime.bench import harness  # noqa: E402
+from dstoolkit.runtime.bench import harness, results_jsonl, stats  # noqa: E402
 from dstoolkit.runtime.bench.report import render_markdown_table, save_figure, write_report  # noqa: E402
 from dstoolkit.tune.objective import TrialOutcome, run_real_trial  # noqa: E402
 from dstoolkit.tune.space import TuneSpace  # noqa: E402
@@ -75,7 +75,7 @@ def load_space(spec_path: pathlib.Path = SPEC):
 def run_grid(args) -> int:
     space = load_space(args.spec)
     points = list(space.points())
-    done = {r["key"] for r in harness.read_records(args.grid)} if args.grid.exists() else set()
+    done = {r["key"] for r in results_jsonl.read_records(args.grid)} if args.grid.exists() else set()
     todo = [p for p in points if p.key not in done]
     # Shuffled (fixed seed): load on the shared cores drifts over the run; run order must not follow the config.
     random.Random(0).shuffle(todo)
@@ -101,7 +101,7 @@ def run_grid(args) -> int:
                    "estimate": out.estimate, "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()),
                    "spec_sha256": spec_hash, "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                    "git_commit": env.get("git_commit"), "torch": env.get("torch"), "deepspeed": env.get("deepspeed")}
-            harness.append_records(args.grid, [rec])
+            results_jsonl.append_records(args.grid, [rec])
             v = f"{out.value:,.0f} tok/s" if out.value else out.reason[:80]
             print(f"[{i + 1}/{len(todo)}] {p.label:<44} {out.status:<7} {v}  ({out.wall_s:.0f} s, load "
                   f"{load_before[0]:.1f})", flush=True)
@@ -114,7 +114,7 @@ def run_tune(args) -> int:
     from dstoolkit.tune.study import run_study
 
     space = load_space(args.spec)
-    rows = {r["key"]: r for r in harness.read_records(args.grid)}
+    rows = {r["key"]: r for r in results_jsonl.read_records(args.grid)}
     points = list(space.points())
     missing = [p.label for p in points if p.key not in rows]
     if missing:
@@ -221,7 +221,7 @@ def estimator_reading(doc) -> dict:
     best = max(meas)
     by_est = sorted(pairs, key=lambda p: -p[1])
     return {"points": len(pairs), "within_goal": sum(1 for v in meas if v >= GOAL_FRACTION * best),
-            "spearman": harness.spearman(meas, est), "est_min": min(est), "est_max": max(est),
+            "spearman": stats.spearman(meas, est), "est_min": min(est), "est_max": max(est),
             "meas_min": min(meas), "meas_max": best,
             "estimated_top3_measured_fraction": [m / best for m, _ in by_est[:3]],
             "median_abs_error": sorted(abs(e / m - 1) for m, e in pairs)[len(pairs) // 2]}

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     if args.render_from:
         sys.stdout.write(render_md(args.render_from))
         return 0
-    from dstoolkit.runtime.bench import harness
+    from dstoolkit.runtime.bench import harness, results_jsonl
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONDONTWRITEBYTECODE": "0"}
     sets = file_sets(args.corpus)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     record["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"validate_speed_cpu_{_dt.date.today():%Y%m}"
-    harness.append_records(stem.with_suffix(".jsonl"), [record])
+    results_jsonl.append_records(stem.with_suffix(".jsonl"), [record])
     render(stem)
     print(json.dumps(record, indent=2))
     return 0

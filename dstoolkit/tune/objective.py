@@ -100,7 +100,7 @@ def _launch_cmd(launcher: str, ranks: int, port: int, ds_path: pathlib.Path, spe
 STALE_LOCK_GRACE_S = 5.0  # a live holder of a torch-extension lock on a warm cache releases it well within this
 # The one implementation of the torch-extension lock check lives in dstoolkit.runtime.jitlock (re-exported here).
 from dstoolkit.runtime.jitlock import check_locks, clear_stale_extension_locks, torch_extensions_dir  # noqa: E402,F401
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import harness, results_jsonl
 from dstoolkit.runtime.bench.train import trainer_command
 from dstoolkit.runtime.bench.train_report import summarize_metrics
 from dstoolkit.runtime.bench.usercmd import run_command
@@ -169,7 +169,7 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
     wall = time.perf_counter() - t0
     remove_orphaned_buffers()  # /dev/shm buffers of ranks that died before the trainer unlinked them
     tail = log_path.read_text(errors="replace")[-4000:]
-    rows = harness.read_records(metrics) if metrics.exists() else []
+    rows = results_jsonl.read_records(metrics) if metrics.exists() else []
     if rc != 0 or timed_out or not rows:
         status, reason = _failure(rc, tail, timeout_s, timed_out)
         if rc == 0 and not timed_out:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import results_jsonl
 from dstoolkit.cli import main
 
 pytestmark = pytest.mark.dist
@@ -46,7 +46,7 @@ def test_comm_bench_two_ranks_correct_and_resumable(results, capsys):
     out.write_text("\n".join(lines[:-2]) + "\n")
     assert main(argv) == 0
     capsys.readouterr()
-    recs = harness.read_records(out)
+    recs = results_jsonl.read_records(out)
     run_ids = {r["run_id"] for r in recs}
     assert len(run_ids) == 1, "the rerun resumed the interrupted run"
     keys = [r["key"] for r in recs if r.get("event") is None]

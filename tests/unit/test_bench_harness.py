@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import harness, results_jsonl, stats
 
 
 def test_summarize_matches_numpy_percentiles():
@@ -11,7 +11,7 @@ def test_summarize_matches_numpy_percentiles():
 
     rng = np.random.default_rng(0)
     xs = rng.lognormal(size=37).tolist()
-    st = harness.summarize(xs)
+    st = stats.summarize(xs)
     assert st.n == 37
     assert st.median == pytest.approx(np.percentile(xs, 50))
     assert st.p10 == pytest.approx(np.percentile(xs, 10))
@@ -22,7 +22,7 @@ def test_summarize_matches_numpy_percentiles():
 
 def test_summarize_refuses_empty():
     with pytest.raises(ValueError, match="at least one sample"):
-        harness.summarize([])
+        stats.summarize([])
 
 
 def test_time_repeated_gives_one_sample_per_rep_after_warmup():
@@ -37,30 +37,30 @@ def test_time_repeated_gives_one_sample_per_rep_after_warmup():
 
 def test_append_never_rewrites_and_skips_torn_lines(tmp_path):
     path = tmp_path / "r.jsonl"
-    harness.append_records(path, [{"a": 1}])
-    harness.append_records(path, [{"a": 2}])
+    results_jsonl.append_records(path, [{"a": 1}])
+    results_jsonl.append_records(path, [{"a": 2}])
     with open(path, "a") as fh:
         fh.write('{"a": 3, "torn')  # an interrupted write
-    recs = harness.read_records(path)
+    recs = results_jsonl.read_records(path)
     assert [r["a"] for r in recs] == [1, 2]
     assert path.read_text().startswith('{"a": 1}')
 
 
 def test_interrupted_run_resumes_and_completed_run_starts_fresh(tmp_path):
     path = tmp_path / "r.jsonl"
-    first = harness.open_run(path, "comm", "h1")
+    first = results_jsonl.open_run(path, "comm", "h1")
     assert not first.resumed and not first.done_keys
     env = {"config_hash": "h1"}
-    harness.append_records(path, [harness.base_record("comm", first.run_id, "k1", env),
-                                  harness.base_record("comm", first.run_id, "k2", env)])
+    results_jsonl.append_records(path, [results_jsonl.base_record("comm", first.run_id, "k1", env),
+                                  results_jsonl.base_record("comm", first.run_id, "k2", env)])
     # No run_done marker: the same command resumes the same run and skips k1, k2.
-    again = harness.open_run(path, "comm", "h1")
+    again = results_jsonl.open_run(path, "comm", "h1")
     assert again.resumed and again.run_id == first.run_id and again.done_keys == {"k1", "k2"}
     # A different config never resumes someone else's run.
-    assert not harness.open_run(path, "comm", "other").resumed
-    assert not harness.open_run(path, "comm", "h1", resume=False).resumed
-    harness.close_run(path, "comm", "h1", first.run_id)
-    after = harness.open_run(path, "comm", "h1")
+    assert not results_jsonl.open_run(path, "comm", "other").resumed
+    assert not results_jsonl.open_run(path, "comm", "h1", resume=False).resumed
+    results_jsonl.close_run(path, "comm", "h1", first.run_id)
+    after = results_jsonl.open_run(path, "comm", "h1")
     assert not after.resumed and after.run_id != first.run_id
 
 
@@ -82,7 +82,7 @@ def test_config_hash_ignores_key_order():
 def test_spearman_ranks_with_ties_and_constant_input():
     import math
 
-    from dstoolkit.runtime.bench.harness import spearman
+    from dstoolkit.runtime.bench.stats import spearman
 
     assert abs(spearman([1, 2, 3, 4], [10, 20, 30, 40]) - 1.0) < 1e-12
     assert abs(spearman([1, 2, 3, 4], [4, 3, 2, 1]) + 1.0) < 1e-12

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import harness, results_jsonl
 from dstoolkit.cli import main
 
 
@@ -14,19 +14,19 @@ def _write_results(d):
         for size in (1024, 2048):
             t_us = 100.0 + size / 100
             algbw = size / (t_us * 1e-6) / 1e9
-            comm.append({**harness.base_record("comm", "r1", f"{op}:{size}", env), "op": op, "size": size,
+            comm.append({**results_jsonl.base_record("comm", "r1", f"{op}:{size}", env), "op": op, "size": size,
                          "count": size // 4, "type": "float", "time_us": t_us, "algbw": algbw, "busbw": algbw * factor,
                          "#wrong": 0, "backend": "gloo", "world_size": 2,
                          "busbw_stats": {"p10": algbw * factor * 0.9, "p90": algbw * factor * 1.1}})
-    harness.append_records(d / "comm.jsonl", comm)
+    results_jsonl.append_records(d / "comm.jsonl", comm)
     st = lambda m: {"median": m}  # noqa: E731
-    harness.append_records(d / "overlap.jsonl", [
-        {**harness.base_record("overlap", "r2", f"z2|oc={oc}", env), "config_name": "zero2", "zero_stage": 2,
+    results_jsonl.append_records(d / "overlap.jsonl", [
+        {**results_jsonl.base_record("overlap", "r2", f"z2|oc={oc}", env), "config_name": "zero2", "zero_stage": 2,
          "overlap_comm": bool(oc), "reduce_bucket_size": 1000, "compute_s": st(1.0), "comm_s": st(0.4),
          "overlapped_s": st(1.1), "exposed_comm_s": 0.1, "eta": 0.75, "compute_slowdown": 0.02}
         for oc in (0, 1)])
-    harness.append_records(d / "train.jsonl", [
-        {**harness.base_record("train", "r3", name, env), "config_name": name, "status": "ok",
+    results_jsonl.append_records(d / "train.jsonl", [
+        {**results_jsonl.base_record("train", "r3", name, env), "config_name": name, "status": "ok",
          "measured": {"timed_steps": 3, "tokens_per_s": 500.0, "step_time_s_median": ms, "step_time_s_p90": ms * 1.1,
                       "peak_memory_bytes": 2**30, "mfu": 0.1, "loss_first": 7.6, "loss_last": 7.0},
          "estimate": {"step_time_s": es, "tokens_per_s": 450.0, "mfu": 0.09, "memory_per_rank_bytes": 2**29},

@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from dstoolkit.estimate.collective_time import busbw_factor  # the one definition; comm_options.parse_ops vets op names first
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import harness, results_jsonl, stats
 from dstoolkit.runtime.bench.comm_options import BENCH_NAME, DTYPES, ELEMENT_BYTES, OPS, CommOptions
 from dstoolkit.runtime.bench.ranks import check_world_size, spawn_ranks
 from dstoolkit.runtime.rankexit import destroy_groups, install_exit_guard
@@ -166,10 +166,10 @@ def measure_row(torch, dist, op: str, size_bytes: int, opts: CommOptions, rank: 
 
     wrong = _check_wrong(torch, dist, op, lay, rank, world, dtype, device)
     factor = busbw_factor(op, world)
-    time_stats = harness.summarize([s * 1e6 for s in samples])
+    time_stats = stats.summarize([s * 1e6 for s in samples])
     algbw_samples = [lay.size_bytes / s / 1e9 for s in samples]
     busbw_samples = [a * factor for a in algbw_samples]
-    alg_stats, bus_stats = harness.summarize(algbw_samples), harness.summarize(busbw_samples)
+    alg_stats, bus_stats = stats.summarize(algbw_samples), stats.summarize(busbw_samples)
     return {
         "op": op,
         "size": lay.size_bytes,
@@ -222,7 +222,7 @@ def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: O
     try:
         cfg = opts.config()
         cfg_hash = harness.config_hash(cfg)
-        state = harness.open_run(opts.out, BENCH_NAME, cfg_hash, resume=opts.resume) if rank == 0 else None
+        state = results_jsonl.open_run(opts.out, BENCH_NAME, cfg_hash, resume=opts.resume) if rank == 0 else None
         # Everyone must skip the same rows: broadcast rank 0's resume set.
         obj = [sorted(state.done_keys) if state else None, state.run_id if state else None]
         dist.broadcast_object_list(obj, src=0)
@@ -237,18 +237,18 @@ def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: O
                 row = measure_row(torch, dist, op, size, opts, rank, world, device, progress=lambda: update(1))
                 if rank == 0:
                     env["load_avg"] = harness.load_average()
-                    rec = harness.base_record(BENCH_NAME, run_id, row_key(op, size), dict(env))
+                    rec = results_jsonl.base_record(BENCH_NAME, run_id, row_key(op, size), dict(env))
                     rec.update(row)
                     rows.append(rec)
                     if opts.out:
-                        harness.append_records(opts.out, [rec])
+                        results_jsonl.append_records(opts.out, [rec])
                     if rows_path:
-                        harness.append_records(rows_path, [rec])
+                        results_jsonl.append_records(rows_path, [rec])
         if rank == 0 and opts.out:
-            harness.close_run(opts.out, BENCH_NAME, cfg_hash, run_id)
+            results_jsonl.close_run(opts.out, BENCH_NAME, cfg_hash, run_id)
         if rank == 0 and done and opts.out:
             # Return the whole run (earlier rows included) so the table is complete after a resume.
-            rows = [r for r in harness.read_records(opts.out) if r.get("run_id") == run_id and r.get("event") is None
+            rows = [r for r in results_jsonl.read_records(opts.out) if r.get("run_id") == run_id and r.get("event") is None
                     and r.get("bench") == BENCH_NAME]
         dist.barrier()
         return rows if rank == 0 else []
@@ -281,10 +281,10 @@ def run_comm(opts: CommOptions) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="dstoolkit-comm-") as tmp:
         rows_path = str(pathlib.Path(tmp) / "rows.jsonl")
         spawn_ranks(_spawn_entry, opts.world_size, (opts.world_size, opts, port, rows_path), opts.timeout_s)
-        rows = harness.read_records(rows_path)
+        rows = results_jsonl.read_records(rows_path)
     if opts.out and rows:
         run_id = rows[0]["run_id"]
-        rows = [r for r in harness.read_records(opts.out) if r.get("run_id") == run_id and r.get("event") is None
+        rows = [r for r in results_jsonl.read_records(opts.out) if r.get("run_id") == run_id and r.get("event") is None
                 and r.get("bench") == BENCH_NAME]
     for r in rows:
         r.pop("_file", None)

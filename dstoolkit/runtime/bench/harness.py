@@ -1,4 +1,5 @@
-"""Benchmark harness core: timing, statistics, environment capture and JSON Lines results.
+"""Benchmark harness core: timing, environment capture and local launch; the statistics live in
+`runtime.bench.stats`, the JSON Lines results in `runtime.bench.results_jsonl`.
 
 Every bench in this package goes through these pieces so that all results share one discipline:
 
@@ -13,11 +14,9 @@ No torch import at module import time: torch is only touched inside functions th
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import pathlib
 import platform
@@ -25,114 +24,12 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dstoolkit.hardware.machine_calibration import cpu_model  # noqa: F401  (its one definition)
 
-#: Version of the record layout written by this module; bump when a field changes meaning.
-RECORD_SCHEMA_VERSION = 1
-
-#: Marker event that closes a run. A run with no such record was interrupted and can be resumed.
-RUN_DONE_EVENT = "run_done"
-
-
 class BenchInputError(ValueError):
     """Bad user input for a bench (unknown op, size 0, impossible world size...). CLI maps it to exit 2."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Statistics
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """Summary of repeated measurements (same unit as the samples)."""
-
-    n: int
-    median: float
-    mean: float
-    min: float
-    max: float
-    p10: float
-    p90: float
-    iqr: float
-    """Inter-quartile range p75 - p25: the spread we quote next to the median."""
-    rel_spread: float
-    """(p90 - p10) / median: how noisy the median is, as a fraction."""
-
-    def to_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default 'linear' method) of already sorted values.
-
-    Args:
-        sorted_values: ascending values, at least one.
-        q: percentile in [0, 100].
-    """
-    if not sorted_values:
-        raise ValueError("percentile of an empty sample")
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman rank correlation of two equally long sequences (tied values share their average rank);
-    nan when either is constant."""
-    def ranks(v: Sequence[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2 + 1
-            i = j + 1
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    va = sum((x - ma) ** 2 for x in ra) ** 0.5
-    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
-    return cov / (va * vb) if va and vb else float("nan")
-
-
-def summarize(samples: Iterable[float]) -> Stats:
-    """Median, mean, extremes, p10/p90 and IQR of raw samples.
-
-    Args:
-        samples: raw measurements; at least one.
-
-    Returns:
-        A `Stats` with the same unit as the samples.
-    """
-    values = sorted(float(v) for v in samples)
-    if not values:
-        raise ValueError("summarize() needs at least one sample")
-    med = percentile(values, 50)
-    p10, p90 = percentile(values, 10), percentile(values, 90)
-    return Stats(
-        n=len(values),
-        median=med,
-        mean=sum(values) / len(values),
-        min=values[0],
-        max=values[-1],
-        p10=p10,
-        p90=p90,
-        iqr=percentile(values, 75) - percentile(values, 25),
-        rel_spread=(p90 - p10) / med if med else 0.0,
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,100 +256,6 @@ def max_local_ranks(backend: str) -> int:
         except ImportError:  # pragma: no cover
             return 0
     return os.cpu_count() or 1
-
-
-# --------------------------------------------------------------------------------------------------
-# JSON Lines results: append-only, resumable
-# --------------------------------------------------------------------------------------------------
-
-
-def append_records(path: pathlib.Path | str, records: Iterable[dict[str, Any]]) -> None:
-    """Append records as JSON Lines, flushed and fsynced so an interrupt loses at most the current row.
-
-    The file is only ever opened in append mode: existing results are never rewritten.
-    """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def read_records(path: pathlib.Path | str) -> list[dict[str, Any]]:
-    """Read a JSON Lines file (or every ``*.jsonl`` under a directory); a torn last line is skipped."""
-    path = pathlib.Path(path)
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    out: list[dict[str, Any]] = []
-    for f in files:
-        if not f.exists():
-            continue
-        for line in f.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # an interrupted write; the row will be redone on resume
-            if isinstance(rec, dict):
-                rec.setdefault("_file", f.name)
-                out.append(rec)
-    return out
-
-
-@dataclasses.dataclass
-class RunState:
-    """Where a (possibly resumed) run stands."""
-
-    run_id: str
-    resumed: bool
-    done_keys: set[str]
-    """Row keys already recorded by this run (skipped on resume)."""
-
-
-def open_run(path: Optional[pathlib.Path | str], bench: str, cfg_hash: str, resume: bool = True) -> RunState:
-    """Start a new run, or resume the latest interrupted run of the same bench and config hash.
-
-    A run is complete once a ``{"event": "run_done"}`` record with its run_id is written. Re-running
-    the same command after an interrupt picks up the unfinished run's id and skips the rows it already
-    has; re-running after a complete run starts a fresh run (results accumulate, nothing is overwritten).
-    """
-    fresh = RunState(run_id=uuid.uuid4().hex[:12], resumed=False, done_keys=set())
-    if path is None or not resume:
-        return fresh
-    records = [r for r in read_records(path) if r.get("bench") == bench and r.get("config_hash") == cfg_hash]
-    if not records:
-        return fresh
-    last_run = records[-1].get("run_id")
-    run_recs = [r for r in records if r.get("run_id") == last_run]
-    if any(r.get("event") == RUN_DONE_EVENT for r in run_recs):
-        return fresh
-    keys = {r["key"] for r in run_recs if "key" in r and r.get("event") is None}
-    return RunState(run_id=last_run, resumed=True, done_keys=keys)
-
-
-def close_run(path: Optional[pathlib.Path | str], bench: str, cfg_hash: str, run_id: str, **extra: Any) -> None:
-    """Write the run_done marker for a run (see `open_run`)."""
-    if path is None:
-        return
-    rec = {"bench": bench, "config_hash": cfg_hash, "run_id": run_id, "event": RUN_DONE_EVENT,
-           "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    rec.update(extra)
-    append_records(path, [rec])
-
-
-def base_record(bench: str, run_id: str, key: str, env: dict[str, Any]) -> dict[str, Any]:
-    """Fields every result row starts with."""
-    return {
-        "schema_version": RECORD_SCHEMA_VERSION,
-        "bench": bench,
-        "run_id": run_id,
-        "key": key,
-        "config_hash": env.get("config_hash"),
-        "env": env,
-    }
 
 
 def run_rank_cells(script: pathlib.Path, cells: list, out_dir: pathlib.Path, timeout_s: float,

@@ -36,7 +36,7 @@ import pathlib
 import sys
 from typing import Any, Optional, Sequence
 
-from dstoolkit.runtime.bench import harness, targets as targets_mod
+from dstoolkit.runtime.bench import harness, results_jsonl, targets as targets_mod
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.overlap_math import Variant, combine, merge_compute_only
 from dstoolkit.runtime.bench.overlap_rank import compute_only_entry, rank_main
@@ -157,7 +157,7 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                "warmup": warmup, "world_size": world_size, "backend": backend,
                "shapes": {k: s.model_dump() for k, s in shapes.items()}, "seq": seqs, "profile": profile}
         cfg_hash = harness.config_hash(cfg)
-        state = harness.open_run(out, BENCH_NAME, cfg_hash, resume=resume)
+        state = results_jsonl.open_run(out, BENCH_NAME, cfg_hash, resume=resume)
         todo = [v for v in variants if v.key not in state.done_keys]
         if state.resumed:
             print(f"# resuming overlap run {state.run_id}: {len(state.done_keys)} variants done, {len(todo)} to go",
@@ -183,23 +183,23 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                 spawn_ranks(rank_main, world_size, (world_size, harness.free_port(), payload, str(multi_path)), timeout_s)
                 ports = [harness.free_port() for _ in range(world_size)]
                 spawn_ranks(compute_only_entry, world_size, (ports, payload, str(single_dir)), timeout_s)
-                multi = {r["key"]: r for r in harness.read_records(multi_path)}
-                single = merge_compute_only([harness.read_records(p) for p in sorted(single_dir.glob("single_*.jsonl"))])
+                multi = {r["key"]: r for r in results_jsonl.read_records(multi_path)}
+                single = merge_compute_only([results_jsonl.read_records(p) for p in sorted(single_dir.glob("single_*.jsonl"))])
                 for v in group:
                     if v.key not in multi or v.key not in single:
                         raise RuntimeError(f"overlap variant {v.key}: a rank produced no result")
                     env["load_avg"] = harness.load_average()
-                    rec = harness.base_record(BENCH_NAME, state.run_id, v.key, dict(env))
+                    rec = results_jsonl.base_record(BENCH_NAME, state.run_id, v.key, dict(env))
                     rec.update(combine(v, world_size, multi[v.key], single[v.key]))
                     rec["seq_len"] = seqs[name]
                     rec["model"] = shapes[name].name
                     records.append(rec)
                     if out:
-                        harness.append_records(out, [rec])
+                        results_jsonl.append_records(out, [rec])
                 update(1)
-        harness.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
+        results_jsonl.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
     if out and state.resumed:
-        records = [r for r in harness.read_records(out) if r.get("run_id") == state.run_id and r.get("event") is None]
+        records = [r for r in results_jsonl.read_records(out) if r.get("run_id") == state.run_id and r.get("event") is None]
     return records
 
 

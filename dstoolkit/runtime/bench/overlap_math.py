@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import stats
 
 
 @dataclasses.dataclass
@@ -91,9 +91,9 @@ def combine(v: Variant, world: int, multi: dict[str, Any], single: dict[str, Any
     """Turn raw samples of one variant into the overlap record (see module docstring for the definitions)."""
     scale = 1.0 / world if v.opt_partitioned else 1.0
     compute = [fb + op * scale for fb, op in zip(single["compute_fb_samples_s"], single["compute_opt_samples_s"])]
-    c_stats = harness.summarize(compute)
-    o_stats = harness.summarize(multi["overlapped_samples_s"])
-    m_stats = harness.summarize(multi["comm_samples_s"])
+    c_stats = stats.summarize(compute)
+    o_stats = stats.summarize(multi["overlapped_samples_s"])
+    m_stats = stats.summarize(multi["comm_samples_s"])
     exposed = max(0.0, o_stats.median - c_stats.median)
     eta, eta_raw = eta_from(exposed, m_stats.median)
     rec: dict[str, Any] = {
@@ -102,8 +102,8 @@ def combine(v: Variant, world: int, multi: dict[str, Any], single: dict[str, Any
         "micro_batch": v.ds_config["train_micro_batch_size_per_gpu"],
         "compute_s": c_stats.to_dict(), "comm_s": m_stats.to_dict(), "overlapped_s": o_stats.to_dict(),
         "exposed_comm_s": exposed, "eta": eta, "eta_raw": eta_raw,
-        "compute_fb_s": harness.summarize(single["compute_fb_samples_s"]).median,
-        "compute_opt_full_s": harness.summarize(single["compute_opt_samples_s"]).median,
+        "compute_fb_s": stats.summarize(single["compute_fb_samples_s"]).median,
+        "compute_opt_full_s": stats.summarize(single["compute_opt_samples_s"]).median,
         "opt_scale": scale,
         "comm_calls": multi.get("comm_calls", []),
         "comm_bytes_per_step": sum(c["bytes"] * c["count"] for c in multi.get("comm_calls", [])),

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import harness, results_jsonl
 from dstoolkit.runtime.bench.overlap_math import covered_length, exposed_length
 from dstoolkit.runtime.rankexit import end_ranks, install_exit_guard
 
@@ -232,6 +232,6 @@ def rank_main(rank: int, world: int, port: int, payload: dict, out_path: str, de
             res["compute_opt_samples_s"] = opt_s
         res["loss"] = float(loss.detach().float().cpu())
         if rank == 0:
-            harness.append_records(out_path, [res])
+            results_jsonl.append_records(out_path, [res])
         _free_engine(engine)
     end_ranks()  # barrier, then every group destroyed (and released at exit: rankexit)

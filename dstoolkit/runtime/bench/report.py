@@ -12,7 +12,7 @@ import pathlib
 from typing import Any, Iterable, Optional, Sequence
 
 from dstoolkit.common.atomic import atomic_write_bytes, atomic_write_text
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import harness, results_jsonl, stats
 from dstoolkit.runtime.bench.harness import BenchInputError
 
 
@@ -114,7 +114,7 @@ def _oc(v: Optional[bool]) -> str:
 
 
 def _median(xs: Sequence[float]) -> Optional[float]:
-    return harness.summarize(xs).median if xs else None
+    return stats.summarize(xs).median if xs else None
 
 
 def _pct(x: Optional[float]) -> str:
@@ -373,7 +373,7 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     if not results_dir.is_dir():
         raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} is not a directory; pass the folder holding *.jsonl results")
     files = sorted({f for pat in pattern.split(",") if pat.strip() for f in results_dir.glob(pat.strip())})
-    records = [r for f in files if f.suffix == ".jsonl" for r in harness.read_records(f)]
+    records = [r for f in files if f.suffix == ".jsonl" for r in results_jsonl.read_records(f)]
     latest = _latest(records)
     if not latest:
         raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} holds no benchmark records ({pattern}); run `dstoolkit bench ... --out` first")

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from dstoolkit.runtime.bench import harness, targets as targets_mod
+from dstoolkit.runtime.bench import harness, results_jsonl, targets as targets_mod
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.train_report import format_table, rel_error, summarize_metrics
 from dstoolkit.runtime.bench.usercmd import resolve_user_config, run_command
@@ -214,7 +214,7 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
                             "ds_config": target.ds_config}
     if assumed:
         body["estimate_assumed"] = assumed
-    rows = harness.read_records(metrics) if metrics.exists() else []
+    rows = results_jsonl.read_records(metrics) if metrics.exists() else []
     if shrunk is not None:
         body["shrink"] = {**shrunk.record(), "config_changes": target.shrunk_changes}
     ran = next((r for r in rows if r.get("event") == "model"), None)
@@ -321,7 +321,7 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
         if sizes is not None:
             cfg["shrink"] = sizes.to_arg()
         cfg_hash = harness.config_hash(cfg)
-        state = harness.open_run(out, BENCH_NAME, cfg_hash, resume=resume)
+        state = results_jsonl.open_run(out, BENCH_NAME, cfg_hash, resume=resume)
         todo = [t for t in tgts if t.name not in state.done_keys]
         if state.resumed:
             print(f"# resuming train run {state.run_id}: {len(state.done_keys)} configs done, {len(todo)} to go",
@@ -337,15 +337,15 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
                     body = run_one(t, steps=steps, skip_steps=skip_steps, world_size=world_size, work_dir=tmp,
                                    timeout_s=timeout_s, calibration=calibration, shrink=sizes)
                 env["load_avg"] = harness.load_average()
-                rec = harness.base_record(BENCH_NAME, state.run_id, t.name, dict(env))
+                rec = results_jsonl.base_record(BENCH_NAME, state.run_id, t.name, dict(env))
                 rec.update(body)
                 records.append(rec)
                 if out:
-                    harness.append_records(out, [rec])
+                    results_jsonl.append_records(out, [rec])
                 update(1)
-        harness.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
+        results_jsonl.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
     if out and state.resumed:
-        records = [r for r in harness.read_records(out) if r.get("run_id") == state.run_id and r.get("event") is None]
+        records = [r for r in results_jsonl.read_records(out) if r.get("run_id") == state.run_id and r.get("event") is None]
     return records
 
 

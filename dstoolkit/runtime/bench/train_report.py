@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from dstoolkit.runtime.bench import harness
+from dstoolkit.runtime.bench import stats
 
 def summarize_metrics(rows: Sequence[dict[str, Any]], skip_steps: int, seq_len: int) -> dict[str, Any]:
     """Measured figures from the trainer's per-step JSON lines (pure; unit-tested).
@@ -19,7 +19,7 @@ def summarize_metrics(rows: Sequence[dict[str, Any]], skip_steps: int, seq_len: 
     timed = steps[skip_steps:]
     if not timed:
         raise RuntimeError(f"the trainer reported {len(steps)} steps; need more than --skip-steps={skip_steps}")
-    st = harness.summarize(r["step_time_s"] for r in timed)
+    st = stats.summarize(r["step_time_s"] for r in timed)
     tokens_per_step = timed[-1]["global_batch"] * seq_len
     return {
         "steps": len(steps),
@@ -114,7 +114,7 @@ def summarize_hook_rows(rows: Sequence[dict[str, Any]], skip_steps: int) -> dict
     if not timed:
         raise RuntimeError(f"the command completed {len(steps)} optimizer steps; need more than --skip-steps="
                            f"{skip_steps}")
-    st = harness.summarize(r["step_time_s"] for r in timed)
+    st = stats.summarize(r["step_time_s"] for r in timed)
     tokens = [r.get("tokens") or 0 for r in timed]
     tok_step = sorted(tokens)[len(tokens) // 2]
     samples = sorted(r.get("samples") or 0 for r in timed)[len(timed) // 2]

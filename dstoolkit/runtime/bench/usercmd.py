@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from dstoolkit.runtime.bench import harness, targets as targets_mod
+from dstoolkit.runtime.bench import harness, results_jsonl, targets as targets_mod
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.metrics_hook import install_hook
 from dstoolkit.runtime.bench.train_report import hf_log_metrics, summarize_hook_rows
@@ -336,7 +336,7 @@ def run_command(template: Sequence[str], ds_config: dict, run_dir: pathlib.Path,
         check_locks(who=who, since_s=time.time() - wall - 1, min_age_s=2.0, wait_timeout_s=5.0)
     text = log_path.read_text(errors="replace")
     tail = text[-4000:]
-    rows = harness.read_records(metrics) if metrics.exists() else []
+    rows = results_jsonl.read_records(metrics) if metrics.exists() else []
     body: dict[str, Any] = {"command": " ".join(cmd), "placeholders": used, "returncode": rc, "wall_s": wall,
                             "log": str(log_path)}
     measured = None
