@@ -119,7 +119,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                   f"{sum(len(s['false_oom']) for s in scores.values())}"],
     ], ["figure", ("value", "r")])
     for title, key in (("micro batch", lambda r: r["micro_batch"]), ("hidden size", lambda r: r["hidden"]),
-                       ("tp x pp", lambda r: f"tp{r['layout']['tp']} pp{r['layout']['pp']}")):
+                       ("tp x pp", lambda r: f"tp{r['layout']['tp']} pp{r['layout']['pp']}"),
+                       ("tp x micro batch", lambda r: f"tp{r['layout']['tp']} mb{r['micro_batch']:02d}")):
         lines += ["", f"## Error by {title}", ""]
         lines += render_markdown_table(by(rows, key), [title, ("rows", "r"), ("signed mean", "r"), ("MAPE", "r")])
     write_report(args.out / f"small_model_sweeps_{args.tag}.md", lines)
