@@ -37,6 +37,7 @@ import datetime as _dt
 import json
 import math
 import pathlib
+import random
 import sys
 from typing import Any, Optional
 
@@ -349,8 +350,6 @@ def noise_ceiling(times: list[float], sigma: float, draws: int = CEILING_DRAWS, 
     upper estimate of the ceiling."""
     if len(times) < 3 or sigma is None:
         return None
-    import random
-
     rng = random.Random(seed)
     total = 0.0
     for _ in range(draws):
@@ -364,8 +363,6 @@ def mape_floor(sigma: Optional[float], draws: int = CEILING_DRAWS, seed: int = C
     draws: the MAPE that measurement noise alone leaves (~0.8 sigma for small sigma)."""
     if sigma is None:
         return None
-    import random
-
     rng = random.Random(seed)
     return sum(abs(math.exp(-sigma * rng.gauss(0.0, 1.0)) - 1.0) for _ in range(draws)) / draws
 
@@ -386,14 +383,15 @@ def ceilings(groups, rows_by_group, scores, doc, loso=None) -> dict[str, Any]:
         if lg and lg.get("spearman") is not None:
             model_lo.append(lg["spearman"])
     vals = [v for v in per.values() if v is not None]
-    ran_all = [r for g in groups for r in rows_by_group[g["id"]]
-               if not r["oom"] and r.get("predicted_step_s") and r.get("measured_step_s")]
-    noisy = [r for r in ran_all if r["source"] in sig]
+    # the MAPE floor over the layouts that ran (score_group's `ran`, its `mape` per group), by source
     floor = {src: mape_floor(v) for src, v in sig.items()}
-    return {"sigma_by_source": sig, "mape_floor_by_source": floor, "rows_with_sigma": len(noisy), "rows": len(ran_all),
-            "mape_floor_rows_with_sigma": (sum(floor[r["source"]] for r in noisy) / len(noisy)) if noisy else None,
-            "model_mape_rows_with_sigma": (sum(abs(r["measured_step_s"] / r["predicted_step_s"] - 1) for r in noisy)
-                                           / len(noisy)) if noisy else None, "pairs_by_source": {k: len(v) for k, v in (doc.get("repeatability") or {}).items()},
+    noisy = [(g["source"], scores[g["id"]]) for g in groups if g["source"] in sig and scores[g["id"]]["ran"]]
+    n_noisy = sum(sc["ran"] for _, sc in noisy)
+    return {"sigma_by_source": sig, "mape_floor_by_source": floor, "rows_with_sigma": n_noisy,
+            "rows": sum(sc["ran"] for sc in scores.values()),
+            "mape_floor_rows_with_sigma": sum(floor[src] * sc["ran"] for src, sc in noisy) / n_noisy if n_noisy else None,
+            "model_mape_rows_with_sigma": sum(sc["mape"] * sc["ran"] for _, sc in noisy) / n_noisy if n_noisy else None,
+            "pairs_by_source": {k: len(v) for k, v in (doc.get("repeatability") or {}).items()},
             "draws": CEILING_DRAWS, "seed": CEILING_SEED, "per_group": per, "groups": len(vals),
             "mean_ceiling": sum(vals) / len(vals) if vals else None,
             "mean_model_spearman": sum(model) / len(model) if model else None,
