@@ -35,6 +35,7 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calib
                                    add_target_flag, add_training_plan_flags, add_world_flags, checkpoint_policy,
                                    exit_map, input_error, targets_of, validation_error_text)
 from dstoolkit.cli.spec_override import apply_model_class
+from dstoolkit.hardware.table import known_gpu_names
 from dstoolkit.validate.engine import validate_config
 
 GiB = 2**30
@@ -49,7 +50,7 @@ def add_parser(subparsers) -> None:
     add_model_class_flag(p)
     add_model_kwargs_flag(p)
     add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
-    p.add_argument("--gpu", default="H100-SXM", help="hardware table name (H100-SXM, H200, H800, A100-80G, ..., cpu)")
+    p.add_argument("--gpu", default="H100-SXM", help=f"hardware table name ({', '.join(known_gpu_names())})")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     add_parallel_flags(p, ("tp", "pp", "ep"))
     p.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp32"), default=None,

@@ -44,6 +44,13 @@ HOPPER_FA2_ATTENTION_FRACTION = 0.35
 peak (Shah et al. 2024, FlashAttention-3, abstract: "FlashAttention-2 ... achieving only 35% utilization on the
 H100 GPU"): they use no wgmma/TMA. Replaces ATTENTION_FRACTION's sdpa and flash figures (measured on A100) on
 compute capability 9.x; te (cuDNN fused attention, Hopper-native) keeps its figure."""
+BLACKWELL_ULTRA_ATTENTION_SPEEDUP = 1.35
+"""Attention-kernel speed of Blackwell Ultra (B300 / GB300, compute capability 10.3) over Blackwell at the same
+dense peak: its special function units run the softmax's exponentials (MUFU.EX2) at twice Blackwell's rate, and
+NVIDIA measures ~35% more FP8 forward attention throughput on GB300 than on GB200 for DeepSeek-V3 (NVIDIA
+Technical Blog, "Making Softmax More Efficient with NVIDIA Blackwell Ultra", 2026). Applied to the fused
+attention kernels' fraction (attention_fraction), forward and backward alike: the backward recomputes the
+same exponentials; no backward figure is published. Not fitted."""
 ATTENTION_QUERY_TILE = 128
 """Query rows one thread block of a flash-style attention kernel computes. FlashAttention-2 splits the work over
 batch x heads x query blocks ("we additionally parallelize over the sequence length dimension", Dao 2023 §3.2; its
@@ -107,10 +114,14 @@ block a Megatron run executes, whatever the model."""
 def attention_fraction(gpu: GpuSpec, impl: str) -> float:
     """Fraction of dense bf16 peak the attention core sustains for this kernel family on this GPU
     (ATTENTION_FRACTION; HOPPER_FA2_ATTENTION_FRACTION for FA2-based kernels on compute capability 9.x, and for
-    flash-attn 1.x there the same ratio to FA2 as on A100: no H100 figure of v1 is published)."""
-    if impl in ("sdpa", "flash", "flash1") and str(gpu.compute_capability or "").startswith("9."):
+    flash-attn 1.x there the same ratio to FA2 as on A100: no H100 figure of v1 is published; fused kernels on
+    Blackwell Ultra, compute capability 10.3, x BLACKWELL_ULTRA_ATTENTION_SPEEDUP)."""
+    cc = str(gpu.compute_capability or "")
+    if impl in ("sdpa", "flash", "flash1") and cc.startswith("9."):
         v1_ratio = ATTENTION_FRACTION["flash1"] / ATTENTION_FRACTION["flash"] if impl == "flash1" else 1.0
         return HOPPER_FA2_ATTENTION_FRACTION * v1_ratio
+    if impl != "eager" and cc == "10.3":
+        return ATTENTION_FRACTION[impl] * BLACKWELL_ULTRA_ATTENTION_SPEEDUP
     return ATTENTION_FRACTION[impl]
 
 

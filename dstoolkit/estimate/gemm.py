@@ -55,10 +55,12 @@ in-sample best moves to half-dim 512, the grid's edge), efficiency Spearman 0.96
 the tokens, deep for the MPT 125M-3B rows, whose errors rise by 2-7 points (H100: +6 -> +12%); layout sweeps
 MAPE 11.7% -> 11.3%, mean within-group Spearman 0.536 -> 0.488, worst top-1 regret 15.5% -> 24.8% (at half-dim
 512: 10.2%, 0.588, 24.8%). It stays off; the switch stays for that comparison."""
-SMS_BY_COMPUTE_CAPABILITY = {"8.0": 108, "9.0": 132}
+SMS_BY_COMPUTE_CAPABILITY = {"8.0": 108, "9.0": 132, "10.0": 148, "10.3": 148}
 """Streaming multiprocessors of the data-centre part of each generation: A100 108 SMs (NVIDIA A100 Tensor Core GPU
 Architecture whitepaper, 2020, "108 SMs"), H100 / H200 / H800 SXM 132 (NVIDIA H100 Tensor Core GPU Architecture
-whitepaper, 2022, "132 SMs" for SXM5). Other generations (and PCIe parts with fewer SMs) get no wave term."""
+whitepaper, 2022, "132 SMs" for SXM5), B200 / GB200 148 and B300 / GB300 148 (stas00/ml-engineering@744d01e
+training/performance/README.md: "a B200 SKU also reads 148"; B300 ships as 148- and 152-SM SKUs of a 160-SM full
+die, the smaller taken). Other generations (and PCIe parts with fewer SMs) get no wave term."""
 GEMM_TILES = ((256, 128), (128, 256), (128, 128))
 """Output tiles (rows x columns) a CTA of a bf16 tensor-core GEMM computes; cuBLAS/CUTLASS pick per shape among
 these sizes (NVIDIA "Matrix Multiplication Background User's Guide", ch. 3 "Dimension Quantization Effects": tile

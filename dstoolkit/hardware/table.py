@@ -71,6 +71,36 @@ Achievable Matmul FLOPS comparison table", BF16, v2 with cache reset) has H100 S
 AMPERE_GEMM_FRACTION = 0.87
 """Large bf16 GEMM on A100 SXM: 271.2 of 312 TFLOP/s = 86.9% (same table and commit as HOPPER_GEMM_FRACTION,
 best shape 1024x10240x5120, torch 2.6.0+cu126; the older v1 table gave 267.9 = 85.9%). Re-read in this session."""
+BLACKWELL_REFERENCE = "stas00/ml-engineering@744d01e compute/accelerator/README.md"
+"""Where the Blackwell rows' figures were read (this session): its "TFLOPS comparison table" (dense, per GPU,
+citing the NVIDIA DGX B200 / DGX B300 datasheets and the GB200 / GB300 NVL72 specification pages), its memory
+table, and its "Maximum Achievable Matmul FLOPS comparison table" (BF16, mean of 100 iterations at the best shape
+of a brute-force search)."""
+B200_GEMM_FRACTION = 0.776
+"""Large bf16 GEMM on B200 SXM: 1745.0 of 2250 TFLOP/s = 77.6% (BLACKWELL_REFERENCE, best shape 1792x16128x3072,
+torch 2.7.1+cu128)."""
+B300_GEMM_FRACTION = 0.786
+"""Large bf16 GEMM on B300 SXM: 1769.0 of 2250 TFLOP/s = 78.6% (BLACKWELL_REFERENCE, best shape
+12288x18432x1024, torch 2.9.1+cu130). No GB300 figure is published; its row takes this one, measured on the
+same B300 chip (in the HGX board at 1100 W; GB300 runs it at up to 1400 W against the same 2500 TFLOP/s dense bf16
+the GB200 row states, so neither measured fraction is exactly its own). With GB200's 0.729 instead, the two GB300
+rows of benchmarks/data/published_runs.yaml are predicted 9.8% and 18.7% slow; with this one, see
+benchmarks/results/published_runs_*.md."""
+GB200_GEMM_FRACTION = 0.729
+"""Large bf16 GEMM on GB200's B200: 1822.0 of 2500 TFLOP/s = 72.9% (BLACKWELL_REFERENCE, best shape
+4096x9728x2048, torch 2.10.0.dev20250916+cu130)."""
+NVLINK5_BUSBW_BYTES_PER_S = 838 * GBps
+"""All-reduce busbw on one 8x B200 node (NVLink 5 / NVSwitch): 838.0 GB/s at 8 GiB with NCCL 2.27.7, which picks
+NVLink SHARP (NVLS) at 8 GPUs (682.2 GB/s with it off); stas00/ml-engineering@744d01e network/README.md, the
+8x B200 p6-b200.48xlarge sweep measured 2026-08-09. B300 nodes have the same NVLink 5 switch generation: no
+separate measurement, this figure."""
+NVL72_BUSBW_BYTES_PER_S = 850 * GBps
+"""All-reduce busbw across a GB200 NVL72 NVLink domain with NVLink SHARP: 850 GB/s (680 without; NVIDIA's slide
+quoted in stas00/ml-engineering@744d01e network/README.md, "a 25% improvement (850/680)")."""
+IB_800G_BUSBW_BYTES_PER_S = 100 * GBps
+"""One 800 Gb/s ConnectX-8 NIC per GPU (DGX B300, GB300 NVL72): "100GBps per accelerator, or 800GBps per node, for
+inter-node (8x ConnectX-8, as on DGX B300 XDR)" (stas00/ml-engineering@744d01e network/README.md), the line rate as
+IB_400G_BUSBW_BYTES_PER_S takes it."""
 MI300X_GEMM_FRACTION = 0.60
 """Large bf16 GEMM on MI300X: ~780 of 1307 TFLOP/s (AMD ROCm blog "Measuring Max-Achievable FLOPs", part 2)."""
 
@@ -130,6 +160,66 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=3.35 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
         nics_per_node=8,  # DeepSeek-V3 report §3.1: 8 GPUs per node, one 400 Gb/s InfiniBand NIC (50 GB/s) per GPU
+    ),
+    # NVIDIA B200 (DGX / HGX B200, 1000 W): 180 GB HBM3e (the platform figure), 8.0 TB/s, 2250 TFLOP/s bf16 and
+    # 4500 fp8 dense (BLACKWELL_REFERENCE, notes 20: DGX B200 datasheet). 148 SMs, compute capability 10.0.
+    # 8x ConnectX-7 400 Gb/s compute NICs, one per GPU (DGX B200 datasheet; AWS P6-B200: 8x 400 Gb/s EFA).
+    "B200": GpuSpec(
+        name="B200",
+        memory_bytes=180 * GiB,
+        peak_bf16_flops=2250 * TFLOPS,
+        peak_fp8_flops=4500 * TFLOPS,
+        intra_node_bw_bytes_per_s=NVLINK5_BUSBW_BYTES_PER_S,
+        inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
+        compute_capability="10.0",
+        hbm_bw_bytes_per_s=8.0 * TBps,
+        gemm_fraction=B200_GEMM_FRACTION,
+        nics_per_node=8,
+    ),
+    # NVIDIA B300 (DGX / HGX B300, Blackwell Ultra): 288 GB HBM3e, 8.0 TB/s, 2250 TFLOP/s bf16 and 4500 fp8 dense
+    # (BLACKWELL_REFERENCE, note 21: DGX B300 datasheet; its gain over B200 is in fp4). Compute capability 10.3.
+    # 8x ConnectX-8 800 Gb/s compute NICs, one per GPU (IB_800G_BUSBW_BYTES_PER_S).
+    "B300": GpuSpec(
+        name="B300",
+        memory_bytes=288 * GiB,
+        peak_bf16_flops=2250 * TFLOPS,
+        peak_fp8_flops=4500 * TFLOPS,
+        intra_node_bw_bytes_per_s=NVLINK5_BUSBW_BYTES_PER_S,
+        inter_node_bw_bytes_per_s=IB_800G_BUSBW_BYTES_PER_S,
+        compute_capability="10.3",
+        hbm_bw_bytes_per_s=8.0 * TBps,
+        gemm_fraction=B300_GEMM_FRACTION,
+        nics_per_node=8,
+    ),
+    # NVIDIA GB200 NVL72, per B200 GPU (1200 W): 186 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
+    # (BLACKWELL_REFERENCE, note 23: GB200 NVL72 specifications). 72 GPUs share one NVLink domain: a "node" here is
+    # the NVLink domain, so set cluster.gpus_per_node to the GPUs of the NVLink partition the job runs in (up to
+    # 72; Megatron-Bridge's GB200 runs use 64-GPU partitions). One 400 Gb/s ConnectX-7 per GPU (DGX GB200 user
+    # guide, networking: four per 4-GPU compute tray), so nics_per_node is left to one per GPU of the domain.
+    "GB200": GpuSpec(
+        name="GB200",
+        memory_bytes=186 * GiB,
+        peak_bf16_flops=2500 * TFLOPS,
+        peak_fp8_flops=5000 * TFLOPS,
+        intra_node_bw_bytes_per_s=NVL72_BUSBW_BYTES_PER_S,
+        inter_node_bw_bytes_per_s=IB_400G_BUSBW_BYTES_PER_S,
+        compute_capability="10.0",
+        hbm_bw_bytes_per_s=8.0 * TBps,
+        gemm_fraction=GB200_GEMM_FRACTION,
+    ),
+    # NVIDIA GB300 NVL72, per B300 GPU: 288 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
+    # (BLACKWELL_REFERENCE, note 24: GB300 NVL72 specifications, "the same but faster fp4 and more memory").
+    # NVLink domain as GB200 (set gpus_per_node to the partition); one 800 Gb/s ConnectX-8 per GPU.
+    "GB300": GpuSpec(
+        name="GB300",
+        memory_bytes=288 * GiB,
+        peak_bf16_flops=2500 * TFLOPS,
+        peak_fp8_flops=5000 * TFLOPS,
+        intra_node_bw_bytes_per_s=NVL72_BUSBW_BYTES_PER_S,
+        inter_node_bw_bytes_per_s=IB_800G_BUSBW_BYTES_PER_S,
+        compute_capability="10.3",
+        hbm_bw_bytes_per_s=8.0 * TBps,
+        gemm_fraction=B300_GEMM_FRACTION,
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense, no fp8 tensor cores.
     # NVLink3 600 GB/s bidirectional; nccl-tests all-reduce busbw on DGX A100 ~230 GB/s.

@@ -180,6 +180,17 @@ def test_fa2_attention_fraction_on_hopper():
     assert cm.attention_fraction(get_gpu("A100-80G"), "sdpa") == cm.ATTENTION_FRACTION["sdpa"]
 
 
+def test_blackwell_ultra_attention_speedup():
+    """B300 / GB300 (compute capability 10.3) run the fused attention kernels BLACKWELL_ULTRA_ATTENTION_SPEEDUP
+    faster than Blackwell at the same peak; B200 / GB200 (10.0) and the eager core keep their figures."""
+    for name in ("B300", "GB300"):
+        assert cm.attention_fraction(get_gpu(name), "te") == pytest.approx(cm.ATTENTION_FRACTION["te"] * 1.35)
+        assert cm.attention_fraction(get_gpu(name), "eager") == cm.ATTENTION_FRACTION["eager"]
+    for name in ("B200", "GB200"):
+        assert cm.attention_fraction(get_gpu(name), "te") == cm.ATTENTION_FRACTION["te"]
+        assert cm.attention_fraction(get_gpu(name), "sdpa") == cm.ATTENTION_FRACTION["sdpa"]
+
+
 def test_fsdp_gathers_per_block_deepspeed_per_submodule():
     # PyTorch FSDP units are blocks (torchtitan fully_shard per TransformerBlock): 1 gather per block and pass,
     # 1 reduce-scatter per block; DeepSpeed fetches each of the ~4 weight matrices of a block

@@ -12,7 +12,8 @@ TFLOPS = 1e12
 
 
 def test_table_has_the_required_names():
-    assert list(GPU_TABLE) == ["H100-SXM", "H200", "H800", "A100-80G", "A100-40G", "L40S", "MI300X", "cpu"]
+    assert list(GPU_TABLE) == ["H100-SXM", "H200", "H800", "B200", "B300", "GB200", "GB300", "A100-80G", "A100-40G",
+                               "L40S", "MI300X", "cpu"]
     for key, row in GPU_TABLE.items():
         assert row.name == key
 
@@ -30,6 +31,30 @@ def test_published_dense_peaks():
     assert get_gpu("H200").intra_node_bw_bytes_per_s == 475e9
     assert get_gpu("H800").intra_node_bw_bytes_per_s == 215e9
     assert get_gpu("H800").inter_node_bw_bytes_per_s == 50e9
+
+
+def test_blackwell_rows():
+    """Dense per-GPU peaks, memory and measured rates of the Blackwell rows (hardware.BLACKWELL_REFERENCE): HGX/DGX
+    B200 and B300 at 2250 / 4500 TFLOP/s bf16 / fp8, the NVL72 parts at 2500 / 5000; B200 180 GB, GB200 186,
+    B300 / GB300 288; large-GEMM fractions from the measured maximum matmul rates; one NIC per GPU."""
+    from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY
+
+    gib = 2**30
+    expect = {"B200": (2250, 180, "10.0", 0.776, 50e9), "B300": (2250, 288, "10.3", 0.786, 100e9),
+              "GB200": (2500, 186, "10.0", 0.729, 50e9), "GB300": (2500, 288, "10.3", 0.786, 100e9)}
+    for name, (bf16, mem, cc, frac, nic) in expect.items():
+        g = get_gpu(name)
+        assert (g.peak_bf16_flops, g.peak_fp8_flops) == (bf16 * TFLOPS, 2 * bf16 * TFLOPS)
+        assert (g.memory_bytes, g.compute_capability, g.gemm_fraction) == (mem * gib, cc, frac)
+        assert (g.hbm_bw_bytes_per_s, g.inter_node_bw_bytes_per_s) == (8.0e12, nic)
+        assert SMS_BY_COMPUTE_CAPABILITY[cc] == 148
+    # 1745.0 / 2250 and 1822.0 / 2500 TFLOP/s measured (hardware.B200_GEMM_FRACTION, GB200_GEMM_FRACTION)
+    assert hardware.B200_GEMM_FRACTION == round(1745.0 / 2250, 3)
+    assert hardware.GB200_GEMM_FRACTION == round(1822.0 / 2500, 3)
+    # HGX boards: 8 NICs; NVL72: one per GPU of the NVLink domain the spec calls a node (None)
+    assert get_gpu("B200").nics_per_node == get_gpu("B300").nics_per_node == 8
+    assert get_gpu("GB200").nics_per_node is None and get_gpu("GB300").nics_per_node is None
+    assert get_gpu("B200").intra_node_bw_bytes_per_s == 838e9 and get_gpu("GB200").intra_node_bw_bytes_per_s == 850e9
 
 
 def test_memory_ordering_and_cpu_budget():

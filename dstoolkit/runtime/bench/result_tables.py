@@ -280,7 +280,7 @@ def _published_row(res: Results) -> Row:
     met = "met" if ok else "not met"
     return Row("throughput on GPU clusters", f"{s['runs']} published training runs, {s['sources']} source tables "
                "(Megatron-LM, Korthikanti, Llama 3, torchtitan, MPT, NeMo, Megatron-Bridge, Megatron MoE zoo, "
-               "DeepSeek-V3, BLOOM, MT-NLG, flash-attention's training code), A100/H100/H800",
+               "DeepSeek-V3, BLOOM, MT-NLG, flash-attention's training code), A100/H100/H800/B200/GB200/GB300",
                f"MAPE {_pct(lo['mape_in_sample'], sign=False)} in sample and "
                f"{_pct(lo['mape_out_of_source'], sign=False)} with every fitted constant refitted without the "
                f"held-out source, median {_pct(s['median_abs_error'], sign=False)}, {s['within_15pct']}/{s['runs']} "
