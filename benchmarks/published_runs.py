@@ -104,10 +104,13 @@ def spec_for(run: dict[str, Any]) -> dict[str, Any]:
         "zeropp": False,
     }
     training.update(execution_fields(run))
+    cluster = {"nodes": int(run["nodes"]), "gpus_per_node": int(run["gpus_per_node"]), "gpu": run["gpu"]}
+    if run.get("nvlink_domain_gpus"):
+        cluster["nvlink_domain_gpus"] = int(run["nvlink_domain_gpus"])
     return {
         "name": run["id"],
         "model": dict(run["model"]),
-        "cluster": {"nodes": int(run["nodes"]), "gpus_per_node": int(run["gpus_per_node"]), "gpu": run["gpu"]},
+        "cluster": cluster,
         "training": training,
     }
 

@@ -124,7 +124,7 @@ def run(args) -> int:
         doc["undecided"] = _undecided_json(res, spec, args.spec)
         print(json.dumps(doc, indent=2))
         return EXIT_FINDINGS if res.fits_nowhere is not None or not res.ranked else EXIT_OK
-    print(f"{spec.name}: {shape.name} on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}; "
+    print(f"{spec.name}: {shape.name} on {spec.cluster.describe(gpu.name)}; "
           f"{res.considered} candidates, {res.all_ranked_count} fit, {len(res.dropped)} dropped "
           f"(estimates: {res.estimator})")
     if res.ranked:

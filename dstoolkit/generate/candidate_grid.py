@@ -70,7 +70,7 @@ def checkpoint_choices(spec: Spec) -> list[CheckpointPolicy]:
 def enumerate_candidates(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef] = None) -> Iterator[Candidate]:
     """Every combination the spec leaves open ("auto" fields), restricted to `strategy` when given."""
     t, c = spec.training, spec.cluster
-    tps = _degrees(t.tp, pow2_upto(c.gpus_per_node))
+    tps = _degrees(t.tp, pow2_upto(c.nvlink_domain))
     pps = _degrees(t.pp, pp_choices(c.world_size, shape.num_hidden_layers))
     if shape.is_moe:
         eps = _degrees(t.ep, [e for e in pow2_upto(min(shape.num_experts, c.world_size))

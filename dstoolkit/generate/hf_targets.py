@@ -145,7 +145,7 @@ def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
         z["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
     if cand.zeropp:
         z.update({"zero_quantized_weights": True, "zero_quantized_gradients": True,
-                  "zero_hpz_partition_size": spec.cluster.gpus_per_node})
+                  "zero_hpz_partition_size": spec.cluster.nvlink_domain})
     cfg["zero_optimization"] = z
     if cand.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": cand.tp}
@@ -367,7 +367,7 @@ def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerat
 
     ds = build_hf_ds_config(spec, shape, cand)
     errors = [f for f in validate_config(ds, mode="hf", world_size=spec.cluster.world_size,
-                                         gpus_per_node=spec.cluster.gpus_per_node,
+                                         gpus_per_node=spec.cluster.nvlink_domain,
                                          num_heads=shape.num_attention_heads,
                                          num_kv_heads=shape.num_key_value_heads) if f.severity == "error"]
     if errors:

@@ -148,7 +148,7 @@ def _num(x: float) -> str:
 
 def _dims(spec: Spec, cand: Candidate) -> ParallelDims:
     return ParallelDims(world=spec.cluster.world_size, tp=cand.tp, pp=cand.pp, ep=cand.ep,
-                        gpus_per_node=spec.cluster.gpus_per_node)
+                        gpus_per_node=spec.cluster.nvlink_domain)
 
 
 def vocab_divisor(vocab: int, tp: int) -> int:

@@ -127,7 +127,7 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
     notes = _chosen(spec, cand)
     from dstoolkit.layout.constraints import tp_across_nodes_note  # TP wider than a node: allowed, with a warning
 
-    tp_note = tp_across_nodes_note(cand.tp, spec.cluster.gpus_per_node)
+    tp_note = tp_across_nodes_note(cand.tp, spec.cluster.nvlink_domain)
     if notes:
         lead = "layout chosen by the sweep (dstoolkit sweep)" if fits else "least memory-hungry layout of the sweep"
         notes.insert(0, f"{lead}: {cand.label}")

@@ -38,10 +38,17 @@ class RuleViolation:
     message: str
 
 
+def candidate_names(spec: Spec) -> dict[str, str]:
+    """CANDIDATE_NAMES for this spec: the node the layout rules read is cluster.nvlink_domain_gpus where it is set."""
+    if spec.cluster.nvlink_domain_gpus is None:
+        return CANDIDATE_NAMES
+    return {**CANDIDATE_NAMES, "gpus_per_node": "cluster.nvlink_domain_gpus"}
+
+
 def dims_for(spec: Spec, cand: Candidate) -> ParallelDims:
-    """The candidate's parallel dimensions on the spec's cluster."""
+    """The candidate's parallel dimensions on the spec's cluster (a node: the NVLink domain)."""
     return ParallelDims(world=spec.cluster.world_size, tp=cand.tp, pp=cand.pp, ep=cand.ep,
-                        gpus_per_node=spec.cluster.gpus_per_node)
+                        gpus_per_node=spec.cluster.nvlink_domain)
 
 
 def hpz_partition_size(spec: Spec, cand: Candidate) -> int:
@@ -62,7 +69,7 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
     gpu = spec.cluster.gpu
     ramp = spec.training.batch_ramp
     return LayoutFacts(
-        world=spec.cluster.world_size, gpus_per_node=spec.cluster.gpus_per_node,
+        world=spec.cluster.world_size, gpus_per_node=spec.cluster.nvlink_domain,
         tp=cand.tp, pp=cand.pp, ep=cand.ep, zero_stage=cand.zero_stage, micro_batch=cand.micro_batch,
         global_batch=spec.training.global_batch, num_heads=shape.num_attention_heads, kv_heads=shape.kv_heads,
         is_mla=shape.is_mla, num_layers=shape.num_hidden_layers, num_experts=shape.num_experts if shape.is_moe else 0,
@@ -76,5 +83,5 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
 
 def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> Optional[RuleViolation]:
     """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible."""
-    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, CANDIDATE_NAMES)
+    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, candidate_names(spec))
     return None if v is None else RuleViolation(v.name, v.message)

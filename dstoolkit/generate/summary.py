@@ -94,8 +94,8 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
     lines = [
         f"# {out.name}: {spec.name}",
         "",
-        f"{out.strategy.description}. Model {shape.name}: {_params_line(shape)}. Cluster: {spec.cluster.nodes} x "
-        f"{spec.cluster.gpus_per_node} {gpu.name} ({world} ranks).",
+        f"{out.strategy.description}. Model {shape.name}: {_params_line(shape)}. Cluster: "
+        f"{spec.cluster.describe(gpu.name)} ({world} ranks).",
         "",
         "| choice | value | why |",
         "|---|---|---|",
@@ -217,8 +217,8 @@ def render_index(spec: Spec, shape: ModelShape, result: GenerateResult) -> str:
     lines = [
         f"# dstoolkit generate: {spec.name}",
         "",
-        f"Model {shape.name}: {_params_line(shape)}. Cluster: {spec.cluster.nodes} x {spec.cluster.gpus_per_node} "
-        f"{gpu.name}. Training: seq_len {spec.training.seq_len}, global batch {spec.training.global_batch}, "
+        f"Model {shape.name}: {_params_line(shape)}. Cluster: {spec.cluster.describe(gpu.name)}. "
+        f"Training: seq_len {spec.training.seq_len}, global batch {spec.training.global_batch}, "
         f"{spec.training.precision}.",
         "",
         *model_notes(shape, spec.training.seq_len),

@@ -35,7 +35,7 @@ def validate_candidate_config(spec: Spec, shape: ModelShape, cand: Candidate, cf
     cfg = cfg if cfg is not None else build_ds_config(spec, shape, cand)
     return list(validate_config(
         cfg, source=f"{spec.name}:{cand.label}", world_size=spec.cluster.world_size,
-        gpus_per_node=spec.cluster.gpus_per_node, tp=cand.tp, pp=cand.pp,
+        gpus_per_node=spec.cluster.nvlink_domain, tp=cand.tp, pp=cand.pp,
         num_experts=shape.num_experts if shape.is_moe and native_moe else None,
         ep_size=cand.ep if shape.is_moe and native_moe else None, mode="strict"))
 

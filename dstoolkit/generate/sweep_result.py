@@ -45,7 +45,7 @@ class FitsNowhere:
 
     def message(self, spec: Spec, gpu: GpuSpec, model_name: str) -> str:
         lines = [
-            f"{model_name} fits nowhere on {spec.cluster.nodes} x {spec.cluster.gpus_per_node} {gpu.name}: the "
+            f"{model_name} fits nowhere on {spec.cluster.describe(gpu.name)}: the "
             f"least memory-hungry layout ({self.least_memory_label}) still needs at least "
             f"{self.needed_per_gpu_bytes / GiB:.1f} GiB per GPU at its peak, and one GPU has "
             f"{self.device_memory_bytes / GiB:.1f} GiB ({usable_device_bytes(gpu) / GiB:.1f} GiB usable for tensors "

@@ -46,6 +46,9 @@ class GpuSpec(StrictModel):
     gemm_fraction: Optional[float] = Field(default=None, gt=0, le=1)
     """Fraction of the dense bf16 peak a large bf16 GEMM sustains (measured maximum achievable matmul FLOP/s);
     None: the step-time model's default (estimate.gemm.DEFAULT_GEMM_FRACTION)."""
+    nvlink_domain_gpus: Optional[int] = Field(default=None, ge=1)
+    """The most GPUs one NVLink fabric joins beyond a host (72 for an NVL72 rack of 4-GPU hosts); a job's own
+    domain is `cluster.nvlink_domain_gpus`, up to this. None: NVLink (or the node's fabric) ends at the host."""
 
 
 GiB = 2**30
@@ -192,10 +195,10 @@ GPU_TABLE: dict[str, GpuSpec] = {
         nics_per_node=8,
     ),
     # NVIDIA GB200 NVL72, per B200 GPU (1200 W): 186 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
-    # (BLACKWELL_REFERENCE, note 23: GB200 NVL72 specifications). 72 GPUs share one NVLink domain: a "node" here is
-    # the NVLink domain, so set cluster.gpus_per_node to the GPUs of the NVLink partition the job runs in (up to
-    # 72; Megatron-Bridge's GB200 runs use 64-GPU partitions). One 400 Gb/s ConnectX-7 per GPU (DGX GB200 user
-    # guide, networking: four per 4-GPU compute tray), so nics_per_node is left to one per GPU of the domain.
+    # (BLACKWELL_REFERENCE, note 23: GB200 NVL72 specifications). 72 GPUs on 18 hosts of 4 share one NVLink
+    # domain: a spec states gpus_per_node 4 (what a host launches) and cluster.nvlink_domain_gpus (the NVLink
+    # partition the job runs in, up to 72), which the network model treats as one node. One 400 Gb/s ConnectX-7
+    # per GPU (DGX GB200 user guide, networking: four per 4-GPU compute tray): nics_per_node is left to one per GPU.
     "GB200": GpuSpec(
         name="GB200",
         memory_bytes=186 * GiB,
@@ -206,10 +209,11 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="10.0",
         hbm_bw_bytes_per_s=8.0 * TBps,
         gemm_fraction=GB200_GEMM_FRACTION,
+        nvlink_domain_gpus=72,
     ),
     # NVIDIA GB300 NVL72, per B300 GPU: 288 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
     # (BLACKWELL_REFERENCE, note 24: GB300 NVL72 specifications, "the same but faster fp4 and more memory").
-    # NVLink domain as GB200 (set gpus_per_node to the partition); one 800 Gb/s ConnectX-8 per GPU.
+    # NVLink domain and hosts as GB200; one 800 Gb/s ConnectX-8 per GPU.
     "GB300": GpuSpec(
         name="GB300",
         memory_bytes=288 * GiB,
@@ -220,6 +224,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         compute_capability="10.3",
         hbm_bw_bytes_per_s=8.0 * TBps,
         gemm_fraction=B300_GEMM_FRACTION,
+        nvlink_domain_gpus=72,
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense, no fp8 tensor cores.
     # NVLink3 600 GB/s bidirectional; nccl-tests all-reduce busbw on DGX A100 ~230 GB/s.

@@ -34,7 +34,8 @@ class RunPlan(BaseModel):
     world_size: int = Field(gt=0)
     """Total ranks (GPUs)."""
     gpus_per_node: int = Field(gt=0)
-    """Ranks per node (decides which collectives cross nodes)."""
+    """Ranks per node as the network sees it (decides which collectives cross nodes): the NVLink domain
+    (`ClusterSpec.nvlink_domain`), which is the host except on multi-host NVLink racks."""
     gpu: GpuSpec
     """Accelerator facts."""
     seq_len: int
@@ -218,7 +219,7 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         shape=shape,
         ds_config=ds_config,
         world_size=world_size or spec.cluster.world_size,
-        gpus_per_node=gpus_per_node or spec.cluster.gpus_per_node,
+        gpus_per_node=gpus_per_node or spec.cluster.nvlink_domain,
         gpu=gpu if gpu is not None else get_gpu(spec.cluster.gpu),
         seq_len=t.seq_len,
         tp=deg(tp, t.tp),

@@ -146,7 +146,8 @@ class ClusterSpec(_Strict):
     gpus_per_node: int = Field(default=8, ge=1)
     """Ranks (GPUs, or CPU processes for gpu: cpu) per node."""
     gpu: Union[str, GpuSpec] = "H100-SXM"
-    """A name from the hardware table (H100-SXM, H200, H800, A100-80G, A100-40G, L40S, MI300X, cpu) or explicit facts."""
+    """A name from the hardware table (`dstoolkit.hardware.table.GPU_TABLE`: H100-SXM, B200, GB200, ..., cpu) or
+    explicit facts."""
     cuda_version: Optional[str] = None
     """CUDA toolkit version on the cluster, such as "12.9"; gates FP8 recipes (block scaling needs 12.9+). None skips that check."""
     calibration: Optional[str] = None
@@ -160,11 +161,44 @@ class ClusterSpec(_Strict):
     memory_headroom_fraction: Optional[float] = Field(default=None, ge=0, lt=1)
     """Share of device memory a pick should leave free beyond its estimated peak (allocator fragmentation, spikes);
     the ranking prefers layouts within it. None: `dstoolkit.spec.cluster_fields.DEFAULT_MEMORY_HEADROOM_FRACTION`."""
+    nvlink_domain_gpus: Optional[int] = Field(default=None, ge=1)
+    """GPUs of the NVLink partition the job runs in when NVLink joins several hosts (GB200 / GB300 NVL72: up to 72,
+    hosts of 4): whole hosts, at most the GPU's `nvlink_domain_gpus`. Estimates, sweeps and layout rules treat the
+    domain as one node (TP, EP and rings inside it at NVLink rates); launch files keep gpus_per_node per host.
+    None: NVLink ends at the host (`nvlink_domain`)."""
 
-    @field_validator("nodes", "gpus_per_node", mode="before")
+    @field_validator("nodes", "gpus_per_node", "nvlink_domain_gpus", mode="before")
     @classmethod
     def _check_not_bool(cls, value: Any, info) -> Any:
         return _reject_bool(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _check_nvlink_domain(self) -> "ClusterSpec":
+        d = self.nvlink_domain_gpus
+        if d is None:
+            return self
+        if d % self.gpus_per_node:
+            raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={d} is not whole hosts of "
+                                 f"gpus_per_node={self.gpus_per_node}",
+                                 f"use a multiple of {self.gpus_per_node} (an NVLink partition holds whole hosts)")
+        gpu = self.gpu_spec
+        most = gpu.nvlink_domain_gpus or self.gpus_per_node
+        if d > most:
+            where = (f"{gpu.name}'s NVLink domain is at most {most} GPUs" if gpu.nvlink_domain_gpus else
+                     f"{gpu.name} has NVLink only inside its host (the hardware table gives it no nvlink_domain_gpus)")
+            raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={d}: {where}",
+                                 f"use at most {most}, or give the GPU's facts with nvlink_domain_gpus")
+        return self
+
+    def describe(self, gpu_name: str) -> str:
+        """'4 x 8 H100-SXM', with the NVLink domain where it spans hosts: '16 x 4 GB200 (NVLink domains of 64)'."""
+        text = f"{self.nodes} x {self.gpus_per_node} {gpu_name}"
+        return text + (f" (NVLink domains of {self.nvlink_domain_gpus})" if self.nvlink_domain_gpus else "")
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that share one NVLink fabric, the network model's node: nvlink_domain_gpus, else gpus_per_node."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
 
     @field_validator("gpu")
     @classmethod
@@ -414,7 +448,7 @@ class Spec(_Strict):
     def _check_layout(self) -> "Spec":
         # The layout constraints that need the world size (dstoolkit.layout.constraints).
         facts = dataclasses.replace(training_facts(self.training), world=self.world_size,
-                                    gpus_per_node=self.cluster.gpus_per_node)
+                                    gpus_per_node=self.cluster.nvlink_domain)
         raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",))
         return self
 

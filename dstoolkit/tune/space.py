@@ -283,7 +283,7 @@ class TuneSpace:
         cfg = self.ds_config(point)
         findings = list(validate_config(
             cfg, source=f"tune:{point.label}", world_size=world_size or spec.cluster.world_size,
-            gpus_per_node=spec.cluster.gpus_per_node, tp=cand.tp, pp=cand.pp,
+            gpus_per_node=spec.cluster.nvlink_domain, tp=cand.tp, pp=cand.pp,
             num_experts=shape.num_experts if shape.is_moe else None, ep_size=cand.ep if shape.is_moe else None,
             mode="strict"))
         errors = [f for f in findings if str(getattr(f, "severity", "")).lower().endswith("error")]

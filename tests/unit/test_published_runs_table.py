@@ -168,6 +168,7 @@ def test_committed_spec_matches_row_and_loads(run):
     assert doc["model"] == run["model"]
     assert (doc["cluster"]["nodes"], doc["cluster"]["gpus_per_node"], doc["cluster"]["gpu"]) == (
         run["nodes"], run["gpus_per_node"], run["gpu"])
+    assert doc["cluster"].get("nvlink_domain_gpus") == run.get("nvlink_domain_gpus")
     assert (t["tp"], t["pp"], t["ep"], t["zero_stage"]) == (lay["tp"], lay["pp"], lay["ep"], lay["zero_stage"])
     assert (t["micro_batch"], t["global_batch"], t["seq_len"], t["precision"], t["activation_checkpointing"]) == (
         run["micro_batch"], run["global_batch"], run["seq_len"], run["precision"], run["recompute"])

@@ -415,7 +415,7 @@ def test_section_that_is_not_a_mapping(tmp_path):
     lines, _ = error_lines(tmp_path, GOOD.replace("model:\n  preset: tiny", "model: llama-3-8b"))
     assert lines[0].endswith(":2:8: model: 'llama-3-8b' is not a mapping (write `model: {preset: llama-3-8b}` (or hf_config: / inline HF fields))")
     lines, _ = error_lines(tmp_path, GOOD.replace("cluster:\n  nodes: 1\n  gpus_per_node: 2\n  gpu: cpu", "cluster: 2"))
-    assert "cluster: 2 is not a mapping (write cluster as a mapping with keys: nodes, gpus_per_node, gpu, cuda_version, calibration, host_memory_per_node_gib, memory_headroom_fraction)" in lines[0]
+    assert "cluster: 2 is not a mapping (write cluster as a mapping with keys: nodes, gpus_per_node, gpu, cuda_version, calibration, host_memory_per_node_gib, memory_headroom_fraction, nvlink_domain_gpus)" in lines[0]
 
 
 def test_spec_findings_are_findings_with_codes(tmp_path):
