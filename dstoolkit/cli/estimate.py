@@ -33,7 +33,7 @@ from typing import Optional
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calibration_flag, add_checkpoint_flags,
                                    add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
                                    add_target_flag, add_training_plan_flags, add_world_flags, checkpoint_policy,
-                                   exit_map, input_error, targets_of, validation_error_text)
+                                   exit_map, input_error, positive_int, targets_of, validation_error_text)
 from dstoolkit.cli.spec_override import apply_model_class
 from dstoolkit.hardware.table import known_gpu_names
 from dstoolkit.validate.engine import validate_config
@@ -51,6 +51,9 @@ def add_parser(subparsers) -> None:
     add_model_kwargs_flag(p)
     add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
     p.add_argument("--gpu", default="H100-SXM", help=f"hardware table name ({', '.join(known_gpu_names())})")
+    p.add_argument("--nvlink-domain-gpus", type=positive_int, default=None, metavar="D",
+                   help="GPUs of the NVLink partition when NVLink joins hosts (GB200/GB300 NVL72: up to 72, hosts of "
+                        "--gpus-per-node 4); the spec's cluster.nvlink_domain_gpus")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     add_parallel_flags(p, ("tp", "pp", "ep"))
     p.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
@@ -114,7 +117,8 @@ def _plan_from_args(args):
     if args.world_size <= 0:
         raise ValueError(f"--world-size={args.world_size}: must be > 0")
     gpus_per_node = args.gpus_per_node or min(8, args.world_size)
-    findings = _validate(text, args.config, args.world_size, gpus_per_node, args.tp, args.pp)
+    domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, args.gpu)
+    findings = _validate(text, args.config, args.world_size, domain, args.tp, args.pp)
     shape = _load_shape(args.model, args.model_class, args.model_kwargs)
     precision = args.precision
     if precision is None:
@@ -126,11 +130,26 @@ def _plan_from_args(args):
             precision = "fp32"
     policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
-                   gpus_per_node=gpus_per_node, gpu=get_gpu(args.gpu),
+                   gpus_per_node=domain, gpu=get_gpu(args.gpu),
                    seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
                    precision=precision, calibration=_calibration(args.calibration, args.gpu, precision))
     return plan, [], findings
+
+
+def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
+    """The node the network model sees for the flag form: --nvlink-domain-gpus checked by the spec's own rule
+    (`ClusterSpec`: whole hosts, at most the GPU's NVLink domain), else the host."""
+    from pydantic import ValidationError
+
+    from dstoolkit.spec.model import ClusterSpec
+
+    try:
+        return ClusterSpec(gpus_per_node=gpus_per_node, gpu=gpu, nvlink_domain_gpus=domain).nvlink_domain
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = str(err.get("msg", exc)).replace("Value error, ", "").replace("nvlink_domain_gpus: ", "", 1)
+        raise ValueError(f"--{msg}".replace("--nvlink_domain_gpus=", "--nvlink-domain-gpus=", 1)) from None
 
 
 class ConfigInvalid(Exception):

@@ -70,3 +70,26 @@ def test_impossible_domains_are_refused_at_the_field(nodes, gpn, domain, gpu, ne
     with pytest.raises((SpecError, ValueError)) as exc:
         _spec(nodes, gpn, domain=domain, gpu=gpu, tp=1, pp=1)
     assert needle in str(exc.value) and "nvlink_domain_gpus" in str(exc.value)
+
+
+def test_estimate_flags_take_the_domain(tmp_path, capsys):
+    """`dstoolkit estimate --config/--model` form: --nvlink-domain-gpus prices the 64 GPUs as one NVLink domain
+    (faster than 16 separate 4-GPU hosts) and is refused by the spec's own rule, exit 2, naming the flag."""
+    import json
+
+    from dstoolkit.cli import main
+
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                               "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
+    base = ["estimate", "--config", str(cfg), "--model", "llama-3-70b", "--world-size", "64", "--gpus-per-node", "4",
+            "--gpu", "GB200", "--tp", "4", "--pp", "4", "--seq-len", "8192", "--format", "json"]
+    times = []
+    for extra in ([], ["--nvlink-domain-gpus", "64"]):
+        capsys.readouterr()
+        assert main(base + extra) == 0
+        times.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert times[1] < times[0]
+    capsys.readouterr()
+    assert main(base + ["--nvlink-domain-gpus", "6"]) == 2
+    assert "--nvlink-domain-gpus=6 is not whole hosts of gpus_per_node=4" in capsys.readouterr().err
