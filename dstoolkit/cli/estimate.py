@@ -142,7 +142,7 @@ def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
     (`ClusterSpec`: whole hosts, at most the GPU's NVLink domain), else the host."""
     from pydantic import ValidationError
 
-    from dstoolkit.spec.model import ClusterSpec
+    from dstoolkit.spec.cluster import ClusterSpec
 
     try:
         return ClusterSpec(gpus_per_node=gpus_per_node, gpu=gpu, nvlink_domain_gpus=domain).nvlink_domain

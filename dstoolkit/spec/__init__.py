@@ -7,7 +7,8 @@ line-located findings. No torch import.
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.errors import SpecError, SpecFieldError, SpecFinding, SpecSource
 from dstoolkit.spec.loader import load_spec, spec_from_dict
-from dstoolkit.spec.model import BatchRampSpec, ClusterSpec, ModelSpec, Spec, TrainingSpec
+from dstoolkit.spec.cluster import ClusterSpec
+from dstoolkit.spec.model import BatchRampSpec, ModelSpec, Spec, TrainingSpec
 
 __all__ = ["BatchRampSpec", "CheckpointPolicy", "ClusterSpec", "ModelSpec", "Spec", "SpecError", "SpecFieldError",
            "SpecFinding", "SpecSource", "TrainingSpec", "load_spec", "spec_from_dict"]

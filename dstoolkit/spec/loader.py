@@ -70,7 +70,7 @@ def _section_class(info: Any) -> Optional[type[BaseModel]]:
 
 def _describe(info: Any) -> str:
     if info is None or not info.description:
-        return "see the field docs in dstoolkit/spec/model.py"
+        return "see the field docs in dstoolkit/spec/ (model.py, cluster.py, cluster_fields.py)"
     return "expected: " + " ".join(info.description.split())
 
 

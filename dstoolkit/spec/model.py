@@ -14,25 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from dstoolkit.common.model import Auto, StrictModel as _Strict  # the one strict base and "auto"
 from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
-from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
 from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.spec.cluster import ClusterSpec
 from dstoolkit.spec.cluster_fields import ClusterModelFields
 from dstoolkit.spec.layout_facts import raise_layout, training_facts
-from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
+from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted,
+                                    reject_bool)
 
 # ----------------------------------------------------------------------------------------------------------
 # Schema
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _reject_bool(value: Any, field: str) -> Any:
-    # YAML `yes`/`true` would otherwise pass as 1 for an int or Literal[0, 1, 2, 3] field.
-    if isinstance(value, bool):
-        raise SpecFieldError((), f"{field}={value!r} is a boolean", "give a number" + (" or 'auto'" if field in _AUTO_FIELDS else ""))
-    return value
-
-
-_AUTO_FIELDS = {"micro_batch", "tp", "pp", "ep", "zero_stage"}
 
 
 class ModelSpec(BaseModel):
@@ -138,88 +131,6 @@ class ModelSpec(BaseModel):
         return self
 
 
-class ClusterSpec(_Strict):
-    """Where the job runs."""
-
-    nodes: int = Field(default=1, ge=1)
-    """Number of nodes."""
-    gpus_per_node: int = Field(default=8, ge=1)
-    """Ranks (GPUs, or CPU processes for gpu: cpu) per node."""
-    gpu: Union[str, GpuSpec] = "H100-SXM"
-    """A name from the hardware table (`dstoolkit.hardware.table.GPU_TABLE`: H100-SXM, B200, GB200, ..., cpu) or
-    explicit facts."""
-    cuda_version: Optional[str] = None
-    """CUDA toolkit version on the cluster, such as "12.9"; gates FP8 recipes (block scaling needs 12.9+). None skips that check."""
-    calibration: Optional[str] = None
-    """Measured rates for step-time estimates: a path (relative to this spec file) to a calibration JSON written
-    by benchmarks/step_time_fidelity.py, or "none" for the hardware table's nominal rates. Unset: the packaged
-    reference measurement for gpu: cpu, nominal rates for GPUs (dstoolkit.hardware.calibration)."""
-    host_memory_per_node_gib: Optional[float] = Field(default=None, gt=0)
-    """Host RAM of one node in GiB, which offloaded states (and pinned buffers) of all its ranks share; a layout
-    whose host memory per node exceeds it does not fit. None: `dstoolkit.spec.cluster_fields.host_memory_per_node_bytes`
-    (2 TB for a GPU node, an NVIDIA DGX H100/H200's system memory; the ranks' memory for gpu: cpu)."""
-    memory_headroom_fraction: Optional[float] = Field(default=None, ge=0, lt=1)
-    """Share of device memory a pick should leave free beyond its estimated peak (allocator fragmentation, spikes);
-    the ranking prefers layouts within it. None: `dstoolkit.spec.cluster_fields.DEFAULT_MEMORY_HEADROOM_FRACTION`."""
-    nvlink_domain_gpus: Optional[int] = Field(default=None, ge=1)
-    """GPUs of the NVLink partition the job runs in when NVLink joins several hosts (GB200 / GB300 NVL72: up to 72,
-    hosts of 4): whole hosts, at most the GPU's `nvlink_domain_gpus`. Estimates, sweeps and layout rules treat the
-    domain as one node (TP, EP and rings inside it at NVLink rates); launch files keep gpus_per_node per host.
-    None: NVLink ends at the host (`nvlink_domain`)."""
-
-    @field_validator("nodes", "gpus_per_node", "nvlink_domain_gpus", mode="before")
-    @classmethod
-    def _check_not_bool(cls, value: Any, info) -> Any:
-        return _reject_bool(value, info.field_name)
-
-    @model_validator(mode="after")
-    def _check_nvlink_domain(self) -> "ClusterSpec":
-        d = self.nvlink_domain_gpus
-        if d is None:
-            return self
-        if d % self.gpus_per_node:
-            raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={d} is not whole hosts of "
-                                 f"gpus_per_node={self.gpus_per_node}",
-                                 f"use a multiple of {self.gpus_per_node} (an NVLink partition holds whole hosts)")
-        gpu = self.gpu_spec
-        most = gpu.nvlink_domain_gpus or self.gpus_per_node
-        if d > most:
-            where = (f"{gpu.name}'s NVLink domain is at most {most} GPUs" if gpu.nvlink_domain_gpus else
-                     f"{gpu.name} has NVLink only inside its host (the hardware table gives it no nvlink_domain_gpus)")
-            raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={d}: {where}",
-                                 f"use at most {most}, or give the GPU's facts with nvlink_domain_gpus")
-        return self
-
-    def describe(self, gpu_name: str) -> str:
-        """'4 x 8 H100-SXM', with the NVLink domain where it spans hosts: '16 x 4 GB200 (NVLink domains of 64)'."""
-        text = f"{self.nodes} x {self.gpus_per_node} {gpu_name}"
-        return text + (f" (NVLink domains of {self.nvlink_domain_gpus})" if self.nvlink_domain_gpus else "")
-
-    @property
-    def nvlink_domain(self) -> int:
-        """GPUs that share one NVLink fabric, the network model's node: nvlink_domain_gpus, else gpus_per_node."""
-        return self.nvlink_domain_gpus or self.gpus_per_node
-
-    @field_validator("gpu")
-    @classmethod
-    def _check_gpu_known(cls, value: Union[str, GpuSpec]) -> Union[str, GpuSpec]:
-        if isinstance(value, str):
-            if lookup_gpu_name(value) is None:
-                message = gpu_name_error(value)
-                problem, _, fix = message.partition(" (")
-                raise SpecFieldError((), problem, fix.rstrip(")"))
-        return value
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    @property
-    def gpu_spec(self) -> GpuSpec:
-        """The `GpuSpec` for `gpu` (a table row for a name, or the explicit facts)."""
-        return get_gpu(self.gpu)
-
-
 class BatchRampSpec(_Strict):
     """Batch-size ramp. Either token-based (DeepSeek-style) or Megatron's rampup_batch_size triple."""
 
@@ -322,7 +233,7 @@ class TrainingSpec(ClusterModelFields):
                      "tp", "pp", "ep", "zero_stage", mode="before")
     @classmethod
     def _check_not_bool(cls, value: Any, info) -> Any:
-        return _reject_bool(value, info.field_name)
+        return reject_bool(value, info.field_name)
 
     @field_validator("micro_batch", "tp", "pp", "ep")
     @classmethod

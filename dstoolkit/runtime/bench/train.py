@@ -153,7 +153,7 @@ def _describe_shrunk_run(spec, shrunk, world_size: int) -> None:
     for key in ("tp", "pp", "ep"):
         setattr(spec.training, key, 1)
     if not torch.cuda.is_available() and get_gpu_name(spec) != "cpu":
-        from dstoolkit.spec.model import ClusterSpec
+        from dstoolkit.spec.cluster import ClusterSpec
 
         spec.cluster = ClusterSpec(nodes=1, gpus_per_node=world_size, gpu="cpu")
 
