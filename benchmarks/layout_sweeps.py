@@ -49,6 +49,7 @@ import yaml  # noqa: E402
 
 import estimator_fit as fit  # noqa: E402
 import published_runs as pr  # noqa: E402
+from dstoolkit.estimate.core import upper_bound_exceeds  # noqa: E402
 from dstoolkit.generate.undecided import GPU_OUT_OF_SOURCE_ERROR, within_error  # noqa: E402
 from dstoolkit.runtime.bench import harness, results_jsonl, stats  # noqa: E402
 from dstoolkit.runtime.bench.report import render_markdown_table, write_report  # noqa: E402
@@ -231,7 +232,16 @@ def score_group(rows: list[dict[str, Any]], key: str = "predicted_step_s") -> di
         "refused": [r["id"] for r in rows if r.get("refused") and not r["oom"]],
         "false_oom": [r["id"] for r in ran if r.get("fits") is False],
         "missed_oom": [r["id"] for r in rows if r["oom"] and r.get("fits")],
+        # of those, the ones `sweep` / `estimate` still mark: the peak fits, the sum of parts + allowance does not
+        "missed_oom_cautioned": [r["id"] for r in rows if r["oom"] and r.get("fits") and cautioned(r)],
     }
+
+
+def cautioned(row: dict[str, Any]) -> bool:
+    """Whether the estimate carries the sum-of-parts caution for this row (estimate.core.upper_bound_exceeds, the
+    '*' of `sweep`)."""
+    return upper_bound_exceeds(round(row["sum_of_parts_gib"] * 2**30), round(row["allowance_gib"] * 2**30),
+                               round(row["device_gib"] * 2**30))
 
 
 SWEEP_SPACE = ("tp a power of two up to the node, pp dividing the world (candidate_grid.pp_choices), micro batch in "
@@ -305,6 +315,7 @@ def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "refused": sum(len(s["refused"]) for s in scores.values()),
         "false_oom": sum(len(s["false_oom"]) for s in scores.values()),
         "missed_oom": sum(len(s["missed_oom"]) for s in scores.values()),
+        "missed_oom_cautioned": sum(len(s["missed_oom_cautioned"]) for s in scores.values()),
     }
 
 
@@ -521,7 +532,8 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
          f"{_pct(lo['mean_regret_after_measuring'])} / {_pct(lo['max_regret_after_measuring'])}" if lo else "–", ""],
         ["layouts that ran but refused", str(s["refused"]), "", "0"],
         ["layouts that ran, predicted not to fit", str(s["false_oom"]), "", "0"],
-        ["layouts reported OOM, predicted to fit", str(s["missed_oom"]), "", ""],
+        ["layouts reported OOM, predicted to fit (of them, marked with the sum-of-parts caution)",
+         f"{s['missed_oom']} ({s['missed_oom_cautioned']})", "", ""],
         [*_sweep_pick_figure(s["sweep_pick"]), "", ""],
     ], ["figure", ("in sample", "r"), ("leave one source out", "r"), "goal"])
     ce = s.get("noise_ceiling")

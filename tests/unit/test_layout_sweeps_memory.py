@@ -31,3 +31,18 @@ def test_ratios_errors_and_oom_counts():
     # OOM rows over 80 GiB: peak + 1 only the third (83); parts + 1: 82 and 91 (77 stays under)
     assert (out["oom_rows"], out["oom_over_device_peak"], out["oom_over_device_sum_of_parts"]) == (3, 1, 2)
     assert out["ran_over_device_sum_of_parts"] == 0
+
+
+def test_missed_ooms_count_those_the_sum_of_parts_caution_still_marks():
+    """A reported OOM the peak says fits is a miss; of the misses, those whose sum of parts + allowance is over the
+    device are the ones `sweep` still marks with its '*' caution (estimate.core.upper_bound_exceeds)."""
+    def row(i, parts, fits, oom=True):
+        return {"id": f"r{i}", "oom": oom, "fits": fits, "measured_step_s": None if oom else 1.0,
+                "predicted_step_s": 1.0, "sum_of_parts_gib": parts, "allowance_gib": 1.0, "device_gib": 80.0,
+                "tokens_per_step": 1}
+    rows = [row(0, 81.0, True), row(1, 78.9, True), row(2, 79.5, True), row(3, 95.0, False),
+            row(4, 70.0, True, oom=False)]
+    sc = ls.score_group(rows)
+    assert sc["missed_oom"] == ["r0", "r1", "r2"]
+    assert sc["missed_oom_cautioned"] == ["r0", "r2"]  # 82 and 80.5 > 80; 79.9 is not
+    assert ls.summarize({"g": sc})["missed_oom_cautioned"] == 2

@@ -271,6 +271,12 @@ def _validate_speed_row(res: Results) -> Row:
                f"{s['deepspeed']['median_s']:.2f} s, {last['reps']} repeats, {_when(last)})", (f,))
 
 
+def _cautioned(s: dict[str, Any]) -> str:
+    """How many of the sweeps' OOM layouts predicted to fit still carry the sum-of-parts caution."""
+    n = s.get("missed_oom_cautioned")
+    return "the sum-of-parts caution not counted" if n is None else f"{n} of them with the sum-of-parts caution"
+
+
 def _published_row(res: Results) -> Row:
     f = "published_runs_202612.jsonl"
     s = _last_summary(res.jsonl(f))
@@ -303,7 +309,8 @@ def _sweeps_row(res: Results) -> Row:
                f"{_pct(lo['mape_rows'], sign=False)} leave-one-source-out, mean within-group Spearman "
                f"{s['mean_spearman_groups_ge3']:.3f} (out of source {lo['mean_spearman_groups_ge3']:.3f}), top-1 "
                f"regret mean {_pct(s['mean_top1_regret'], sign=False)} / worst {_pct(s['max_top1_regret'], sign=False)}, "
-               f"{s['refused']} refused, {s['false_oom']} false OOM, {s['missed_oom']} OOM layouts not flagged; the "
+               f"{s['refused']} refused, {s['false_oom']} false OOM, {s['missed_oom']} OOM layouts predicted to fit "
+               f"({_cautioned(s)}); the "
                f"measured best is among the layouts `sweep` marks undecided (within "
                f"{_pct(s['undecided_error'], sign=False)} of the fastest estimate) in {s['undecided_best_marked']} of "
                f"{s['undecided_groups']} groups (out of source {lo['undecided_best_marked']} of "
