@@ -268,7 +268,8 @@ def render_table(plan, est, assumptions: list[str]) -> str:
         lines.append(f"  assumed: {a}")
     lines += [
         "",
-        f"{'memory per rank, by phase':<28}{'bytes':>20}{'':>4}{'GiB':>10}",
+        f"{'memory per rank, by phase':<28}{'bytes':>20}{'':>4}{'GiB':>10}"
+        + (f"   ({m.peak_pipeline_stage} pipeline stage, the one that peaks)" if m.peak_pipeline_stage else ""),
     ]
     for p in m.timeline.phases:
         mark = "  <- peak" if p.name == m.peak_phase else ""

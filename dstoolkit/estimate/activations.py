@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from dstoolkit.estimate.dtype_bytes import FP32_BYTES, INDEX_BYTES
 from dstoolkit.estimate.moe_activations import fused_moe_block_bytes, moe_block_bytes
 from dstoolkit.estimate.timeline import is_cpu_device
+from dstoolkit.layout import pipeline_split, stage_layer_range
 from dstoolkit.runplan import RunPlan
 
 
@@ -322,17 +323,26 @@ inplace_backward off, the CrossEntropyLoss default): one gradient of the logits'
 kept logits and the fp32 log-sum-exp; no fp32 [tokens, vocab] tensor at any point."""
 
 
-def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> ActivationEstimate:
+def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str = "first") -> ActivationEstimate:
     """Activation memory of one rank for the plan's checkpoint policy.
 
     The checkpoint policy is read from the shared `CheckpointPolicy.checkpointed_layers`, so the estimate
     and the runtime choose the same blocks. Selective recompute drops each block's attention core.
+
+    stage: with a pipeline, "first" (the stage that holds the most micro batches in flight) or "last" (one micro
+    batch in flight under 1F1B, LAST_STAGE_IN_FLIGHT, but the final norm, LM head and loss with their
+    [tokens, vocab] transients, which the first stage never holds). Without a pipeline both are the one stage.
     """
+    if stage not in ("first", "last"):
+        raise ValueError(f"stage={stage!r}: use 'first' or 'last'")
+    last = stage == "last" and plan.pp > 1
     shape = plan.shape
     mb = micro_batch if micro_batch is not None else plan.ds.micro_batch
     flags = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
     per_stage = math.ceil(shape.num_hidden_layers / plan.pp)
     layers = range(0, min(per_stage, shape.num_hidden_layers))  # first stage (holds the most micro batches)
+    if last:
+        layers = stage_layer_range(shape.num_hidden_layers, plan.pp, plan.pp - 1, pipeline_split(plan.framework))
     saved = 0.0
     transient = 0.0
     for li in layers:
@@ -352,9 +362,10 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
     p, pl = _act_bytes(plan)
     tok = plan.seq_len * mb / (plan.cp * plan.ulysses)
     h, v = shape.hidden_size, shape.vocab_size
-    emb_loss = INDEX_BYTES * tok  # embedding backward keeps the ids
+    emb_loss = 0.0 if last else INDEX_BYTES * tok  # embedding backward keeps the ids (the first stage's)
     fused_loss = plan.loss_impl == "fused"
-    if plan.pp == 1:
+    holds_head = plan.pp == 1 or last
+    if holds_head:
         # final RMSNorm, LM-head input, the labels, and what the loss keeps for its backward: torch's log_softmax
         # its fp32 output; a fused cross-entropy the low-precision logits and an fp32 log-sum-exp per token
         emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h + INDEX_BYTES * tok
@@ -369,8 +380,10 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
         in_flight = plan.pp * (1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages))
     elif plan.pp > 1 and plan.pipeline_schedule == "dualpipe":
         in_flight = min(plan.pp + 1, plan.ds.grad_accum)  # DeepSeek-V3 Table 2: PP + 1 micro batches
+    if last:
+        in_flight = last_stage_in_flight(plan)
     loss_fwd = loss_bwd = 0.0
-    if plan.pp == 1:
+    if holds_head:
         logits = tok * v / plan.tp
         if fused_loss:
             # the kept logits are the saved tensor above; backward writes one gradient in their dtype
@@ -378,6 +391,22 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None) -> Activatio
         else:
             loss_fwd = p * logits + (FP32_BYTES * logits if p != FP32_BYTES else 0.0)
             loss_bwd = LOSS_BACKWARD_FP32_COPIES * FP32_BYTES * logits
-    return ActivationEstimate(saved=(saved + emb_loss) * in_flight, recompute_transient=transient,
+    # the last stage's head tensors belong to the one micro batch whose loss is being computed
+    kept = (saved + emb_loss) * in_flight if not last else saved * in_flight + emb_loss
+    return ActivationEstimate(saved=kept, recompute_transient=transient,
                               embedding_and_loss=emb_loss, in_flight_micro_batches=in_flight,
                               loss_forward_transient=loss_fwd, loss_backward_transient=loss_bwd)
+
+
+def last_stage_in_flight(plan: RunPlan) -> float:
+    """Micro batches whose block activations the last pipeline stage holds at once, in units of its whole stage.
+    1F1B: one (it runs each micro batch's backward right after its forward; Narayanan et al. 2021 §2.2.1).
+    Interleaved 1F1B with v chunks per device: Megatron-LM's schedule runs (v - 1) x pp warm-up forward chunks on
+    the last rank before its first backward (schedules.py forward_backward_pipelining_with_interleaving,
+    num_warmup_microbatches = (pp - rank - 1) x 2 + (v - 1) x pp, rank = pp - 1), then one more in the steady
+    state: ((v - 1) x pp + 1) chunks of 1/v of the stage each, capped at the first stage's count."""
+    if plan.pipeline_schedule == "interleaved" and plan.virtual_stages > 1:
+        v = plan.virtual_stages
+        chunks = min((v - 1) * plan.pp + 1, plan.ds.grad_accum * v)
+        return chunks / v
+    return 1.0

@@ -4,7 +4,7 @@ No torch import.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -100,6 +100,9 @@ class MemoryBreakdown(_Frozen):
     """Peak device bytes per rank: max over phases (== peak_bytes). Before issue #15 this was the sum of parts."""
     peak_phase: str
     """The phase where the peak occurs."""
+    peak_pipeline_stage: Optional[Literal["first", "last"]] = None
+    """With a pipeline, the stage whose timeline peaks: the first (most micro batches in flight) or the last (the LM
+    head and loss, activations.activation_bytes stage="last"); None without one. The other fields describe it."""
     peak_alive: list[str]
     """What is alive at the peak, largest first (terms >= 1% of it)."""
     sum_of_parts_bytes: int
@@ -242,7 +245,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     groups = rank_param_groups(plan)
     per_rank = sum(sum(g) for g in groups)
     ms = deepspeed_model_states(plan, rank=rank)
-    act = activation_bytes(plan)
+    act, stage = activation_bytes(plan), None
     fp8_cache = fp8_weight_cache_bytes(plan)
     grads = max(ms.grads_at_step, ms.grads_backward_peak, ms.grads_step_transient_peak)
     optimizer = ms.master_params + ms.optimizer_states
@@ -253,6 +256,17 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     head = max(0.0, act.embedding_and_loss - 8 * plan.seq_len * ds.micro_batch) if plan.pp == 1 else 0.0
     tl = memory_timeline(ms, act, zero_stage=ds.zero_stage, offload_optimizer=bool(ds.offload_optimizer),
                          fp8_cache=fp8_cache, head_activations=head)
+    if plan.pp > 1 and plan.pipeline_schedule != "dualpipe":
+        # the last stage holds fewer micro batches but the LM head and the loss's [tokens, vocab] tensors; its model
+        # states are taken as the heaviest stage's (rank_param_groups), an upper bound for it. DualPipe feeds both
+        # ends alike, so its first stage stands for both.
+        stage = "first"
+        act_last = activation_bytes(plan, stage="last")
+        tl_last = memory_timeline(ms, act_last, zero_stage=ds.zero_stage,
+                                  offload_optimizer=bool(ds.offload_optimizer), fp8_cache=fp8_cache,
+                                  head_activations=act_last.embedding_and_loss)
+        if tl_last.peak_bytes > tl.peak_bytes:
+            act, tl, stage = act_last, tl_last, "last"
     peak = tl.peak_phase
     total = tl.peak_bytes
     allowance = device_allowance_bytes(plan.gpu, total)
@@ -264,7 +278,8 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         sum_of_parts_bytes=tl.sum_of_parts_bytes)
     memory = MemoryBreakdown(
         params=ms.params, grads=grads, optimizer=optimizer, activations=activations, buffers=buffers, total=total,
-        peak_phase=peak.name, peak_alive=peak.alive(0.01), sum_of_parts_bytes=tl.sum_of_parts_bytes,
+        peak_phase=peak.name, peak_pipeline_stage=stage, peak_alive=peak.alive(0.01),
+        sum_of_parts_bytes=tl.sum_of_parts_bytes,
         allowance_bytes=allowance, allowance_source=allowance_source(plan.gpu), required_bytes=total + allowance,
         timeline=timeline,
         master_params=ms.master_params, optimizer_states=ms.optimizer_states, grads_at_step=ms.grads_at_step,

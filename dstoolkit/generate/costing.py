@@ -202,5 +202,6 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         within_headroom=peak + headroom <= usable_device_bytes(gpu),
         source=estimator_source(spec),
         extras={"flops_per_step": float(est.flops_per_step), "comm_bytes_per_step": dict(est.comm_bytes_per_step)},
-        peak_phase=mem.peak_phase, peak_alive=tuple(mem.peak_alive), sum_of_parts_bytes=int(mem.sum_of_parts_bytes),
+        peak_phase=mem.peak_phase + (" on the last pipeline stage" if mem.peak_pipeline_stage == "last" else ""),
+        peak_alive=tuple(mem.peak_alive), sum_of_parts_bytes=int(mem.sum_of_parts_bytes),
         allowance_bytes=int(mem.allowance_bytes))
