@@ -61,7 +61,7 @@ import weakref
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
-from dstoolkit.runtime.bench.harness import capture_env, run_rank_cells  # noqa: E402
+from dstoolkit.runtime.bench.harness import capture_env, run_rank_cells, run_tracked_cells  # noqa: E402
 from dstoolkit.runtime.bench.report import env_brief, render_markdown_table, write_report  # noqa: E402
 
 PEAK_GOAL = 0.05
@@ -411,35 +411,7 @@ def run_cell(cell: dict, torch, deepspeed, rank: int, tracker) -> dict:
 
 
 def run_worker(cells: list[dict], out_path: str) -> None:
-    import deepspeed
-    import torch
-
-    torch.set_num_threads(1)
-    from dstoolkit.runtime.rankexit import install_exit_guard
-
-    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
-    deepspeed.init_distributed(dist_backend="gloo")
-    from dstoolkit.runtime.train.shm import unlink_after_rendezvous
-
-    unlink_after_rendezvous()
-    rank = torch.distributed.get_rank()
-    from dstoolkit.runtime.alloc_tracker import AllocTracker
-
-    tracker = AllocTracker.install()  # before any cell builds a model: every later CPU allocation is counted
-    for cell in cells:
-        t0 = time.time()
-        rec = dict(cell=cell, rank=rank, world=torch.distributed.get_world_size())
-        try:
-            rec.update(ok=True, **run_cell(cell, torch, deepspeed, rank, tracker))
-        except Exception as exc:  # record and continue with the next cell
-            import traceback
-
-            rec.update(ok=False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc()[-2000:])
-        gc.collect()
-        rec["seconds"] = round(time.time() - t0, 2)
-        with open(out_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        torch.distributed.barrier()
+    run_tracked_cells(cells, out_path, run_cell)
 
 
 # ----------------------------------------------------------------------------------------------- driver

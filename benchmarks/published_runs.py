@@ -186,12 +186,13 @@ def estimate(spec_path: pathlib.Path, timeout: float = 300.0) -> dict[str, Any]:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        err = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"ok": False, "error": err[-1] if err else f"exit {proc.returncode}"}
     try:
+        # exit 1 with the estimate on stdout is a finding (nothing fits): a result, scored as a false OOM
         return {"ok": True, "json": json.loads(proc.stdout)}
     except json.JSONDecodeError as exc:
+        if proc.returncode != 0:
+            err = (proc.stderr or proc.stdout).strip().splitlines()
+            return {"ok": False, "error": err[-1] if err else f"exit {proc.returncode}"}
         return {"ok": False, "error": f"unparsable JSON ({exc})"}
 
 

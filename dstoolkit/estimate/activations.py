@@ -373,6 +373,11 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
             emb_loss += p * tok * v / plan.tp + FP32_BYTES * tok
         else:
             emb_loss += FP32_BYTES * tok * v / plan.tp
+            if last and plan.framework == "deepspeed":
+                # DeepSpeed's PipelineEngine keeps the last stage's output, the logits, in its pipe buffer until
+                # that micro batch's backward (runtime/pipe/engine.py _exec_forward_pass:
+                # pipe_buffers['outputs'][buffer_id] = outputs; released in _exec_backward_pass)
+                emb_loss += p * tok * v / plan.tp
     in_flight = min(plan.pp, plan.ds.grad_accum) if plan.pp > 1 else 1
     if plan.pp > 1 and plan.pipeline_schedule == "interleaved" and plan.virtual_stages > 1 and in_flight == plan.pp:
         # interleaved 1F1B keeps (1 + (p-1)/(p·v)) x the 1F1B activations on the first stage (Korthikanti et al.

@@ -227,6 +227,31 @@ class Estimate(_Frozen):
         }
 
 
+def stage_timelines(plan: RunPlan, ms, fp8_cache: int) -> dict:
+    """The memory timeline of each pipeline stage that can peak, keyed None (no pipeline, or DualPipe, which feeds
+    both ends alike so its first stage stands for both) or "first" / "last": the first stage holds the most micro
+    batches in flight, the last the LM head and the loss's [tokens, vocab] tensors (activations.activation_bytes).
+    Both take the heaviest stage's model states `ms` (rank_param_groups), an upper bound for either.
+
+    Returns: {stage: (ActivationEstimate, Timeline)}."""
+    ds = plan.ds
+    # The gradients earlier micro steps leave alive (ModelStates.grads_between_micro_steps) are DeepSpeed's engine's
+    # (measured: benchmarks/results/pipeline_memory_cpu_*.md, no-pipeline cell). Megatron's and FSDP's runs are
+    # modelled with DeepSpeed's classes as a stand-in whose step transients their own buffers do not have; the term
+    # waits for their own gradient buffers to be modelled (Megatron allocates its grad buffer up front).
+    kw = dict(zero_stage=ds.zero_stage, offload_optimizer=bool(ds.offload_optimizer), fp8_cache=fp8_cache,
+              accumulating=ds.grad_accum > 1 and plan.framework == "deepspeed")
+    act = activation_bytes(plan)
+    # activations.py: embedding_and_loss = the ids the embedding keeps (8 bytes/token) + at pp = 1 the final norm,
+    # LM head and loss tensors, which backward frees before it reaches the last block
+    head = max(0.0, act.embedding_and_loss - 8 * plan.seq_len * ds.micro_batch) if plan.pp == 1 else 0.0
+    first = (act, memory_timeline(ms, act, head_activations=head, **kw))
+    if plan.pp == 1 or plan.pipeline_schedule == "dualpipe":
+        return {None: first}
+    last = activation_bytes(plan, stage="last")
+    return {"first": first, "last": (last, memory_timeline(ms, last, head_activations=last.embedding_and_loss, **kw))}
+
+
 def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     """Estimate memory, FLOPs, communication, step time and MFU for one run.
 
@@ -245,28 +270,14 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     groups = rank_param_groups(plan)
     per_rank = sum(sum(g) for g in groups)
     ms = deepspeed_model_states(plan, rank=rank)
-    act, stage = activation_bytes(plan), None
     fp8_cache = fp8_weight_cache_bytes(plan)
+    timelines = stage_timelines(plan, ms, fp8_cache)
+    stage = max(timelines, key=lambda k: timelines[k][1].peak_bytes)  # ties: the first stage
+    act, tl = timelines[stage]
     grads = max(ms.grads_at_step, ms.grads_backward_peak, ms.grads_step_transient_peak)
     optimizer = ms.master_params + ms.optimizer_states
     activations = int(act.peak)
     buffers = ms.persistent_buffers + ms.transient_buffers + fp8_cache
-    # activations.py: embedding_and_loss = the ids the embedding keeps (8 bytes/token) + at pp = 1 the final norm,
-    # LM head and loss tensors, which backward frees before it reaches the last block
-    head = max(0.0, act.embedding_and_loss - 8 * plan.seq_len * ds.micro_batch) if plan.pp == 1 else 0.0
-    tl = memory_timeline(ms, act, zero_stage=ds.zero_stage, offload_optimizer=bool(ds.offload_optimizer),
-                         fp8_cache=fp8_cache, head_activations=head)
-    if plan.pp > 1 and plan.pipeline_schedule != "dualpipe":
-        # the last stage holds fewer micro batches but the LM head and the loss's [tokens, vocab] tensors; its model
-        # states are taken as the heaviest stage's (rank_param_groups), an upper bound for it. DualPipe feeds both
-        # ends alike, so its first stage stands for both.
-        stage = "first"
-        act_last = activation_bytes(plan, stage="last")
-        tl_last = memory_timeline(ms, act_last, zero_stage=ds.zero_stage,
-                                  offload_optimizer=bool(ds.offload_optimizer), fp8_cache=fp8_cache,
-                                  head_activations=act_last.embedding_and_loss)
-        if tl_last.peak_bytes > tl.peak_bytes:
-            act, tl, stage = act_last, tl_last, "last"
     peak = tl.peak_phase
     total = tl.peak_bytes
     allowance = device_allowance_bytes(plan.gpu, total)

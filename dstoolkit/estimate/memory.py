@@ -67,6 +67,13 @@ class ModelStates:
     stage 3 (its gradient buffers persist)."""
     grads_step_transient_peak: int = 0
     """Gradient bytes at their short peak inside step() (partition buffer + flat copy + fp32 copy)."""
+    grads_between_micro_steps: int = 0
+    """Gradient bytes the earlier micro steps of an accumulation leave alive while a later one runs its forward
+    and backward (beyond grads_persistent): the full .grad tensors at stage 0/1 and under the fp16 optimizers,
+    which reduce only at the accumulation boundary (engine.py allreduce_gradients: "Communicate only at gradient
+    accumulation boundaries"); stage 2's partition buffer grads_in_partition, filled every micro step; the bf16
+    .grad tensors BF16_Optimizer keeps (bf16.immediate_grad_update false); 0 at stage 3 and with offloaded stage 2
+    (host buffers). Counted only when the plan accumulates (memory_timeline accumulating)."""
     grads_persistent: int = 0
     """Part of the gradient bytes allocated once and kept across steps (stage 3's grad_partitions_flat_buffer);
     included in grads_at_step and grads_backward_peak."""
@@ -243,6 +250,7 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
         ms.params = raw * pb
         ms.grads_at_step = raw * pb
         ms.grads_backward_peak = raw * pb
+        ms.grads_between_micro_steps = raw * pb
         ms.optimizer_states = raw * sb
         # engine.allreduce_gradients -> buffered_allreduce_fallback flattens up to 5e8 elements per bucket
         ms.transient_buffers = _ddp_bucket_numel([n for g in groups for n in g]) * pb
@@ -253,6 +261,7 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
         ms.master_params = raw * FP32_BYTES
         ms.optimizer_states = raw * sb
         ms.grads_backward_peak = raw * pb
+        ms.grads_between_micro_steps = raw * pb
         if path == "fp16_fused":
             # fused_optimizer.py step: grads flattened into an fp32 flat buffer, low-precision grads freed
             ms.grads_at_step = raw * FP32_BYTES
@@ -283,6 +292,7 @@ def _model_states(plan: RunPlan, rank: int | None) -> ModelStates:
             # backward_epilogue(clear_lp_grads=False): the bf16 .grad tensors live until clear_lp_grads() at the
             # end of step() (bf16.immediate_grad_update=false, the default)
             ms.grads_at_step += raw * pb
+            ms.grads_between_micro_steps = raw * pb
         ms.grads_backward_peak = ms.grads_at_step
         return ms
 
@@ -327,6 +337,7 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
         ms.persistent_buffers += largest * pb
         ms.grads_at_step = 0
         ms.grads_backward_peak = buckets if ds.zero_stage == 2 else full_grads
+        ms.grads_between_micro_steps = 0 if ds.zero_stage == 2 else full_grads
     else:
         gip = grads_in_partition * grad_dtype_bytes
         # step() handles one param group at a time: it frees group i's low-precision grads before the inner
@@ -336,6 +347,7 @@ def _zero12(plan, ms, groups, group_dp, pb, sb, largest, rank) -> ModelStates:
         ms.grads_at_step = max(f + (gip if i < last else 0) for i, f in enumerate(fp32_parts))
         # the short-lived peak while group i is flattened and cast: buffer + flat copy + fp32 copy
         ms.grads_step_transient_peak = gip + flat_peak + max(fp32_parts)
+        ms.grads_between_micro_steps = gip if ds.zero_stage == 2 else full_grads
         if ds.zero_stage == 2:
             ms.grads_backward_peak = gip
             if rank is None or rank % group_dp[0] == group_dp[0] - 1:

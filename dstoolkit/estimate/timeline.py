@@ -140,6 +140,7 @@ S_GATHER = "stage3.py partitioned_param_coordinator: gathered params (<= stage3_
 S_KEPT = "partitioned_param_coordinator.py __params_to_release: params that recur within stage3_max_reuse_distance (default 1e9 elements) are not released after forward; ~the last R/2 elements of the model stay gathered into backward"
 S_GRADS_START = "the LM head's .grad (stage 0/1); stage 2: grads_in_partition, allocated whole at the first copy (stage_1_and_2.py copy_grads_in_partition) on the rank owning the tail partition"
 S_GRADS_BWD = "ZeRO §5.2 (P_g); stage 0/1: full .grad tensors until reduction; stage 2: grads_in_partition (stage_1_and_2.py copy_grads_in_partition); bf16_optimizer.py fp32_groups_gradients_flat"
+S_GRADS_ACC = "gradient accumulation: earlier micro steps' gradients (stage 0/1: full .grad until the boundary, engine.py allreduce_gradients; stage 2: grads_in_partition; BF16_Optimizer: the kept bf16 .grad)"
 S_BUCKETS = "stage_1_and_2.py ipg_buckets (reduce_bucket_size, x2 with overlap_comm); engine.py buffered_allreduce_fallback flatten (stage 0)"
 S_GRADS_STEP = "stage_1_and_2.py step: fp32 copy of one group's gradient partition (single_grad_partition) + grads_in_partition while a later group still holds views; stage3.py: fp32 copy of one sub_group; fused/unfused_optimizer.py fp32 grads"
 S_CAST = "stage_1_and_2.py step: flatten(averaged_gradients) in model dtype, then .to(fp32); both alive for one line"
@@ -155,7 +156,7 @@ def _t(name: str, n: float, src: str, where: str = "device") -> Term:
 
 
 def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_cache: int = 0,
-                    head_activations: float = 0.0) -> Timeline:
+                    head_activations: float = 0.0, accumulating: bool = False) -> Timeline:
     """Phases of one steady-state training step on one rank (see the module docstring).
 
     Args:
@@ -166,6 +167,8 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
         fp8_cache: fp8 weight copies (Transformer Engine), bytes.
         head_activations: saved bytes of the final norm, LM head and loss (freed before the first block's
             backward, so not alive while a checkpointed block re-runs).
+        accumulating: the step runs several micro steps: the forward and backward phases are those of the last
+            one, with the gradients the earlier ones left (`ModelStates.grads_between_micro_steps`).
 
     Returns:
         The Timeline; `peak_bytes` is the max over phases, `sum_of_parts_bytes` the old additive total.
@@ -187,19 +190,21 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
     kept = [_t("gathered_stage3_params", max(ms.gathered_forward_end, ms.transient_buffers), S_KEPT)] \
         if zero_stage == 3 else []
     saved = _t("activations_saved", act.saved, S_ACT)
-    phases = [Phase("forward_end", tuple(base + [saved] + kept + host))]
+    between = getattr(ms, "grads_between_micro_steps", 0) if accumulating else 0
+    acc = [_t("grads_accumulated", between, S_GRADS_ACC)] if between else []
+    phases = [Phase("forward_end", tuple(base + [saved] + acc + kept + host))]
     loss_fwd = getattr(act, "loss_forward_transient", 0.0)
     if loss_fwd > 0:
         phases.append(Phase("forward_loss", tuple(base + [saved, _t("loss_temporaries", loss_fwd, S_LOSS_FWD)]
-                                                  + kept + host)))
+                                                  + acc + kept + host)))
     loss_bwd = getattr(act, "loss_backward_transient", 0.0)
     if loss_bwd > 0:
         phases.append(Phase("backward_loss", tuple(base + [saved, _t("loss_temporaries", loss_bwd, S_LOSS_BWD)]
-                                                   + kept + host)))
+                                                   + acc + kept + host)))
     buckets = [] if zero_stage == 3 else [_t("reduce_buckets", ms.transient_buffers, S_BUCKETS)]
     # the last block's backward: head/loss activations freed, the head's gradients (and stage 1/2 buckets) exist
     start = base + [_t("activations_saved", max(0.0, act.saved - head_activations), S_ACT),
-                    _t("grads", ms.grads_backward_start, S_GRADS_START)] + \
+                    _t("grads", max(ms.grads_backward_start, between), S_GRADS_START)] + \
         (buckets if zero_stage in (1, 2) else []) + kept
     phases.append(Phase("backward_start", tuple(start + host)))
     if act.recompute_transient > 0:

@@ -287,3 +287,40 @@ def run_rank_cells(script: pathlib.Path, cells: list, out_dir: pathlib.Path, tim
     if proc.returncode != 0 and not recs:
         raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return recs
+
+
+def run_tracked_cells(cells: list, out_path: str, run_cell: Callable[..., dict]) -> None:
+    """The ``--worker`` side of `run_rank_cells` for the memory benchmarks: one gloo process group, the counting
+    CPU allocator (`dstoolkit.runtime.alloc_tracker`) installed before any cell builds a model, then
+    ``run_cell(cell, torch, deepspeed, rank, tracker)`` per cell, one JSON line each (an exception is recorded
+    and the next cell runs), all ranks meeting at a barrier between cells."""
+    import gc
+
+    import deepspeed
+    import torch
+
+    torch.set_num_threads(1)
+    from dstoolkit.runtime.rankexit import install_exit_guard
+
+    install_exit_guard()  # the groups released before the interpreter exits (dstoolkit/runtime/rankexit.py)
+    deepspeed.init_distributed(dist_backend="gloo")
+    from dstoolkit.runtime.alloc_tracker import AllocTracker
+    from dstoolkit.runtime.train.shm import unlink_after_rendezvous
+
+    unlink_after_rendezvous()
+    rank = torch.distributed.get_rank()
+    tracker = AllocTracker.install()  # before any cell builds a model: every later CPU allocation is counted
+    for cell in cells:
+        t0 = time.time()
+        rec = dict(cell=cell, rank=rank, world=torch.distributed.get_world_size())
+        try:
+            rec.update(ok=True, **run_cell(cell, torch, deepspeed, rank, tracker))
+        except Exception as exc:  # record and continue with the next cell
+            import traceback
+
+            rec.update(ok=False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc()[-2000:])
+        gc.collect()
+        rec["seconds"] = round(time.time() - t0, 2)
+        with open(out_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        torch.distributed.barrier()

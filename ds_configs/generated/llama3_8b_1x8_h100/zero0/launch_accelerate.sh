@@ -5,7 +5,7 @@
 #   DRY_RUN=1 bash launch_accelerate.sh YOUR_TRAIN.py   # print the command instead of running it
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
-# NOTE: AutoTP: tensor_parallel.autotp_size=2; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 4.
+# NOTE: AutoTP: tensor_parallel.autotp_size=4; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 2.
 # NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +14,6 @@ if [ $# -lt 1 ]; then echo "$ME: usage: bash $ME YOUR_TRAIN.py [arguments for it
 SCRIPT="$1"; shift
 MASTER_PORT="${MASTER_PORT:-29500}"
 NODE_ARGS=(--main_process_port "$MASTER_PORT")
-CMD=(accelerate launch --config_file "$HERE/accelerate_config.yaml" --deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT" --output_dir checkpoints --per_device_train_batch_size 2 --gradient_accumulation_steps 16 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 2000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 100000 --bf16 --gradient_checkpointing "$@")
+CMD=(accelerate launch --config_file "$HERE/accelerate_config.yaml" --deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT" --output_dir checkpoints --per_device_train_batch_size 1 --gradient_accumulation_steps 64 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 2000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 100000 --bf16 "$@")
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"

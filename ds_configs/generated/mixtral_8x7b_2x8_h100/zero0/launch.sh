@@ -36,6 +36,8 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 DIST_TIMEOUT_S="${DIST_TIMEOUT_S:-600}"
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+# Megatron TP/SP overlap needs kernels queued in order on one hardware queue.
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 export DSTOOLKIT_RUN_NAME="$RUN_NAME"
 
 TRAIN_ARGS=(--deepspeed_config "$HERE/ds_config.json" --spec "$HERE/../spec.yaml" --steps "$STEPS" --seed "$SEED" --metrics-out "$METRICS_OUT" --dist-timeout-s "$DIST_TIMEOUT_S" --checkpoint-dir "$CKPT_DIR" --save-every "$SAVE_EVERY" --ep-size 1)

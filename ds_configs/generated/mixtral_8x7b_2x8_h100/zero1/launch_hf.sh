@@ -17,6 +17,6 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 if [ -z "${NODE_RANK:-}" ]; then echo "$ME: NODE_RANK is not set: a 2-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..1>" >&2; exit 2; fi
 if [ -z "${MASTER_ADDR:-}" ]; then echo "$ME: MASTER_ADDR is not set: a 2-node launch runs this script on every node with MASTER_ADDR=<node 0's address, the same on every node>" >&2; exit 2; fi
 NODE_ARGS=(--nnodes 2 --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
-CMD=(torchrun "${NODE_ARGS[@]}" --nproc_per_node 8 "$SCRIPT" --deepspeed "$HERE/ds_config_hf.json" --output_dir checkpoints --per_device_train_batch_size 16 --gradient_accumulation_steps 8 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
+CMD=(torchrun "${NODE_ARGS[@]}" --nproc_per_node 8 "$SCRIPT" --deepspeed "$HERE/ds_config_hf.json" --output_dir checkpoints --per_device_train_batch_size 8 --gradient_accumulation_steps 16 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"
