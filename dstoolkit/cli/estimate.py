@@ -139,17 +139,15 @@ def _plan_from_args(args):
 
 def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
     """The node the network model sees for the flag form: --nvlink-domain-gpus checked by the spec's own rule
-    (`ClusterSpec`: whole hosts, at most the GPU's NVLink domain), else the host."""
-    from pydantic import ValidationError
-
-    from dstoolkit.spec.cluster import ClusterSpec
+    (`spec.cluster.checked_nvlink_domain`), else the host."""
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.spec.cluster import checked_nvlink_domain
+    from dstoolkit.spec.errors import SpecFieldError
 
     try:
-        return ClusterSpec(gpus_per_node=gpus_per_node, gpu=gpu, nvlink_domain_gpus=domain).nvlink_domain
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        msg = str(err.get("msg", exc)).replace("Value error, ", "").replace("nvlink_domain_gpus: ", "", 1)
-        raise ValueError(f"--{msg}".replace("--nvlink_domain_gpus=", "--nvlink-domain-gpus=", 1)) from None
+        return checked_nvlink_domain(domain, gpus_per_node, get_gpu(gpu))
+    except SpecFieldError as exc:  # its problem names the field: nvlink_domain_gpus=<value>...
+        raise ValueError(f"--nvlink-domain-gpus{exc.problem.removeprefix('nvlink_domain_gpus')} ({exc.fix})") from None
 
 
 class ConfigInvalid(Exception):

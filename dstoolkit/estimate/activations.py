@@ -330,7 +330,7 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
     and the runtime choose the same blocks. Selective recompute drops each block's attention core.
 
     stage: with a pipeline, "first" (the stage that holds the most micro batches in flight) or "last" (one micro
-    batch in flight under 1F1B, LAST_STAGE_IN_FLIGHT, but the final norm, LM head and loss with their
+    batch in flight under 1F1B, last_stage_in_flight, but the final norm, LM head and loss with their
     [tokens, vocab] transients, which the first stage never holds). Without a pipeline both are the one stage.
     """
     if stage not in ("first", "last"):

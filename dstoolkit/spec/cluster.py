@@ -47,20 +47,7 @@ class ClusterSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_nvlink_domain(self) -> "ClusterSpec":
-        d = self.nvlink_domain_gpus
-        if d is None:
-            return self
-        if d % self.gpus_per_node:
-            raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={d} is not whole hosts of "
-                                 f"gpus_per_node={self.gpus_per_node}",
-                                 f"use a multiple of {self.gpus_per_node} (an NVLink partition holds whole hosts)")
-        gpu = self.gpu_spec
-        most = gpu.nvlink_domain_gpus or self.gpus_per_node
-        if d > most:
-            where = (f"{gpu.name}'s NVLink domain is at most {most} GPUs" if gpu.nvlink_domain_gpus else
-                     f"{gpu.name} has NVLink only inside its host (the hardware table gives it no nvlink_domain_gpus)")
-            raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={d}: {where}",
-                                 f"use at most {most}, or give the GPU's facts with nvlink_domain_gpus")
+        checked_nvlink_domain(self.nvlink_domain_gpus, self.gpus_per_node, self.gpu_spec)
         return self
 
     def describe(self, gpu_name: str) -> str:
@@ -91,3 +78,25 @@ class ClusterSpec(_Strict):
     def gpu_spec(self) -> GpuSpec:
         """The `GpuSpec` for `gpu` (a table row for a name, or the explicit facts)."""
         return get_gpu(self.gpu)
+
+
+def checked_nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: GpuSpec) -> int:
+    """The NVLink domain a cluster states, checked: whole hosts, at most the GPU's (`GpuSpec.nvlink_domain_gpus`;
+    none: NVLink ends at the host). None gives the host. The one statement of the rule (ClusterSpec and the
+    `estimate --nvlink-domain-gpus` flag).
+
+    Raises:
+        SpecFieldError: at nvlink_domain_gpus, with the problem and the fix."""
+    if domain is None:
+        return gpus_per_node
+    if domain % gpus_per_node:
+        raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={domain} is not whole hosts of "
+                             f"gpus_per_node={gpus_per_node}",
+                             f"use a multiple of {gpus_per_node} (an NVLink partition holds whole hosts)")
+    most = gpu.nvlink_domain_gpus or gpus_per_node
+    if domain > most:
+        where = (f"{gpu.name}'s NVLink domain is at most {most} GPUs" if gpu.nvlink_domain_gpus else
+                 f"{gpu.name} has NVLink only inside its host (the hardware table gives it no nvlink_domain_gpus)")
+        raise SpecFieldError(("nvlink_domain_gpus",), f"nvlink_domain_gpus={domain}: {where}",
+                             f"use at most {most}, or give the GPU's facts with nvlink_domain_gpus")
+    return domain
