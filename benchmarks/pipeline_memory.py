@@ -2,7 +2,8 @@
 
 The project model (dstoolkit/runtime/model.py) cut into a 2-stage `deepspeed.pipe.PipelineModule` (stage 0: the
 embedding and the first half of the blocks; stage 1: the rest, the final norm, the LM head and the loss) runs
-`engine.train_batch` on 2 gloo ranks. Each rank's peak over iterations 2-3 is counted by the allocator wrapper
+`engine.train_batch` on 2 gloo ranks. Each stage builds only its own layers (`deepspeed.pipe.LayerSpec`), as a
+training run does. Each rank's peak over iterations 2-3 is counted by the allocator wrapper
 `dstoolkit.runtime.alloc_tracker` (every allocation and free, every thread), above what was alive before the
 model was built, and compared with `estimate.core.stage_timelines`: the first stage's timeline against rank 0, the
 last stage's against rank 1. The cells vary the vocabulary and the micro batch so that either stage can peak.
@@ -88,12 +89,12 @@ def run_cell(cell: dict, torch, deepspeed, rank: int, tracker) -> dict:
 
     nn, F = torch.nn, torch.nn.functional
     base = tracker.live_bytes()
-    torch.manual_seed(0)
-    full = TinyTransformer(shape_of(cell))
     gen = torch.Generator().manual_seed(1 + rank)
     batches = [torch.randint(0, cell["vocab"], (cell["micro_batch"], SEQ_LEN), generator=gen)
                for _ in range(GRAD_ACCUM)]
     if cell["pp"] == 1:
+        torch.manual_seed(0)
+        full = TinyTransformer(shape_of(cell))
         engine, *_ = deepspeed.initialize(model=full, model_parameters=list(full.parameters()), config=ds_config(cell))
 
         def step():
@@ -111,26 +112,39 @@ def run_cell(cell: dict, torch, deepspeed, rank: int, tracker) -> dict:
         del engine, full
         return dict(peak_bytes=int(peak), stage=0, local_params=int(params), losses=losses)
 
+    from deepspeed.pipe import LayerSpec
+
+    from dstoolkit.runtime.model import Block, make_norm
+
+    shape = shape_of(cell)
+
+    # Each stage builds only its own layers (LayerSpec): module instances handed to PipelineModule would be built
+    # on every rank, and PipelineModule keeps the whole list (_layer_specs), so each rank would also hold the
+    # other stage's weights, which no training run does.
     class Embed(nn.Module):
-        def __init__(self, emb):
+        def __init__(self):
             super().__init__()
-            self.emb = emb
+            torch.manual_seed(0)
+            self.emb = nn.Embedding(shape.vocab_size, shape.hidden_size)
 
         def forward(self, ids):
             return self.emb(ids)
 
     class BlockOut(nn.Module):
-        def __init__(self, block):
+        def __init__(self, i):
             super().__init__()
-            self.block = block
+            torch.manual_seed(1 + i)
+            self.block = Block(shape, i, 1)
 
         def forward(self, x):
             return self.block(x)[0]
 
     class Head(nn.Module):
-        def __init__(self, norm, lm_head):
+        def __init__(self):
             super().__init__()
-            self.norm, self.lm_head = norm, lm_head
+            torch.manual_seed(1 + shape.num_hidden_layers)
+            self.norm = make_norm(shape.hidden_size, shape)
+            self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
 
         def forward(self, x):
             return self.lm_head(self.norm(x))
@@ -138,9 +152,8 @@ def run_cell(cell: dict, torch, deepspeed, rank: int, tracker) -> dict:
     def loss_fn(logits, labels):  # the project model's own loss (TinyTransformer.forward)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
 
-    layers = [Embed(full.embed_tokens), *[BlockOut(b) for b in full.blocks], Head(full.norm, full.lm_head)]
+    layers = [LayerSpec(Embed), *[LayerSpec(BlockOut, i) for i in range(shape.num_hidden_layers)], LayerSpec(Head)]
     model = PipelineModule(layers=layers, num_stages=2, loss_fn=loss_fn, partition_method="type:BlockOut")
-    del full, layers
     gc.collect()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()],
                                       config=ds_config(cell))

@@ -309,14 +309,20 @@ class ActivationEstimate:
     """Bytes beyond `saved` when backward starts at the loss: log_softmax's backward holds the incoming gradient of
     the log-probabilities (nll_loss backward) and its own output, both fp32 [tokens, vocab/tp], while every
     saved activation is still alive."""
+    pipe_buffers: float = 0.0
+    """Bytes a pipeline engine's buffers hold through every phase of the step, outside `saved`: DeepSpeed's last
+    stage keeps the logits of its last DEEPSPEED_LAST_STAGE_PIPE_BUFFERS micro batches (deepspeed_pipe_logits)."""
 
     @property
     def peak(self) -> float:
-        return self.saved + self.recompute_transient
+        return self.saved + self.recompute_transient + self.pipe_buffers
 
 
 LOSS_BACKWARD_FP32_COPIES = 2
 """aten log_softmax_backward_data: grad_output (from nll_loss_backward) and grad_input, fp32 [tokens, vocab]."""
+DEEPSPEED_LAST_STAGE_PIPE_BUFFERS = 2
+"""Pipe buffers of DeepSpeed's last pipeline stage: runtime/pipe/schedule.py TrainSchedule.num_pipe_buffers,
+max(2, min(stages - stage_id, micro_batches)), which is 2 on the last stage."""
 FUSED_LOSS_BACKWARD_COPIES = 1
 """A fused cross-entropy's backward (flash-attn `losses/cross_entropy.py`, `cross_entropy_loss` backward with
 inplace_backward off, the CrossEntropyLoss default): one gradient of the logits' shape and dtype, computed from the
@@ -365,19 +371,16 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
     emb_loss = 0.0 if last else INDEX_BYTES * tok  # embedding backward keeps the ids (the first stage's)
     fused_loss = plan.loss_impl == "fused"
     holds_head = plan.pp == 1 or last
+    pipe_logits = deepspeed_pipe_logits(plan) if last else 0.0
     if holds_head:
         # final RMSNorm, LM-head input, the labels, and what the loss keeps for its backward: torch's log_softmax
         # its fp32 output; a fused cross-entropy the low-precision logits and an fp32 log-sum-exp per token
         emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h + INDEX_BYTES * tok
         if fused_loss:
-            emb_loss += p * tok * v / plan.tp + FP32_BYTES * tok
+            # the kept logits; on DeepSpeed's last stage they are the pipe buffer's (pipe_logits below)
+            emb_loss += (0.0 if pipe_logits else p * tok * v / plan.tp) + FP32_BYTES * tok
         else:
             emb_loss += FP32_BYTES * tok * v / plan.tp
-            if last and plan.framework == "deepspeed":
-                # DeepSpeed's PipelineEngine keeps the last stage's output, the logits, in its pipe buffer until
-                # that micro batch's backward (runtime/pipe/engine.py _exec_forward_pass:
-                # pipe_buffers['outputs'][buffer_id] = outputs; released in _exec_backward_pass)
-                emb_loss += p * tok * v / plan.tp
     in_flight = min(plan.pp, plan.ds.grad_accum) if plan.pp > 1 else 1
     if plan.pp > 1 and plan.pipeline_schedule == "interleaved" and plan.virtual_stages > 1 and in_flight == plan.pp:
         # interleaved 1F1B keeps (1 + (p-1)/(p·v)) x the 1F1B activations on the first stage (Korthikanti et al.
@@ -394,13 +397,31 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
             # the kept logits are the saved tensor above; backward writes one gradient in their dtype
             loss_bwd = FUSED_LOSS_BACKWARD_COPIES * p * logits
         else:
-            loss_fwd = p * logits + (FP32_BYTES * logits if p != FP32_BYTES else 0.0)
+            # the logits (unless a pipe buffer holds them, pipe_logits) and their fp32 copy
+            loss_fwd = (0.0 if pipe_logits else p * logits) + (FP32_BYTES * logits if p != FP32_BYTES else 0.0)
             loss_bwd = LOSS_BACKWARD_FP32_COPIES * FP32_BYTES * logits
     # the last stage's head tensors belong to the one micro batch whose loss is being computed
     kept = (saved + emb_loss) * in_flight if not last else saved * in_flight + emb_loss
     return ActivationEstimate(saved=kept, recompute_transient=transient,
                               embedding_and_loss=emb_loss, in_flight_micro_batches=in_flight,
-                              loss_forward_transient=loss_fwd, loss_backward_transient=loss_bwd)
+                              loss_forward_transient=loss_fwd, loss_backward_transient=loss_bwd,
+                              pipe_buffers=pipe_logits)
+
+
+def deepspeed_pipe_logits(plan: RunPlan) -> float:
+    """Bytes of logits DeepSpeed's PipelineEngine keeps on the last stage through the whole step.
+
+    _exec_forward_pass stores each micro batch's output, the logits, in pipe_buffers['outputs'][buffer_id], and
+    _exec_backward_pass returns on the last stage before the lines that release it (runtime/pipe/engine.py: "The
+    last stage just runs backward on the loss"), so each buffer keeps the logits of the last micro batch that used
+    it until a later forward overwrites them: min(DEEPSPEED_LAST_STAGE_PIPE_BUFFERS, grad_accum) micro batches'
+    logits, also through the optimizer step (measured: benchmarks/results/pipeline_memory_cpu_*.md). 0 for other
+    frameworks and without a pipeline."""
+    if plan.pp == 1 or plan.framework != "deepspeed" or plan.pipeline_schedule == "dualpipe":
+        return 0.0
+    p, _ = _act_bytes(plan)
+    tok = plan.seq_len * plan.ds.micro_batch / (plan.cp * plan.ulysses)
+    return min(DEEPSPEED_LAST_STAGE_PIPE_BUFFERS, plan.ds.grad_accum) * p * tok * plan.shape.vocab_size / plan.tp
 
 
 def last_stage_in_flight(plan: RunPlan) -> float:

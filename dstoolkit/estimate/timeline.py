@@ -148,6 +148,7 @@ S_LOSS_FWD = "activations.py loss_forward_transient: logits + their fp32 copy be
 S_LOSS_BWD = "activations.py loss_backward_transient: log_softmax backward's fp32 grad_output and grad_input [tokens, vocab/tp]"
 S_OPT_TMP = "step_temporaries.py: the inner optimizer's temporaries per implementation (torch/optim/adam.py _single_tensor_adam: 2 fp32 copies of the largest stepped tensor, e.g. ZeRO-1/2's flat partition; _multi_tensor_adam: 1 copy of a group; fused / DeepSpeed FusedAdam / DeepSpeedCPUAdam: none)"
 S_NORM = "stage_1_and_2.py get_grad_norm_direct: fp64 copy (zero/utils.py get_norm_dtype) of the largest partition gradient, with grads_in_partition alive"
+S_PIPE = "activations.py deepspeed_pipe_logits: the last stage's pipe buffers keep the logits of its last 2 micro batches (pipe/engine.py _exec_backward_pass returns before releasing them)"
 S_HOST = "offload: host fp32 master + moments + fp32 grad partition + staging (stage_1_and_2.py / stage3.py offload_optimizer)"
 
 
@@ -182,6 +183,8 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
         base.append(_t("grad_partition_buffer", grad_buf, S_GRAD_BUF))
     if fp8_cache:
         base.append(_t("fp8_weight_cache", fp8_cache, S_FP8))
+    if getattr(act, "pipe_buffers", 0):
+        base.append(_t("pipe_buffers", act.pipe_buffers, S_PIPE))
     host = [_t(n, v, S_HOST, "host") for n, v in (
         ("host_params", ms.host_params), ("host_master_params", ms.host_master_params),
         ("host_optimizer_states", ms.host_optimizer_states), ("host_grads", ms.host_grads),
@@ -228,7 +231,7 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
             base + [_t("grads_cast", ms.grads_step_transient_peak - grad_buf, S_CAST)] + host)))
     if offload_optimizer:
         dev = [t for t in base if t.name in ("params", "persistent_buffers", "fp8_weight_cache",
-                                             "grad_partition_buffer")]
+                                             "grad_partition_buffer", "pipe_buffers")]
         host_tmp = [_t("host_optimizer_temporaries", ms.host_optimizer_temporaries, opt_src, "host")] \
             if getattr(ms, "host_optimizer_temporaries", 0) else []
         phases.append(Phase("offload_step", tuple(dev + host + host_tmp)))

@@ -61,17 +61,17 @@ def test_estimate_peaks_on_the_stage_whose_timeline_is_higher():
     assert estimate_run(_plan(pp=1)).memory.peak_pipeline_stage is None
 
 
-def _dense_plan(ga: int, stage: int = 1, framework: str = "deepspeed"):
+def _dense_plan(ga: int, stage: int = 1, framework: str = "deepspeed", pp: int = 1):
     from dstoolkit.estimate import RunPlan
     from dstoolkit.hardware.table import get_gpu
     from dstoolkit.models.shape import ModelShape
 
     shape = ModelShape(name="acc", model_type="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=688, vocab_size=32768)
-    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": ga, "train_batch_size": 4 * ga,
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": ga, "train_batch_size": 4 * ga // pp,
            "zero_optimization": {"stage": stage, "reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000}}
     return RunPlan(shape=shape, ds_config=cfg, world_size=2, gpus_per_node=2, gpu=get_gpu("cpu"), seq_len=128,
-                   precision="fp32", framework=framework)
+                   precision="fp32", framework=framework, pp=pp)
 
 
 def _term(est, phase: str, name: str) -> int:
@@ -97,3 +97,34 @@ def test_accumulation_keeps_earlier_micro_steps_gradients_alive():
     assert z2.grads_between_micro_steps == z2.grads_backward_peak  # grads_in_partition
     assert full >= _term(four, "forward_end", "grads_accumulated") > 0
     assert _term(estimate_run(_dense_plan(4, framework="megatron")), "forward_end", "grads_accumulated") == 0
+
+
+def test_deepspeed_last_stage_pipe_buffers_keep_two_micro_batches_of_logits():
+    """DeepSpeed's PipelineEngine returns from the last stage's backward before releasing the output buffer, so its
+    two pipe buffers keep the logits of the last two micro batches through every phase, the optimizer step too
+    (measured within 1% on 2 ranks: benchmarks/results/pipeline_memory_cpu_*.md); Megatron frees its outputs."""
+    from dataclasses import replace
+
+    from dstoolkit.estimate.activations import deepspeed_pipe_logits
+
+    def piped(ga, framework="deepspeed"):
+        return _dense_plan(ga, framework=framework, pp=2)
+
+    logits_bytes = 4 * 2 * 128 * 32768  # fp32, micro batch 2 x 128 tokens x vocab 32768
+    assert deepspeed_pipe_logits(piped(4)) == 2 * logits_bytes
+    assert deepspeed_pipe_logits(piped(1)) == logits_bytes  # one micro batch: one buffer ever written
+    assert deepspeed_pipe_logits(piped(4, "megatron")) == 0.0
+    assert deepspeed_pipe_logits(_dense_plan(4)) == 0.0  # no pipeline
+    last = activation_bytes(piped(4), stage="last")
+    assert last.pipe_buffers == 2 * logits_bytes
+    assert activation_bytes(piped(4)).pipe_buffers == 0.0  # the first stage's outputs are freed in backward
+    # fp32: the loss forward adds no copy of the logits the buffer already holds
+    assert last.loss_forward_transient == 0.0
+    assert last.peak == last.saved + last.recompute_transient + 2 * logits_bytes
+    est = estimate_run(piped(4))
+    tls = {p.name: p for p in est.memory.timeline.phases}
+    assert est.memory.peak_pipeline_stage == "last"
+    for phase in ("forward_end", "backward_end", "optimizer_step"):
+        assert sum(t.bytes for t in tls[phase].terms if t.name == "pipe_buffers") == 2 * logits_bytes
+    # the buffers are outside the saved activations: the last stage's saved bytes drop by the one copy they held
+    assert replace(last, pipe_buffers=0.0).peak == last.saved + last.recompute_transient
