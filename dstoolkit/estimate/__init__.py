@@ -6,7 +6,8 @@
 `RunPlan` and `plan_from_spec` live in `dstoolkit.runplan` (the layer below); they are re-exported here for
 callers that only estimate.
 """
-from dstoolkit.estimate.activations import activation_bytes, korthikanti_layer_bytes, layer_activation_bytes
+from dstoolkit.estimate.activations import korthikanti_layer_bytes, layer_activation_bytes
+from dstoolkit.estimate.stage_activations import activation_bytes
 from dstoolkit.estimate.collective_time import busbw_factor
 from dstoolkit.estimate.comm import comm_plan, zeropp_cross_node_bytes
 from dstoolkit.estimate.core import Estimate, MemoryBreakdown, estimate_run

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from dstoolkit.estimate.activations import activation_bytes
+from dstoolkit.estimate.stage_activations import activation_bytes
 from dstoolkit.estimate.comm import comm_plan
 from dstoolkit.estimate.flops import mfu, plan_flops_per_token, tokens_per_step
 from dstoolkit.estimate.layout import param_totals
@@ -91,7 +91,7 @@ class MemoryBreakdown(_Frozen):
     temporaries: int = 0
     """The largest short-lived temporary of a step on the device: the inner optimizer's (per implementation,
     `optimizer_impl`), the ZeRO-1/2 gradient norm's fp64 copy, or the loss's logits copies (step_temporaries.py,
-    activations.py)."""
+    stage_activations.py)."""
     optimizer_temporaries: int = 0
     """The inner optimizer's step() temporaries on the device (0 for fused / DeepSpeed FusedAdam / CPU Adam)."""
     optimizer_impl: str = ""
@@ -102,7 +102,7 @@ class MemoryBreakdown(_Frozen):
     """The phase where the peak occurs."""
     peak_pipeline_stage: Optional[Literal["first", "last"]] = None
     """With a pipeline, the stage whose timeline peaks: the first (most micro batches in flight) or the last (the LM
-    head and loss, activations.activation_bytes stage="last"); None without one. The other fields describe it."""
+    head and loss, stage_activations.activation_bytes stage="last"); None without one. The other fields describe it."""
     peak_alive: list[str]
     """What is alive at the peak, largest first (terms >= 1% of it)."""
     sum_of_parts_bytes: int
@@ -230,7 +230,7 @@ class Estimate(_Frozen):
 def stage_timelines(plan: RunPlan, ms, fp8_cache: int) -> dict:
     """The memory timeline of each pipeline stage that can peak, keyed None (no pipeline, or DualPipe, which feeds
     both ends alike so its first stage stands for both) or "first" / "last": the first stage holds the most micro
-    batches in flight, the last the LM head and the loss's [tokens, vocab] tensors (activations.activation_bytes).
+    batches in flight, the last the LM head and the loss's [tokens, vocab] tensors (stage_activations.activation_bytes).
     Both take the heaviest stage's model states `ms` (rank_param_groups), an upper bound for either.
 
     Returns: {stage: (ActivationEstimate, Timeline)}."""
@@ -242,7 +242,7 @@ def stage_timelines(plan: RunPlan, ms, fp8_cache: int) -> dict:
     kw = dict(zero_stage=ds.zero_stage, offload_optimizer=bool(ds.offload_optimizer), fp8_cache=fp8_cache,
               accumulating=ds.grad_accum > 1 and plan.framework == "deepspeed")
     act = activation_bytes(plan)
-    # activations.py: embedding_and_loss = the ids the embedding keeps (8 bytes/token) + at pp = 1 the final norm,
+    # stage_activations.py: embedding_and_loss = the ids the embedding keeps (8 bytes/token) + at pp = 1 the final norm,
     # LM head and loss tensors, which backward frees before it reaches the last block
     head = max(0.0, act.embedding_and_loss - 8 * plan.seq_len * ds.micro_batch) if plan.pp == 1 else 0.0
     first = (act, memory_timeline(ms, act, head_activations=head, **kw))

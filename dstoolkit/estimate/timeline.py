@@ -1,7 +1,7 @@
 """Peak memory per rank as a peak: what is alive in each phase of a training step, and the maximum over phases.
 
 The model-state terms come from `dstoolkit.estimate.memory.deepspeed_model_states` (DeepSpeed 0.19.8 as it
-allocates), the activation terms from `dstoolkit.estimate.activations.activation_bytes`. This module only
+allocates), the activation terms from `dstoolkit.estimate.stage_activations.activation_bytes`. This module only
 decides *which of them coexist*. Steady state (step >= 2: Adam's moments are created lazily in the first
 `step()` and then kept, ZeRO §3.1's K·Ψ term):
 
@@ -15,9 +15,9 @@ decides *which of them coexist*. Steady state (step >= 2: Adam's moments are cre
   ``zero_grad`` (engine.py `zero_grad(set_to_none=True)`; stage_1_and_2.py `zero_grad`, stage3.py `zero_grad`)
   dropped them after the last step.
 * ``forward_loss`` - ``forward_end`` + the loss's temporaries: the logits (and their ``.float()`` copy) beside
-  the fp32 log-probabilities (activations.py ``loss_forward_transient``); measured as the forward's maximum.
+  the fp32 log-probabilities (stage_activations.py ``loss_forward_transient``); measured as the forward's maximum.
 * ``backward_loss`` - ``forward_end`` + log_softmax backward's two fp32 [tokens, vocab] tensors, while every
-  saved activation is alive (activations.py ``loss_backward_transient``); measured as backward's maximum.
+  saved activation is alive (stage_activations.py ``loss_backward_transient``); measured as backward's maximum.
 * ``backward_start`` - backward reaches the last block: the LM head's and loss's saved tensors are freed, the
   head's gradients exist (stage 0/1), the reduce buckets are allocated (stage 1/2), and at stage 2 the rank
   whose partition holds the head has its whole ``grads_in_partition`` buffer (stage_1_and_2.py
@@ -134,7 +134,7 @@ S_STATES = "ZeRO §3.1 K·Ψ (Adam exp_avg + exp_avg_sq, fp32), created at the f
 S_PERSIST = "stage3.py _setup_for_real_optimizer ipg bucket (reduce_bucket_size); stage_1_and_2.py temp_grad_buffer_for_gpu_offload (largest param, offload)"
 S_GRAD_BUF = "stage3.py grad_partitions_flat_buffer (sum of partition numels, allocated once)"
 S_FP8 = "Transformer Engine fp8 weight copies (memory.py fp8_weight_cache_bytes)"
-S_ACT = "activations.py activation_bytes (Korthikanti et al. §4 reasoning, itemised for the block as implemented)"
+S_ACT = "stage_activations.py activation_bytes (Korthikanti et al. §4 reasoning, itemised for the block as implemented)"
 S_RECOMP = "activations.py: the full activations of one checkpointed block while it re-runs in backward"
 S_GATHER = "stage3.py partitioned_param_coordinator: gathered params (<= stage3_max_live_parameters, prefetch bucket, one layer) + params <= param_persistence_threshold kept whole"
 S_KEPT = "partitioned_param_coordinator.py __params_to_release: params that recur within stage3_max_reuse_distance (default 1e9 elements) are not released after forward; ~the last R/2 elements of the model stay gathered into backward"
@@ -144,11 +144,11 @@ S_GRADS_ACC = "gradient accumulation: earlier micro steps' gradients (stage 0/1:
 S_BUCKETS = "stage_1_and_2.py ipg_buckets (reduce_bucket_size, x2 with overlap_comm); engine.py buffered_allreduce_fallback flatten (stage 0)"
 S_GRADS_STEP = "stage_1_and_2.py step: fp32 copy of one group's gradient partition (single_grad_partition) + grads_in_partition while a later group still holds views; stage3.py: fp32 copy of one sub_group; fused/unfused_optimizer.py fp32 grads"
 S_CAST = "stage_1_and_2.py step: flatten(averaged_gradients) in model dtype, then .to(fp32); both alive for one line"
-S_LOSS_FWD = "activations.py loss_forward_transient: logits + their fp32 copy beside the fp32 log-softmax output (F.cross_entropy(logits.float()))"
-S_LOSS_BWD = "activations.py loss_backward_transient: log_softmax backward's fp32 grad_output and grad_input [tokens, vocab/tp]"
+S_LOSS_FWD = "stage_activations.py loss_forward_transient: logits + their fp32 copy beside the fp32 log-softmax output (F.cross_entropy(logits.float()))"
+S_LOSS_BWD = "stage_activations.py loss_backward_transient: log_softmax backward's fp32 grad_output and grad_input [tokens, vocab/tp]"
 S_OPT_TMP = "step_temporaries.py: the inner optimizer's temporaries per implementation (torch/optim/adam.py _single_tensor_adam: 2 fp32 copies of the largest stepped tensor, e.g. ZeRO-1/2's flat partition; _multi_tensor_adam: 1 copy of a group; fused / DeepSpeed FusedAdam / DeepSpeedCPUAdam: none)"
 S_NORM = "stage_1_and_2.py get_grad_norm_direct: fp64 copy (zero/utils.py get_norm_dtype) of the largest partition gradient, with grads_in_partition alive"
-S_PIPE = "activations.py deepspeed_pipe_logits: the last stage's pipe buffers keep the logits of its last 2 micro batches (pipe/engine.py _exec_backward_pass returns before releasing them)"
+S_PIPE = "stage_activations.py deepspeed_pipe_logits: the last stage's pipe buffers keep the logits of its last 2 micro batches (pipe/engine.py _exec_backward_pass returns before releasing them)"
 S_HOST = "offload: host fp32 master + moments + fp32 grad partition + staging (stage_1_and_2.py / stage3.py offload_optimizer)"
 
 
@@ -162,7 +162,7 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
 
     Args:
         ms: `memory.ModelStates` for the rank.
-        act: `activations.ActivationEstimate` for the rank.
+        act: `stage_activations.ActivationEstimate` for the rank.
         zero_stage: the plan's ZeRO stage.
         offload_optimizer: optimizer states on the host.
         fp8_cache: fp8 weight copies (Transformer Engine), bytes.

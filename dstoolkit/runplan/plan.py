@@ -94,7 +94,7 @@ class RunPlan(BaseModel):
     kernel; the module repeats GQA k/v as dstoolkit.runtime.model and Hugging Face do), else eager."""
     loss_impl: LossImpl = "torch"
     """Cross-entropy kernel (spec training.loss_impl): torch keeps fp32 copies of the logits, fused does not
-    (activations.activation_bytes)."""
+    (stage_activations.activation_bytes)."""
 
     @property
     def attention_kind(self) -> str:

@@ -7,7 +7,6 @@ import pytest
 from dstoolkit.estimate import cluster_model as cm
 from dstoolkit.estimate import gemm
 from dstoolkit.estimate.activations import (
-    activation_bytes,
     layer_activation_bytes,
     op_sac_layer_bytes,
     op_sac_recomputed_weights,
@@ -17,6 +16,7 @@ from dstoolkit.estimate.comm import CommOp, CommPlan, comm_plan, largest_gathere
     zero3_prefetch_hidden_fraction
 from dstoolkit.estimate.flops import plan_flops_per_token
 from dstoolkit.estimate.memory import deepspeed_model_states, zero_group_sizes
+from dstoolkit.estimate.stage_activations import activation_bytes
 from dstoolkit.estimate.step_time import DEFAULT_OVERLAP_EFFICIENCY, step_time
 from dstoolkit.hardware.table import get_gpu
 from dstoolkit.models import get_preset

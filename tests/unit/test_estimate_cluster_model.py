@@ -4,7 +4,8 @@ import pytest
 
 from dstoolkit.estimate import cluster_model as cm
 from dstoolkit.estimate import pipeline_stages as ps
-from dstoolkit.estimate.activations import activation_bytes, layer_activation_bytes
+from dstoolkit.estimate.activations import layer_activation_bytes
+from dstoolkit.estimate.stage_activations import activation_bytes
 from dstoolkit.estimate.comm import comm_plan
 from dstoolkit.estimate.core import estimate_run
 from dstoolkit.hardware.table import get_gpu

@@ -264,7 +264,7 @@ def test_small_custom_shape_has_no_negative_terms():
 
 
 # --- the step's temporaries (issue 24 item 4), numbers from the formulas in step_temporaries.py ----------------------
-from dstoolkit.estimate.activations import activation_bytes  # noqa: E402
+from dstoolkit.estimate.stage_activations import activation_bytes  # noqa: E402
 from dstoolkit.estimate.step_temporaries import (  # noqa: E402
     optimizer_implementation, optimizer_temporary_bytes)
 

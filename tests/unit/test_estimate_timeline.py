@@ -7,7 +7,7 @@ not read back from the estimator's output.
 import pytest
 
 from dstoolkit.estimate import estimate_run
-from dstoolkit.estimate.activations import ActivationEstimate, activation_bytes
+from dstoolkit.estimate.stage_activations import ActivationEstimate, activation_bytes
 from dstoolkit.estimate.memory import ModelStates
 from dstoolkit.estimate.timeline import (CPU_ALLOWANCE_BYTES, GPU_CONTEXT_BYTES,
                                          device_allowance_bytes, memory_timeline)

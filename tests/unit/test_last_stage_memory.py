@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dstoolkit.estimate import estimate_run
-from dstoolkit.estimate.activations import activation_bytes, last_stage_in_flight
+from dstoolkit.estimate.stage_activations import activation_bytes, last_stage_in_flight
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import run_plan_for
 from dstoolkit.models import resolve_model
@@ -105,7 +105,7 @@ def test_deepspeed_last_stage_pipe_buffers_keep_two_micro_batches_of_logits():
     (measured within 1% on 2 ranks: benchmarks/results/pipeline_memory_cpu_*.md); Megatron frees its outputs."""
     from dataclasses import replace
 
-    from dstoolkit.estimate.activations import deepspeed_pipe_logits
+    from dstoolkit.estimate.stage_activations import deepspeed_pipe_logits
 
     def piped(ga, framework="deepspeed"):
         return _dense_plan(ga, framework=framework, pp=2)
