@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dstoolkit.estimate.dtype_bytes import FP32_BYTES
+from dstoolkit.estimate.megatron_softmax import plan_fused_softmax
 from dstoolkit.estimate.moe_activations import fused_moe_block_bytes, moe_block_bytes
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.runplan import RunPlan
@@ -76,11 +77,16 @@ def eager_score_bytes(plan: RunPlan, micro_batch: float) -> float:
     """Bytes of the score matrices an eager attention core keeps for backward on one rank, per block: the softmax
     output (kept for the softmax backward and for probs @ V) over local queries x all keys (cp) or a/u heads x the
     whole square (Ulysses), split over TP; with dropout also its mask and the dropped probabilities (Korthikanti et
-    al. 2022's 5as/h term with p = 2)."""
+    al. 2022's 5as/h term with p = 2). When Megatron's softmax falls back to torch ops
+    (megatron_softmax.plan_fused_softmax) with 16-bit scores, torch's softmax keeps its fp32 output and probs @ V
+    the 16-bit cast of it (or, with dropout, the dropped probabilities)."""
     a, s = plan.shape.num_attention_heads, plan.seq_len
     p = _act_bytes(plan)[0]
     elements = a * s * s * micro_batch / (plan.cp * plan.ulysses) / plan.tp
-    return elements * (p + ((1 + p) if plan.attention_dropout else 0))
+    dropout = (1 + p) if plan.attention_dropout else 0
+    if p != FP32_BYTES and not plan_fused_softmax(plan):
+        return elements * (FP32_BYTES + (0 if plan.attention_dropout else p) + dropout)
+    return elements * (p + dropout)
 
 
 def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) -> LayerActivations:

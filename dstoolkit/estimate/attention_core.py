@@ -5,7 +5,8 @@ Megatron-LM's CoreAttention before flash attention (megatron/model/transformer.p
 and vTrain's copy of the model, src/model/gpt_modeling.py, run the same four kernels) computes the attention of
 one micro batch as
     scores = torch.baddbmm(Q, K^T)              batched GEMM, (q x d) @ (d x s) per head
-    probs  = FusedScaleMaskSoftmax(scores)      one read and one write of the s x s scores
+    probs  = FusedScaleMaskSoftmax(scores)      one read and one write of the s x s scores (when its fused
+                                                kernel runs; else five torch ops, estimate.megatron_softmax)
     probs  = attention_dropout(probs)           (when the model has it) a read, a write and a 1-byte mask
     ctx    = torch.bmm(probs, V)                batched GEMM, (q x s) @ (s x d) per head
 and its backward the transposed GEMMs (dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q: the chain rule of a
@@ -26,21 +27,15 @@ from dataclasses import dataclass
 from dstoolkit.estimate.activations import _act_bytes
 from dstoolkit.estimate.flops import attention_head_dims
 from dstoolkit.estimate.gemm import gemm_rate
+from dstoolkit.estimate.megatron_softmax import plan_fused_softmax, softmax_bytes_per_element
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.runplan import RunPlan
 
-SOFTMAX_FORWARD_PASSES = 2
-"""Passes over the scores of the fused scale-mask-softmax forward: read the scores, write the probabilities
-(Megatron's scaled_upper_triang_masked_softmax / scaled_masked_softmax CUDA kernels: one kernel, in registers)."""
-SOFTMAX_BACKWARD_PASSES = 3
-"""Its backward: read the saved probabilities and the incoming gradient, write dS (the same kernels' backward)."""
 DROPOUT_PASSES = 2
 """Dropout forward (read, write) and backward (read the gradient, write it), each with the 1-byte mask
 (torch's fused dropout kernel keeps a bool mask; written in forward, read in backward)."""
 MASK_BYTES = 1
 """Bytes of dropout's mask per element (torch.bool)."""
-
-
 @dataclass(frozen=True)
 class EagerCoreSeconds:
     """Seconds of one micro batch's eager attention core on one rank, for one layer."""
@@ -50,7 +45,8 @@ class EagerCoreSeconds:
 
 
 def eager_core_s(gpu: GpuSpec, precision: str, *, groups: int, queries: float, keys: float, head_dim_qk: float,
-                 head_dim_v: float, element_bytes: int, dropout: bool, mem_bw: float) -> EagerCoreSeconds:
+                 head_dim_v: float, element_bytes: int, dropout: bool, mem_bw: float,
+                 fused_softmax: bool = True) -> EagerCoreSeconds:
     """The eager attention core of `groups` (micro batch x the rank's heads) independent heads, each `queries`
     local query rows over `keys` keys (see the module docstring for the kernels).
 
@@ -62,6 +58,7 @@ def eager_core_s(gpu: GpuSpec, precision: str, *, groups: int, queries: float, k
         element_bytes: bytes of one score element (2 in fp16/bf16, 4 in fp32).
         dropout: whether the model applies attention dropout to the probabilities.
         mem_bw: HBM bytes/s.
+        fused_softmax: Megatron's fused softmax kernel runs (fused_softmax_runs), else its torch fallback.
     """
     prec = "fp32" if precision == "fp32" else "bf16"
     elements = groups * queries * keys
@@ -75,10 +72,11 @@ def eager_core_s(gpu: GpuSpec, precision: str, *, groups: int, queries: float, k
     qk = mm(queries, keys, head_dim_qk, head_dim_qk)  # scores = Q K^T: depth d
     pv = mm(queries, head_dim_v, keys, head_dim_v)  # ctx = P V: depth = keys, output d wide
     drop_s = (DROPOUT_PASSES * element_bytes + MASK_BYTES) * elements / mem_bw if dropout else 0.0
-    forward = qk + SOFTMAX_FORWARD_PASSES * square_s + drop_s + pv
+    soft_fwd, soft_bwd = softmax_bytes_per_element(element_bytes, fused_softmax)
+    forward = qk + soft_fwd * elements / mem_bw + drop_s + pv
     backward = (mm(queries, keys, head_dim_v, head_dim_v)  # dP = dO V^T
                 + mm(keys, head_dim_v, queries, head_dim_v)  # dV = P^T dO
-                + drop_s + SOFTMAX_BACKWARD_PASSES * square_s
+                + drop_s + soft_bwd * elements / mem_bw
                 + mm(queries, head_dim_qk, keys, head_dim_qk)  # dQ = dS K
                 + mm(keys, head_dim_qk, queries, head_dim_qk))  # dK = dS^T Q
     return EagerCoreSeconds(forward, backward)
@@ -94,4 +92,6 @@ def eager_core(plan: RunPlan, micro_batch: float, mem_bw: float) -> EagerCoreSec
     heads = max(1, math.ceil(shape.num_attention_heads / (plan.tp * plan.ulysses)))
     return eager_core_s(plan.gpu, plan.precision, groups=max(1, round(micro_batch * heads)),
                         queries=plan.seq_len / plan.cp, keys=plan.seq_len, head_dim_qk=d_qk, head_dim_v=d_v,
-                        element_bytes=_act_bytes(plan)[0], dropout=plan.attention_dropout, mem_bw=mem_bw)
+                        element_bytes=_act_bytes(plan)[0], dropout=plan.attention_dropout, mem_bw=mem_bw,
+                        fused_softmax=plan_fused_softmax(plan))
+
