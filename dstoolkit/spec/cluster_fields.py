@@ -73,7 +73,9 @@ class ClusterModelFields(StrictModel):
     output per layer; the ranks come out of the data-parallel ones)."""
     attention_impl: Optional[AttentionImpl] = None
     """Attention / fused-kernel implementation, which decides what activations are saved: eager (HF eager
-    kernels: fp32 norm upcasts, repeated K/V, the s² probabilities), sdpa (HF with torch SDPA: no s² term),
+    kernels: fp32 norm upcasts, repeated K/V, the s² probabilities; its time is charged as Megatron's unfused core,
+    baddbmm, scale-mask-softmax, dropout, bmm, with the softmax one fused kernel where Megatron allows it,
+    estimate.megatron_softmax), sdpa (HF with torch SDPA: no s² term),
     flash (flash-attention 2 kernels with HF-style modules), flash1 (flash-attn 1.x, e.g. llm-foundry's default
     gpu extra in 2023: flash-attn==1.0.9), te (Transformer Engine / Megatron fused kernels).
     None: sdpa when flash_attention, else eager."""
