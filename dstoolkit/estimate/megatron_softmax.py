@@ -36,7 +36,10 @@ def fused_softmax_runs(precision: str, micro_batch: int, heads: int, queries: in
     (megatron/model/fused_softmax.py is_kernel_available in Megatron-DeepSpeed and Megatron-LM's legacy model):
     16-bit scores, 16 < keys <= 4096, queries and keys multiples of 4, and the micro batch x the rank's heads
     (attn_batches) a multiple of 4 and of softmax_batch_per_block. Otherwise it falls back to torch ops
-    (UNFUSED_SOFTMAX_KERNELS): e.g. 16 heads at TP 8 with micro batch 1 (attn_batches 2)."""
+    (UNFUSED_SOFTMAX_KERNELS): e.g. 16 heads at TP 8 with micro batch 1 (attn_batches 2). BigScience chose BLOOM's
+    head count by the same rule (bigscience train/tr11-176B-ml/chronicles-prequel.md, "NHEADs comparison": "the
+    constraint is (HEADS/TP)*MBS % 4 = 0"; "NHEADS=108 breaks constraints for invoking optimized fused softmax
+    kernel")."""
     if precision == "fp32":
         return False
     if not (16 < keys <= 4096 and queries % 4 == 0 and keys % 4 == 0):
