@@ -353,6 +353,11 @@ def run(args) -> int:
             cal_label = _calibration_label(args.calibration, args.gpu)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+        from dstoolkit.estimate.megatron_softmax import fallback_note
+
+        if (note := fallback_note(plan)) and note not in assumptions:  # a spec resolved by the planner has it
+            assumptions.append(note)
         est = estimate_run(plan)
         if not est.fits and advice is None:
             # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs

@@ -67,3 +67,23 @@ def plan_fused_softmax(plan: RunPlan) -> bool:
     heads = max(1, math.ceil(plan.shape.num_attention_heads / (plan.tp * plan.ulysses)))
     return fused_softmax_runs(plan.precision, plan.ds.micro_batch, heads, plan.seq_len // plan.cp, plan.seq_len)
 
+
+
+def fallback_note(plan: RunPlan) -> str | None:
+    """A line for estimate / generate when an eager core's softmax falls back to torch ops (plan_fused_softmax),
+    naming the numbers, the rule and the nearest larger micro batch that runs the fused kernel; None otherwise."""
+    if plan.attention_kind != "eager" or plan_fused_softmax(plan):
+        return None
+    heads = max(1, math.ceil(plan.shape.num_attention_heads / (plan.tp * plan.ulysses)))
+    mb = plan.ds.micro_batch
+    why = (f"micro batch {mb} x {heads} heads per TP rank = {mb * heads}, not a multiple of "
+           f"{max(4, softmax_batch_per_block(plan.seq_len))}")
+    if plan.precision == "fp32":
+        why = "fp32 scores (the kernel takes fp16 / bf16)"
+    elif not (16 < plan.seq_len <= 4096 and plan.seq_len % 4 == 0 and (plan.seq_len // plan.cp) % 4 == 0):
+        why = f"sequence {plan.seq_len} (the kernel takes 17-4096, a multiple of 4)"
+    fix = next((m for m in range(mb + 1, 4 * mb + 1) if fused_softmax_runs(
+        plan.precision, m, heads, plan.seq_len // plan.cp, plan.seq_len)), None)
+    return (f"eager attention: Megatron's fused scale-mask-softmax kernel cannot run ({why}; megatron fused_softmax.py "
+            f"is_kernel_available), so its torch fallback is charged: {UNFUSED_SOFTMAX_KERNELS} kernels and an fp32 "
+            "softmax each way" + (f"; micro batch {fix} would run the fused kernel" if fix else ""))

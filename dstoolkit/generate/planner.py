@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from dstoolkit.estimate import estimate_run
+from dstoolkit.estimate.megatron_softmax import fallback_note
 from dstoolkit.generate.candidate_grid import MICRO_BATCH_CHOICES, checkpoint_choices, enumerate_candidates, zero_modes
 from dstoolkit.generate.candidates import Candidate, StrategyDef
 from dstoolkit.generate.costing import (CandidateEstimate, EstimateInputError,
@@ -133,12 +134,14 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
         notes.insert(0, f"{lead}: {cand.label}")
     if tp_note:
         notes.append(tp_note)
+    plan = plan_for(spec, shape, cand, cfg)
+    if softmax_note := fallback_note(plan):
+        notes.append(softmax_note)
     if not fits:
         gpu = spec.cluster.gpu_spec
         notes.append(f"nothing fits in {gpu.memory_bytes / GiB:.0f} GiB "
                      f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable): showing the smallest-memory candidate")
-    return Resolution(candidate=cand, ds_config=cfg, plan=plan_for(spec, shape, cand, cfg), fits=fits, sweep=res,
-                      assumptions=notes)
+    return Resolution(candidate=cand, ds_config=cfg, plan=plan, fits=fits, sweep=res, assumptions=notes)
 
 
 MAX_WORLD_SCALE = 64

@@ -80,3 +80,27 @@ def test_fallback_costs_time_launches_and_fp32_bytes():
     assert eager_score_bytes(fused, 1) == elements * 2
     # with dropout: fp32 softmax output, the mask and the dropped probabilities
     assert eager_score_bytes(_plan(mb=1, dropout=True), 1) == elements * (4 + 1 + 2)
+
+
+def test_estimate_and_generate_say_when_the_softmax_falls_back(tmp_path):
+    from dstoolkit.estimate.megatron_softmax import fallback_note
+
+    note = fallback_note(_plan(tp=8, mb=1))
+    assert "micro batch 1 x 2 heads per TP rank = 2, not a multiple of 4" in note
+    assert note.endswith("micro batch 2 would run the fused kernel")
+    assert fallback_note(_plan(tp=8, mb=2)) is None
+    assert "fp32 scores" in fallback_note(_plan(tp=4, mb=4, precision="fp32"))
+    # a spec resolved by generate's planner carries the line among its assumptions, and estimate prints it once
+    import subprocess
+    import sys
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("""name: fallback
+model: {model_type: gpt2, n_embd: 1024, n_layer: 4, n_head: 16, vocab_size: 50257, n_positions: 1024}
+cluster: {nodes: 1, gpus_per_node: 8, gpu: A100-80G}
+training: {seq_len: 1024, global_batch: 8, micro_batch: 1, precision: bf16, tp: 8, pp: 1, zero_stage: 0,
+           activation_checkpointing: full, framework: megatron, attention_impl: eager}
+""")
+    out = subprocess.run([sys.executable, "-m", "dstoolkit", "estimate", str(spec)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("fused scale-mask-softmax kernel cannot run") == 1
