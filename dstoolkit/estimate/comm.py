@@ -333,6 +333,14 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         else:
             add("pp_p2p", "p2p", 2 * v * act // (plan.tp if plan.sequence_parallel else 1) * ga,
                 2, cross, 2 * v * ga, overlap, concurrent)
+        if shape.tie_word_embeddings and plan.pipeline_schedule != "dualpipe":
+            # tied input embedding and LM head on the first and last stage: their gradients are all-reduced
+            # between the two once per step, after backward and before the optimizer (DeepSpeed PipelineEngine
+            # _exec_reduce_tied_grads; Megatron-LM _allreduce_embedding_grads / finalize_model_grads), each TP rank
+            # its vocab/tp rows; every rank of the first stage at once (concurrent as the stage-boundary p2p).
+            # DualPipe keeps both ends on one rank.
+            add("pp_tied_embedding_all_reduce", "all_reduce", shape.vocab_size * shape.hidden_size // plan.tp * pb,
+                2, cross, 1, False, concurrent)
     return out
 
 

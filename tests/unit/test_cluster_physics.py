@@ -145,6 +145,25 @@ def test_deepspeed_pipeline_sends_one_tp_slice_and_gathers_it_on_the_next_stage(
     assert ops(framework="megatron")["pp_p2p"].bytes == 2 * act * 8
 
 
+def test_tied_embedding_gradients_are_all_reduced_between_the_end_stages_once_a_step():
+    tied = get_preset("llama-3-8b").model_copy(update={"tie_word_embeddings": True})
+
+    def ops(shape=None, **kw):
+        plan = _plan(tp=8, **kw)
+        if shape is not None:
+            plan = plan.model_copy(update={"shape": shape})
+        return {o.name: o for o in comm_plan(plan).ops}
+
+    op = ops(tied, pp=2)["pp_tied_embedding_all_reduce"]
+    # each TP rank its vocab / 8 rows x hidden 4096, bf16 gradients; two ranks on different nodes, all the first
+    # stage's ranks of a node at once, one call after backward, not overlapped
+    assert op.bytes == 128256 * 4096 // 8 * 2
+    assert (op.group_size, op.cross_node, op.calls, op.overlappable, op.concurrent_groups) == (2, True, 1, False, 8)
+    assert "pp_tied_embedding_all_reduce" not in ops(pp=2)  # untied (Llama 3)
+    assert "pp_tied_embedding_all_reduce" not in ops(tied)  # one stage holds both ends
+    assert "pp_tied_embedding_all_reduce" not in ops(tied, pp=2, schedule="dualpipe")
+
+
 def test_undecided_marks_layouts_within_the_measured_error_and_prints_the_tune_command():
     assert und.within_error([1.0, 1.05, 1.2], 0.10) == (0, 1)
     assert und.within_error([1.3, 1.0, 1.09], 0.10) == (1, 2)
