@@ -31,21 +31,29 @@ def softmax_batch_per_block(keys: int) -> int:
     return (SOFTMAX_THREADS_PER_BLOCK // warp) * (2 if pow2 <= 128 else 1)
 
 
-def fused_softmax_runs(precision: str, micro_batch: int, heads: int, queries: int, keys: int) -> bool:
-    """Whether Megatron's FusedScaleMaskSoftmax runs its fused CUDA kernel for a causal mask
+def fused_softmax_blocker(precision: str, micro_batch: int, heads: int, queries: int, keys: int) -> str | None:
+    """Why Megatron's FusedScaleMaskSoftmax cannot run its fused CUDA kernel for a causal mask, or None when it can
     (megatron/model/fused_softmax.py is_kernel_available in Megatron-DeepSpeed and Megatron-LM's legacy model):
-    16-bit scores, 16 < keys <= 4096, queries and keys multiples of 4, and the micro batch x the rank's heads
-    (attn_batches) a multiple of 4 and of softmax_batch_per_block. Otherwise it falls back to torch ops
+    it needs 16-bit scores, 16 < keys <= 4096, queries and keys multiples of 4, and the micro batch x the rank's
+    heads (attn_batches) a multiple of 4 and of softmax_batch_per_block. Otherwise it falls back to torch ops
     (UNFUSED_SOFTMAX_KERNELS): e.g. 16 heads at TP 8 with micro batch 1 (attn_batches 2). BigScience chose BLOOM's
     head count by the same rule (bigscience train/tr11-176B-ml/chronicles-prequel.md, "NHEADs comparison": "the
     constraint is (HEADS/TP)*MBS % 4 = 0"; "NHEADS=108 breaks constraints for invoking optimized fused softmax
     kernel")."""
     if precision == "fp32":
-        return False
+        return "fp32 scores (the kernel takes fp16 / bf16)"
     if not (16 < keys <= 4096 and queries % 4 == 0 and keys % 4 == 0):
-        return False
+        return f"{queries} queries over {keys} keys (the kernel takes 17-4096 keys, both multiples of 4)"
     batches = micro_batch * heads
-    return batches % 4 == 0 and batches % softmax_batch_per_block(keys) == 0
+    multiple = math.lcm(4, softmax_batch_per_block(keys))
+    if batches % multiple:
+        return f"micro batch {micro_batch} x {heads} heads per TP rank = {batches}, not a multiple of {multiple}"
+    return None
+
+
+def fused_softmax_runs(precision: str, micro_batch: int, heads: int, queries: int, keys: int) -> bool:
+    """Whether Megatron's fused softmax kernel runs (fused_softmax_blocker finds nothing in its way)."""
+    return fused_softmax_blocker(precision, micro_batch, heads, queries, keys) is None
 
 
 def softmax_bytes_per_element(element_bytes: int, fused: bool) -> tuple[float, float]:
@@ -61,29 +69,29 @@ def softmax_bytes_per_element(element_bytes: int, fused: bool) -> tuple[float, f
     return 2 * e + 32.0, 2 * e + 36.0
 
 
-def plan_fused_softmax(plan: RunPlan) -> bool:
-    """fused_softmax_runs for the plan's eager core: its micro batch, heads per rank (heads / tp / Ulysses) and
-    local queries (seq / cp) over the whole sequence."""
+def _plan_args(plan: RunPlan, micro_batch: int | None = None) -> tuple:
+    """fused_softmax_blocker's arguments for the plan's eager core: its micro batch, heads per rank (heads / tp /
+    Ulysses) and local queries (seq / cp) over the whole sequence."""
     heads = max(1, math.ceil(plan.shape.num_attention_heads / (plan.tp * plan.ulysses)))
-    return fused_softmax_runs(plan.precision, plan.ds.micro_batch, heads, plan.seq_len // plan.cp, plan.seq_len)
+    mb = plan.ds.micro_batch if micro_batch is None else micro_batch
+    return plan.precision, mb, heads, plan.seq_len // plan.cp, plan.seq_len
 
+
+def plan_fused_softmax(plan: RunPlan) -> bool:
+    """fused_softmax_runs for the plan's eager core."""
+    return fused_softmax_blocker(*_plan_args(plan)) is None
 
 
 def fallback_note(plan: RunPlan) -> str | None:
     """A line for estimate / generate when an eager core's softmax falls back to torch ops (plan_fused_softmax),
-    naming the numbers, the rule and the nearest larger micro batch that runs the fused kernel; None otherwise."""
-    if plan.attention_kind != "eager" or plan_fused_softmax(plan):
+    naming why and the nearest larger micro batch that runs the fused kernel; None otherwise."""
+    if plan.attention_kind != "eager":
         return None
-    heads = max(1, math.ceil(plan.shape.num_attention_heads / (plan.tp * plan.ulysses)))
+    why = fused_softmax_blocker(*_plan_args(plan))
+    if why is None:
+        return None
     mb = plan.ds.micro_batch
-    why = (f"micro batch {mb} x {heads} heads per TP rank = {mb * heads}, not a multiple of "
-           f"{max(4, softmax_batch_per_block(plan.seq_len))}")
-    if plan.precision == "fp32":
-        why = "fp32 scores (the kernel takes fp16 / bf16)"
-    elif not (16 < plan.seq_len <= 4096 and plan.seq_len % 4 == 0 and (plan.seq_len // plan.cp) % 4 == 0):
-        why = f"sequence {plan.seq_len} (the kernel takes 17-4096, a multiple of 4)"
-    fix = next((m for m in range(mb + 1, 4 * mb + 1) if fused_softmax_runs(
-        plan.precision, m, heads, plan.seq_len // plan.cp, plan.seq_len)), None)
+    fix = next((m for m in range(mb + 1, 4 * mb + 1) if fused_softmax_blocker(*_plan_args(plan, m)) is None), None)
     return (f"eager attention: Megatron's fused scale-mask-softmax kernel cannot run ({why}; megatron fused_softmax.py "
             f"is_kernel_available), so its torch fallback is charged: {UNFUSED_SOFTMAX_KERNELS} kernels and an fp32 "
             "softmax each way" + (f"; micro batch {fix} would run the fused kernel" if fix else ""))
