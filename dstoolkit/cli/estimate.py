@@ -98,6 +98,7 @@ def _load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Opt
 
 def _plan_from_args(args):
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.megatron_softmax import fallback_note
     from dstoolkit.runplan import RunPlan
     from dstoolkit.hardware.table import get_gpu
 
@@ -134,7 +135,8 @@ def _plan_from_args(args):
                    seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
                    precision=precision, calibration=_calibration(args.calibration, args.gpu, precision))
-    return plan, [], findings
+    note = fallback_note(plan)  # a spec's plan gets it from generate.planner.resolve_spec
+    return plan, [note] if note else [], findings
 
 
 def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
@@ -353,11 +355,6 @@ def run(args) -> int:
             cal_label = _calibration_label(args.calibration, args.gpu)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
-        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-        from dstoolkit.estimate.megatron_softmax import fallback_note
-
-        if (note := fallback_note(plan)) and note not in assumptions:  # a spec resolved by the planner has it
-            assumptions.append(note)
         est = estimate_run(plan)
         if not est.fits and advice is None:
             # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs

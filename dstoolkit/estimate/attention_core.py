@@ -36,6 +36,8 @@ DROPOUT_PASSES = 2
 (torch's fused dropout kernel keeps a bool mask; written in forward, read in backward)."""
 MASK_BYTES = 1
 """Bytes of dropout's mask per element (torch.bool)."""
+
+
 @dataclass(frozen=True)
 class EagerCoreSeconds:
     """Seconds of one micro batch's eager attention core on one rank, for one layer."""
@@ -94,4 +96,3 @@ def eager_core(plan: RunPlan, micro_batch: float, mem_bw: float) -> EagerCoreSec
                         queries=plan.seq_len / plan.cp, keys=plan.seq_len, head_dim_qk=d_qk, head_dim_v=d_v,
                         element_bytes=_act_bytes(plan)[0], dropout=plan.attention_dropout, mem_bw=mem_bw,
                         fused_softmax=plan_fused_softmax(plan))
-

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dstoolkit.estimate.megatron_softmax import UNFUSED_SOFTMAX_KERNELS, plan_fused_softmax
+from dstoolkit.estimate.megatron_softmax import softmax_kernels
 from dstoolkit.estimate.pipeline_stages import stage_layers
 from dstoolkit.runplan import RunPlan
 
@@ -98,11 +98,8 @@ def layer_kernels(plan: RunPlan, i: int, recompute: Optional[bool] = None) -> in
     else:
         gemm += gated
     core = 3 if impl == "eager" else 1
-    # Megatron's softmax falling back to torch ops (attention_core.fused_softmax_runs) runs
-    # UNFUSED_SOFTMAX_KERNELS (3 in fp32) in place of its one kernel, forward and backward alike
-    unfused = 0
-    if impl == "eager" and not plan_fused_softmax(plan):
-        unfused = (3 if plan.precision == "fp32" else UNFUSED_SOFTMAX_KERNELS) - 1
+    # Megatron's softmax falling back to torch ops runs more kernels than its one, forward and backward alike
+    unfused = softmax_kernels(plan) - 1 if impl == "eager" else 0
     fwd = gemm + core + elem + unfused
     bwd = 2 * gemm + 2 * core + elem + unfused
     if recompute is None:

@@ -69,6 +69,14 @@ def softmax_bytes_per_element(element_bytes: int, fused: bool) -> tuple[float, f
     return 2 * e + 32.0, 2 * e + 36.0
 
 
+def softmax_kernels(plan: RunPlan) -> int:
+    """Kernels the plan's eager-core softmax launches each way: 1 when the fused kernel runs, else the torch
+    fallback's UNFUSED_SOFTMAX_KERNELS (3 with fp32 scores, whose casts are no-ops)."""
+    if plan_fused_softmax(plan):
+        return 1
+    return UNFUSED_SOFTMAX_KERNELS - 2 if plan.precision == "fp32" else UNFUSED_SOFTMAX_KERNELS
+
+
 def _plan_args(plan: RunPlan, micro_batch: int | None = None) -> tuple:
     """fused_softmax_blocker's arguments for the plan's eager core: its micro batch, heads per rank (heads / tp /
     Ulysses) and local queries (seq / cp) over the whole sequence."""

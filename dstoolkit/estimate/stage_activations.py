@@ -96,7 +96,7 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
     emb_loss = 0.0 if last else INDEX_BYTES * tok  # embedding backward keeps the ids (the first stage's)
     fused_loss = plan.loss_impl == "fused"
     holds_head = plan.pp == 1 or last
-    pipe_logits = deepspeed_pipe_logits(plan) if last else 0.0
+    pipe_logits = deepspeed_pipe_logits(plan, mb) if last else 0.0
     if holds_head:
         # final RMSNorm, LM-head input, the labels, and what the loss keeps for its backward: torch's log_softmax
         # its fp32 output; a fused cross-entropy the low-precision logits and an fp32 log-sum-exp per token
@@ -133,8 +133,9 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
                               pipe_buffers=pipe_logits)
 
 
-def deepspeed_pipe_logits(plan: RunPlan) -> float:
-    """Bytes of logits DeepSpeed's PipelineEngine keeps on the last stage through the whole step.
+def deepspeed_pipe_logits(plan: RunPlan, micro_batch: int | None = None) -> float:
+    """Bytes of logits DeepSpeed's PipelineEngine keeps on the last stage through the whole step, for micro batches
+    of `micro_batch` sequences (default: the plan's).
 
     _exec_forward_pass stores each micro batch's output, the logits, in pipe_buffers['outputs'][buffer_id], and
     _exec_backward_pass returns on the last stage before the lines that release it (runtime/pipe/engine.py: "The
@@ -145,7 +146,8 @@ def deepspeed_pipe_logits(plan: RunPlan) -> float:
     if plan.pp == 1 or plan.framework != "deepspeed" or plan.pipeline_schedule == "dualpipe":
         return 0.0
     p, _ = _act_bytes(plan)
-    tok = plan.seq_len * plan.ds.micro_batch / (plan.cp * plan.ulysses)
+    mb = plan.ds.micro_batch if micro_batch is None else micro_batch
+    tok = plan.seq_len * mb / (plan.cp * plan.ulysses)
     return min(DEEPSPEED_LAST_STAGE_PIPE_BUFFERS, plan.ds.grad_accum) * p * tok * plan.shape.vocab_size / plan.tp
 
 
