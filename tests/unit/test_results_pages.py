@@ -88,6 +88,6 @@ def test_an_unknown_table_name_is_refused(tmp_path):
 
 
 def test_no_torch_needed():
-    code = "import sys, dstoolkit.runtime.bench.pages, dstoolkit.runtime.bench.result_tables; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
+    code = "import sys, dstoolkit.runtime.bench.pages, dstoolkit.runtime.bench.result_tables, dstoolkit.runtime.bench.fidelity_table; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -10,7 +10,8 @@ A page holds each table between two markers::
 
 and ``python -m dstoolkit.runtime.bench.pages --write`` replaces what lies between them; ``--check`` exits 1 when a
 committed page differs from a fresh render (tests/unit/test_results_pages.py runs it). What each table says, read
-from which file: `dstoolkit.runtime.bench.result_tables`. No torch is imported here.
+from which file: `dstoolkit.runtime.bench.fidelity_table` (the README's) and `dstoolkit.runtime.bench.result_tables`
+(the docs'). No torch is imported here.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import sys
 from typing import Optional
 
 from dstoolkit.common.atomic import atomic_write_text
-from dstoolkit.runtime.bench.result_tables import RESULTS, TABLES, PageError, Results
+from dstoolkit.runtime.bench.result_files import RESULTS, PageError, Results
+from dstoolkit.runtime.bench.result_tables import TABLES
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 PAGE_GLOBS = ("README.md", "docs/*.md")
