@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
+from dstoolkit.runtime.cpu_precision import slow_precisions
+
 PROBE_SHAPE = dict(name="probe", model_type="llama", hidden_size=320, num_hidden_layers=1, num_attention_heads=5,
                    num_key_value_heads=5, intermediate_size=864, vocab_size=2048)
 """Compute probe: between the widths of the step-time benchmark's shapes, and not one of them."""
@@ -57,8 +59,6 @@ ATTENTION_GRID = ((128, 32), (128, 128), (512, 32), (512, 128))
 """(seq, head dim) of the timed causal attention cores: a full grid (interpolated in log space)."""
 ATTENTION_ROWS = 1024
 """Query rows x heads per attention timing (heads = ATTENTION_ROWS / seq)."""
-SLOW_DTYPE_RATIO = 0.25
-"""A precision whose rate is below this fraction of fp32's is reported as slow on this CPU."""
 
 
 def _median_time(fn: Callable[[], None], reps: int, warmup: int = 1) -> dict[str, float]:
@@ -289,47 +289,6 @@ def probe_calibration(world: int) -> dict[str, dict]:
         for k in CLOCKS:
             cal[k].update(grad_path_fields(cal[k], prec, step[k], world))
     return cal
-
-
-def slow_precisions(clock: dict[str, float]) -> list[str]:
-    """Precisions that run far below fp32's rate here (e.g. bf16 on a CPU without native bf16)."""
-    fp32 = clock.get("matmul_flops_per_s_fp32_large") or clock.get("matmul_flops_per_s_fp32")
-    out = []
-    for prec in ("bf16",):
-        rate = clock.get(f"matmul_flops_per_s_{prec}_large") or clock.get(f"matmul_flops_per_s_{prec}")
-        if fp32 and rate and rate < SLOW_DTYPE_RATIO * fp32:
-            out.append(prec)
-    return out
-
-
-def precision_for_this_cpu(precision: str = "bf16", n: int = 256) -> str:
-    """`precision`, or "fp32" where it runs below SLOW_DTYPE_RATIO of fp32's GEMM rate on this CPU (bf16 without
-    avx512_bf16 / amx: ~1-2 GFLOP/s through aten's generic GEMM, 50-100x below fp32). A quick check (an n^3 matmul
-    per dtype, best of 5 after 3 warm-up calls; ~0.1 s where bf16 is slow) for test jobs whose timing assumes a
-    usable precision."""
-    if precision == "fp32":
-        return precision
-    import torch
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-    def best_s(dt) -> float:
-        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
-        for _ in range(3):  # the first calls start the thread pool and pick the kernel (seen 300x slower)
-            a @ b
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: a busy second core stalls a 2-thread GEMM for milliseconds
-    try:
-        return "fp32" if best_s(torch.float32) < SLOW_DTYPE_RATIO * best_s(dtype) else precision
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _worker(rank: int, world: int, port: int, out_path: str, key: dict) -> None:

@@ -1,7 +1,7 @@
 """Real 2-rank gloo DeepSpeed runs of the GENERATED launch.sh (the real `deepspeed` launcher, hostfile and
 all) for ZeRO 0/1/2/3, ZeRO-2 + CPU optimizer offload, and MoE ep_size=2 at stages 1 and 2: loss must fall.
 The specs ask for bf16; on a CPU without native bf16 (aten's generic bf16 GEMM, 50-100x below fp32) they are
-generated at fp32, as the demo does (runtime.probe.precision_for_this_cpu), so the runs fit the suite's time."""
+generated at fp32, as the demo does (runtime.cpu_precision.precision_for_this_cpu), so the runs fit the suite's time."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dstoolkit.cli import main
-from dstoolkit.runtime.probe import precision_for_this_cpu
+from dstoolkit.runtime.cpu_precision import precision_for_this_cpu
 from dstoolkit.runtime.train.launch import free_port
 
 pytestmark = pytest.mark.dist

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from dstoolkit.runtime.probe import precision_for_this_cpu
+from dstoolkit.runtime.cpu_precision import precision_for_this_cpu
 from dstoolkit.runtime.testhosts import jobs, scenarios
 from tests.dist.multinode.fixtures import two_hosts  # noqa: F401  (fixture)
 

@@ -148,9 +148,9 @@ def test_the_probe_subprocess_failure_names_exit_and_output(cache, monkeypatch):
 
 
 def test_test_jobs_run_fp32_exactly_where_this_cpu_has_no_native_bf16():
-    """runtime.probe.precision_for_this_cpu (the cross-rank monitor's scenario job uses it): bf16 where the CPU
+    """runtime.cpu_precision.precision_for_this_cpu (the cross-rank monitor's scenario job uses it): bf16 where the CPU
     has native bf16 GEMMs (avx512_bf16 / amx_bf16), fp32 where bf16 runs through aten's generic GEMM."""
-    from dstoolkit.runtime.probe import precision_for_this_cpu
+    from dstoolkit.runtime.cpu_precision import precision_for_this_cpu
 
     native = bool({"avx512_bf16", "amx_bf16"} & set(machine.cpu_flags()))
     assert precision_for_this_cpu("bf16") == ("bf16" if native else "fp32")

@@ -89,7 +89,8 @@ def two_node_spec_text(name: str = "two_node_cpu", preset: str = "tiny", ep: str
                        global_batch: int = 16, seq_len: int = 64, micro_batch: str = "4",
                        precision: str = "bf16") -> str:
     """A 2 nodes x 2 ranks (gpu: cpu) spec like the bundled tiny_cpu one, for generation in a test folder
-    (tests pass runtime.probe.precision_for_this_cpu(): fp32 where this CPU's bf16 GEMM is the slow generic one)."""
+    (tests pass runtime.cpu_precision.precision_for_this_cpu(): fp32 where this CPU's bf16 GEMM is the slow generic
+    one)."""
     return (
         f"name: {name}\nmodel:\n  preset: {preset}\ncluster:\n  nodes: 2\n  gpus_per_node: 2\n  gpu: cpu\n"
         f"training:\n  seq_len: {seq_len}\n  global_batch: {global_batch}\n  micro_batch: {micro_batch}\n"
@@ -223,7 +224,7 @@ def bottleneck_job(hosts: TestHosts, workdir: pathlib.Path, tag: str, steps: int
     ranks) and its metrics path."""
     import yaml
 
-    from dstoolkit.runtime.probe import precision_for_this_cpu
+    from dstoolkit.runtime.cpu_precision import precision_for_this_cpu
 
     workdir.mkdir(parents=True, exist_ok=True)
     # the delays and throttles are sized against a ~0.1 s step: on a CPU without native bf16 the bf16 step takes
