@@ -8,7 +8,7 @@ import pytest
 
 from dstoolkit.estimate import estimate_run
 from dstoolkit.estimate.stage_activations import ActivationEstimate, activation_bytes
-from dstoolkit.estimate.memory import ModelStates
+from dstoolkit.estimate.model_states import ModelStates
 from dstoolkit.estimate.timeline import (CPU_ALLOWANCE_BYTES, GPU_CONTEXT_BYTES,
                                          device_allowance_bytes, memory_timeline)
 from dstoolkit.generate.costing import usable_device_bytes
