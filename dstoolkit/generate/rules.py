@@ -6,7 +6,7 @@ constraint's short name (mp-world, pp-zero, ...): sweep summaries group drop rea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from dstoolkit.generate.candidates import Candidate
@@ -15,6 +15,7 @@ from dstoolkit.layout import LayoutFacts, ParallelDims, first_violation
 from dstoolkit.layout import ramp_increment as _ramp_increment
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
+from dstoolkit.spec.layout_facts import sequence_shards
 
 __all__ = ["RuleViolation", "candidate_facts", "check_candidate", "dims_for", "hpz_partition_size",
            "ramp_increment"]
@@ -83,5 +84,17 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
 
 def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> Optional[RuleViolation]:
     """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible."""
-    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, candidate_names(spec))
+    facts = candidate_facts(spec, shape, cand, native_moe)
+    names = candidate_names(spec)
+    shards, sp_path = sequence_shards(spec.training)
+    if shards > 1:
+        # The ranks that share a sequence come out of dp (RunPlan.dims): tp * pp * sp must divide the world and ep
+        # the dp left; the batch rule keeps dp = world / (tp * pp), as the generated DeepSpeed JSON counts it.
+        sharded = first_violation(replace(facts, sp=shards), ("LY001", "LY009"),
+                                  {**names, "sp": ".".join(("training",) + sp_path)})
+        v = first_violation(facts, SWEEP_ORDER, names)
+        if sharded is not None and (v is None or SWEEP_ORDER.index(sharded.code) <= SWEEP_ORDER.index(v.code)):
+            v = sharded
+    else:
+        v = first_violation(facts, SWEEP_ORDER, names)
     return None if v is None else RuleViolation(v.name, v.message)

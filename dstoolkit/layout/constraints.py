@@ -211,15 +211,18 @@ def _ep_divides_experts(f: LayoutFacts, n: Names):
             f"choose ep from the divisors of {f.num_experts}")
 
 
-@constraint("LY009", "ep-dp", "ep must divide the data-parallel size", ("ep", "world", "tp", "pp"),
+@constraint("LY009", "ep-dp", "ep must divide the data-parallel size", ("ep", "world", "tp", "pp", "sp"),
             "DeepSpeed builds expert-parallel groups inside the data-parallel group "
-            "(deepspeed/utils/groups.py _create_expert_and_data_parallel).")
+            "(deepspeed/utils/groups.py _create_expert_and_data_parallel); the ranks that share one sequence "
+            "(context parallelism, Ulysses: sp) are not part of it, so dp = world / (tp * pp * sp).")
 def _ep_divides_dp(f: LayoutFacts, n: Names):
     dp = f.dp
     if not _known(f.ep, dp) or dp % f.ep == 0:
         return None
+    sp = f" x {n('sp')} {f.sp}" if f.sp != 1 else ""
     return (f"{n('ep')}={f.ep} does not divide the data-parallel size {dp} "
-            f"(world {f.world} / ({n('tp')} {f.tp} x {n('pp')} {f.pp}))", "pick an ep that divides the data-parallel size")
+            f"(world {f.world} / ({n('tp')} {f.tp} x {n('pp')} {f.pp}{sp}))",
+            f"pick an ep that divides the data-parallel size {dp}")
 
 
 MOE_STAGE3_REASON = (

@@ -111,7 +111,8 @@ class RunPlan(BaseModel):
     def _layout_facts(self) -> LayoutFacts:
         s = self.shape
         return LayoutFacts(world=self.world_size, gpus_per_node=self.gpus_per_node, tp=self.tp, pp=self.pp,
-                           ep=self.ep, num_heads=s.num_attention_heads, kv_heads=s.kv_heads, is_mla=s.is_mla,
+                           ep=self.ep, sp=self.cp * self.ulysses,  # the ranks sharing a sequence, as in `dims`
+                           num_heads=s.num_attention_heads, kv_heads=s.kv_heads, is_mla=s.is_mla,
                            num_layers=s.num_hidden_layers, num_experts=s.num_experts)
 
     def _require(self, codes: tuple[str, ...]) -> "RunPlan":

@@ -30,11 +30,20 @@ def training_facts(t: Any) -> LayoutFacts:
         ramp_increment=ramp.increment if ramp else None, ramp_kind=ramp.kind if ramp else None)
 
 
-def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc) -> None:
-    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to."""
-    names = {k: ".".join(("training",) + v) for k, v in SPEC_FACT_PATHS.items()}
+def sequence_shards(t: Any) -> tuple[int, tuple[str, ...]]:
+    """The ranks one sequence is split over (the layout's `sp`: cp x ulysses, at most one of them > 1) and the
+    field that sets it."""
+    cp, ulysses = getattr(t, "cp", 1), getattr(t, "ulysses", 1)
+    return cp * ulysses, ("ulysses",) if ulysses > 1 else ("cp",)
+
+
+def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, sp_path: tuple[str, ...] = ("cp",)) -> None:
+    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to (`sp_path`: the
+    training field of the facts' sp, `sequence_shards`)."""
+    paths = {**SPEC_FACT_PATHS, "sp": sp_path}
+    names = {k: ".".join(("training",) + v) for k, v in paths.items()}
     v = first_violation(facts, codes, names)
     if v is None:
         return
-    loc = next((SPEC_FACT_PATHS[f] for f in v.fields if f in SPEC_FACT_PATHS), ())
+    loc = next((paths[f] for f in v.fields if f in paths), ())
     raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)

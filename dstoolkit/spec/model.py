@@ -17,7 +17,7 @@ from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster import ClusterSpec
 from dstoolkit.spec.cluster_fields import ClusterModelFields
-from dstoolkit.spec.layout_facts import raise_layout, training_facts
+from dstoolkit.spec.layout_facts import raise_layout, sequence_shards, training_facts
 from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted,
                                     reject_bool)
 
@@ -360,7 +360,14 @@ class Spec(_Strict):
         # The layout constraints that need the world size (dstoolkit.layout.constraints).
         facts = dataclasses.replace(training_facts(self.training), world=self.world_size,
                                     gpus_per_node=self.cluster.nvlink_domain)
-        raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",))
+        # The ranks that share a sequence (cp, ulysses) come out of the data-parallel ones: tp * pp * sp must
+        # divide the world and ep the dp left (RunPlan.dims, which the estimator reads). The batch rule LY017 keeps
+        # dp = world / (tp * pp): the generated DeepSpeed JSON counts the batch over those ranks.
+        shards, sp_path = sequence_shards(self.training)
+        sharded = dataclasses.replace(facts, sp=shards)
+        raise_layout(sharded, ("LY001",), prefix=("training",), sp_path=sp_path)
+        raise_layout(facts, ("LY017",), prefix=("training",))
+        raise_layout(sharded, ("LY009",), prefix=("training",), sp_path=sp_path)
         return self
 
     @model_validator(mode="after")
