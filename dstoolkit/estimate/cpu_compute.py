@@ -135,8 +135,12 @@ def _weighted_lstsq(x: list[list[float]], y: list[float]) -> Optional[list[float
 
 def attention_row_s(points: Sequence[Sequence[float]], seq: float, head_dim: float, forward_only: bool = False) -> float:
     """Seconds per query row and head of the causal attention core at (seq, head_dim): bilinear in
-    (log seq, log head dim) over the probe's grid of [seq, head_dim, fwd+bwd s/row, fwd s/row], clamped at its
-    edges (a grid with one seq or one head dim interpolates along the other only)."""
+    (log seq, log head dim) over the probe's grid of [seq, head_dim, fwd+bwd s/row, fwd s/row] (a grid with one
+    seq or one head dim interpolates along the other only). Below the grid it is clamped at the edge (a short
+    row's cost is the fixed part). Above it, it grows with the row's work from the edge point: a causal query row
+    scores and sums ~seq/2 keys, 2·head_dim FLOPs each in QK^T and again in PV (PaLM App. B: 12·H·Q·T per token
+    with the backward), so it scales with seq and with head_dim; clamped, the attention time grew linearly in
+    seq while its FLOPs grow quadratically (MFU over 100% at seq 32768)."""
     col = 3 if forward_only else 2
     seqs = sorted({p[0] for p in points})
     dims = sorted({p[1] for p in points})
@@ -164,7 +168,8 @@ def attention_row_s(points: Sequence[Sequence[float]], seq: float, head_dim: flo
             return v
         return math.exp(math.log(u) + f * (math.log(v) - math.log(u)))
 
-    return lerp(lerp(at(s0, d0), at(s0, d1), fd), lerp(at(s1, d0), at(s1, d1), fd), fs)
+    beyond = max(1.0, seq / seqs[-1]) * max(1.0, head_dim / dims[-1])
+    return lerp(lerp(at(s0, d0), at(s0, d1), fd), lerp(at(s1, d0), at(s1, d1), fd), fs) * beyond
 
 
 def block_linears(plan: RunPlan, i: int, tok: float) -> list[Linear]:

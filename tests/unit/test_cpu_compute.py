@@ -57,13 +57,15 @@ def test_fit_gemm_drops_a_term_that_comes_out_negative():
         cc.fit_gemm(pts[:1])
 
 
-def test_attention_rows_are_exact_on_the_grid_log_interpolated_between_and_clamped():
+def test_attention_rows_are_exact_on_the_grid_log_interpolated_between_clamped_below_and_scaled_above():
     assert cc.attention_row_s(ATT, 128, 32) == 4e-6
     assert cc.attention_row_s(ATT, 512, 128, forward_only=True) == 4e-6
     # head dim 64 is halfway between 32 and 128 in log space: geometric mean
     assert cc.attention_row_s(ATT, 128, 64) == pytest.approx(math.sqrt(4e-6 * 8e-6))
-    assert cc.attention_row_s(ATT, 4096, 256) == cc.attention_row_s(ATT, 512, 128)  # clamped
-    assert cc.attention_row_s(ATT, 16, 8) == 4e-6
+    # above the grid a row's work grows with the keys it attends (seq) and with the head dim: 8 x 2 from the edge
+    assert cc.attention_row_s(ATT, 4096, 256) == pytest.approx(16 * cc.attention_row_s(ATT, 512, 128))
+    assert cc.attention_row_s(ATT, 1024, 128, forward_only=True) == pytest.approx(2 * 4e-6)
+    assert cc.attention_row_s(ATT, 16, 8) == 4e-6  # below it: clamped at the edge
     with pytest.raises(ValueError, match="full grid"):
         cc.attention_row_s(ATT[:3], 300, 64)
 
