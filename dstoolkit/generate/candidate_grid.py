@@ -85,4 +85,4 @@ def enumerate_candidates(spec: Spec, shape: ModelShape, strategy: Optional[Strat
             zero_modes(spec, strategy), tps, pps, eps, mbs, policies):
         yield Candidate(zero_stage=stage, offload_optimizer=off_opt, offload_param=off_par, zeropp=zpp, tp=tp,
                         pp=pp, ep=ep, micro_batch=mb, checkpoint=ck,
-                        sequence_parallel=bool(t.sequence_parallel and tp > 1))
+                        sequence_parallel=bool(t.sequence_parallel and tp > 1), cp=t.cp, ulysses=t.ulysses)

@@ -41,10 +41,20 @@ class Candidate(BaseModel):
     """Activation recompute policy."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (only meaningful with tp > 1)."""
+    cp: int = Field(default=1, ge=1)
+    """Megatron-Core context-parallel degree: the spec's training.cp (not swept)."""
+    ulysses: int = Field(default=1, ge=1)
+    """DeepSpeed-Ulysses sequence-parallel degree: the spec's training.ulysses (not swept)."""
+
+    @property
+    def sequence_shards(self) -> int:
+        """Ranks one sequence is split over (cp or ulysses), taken out of the data-parallel ones."""
+        return self.cp * self.ulysses
 
     def dp(self, world_size: int) -> int:
-        """Data-parallel degree at this world size (`dstoolkit.layout.ParallelDims.dp`)."""
-        return ParallelDims(world=world_size, tp=self.tp, pp=self.pp).dp
+        """Data-parallel degree at this world size (`dstoolkit.layout.ParallelDims.dp`): the ranks that share a
+        sequence are not data-parallel."""
+        return ParallelDims(world=world_size, tp=self.tp, pp=self.pp, sp=self.sequence_shards).dp
 
     def grad_accum(self, world_size: int, global_batch: int) -> int:
         """Gradient-accumulation steps: global_batch / (micro_batch * dp)."""

@@ -195,7 +195,10 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
             nowhere = sweep.fits_nowhere.message(spec, spec.cluster.gpu_spec, shape.name) if sweep.fits_nowhere else None
             codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
             reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
-            result.skipped.append(SkippedStrategy(name, f"{reason} ({sweep.considered} tried; dropped by {codes})",
+            # the first drop names the fix where nothing was structurally possible (fits_nowhere prints its own)
+            first = (f"; e.g. {sweep.dropped[0].candidate.label}: {sweep.dropped[0].reason}"
+                     if sweep.dropped and not sweep.fits_nowhere else "")
+            result.skipped.append(SkippedStrategy(name, f"{reason} ({sweep.considered} tried; dropped by {codes}{first})",
                                                   fits_nowhere=nowhere))
             continue
         _, chosen, sweep = picks[0]

@@ -206,13 +206,16 @@ def build_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
         cand: The concrete layout.
 
     Returns:
-        A JSON-serialisable dict with train_batch_size = micro_batch * grad_accum * dp.
+        A JSON-serialisable dict with train_batch_size = micro_batch * grad_accum * dp, dp without the ranks
+        that share a sequence: sequence_parallel_size (cp or ulysses) is the key DeepSpeed's batch arithmetic
+        divides the world by (runtime/config.py; under Megatron-DeepSpeed the mpu's data-parallel size is the same).
     """
     world = spec.cluster.world_size
     cfg: dict = {
         "train_batch_size": spec.training.global_batch,
         "train_micro_batch_size_per_gpu": cand.micro_batch,
         "gradient_accumulation_steps": cand.grad_accum(world, spec.training.global_batch),
+        **({"sequence_parallel_size": cand.sequence_shards} if cand.sequence_shards > 1 else {}),
         "gradient_clipping": GRADIENT_CLIPPING,
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,

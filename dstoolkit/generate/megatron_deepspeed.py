@@ -55,7 +55,10 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
     if cand.pp == 1:
         out.append("--no-pipeline-parallel")  # plain GPTModel + DeepSpeedEngine (ZeRO-2/3 need it)
-    if cand.tp > 1:
+    if cand.ulysses > 1:
+        # DeepSpeed-Ulysses (megatron/arguments.py); megatron/initialize.py refuses it beside --sequence-parallel
+        out += ["--ds-sequence-parallel-size", str(cand.ulysses)]
+    elif cand.tp > 1:
         out.append("--sequence-parallel")
     # Its NullTokenizer (megatron/tokenizer/tokenizer.py:514) adds the end-of-document id on top of --vocab-size, so
     # V - 1 gives the model's V rows; a real tokenizer ignores --vocab-size (the embedding follows the tokenizer).

@@ -45,6 +45,8 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     out += [w for pair in megatron_split(shape.num_hidden_layers, cand.pp).args() for w in pair]
     if cand.tp > 1:
         out += ["--sequence-parallel"]
+    if cand.cp > 1:
+        out += ["--context-parallel-size", str(cand.cp)]  # Megatron-Core CP: the ranks come out of dp
     out += _common_model(spec, shape, k, cand)
     if shape.is_mla:
         out += ["--multi-latent-attention", "--kv-lora-rank", str(shape.kv_lora_rank),

@@ -6,7 +6,7 @@ constraint's short name (mp-world, pp-zero, ...): sweep summaries group drop rea
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from dstoolkit.generate.candidates import Candidate
@@ -21,13 +21,16 @@ __all__ = ["RuleViolation", "candidate_facts", "check_candidate", "dims_for", "h
            "ramp_increment"]
 
 SWEEP_ORDER = ("LY001", "LY002", "LY003", "LY004", "LY005", "LY006", "LY010", "LY007", "LY008", "LY009",
-               "LY011", "LY012", "LY013", "LY014", "LY015", "LY016", "LY017", "LY018")
+               "LY011", "LY012", "LY013", "LY014", "LY015", "LY016", "LY017", "LY018", "LY023", "LY019", "LY020",
+               "LY021", "LY022")
 """The order the sweep reports constraints in (the first broken one names the drop reason): the refusal of
 native MoE at ZeRO-3 comes before the expert-parallel divisibility rules, as it always has."""
 
 CANDIDATE_NAMES = {"global_batch": "training.global_batch", "ramp_start": "training.batch_ramp.start_batch",
                    "ramp_increment": "training.batch_ramp.increment", "gpus_per_node": "cluster.gpus_per_node",
-                   "megatron_sp": "training.sequence_parallel"}
+                   "megatron_sp": "training.sequence_parallel", "seq_len": "training.seq_len", "cp": "training.cp",
+                   "virtual_stages": "training.virtual_stages", "framework": "training.framework",
+                   "pipeline_schedule": "training.pipeline_schedule"}
 """How candidate facts are named in drop reasons (degrees by their candidate names, the rest by spec path)."""
 
 
@@ -40,15 +43,17 @@ class RuleViolation:
 
 
 def candidate_names(spec: Spec) -> dict[str, str]:
-    """CANDIDATE_NAMES for this spec: the node the layout rules read is cluster.nvlink_domain_gpus where it is set."""
-    if spec.cluster.nvlink_domain_gpus is None:
-        return CANDIDATE_NAMES
-    return {**CANDIDATE_NAMES, "gpus_per_node": "cluster.nvlink_domain_gpus"}
+    """CANDIDATE_NAMES for this spec: the node the layout rules read is cluster.nvlink_domain_gpus where it is set;
+    the sequence shards (sp) are training.ulysses or training.cp (`sequence_shards`)."""
+    names = {**CANDIDATE_NAMES, "sp": ".".join(("training",) + sequence_shards(spec.training)[1])}
+    if spec.cluster.nvlink_domain_gpus is not None:
+        names["gpus_per_node"] = "cluster.nvlink_domain_gpus"
+    return names
 
 
 def dims_for(spec: Spec, cand: Candidate) -> ParallelDims:
     """The candidate's parallel dimensions on the spec's cluster (a node: the NVLink domain)."""
-    return ParallelDims(world=spec.cluster.world_size, tp=cand.tp, pp=cand.pp, ep=cand.ep,
+    return ParallelDims(world=spec.cluster.world_size, tp=cand.tp, pp=cand.pp, ep=cand.ep, sp=cand.sequence_shards,
                         gpus_per_node=spec.cluster.nvlink_domain)
 
 
@@ -75,7 +80,9 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
         global_batch=spec.training.global_batch, num_heads=shape.num_attention_heads, kv_heads=shape.kv_heads,
         is_mla=shape.is_mla, num_layers=shape.num_hidden_layers, num_experts=shape.num_experts if shape.is_moe else 0,
         offload_optimizer=cand.offload_optimizer, offload_param=cand.offload_param, zeropp=cand.zeropp,
-        megatron_sp=cand.sequence_parallel,
+        megatron_sp=cand.sequence_parallel, sp=cand.sequence_shards, cp=cand.cp, seq_len=spec.training.seq_len,
+        virtual_stages=spec.training.virtual_stages, framework=spec.training.framework,
+        pipeline_schedule=spec.training.pipeline_schedule,
         cpu=isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu",
         ramp_start=ramp.start_batch if ramp else None, ramp_increment=ramp.increment if ramp else None,
         ramp_kind=ramp.kind if ramp else None, native_moe=native_moe,
@@ -84,17 +91,5 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
 
 def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> Optional[RuleViolation]:
     """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible."""
-    facts = candidate_facts(spec, shape, cand, native_moe)
-    names = candidate_names(spec)
-    shards, sp_path = sequence_shards(spec.training)
-    if shards > 1:
-        # The ranks that share a sequence come out of dp (RunPlan.dims): tp * pp * sp must divide the world and ep
-        # the dp left; the batch rule keeps dp = world / (tp * pp), as the generated DeepSpeed JSON counts it.
-        sharded = first_violation(replace(facts, sp=shards), ("LY001", "LY009"),
-                                  {**names, "sp": ".".join(("training",) + sp_path)})
-        v = first_violation(facts, SWEEP_ORDER, names)
-        if sharded is not None and (v is None or SWEEP_ORDER.index(sharded.code) <= SWEEP_ORDER.index(v.code)):
-            v = sharded
-    else:
-        v = first_violation(facts, SWEEP_ORDER, names)
+    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, candidate_names(spec))
     return None if v is None else RuleViolation(v.name, v.message)

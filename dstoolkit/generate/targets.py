@@ -2,7 +2,8 @@
 
 - ``deepspeed`` (the bundled trainer under DeepSpeed's engine) and ``megatron-deepspeed``: every layout of the
   sweep; MoE layers are DeepSpeed's own (``deepspeed.moe``), which DeepSpeed refuses at ZeRO-3.
-- ``megatron-lm``: Megatron-Core's own TP/PP/EP/CP; its MoE blocks are Megatron's, so ZeRO-3-like sharding of
+- ``megatron-lm``: Megatron-Core's own TP/PP/EP/CP (the only target for context parallelism; Ulysses is
+  Megatron-DeepSpeed's, `sequence_sharding_reason`); its MoE blocks are Megatron's, so ZeRO-3-like sharding of
   replicated experts is not refused by DeepSpeed's rule (dstoolkit.generate.megatron owns the rest).
 - ``hf`` and ``accelerate`` (HF Trainer / Accelerate driving DeepSpeed): no pipeline engine (the model is not a
   ``PipelineModule``), no AutoEP (DeepSpeed 0.19.8 against transformers 5), no Megatron sequence parallelism;
@@ -45,11 +46,30 @@ def spec_for_targets(spec: Spec, targets: Sequence[str]) -> Spec:
     return spec.model_copy(update={"training": t.model_copy(update=update)}) if update else spec
 
 
-def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -> Optional[str]:
-    """Why `target` cannot run this layout, or None (HF: `hf_unavailable_reason`; others: every layout)."""
-    if is_hf(target):
-        return hf_unavailable_reason(cand, shape)
+SEQUENCE_SHARDING_TARGETS = {"cp": ("megatron-lm",), "ulysses": ("megatron-deepspeed",)}
+"""Which launchers split a sequence over ranks: Megatron-Core context parallelism (Megatron-LM
+--context-parallel-size) and DeepSpeed-Ulysses (Megatron-DeepSpeed --ds-sequence-parallel-size). The bundled
+trainer and the HF / Accelerate scripts shard no sequence; Megatron-LM has no Ulysses, Megatron-DeepSpeed no
+context parallelism."""
+
+
+def sequence_sharding_reason(target: str, cand: Candidate) -> Optional[str]:
+    """Why `target` cannot split the candidate's sequences (its cp or ulysses), or None."""
+    for field, degree in (("cp", cand.cp), ("ulysses", cand.ulysses)):
+        able = SEQUENCE_SHARDING_TARGETS[field]
+        if degree > 1 and target not in able:
+            return (f"training.{field}={degree}: {target} does not split sequences that way; generate with "
+                    f"--target {' / '.join(able)}")
     return None
+
+
+def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -> Optional[str]:
+    """Why `target` cannot run this layout, or None: sequence sharding only where the launcher has it
+    (`sequence_sharding_reason`); HF: `hf_unavailable_reason`; otherwise every layout."""
+    why = sequence_sharding_reason(target, cand)
+    if why is None and is_hf(target):
+        why = hf_unavailable_reason(cand, shape)
+    return why
 
 
 def unavailable_for_all(targets: Sequence[str], cand: Candidate, shape: ModelShape) -> Optional[str]:

@@ -112,8 +112,11 @@ class RunPlan(BaseModel):
         s = self.shape
         return LayoutFacts(world=self.world_size, gpus_per_node=self.gpus_per_node, tp=self.tp, pp=self.pp,
                            ep=self.ep, sp=self.cp * self.ulysses,  # the ranks sharing a sequence, as in `dims`
+                           cp=self.cp, seq_len=self.seq_len, megatron_sp=self.sequence_parallel,
                            num_heads=s.num_attention_heads, kv_heads=s.kv_heads, is_mla=s.is_mla,
-                           num_layers=s.num_hidden_layers, num_experts=s.num_experts)
+                           num_layers=s.num_hidden_layers, num_experts=s.num_experts,
+                           virtual_stages=self.virtual_stages, framework=self.framework,
+                           pipeline_schedule=self.pipeline_schedule)
 
     def _require(self, codes: tuple[str, ...]) -> "RunPlan":
         require(self._layout_facts(), codes)  # LayoutError is a ValueError: pydantic reports its message
@@ -133,7 +136,11 @@ class RunPlan(BaseModel):
 
     @model_validator(mode="after")
     def _check_pp_layers(self) -> "RunPlan":
-        return self._require(("LY005",))
+        return self._require(("LY005", "LY021", "LY022"))
+
+    @model_validator(mode="after")
+    def _check_sequence_shards(self) -> "RunPlan":
+        return self._require(("LY023", "LY019", "LY020"))
 
     @model_validator(mode="after")
     def _check_ds_config_readable(self) -> "RunPlan":

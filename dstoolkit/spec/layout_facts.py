@@ -11,23 +11,14 @@ SPEC_FACT_PATHS: dict[str, tuple[str, ...]] = {
     "tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "zero_stage": ("zero_stage",), "micro_batch": ("micro_batch",),
     "global_batch": ("global_batch",), "offload_optimizer": ("offload",), "offload_param": ("offload",),
     "zeropp": ("zeropp",), "megatron_sp": ("sequence_parallel",), "ramp_start": ("batch_ramp", "start_batch"),
-    "ramp_increment": ("batch_ramp", "increment"),
+    "ramp_increment": ("batch_ramp", "increment"), "seq_len": ("seq_len",), "cp": ("cp",),
+    "virtual_stages": ("virtual_stages",), "framework": ("framework",), "pipeline_schedule": ("pipeline_schedule",),
 }
 """Where each layout fact lives under `training:` (errors point there)."""
 
 
 def _int_or_none(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def training_facts(t: Any) -> LayoutFacts:
-    """The layout facts a training section fixes ("auto" is unknown: None)."""
-    ramp = t.batch_ramp
-    return LayoutFacts(
-        tp=_int_or_none(t.tp), pp=_int_or_none(t.pp), ep=_int_or_none(t.ep), zero_stage=_int_or_none(t.zero_stage),
-        micro_batch=_int_or_none(t.micro_batch), global_batch=t.global_batch, offload_optimizer=t.offload,
-        zeropp=t.zeropp, ramp_start=ramp.start_batch if ramp else None,
-        ramp_increment=ramp.increment if ramp else None, ramp_kind=ramp.kind if ramp else None)
 
 
 def sequence_shards(t: Any) -> tuple[int, tuple[str, ...]]:
@@ -37,10 +28,22 @@ def sequence_shards(t: Any) -> tuple[int, tuple[str, ...]]:
     return cp * ulysses, ("ulysses",) if ulysses > 1 else ("cp",)
 
 
-def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, sp_path: tuple[str, ...] = ("cp",)) -> None:
-    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to (`sp_path`: the
-    training field of the facts' sp, `sequence_shards`)."""
-    paths = {**SPEC_FACT_PATHS, "sp": sp_path}
+def training_facts(t: Any) -> LayoutFacts:
+    """The layout facts a training section fixes ("auto" is unknown: None)."""
+    ramp = t.batch_ramp
+    return LayoutFacts(
+        tp=_int_or_none(t.tp), pp=_int_or_none(t.pp), ep=_int_or_none(t.ep), zero_stage=_int_or_none(t.zero_stage),
+        sp=sequence_shards(t)[0], cp=t.cp, seq_len=t.seq_len, megatron_sp=t.sequence_parallel,
+        micro_batch=_int_or_none(t.micro_batch), global_batch=t.global_batch, offload_optimizer=t.offload,
+        zeropp=t.zeropp, ramp_start=ramp.start_batch if ramp else None,
+        ramp_increment=ramp.increment if ramp else None, ramp_kind=ramp.kind if ramp else None,
+        virtual_stages=t.virtual_stages, framework=t.framework, pipeline_schedule=t.pipeline_schedule)
+
+
+def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, training: Any) -> None:
+    """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to (the facts' sp is
+    the `training` section's cp or ulysses: `sequence_shards`)."""
+    paths = {**SPEC_FACT_PATHS, "sp": sequence_shards(training)[1]}
     names = {k: ".".join(("training",) + v) for k, v in paths.items()}
     v = first_violation(facts, codes, names)
     if v is None:

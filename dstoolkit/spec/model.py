@@ -17,7 +17,7 @@ from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster import ClusterSpec
 from dstoolkit.spec.cluster_fields import ClusterModelFields
-from dstoolkit.spec.layout_facts import raise_layout, sequence_shards, training_facts
+from dstoolkit.spec.layout_facts import raise_layout, training_facts
 from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted,
                                     reject_bool)
 
@@ -283,7 +283,8 @@ class TrainingSpec(ClusterModelFields):
     @model_validator(mode="after")
     def _check_layout(self) -> "TrainingSpec":
         # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
-        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018"), prefix=())
+        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY023", "LY019", "LY021", "LY022"),
+                     prefix=(), training=self)
         return self
 
     def save_interval(self) -> int:
@@ -360,14 +361,9 @@ class Spec(_Strict):
         # The layout constraints that need the world size (dstoolkit.layout.constraints).
         facts = dataclasses.replace(training_facts(self.training), world=self.world_size,
                                     gpus_per_node=self.cluster.nvlink_domain)
-        # The ranks that share a sequence (cp, ulysses) come out of the data-parallel ones: tp * pp * sp must
-        # divide the world and ep the dp left (RunPlan.dims, which the estimator reads). The batch rule LY017 keeps
-        # dp = world / (tp * pp): the generated DeepSpeed JSON counts the batch over those ranks.
-        shards, sp_path = sequence_shards(self.training)
-        sharded = dataclasses.replace(facts, sp=shards)
-        raise_layout(sharded, ("LY001",), prefix=("training",), sp_path=sp_path)
-        raise_layout(facts, ("LY017",), prefix=("training",))
-        raise_layout(sharded, ("LY009",), prefix=("training",), sp_path=sp_path)
+        # The ranks that share a sequence (cp, ulysses) come out of the data-parallel ones (RunPlan.dims, which the
+        # estimator reads, and DeepSpeed's and Megatron's batch arithmetic): the facts' sp counts them.
+        raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",), training=self.training)
         return self
 
     @model_validator(mode="after")

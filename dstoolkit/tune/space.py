@@ -223,7 +223,8 @@ class TuneSpace:
         cand = Candidate(zero_stage=stage, offload_optimizer=off_opt, offload_param=off_par, zeropp=zpp, tp=tp,
                          pp=int(get("pp")), ep=int(get("ep")), micro_batch=int(get("micro_batch")),
                          checkpoint=self.checkpoint[get("checkpoint")],
-                         sequence_parallel=bool(self.spec.training.sequence_parallel and tp > 1))
+                         sequence_parallel=bool(self.spec.training.sequence_parallel and tp > 1),
+                         cp=self.spec.training.cp, ulysses=self.spec.training.ulysses)
         if stage == 0:
             return TunePoint(candidate=cand)
         return TunePoint(candidate=cand, overlap_comm=get("overlap_comm"), bucket_scale=float(get("bucket_scale")))

@@ -53,7 +53,8 @@ def test_interleaved_schedule_shortens_the_step_and_multiplies_p2p():
 
 def test_interleaved_keeps_more_micro_batches_in_flight():
     # Korthikanti et al. 2022 §4.2.3: x (1 + (p-1)/(p·v)) on the first stage; pp 4, v 2 -> 4 · 11/8 = 5.5
-    p = _plan("llama-3-70b", world=32, ga=8, tp=8, pp=4, pipeline_schedule="interleaved", virtual_stages=2)
+    p = _plan("llama-3-70b", world=32, ga=8, tp=8, pp=4, pipeline_schedule="interleaved", virtual_stages=2,
+              framework="megatron")
     assert activation_bytes(p).in_flight_micro_batches == pytest.approx(5.5)
 
 
@@ -220,7 +221,7 @@ def _spec(**training):
 
 
 def test_spec_fields_validate():
-    s = _spec(cp=2, pipeline_schedule="interleaved", virtual_stages=2, framework="megatron", attention_impl="te")
+    s = _spec(cp=2, pp=2, pipeline_schedule="interleaved", virtual_stages=2, framework="megatron", attention_impl="te")
     assert (s.training.cp, s.training.virtual_stages, s.training.framework) == (2, 2, "megatron")
     with pytest.raises((SpecError, ValueError)):
         _spec(virtual_stages=2)  # needs the interleaved schedule

@@ -22,7 +22,7 @@ cluster:
   gpus_per_node: 8
   gpu: H100-SXM
 training:
-  seq_len: 2048
+  seq_len: 3072
   global_batch: 8
   micro_batch: 1
   tp: 1
@@ -66,7 +66,7 @@ def test_sweep_drops_ep_candidates_that_do_not_divide_dp_left(tmp_path):
 
     def cand(ep):
         return Candidate(zero_stage=1, offload_optimizer=False, offload_param=False, zeropp=False, tp=1, pp=1, ep=ep,
-                         micro_batch=1, checkpoint=CheckpointPolicy(kind="none"), sequence_parallel=False)
+                         micro_batch=1, checkpoint=CheckpointPolicy(kind="none"), sequence_parallel=False, cp=4)
 
     v = check_candidate(spec, shape, cand(4))
     assert v is not None and v.code == "ep-dp" and "training.cp 4" in v.message
