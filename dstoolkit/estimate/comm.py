@@ -299,7 +299,7 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
     if plan.tp > 1:
         recompute = sum(plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[:nlayers])
         n_ar = 4 * nlayers + 2 * recompute
-        # TP wider than a node (layout.constraints.tp_across_nodes_note): the group spans whole nodes, its ring
+        # TP wider than a node (layout.degree_rules.tp_across_nodes_note): the group spans whole nodes, its ring
         # crosses them over the NICs its ranks sit next to (group_inter_node_busbw)
         tp_lay = group_layout(plan.world_size, plan.gpus_per_node, plan.tp, 1)
         add("tp_all_reduce", "all_reduce", n_ar * tok * shape.hidden_size * pb * ga, plan.tp,

@@ -12,7 +12,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from dstoolkit.layout import ParallelDims
-from dstoolkit.layout.constraints import MOE_STAGE3_REASON
+from dstoolkit.layout.degree_rules import MOE_STAGE3_REASON
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 

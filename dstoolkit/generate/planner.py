@@ -126,7 +126,7 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
         raise ValueError(f"no valid layout for {spec.name}: {res.considered} tried, dropped by {codes}{first}")
     cfg = ds_config_for(spec, shape, cand)
     notes = _chosen(spec, cand)
-    from dstoolkit.layout.constraints import tp_across_nodes_note  # TP wider than a node: allowed, with a warning
+    from dstoolkit.layout.degree_rules import tp_across_nodes_note  # TP wider than a node: allowed, with a warning
 
     tp_note = tp_across_nodes_note(cand.tp, spec.cluster.nvlink_domain)
     if notes:

@@ -78,7 +78,8 @@ def rules_markdown() -> str:
            "`dstoolkit validate --explain CODE` prints one entry. Each rule is declared once: DeepSpeed rules with",
            "`@rule` in `dstoolkit/dsconfig/rules.py`, `rules_optim.py` and `rules_parallel.py` (the docstring is the",
            "explanation),",
-           "layout constraints with `@constraint` in `dstoolkit/layout/constraints.py`.", "",
+           "layout constraints with `@constraint` in `dstoolkit/layout/degree_rules.py` and",
+           "`dstoolkit/layout/step_rules.py`.", "",
            "## DeepSpeed cross-field rules (DS2xx)", ""]
     for r in sorted(RULES.values(), key=lambda r: r.code):
         out += [f"### {r.code}: {r.title}", "", f"Severity: {r.severity}. Check: `{r.check.__module__}.{r.name}`.", "",

@@ -10,7 +10,8 @@ from dstoolkit.estimate.collective_time import group_inter_node_busbw, op_time_s
 from dstoolkit.estimate.comm import CommOp, comm_plan, group_layout
 from dstoolkit.generate import undecided as und
 from dstoolkit.hardware.table import GPU_TABLE, get_gpu
-from dstoolkit.layout.constraints import LayoutFacts, check_layout, tp_across_nodes_note, tp_tiles_nodes
+from dstoolkit.layout.constraints import LayoutFacts, check_layout
+from dstoolkit.layout.degree_rules import tp_across_nodes_note, tp_tiles_nodes
 from dstoolkit.models import get_preset
 from dstoolkit.runplan import RunPlan
 
