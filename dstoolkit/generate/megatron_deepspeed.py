@@ -56,9 +56,9 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
     if cand.pp == 1:
         out.append("--no-pipeline-parallel")  # plain GPTModel + DeepSpeedEngine (ZeRO-2/3 need it)
     if cand.ulysses > 1:
-        # DeepSpeed-Ulysses (megatron/arguments.py); megatron/initialize.py refuses it beside --sequence-parallel
+        # DeepSpeed-Ulysses (megatron/arguments.py); megatron/initialize.py refuses it beside --sequence-parallel (LY023)
         out += ["--ds-sequence-parallel-size", str(cand.ulysses)]
-    elif cand.tp > 1:
+    if cand.sequence_parallel:  # the spec's training.sequence_parallel at tp > 1, as the estimate counts it
         out.append("--sequence-parallel")
     # Its NullTokenizer (megatron/tokenizer/tokenizer.py:514) adds the end-of-document id on top of --vocab-size, so
     # V - 1 gives the model's V rows; a real tokenizer ignores --vocab-size (the embedding follows the tokenizer).

@@ -43,7 +43,7 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     k = model_constants(spec, shape)
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
     out += [w for pair in megatron_split(shape.num_hidden_layers, cand.pp).args() for w in pair]
-    if cand.tp > 1:
+    if cand.sequence_parallel:  # the spec's training.sequence_parallel at tp > 1, as the estimate counts it
         out += ["--sequence-parallel"]
     if cand.cp > 1:
         out += ["--context-parallel-size", str(cand.cp)]  # Megatron-Core CP: the ranks come out of dp

@@ -71,7 +71,7 @@ def test_megatron_lm_flags(stem, spec, shape, o):
     assert "--use-flash-attn" not in f and f["--attention-backend"] == ["unfused" if cpu else "flash"]
     assert "--rampup-batch-size" not in f  # parsed and ignored by Megatron-LM
     assert f["--tensor-model-parallel-size"] == [str(c.tp)] and f["--pipeline-model-parallel-size"] == [str(c.pp)]
-    assert ("--sequence-parallel" in f) == (c.tp > 1)
+    assert ("--sequence-parallel" in f) == c.sequence_parallel == (c.tp > 1 and spec.training.sequence_parallel)
     assert f["--micro-batch-size"] == [str(cfg["train_micro_batch_size_per_gpu"])]
     if spec.training.batch_ramp is None:
         assert f["--global-batch-size"] == [str(cfg["train_batch_size"])]
@@ -146,7 +146,7 @@ def test_megatron_deepspeed_flags(stem, spec, shape, o, tmp_path):
     # its NullTokenizer adds the end-of-document id: V - 1 gives the model's V embedding rows
     assert f["--vocab-size"] == [str(shape.vocab_size - 1)]
     assert shape.vocab_size % (int(f["--make-vocab-size-divisible-by"][0]) * c.tp) == 0
-    assert ("--sequence-parallel" in f) == (c.tp > 1)
+    assert ("--sequence-parallel" in f) == c.sequence_parallel == (c.tp > 1 and spec.training.sequence_parallel)
     if shape.is_moe:  # DeepSpeed MoE spelling; its defaults would be top-1 and experts every 2nd layer
         assert f["--num-experts"] == [str(shape.num_experts)] and f["--expert-interval"] == ["1"]
         assert f["--topk"] == [str(shape.num_experts_per_tok)] and f["--moe-expert-parallel-size"] == [str(c.ep)]
