@@ -242,14 +242,14 @@ def pipeline_split_line(plan, layers: tuple[int, ...]) -> list[str]:
     if plan.pp <= 1:
         return []
     runs = [(n, len(list(g))) for n, g in groupby(layers)]
-    text = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+    text = ", ".join(f"{k} stage{'s' if k > 1 else ''} of {n} layer{'s' if n != 1 else ''}" for n, k in runs)
     if pipeline_split(plan.framework) == "uniform":
         how = "DeepSpeed PipelineModule's uniform partition"
     else:
         flags = [flag if flag == "--pipeline-model-parallel-layout" else f"{flag} {v}"
                  for flag, v in megatron_split(plan.shape.num_hidden_layers, plan.pp).args()]
         how = "Megatron-LM" + (f": {' '.join(flags)}" if flags else "")
-    return [f"pipeline stages: {text} layers, stage 0 first ({how}); the last stage also holds the output layer"]
+    return [f"pipeline stages: {text}, stage 0 first ({how}); the last stage also holds the output layer"]
 
 
 def render_table(plan, est, assumptions: list[str]) -> str:

@@ -119,9 +119,10 @@ def test_estimate_prints_and_returns_the_split(tmp_path, capsys):
             "n_positions: 2048}\ncluster: {nodes: 2, gpus_per_node: 8, gpu: A100-80G}\ntraining: {seq_len: 2048, "
             "global_batch: 64, micro_batch: 1, zero_stage: 1, tp: 2, pp: 4, framework: FW}\n")
     for fw, line, layers in (
-            ("megatron", "pipeline stages: 8 x 3, 6 layers, stage 0 first (Megatron-LM: "
+            ("megatron", "pipeline stages: 3 stages of 8 layers, 1 stage of 6 layers, stage 0 first (Megatron-LM: "
                          "--decoder-last-pipeline-num-layers 6); the last stage also holds the output layer", [8, 8, 8, 6]),
-            ("deepspeed", "pipeline stages: 8 x 2, 7 x 2 layers, stage 0 first (DeepSpeed PipelineModule's uniform "
+            ("deepspeed", "pipeline stages: 2 stages of 8 layers, 2 stages of 7 layers, stage 0 first (DeepSpeed "
+                          "PipelineModule's uniform "
                           "partition); the last stage also holds the output layer", [8, 8, 7, 7])):
         spec = tmp_path / f"{fw}.yaml"
         spec.write_text(text.replace("FW", fw))
