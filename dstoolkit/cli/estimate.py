@@ -34,11 +34,10 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calib
                                    add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
                                    add_target_flag, add_training_plan_flags, add_world_flags, checkpoint_policy,
                                    exit_map, input_error, positive_int, targets_of, validation_error_text)
+from dstoolkit.cli.estimate_text import GiB, pipeline_split_line, render_findings, render_table
 from dstoolkit.cli.spec_override import apply_model_class
 from dstoolkit.hardware.table import known_gpu_names
 from dstoolkit.validate.engine import validate_config
-
-GiB = 2**30
 
 
 def add_parser(subparsers) -> None:
@@ -222,100 +221,6 @@ def _calibration_label(value, gpu) -> str:
     from dstoolkit.hardware.calibration import calibration_path, path_label
 
     return path_label(calibration_path(value, gpu))
-
-
-def render_findings(findings: list) -> list[str]:
-    """validate_config warnings, compiler-style, for the lines under the estimate."""
-    if not findings:
-        return []
-    return ["", f"validate_config: {len(findings)} warning(s) in the DeepSpeed config"] + [
-        f"  {f.format_text()}" for f in findings]
-
-
-def pipeline_split_line(plan, layers: tuple[int, ...]) -> list[str]:
-    """The layers per pipeline stage the estimate assumed (`layers`: layout.stage_layers in the framework's split), and
-    the Megatron-LM flags that ask for an uneven one (the layout string named, not spelled out); nothing at pp 1."""
-    from itertools import groupby
-
-    from dstoolkit.layout import megatron_split, pipeline_split
-
-    if plan.pp <= 1:
-        return []
-    runs = [(n, len(list(g))) for n, g in groupby(layers)]
-    text = ", ".join(f"{k} stage{'s' if k > 1 else ''} of {n} layer{'s' if n != 1 else ''}" for n, k in runs)
-    if pipeline_split(plan.framework) == "uniform":
-        how = "DeepSpeed PipelineModule's uniform partition"
-    else:
-        flags = [flag if flag == "--pipeline-model-parallel-layout" else f"{flag} {v}"
-                 for flag, v in megatron_split(plan.shape.num_hidden_layers, plan.pp).args()]
-        how = "Megatron-LM" + (f": {' '.join(flags)}" if flags else "")
-    return [f"pipeline stages: {text}, stage 0 first ({how}); the last stage also holds the output layer"]
-
-
-def render_table(plan, est, assumptions: list[str]) -> str:
-    from dstoolkit.estimate.core import upper_bound_exceeds
-    from dstoolkit.estimate.timeline import is_cpu_device
-
-    m = est.memory
-    ds = plan.ds
-    lines = [
-        f"model {plan.shape.name}: {est.params.total / 1e9:,.3f}B params ({est.params.active / 1e9:,.3f}B active); "
-        f"{plan.world_size} x {plan.gpu.name}, tp={plan.tp} pp={plan.pp} ep={plan.ep} dp={plan.dp}; "
-        f"ZeRO-{ds.zero_stage}{' + optimizer offload' if ds.offload_optimizer else ''}, {plan.precision}, "
-        f"micro batch {ds.micro_batch} x accum {ds.grad_accum}, seq {plan.seq_len}, checkpoint {plan.checkpoint.kind}",
-    ]
-    for a in assumptions:
-        lines.append(f"  assumed: {a}")
-    lines += [
-        "",
-        f"{'memory per rank, by phase':<28}{'bytes':>20}{'':>4}{'GiB':>10}"
-        + (f"   ({m.peak_pipeline_stage} pipeline stage, the one that peaks)" if m.peak_pipeline_stage else ""),
-    ]
-    for p in m.timeline.phases:
-        mark = "  <- peak" if p.name == m.peak_phase else ""
-        lines.append(f"{p.name:<28}{p.device_bytes:>20,}{'':>4}{p.device_bytes / GiB:>10.2f}{mark}")
-    lines.append(f"{'peak (total)':<28}{m.total:>20,}{'':>4}{m.total / GiB:>10.2f}   in {m.peak_phase}: "
-                 f"{', '.join(m.peak_alive)}")
-    lines += ["", f"{'by category, each at its max':<28}{'bytes':>20}{'':>4}{'GiB':>10}"]
-    for name, val in (("params", m.params), ("grads", m.grads), ("optimizer (master+states)", m.optimizer),
-                      ("activations", m.activations), ("buffers", m.buffers),
-                      ("temporaries (largest)", m.temporaries), ("  optimizer step temporaries", None),
-                      ("sum of parts (upper bound)", m.sum_of_parts_bytes)):
-        if val is None:  # issue 24: the inner optimizer's temporaries, named by implementation
-            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-            from dstoolkit.estimate.step_temporaries import IMPLEMENTATIONS
-
-            val = m.optimizer_temporaries
-            lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}   "
-                         f"({IMPLEMENTATIONS.get(m.optimizer_impl, m.optimizer_impl)})")
-            continue
-        lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}")
-    lines.append(f"{'host (offload) per rank':<28}{est.host_memory_per_rank_bytes:>20,}{'':>4}"
-                 f"{est.host_memory_per_rank_bytes / GiB:>10.2f}")
-    lines.append(f"{'allowance':<28}{m.allowance_bytes:>20,}{'':>4}{m.allowance_bytes / GiB:>10.2f}   "
-                 f"({m.allowance_source})")
-    lines.append(f"fits in {plan.gpu.memory_bytes / GiB:.0f} GiB: {'yes' if est.fits else 'NO'}"
-                 f" (peak + allowance = {m.required_bytes / GiB:.2f} GiB)"
-                 f"   (DeepSpeed path: {m.optimizer_path}; ZeRO paper view for this stage: "
-                 f"{est.paper_view.stage_bytes / GiB:.2f} GiB model states)")
-    if est.fits and not is_cpu_device(plan.gpu) and upper_bound_exceeds(m.sum_of_parts_bytes, m.allowance_bytes,
-                                                                        plan.gpu.memory_bytes):
-        lines.append(f"caution: the sum of parts + allowance ({(m.sum_of_parts_bytes + m.allowance_bytes) / GiB:.2f} "
-                     f"GiB) is over the {plan.gpu.memory_bytes / GiB:.0f} GiB device: the peak fits, but a caching "
-                     "allocator that keeps each phase's blocks can hold more; leave room or set "
-                     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    lines += ["", f"FLOPs/token {est.flops_per_token:.4g} (with recompute {est.hardware_flops_per_token:.4g}); "
-                  f"FLOPs/step {est.flops_per_step:.4g}; tokens/step {est.tokens_per_step:,}", "",
-              f"{'communication per step':<32}{'bytes/rank':>20}"]
-    for k, v in sorted(est.comm_bytes_per_step.items()):
-        lines.append(f"{k:<32}{v:>20,}")
-    st = est.step_time
-    lines += ["", f"step time {est.step_time_s:.4g} s = compute {st.compute_s:.4g} + exposed comm {st.comm_exposed_s:.4g} "
-                  f"(of {st.comm_total_s:.4g}, overlap eta={st.overlap_efficiency}) + optimizer {st.optimizer_s:.4g} "
-                  f"+ memory-bound {st.memory_s:.4g} "
-                  f"+ offload {st.offload_s:.4g} + overhead {st.overhead_s:.4g}",
-              f"MFU {est.mfu:.1%}" if est.fits else "MFU: none (the run does not fit, so it cannot run)"]
-    return "\n".join(lines)
 
 
 def training_plan_from_args(args, plan, ramp, max_estimates=None):
