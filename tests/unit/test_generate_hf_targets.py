@@ -11,10 +11,10 @@ import pytest
 
 from dstoolkit.dsconfig.auto import find_auto, resolve_auto
 from dstoolkit.generate.candidates import Candidate
-from dstoolkit.generate.hf_targets import (MOE_BLOCK_CLASSES, accelerate_config, accelerate_launch_line,
-                                           build_hf_ds_config, hf_launch_line, hf_target_files,
-                                           hf_unavailable_reason, training_args, training_args_flags,
-                                           write_hf_target)
+from dstoolkit.generate.hf_launch import (accelerate_config, accelerate_launch_line, hf_launch_line,
+                                          training_args_flags)
+from dstoolkit.generate.hf_targets import (MOE_BLOCK_CLASSES, build_hf_ds_config, hf_target_files,
+                                           hf_unavailable_reason, training_args, write_hf_target)
 from dstoolkit.generate.io import load_spec_and_shape
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.validate import validate_config
