@@ -281,6 +281,12 @@ def tokens_per_micro(plan: RunPlan) -> float:
     return plan.ds.micro_batch * plan.seq_len / sequence_shards(plan)
 
 
+def attention_work_fraction(plan: RunPlan) -> float:
+    """Of the 12·H·Q·T attention FLOPs PaLM App. B counts, the share the plan's GPU kernel runs: all of it for eager
+    attention, CAUSAL_ATTENTION_WORK for the causal fused kernels (flash, SDPA, Transformer Engine)."""
+    return 1.0 if plan.attention_kind == "eager" else CAUSAL_ATTENTION_WORK
+
+
 def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_bw: float) -> float:
     """Seconds of forward+backward(+recompute) of block i for `tok` tokens on one rank."""
     shape, gpu, t = plan.shape, plan.gpu, plan.tp
@@ -346,7 +352,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         s += core.forward_s * (2.0 if core_again else 1.0) + core.backward_s
         eager_saved = eager_score_bytes(plan, micro_batch)
     else:
-        work = 12 * H * Q * plan.seq_len * tok / t * (1.0 if impl == "eager" else CAUSAL_ATTENTION_WORK)
+        work = 12 * H * Q * plan.seq_len * tok / t * attention_work_fraction(plan)
         if core_again:
             work *= 4.0 / 3.0
         s += work / (gpu.peak_bf16_flops * attention_fraction(gpu, impl) * attention_occupancy(plan))

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from dstoolkit.estimate.stage_activations import activation_bytes
+from dstoolkit.estimate.cluster_model import attention_work_fraction
 from dstoolkit.estimate.comm import comm_plan
 from dstoolkit.estimate.flops import mfu, plan_flops_per_token, tokens_per_step
 from dstoolkit.estimate.layout import param_totals
@@ -19,8 +19,9 @@ from dstoolkit.estimate.memory import (
     rank_param_groups,
     zero_group_sizes,
 )
+from dstoolkit.estimate.stage_activations import activation_bytes
 from dstoolkit.estimate.step_time import peak_flops, step_time
-from dstoolkit.estimate.timeline import allowance_source, device_allowance_bytes, memory_timeline
+from dstoolkit.estimate.timeline import allowance_source, device_allowance_bytes, is_cpu_device, memory_timeline
 from dstoolkit.runplan import RunPlan
 
 
@@ -302,6 +303,9 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         optimizer_temporaries=ms.optimizer_temporaries, optimizer_impl=ms.optimizer_impl,
     )
     fpt = plan_flops_per_token(plan)
+    # HFU counts what the kernels run: a causal fused kernel on a GPU skips the masked half of the attention term
+    # (the CPU ranks' SDPA is measured as it runs, cpu_compute)
+    executed_attention = 1.0 if is_cpu_device(plan.gpu) else attention_work_fraction(plan)
     tps = tokens_per_step(plan)
     comm = comm_plan(plan)
     if ms.optimizer_path in ("zero12", "zero3", "bf16_optimizer"):
@@ -328,7 +332,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
                                                               "optimizer_s", "memory_s", "offload_s", "overhead_s",
                                                               "overlap_efficiency")}, total_s=step_s),
         mfu=mfu(achieved_tokens_per_s, fpt.model, peak_flops(plan), plan.world_size),
-        hfu=mfu(achieved_tokens_per_s, fpt.hardware, peak_flops(plan), plan.world_size),
+        hfu=mfu(achieved_tokens_per_s, fpt.executed(executed_attention), peak_flops(plan), plan.world_size),
         fits=total + allowance <= plan.gpu.memory_bytes,
         gpu_memory_bytes=plan.gpu.memory_bytes,
         paper_view=PaperViewOut(psi=paper.psi, dp=paper.dp, baseline_bytes=paper.baseline_bytes,

@@ -42,6 +42,9 @@ class FlopsPerToken:
     scan: float = 0.0
     """The part of `attention` from chunked scans and indexers (per-layer path, layers whose measured facts
     carry `scan`): gated DeltaNet, Mamba-2 SSD, the DeepSeek-V3.2 indexer scores."""
+    recompute_attention: float = 0.0
+    """The part of `recompute` that re-runs the attention term (recomputed blocks' own attention, or every
+    block's attention core under selective recompute)."""
 
     @property
     def model(self) -> float:
@@ -50,8 +53,15 @@ class FlopsPerToken:
 
     @property
     def hardware(self) -> float:
-        """Executed FLOPs per token including recompute."""
+        """FLOPs per token including recompute, the attention term counted whole (PaLM App. B)."""
         return self.model + self.recompute
+
+    def executed(self, attention_fraction: float) -> float:
+        """FLOPs per token the kernels run, recompute included, where they run `attention_fraction` of the
+        quadratic attention term (a causal fused kernel skips the masked half: cluster_model.attention_work_fraction);
+        the HFU numerator. Chunked scans run whole."""
+        quadratic = self.attention - self.scan + self.recompute_attention
+        return self.hardware - (1.0 - attention_fraction) * quadratic
 
 
 def attention_head_dims(shape: ModelShape) -> tuple[int, int]:
@@ -188,15 +198,17 @@ def flops_per_token(shape: ModelShape, seq_len: int, *, checkpointed_layers: lis
         detail = f"6N (Kaplan et al. 2020) + {detail}"
     attention = sum(attn_layers)
     scan = 0.0 if traced is not None else sum(layer_scan_flops(f, seq_len) for f in _layer_scans(shape) if f)
-    recompute = 0.0
+    recompute = recompute_attention = 0.0
     if checkpointed_layers:
         # One more forward of each recomputed block: its share of the layer matmuls and its own attention.
         layer_dense_fwd = fwd_frac * (dense - TRAIN_FLOPS_PER_PARAM * _non_layer_matmul(shape)) / L
         recompute += sum(layer_dense_fwd + fwd_frac * a for a, c in zip(attn_layers, checkpointed_layers) if c)
+        recompute_attention += sum(fwd_frac * a for a, c in zip(attn_layers, checkpointed_layers) if c)
     if selective:
         recompute += fwd_frac * attention  # the attention core forward of every block, again
+        recompute_attention += fwd_frac * attention
     return FlopsPerToken(dense=float(dense), attention=float(attention), recompute=float(recompute), path=path,
-                         detail=detail, scan=float(scan))
+                         detail=detail, scan=float(scan), recompute_attention=float(recompute_attention))
 
 
 def _non_layer_matmul(shape: ModelShape) -> int:

@@ -110,6 +110,20 @@ def test_full_recompute_costs_one_more_forward():
     assert full.model == plain.model  # MFU does not count recompute; HFU does
 
 
+def test_hfu_counts_the_attention_a_causal_fused_kernel_runs():
+    # a causal flash / SDPA kernel skips the masked half of the 12·H·Q·T term (FlashAttention-2 §3.1.1), the
+    # recomputed one too; PaLM's count (hardware) keeps it whole. At seq 131072 the term is most of a block, and
+    # HFU over the whole count went past 100% (1.09 on a 61-layer, head-dim-256 llama under ZeRO-3 on one A100)
+    shape = get_preset("llama-3-8b")
+    L = shape.num_hidden_layers
+    f = flops_per_token(shape, 131072, checkpointed_layers=[True] * L)
+    quadratic = f.attention - f.scan + f.recompute_attention
+    assert f.recompute_attention == pytest.approx(f.attention / 3)  # one more forward: 1/3 of fwd + bwd
+    assert f.executed(1.0) == f.hardware
+    assert f.executed(0.5) == pytest.approx(f.hardware - 0.5 * quadratic)
+    assert f.executed(0.5) < f.hardware
+
+
 def test_deepseek_v3_active_params():
     totals = param_totals(get_preset("deepseek-v3"))
     assert totals.active == pytest.approx(37e9, rel=0.02)  # arXiv 2412.19437: 37B activated

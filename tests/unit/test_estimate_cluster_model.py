@@ -305,3 +305,13 @@ def test_cuda_launch_blocking_adds_the_host_time_to_the_gpu_time():
     bubble = 1.0 + ps.bubble_fraction("1f1b", 2, 8)
     assert ps.pipeline_compute_s(base, gpu, 0.0, host, 0.5) == pytest.approx(stage * 1.0 * 8 * bubble)
     assert ps.pipeline_compute_s(blocking, gpu, 0.0, host, 0.5) == pytest.approx((stage * 1.25 + 0.5) * 8 * bubble)
+
+
+def test_hfu_stays_under_one_at_long_sequences_with_a_causal_fused_kernel():
+    # the time model runs half the attention square on a causal fused kernel (CAUSAL_ATTENTION_WORK); HFU divides
+    # the FLOPs those kernels run, not PaLM's whole count, by the time (it read 1.09 on such a run before)
+    for impl in ("flash", "sdpa", "te"):
+        est = estimate_run(_plan(seq=131072, attention_impl=impl))
+        assert est.hfu < 1.0 and est.hfu < est.hardware_flops_per_token / est.flops_per_token * est.mfu
+    eager = estimate_run(_plan(seq=8192, attention_impl="eager"))
+    assert eager.hfu == pytest.approx(eager.mfu * eager.hardware_flops_per_token / eager.flops_per_token)
