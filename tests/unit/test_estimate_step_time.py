@@ -48,6 +48,13 @@ def test_overlap_hides_comm_on_gpus_only_when_enabled():
 
 
 def test_mfu_and_hfu():
-    est = estimate_run(_plan(ckpt="full", cal=None, gpu="H100-SXM", world=8))
-    assert est.hfu / est.mfu == pytest.approx(est.hardware_flops_per_token / est.flops_per_token)
+    from dstoolkit.estimate.cluster_model import attention_work_fraction
+    from dstoolkit.estimate.flops import plan_flops_per_token
+
+    plan = _plan(ckpt="full", cal=None, gpu="H100-SXM", world=8)
+    est = estimate_run(plan)
+    # HFU: the FLOPs the kernels run (recompute in, the causal kernel's masked half of the attention term out)
+    executed = plan_flops_per_token(plan).executed(attention_work_fraction(plan))
+    assert est.flops_per_token < executed < est.hardware_flops_per_token
+    assert est.hfu / est.mfu == pytest.approx(executed / est.flops_per_token)
     assert est.mfu == pytest.approx(est.tokens_per_step / est.step_time_s * est.flops_per_token / (989e12 * 8))
