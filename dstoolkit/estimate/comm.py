@@ -18,6 +18,7 @@ No torch import.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -100,20 +101,25 @@ class GroupLayout:
     """Most ranks one spanning group has on one node."""
 
 
+@functools.lru_cache(maxsize=4096)
 def group_layout(world_size: int, gpus_per_node: int, group_size: int, stride: int) -> GroupLayout:
     """Layout of the groups whose ranks are `stride` apart (Megatron order tp, then dp/ep, then pp).
 
     The group holding rank r is base + i·stride (i < group_size), base = r − r mod (group_size·stride) +
     r mod stride; rank r sits on node r // gpus_per_node. A group spans nodes when its ranks are not all on
-    one node. O(world_size).
+    one node. The pattern of groups over nodes repeats every lcm(group_size·stride, gpus_per_node) ranks, so
+    where that period tiles the world only its nodes are read: O(period), O(world_size) otherwise (a sweep at
+    8192 GPUs spent 132 of its 134 s here reading every rank).
     """
     if group_size <= 1:
         return GroupLayout(False, 1)
     block = group_size * stride
+    period = math.lcm(block, gpus_per_node)
+    span = period if world_size % period == 0 else world_size
     busiest = 0
     any_cross = False
     per_node = 1
-    for node in range(math.ceil(world_size / gpus_per_node)):
+    for node in range(math.ceil(span / gpus_per_node)):
         spanning = set()
         for r in range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node)):
             base = r - r % block + r % stride
