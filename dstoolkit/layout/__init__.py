@@ -1,6 +1,7 @@
 """dstoolkit.layout: the parallel layout, once. `dims` holds the arithmetic (ParallelDims, dp/edp, the batch
-triad, layers per stage, hpZ groups, the ramp increment); `constraints` the registry of layout rules, each
-with a code (LY0xx), a title, the facts it reads, an explanation and a check.
+triad, layers per stage, hpZ groups, the ramp increment); the layout rules, each with a code (LY0xx), a title, the
+facts it reads, an explanation and a check, are declared in `degree_rules` (how the ranks are split) and
+`step_rules` (how a step runs over them) through `registry`, and asked through `constraints`.
 
 Pure Python and at the bottom of the core (beside `hardware`): the spec loader, `validate`'s cross-field
 rules, the sweep, the estimator, the tuner and the trainer all ask it."""
