@@ -272,8 +272,8 @@ def layer_weights(shape, i: int) -> LayerWeights:
 
 
 def sequence_shards(plan: RunPlan) -> int:
-    """Ranks one sequence is split over: context parallel x Ulysses."""
-    return plan.cp * plan.ulysses
+    """Ranks one sequence is split over: context parallel x Ulysses (RunPlan.sequence_shards)."""
+    return plan.sequence_shards
 
 
 def tokens_per_micro(plan: RunPlan) -> float:

@@ -111,7 +111,7 @@ class RunPlan(BaseModel):
     def _layout_facts(self) -> LayoutFacts:
         s = self.shape
         return LayoutFacts(world=self.world_size, gpus_per_node=self.gpus_per_node, tp=self.tp, pp=self.pp,
-                           ep=self.ep, sp=self.cp * self.ulysses,  # the ranks sharing a sequence, as in `dims`
+                           ep=self.ep, sp=self.sequence_shards,
                            cp=self.cp, seq_len=self.seq_len, megatron_sp=self.sequence_parallel,
                            num_heads=s.num_attention_heads, kv_heads=s.kv_heads, is_mla=s.is_mla,
                            num_layers=s.num_hidden_layers, num_experts=s.num_experts,
@@ -151,7 +151,12 @@ class RunPlan(BaseModel):
     def dims(self) -> ParallelDims:
         """The layout's degrees (`dstoolkit.layout.ParallelDims`)."""
         return ParallelDims(world=self.world_size, tp=self.tp, pp=self.pp, ep=self.ep,
-                            sp=self.cp * self.ulysses, gpus_per_node=self.gpus_per_node)
+                            sp=self.sequence_shards, gpus_per_node=self.gpus_per_node)
+
+    @property
+    def sequence_shards(self) -> int:
+        """Ranks one sequence is split over (context parallel x Ulysses), taken out of the data-parallel ones."""
+        return self.cp * self.ulysses
 
     @property
     def dp(self) -> int:
