@@ -1,5 +1,9 @@
 """`dstoolkit validate PATH...`: check DeepSpeed configs before launch (CI, pre-commit, editor).
 
+A YAML file named on the command line that holds a dstoolkit spec (model: / cluster: / training:) is checked as a
+spec: everything `estimate`, `sweep` and `generate` would refuse it for, located at its YAML line (SPxxx, LYxxx),
+and a warning (SP007) when its layout is estimated not to fit (dstoolkit.generate.io.spec_file_findings).
+
 A folder `dstoolkit generate` wrote is checked file by file as what each file is, at the layout it was generated
 for (dstoolkit.validate.folder: ds_config.json strict, ds_config_hf.json in hf mode, accelerate_config.yaml as
 accelerate's config, world size / tp / pp / ep from the folder's layout.json; spec.yaml, model_config.json and
@@ -24,13 +28,29 @@ from dstoolkit.validate.folder import CONFIG_KINDS, generated_root, validate_gen
 from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
 
 CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema files, not configs)
+SPEC_SUFFIXES = (".yaml", ".yml")  # a file named on the command line with these, holding a spec, is checked as one
+
+
+def _is_spec(text: str) -> bool:
+    # start-up time: the spec check loads the spec models and the sweep; only a spec file pays for them
+    from dstoolkit.generate.io import looks_like_spec
+
+    return looks_like_spec(text)
+
+
+def _spec_findings(path: str) -> list[Finding]:
+    # start-up time: as _is_spec
+    from dstoolkit.generate.io import spec_file_findings
+
+    return spec_file_findings(path)
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("validate", help="check DeepSpeed config files (exit 0 ok, 1 errors, 2 bad input)",
                               description="Check DeepSpeed JSON configs against DeepSpeed's schema and cross-field "
-                                          "rules. A directory is searched recursively for *.json.")
-    p.add_argument("paths", nargs="*", metavar="PATH", help="config files or directories")
+                                          "rules. A directory is searched recursively for *.json. A dstoolkit spec "
+                                          "(YAML with model:, cluster:, training:) is checked as a spec.")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="config files, spec YAML files or directories")
     p.add_argument("--explain", metavar="CODE", help="print a rule's code, title and explanation (DS204, LY001, ...)"
                    " and exit; docs/rules.md lists them all")
     add_world_flags(p, world_help="total ranks (enables the exact batch-triad check)",
@@ -129,6 +149,9 @@ def run(args) -> int:
         text, problem = decode_bytes(raw, path)
         if problem is not None:
             findings.append(problem)
+            continue
+        if path.lower().endswith(SPEC_SUFFIXES) and _is_spec(text):
+            findings += _spec_findings(path)
             continue
         findings += validate_config(text, source=path, world_size=args.world_size, gpus_per_node=args.gpus_per_node,
                                     tp=args.tp, pp=args.pp, num_experts=args.num_experts, ep_size=args.ep_size,

@@ -1,13 +1,19 @@
-"""Load a spec file and resolve its model, turning every input problem into one `SpecLoadError` message."""
+"""Load a spec file and resolve its model, turning every input problem into one `SpecLoadError` message; or check
+it whole, as `Finding`s (`spec_file_findings`, for `dstoolkit validate SPEC.yaml`)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Union
+
+import yaml
 
 from dstoolkit.hardware.calibration import calibration_for_spec
 from dstoolkit.models.resolve import resolve_spec_model
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec, load_spec
+from dstoolkit.spec.errors import SpecError, spec_finding
+from dstoolkit.validate.findings import Finding
 
 
 class SpecLoadError(ValueError):
@@ -31,3 +37,54 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
     except OSError as exc:
         raise SpecLoadError(f"{p}: error: cannot read ({exc.strerror or exc})") from None
     return spec, shape
+
+
+SPEC_SECTIONS = ("model", "cluster", "training")
+"""Top-level sections of a dstoolkit spec (dstoolkit.spec.Spec)."""
+
+
+def looks_like_spec(text: str) -> bool:
+    """Whether the text of a .yaml / .yml file is to be checked as a dstoolkit spec: a mapping with a `training:`
+    section and a `model:` or `cluster:` one (a DeepSpeed config has none of them), or YAML that does not parse
+    (load_spec reports its syntax error at its line, SP001, where the DeepSpeed check would say "not JSON")."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return True
+    return isinstance(data, dict) and "training" in data and ("model" in data or "cluster" in data)
+
+
+def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
+    """What `dstoolkit validate SPEC.yaml` reports for a spec: every problem `estimate`, `sweep` and `generate`
+    would refuse it for, each a located `Finding` (the spec's YAML and fields, its model against its layout, its
+    calibration file, then the layout rules the sweep applies to its "auto" fields), and a warning (SP007) when
+    the layout it resolves to is estimated not to fit in device memory. [] for a spec that launches as written."""
+    p = Path(path)
+    try:
+        spec = load_spec(p)
+        shape = resolve_spec_model(spec)
+        calibration_for_spec(spec)
+    except SpecError as exc:
+        return list(exc.findings)
+    except ValueError as exc:
+        return [spec_finding(str(p), None, None, "<spec>", str(exc), "fix the field it names", "SP004")]
+    from dstoolkit.generate.planner import resolve_spec  # the sweep: loads the estimator only for a valid spec
+
+    training = getattr(spec, "_source", None)
+    line, col = training.locate(("training",)) if training is not None else (None, None)
+    try:
+        resolved = resolve_spec(spec, shape)
+    except ValueError as exc:
+        return [spec_finding(str(p), line, col, ("training",), str(exc),
+                             "change the layout fields it names (training.tp / pp / ep / cp / micro_batch) or the cluster",
+                             "SP004")]
+    if resolved.fits:
+        return []
+    plan = resolved.plan
+    gib = plan.gpu.memory_bytes / 2**30
+    return [dataclasses.replace(
+        spec_finding(str(p), line, col, ("training",),
+                     f"layout tp={plan.tp} pp={plan.pp} dp={plan.dp} ZeRO-{plan.ds.zero_stage} micro batch "
+                     f"{plan.ds.micro_batch} is estimated not to fit in {gib:.0f} GiB per {plan.gpu.name}",
+                     f"`dstoolkit estimate {p}` prints the peak by phase and what would make it fit", "SP007"),
+        severity="warning")]

@@ -1,7 +1,7 @@
 """Located spec errors: field paths mapped back to the YAML line and column of the spec file. No torch import.
 
 A spec problem is a `dstoolkit.validate.findings.Finding`, the same record `dstoolkit validate` returns for
-DeepSpeed configs, with a code of its own (`SPEC_CODES`; layout violations keep their ``LYxxx`` code) and
+DeepSpeed configs, with a code of its own (`dstoolkit.validate.findings.SPEC_CODES`; layout violations keep their ``LYxxx`` code) and
 `path` set, so it prints ``file:line:col: <field path>: <problem> (<fix>)``.
 """
 from __future__ import annotations
@@ -15,16 +15,6 @@ from dstoolkit.common.text import did_you_mean
 from dstoolkit.validate.findings import Finding, pointer_of
 
 Loc = tuple[Union[str, int], ...]
-
-SPEC_CODES: dict[str, str] = {
-    "SP001": "YAML syntax error, duplicate key, or a file that is not a mapping",
-    "SP002": "unknown key",
-    "SP003": "wrong type or value",
-    "SP004": "cross-field rule",
-    "SP005": "required field missing",
-    "SP006": "spec file cannot be read",
-}
-"""Codes of spec findings (layout constraints keep their LYxxx code, dstoolkit.layout.constraints)."""
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Optional
 from dstoolkit.common.text import did_you_mean
 from dstoolkit.dsconfig.rules import RULES
 from dstoolkit.layout.constraints import CONSTRAINTS
-from dstoolkit.validate.findings import INPUT_ERROR_PREFIX, KEY_CODES
+from dstoolkit.validate.findings import INPUT_ERROR_PREFIX, KEY_CODES, SPEC_CODES, SPEC_INPUT_CODES
 
 DOCS_PATH = "docs/rules.md"
 
@@ -43,9 +43,20 @@ def _key_code_note(code: str) -> str:
             "dstoolkit.validate.keys. The finding names the key, the value and the fix.")
 
 
+def _spec_code_note(code: str) -> str:
+    if code in SPEC_INPUT_CODES:
+        return ("An input problem: the file cannot be read as a dstoolkit spec. `dstoolkit validate` exits 2 for it.")
+    if code == "SP007":
+        return ("A warning from the estimator: the layout the spec asks for (or the one the sweep picks for its "
+                "\"auto\" fields) peaks above the device memory. `dstoolkit estimate SPEC.yaml` prints the peak by "
+                "phase and what would make it fit.")
+    return ("A spec finding: the field path, the value and the fix are named, at the YAML line of the field "
+            "(dstoolkit.spec; `dstoolkit validate`, `estimate`, `sweep` and `generate` read specs the same way).")
+
+
 def known_codes() -> list[str]:
-    """Every code `--explain` knows, in order: per-key, rules, layout constraints."""
-    return list(KEY_CODES) + list(RULES) + list(CONSTRAINTS)
+    """Every code `--explain` knows, in order: per-key, rules, layout constraints, spec codes."""
+    return list(KEY_CODES) + list(RULES) + list(CONSTRAINTS) + list(SPEC_CODES)
 
 
 def explain(code: str) -> str:
@@ -65,6 +76,8 @@ def explain(code: str) -> str:
         return f"{k.code}: {k.title}\nreads: {', '.join(k.fields)}\n\n{k.explanation}"
     if c in KEY_CODES:
         return f"{c}: {KEY_CODES[c]}\n\n{_key_code_note(c)}"
+    if c in SPEC_CODES:
+        return f"{c}: {SPEC_CODES[c]}\n\n{_spec_code_note(c)}"
     known = known_codes()
     digits = c[:2] + c[2:].replace("O", "0").replace("I", "1").replace("L", "1")  # DS2O4 -> DS204
     raise UnknownCode(str(code).strip(), digits if digits in known else did_you_mean(c, known, cutoff=0.6))
@@ -93,6 +106,11 @@ def rules_markdown() -> str:
             "DS00x: the file cannot be checked (exit 2). DS01x: hjson-only syntax. DS1xx: per-key findings against",
             "the JSON Schema.", "", "| code | title |", "| --- | --- |"]
     out += [f"| {code} | {title.replace('|', '/')} |" for code, title in KEY_CODES.items()]
+    out += ["", "## Spec codes (SPxxx)", "",
+            "Findings on a dstoolkit spec (`dstoolkit validate SPEC.yaml`, and the errors `estimate`, `sweep` and",
+            "`generate` print). SP001 and SP006: the file cannot be read as a spec (exit 2). SP007 is a warning.", "",
+            "| code | title |", "| --- | --- |"]
+    out += [f"| {code} | {title.replace('|', '/')} |" for code, title in SPEC_CODES.items()]
     return "\n".join(out) + "\n"
 
 

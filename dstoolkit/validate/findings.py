@@ -3,7 +3,7 @@
 Codes are stable: tools may filter on them. ``DS0xx`` are input problems (the file cannot be read as a
 config; the CLI exits 2), ``DS01x`` syntax notes, ``DS1xx`` per-key findings, ``DS2xx`` cross-field rules.
 ``CODES`` (code -> title) is `KEY_CODES` plus the titles the rule registry declares. Spec files use the same
-`Finding` with their own codes (``SPxxx``, dstoolkit.spec.errors) and layout codes (``LYxxx``).
+`Finding` with their own codes (``SPxxx``, `SPEC_CODES`) and layout codes (``LYxxx``).
 """
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ KEY_CODES: dict[str, str] = {
 }
 """The codes that are not cross-field rules (input, syntax and per-key findings): code -> short title.
 The DS2xx titles are declared with their rules (dstoolkit.dsconfig.registry)."""
+
+
+SPEC_CODES: dict[str, str] = {
+    "SP001": "YAML syntax error, duplicate key, or a file that is not a mapping",
+    "SP002": "unknown key",
+    "SP003": "wrong type or value",
+    "SP004": "cross-field rule",
+    "SP005": "required field missing",
+    "SP006": "spec file cannot be read",
+    "SP007": "the spec's layout is estimated not to fit in device memory",
+}
+"""Codes of spec findings (dstoolkit.spec.errors raises them; `dstoolkit validate SPEC.yaml` prints them). Layout
+constraints keep their LYxxx code (dstoolkit.layout.constraints)."""
+SPEC_INPUT_CODES = ("SP001", "SP006")
+"""Spec codes that are input errors (the file cannot be read as a spec): the CLI exits 2 for them, as for DS00x."""
 
 
 def __getattr__(name: str) -> Any:
@@ -104,7 +119,7 @@ class Finding:
 
     @property
     def is_input_error(self) -> bool:
-        return self.code.startswith(INPUT_ERROR_PREFIX)
+        return self.code.startswith(INPUT_ERROR_PREFIX) or self.code in SPEC_INPUT_CODES
 
     def format_text(self) -> str:
         """Compiler-style one-liner: ``file:line:col: error[CODE]: message (suggestion)``."""

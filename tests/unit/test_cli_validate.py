@@ -171,3 +171,52 @@ def test_standalone_module_entry(tmp_path, repo_root):
     out = subprocess.run([sys.executable, "-m", "dstoolkit.cli.validate", path, "--format", "json"],
                          capture_output=True, text=True, cwd=repo_root, timeout=120)
     assert out.returncode == 1 and json.loads(out.stdout)[0]["code"] == "DS102"
+
+
+SPEC = """name: s
+model: {model_type: llama, hidden_size: 256, num_attention_heads: 4, num_hidden_layers: 2, intermediate_size: 688,
+        vocab_size: 32000}
+cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}
+training: {seq_len: 128, global_batch: 8, micro_batch: 2, precision: fp32, zero_stage: 1}
+"""
+
+
+@pytest.mark.parametrize("edit,rc,code,line,needle", [
+    (None, 0, None, None, None),
+    (("zero_stage: 1", "zero_stage: 1, tp: 3"), 1, "LY001", 5,
+     "training.tp * training.pp = 3 * 1 = 3 does not divide the world size 2"),
+    (("num_attention_heads: 4", "num_attention_heads: 4, num_key_value_heads: 1"), 1, "SP004", 5,
+     "training.tp=2 does not divide num_key_value_heads=1"),
+    (("precision: fp32", "precison: fp32"), 1, "SP002", 5, "did you mean 'precision'?"),
+    (("training: {", "training: {tp: [1, "), 2, "SP001", None, "YAML syntax error"),
+    (("seq_len: 128", "seq_len: 131072"), 0, "SP007", 5, "is estimated not to fit in 8 GiB per cpu"),
+])
+def test_a_spec_is_checked_as_a_spec(tmp_path, capsys, edit, rc, code, line, needle):
+    """A YAML spec named on the command line gets what estimate / sweep / generate would refuse it for, at its line,
+    not "this is YAML, not a JSON DeepSpeed config"; a layout estimated not to fit is a warning (exit 0)."""
+    text = SPEC if edit is None else SPEC.replace(*edit)
+    if code == "SP004":  # tp 2 over 1 KV head: the model against the layout, found once the model is resolved
+        text = text.replace("zero_stage: 1", "zero_stage: 1, tp: 2")
+    path = write(tmp_path, "spec.yaml", text)
+    assert main(["validate", path, "--format", "json"]) == rc
+    found = json.loads(capsys.readouterr().out)
+    assert not any(f["code"] == "DS006" for f in found)
+    if code is None:
+        assert found == []
+        return
+    [f] = found
+    assert f["code"] == code and needle in f["message"] + " " + (f["suggestion"] or "")
+    assert f["severity"] == ("warning" if code == "SP007" else "error")
+    if line is not None:
+        assert f["line"] == line
+
+
+def test_yaml_that_is_not_a_spec_is_still_refused_as_a_deepspeed_config(tmp_path, capsys):
+    path = write(tmp_path, "accelerate.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n")
+    assert main(["validate", path]) == 2
+    assert "error[DS006]: this is YAML, not a JSON DeepSpeed config" in capsys.readouterr().out
+
+
+def test_spec_codes_are_explained():
+    assert main(["validate", "--explain", "SP007"]) == 0
+    assert main(["validate", "--explain", "sp001"]) == 0
