@@ -6,7 +6,7 @@ Micro batch, gradient accumulation, ZeRO stage, offload and bucket sizes are rea
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,8 +57,8 @@ class RunPlan(BaseModel):
     precision: Precision = "bf16"
     """Compute precision; fp8 = FP8 GEMMs with bf16 weights/activations elsewhere."""
     attention_dropout: bool = False
-    """Whether the model trains with attention/hidden dropout (plan_from_spec: the model config's attention dropout,
-    ModelShape.attention_dropout > 0): its masks are stored (Korthikanti's GPT has them; Llama-style has none) and an
+    """Whether the model trains with attention/hidden dropout; unless given, read from the model config's attention
+    dropout (ModelShape.attention_dropout > 0, `_dropout_from_shape`, for every way a plan is built): its masks are stored (Korthikanti's GPT has them; Llama-style has none) and an
     eager attention core runs a dropout pass over its scores (estimate.attention_core)."""
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     """Expert capacity factor: tokens computed per expert = cf * k * tokens / E (1.0 = exactly top-k)."""
@@ -100,6 +100,16 @@ class RunPlan(BaseModel):
     def attention_kind(self) -> str:
         """The attention implementation in effect (attention_impl, else from flash_attention)."""
         return self.attention_impl or ("sdpa" if self.flash_attention else "eager")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dropout_from_shape(cls, data: Any) -> Any:
+        # the model's fact, stated once: a plan that does not say otherwise trains with the model config's dropout
+        if isinstance(data, dict) and data.get("attention_dropout") is None and data.get("shape") is not None:
+            shape = data["shape"]
+            drop = shape.get("attention_dropout") if isinstance(shape, dict) else getattr(shape, "attention_dropout", 0)
+            data = {**data, "attention_dropout": bool(drop and drop > 0)}
+        return data
 
     @model_validator(mode="after")
     def _check_seq_len_positive(self) -> "RunPlan":
@@ -240,7 +250,6 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         ep=deg(ep, t.ep),
         checkpoint=checkpoint,
         flash_attention=t.flash_attention,
-        attention_dropout=shape.attention_dropout > 0,
         sequence_parallel=t.sequence_parallel if sequence_parallel is None else sequence_parallel,
         precision=t.precision,
         calibration=calibration_for_spec(spec) if calibration is _FROM_SPEC else calibration,

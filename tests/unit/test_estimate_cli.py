@@ -147,3 +147,26 @@ def test_caution_where_only_the_peak_fits(repo_root, capsys):
     spec = repo_root / "benchmarks" / "specs" / "layout_sweeps" / "bloom_181b_h14336_l72_0225_tp2_pp12_dp16_mb2.yaml"
     assert main(["estimate", str(spec)]) == 0
     assert "caution:" not in capsys.readouterr().out
+
+
+def test_config_path_and_spec_path_agree_on_a_model_with_dropout(tmp_path, capsys):
+    """The model's attention dropout (GPT-2's attn_pdrop defaults to 0.1) is read once, from the model, on both
+    ways a plan is built: the --config form used to leave its masks and dropout pass out (a GPT-2 1.5B at ZeRO-1 on
+    A100-40G: 30.2 GiB, fits, against the spec form's 48.8 GiB, does not fit)."""
+    hf = tmp_path / "gpt2.json"
+    hf.write_text(json.dumps({"model_type": "gpt2", "n_embd": 512, "n_layer": 4, "n_head": 8, "vocab_size": 50257,
+                              "n_positions": 2048}))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"name: m\nmodel: {{hf_config: {hf}}}\ncluster: {{nodes: 1, gpus_per_node: 8, gpu: A100-40G}}\n"
+                    "training: {seq_len: 2048, global_batch: 64, micro_batch: 2, precision: bf16, "
+                    "activation_checkpointing: none, tp: 1, pp: 1, zero_stage: 1, flash_attention: false}\n")
+    assert main(["generate", str(spec), "-o", str(tmp_path / "out"), "--strategy", "zero1"]) == 0
+    capsys.readouterr()
+    [cfg] = list((tmp_path / "out").rglob("ds_config.json"))
+    assert main(["estimate", str(spec), "--format", "json"]) == 0
+    by_spec = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--config", str(cfg), "--model", str(hf), "--world-size", "8", "--gpu", "A100-40G",
+                 "--seq-len", "2048", "--checkpoint", "none", "--no-flash-attention", "--format", "json"]) == 0
+    by_config = json.loads(capsys.readouterr().out)
+    assert by_config["memory_per_rank_bytes"] == by_spec["memory_per_rank_bytes"]
+    assert by_config["step_time_s"] == pytest.approx(by_spec["step_time_s"], rel=1e-9)
