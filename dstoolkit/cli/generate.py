@@ -84,9 +84,10 @@ def run(args) -> int:
         print(f"dstoolkit generate: no configuration written for {spec.name}:", file=sys.stderr)
         for s in result.skipped:
             print(f"  {s.name}: {s.reason}", file=sys.stderr)
-        nowhere = next((s.fits_nowhere for s in result.skipped if s.fits_nowhere), None)
-        if nowhere:
-            print(nowhere, file=sys.stderr)
+        # the strategy closest to fitting (its least memory-hungry layout needs the least), not the first one tried
+        near = min((s for s in result.skipped if s.fits_nowhere), key=lambda s: s.fits_nowhere_bytes or 0, default=None)
+        if near is not None:
+            print(f"closest to fitting: strategy {near.name}: {near.fits_nowhere}", file=sys.stderr)
         return EXIT_FINDINGS
     plans = _add_training_plans(args, spec, shape, result)  # before writing: bad --tokens writes nothing
     try:

@@ -198,8 +198,9 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
             # the first drop names the fix where nothing was structurally possible (fits_nowhere prints its own)
             first = (f"; e.g. {sweep.dropped[0].candidate.label}: {sweep.dropped[0].reason}"
                      if sweep.dropped and not sweep.fits_nowhere else "")
-            result.skipped.append(SkippedStrategy(name, f"{reason} ({sweep.considered} tried; dropped by {codes}{first})",
-                                                  fits_nowhere=nowhere))
+            result.skipped.append(SkippedStrategy(
+                name, f"{reason} ({sweep.considered} tried; dropped by {codes}{first})", fits_nowhere=nowhere,
+                fits_nowhere_bytes=sweep.fits_nowhere.needed_per_gpu_bytes if sweep.fits_nowhere else None))
             continue
         _, chosen, sweep = picks[0]
         cand = chosen.candidate

@@ -35,6 +35,10 @@ class SkippedStrategy:
     name: str
     reason: str
     fits_nowhere: Optional[str] = None
+    """Where no layout of the strategy fits: what its least memory-hungry layout needs and what would make it fit."""
+    fits_nowhere_bytes: Optional[int] = None
+    """That layout's peak per GPU (FitsNowhere.needed_per_gpu_bytes): how `generate` finds the strategy closest to
+    fitting."""
 
 
 @dataclass
