@@ -51,7 +51,10 @@ def zero12_states(plan: RunPlan, ms: ModelStates, groups: list[list[int]], group
         ms.host_buffers += largest * pb
         ms.persistent_buffers += largest * pb
         ms.grads_at_step = 0
-        ms.grads_backward_peak = buckets if ds.zero_stage == 2 else full_grads
+        # stage 2: a gradient lives in the reduce (ipg) buckets it is copied into (reduce_independent_p_g_buckets_
+        # and_remove_grads: param.grad becomes a view of the bucket), which transient_buffers counts, then goes to
+        # the host; beside them only the one autograd just produced (or an oversized one that bypasses the bucket)
+        ms.grads_backward_peak = largest * pb if ds.zero_stage == 2 else full_grads
         ms.grads_between_micro_steps = 0 if ds.zero_stage == 2 else full_grads
     else:
         gip = grads_in_partition * grad_dtype_bytes
