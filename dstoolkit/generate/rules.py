@@ -92,4 +92,4 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
 def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> Optional[RuleViolation]:
     """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible."""
     v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, candidate_names(spec))
-    return None if v is None else RuleViolation(v.name, v.message)
+    return None if v is None else RuleViolation(v.name, str(v))  # the problem and its fix

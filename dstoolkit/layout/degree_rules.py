@@ -125,9 +125,9 @@ def _ep_divides_dp(f: LayoutFacts, n: Names):
             f"pick an ep that divides the data-parallel size {dp}")
 
 
-MOE_STAGE3_REASON = (
-    "DeepSpeed refuses native MoE at ZeRO stage 3 (engine.py: 'Native DeepSpeed MoE is not supported with "
-    "ZeRO Stage 3'), so no stage-3 strategy is generated for an MoE model")
+MOE_STAGE3 = ("DeepSpeed refuses its native MoE at ZeRO stage 3 (engine.py: 'Native DeepSpeed MoE is not supported "
+              "with ZeRO Stage 3')")
+MOE_STAGE3_REASON = MOE_STAGE3 + ", so no stage-3 strategy is generated for an MoE model"
 
 
 @constraint("LY010", "moe-zero3", "native DeepSpeed MoE at ZeRO stage 3", ("zero_stage", "num_experts"),
@@ -136,7 +136,8 @@ MOE_STAGE3_REASON = (
 def _moe_stage3(f: LayoutFacts, n: Names):
     if not f.native_moe or not known(f.zero_stage, f.num_experts) or f.num_experts == 0 or f.zero_stage != 3:
         return None
-    return MOE_STAGE3_REASON, "use ZeRO stage 1 or 2 for native DeepSpeed MoE"
+    return MOE_STAGE3, (f"set {n('zero_stage')} to 1 or 2, or run the experts as plain PyTorch modules "
+                        "(training.framework megatron / fsdp, or an HF target)")
 
 
 @constraint("LY011", "offload-stage", "offload needs the right ZeRO stage", ("offload_param", "offload_optimizer", "zero_stage"),

@@ -75,7 +75,7 @@ def test_moe_default_skips_stage3_with_reason_in_summary(tmp_path, repo_root):
     names = {p.name for p in out.iterdir() if p.is_dir()}
     assert {"zero1-ep", "zero2-ep", "zero1", "zero2"} <= names and not {"zero3", "zero++"} & names
     summary = (out / "summary.md").read_text()
-    assert "- zero3: DeepSpeed refuses native MoE at ZeRO stage 3" in summary
+    assert "- zero3: DeepSpeed refuses its native MoE at ZeRO stage 3" in summary
 
 
 def test_bad_spec_is_a_located_error(tmp_path, repo_root, capsys):
