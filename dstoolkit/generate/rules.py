@@ -22,7 +22,7 @@ __all__ = ["RuleViolation", "candidate_facts", "check_candidate", "dims_for", "h
 
 SWEEP_ORDER = ("LY001", "LY002", "LY003", "LY004", "LY005", "LY006", "LY010", "LY007", "LY008", "LY009",
                "LY011", "LY012", "LY013", "LY014", "LY015", "LY016", "LY017", "LY018", "LY023", "LY019", "LY020",
-               "LY021", "LY022")
+               "LY021", "LY022", "LY024")
 """The order the sweep reports constraints in (the first broken one names the drop reason): the refusal of
 native MoE at ZeRO-3 comes before the expert-parallel divisibility rules, as it always has."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-# the rules register themselves in code order: the ranks' split (LY001-LY016), then a step over them (LY017-LY023)
+# the rules register themselves in code order: the ranks' split (LY001-LY016), then a step over them (LY017-LY024)
 from dstoolkit.layout import degree_rules, step_rules  # noqa: F401
 from dstoolkit.layout.dims import LayoutError
 from dstoolkit.layout.registry import CONSTRAINTS, LayoutFacts, Violation

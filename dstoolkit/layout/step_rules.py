@@ -1,4 +1,4 @@
-"""The layout constraints on how a step runs over the ranks (LY017-LY023): the global batch and its ramp in whole
+"""The layout constraints on how a step runs over the ranks (LY017-LY024): the global batch and its ramp in whole
 micro batches over dp, the sequence split over the ranks that share it (context parallelism, DeepSpeed-Ulysses,
 Megatron sequence parallelism), virtual pipeline stages and the schedule the framework runs. Registered in
 `dstoolkit.layout.registry`; asked through `dstoolkit.layout.constraints`. Pure Python.
@@ -154,3 +154,14 @@ def _ulysses_megatron_sp(f: LayoutFacts, n: Names):
         return None
     return (f"{n('sp')}={f.sp // f.cp} with {n('megatron_sp')}: DeepSpeed-Ulysses and Megatron sequence parallelism "
             "do not combine", "turn sequence_parallel off, or use cp (Megatron-LM) in place of ulysses", "megatron_sp")
+
+
+@constraint("LY024", "cp-framework", "context parallelism needs a framework that has it", ("cp", "framework"),
+            "Context parallelism (ring attention over cp ranks) is Megatron-LM's (--context-parallel-size) and "
+            "torchtitan's (torch.distributed.tensor.experimental.context_parallel); DeepSpeed 0.19.8 has none: its "
+            "sequence parallelism is DeepSpeed-Ulysses (sequence_parallel_size; training.ulysses).")
+def _cp_framework(f: LayoutFacts, n: Names):
+    if f.framework != "deepspeed" or not known(f.cp) or f.cp <= 1:
+        return None
+    return (f"{n('cp')}={f.cp} with {n('framework')}='deepspeed': DeepSpeed has no context parallelism (ring "
+            "attention)", f"use ulysses: {f.cp} (DeepSpeed-Ulysses), or framework: megatron / fsdp", "cp")

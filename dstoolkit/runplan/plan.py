@@ -150,7 +150,7 @@ class RunPlan(BaseModel):
 
     @model_validator(mode="after")
     def _check_sequence_shards(self) -> "RunPlan":
-        return self._require(("LY023", "LY019", "LY020"))
+        return self._require(("LY023", "LY019", "LY020", "LY024"))
 
     @model_validator(mode="after")
     def _check_ds_config_readable(self) -> "RunPlan":

@@ -283,7 +283,8 @@ class TrainingSpec(ClusterModelFields):
     @model_validator(mode="after")
     def _check_layout(self) -> "TrainingSpec":
         # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
-        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY023", "LY019", "LY021", "LY022"),
+        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY023", "LY019", "LY021", "LY022",
+                                            "LY024"),
                      prefix=(), training=self)
         return self
 

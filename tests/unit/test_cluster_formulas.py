@@ -161,10 +161,10 @@ def test_comm_bound_zero3_step_is_the_collectives_time():
 def test_zero_partitions_over_dp_times_cp():
     # Megatron-Core's distributed optimizer uses the data-parallel group with context parallelism: 16 GPUs,
     # tp 2, cp 2 -> dp 4, ZeRO over 8 ranks
-    p = _plan(world=16, tp=2, cp=2, stage=1, mb=1, ga=4)
+    p = _plan(world=16, tp=2, cp=2, stage=1, mb=1, ga=4, framework="megatron")
     assert p.dp == 4
     assert zero_group_sizes(p) == (8, 8)
-    no_cp = _plan(world=16, tp=2, stage=1, mb=1, ga=4)
+    no_cp = _plan(world=16, tp=2, stage=1, mb=1, ga=4, framework="megatron")
     half = deepspeed_model_states(no_cp).master_params
     # the same parameters (tp 2) over 8 ZeRO ranks in both: dp 8 without cp, dp 4 x cp 2 with it
     assert deepspeed_model_states(p).master_params == half

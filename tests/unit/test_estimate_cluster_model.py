@@ -109,7 +109,7 @@ def test_overlap_flags_reach_the_collectives():
 def test_context_parallel_ring_bytes():
     # Megatron-Core CP (ring attention): 3 (cp-1) K/V-chunk transfers per layer (fwd K,V; bwd K,V and dK,dV);
     # chunk = 2 (K and V) x s/cp tokens x kv_heads x head_dim x 2 bytes. Llama 3 8B: 32 layers, 8 kv heads x 128
-    p = _plan(world=8, seq=8192, ga=1, cp=2)
+    p = _plan(world=8, seq=8192, ga=1, cp=2, framework="megatron")
     chunk = 2 * (8192 // 2) * 8 * 128 * 2
     assert comm_plan(p).by_name()["cp_ring_p2p"] == 3 * 1 * chunk * 32
     assert p.dp == 4  # cp ranks come out of the data-parallel ones
@@ -124,7 +124,7 @@ def test_ulysses_all_to_all_bytes():
 
 def test_sequence_sharding_divides_activations():
     full = layer_activation_bytes(_plan(seq=8192, attention_impl="te"), 0, 1).full
-    half = layer_activation_bytes(_plan(seq=8192, cp=2, attention_impl="te"), 0, 1).full
+    half = layer_activation_bytes(_plan(seq=8192, cp=2, attention_impl="te", framework="megatron"), 0, 1).full
     assert half == pytest.approx(full / 2)
 
 

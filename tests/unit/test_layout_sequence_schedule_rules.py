@@ -102,10 +102,10 @@ def test_deepspeed_pipeline_engine_runs_1f1b_only(tmp_path):
 
 def test_global_batch_counts_dp_without_the_sequence_shards(tmp_path):
     # 8 GPUs, cp 2: dp 4, so a global batch of 4 is one micro batch per data-parallel rank
-    load_spec(write(tmp_path, "cp: 2", gbs=4))
+    load_spec(write(tmp_path, "cp: 2\nframework: megatron", gbs=4))
     with pytest.raises(SpecError, match=r"training\.global_batch=6 is not a multiple of training\.micro_batch \* dp = "
                                         r"1 \* 4 = 4 \(dp = world 8 / \(training\.tp\*training\.pp\*training\.cp\)\)"):
-        load_spec(write(tmp_path, "cp: 2", gbs=6))
+        load_spec(write(tmp_path, "cp: 2\nframework: megatron", gbs=6))
 
 
 def test_generate_writes_context_parallelism_for_megatron_lm_only(tmp_path, capsys):
@@ -154,3 +154,14 @@ def test_ulysses_and_megatron_sequence_parallelism_do_not_combine(tmp_path):
                  "--target", "megatron-deepspeed"]) == 0
     args = (tmp_path / "mds" / "zero1" / "megatron_deepspeed_args.txt").read_text().split()
     assert "--sequence-parallel" not in args and args[args.index("--ds-sequence-parallel-size") + 1] == "2"
+
+
+def test_context_parallelism_needs_a_framework_that_has_it(tmp_path):
+    """DeepSpeed 0.19.8 has no context parallelism (ring attention): a cp spec under framework deepspeed was
+    estimated as if Megatron-LM ran it (LY024); Ulysses is DeepSpeed's sequence parallelism."""
+    with pytest.raises(SpecError, match=r"training\.cp: training\.cp=2 with training\.framework='deepspeed': DeepSpeed "
+                                        r"has no context parallelism \(ring attention\) \(use ulysses: 2"):
+        load_spec(write(tmp_path, "cp: 2\nframework: deepspeed"))
+    load_spec(write(tmp_path, "cp: 2\nframework: megatron"))
+    load_spec(write(tmp_path, "cp: 2\nframework: fsdp"))
+    load_spec(write(tmp_path, "ulysses: 2\nframework: deepspeed"))

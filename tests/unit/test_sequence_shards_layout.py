@@ -35,6 +35,8 @@ training:
 
 def write(tmp_path, ep, shard):
     p = tmp_path / "spec.yaml"
+    if shard.startswith("cp"):  # context parallelism is Megatron-LM's (or torchtitan's), not DeepSpeed's (LY024)
+        shard += "\n  framework: megatron"
     p.write_text(textwrap.dedent(SPEC.format(ep=ep, shard=shard)))
     return p
 
