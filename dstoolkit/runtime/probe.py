@@ -356,9 +356,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rec = run_probe(args.out, args.ranks, json.loads(args.key))
     wall = rec["calibration"]["wall"]
     cores = os.cpu_count() or 1
-    if rec["loadavg_before"] > cores:
-        print(f"warning: the machine was busy while probing (load {rec['loadavg_before']:.1f} on {cores} cores): "
-              f"rates may be low; delete {args.out} to probe again on a quiet machine", file=sys.stderr)
+    from dstoolkit.hardware.machine_calibration import CONTENDED_CPU_SHARE, cpu_share
+
+    share = cpu_share(rec)
+    if rec["loadavg_before"] > cores or (share is not None and share < CONTENDED_CPU_SHARE):
+        ran = f", its ranks ran {share:.0%} of the time" if share is not None else ""
+        print(f"warning: the machine was busy while probing (load {rec['loadavg_before']:.1f} on {cores} cores{ran}): "
+              f"rates may be low; it is probed again later, or delete {args.out} to probe again on a quiet machine",
+              file=sys.stderr)
     print(f"calibrated in {rec['probe_s']} s: block fwd+bwd fp32 {wall['matmul_flops_per_s_fp32_large'] / 1e9:.1f} "
           f"GFLOP/s, bf16 {wall['matmul_flops_per_s_bf16_large'] / 1e9:.1f} GFLOP/s per rank (GEMM peak fp32 "
           f"{wall['gemm_peak_flops_per_s_fp32'] / 1e9:.1f}, bf16 {wall['gemm_peak_flops_per_s_bf16'] / 1e9:.1f}); all-reduce "
