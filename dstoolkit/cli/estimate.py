@@ -188,8 +188,7 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
     from dstoolkit.generate.planner import resolve_spec
     from dstoolkit.hardware.calibration import calibration_label
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.models import resolve_model
-    from dstoolkit.models.resolve import check_model_fits_spec
+    from dstoolkit.models.resolve import resolve_spec_model
     from dstoolkit.spec import load_spec
 
     spec = load_spec(path)
@@ -200,8 +199,7 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
 
         none = str(calibration_arg).strip().lower() in NONE_VALUES
         spec.cluster.calibration = calibration_arg if none else str(Path(calibration_arg).expanduser().resolve())
-    shape = resolve_model(spec.model, Path(path).resolve().parent)
-    check_model_fits_spec(spec, shape)  # tp / ep against the model's heads and experts, at the spec's line
+    shape = resolve_spec_model(spec)  # with tp / ep against the model's heads and experts, at the spec's line
     try:
         targets = targets_of(argparse.Namespace(target=target), spec)
         resolved = resolve_spec(spec, shape, targets)  # "auto" fields: the sweep's best layout

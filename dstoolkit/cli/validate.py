@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Optional
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, add_deepspeed_version_flag, add_format_flag,
                                    add_parallel_flags, add_world_flags, exit_map, positive_int as _positive_int)
@@ -31,18 +32,12 @@ CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema 
 SPEC_SUFFIXES = (".yaml", ".yml")  # a file named on the command line with these, holding a spec, is checked as one
 
 
-def _is_spec(text: str) -> bool:
-    # start-up time: the spec check loads the spec models and the sweep; only a spec file pays for them
-    from dstoolkit.generate.io import looks_like_spec
+def _spec_findings(path: str, text: str) -> Optional[list[Finding]]:
+    """What a spec file's check finds (dstoolkit.generate.io.spec_file_findings), or None when `text` is not a spec."""
+    # start-up time: the spec check loads the spec models and the sweep; only a .yaml / .yml file pays for them
+    from dstoolkit.generate.io import looks_like_spec, spec_file_findings
 
-    return looks_like_spec(text)
-
-
-def _spec_findings(path: str) -> list[Finding]:
-    # start-up time: as _is_spec
-    from dstoolkit.generate.io import spec_file_findings
-
-    return spec_file_findings(path)
+    return spec_file_findings(path) if looks_like_spec(text) else None
 
 
 def add_parser(subparsers) -> None:
@@ -150,8 +145,9 @@ def run(args) -> int:
         if problem is not None:
             findings.append(problem)
             continue
-        if path.lower().endswith(SPEC_SUFFIXES) and _is_spec(text):
-            findings += _spec_findings(path)
+        spec_found = _spec_findings(path, text) if path.lower().endswith(SPEC_SUFFIXES) else None
+        if spec_found is not None:
+            findings += spec_found
             continue
         findings += validate_config(text, source=path, world_size=args.world_size, gpus_per_node=args.gpus_per_node,
                                     tp=args.tp, pp=args.pp, num_experts=args.num_experts, ep_size=args.ep_size,

@@ -271,14 +271,9 @@ def layer_weights(shape, i: int) -> LayerWeights:
     return LayerWeights(att, dense, routed, shared, router)
 
 
-def sequence_shards(plan: RunPlan) -> int:
-    """Ranks one sequence is split over: context parallel x Ulysses (RunPlan.sequence_shards)."""
-    return plan.sequence_shards
-
-
 def tokens_per_micro(plan: RunPlan) -> float:
     """Tokens one rank computes per micro batch (the sequence split by cp / Ulysses)."""
-    return plan.ds.micro_batch * plan.seq_len / sequence_shards(plan)
+    return plan.ds.micro_batch * plan.seq_len / plan.sequence_shards
 
 
 def attention_work_fraction(plan: RunPlan) -> float:
@@ -347,7 +342,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     core_again = (plan.checkpoint.recomputes_attention_core and not op_sac) or recompute > 1
     eager_saved = 0.0
     if impl == "eager" and EAGER_CORE_BY_KERNEL:
-        micro_batch = tok / (plan.seq_len / sequence_shards(plan))  # the sequences behind `tok` on this rank
+        micro_batch = tok / (plan.seq_len / plan.sequence_shards)  # the sequences behind `tok` on this rank
         core = eager_core(plan, micro_batch, mem_bw)
         s += core.forward_s * (2.0 if core_again else 1.0) + core.backward_s
         eager_saved = eager_score_bytes(plan, micro_batch)

@@ -183,7 +183,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         grad_passes = MEGATRON_GRAD_BUFFER_PASSES
     grad_traffic = local_numel * pb * (grad_passes + PARAM_WRITEBACK_PASSES)
     grad_bw = (cal.grad_bw_bytes_per_s if cal is not None else None) or mem_bw
-    loss_traffic = LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / cm.sequence_shards(plan)
+    loss_traffic = LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / plan.sequence_shards
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
                     memory_s=grad_traffic / grad_bw + loss_traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
 

@@ -29,18 +29,12 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
 
     p = Path(path)  # a missing file or a folder: load_spec's SpecError says which
     try:
-        spec = load_spec(p)
-        shape = resolve_spec_model(spec)
-        calibration_for_spec(spec)  # cluster.calibration: a missing/unusable file is the spec's error
+        spec, shape = _loaded(p)
     except ValueError as exc:  # SpecError is a ValueError carrying file:line:col findings
         raise SpecLoadError(str(exc)) from None
     except OSError as exc:
         raise SpecLoadError(f"{p}: error: cannot read ({exc.strerror or exc})") from None
     return spec, shape
-
-
-SPEC_SECTIONS = ("model", "cluster", "training")
-"""Top-level sections of a dstoolkit spec (dstoolkit.spec.Spec)."""
 
 
 def looks_like_spec(text: str) -> bool:
@@ -61,30 +55,32 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
     the layout it resolves to is estimated not to fit in device memory. [] for a spec that launches as written."""
     p = Path(path)
     try:
-        spec = load_spec(p)
-        shape = resolve_spec_model(spec)
-        calibration_for_spec(spec)
+        spec, shape = _loaded(p)
     except SpecError as exc:
         return list(exc.findings)
     except ValueError as exc:
         return [spec_finding(str(p), None, None, "<spec>", str(exc), "fix the field it names", "SP004")]
     from dstoolkit.generate.planner import resolve_spec  # the sweep: loads the estimator only for a valid spec
 
-    training = getattr(spec, "_source", None)
-    line, col = training.locate(("training",)) if training is not None else (None, None)
     try:
         resolved = resolve_spec(spec, shape)
     except ValueError as exc:
-        return [spec_finding(str(p), line, col, ("training",), str(exc),
-                             "change the layout fields it names (training.tp / pp / ep / cp / micro_batch) or the cluster",
-                             "SP004")]
+        return spec.error(("training",), str(exc), "change the layout fields it names (training.tp / pp / ep / cp / "
+                          "micro_batch) or the cluster").findings
     if resolved.fits:
         return []
     plan = resolved.plan
-    gib = plan.gpu.memory_bytes / 2**30
-    return [dataclasses.replace(
-        spec_finding(str(p), line, col, ("training",),
-                     f"layout tp={plan.tp} pp={plan.pp} dp={plan.dp} ZeRO-{plan.ds.zero_stage} micro batch "
-                     f"{plan.ds.micro_batch} is estimated not to fit in {gib:.0f} GiB per {plan.gpu.name}",
-                     f"`dstoolkit estimate {p}` prints the peak by phase and what would make it fit", "SP007"),
-        severity="warning")]
+    [found] = spec.error(("training",), f"layout tp={plan.tp} pp={plan.pp} dp={plan.dp} ZeRO-{plan.ds.zero_stage} "
+                         f"micro batch {plan.ds.micro_batch} is estimated not to fit in "
+                         f"{plan.gpu.memory_bytes / 2**30:.0f} GiB per {plan.gpu.name}",
+                         f"`dstoolkit estimate {p}` prints the peak by phase and what would make it fit").findings
+    return [dataclasses.replace(found, code="SP007", severity="warning")]
+
+
+def _loaded(p: Path) -> tuple[Spec, ModelShape]:
+    """`load_spec`, `resolve_spec_model` and a check that its calibration file (if any) is usable; SpecError (a
+    ValueError) or OSError as they come."""
+    spec = load_spec(p)
+    shape = resolve_spec_model(spec)
+    calibration_for_spec(spec)  # cluster.calibration: a missing/unusable file is the spec's error
+    return spec, shape

@@ -172,7 +172,7 @@ def machine_calibration_path(key: Optional[dict[str, Any]] = None,
         return _reprobed_if_contended(path, key, probe, announce)
     path = cache_dir() / f"cpu-{_key_digest(key)}.json"
     if probe is None:
-        if key.get("torch") is None or importlib.util.find_spec("torch") is None:
+        if not _can_probe(key):
             announce("[dstoolkit] torch is not installed, so this CPU cannot be probed: CPU estimates use the "
                      "packaged reference calibration (measured on another machine; install dstoolkit[train] "
                      "to calibrate this one)")
@@ -185,8 +185,14 @@ def machine_calibration_path(key: Optional[dict[str, Any]] = None,
     return path
 
 
-def _reprobed_if_contended(path: pathlib.Path, key: dict[str, Any], probe: Optional[Callable[[pathlib.Path, dict], None]],
-                          announce: Callable[[str], None]) -> pathlib.Path:
+def _can_probe(key: dict[str, Any]) -> bool:
+    """Whether this interpreter can run the probe: torch is installed (and the machine key saw it)."""
+    return key.get("torch") is not None and importlib.util.find_spec("torch") is not None
+
+
+def _reprobed_if_contended(path: pathlib.Path, key: dict[str, Any],
+                           probe: Optional[Callable[[pathlib.Path, dict], None]],
+                           announce: Callable[[str], None]) -> pathlib.Path:
     """The cached calibration, probed again first when other processes shared the CPU while it was probed
     (`cpu_share` below CONTENDED_CPU_SHARE) and it is older than REPROBE_AFTER_S: the less contended of the two
     probes is kept (a machine still busy keeps the better one and waits REPROBE_AFTER_S again)."""
@@ -196,7 +202,7 @@ def _reprobed_if_contended(path: pathlib.Path, key: dict[str, Any], probe: Optio
     if time.time() - path.stat().st_mtime < REPROBE_AFTER_S:
         return path
     if probe is None:
-        if key.get("torch") is None or importlib.util.find_spec("torch") is None:
+        if not _can_probe(key):
             return path
         probe = _probe_subprocess
     announce(f"[dstoolkit] this CPU's calibration ({path}) was probed while other processes used the CPU (its ranks "

@@ -58,8 +58,9 @@ class RunPlan(BaseModel):
     """Compute precision; fp8 = FP8 GEMMs with bf16 weights/activations elsewhere."""
     attention_dropout: bool = False
     """Whether the model trains with attention/hidden dropout; unless given, read from the model config's attention
-    dropout (ModelShape.attention_dropout > 0, `_dropout_from_shape`, for every way a plan is built): its masks are stored (Korthikanti's GPT has them; Llama-style has none) and an
-    eager attention core runs a dropout pass over its scores (estimate.attention_core)."""
+    dropout (ModelShape.attention_dropout > 0, `_dropout_from_shape`, for every way a plan is built): its masks are
+    stored (Korthikanti's GPT has them; Llama-style has none) and an eager attention core runs a dropout pass over
+    its scores (estimate.attention_core)."""
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     """Expert capacity factor: tokens computed per expert = cf * k * tokens / E (1.0 = exactly top-k)."""
     calibration: Optional[Calibration] = None

@@ -1,8 +1,8 @@
 """Located spec errors: field paths mapped back to the YAML line and column of the spec file. No torch import.
 
 A spec problem is a `dstoolkit.validate.findings.Finding`, the same record `dstoolkit validate` returns for
-DeepSpeed configs, with a code of its own (`dstoolkit.validate.findings.SPEC_CODES`; layout violations keep their ``LYxxx`` code) and
-`path` set, so it prints ``file:line:col: <field path>: <problem> (<fix>)``.
+DeepSpeed configs, with a code of its own (`dstoolkit.validate.findings.SPEC_CODES`; layout violations keep their
+``LYxxx`` code) and `path` set, so it prints ``file:line:col: <field path>: <problem> (<fix>)``.
 """
 from __future__ import annotations
 

@@ -284,8 +284,7 @@ class TrainingSpec(ClusterModelFields):
     def _check_layout(self) -> "TrainingSpec":
         # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
         raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY023", "LY019", "LY021", "LY022",
-                                            "LY024"),
-                     prefix=(), training=self)
+                                            "LY024"), prefix=(), training=self)
         return self
 
     def save_interval(self) -> int:
