@@ -319,6 +319,24 @@ def summarize(scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def published_model_line(src: dict[str, Any], rows: list[dict[str, Any]], scope: str,
+                         mape_loso: Optional[float] = None) -> Optional[str]:
+    """The source's own model's published error on its measurements (`published_model_error` in the table, `scope`
+    multi_node or single_node) beside the estimator's on the same rows that ran: its iteration-time MAPE (the metric
+    such simulators publish, |predicted / measured - 1|) and this page's throughput MAPE (measured / predicted - 1).
+    None where the source publishes none or no row ran."""
+    pub = (src.get("published_model_error") or {})
+    ran = [r for r in rows if not r.get("oom") and r.get("predicted_step_s") and r.get("measured_step_s")]
+    if pub.get(scope) is None or not ran:
+        return None
+    time_mape = sum(abs(r["predicted_step_s"] / r["measured_step_s"] - 1) for r in ran) / len(ran)
+    tput_mape = sum(abs(r["measured_step_s"] / r["predicted_step_s"] - 1) for r in ran) / len(ran)
+    out = (f"**The source's own model.** {pub['model']} reports a {pub['metric']} of {_pct(pub[scope])} on these "
+           f"{scope.replace('_', '-')} measurements ({pub['cite']}). On the same {len(ran)} rows, from the spec alone: "
+           f"iteration-time MAPE {_pct(time_mape)}, throughput MAPE {_pct(tput_mape)} in sample")
+    return out + (f", {_pct(mape_loso)} out of source." if mape_loso is not None else ".")
+
+
 def memory_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The estimate against the device memory a source reports per run (`mem_gb`: nvidia-smi's figure, the CUDA
     context and what the caching allocator holds; read as GiB, nvidia-smi's MiB / 1024). Two estimates beside it:
@@ -505,6 +523,21 @@ def _sweep_pick_figure(sp: dict[str, Any]) -> list[str]:
     return ["`sweep`'s own pick: groups inside its space / picks that were measured / their mean / worst regret", value]
 
 
+def by_source_rows(groups, scores, loso) -> list[list[str]]:
+    """The summary's figures per source (summarize over that source's groups; the leave-one-source-out MAPE from
+    loso where it ran): one markdown row each, in the table's order of sources."""
+    out = []
+    for src in dict.fromkeys(g["source"] for g in groups):
+        ids = [g["id"] for g in groups if g["source"] == src]
+        sm = summarize({i: scores[i] for i in ids})
+        lo = summarize({i: loso[i]["score"] for i in ids if i in loso}) if loso else None
+        out.append([src, str(len(ids)), str(sm["ran_rows"]), _pct(sm["mape_rows"]),
+                    _pct(lo["mape_rows"]) if lo and lo["groups"] else "–",
+                    f"{_sp(sm['mean_spearman_groups_ge3'])} ({sm['spearman_groups']})",
+                    f"{_pct(sm['mean_top1_regret'])} / {_pct(sm['max_top1_regret'])}"])
+    return out
+
+
 def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) -> str:
     s = summary
     lines = ["# Measured layout sweeps vs the estimator", "",
@@ -536,6 +569,10 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
          f"{s['missed_oom']} ({s['missed_oom_cautioned']})", "", ""],
         [*_sweep_pick_figure(s["sweep_pick"]), "", ""],
     ], ["figure", ("in sample", "r"), ("leave one source out", "r"), "goal"])
+    lines += ["", "By source (each figure over that source's groups alone):", ""]
+    lines += render_markdown_table(by_source_rows(groups, scores, loso),
+                                   ["source", ("groups", "r"), ("layouts", "r"), ("MAPE", "r"), ("MAPE loso", "r"),
+                                    ("mean Spearman (groups of ≥ 3)", "r"), ("mean / worst regret", "r")])
     ce = s.get("noise_ceiling")
     if ce and ce["groups"]:
         sig = ", ".join(f"{k} {_pct(v)} from {ce['pairs_by_source'][k]} repeated timings" for k, v in ce["sigma_by_source"].items())
@@ -551,6 +588,14 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
                           f"{_pct(ce['model_mape_rows_with_sigma'])} in sample), "
                           f"{_pct(ce['mape_floor_rows_with_sigma'] * ce['rows_with_sigma'] / ce['rows'])} of the "
                           f"overall MAPE over all {ce['rows']}; σ from so few pairs is itself uncertain.")
+    for key, src in doc["sources"].items():
+        ran = [r for g in groups if g["source"] == key for r in rows_by_group[g["id"]]]
+        lo_src = [(loso[g["id"]]["score"]["mape"], scores[g["id"]]["ran"]) for g in groups
+                  if g["source"] == key and loso and loso.get(g["id"]) and loso[g["id"]]["score"]["mape"] is not None]
+        line = published_model_line(src, ran, "multi_node",
+                                    sum(m * n for m, n in lo_src) / sum(n for _, n in lo_src) if lo_src else None)
+        if line:
+            lines += ["", line]
     ab = s.get("execution_ab") or []
     if ab:
         lines += ["", "**Execution A/B.** A setting the source timed on and off on one layout (`execution_ab` in the "

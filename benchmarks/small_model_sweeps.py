@@ -118,6 +118,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         ["layouts refused / predicted not to fit", f"{sum(len(s['refused']) for s in scores.values())} / "
                                                   f"{sum(len(s['false_oom']) for s in scores.values())}"],
     ], ["figure", ("value", "r")])
+    line = ls.published_model_line(ls.load()["sources"][SOURCE], rows, "single_node")
+    if line:
+        lines += ["", line]
     for title, key in (("micro batch", lambda r: r["micro_batch"]), ("hidden size", lambda r: r["hidden"]),
                        ("tp x pp", lambda r: f"tp{r['layout']['tp']} pp{r['layout']['pp']}"),
                        ("tp x micro batch", lambda r: f"tp{r['layout']['tp']} mb{r['micro_batch']:02d}")):
