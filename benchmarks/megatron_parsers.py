@@ -229,7 +229,10 @@ def _build_jobs(work: Path, extra_specs=()):
     for stem, path in sources:
         spec, shape = load_spec_and_shape(path)
         bundled = stem in BUNDLED_SPECS and path.parent == REPO / "ds_configs"
-        outs = cached_bundled(str(REPO / "ds_configs"), stem).generated if bundled else generate(spec, shape).generated
+        # an extra spec is generated for both Megatron targets, so its cp / ulysses layouts are not dropped as the
+        # default deepspeed target would (targets.SEQUENCE_SHARDING_TARGETS)
+        outs = (cached_bundled(str(REPO / "ds_configs"), stem).generated if bundled
+                else generate(spec, shape, targets=TARGETS).generated)
         for o in outs:
             if "ds_config.json" not in o.files:  # a layout only the HF targets run (e.g. ZeRO-3 of an HF MoE model)
                 skipped.extend((stem, o.name, t, "an HF-only layout: no DeepSpeed config") for t in TARGETS)

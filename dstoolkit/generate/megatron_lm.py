@@ -47,6 +47,8 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
         out += ["--sequence-parallel"]
     if cand.cp > 1:
         out += ["--context-parallel-size", str(cand.cp)]  # Megatron-Core CP: the ranks come out of dp
+    elif cand.ulysses > 1:  # Ulysses as Megatron-Core's all-to-all CP (targets.SEQUENCE_SHARDING_TARGETS)
+        out += ["--context-parallel-size", str(cand.ulysses), "--cp-comm-type", "a2a"]
     out += _common_model(spec, shape, k, cand)
     if shape.is_mla:
         out += ["--multi-latent-attention", "--kv-lora-rank", str(shape.kv_lora_rank),
@@ -121,6 +123,9 @@ def _distributed_lm(spec: Spec, cand: Candidate) -> list[str]:
         out += ["--overlap-grad-reduce"]
     if cand.offload_optimizer:
         out += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
-    if cand.tp > 1 and not uses_megatron_fsdp(cand):
+    # the spec's training.tp_comm_overlap, as the estimate counts it; Megatron-LM accepts it only with sequence
+    # parallelism (arguments.py validate_args: "Tensor parallel communication/GEMM overlap can happen only when
+    # sequence parallelism is enabled"), which cand.sequence_parallel is at tp > 1 (the spec requires it beside)
+    if spec.training.tp_comm_overlap and cand.sequence_parallel and not uses_megatron_fsdp(cand):
         out += ["--tp-comm-overlap"]
     return out

@@ -2,8 +2,8 @@
 
 - ``deepspeed`` (the bundled trainer under DeepSpeed's engine) and ``megatron-deepspeed``: every layout of the
   sweep; MoE layers are DeepSpeed's own (``deepspeed.moe``), which DeepSpeed refuses at ZeRO-3.
-- ``megatron-lm``: Megatron-Core's own TP/PP/EP/CP (the only target for context parallelism; Ulysses is
-  Megatron-DeepSpeed's, `sequence_sharding_reason`); its MoE blocks are Megatron's, so ZeRO-3-like sharding of
+- ``megatron-lm``: Megatron-Core's own TP/PP/EP/CP (the only target for ring context parallelism; Ulysses as
+  Megatron-Core's all-to-all CP, `sequence_sharding_reason`); its MoE blocks are Megatron's, so ZeRO-3-like sharding of
   replicated experts is not refused by DeepSpeed's rule (dstoolkit.generate.megatron owns the rest).
 - ``hf`` and ``accelerate`` (HF Trainer / Accelerate driving DeepSpeed): no pipeline engine (the model is not a
   ``PipelineModule``), no AutoEP (DeepSpeed 0.19.8 against transformers 5), no Megatron sequence parallelism;
@@ -46,27 +46,38 @@ def spec_for_targets(spec: Spec, targets: Sequence[str]) -> Spec:
     return spec.model_copy(update={"training": t.model_copy(update=update)}) if update else spec
 
 
-SEQUENCE_SHARDING_TARGETS = {"cp": ("megatron-lm",), "ulysses": ("megatron-deepspeed",)}
+SEQUENCE_SHARDING_TARGETS = {"cp": ("megatron-lm",), "ulysses": ("megatron-deepspeed", "megatron-lm")}
 """Which launchers split a sequence over ranks: Megatron-Core context parallelism (Megatron-LM
---context-parallel-size) and DeepSpeed-Ulysses (Megatron-DeepSpeed --ds-sequence-parallel-size). The bundled
-trainer and the HF / Accelerate scripts shard no sequence; Megatron-LM has no Ulysses, Megatron-DeepSpeed no
-context parallelism."""
+--context-parallel-size) and DeepSpeed-Ulysses (Megatron-DeepSpeed --ds-sequence-parallel-size; Megatron-LM as
+--context-parallel-size N --cp-comm-type a2a, Megatron-Core's TransformerConfig.cp_comm_type "a2a": "Like DeepSpeed
+Ulysses, scatter attention heads across the CP group, and gather to get full sequence of QKV"). The bundled trainer
+and the HF / Accelerate scripts shard no sequence; Megatron-DeepSpeed has no ring context parallelism."""
 
 
-def sequence_sharding_reason(target: str, cand: Candidate) -> Optional[str]:
-    """Why `target` cannot split the candidate's sequences (its cp or ulysses), or None."""
+def sequence_sharding_reason(target: str, cand: Candidate, shape: Optional[ModelShape] = None) -> Optional[str]:
+    """Why `target` cannot split the candidate's sequences (its cp or ulysses), or None. Megatron-LM runs Ulysses
+    through Transformer Engine's all-to-all attention (AttnFuncWithCPAndQKVOA2A), which asserts "The number of
+    attention heads needs to be divisible by CP size!" for the query and the key/value heads of each TP rank (DeepSpeed's
+    own Ulysses splits an indivisible count unevenly instead, rule LY020)."""
     for field, degree in (("cp", cand.cp), ("ulysses", cand.ulysses)):
         able = SEQUENCE_SHARDING_TARGETS[field]
         if degree > 1 and target not in able:
             return (f"training.{field}={degree}: {target} does not split sequences that way; generate with "
                     f"--target {' / '.join(able)}")
+    if target == "megatron-lm" and cand.ulysses > 1 and shape is not None and not shape.is_mla:
+        for what, heads in (("attention heads", shape.num_attention_heads), ("key/value heads", shape.kv_heads)):
+            per_tp = max(1, heads // cand.tp)
+            if per_tp % cand.ulysses:
+                return (f"training.ulysses={cand.ulysses}: Megatron-LM's all-to-all context parallelism needs the "
+                        f"{what} of each TP rank ({heads} / tp {cand.tp} = {per_tp}) divisible by it; use a divisor "
+                        f"of {per_tp}, or --target megatron-deepspeed (DeepSpeed-Ulysses splits them unevenly)")
     return None
 
 
 def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -> Optional[str]:
     """Why `target` cannot run this layout, or None: sequence sharding only where the launcher has it
     (`sequence_sharding_reason`); HF: `hf_unavailable_reason`; otherwise every layout."""
-    why = sequence_sharding_reason(target, cand)
+    why = sequence_sharding_reason(target, cand, shape)
     if why is None and is_hf(target):
         why = hf_unavailable_reason(cand, shape)
     return why

@@ -108,6 +108,12 @@ class ClusterModelFields(StrictModel):
                 raise SpecFieldError(("recompute_modules",), f"recompute_modules={self.recompute_modules} with "
                                      "activation_checkpointing='full': full recompute already re-runs every module",
                                      "remove recompute_modules, or use activation_checkpointing none / selective")
+        if self.tp_comm_overlap and getattr(self, "sequence_parallel", True) is False:
+            raise SpecFieldError(("tp_comm_overlap",), "tp_comm_overlap=true without sequence_parallel: Megatron-LM "
+                                 "overlaps TP communication with the GEMMs only under sequence parallelism (its "
+                                 "validate_args asserts 'Tensor parallel communication/GEMM overlap can happen only "
+                                 "when sequence parallelism is enabled')",
+                                 "set sequence_parallel: true, or remove tp_comm_overlap")
         if self.cp > 1 and self.ulysses > 1:
             raise SpecFieldError(("ulysses",), f"cp={self.cp} and ulysses={self.ulysses}: one sequence-sharding "
                                  "scheme at a time", "keep cp (Megatron) or ulysses (DeepSpeed), not both")

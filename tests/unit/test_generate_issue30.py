@@ -294,7 +294,8 @@ def test_tp_overlap_buffers_are_counted():
     from dstoolkit.generate.planner import estimate_candidate
 
     spec, shape = load_spec_and_shape(DS_CONFIGS / "llama3_8b_1x8_h100.yaml")
-    cand = Candidate(zero_stage=1, tp=2, micro_batch=1)
+    cand = Candidate(zero_stage=1, tp=2, micro_batch=1, sequence_parallel=True)
+    spec.training.sequence_parallel = True  # Megatron runs TP comm overlap only with sequence parallelism
     spec.training.tp_comm_overlap = False
     off = estimate_candidate(spec, shape, cand)
     spec.training.tp_comm_overlap = True

@@ -72,6 +72,9 @@ def test_megatron_lm_flags(stem, spec, shape, o):
     assert "--rampup-batch-size" not in f  # parsed and ignored by Megatron-LM
     assert f["--tensor-model-parallel-size"] == [str(c.tp)] and f["--pipeline-model-parallel-size"] == [str(c.pp)]
     assert ("--sequence-parallel" in f) == c.sequence_parallel == (c.tp > 1 and spec.training.sequence_parallel)
+    # Megatron-LM's validate_args refuses --tp-comm-overlap without --sequence-parallel; the spec's switch decides it
+    assert ("--tp-comm-overlap" in f) == (spec.training.tp_comm_overlap and c.sequence_parallel
+                                          and "--use-megatron-fsdp" not in f)
     assert f["--micro-batch-size"] == [str(cfg["train_micro_batch_size_per_gpu"])]
     if spec.training.batch_ramp is None:
         assert f["--global-batch-size"] == [str(cfg["train_batch_size"])]
@@ -587,3 +590,46 @@ def test_lr_schedule_is_the_deepspeed_jsons(train_steps, warmup, tmp_path):
             assert (sched is None) == (warmup == 0) and f["--lr-decay-style"] == ["constant"]
             assert "--min-lr" not in f
         assert f.get("--lr-warmup-iters", ["0"]) == [str(warmup)]
+
+
+def _llama_spec(tmp_path, training: str):
+    p = tmp_path / "s.yaml"
+    p.write_text("name: s\nmodel: {preset: llama-3-8b}\ncluster: {nodes: 1, gpus_per_node: 8, gpu: H100-SXM}\n"
+                 f"training: {{seq_len: 32768, global_batch: 16, micro_batch: 1, precision: bf16, {training}}}\n")
+    return load_spec_and_shape(p)
+
+
+def test_ulysses_is_megatron_cores_all_to_all_context_parallelism(tmp_path):
+    from dstoolkit.generate.candidates import Candidate
+    from dstoolkit.generate.targets import sequence_sharding_reason
+
+    spec, shape = _llama_spec(tmp_path, "tp: 2, ulysses: 2, framework: megatron")
+    cand = Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1, ulysses=2)
+    f = flags(megatron_lm_args(spec, shape, cand))
+    assert f["--context-parallel-size"] == ["2"] and f["--cp-comm-type"] == ["a2a"]
+    assert sequence_sharding_reason("megatron-lm", cand, shape) is None
+    assert sequence_sharding_reason("megatron-deepspeed", cand, shape) is None
+    assert "--target megatron-deepspeed / megatron-lm" in sequence_sharding_reason("deepspeed", cand, shape)
+    # Transformer Engine's a2a attention needs each TP rank's heads divisible by the degree: 8 kv heads / tp 2 = 4
+    odd = Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1, ulysses=8)
+    why = sequence_sharding_reason("megatron-lm", odd, shape)
+    assert why is not None and "key/value heads of each TP rank (8 / tp 2 = 4)" in why
+    assert sequence_sharding_reason("megatron-deepspeed", odd, shape) is None  # DeepSpeed splits them unevenly
+    # ring context parallelism keeps the p2p default
+    ring = flags(megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1, cp=2)))
+    assert ring["--context-parallel-size"] == ["2"] and "--cp-comm-type" not in ring
+
+
+def test_tp_comm_overlap_follows_the_spec_and_needs_sequence_parallelism(tmp_path):
+    from dstoolkit.generate.candidates import Candidate
+    from dstoolkit.generate.io import SpecLoadError
+
+    spec, shape = _llama_spec(tmp_path, "tp: 2, sequence_parallel: true, tp_comm_overlap: true, framework: megatron")
+    on = flags(megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1,
+                                                         sequence_parallel=True)))
+    assert "--tp-comm-overlap" in on and "--sequence-parallel" in on
+    spec, shape = _llama_spec(tmp_path, "tp: 2, framework: megatron")
+    off = flags(megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1)))
+    assert "--tp-comm-overlap" not in off and "--sequence-parallel" not in off
+    with pytest.raises(SpecLoadError, match=r"s.yaml:4:\d+: training.tp_comm_overlap: tp_comm_overlap=true without sequence_parallel"):
+        _llama_spec(tmp_path, "tp: 2, tp_comm_overlap: true, framework: megatron")

@@ -127,7 +127,7 @@ def test_generate_writes_context_parallelism_for_megatron_lm_only(tmp_path, caps
     assert "generate with --target megatron-lm" in capsys.readouterr().err
 
 
-def test_generate_writes_ulysses_for_megatron_deepspeed_only(tmp_path, capsys):
+def test_generate_writes_ulysses_for_the_megatron_targets_only(tmp_path, capsys):
     spec = write(tmp_path, "tp: 1\npp: 1\nulysses: 4")
     assert main(["generate", str(spec), "-o", str(tmp_path / "mds"), "--strategy", "zero1",
                  "--target", "megatron-deepspeed"]) == 0
@@ -135,10 +135,13 @@ def test_generate_writes_ulysses_for_megatron_deepspeed_only(tmp_path, capsys):
     assert args[args.index("--ds-sequence-parallel-size") + 1] == "4"
     ds = json.loads((tmp_path / "mds" / "zero1" / "ds_config.json").read_text())
     assert (ds["gradient_accumulation_steps"], ds["sequence_parallel_size"]) == (32, 4)  # dp = 8 / 4
-    for target in ("megatron-lm", "hf"):
-        assert main(["generate", str(spec), "-o", str(tmp_path / target), "--strategy", "zero1",
-                     "--target", target]) != 0
-        assert "generate with --target megatron-deepspeed" in capsys.readouterr().err
+    # Megatron-LM runs it as Megatron-Core's all-to-all context parallelism
+    assert main(["generate", str(spec), "-o", str(tmp_path / "mlm"), "--strategy", "zero1",
+                 "--target", "megatron-lm"]) == 0
+    args = (tmp_path / "mlm" / "zero1" / "megatron_lm_args.txt").read_text().split()
+    assert args[args.index("--context-parallel-size") + 1] == "4" and args[args.index("--cp-comm-type") + 1] == "a2a"
+    assert main(["generate", str(spec), "-o", str(tmp_path / "hf"), "--strategy", "zero1", "--target", "hf"]) != 0
+    assert "generate with --target megatron-deepspeed / megatron-lm" in capsys.readouterr().err
 
 
 def test_ulysses_and_megatron_sequence_parallelism_do_not_combine(tmp_path):
