@@ -54,8 +54,10 @@ def parse_token_count(text: str, flag: str = "--tokens") -> int:
         raise TrainingPlanError(f"{flag} {text!r}: not a token count; give a number with an optional suffix "
                                 "K, M, B or T (e.g. 14.8T, 300B, 2e12)")
     value = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")) * TOKEN_SUFFIXES[suffix]
+    if not math.isfinite(value):
+        raise TrainingPlanError(f"{flag} {text!r}: too large to be a token count (e.g. 14.8T)")
     tokens = int(round(value))
-    if not math.isfinite(value) or tokens <= 0:
+    if tokens <= 0:
         raise TrainingPlanError(f"{flag} {text!r}: must be at least one token (e.g. 14.8T)")
     return tokens
 

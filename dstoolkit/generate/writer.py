@@ -2,29 +2,75 @@
 
 Nothing the user had is overwritten silently: an existing target is refused unless `force` is set, and even
 with `force` only a folder that is empty or was written by `dstoolkit generate` (it holds `MARKER_FILE`) is
-replaced. The old folder is moved aside first and removed only after the new one is in place.
+replaced, and only while it holds nothing but what generate wrote there: `MARKER_FILE` lists each file it wrote with
+its SHA-256 (`manifest_text`), so a file added since (a checkpoint saved by the launch script, notes) or a generated
+file edited since (a tuned ds_config.json) makes `--force` refuse and name them (`foreign_files`). The old folder
+is moved aside first and removed only after the new one is in place.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 from dstoolkit.validate.folder import MARKER_FILE  # one owner: validate DIR recognises generated folders by it
 
 MARKER_TEXT = "This folder was written by `dstoolkit generate`; `--force` may replace it.\n"
+MANIFEST_HEADER = ("# the files generate wrote here (sha256, path): `--force` refuses to replace this folder while it "
+                   "holds any other file or any of these differs\n")
+_MANIFEST_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
 EXECUTABLE_SUFFIXES = (".sh", ".sbatch")
+FOREIGN_SHOWN = 5
+"""How many of the files `--force` would lose the refusal names (then a count of the rest)."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_text(files: Mapping[str, str]) -> str:
+    """MARKER_FILE's content: MARKER_TEXT, then one `sha256  path` line per written file (sha256sum's format)."""
+    lines = [f"{_sha256(text.encode('utf-8'))}  {rel}" for rel, text in sorted(files.items())]
+    return MARKER_TEXT + MANIFEST_HEADER + "".join(line + "\n" for line in lines)
+
+
+def _manifest(out_dir: Path) -> Optional[dict[str, str]]:
+    """path -> sha256 from the folder's MARKER_FILE, or None for a marker without a manifest (older dstoolkit)."""
+    text = (out_dir / MARKER_FILE).read_text(encoding="utf-8", errors="replace")
+    found = dict(reversed(m.groups()) for m in map(_MANIFEST_LINE.match, text.splitlines()) if m)
+    return found or None
+
+
+def foreign_files(out_dir: Path, new_files: Mapping[str, str]) -> list[str]:
+    """Files under a generated `out_dir` that replacing it would lose: not in its manifest, or no longer as
+    generate wrote them (relative POSIX paths, sorted). A marker without a manifest (written before it had one)
+    cannot say what was edited: there, every file the new tree does not write again counts."""
+    known = _manifest(out_dir)
+    out = []
+    for path in sorted(p for p in out_dir.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(out_dir).as_posix()
+        if rel == MARKER_FILE:
+            continue
+        if known is None:
+            if rel not in new_files:
+                out.append(rel)
+        elif rel not in known or path.is_symlink() or _sha256(path.read_bytes()) != known[rel]:
+            out.append(rel)
+    return out
 
 
 class OutputExistsError(Exception):
     """The output folder exists and may not be replaced (no --force, or not a dstoolkit folder)."""
 
 
-def check_target(out_dir: Path, *, force: bool) -> None:
-    """Raise `OutputExistsError` when writing to `out_dir` would overwrite something it should not."""
+def check_target(out_dir: Path, *, force: bool, new_files: Optional[Mapping[str, str]] = None) -> None:
+    """Raise `OutputExistsError` when writing to `out_dir` would overwrite something it should not (`new_files`:
+    what will be written, for a marker without a manifest; None: only the marker is checked)."""
     if not out_dir.exists() and not out_dir.is_symlink():
         return
     if not out_dir.is_dir() or out_dir.is_symlink():
@@ -36,6 +82,14 @@ def check_target(out_dir: Path, *, force: bool) -> None:
         raise OutputExistsError(
             f"{out_dir} is not empty and was not written by dstoolkit generate (no {MARKER_FILE}); "
             "refusing to replace it even with --force: choose another --out")
+    if entries:
+        lost = foreign_files(out_dir, new_files if new_files is not None else {})
+        if lost and (new_files is not None or _manifest(out_dir) is not None):
+            shown = ", ".join(lost[:FOREIGN_SHOWN]) + (f" and {len(lost) - FOREIGN_SHOWN} more"
+                                                       if len(lost) > FOREIGN_SHOWN else "")
+            raise OutputExistsError(
+                f"{out_dir} holds {len(lost)} file(s) dstoolkit generate did not write or that were edited since: "
+                f"{shown}; --force would delete them: move them out of the folder, or choose another --out")
 
 
 def write_tree_atomic(out_dir: Path, files: Mapping[str, str], *, force: bool = False) -> None:
@@ -51,12 +105,12 @@ def write_tree_atomic(out_dir: Path, files: Mapping[str, str], *, force: bool = 
         ValueError: A relative path escapes the folder.
     """
     out_dir = Path(out_dir)
-    check_target(out_dir, force=force)
+    check_target(out_dir, force=force, new_files=files)
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
     try:
-        for rel, text in {**files, MARKER_FILE: MARKER_TEXT}.items():
+        for rel, text in {**files, MARKER_FILE: manifest_text(files)}.items():
             path = (tmp / rel).resolve()
             if tmp.resolve() not in path.parents:
                 raise ValueError(f"generated path {rel!r} escapes the output folder")

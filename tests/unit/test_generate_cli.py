@@ -49,6 +49,36 @@ def test_force_never_replaces_a_foreign_folder(tmp_path, repo_root, capsys):
     assert (out / "notes.txt").read_text() == "precious"
 
 
+def test_force_refuses_while_the_folder_holds_files_generate_did_not_write(tmp_path, repo_root, capsys):
+    out = tmp_path / "g"
+    assert main(["generate", _tiny(repo_root), "--out", str(out)]) == 0
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--force"]) == 0  # untouched: replaced
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "step100.pt").write_text("ckpt")  # a checkpoint the launch script saved here
+    cfg = out / "zero1" / "ds_config.json"
+    cfg.write_text(cfg.read_text().replace('"train_micro_batch_size_per_gpu"', '"train_micro_batch_size_per_gpu" ', 1))
+    assert main(["generate", _tiny(repo_root), "--out", str(out), "--force"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "holds 2 file(s) dstoolkit generate did not write or that were edited since: checkpoints/step100.pt, "
+        "zero1/ds_config.json; --force would delete them: move them out of the folder, or choose another --out")
+    assert (out / "checkpoints" / "step100.pt").read_text() == "ckpt"
+    assert '"train_micro_batch_size_per_gpu" ' in cfg.read_text()  # the edit is still there
+
+
+def test_a_marker_without_a_manifest_protects_files_the_new_tree_does_not_write(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / MARKER_FILE).write_text("This folder was written by `dstoolkit generate`; `--force` may replace it.\n")
+    (out / "a.txt").write_text("old")
+    write_tree_atomic(out, {"a.txt": "new"}, force=True)  # the same names: replaced, as before manifests
+    assert (out / "a.txt").read_text() == "new" and "a.txt" in (out / MARKER_FILE).read_text()
+    (out / MARKER_FILE).write_text("This folder was written by `dstoolkit generate`; `--force` may replace it.\n")
+    (out / "mine.txt").write_text("precious")
+    with pytest.raises(OutputExistsError, match=r"holds 1 file\(s\) .*: mine\.txt; --force would delete them"):
+        write_tree_atomic(out, {"a.txt": "newer"}, force=True)
+    assert (out / "mine.txt").read_text() == "precious" and (out / "a.txt").read_text() == "new"
+
+
 def test_failed_write_keeps_old_folder_and_leaves_no_temp(tmp_path):
     out = tmp_path / "o"
     write_tree_atomic(out, {"a.txt": "old"})

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from dstoolkit.generate.bundled import BUNDLED_SPECS, GENERATED_DIR, cached_bundled
-from dstoolkit.generate.writer import MARKER_FILE, MARKER_TEXT
+from dstoolkit.generate.writer import MARKER_FILE, manifest_text
 
 
 def _committed_tree(root) -> dict[str, str]:
@@ -31,7 +31,7 @@ def test_regenerated_outputs_equal_committed(repo_root, stem):
     assert committed_root.is_dir(), f"{committed_root} missing: run python -m dstoolkit.generate.bundled"
     committed = _committed_tree(committed_root)
     fresh = dict(cached_bundled(str(ds_configs), stem).files)
-    fresh[MARKER_FILE] = MARKER_TEXT
+    fresh[MARKER_FILE] = manifest_text(fresh)
     assert sorted(fresh) == sorted(committed), "file set differs from the committed outputs"
     diffs = [rel for rel in fresh if fresh[rel] != committed[rel]]
     assert not diffs, (f"{stem}: regenerated files differ from the committed ones: {diffs[:5]} "

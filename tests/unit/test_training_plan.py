@@ -46,7 +46,7 @@ def test_token_counts_parse(text, tokens):
     assert parse_token_count(text) == tokens
 
 
-@pytest.mark.parametrize("text", ["14.8X", "T", "", "-5T", "1..2T", "14.8 TT", "nan", "0", "0.0001"])
+@pytest.mark.parametrize("text", ["14.8X", "T", "", "-5T", "1..2T", "14.8 TT", "nan", "0", "0.0001", "1e300T", "1e400"])
 def test_bad_token_counts_name_the_flag_and_the_fix(text):
     with pytest.raises(TrainingPlanError, match=r"^--tokens .*(e\.g\. 14\.8T)"):
         parse_token_count(text)
