@@ -78,7 +78,8 @@ def run(args) -> int:
     out = Path(args.out)
     check_target(out, force=args.force)  # refuse early, before any work
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class)
-    result = generate(spec, shape, strategies=args.strategy, targets=args.target or spec.targets or ("deepspeed",),
+    requested = list(dict.fromkeys(args.target or spec.targets or ("deepspeed",)))
+    result = generate(spec, shape, strategies=args.strategy, targets=requested,
                       out_dir=out.resolve(), pretrain_script=args.pretrain_script)
     if not result.generated:
         print(f"dstoolkit generate: no configuration written for {spec.name}:", file=sys.stderr)
@@ -130,4 +131,8 @@ def run(args) -> int:
     print(f"details: {out / 'summary.md'}")
     for hint in run_hints(result, str(out)):
         print(f"run {hint}")
+    if not any(t not in o.targets_skipped for t in requested for o in result.generated):
+        print(f"dstoolkit generate: no strategy has files for {' / '.join(requested)} (the reasons are above); "
+              "nothing here launches", file=sys.stderr)
+        return EXIT_FINDINGS
     return EXIT_OK

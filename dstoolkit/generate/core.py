@@ -28,7 +28,7 @@ from dstoolkit.generate.result import GenerateResult, SkippedStrategy, StrategyO
 from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.targets import NATIVE_MOE_TARGETS, is_hf  # noqa: F401  (NATIVE_MOE_TARGETS: re-exported)
 from dstoolkit.generate.targets import native_moe as target_native_moe
-from dstoolkit.generate.targets import strategy_unavailable_for
+from dstoolkit.generate.targets import strategy_unavailable_for, target_unavailable_reason
 from dstoolkit.generate.sweep import error_findings, run_sweep
 from dstoolkit.generate.sweep_result import Ranked, SweepResult
 from dstoolkit.generate.writer import write_tree_atomic
@@ -186,7 +186,17 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
                 reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
                 out_skipped.update({t: f"{reason} for {t} ({sweep.considered} tried)" for t in g})
                 continue
-            picks.append((g, chosen, sweep))
+            # the group's layout runs on at least one of its targets (sweep: unavailable_for_all); the others
+            # get no files for it, each with its own reason (a ulysses layout: megatron files, no deepspeed ones)
+            runnable = []
+            for t in g:
+                why = target_unavailable_reason(t, chosen.candidate, shape)
+                if why:
+                    out_skipped[t] = why
+                else:
+                    runnable.append(t)
+            if runnable:
+                picks.append((runnable, chosen, sweep))
         if not picks:
             if not misses:
                 result.skipped.append(SkippedStrategy(name, "; ".join(f"{t}: {w}" for t, w in out_skipped.items())))

@@ -49,6 +49,9 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
         missing.append("FP8 (dstoolkit emits FP8 only for Megatron-LM)")
     if cand.pp > 1 and cand.zero_stage >= 2:
         missing.append(f"ZeRO-{cand.zero_stage} with pipeline parallelism (DeepSpeed: incompatible)")
+    if cand.pp > 1 and spec.training.pipeline_schedule != "1f1b":
+        missing.append(f"pipeline_schedule {spec.training.pipeline_schedule!r} (DeepSpeed's pipeline engine runs "
+                       "1F1B only, rule LY022)")
     if missing:
         raise UnsupportedTarget(f"{t}: cannot express {'; '.join(missing)}")
     k = model_constants(spec, shape)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
-from dstoolkit.generate.megatron_common import (ModelConstants, _batch, _checkpoint_saving,
+from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
                                                model_constants)
 from dstoolkit.layout import megatron_split
@@ -42,7 +42,9 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     """
     k = model_constants(spec, shape)
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
-    out += [w for pair in megatron_split(shape.num_hidden_layers, cand.pp).args() for w in pair]
+    split = megatron_split(shape.num_hidden_layers, cand.pp)
+    out += [w for pair in split.args() for w in pair]
+    out += _pipeline_schedule_lm(spec, cand, split)
     if cand.sequence_parallel:  # the spec's training.sequence_parallel at tp > 1, as the estimate counts it
         out += ["--sequence-parallel"]
     if cand.cp > 1:
@@ -110,6 +112,32 @@ def _moe_lm(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]:
         out += ["--moe-router-num-groups", str(k.moe_router_num_groups),
                 "--moe-router-group-topk", str(k.moe_router_group_topk)]
     return out
+
+
+def _pipeline_schedule_lm(spec: Spec, cand: Candidate, split) -> list[str]:
+    """The spec's pipeline schedule as Megatron-LM runs it: 1F1B (its default) or interleaved, with
+    --num-virtual-stages-per-pipeline-rank V (arguments.py). Megatron-Core builds each rank's layers as V chunks,
+    so every stage's layer count must divide by V (TransformerConfig: "must be divisible by virtual pipeline
+    parallel degree"); an explicit --pipeline-model-parallel-layout would have to spell the chunks itself.
+
+    Raises:
+        UnsupportedTarget: a schedule Megatron-LM does not run (zero-bubble, dualpipe), or chunks that do not divide.
+    """
+    t, sched = spec.training, spec.training.pipeline_schedule
+    if cand.pp <= 1 or sched == "1f1b":
+        return []
+    if sched != "interleaved":
+        raise UnsupportedTarget(f"megatron-lm: pipeline_schedule {sched!r} is not a Megatron-LM schedule (it runs "
+                                "1f1b or interleaved); the estimate of this spec describes a run it cannot launch")
+    v = t.virtual_stages
+    if v <= 1:
+        return []
+    uneven = [n for n in split.layers if n % v]
+    if split.layout is not None or uneven:
+        raise UnsupportedTarget(f"megatron-lm: virtual_stages={v} needs every pipeline stage's layer count divisible "
+                                f"by {v} (stages of {', '.join(map(str, split.layers))} layers): pick virtual_stages "
+                                "dividing them, or another pp")
+    return ["--num-virtual-stages-per-pipeline-rank", str(v)]
 
 
 def _distributed_lm(spec: Spec, cand: Candidate) -> list[str]:

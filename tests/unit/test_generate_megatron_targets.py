@@ -633,3 +633,49 @@ def test_tp_comm_overlap_follows_the_spec_and_needs_sequence_parallelism(tmp_pat
     assert "--tp-comm-overlap" not in off and "--sequence-parallel" not in off
     with pytest.raises(SpecLoadError, match=r"s.yaml:4:\d+: training.tp_comm_overlap: tp_comm_overlap=true without sequence_parallel"):
         _llama_spec(tmp_path, "tp: 2, tp_comm_overlap: true, framework: megatron")
+
+
+def test_megatron_lm_runs_the_specs_pipeline_schedule(tmp_path):
+    from dstoolkit.generate.candidates import Candidate
+
+    cand = Candidate(zero_stage=1, tp=1, pp=4, micro_batch=1)
+    spec, shape = _llama_spec(tmp_path, "tp: 1, pp: 4, pipeline_schedule: interleaved, virtual_stages: 2, "
+                                        "framework: megatron")
+    f = flags(megatron_lm_args(spec, shape, cand))
+    assert f["--num-virtual-stages-per-pipeline-rank"] == ["2"]  # 32 layers / 4 stages = 8 = 2 chunks of 4
+    spec, shape = _llama_spec(tmp_path, "tp: 1, pp: 4, pipeline_schedule: interleaved, virtual_stages: 3, "
+                                        "framework: megatron")
+    with pytest.raises(UnsupportedTarget, match=r"virtual_stages=3 needs every pipeline stage's layer count "
+                                                r"divisible by 3 \(stages of 8, 8, 8, 8 layers\)"):
+        megatron_lm_args(spec, shape, cand)
+    spec, shape = _llama_spec(tmp_path, "tp: 1, pp: 4, pipeline_schedule: zero-bubble, framework: megatron")
+    with pytest.raises(UnsupportedTarget, match="pipeline_schedule 'zero-bubble' is not a Megatron-LM schedule"):
+        megatron_lm_args(spec, shape, cand)
+    with pytest.raises(UnsupportedTarget, match=r"pipeline_schedule 'zero-bubble' \(DeepSpeed's pipeline engine "):
+        megatron_deepspeed_args(spec, shape, cand, ds_config_path="ds_config.json")
+    spec, shape = _llama_spec(tmp_path, "tp: 1, pp: 4, framework: megatron")
+    assert "--num-virtual-stages-per-pipeline-rank" not in flags(megatron_lm_args(spec, shape, cand))
+
+
+def test_each_target_gets_files_only_for_a_layout_it_runs(tmp_path, capsys):
+    from dstoolkit.cli import main
+
+    spec = tmp_path / "u.yaml"
+    spec.write_text("name: u\nmodel: {preset: llama-3-8b}\ncluster: {nodes: 1, gpus_per_node: 8, gpu: H100-SXM}\n"
+                    "training: {seq_len: 4096, global_batch: 64, micro_batch: 1, precision: bf16, tp: 1, pp: 1, "
+                    "zero_stage: 1, ulysses: 2}\n")
+    out = tmp_path / "o"
+    assert main(["generate", str(spec), "-o", str(out), "--strategy", "zero1", "--target", "deepspeed",
+                 "--target", "megatron-lm"]) == 0
+    assert sorted(p.name for p in (out / "zero1").iterdir() if "launch" in p.name) == ["launch_megatron_lm.sh"]
+    assert ("zero1: no deepspeed files: training.ulysses=2: deepspeed does not split sequences that way"
+            in capsys.readouterr().out)
+    # a layout none of the requested targets runs: the folder says why, and the exit code says nothing launches
+    il = tmp_path / "il.yaml"
+    il.write_text(spec.read_text().replace("pp: 1,", "pp: 4, pipeline_schedule: interleaved, virtual_stages: 3, "
+                                           "framework: megatron,").replace(" ulysses: 2", " ulysses: 1"))
+    assert main(["generate", str(il), "-o", str(tmp_path / "il"), "--strategy", "zero1",
+                 "--target", "megatron-lm"]) == 1
+    captured = capsys.readouterr()
+    assert "zero1: no megatron-lm files: megatron-lm: virtual_stages=3" in captured.out
+    assert "no strategy has files for megatron-lm" in captured.err
