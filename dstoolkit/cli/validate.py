@@ -24,20 +24,26 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, add_deeps
 from dstoolkit.dsconfig.versions import normalize_version
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.explain import UnknownCode, explain
-from dstoolkit.validate.findings import Finding
+from dstoolkit.validate.findings import Finding, has_spec_sections
 from dstoolkit.validate.folder import CONFIG_KINDS, generated_root, validate_generated
 from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
 
 CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema files, not configs)
-SPEC_SUFFIXES = (".yaml", ".yml")  # a file named on the command line with these, holding a spec, is checked as one
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")  # a file with these holding a spec (looks_like_spec) is checked as one
 
 
 def _spec_findings(path: str, text: str) -> Optional[list[Finding]]:
     """What a spec file's check finds (dstoolkit.generate.io.spec_file_findings), or None when `text` is not a spec."""
-    # start-up time: the spec check loads the spec models and the sweep; only a .yaml / .yml file pays for them
+    if path.lower().endswith(".json"):  # cheap first: a JSON DeepSpeed config never pays for the spec check
+        try:
+            if not has_spec_sections(json.loads(text)):
+                return None
+        except (ValueError, RecursionError):  # not JSON, or nested too deep: validate_config says which
+            return None
+    # start-up time: the spec check loads the spec models and the sweep; only a spec-like file pays for them
     from dstoolkit.generate.io import looks_like_spec, spec_file_findings
 
-    return spec_file_findings(path) if looks_like_spec(text) else None
+    return spec_file_findings(path) if looks_like_spec(text, yaml_file=not path.lower().endswith(".json")) else None
 
 
 def add_parser(subparsers) -> None:

@@ -13,7 +13,7 @@ from dstoolkit.models.resolve import resolve_spec_model
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec, load_spec
 from dstoolkit.spec.errors import SpecError, spec_finding
-from dstoolkit.validate.findings import Finding
+from dstoolkit.validate.findings import Finding, has_spec_sections
 
 
 class SpecLoadError(ValueError):
@@ -37,15 +37,17 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
     return spec, shape
 
 
-def looks_like_spec(text: str) -> bool:
-    """Whether the text of a .yaml / .yml file is to be checked as a dstoolkit spec: a mapping with a `training:`
-    section and a `model:` or `cluster:` one (a DeepSpeed config has none of them), or YAML that does not parse
-    (load_spec reports its syntax error at its line, SP001, where the DeepSpeed check would say "not JSON")."""
+def looks_like_spec(text: str, *, yaml_file: bool = True) -> bool:
+    """Whether a file's text is to be checked as a dstoolkit spec: a mapping with two or more of SPEC_SECTIONS
+    (so a spec missing one, or with one misspelled, still gets load_spec's located "required field is missing" /
+    "did you mean 'training'?" instead of being read as a DeepSpeed config), in YAML or in JSON (YAML parses both);
+    or, for a .yaml / .yml file (`yaml_file`), YAML that does not parse (load_spec reports its syntax error at its
+    line, SP001, where the DeepSpeed check would say "not JSON")."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
-        return True
-    return isinstance(data, dict) and "training" in data and ("model" in data or "cluster" in data)
+        return yaml_file
+    return has_spec_sections(data)
 
 
 def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
@@ -63,7 +65,7 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
     from dstoolkit.generate.planner import resolve_spec  # the sweep: loads the estimator only for a valid spec
 
     try:
-        resolved = resolve_spec(spec, shape)
+        resolved = resolve_spec(spec, shape, tuple(spec.targets or ()))  # as estimate / generate resolve it
     except ValueError as exc:
         return spec.error(("training",), str(exc), "change the layout fields it names (training.tp / pp / ep / cp / "
                           "micro_batch) or the cluster").findings

@@ -184,6 +184,10 @@ def load_spec(path: Union[str, Path]) -> Spec:
             problem or "", "check the file's permissions")
         problem = problem or f"cannot read spec file: {exc.strerror or exc}"
         raise SpecError([spec_finding(str(path), None, None, (), problem, fix, "SP006")]) from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise SpecError([spec_finding(str(path), line, None, (), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                                      f"at offset {exc.start})", "save the spec as UTF-8", "SP001")]) from None
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()

@@ -176,3 +176,13 @@ class Collector:
         line, col = self.position(pointer, at_value)
         self.findings.append(Finding(file=self.source, pointer=pointer, line=line, column=col, severity=severity,
                                      code=code, message=message, suggestion=suggestion))
+
+
+SPEC_SECTIONS = ("model", "cluster", "training")
+"""A dstoolkit spec's top-level sections; a DeepSpeed config (or accelerate's YAML) has none of them."""
+
+
+def has_spec_sections(data: object) -> bool:
+    """A parsed file that is a spec, not a DeepSpeed config: a mapping with two or more of SPEC_SECTIONS (one may
+    be missing or misspelled; load_spec then says which)."""
+    return isinstance(data, dict) and sum(k in data for k in SPEC_SECTIONS) >= 2

@@ -217,6 +217,42 @@ def test_yaml_that_is_not_a_spec_is_still_refused_as_a_deepspeed_config(tmp_path
     assert "error[DS006]: this is YAML, not a JSON DeepSpeed config" in capsys.readouterr().out
 
 
+def test_a_spec_missing_or_misspelling_a_section_or_written_as_json_is_still_a_spec(tmp_path, capsys):
+    """Two of model / cluster / training make a file a spec: load_spec then names what is wrong, where the DeepSpeed
+    check said "this is YAML, not a JSON DeepSpeed config" (DS006); a JSON spec is a spec, not a DeepSpeed config."""
+    missing = write(tmp_path, "m.yaml", SPEC.split("training:")[0])
+    assert main(["validate", missing, "--format", "json"]) == 1
+    [f] = json.loads(capsys.readouterr().out)
+    assert (f["code"], f["message"]) == ("SP005", "required field is missing")
+    typo = write(tmp_path, "t.yaml", SPEC.replace("training:", "trainig:"))
+    assert main(["validate", typo, "--format", "json"]) == 1
+    assert ("unknown key 'trainig'", "did you mean 'training'?") in [
+        (f["message"], f["suggestion"]) for f in json.loads(capsys.readouterr().out)]
+    import yaml
+
+    as_json = write(tmp_path, "s.json", json.dumps(yaml.safe_load(SPEC)))
+    assert main(["validate", as_json, "--format", "json"]) == 0 and json.loads(capsys.readouterr().out) == []
+    bad = write(tmp_path, "b.json", json.dumps({**yaml.safe_load(SPEC), "training": {"seq_len": 128}}))
+    assert main(["validate", bad, "--format", "json"]) == 1
+    assert {f["code"] for f in json.loads(capsys.readouterr().out)} == {"SP005"}  # global_batch missing, not DS2xx
+
+
+def test_validate_resolves_a_spec_for_its_own_targets(tmp_path, capsys):
+    """A spec whose targets are HF: pp 2 has no HF form, as estimate and generate say."""
+    path = write(tmp_path, "hf.yaml", SPEC.replace("zero_stage: 1}", "zero_stage: 1, pp: 2}") + "targets: [hf]\n")
+    assert main(["validate", path, "--format", "json"]) == 1
+    [f] = json.loads(capsys.readouterr().out)
+    assert f["code"] == "SP004" and "hf: pp=2: the DeepSpeed pipeline engine needs the model written as" in f["message"]
+    assert main(["validate", write(tmp_path, "ds.yaml", SPEC.replace("zero_stage: 1}", "zero_stage: 1, pp: 2}"))]) == 0
+
+
+def test_a_spec_that_is_not_utf8_is_named(tmp_path, capsys):
+    path = tmp_path / "l1.yaml"
+    path.write_bytes(("# caf\u00e9\n" + SPEC).encode("latin-1"))
+    assert main(["estimate", str(path)]) == 2
+    assert f"{path}:1:1: not UTF-8 text (byte 0xe9 at offset 5) (save the spec as UTF-8)" in capsys.readouterr().err
+
+
 def test_spec_codes_are_explained():
     assert main(["validate", "--explain", "SP007"]) == 0
     assert main(["validate", "--explain", "sp001"]) == 0
