@@ -165,6 +165,17 @@ def _resolve(args):
     return shape, gpu, settings, notes
 
 
+def _setting_names(args) -> dict[str, str]:
+    """How the errors name tp / pp / ep and the layer skips: the flag when one was given, else the spec's field."""
+    spec = Path(args.target).suffix in SPEC_SUFFIXES
+    names = {key: f"--{key}" if getattr(args, key) is not None else f"training.{key}" if spec else key
+             for key in ("tp", "pp", "ep")}
+    for key, flag in (("skip_first_layers", "--skip-first"), ("skip_last_layers", "--skip-last")):
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            names[key] = flag
+    return names
+
+
 @exit_map("fp8 plan")
 def run(args) -> int:
     shape, gpu, settings, notes = _resolve(args)
@@ -172,7 +183,7 @@ def run(args) -> int:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.fp8.plan import plan_from_shape
 
-    plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, **settings)
+    plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, names=_setting_names(args), **settings)
     plan.notes[:0] = notes
     if args.format == "json":
         d = plan.model_dump()

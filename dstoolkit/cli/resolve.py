@@ -1,21 +1,26 @@
 """`dstoolkit resolve CONFIG --world-size N --hidden-size H [...] -o OUT`: fill Hugging Face "auto" values
 the way HF Trainer does (see dstoolkit.dsconfig.auto), so DeepSpeed can be run on the config directly.
 
-Refuses to overwrite OUT without --force. Exit 0 when everything was filled and the result validates, 1 when
-something could not be filled (OUT is written with those "auto" values left for HF Trainer to fill) or when the
-result has errors (OUT is not written: DeepSpeed would refuse it), 2 on bad input.
+Refuses to overwrite OUT without --force, and an OUT that is a folder. Optimizer flags are checked with the
+config rules they fill (--lr, --betas, --eps, --weight-decay: DS230; --max-grad-norm: DS231). Exit 0 when
+everything was filled and the result validates, 1 when something could not be filled (OUT is written with those
+"auto" values left for HF Trainer to fill) or when the result has errors (OUT is not written: DeepSpeed would
+refuse it), 2 on bad input (flag values included).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_out_flag, add_parallel_flags, add_world_flags, exit_map, positive_int)
 from dstoolkit.cli.schema import write_atomic
-from dstoolkit.common.paths import input_file_problem
+from dstoolkit.common.paths import A_FOLDER, input_file_problem
 from dstoolkit.dsconfig.auto import resolve_auto
+from dstoolkit.dsconfig.rules_optim import (GRADIENT_CLIPPING_FIX, adam_value_problems, adam_values_fix,
+                                            gradient_clipping_problem)
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.parse import decode_bytes, parse_text
 
@@ -46,11 +51,49 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
+_VALUE_FLAGS = {"lr": "--lr", "betas": "--betas", "eps": "--eps", "weight_decay": "--weight-decay"}
+"""optimizer.params key -> the flag that fills it."""
+
+
+def _flag_value(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def _check_value_flags(args) -> None:
+    """Refuse optimizer / clipping flag values the config rules DS230 / DS231 refuse (the same checks, asked
+    of dstoolkit.dsconfig.rules_optim), naming the flag: they would be written into OUT."""
+    given = {k: getattr(args, k) for k in _VALUE_FLAGS if getattr(args, k) is not None}
+    problems = adam_value_problems(given)
+    if problems:
+        listed = ", ".join(f"{_VALUE_FLAGS[p.key]} {p.value!r}" if p.index is None
+                           else f"--betas B{p.index + 1} {p.value!r}" for p in problems)
+        fix = adam_values_fix(problems, _VALUE_FLAGS.__getitem__, _flag_value)
+        raise InputError(f"{listed}: torch.optim.AdamW raises ValueError('{problems[0].torch_error}') "
+                         f"(torch/optim/adam.py; rule DS230): {fix}")
+    problem = gradient_clipping_problem(args.max_grad_norm)
+    if problem:
+        raise InputError(f"--max-grad-norm {problem} (rule DS231): {GRADIENT_CLIPPING_FIX}")
+
+
+def _check_output_path(output: str) -> None:
+    """OUT must name a file: not a folder, and not inside a path whose part is a file."""
+    if os.path.isdir(output):
+        raise InputError(f"-o {output} {A_FOLDER}: give the path of the config file to write, e.g. "
+                         f"{os.path.join(output, 'ds_config.json')}")
+    parent = Path(output).absolute().parent
+    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise InputError(f"-o {output}: {blocker} is a file, not a folder, so nothing can be written under it; "
+                         "give a path in a folder")
+
+
 @exit_map("resolve")
 def run(args) -> int:
     problem = input_file_problem(args.config)
     if problem:
         raise InputError(f"{args.config}: {problem}")
+    _check_output_path(args.output)
+    _check_value_flags(args)
     if os.path.exists(args.output) and not args.force:
         raise InputError(f"{args.output} exists; pass --force to overwrite it")
     with open(args.config, "rb") as fh:

@@ -1,9 +1,9 @@
 """The DeepSpeed cross-field rules, each declared once with `rule` (code, title; the docstring explains it).
 Layout arithmetic (data-parallel size, the batch triad, expert groups) is asked of `dstoolkit.layout`; the
-optimizer and scheduler rules live in ``rules_optim``, the MoE / stage-option / parallelism rules (DS213-DS228)
-in ``rules_parallel``, the facts they all read in ``rule_facts``. The machinery (registry, `RuleViolation`,
-`RuleContext`, `run_rules`) is ``dstoolkit.dsconfig.registry``; its names are re-exported here, and readers
-of the registry import it from here so that every rule is declared.
+optimizer and scheduler rules (DS209-DS212, DS230-DS231) live in ``rules_optim``, the MoE / stage-option /
+parallelism rules (DS213-DS228) in ``rules_parallel``, the facts they all read in ``rule_facts``. The machinery
+(registry, `RuleViolation`, `RuleContext`, `run_rules`) is ``dstoolkit.dsconfig.registry``; its names are
+re-exported here, and readers of the registry import it from here so that every rule is declared.
 
 Declaration order is the order `DeepSpeedConfig` checks them (it reports the first error).
 """
@@ -269,8 +269,9 @@ def _check_hpz_clamped_or_cross_node(cfg: Mapping, ctx: RuleContext) -> None:
                             f'use "zero_hpz_partition_size": {ctx.gpus_per_node}')
 
 
-# The optimizer and scheduler rules (DS209-DS212) are declared in rules_optim; importing it here keeps the
-# registry in DeepSpeedConfig's check order (optimizer rules between the ZeRO and the MoE rules).
+# The optimizer and scheduler rules (DS209-DS212, and the value rules DS230-DS231) are declared in rules_optim;
+# importing it here keeps the registry in DeepSpeedConfig's check order (optimizer rules between the ZeRO and
+# the MoE rules).
 from dstoolkit.dsconfig import rules_optim  # noqa: E402,F401
 from dstoolkit.dsconfig.rules_optim import known_optimizers  # noqa: E402,F401  (re-export)
 

@@ -1,12 +1,18 @@
 """The optimizer and scheduler rules (DS209-DS212): DeepSpeed builds both from the config by name and passes
 ``params`` as keyword arguments, so an unknown name or keyword fails at engine start. Declared with
 `dstoolkit.dsconfig.registry.rule`; the facts (names, accepted keywords) are in ``dstoolkit.dsconfig.facts``.
+The value rules (DS230 the Adam family's lr / betas / eps / weight_decay, DS231 gradient_clipping) are also
+asked by `dstoolkit resolve` for its flags, through `adam_value_problems` and `gradient_clipping_problem`.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
 
 from dstoolkit.common.text import did_you_mean
+from dstoolkit.dsconfig.auto import (HF_DEFAULT_BETAS, HF_DEFAULT_EPS, HF_DEFAULT_LR, HF_DEFAULT_MAX_GRAD_NORM,
+                                     HF_DEFAULT_WEIGHT_DECAY)
 from dstoolkit.dsconfig.facts import (ONEBIT_OPTIMIZER_PARAMS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, SCHEDULER_REQUIRED,
                                       TORCH_OPTIMIZERS, TORCH_SCHEDULERS)
 from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, rule, section
@@ -119,3 +125,177 @@ def _check_scheduler_params(cfg: Mapping, ctx: RuleContext) -> None:
     if missing:
         raise RuleViolation("/scheduler/params", f"{name} needs scheduler.params {', '.join(missing)}",
                             f'add "{missing[0]}"')
+
+
+# -- optimizer values (DS230, DS231) ----------------------------------------------------------------------
+# torch 2.13's Adam-family constructors check their arguments (torch/optim/adam.py Adam.__init__, which
+# torch/optim/adamw.py AdamW subclasses; adamax.py, nadam.py and radam.py repeat the same checks):
+#     if not 0.0 <= lr:              raise ValueError(f"Invalid learning rate: {lr}")
+#     if not 0.0 <= eps:             raise ValueError(f"Invalid epsilon value: {eps}")
+#     if not 0.0 <= betas[0] < 1.0:  raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+#     if not 0.0 <= betas[1] < 1.0:  raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+#     if not 0.0 <= weight_decay:    raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+ADAM_DS_TYPES = frozenset({"adam", "adamw", "muadam", "muadamw"})
+"""DeepSpeed optimizer types (lower case) whose params reach an Adam: DeepSpeed's Adam / AdamW build
+torch.optim.AdamW (Adam too unless params.adam_w_mode is false) when params.torch_adam is true, else FusedAdam or
+DeepSpeedCPUAdam with the same arguments (runtime/engine.py _configure_basic_optimizer,
+get_optimizer_configuration); mup's MuAdam / MuAdamW build torch.optim.Adam / AdamW."""
+ADAM_TORCH_TYPES = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam"})
+"""torch.optim classes (exact case; DeepSpeed's getattr(torch.optim, type) fallback) with the checks above."""
+
+
+@dataclass(frozen=True)
+class ValueLimit:
+    """The range torch's Adam family accepts for one argument: 0 <= value (< below, when set)."""
+
+    below: Optional[float]
+    """Exclusive upper bound (1 for the betas), None for none."""
+    torch_error: str
+    """torch's ValueError text before the value ("{i}": the beta's index)."""
+
+    @property
+    def bound(self) -> str:
+        """The accepted range as the messages write it: ">= 0" or "in [0, 1)"."""
+        return ">= 0" if self.below is None else f"in [0, {self.below:g})"
+
+    def accepts(self, value: float) -> bool:
+        return 0.0 <= value and (self.below is None or value < self.below)
+
+
+ADAM_LIMITS: dict[str, ValueLimit] = {
+    "lr": ValueLimit(None, "Invalid learning rate"),
+    "betas": ValueLimit(1.0, "Invalid beta parameter at index {i}"),
+    "eps": ValueLimit(None, "Invalid epsilon value"),
+    "weight_decay": ValueLimit(None, "Invalid weight_decay value"),
+}
+"""optimizer.params key -> the range torch.optim.Adam / AdamW check (betas: each of the two)."""
+HF_DEFAULTS: dict[str, Any] = {"lr": HF_DEFAULT_LR, "betas": list(HF_DEFAULT_BETAS), "eps": HF_DEFAULT_EPS,
+                               "weight_decay": HF_DEFAULT_WEIGHT_DECAY}
+"""A legal value of each, to suggest: HF TrainingArguments' defaults (dstoolkit.dsconfig.auto)."""
+
+
+def adam_values_fix(problems: list["ValueProblem"], name: Callable[[str], str] = str,
+                    show: Callable[[Any], str] = str) -> str:
+    """The suggestion for `problems`: each value's range and HF's default (`name` spells the key and `show` the
+    value, for a JSON config or for command-line flags)."""
+    keys = list(dict.fromkeys(p.key for p in problems))
+    return "; ".join(f"{name(k)} must be {ADAM_LIMITS[k].bound}{' each' if k == 'betas' else ''}, e.g. "
+                     f"{show(HF_DEFAULTS[k])} (HF's default)" for k in keys)
+
+
+@dataclass(frozen=True)
+class ValueProblem:
+    """One optimizer value outside its range: `key` (and `index` for betas), the value, its limit."""
+
+    key: str
+    index: Optional[int]
+    value: float
+    limit: ValueLimit
+
+    @property
+    def where(self) -> str:
+        """The value's name: lr, betas[0], ..."""
+        return self.key if self.index is None else f"{self.key}[{self.index}]"
+
+    @property
+    def torch_error(self) -> str:
+        """torch's own ValueError message for this value."""
+        return f"{self.limit.torch_error.format(i=self.index)}: {self.value}"
+
+
+def _number(v: Any) -> Optional[float]:
+    """A finite int/float (bools, strings such as "auto", NaN/Infinity: None, reported elsewhere)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def adam_value_problems(params: Mapping[str, Any]) -> list[ValueProblem]:
+    """The lr, betas, eps and weight_decay values in `params` that torch's Adam / AdamW refuse (the checks quoted
+    above), in that order. Values that are not finite numbers (HF's "auto", a wrong type, NaN) are skipped: other
+    findings own them."""
+    out: list[ValueProblem] = []
+    for key, limit in ADAM_LIMITS.items():
+        raw = params.get(key)
+        if key == "betas":
+            items = list(enumerate(raw[:2])) if isinstance(raw, (list, tuple)) else []
+        else:
+            items = [(None, raw)]
+        for i, v in items:
+            n = _number(v)
+            if n is not None and not limit.accepts(n):
+                out.append(ValueProblem(key, i, v, limit))
+    return out
+
+
+def _adam_class(name: str, params: Mapping, version: str) -> Optional[tuple[str, str]]:
+    """(the torch class `optimizer.type` builds or mirrors, the file with its checks), or None when the type is
+    not in the Adam family. DeepSpeed's Adam is AdamW unless params.adam_w_mode is false (engine.py:
+    effective_adam_w_mode = name == adamw or adam_w_mode, default True)."""
+    low = name.lower()
+    if low in ADAM_DS_TYPES and low in known_optimizers(version):
+        adam = low == "muadam" or (low == "adam" and params.get("adam_w_mode") is False)
+        cls = "torch.optim.Adam" if adam else "torch.optim.AdamW"
+        return cls + (f" (mup's {name})" if low.startswith("mu") else ""), "torch/optim/adam.py"
+    if name in ADAM_TORCH_TYPES:
+        return f"torch.optim.{name}", "torch/optim/adam.py" if name == "AdamW" else f"torch/optim/{low}.py"
+    return None
+
+
+@rule("DS230", "Adam optimizer value outside the range torch accepts")
+def _check_adam_values(cfg: Mapping, ctx: RuleContext) -> None:
+    """For the Adam family (optimizer.type Adam, AdamW, MuAdam, MuAdamW, or torch's Adamax, NAdam, RAdam),
+    optimizer.params must hold lr >= 0, eps >= 0, weight_decay >= 0 and both betas in [0, 1): torch 2.13's
+    constructors raise ValueError otherwise (torch/optim/adam.py Adam.__init__, inherited by AdamW: "Invalid
+    learning rate", "Invalid epsilon value", "Invalid beta parameter at index 0/1", "Invalid weight_decay value";
+    adamax.py, nadam.py, radam.py check the same). DeepSpeed builds torch.optim.Adam / AdamW when params.torch_adam
+    is true; its default FusedAdam and DeepSpeedCPUAdam take the same arguments without checking them and train
+    wrongly instead: a negative lr climbs the loss, a beta of 1 zeroes the bias correction 1 - beta^t they divide
+    by (ops/csrc/adam/multi_tensor_adam.cu, ops/csrc/includes/cpu_adam.h), a beta above 1 makes the moments grow
+    without bound, a negative eps can zero the update's denominator, a negative weight_decay inflates the weights.
+    lr 0 is legal (torch accepts it). "auto" (HF fills it) and values that are not numbers are left to the other
+    findings."""
+    opt = section(cfg, "optimizer")
+    name, params = opt.get("type"), opt.get("params")
+    if not isinstance(name, str) or not isinstance(params, dict):
+        return
+    found = _adam_class(name, params, ctx.deepspeed_version)
+    if found is None:
+        return
+    cls, source = found
+    problems = adam_value_problems(params)
+    if not problems:
+        return
+    first = problems[0]
+    pointer = f"/optimizer/params/{first.key}" + ("" if first.index is None else f"/{first.index}")
+    listed = ", ".join(f"{p.where}={p.value!r}" for p in problems)
+    unchecked = ("; DeepSpeed's FusedAdam / DeepSpeedCPUAdam take it unchecked and train wrongly"
+                 if name.lower() in ("adam", "adamw") else "")
+    raise RuleViolation(pointer, f"optimizer.params {listed}: {cls} raises ValueError('{first.torch_error}') "
+                        f"({source}){unchecked}", adam_values_fix(problems))
+
+
+GRADIENT_CLIPPING_FIX = (f"use a positive maximum norm (HF's default max_grad_norm is {HF_DEFAULT_MAX_GRAD_NORM}), "
+                         "or 0 to turn clipping off")
+
+
+def gradient_clipping_problem(value: Any) -> Optional[str]:
+    """Why `value` is not a gradient_clipping DeepSpeed honours (a negative number), or None (fine, "auto", or
+    not a finite number: other findings own those)."""
+    n = _number(value)
+    if n is None or n >= 0:
+        return None
+    return (f"{value!r} is negative: DeepSpeed clips only when gradient_clipping > 0 (runtime/engine.py "
+            "'if self.gradient_clipping() > 0.0', the same test in the ZeRO, fp16 and bf16 optimizers), so "
+            "clipping is silently off")
+
+
+@rule("DS231", "gradient_clipping is negative")
+def _check_gradient_clipping(cfg: Mapping, ctx: RuleContext) -> None:
+    """gradient_clipping is the maximum global gradient norm and must be >= 0. DeepSpeed 0.19 clips only when
+    it is > 0 (runtime/engine.py `if self.gradient_clipping() > 0.0`; runtime/zero/stage_1_and_2.py,
+    stage3.py, bf16_optimizer.py and fp16/*optimizer.py test `clip_grad > 0.`), so a negative value turns
+    clipping off without a word. 0 disables clipping explicitly; "auto" is filled by HF from --max_grad_norm."""
+    problem = gradient_clipping_problem(cfg.get("gradient_clipping"))
+    if problem:
+        raise RuleViolation("/gradient_clipping", f"gradient_clipping={problem}", GRADIENT_CLIPPING_FIX)

@@ -23,12 +23,13 @@ assumption (`FP8_FIXED_OVERHEAD_S`), to be replaced by `benchmarks/gpu/fp8_te_be
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 from pydantic import BaseModel, Field
 
 from dstoolkit.fp8.linears import RankLinear, from_built_model, rank_linears
-from dstoolkit.fp8.report import SkipEntry, SwapEntry, SwapReport, decide_linear
+from dstoolkit.fp8.report import SkipEntry, SwapEntry, SwapReport, decide_linear, layer_skip_problem
+from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.dsconfig.fp8 import MX_BLOCK, Fp8Config, check_fp8_hardware
 from dstoolkit.hardware.table import GpuSpec
@@ -188,9 +189,31 @@ def _range(idx: list[int]) -> str:
     return ",".join(map(str, idx))
 
 
+PLAN_LAYOUT_CODES = ("LY003", "LY004", "LY005", "LY007", "LY008")
+"""The layout constraints a plan's tp / pp / ep must meet against the model (dstoolkit.layout: tp divides the
+attention and key/value heads, every pipeline stage has a layer, ep divides the experts of an MoE model)."""
+
+
+def check_plan_inputs(shape: ModelShape, cfg: Fp8Config, tp: int, pp: int, ep: int,
+                      names: Optional[Mapping[str, str]] = None) -> None:
+    """Raise ValueError, naming the setting, its value and the fix, when the plan's tp / pp / ep break a layout
+    constraint of the model (`PLAN_LAYOUT_CODES`) or the layer skips leave no block in FP8 (`layer_skip_problem`).
+    `names` spells the settings (tp, pp, ep, skip_first_layers, skip_last_layers) as the caller's input does."""
+    facts = LayoutFacts(tp=tp, pp=pp, ep=ep, num_heads=shape.num_attention_heads, kv_heads=shape.kv_heads,
+                        is_mla=shape.is_mla, num_layers=shape.num_hidden_layers,
+                        num_experts=shape.num_experts if shape.is_moe else 0)
+    v = first_violation(facts, PLAN_LAYOUT_CODES, names)
+    if v is not None:
+        raise ValueError(f"{v.message} ({v.fix}; layout rule {v.code}, `dstoolkit validate --explain {v.code}`)")
+    problem = layer_skip_problem(cfg, shape.num_hidden_layers, names, shape.name)
+    if problem:
+        raise ValueError(problem)
+
+
 def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: GpuSpec, micro_batch: int = 1,
                     seq_len: int = 4096, tp: int = 1, pp: int = 1, ep: int = 1, zero_stage: int = 1,
-                    activation_checkpointing: str = "none", cuda_version: Optional[str] = None) -> Fp8Plan:
+                    activation_checkpointing: str = "none", cuda_version: Optional[str] = None,
+                    names: Optional[Mapping[str, str]] = None) -> Fp8Plan:
     """Plan FP8 for a model shape on a GPU, per rank.
 
     Args:
@@ -203,14 +226,20 @@ def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: 
         zero_stage: at 3 the FP8 weight caches are transient (one layer gathered at a time).
         activation_checkpointing: "full" keeps only block inputs, so saved GEMM inputs do not change.
         cuda_version: for the hardware gates (None skips the CUDA checks).
+        names: how the caller's input spells tp, pp, ep and the layer skips, for the errors (`check_plan_inputs`).
 
     Returns:
         The plan: groups of GEMMs with decisions and speed classes, the swap report it implies, the memory
         change per rank and any hardware problems.
+
+    Raises:
+        ValueError: a setting below 1, tp / pp / ep the model cannot be split by, or layer skips that keep every
+            block in bf16 (`check_plan_inputs`).
     """
     cfg = cfg or Fp8Config()
     if min(micro_batch, seq_len, tp, pp, ep) < 1:
         raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}, tp={tp}, pp={pp}, ep={ep} must all be >= 1")
+    check_plan_inputs(shape, cfg, tp, pp, ep, names)
     m = micro_batch * seq_len
     lins = rank_linears(shape, m, tp, ep)
     n_blocks = shape.num_hidden_layers

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Optional
+from typing import Mapping, Optional
 
 from pydantic import BaseModel, Field
 
@@ -20,6 +20,24 @@ def block_index(name: str) -> Optional[int]:
     """Index of the transformer block a qualified module name lives in (first numeric path part), or None."""
     m = _BLOCK_INDEX.search(name)
     return int(m.group(1)) if m else None
+
+
+def layer_skip_problem(cfg: Fp8Config, num_blocks: Optional[int], names: Optional[Mapping[str, str]] = None,
+                       model: str = "the model") -> Optional[str]:
+    """Why fp8.layers.skip_first_layers / skip_last_layers leave no transformer block to run in FP8 (their sum
+    reaches the block count, so `decide_linear` keeps every block in bf16 and FP8 does nothing), with the fix; None
+    when at least one block is left, FP8 is off, or the block count is unknown. `names` spells the two settings
+    (a CLI gives its flags)."""
+    sel = cfg.layers
+    skipped = sel.skip_first_layers + sel.skip_last_layers
+    if not cfg.enabled or not num_blocks or skipped < num_blocks:
+        return None
+    n = {"skip_first_layers": "fp8.layers.skip_first_layers", "skip_last_layers": "fp8.layers.skip_last_layers",
+         **(names or {})}
+    given = [f"{n[k]}={getattr(sel, k)}" for k in ("skip_first_layers", "skip_last_layers") if getattr(sel, k)]
+    return (f"{' + '.join(given)} keeps all {num_blocks} transformer blocks of {model} in bf16 "
+            f"({skipped} >= {num_blocks}), so no block would run in FP8 (pick at most {num_blocks - 1} in total; "
+            "to train without FP8 set fp8.enabled false)")
 
 
 def decide_linear(cfg: Fp8Config, name: str, in_features: int, out_features: int,

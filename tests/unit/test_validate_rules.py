@@ -213,6 +213,8 @@ def test_model_validator_runs_the_registry():
         "DS226": (with_(sequence_parallel_size=3), {"num_heads": 4}),
         "DS227": (with_(expert_parallel={"enabled": True, "autoep_size": 8}), {"world_size": 4}),
         "DS229": (with_(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}), {}),
+        "DS230": (with_(optimizer={"type": "AdamW", "params": {"lr": -1}}), {}),
+        "DS231": (with_(gradient_clipping=-1), {}),
     }
     errors = {code for code, r in rules.RULES.items() if r.severity == "error"}
     assert set(triggers) == errors
