@@ -6,6 +6,14 @@
                        [--precision bf16|fp16|fp8|fp32] [--checkpoint none|full|every-k|ratio|selective]
                        [--every-k K] [--checkpoint-ratio R]
 
+The layout flags (--world-size, --gpus-per-node, --gpu, --nvlink-domain-gpus, --seq-len, --tp, --pp, --ep,
+--precision, --checkpoint, --every-k, --checkpoint-ratio, --no-flash-attention, --sequence-parallel) belong to the
+--config form; beside a SPEC.yaml they are refused (exit 2, naming the spec fields to edit), as --target is
+beside --config. The --config form asks the rules the spec form asks: the layout constraints of
+`dstoolkit.layout` (LY001-LY024) on what the flags, the model and the JSON's ZeRO stage fix (exit 2, naming the
+flag), the FP8 hardware check of `dstoolkit.dsconfig.fp8` for --precision fp8, and `validate_config` with the
+model's experts and heads (`dstoolkit.cli.estimate_flags`).
+
 A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.resolve_spec`, the same ranking
 `dstoolkit sweep` and `dstoolkit generate` use; each choice is printed). A --config JSON is checked first with
 `validate_config` (the engine of `dstoolkit validate`): errors stop the estimate (exit 1), warnings are printed
@@ -28,16 +36,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calibration_flag, add_checkpoint_flags,
                                    add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
-                                   add_target_flag, add_training_plan_flags, add_world_flags, checkpoint_policy,
+                                   add_target_flag, add_training_plan_flags, add_world_flags,
                                    exit_map, input_error, positive_int, targets_of, validation_error_text)
+from dstoolkit.cli.estimate_flags import FLAG_FORM_ONLY, ConfigInvalid, plan_from_args, refuse_layout_flags
 from dstoolkit.cli.estimate_text import GiB, pipeline_split_line, render_findings, render_table
 from dstoolkit.cli.spec_override import apply_model_class
 from dstoolkit.hardware.table import known_gpu_names
-from dstoolkit.validate.engine import validate_config
 
 
 def add_parser(subparsers) -> None:
@@ -49,7 +56,8 @@ def add_parser(subparsers) -> None:
     add_model_class_flag(p)
     add_model_kwargs_flag(p)
     add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
-    p.add_argument("--gpu", default="H100-SXM", help=f"hardware table name ({', '.join(known_gpu_names())})")
+    p.add_argument("--gpu", default="H100-SXM",
+                   help=f"hardware table name ({', '.join(known_gpu_names())}; default H100-SXM)")
     p.add_argument("--nvlink-domain-gpus", type=positive_int, default=None, metavar="D",
                    help="GPUs of the NVLink partition when NVLink joins hosts (GB200/GB300 NVL72: up to 72, hosts of "
                         "--gpus-per-node 4); the spec's cluster.nvlink_domain_gpus")
@@ -61,6 +69,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="store the s^2 attention scores (math attention)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
+    # The layout flags default to None, so that a flag given beside a SPEC.yaml is seen (and refused) even when it
+    # repeats its default; the --config form fills the defaults in from `flag_defaults` (`_with_flag_defaults`).
+    p.set_defaults(flag_defaults={dest: p.get_default(dest) for dest in FLAG_FORM_ONLY},
+                   **{dest: None for dest in FLAG_FORM_ONLY})
     add_calibration_flag(p,
                          help="measured rates for the step time (a benchmarks/step_time_fidelity.py calibration file); "
                               "default: the spec's cluster.calibration, else the packaged reference for --gpu cpu, "
@@ -77,110 +89,6 @@ def _err(msg: str) -> int:
 
 def _fmt_bytes(n: float) -> str:
     return f"{n / GiB:,.2f} GiB"
-
-
-def _load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Optional[str] = None):
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.models import get_preset, is_module_ref, load_hf_config, load_model
-
-    path = Path(model)
-    if is_module_ref(model) or model_kwargs is not None:
-        return load_model(model, model_class, model_kwargs)  # the user's nn.Module (UserModelError: exit 2)
-    if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise ValueError(f"--model {model!r}: file not found (give a preset name or an HF config.json path)")
-        return load_hf_config(path, model_class=model_class)
-    if model_class is not None:
-        raise ValueError(f"--model-class {model_class} needs an HF config.json for --model, not the preset {model!r}")
-    return get_preset(model)
-
-
-def _plan_from_args(args):
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.estimate.megatron_softmax import fallback_note
-    from dstoolkit.runplan import RunPlan
-    from dstoolkit.hardware.table import get_gpu
-
-    missing = [f for f, v in (("--config", args.config), ("--model", args.model), ("--world-size", args.world_size)) if v is None]
-    if missing:
-        raise ValueError(f"give a SPEC.yaml, or all of --config, --model and --world-size (missing: {', '.join(missing)})")
-    try:
-        text = Path(args.config).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"--config {args.config!r}: cannot read ({exc.strerror or exc})") from None
-    try:
-        ds = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{args.config}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(ds, dict):
-        raise ValueError(f"{args.config}: the DeepSpeed config must be a JSON object")
-    if args.world_size <= 0:
-        raise ValueError(f"--world-size={args.world_size}: must be > 0")
-    gpus_per_node = args.gpus_per_node or min(8, args.world_size)
-    domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, args.gpu)
-    findings = _validate(text, args.config, args.world_size, domain, args.tp, args.pp)
-    shape = _load_shape(args.model, args.model_class, args.model_kwargs)
-    precision = args.precision
-    if precision is None:
-        if (ds.get("bf16") or {}).get("enabled") is True:
-            precision = "bf16"
-        elif (ds.get("fp16") or {}).get("enabled") is True:
-            precision = "fp16"
-        else:
-            precision = "fp32"
-    policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
-    plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
-                   gpus_per_node=domain, gpu=get_gpu(args.gpu),
-                   seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
-                   flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
-                   precision=precision, calibration=_calibration(args.calibration, args.gpu, precision))
-    note = fallback_note(plan)  # a spec's plan gets it from generate.planner.resolve_spec
-    return plan, [note] if note else [], findings
-
-
-def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
-    """The node the network model sees for the flag form: --nvlink-domain-gpus checked by the spec's own rule
-    (`spec.cluster.checked_nvlink_domain`), else the host."""
-    from dstoolkit.hardware.table import get_gpu
-    from dstoolkit.spec.cluster import checked_nvlink_domain
-    from dstoolkit.spec.errors import SpecFieldError
-
-    try:
-        return checked_nvlink_domain(domain, gpus_per_node, get_gpu(gpu))
-    except SpecFieldError as exc:  # its problem names the field: nvlink_domain_gpus=<value>...
-        raise ValueError(f"--nvlink-domain-gpus{exc.problem.removeprefix('nvlink_domain_gpus')} ({exc.fix})") from None
-
-
-class ConfigInvalid(Exception):
-    """`validate_config` found errors in --config: nothing is estimated (exit 1)."""
-
-    def __init__(self, path: str, findings: list):
-        super().__init__(f"{path}: {len(findings)} finding(s)")
-        self.path = path
-        self.findings = findings
-
-
-def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int, pp: int) -> list:
-    """`dstoolkit validate`'s engine on the --config text, with the layout as context (strict mode: no "auto").
-
-    Returns the warnings; raises `ConfigInvalid` when there is an error."""
-
-    findings = validate_config(text, source=path, world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
-                               mode="strict")
-    if any(f.severity == "error" for f in findings):
-        raise ConfigInvalid(path, findings)
-    return findings
-
-
-def _calibration(value, gpu: str, precision: str):
-    """--calibration (a file or none), else the packaged reference for the hardware row."""
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.hardware.calibration import CalibrationInputError, resolve_calibration
-
-    try:
-        return resolve_calibration(value, gpu, precision)
-    except CalibrationInputError as exc:
-        raise ValueError(f"--calibration: {exc}") from None
 
 
 def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=None):
@@ -252,12 +160,13 @@ def run(args) -> int:
         if args.spec:
             if args.config or args.model or args.model_kwargs:
                 return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
+            refuse_layout_flags(args)
             plan, assumptions, cal_label, ramp, advice = _plan_from_spec(args.spec, args.calibration, args.model_class,
                                                                          args.target)
         else:
-            plan, assumptions, findings = _plan_from_args(args)
+            plan, assumptions, findings = plan_from_args(args)
             ramp = advice = None
-            cal_label = _calibration_label(args.calibration, args.gpu)
+            cal_label = _calibration_label(args.calibration, plan.gpu.name)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
         est = estimate_run(plan)

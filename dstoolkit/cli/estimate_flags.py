@@ -1,0 +1,241 @@
+"""`dstoolkit estimate`'s --config/--model form (split from dstoolkit.cli.estimate): the RunPlan the flags, the
+DeepSpeed JSON and the model fix, after the rules the spec form asks (the layout constraints of `dstoolkit.layout`
+on what the flags, the model and the JSON's ZeRO stage fix, naming the flag; the FP8 hardware check for
+--precision fp8; `validate_config` with the model's experts and heads), and the refusal of those flags beside a
+SPEC.yaml. No torch import.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+from dstoolkit.cli.options import checkpoint_policy
+from dstoolkit.validate.engine import validate_config
+
+
+FLAG_FORM_ONLY: dict[str, tuple[str, str]] = {
+    "world_size": ("--world-size", "cluster.nodes x cluster.gpus_per_node"),
+    "gpus_per_node": ("--gpus-per-node", "cluster.gpus_per_node"),
+    "gpu": ("--gpu", "cluster.gpu"),
+    "nvlink_domain_gpus": ("--nvlink-domain-gpus", "cluster.nvlink_domain_gpus"),
+    "seq_len": ("--seq-len", "training.seq_len"),
+    "tp": ("--tp", "training.tp"), "pp": ("--pp", "training.pp"), "ep": ("--ep", "training.ep"),
+    "precision": ("--precision", "training.precision"),
+    "checkpoint": ("--checkpoint", "training.activation_checkpointing"),
+    "every_k": ("--every-k", "training.checkpoint_every_k"),
+    "checkpoint_ratio": ("--checkpoint-ratio", "training.checkpoint_ratio"),
+    "flash_attention": ("--no-flash-attention", "training.flash_attention: false"),
+    "sequence_parallel": ("--sequence-parallel", "training.sequence_parallel"),
+}
+"""The flags only the --config form reads (argparse dest -> the flag and the spec field that says the same): a spec
+is estimated as written, so beside a SPEC.yaml they are refused (`refuse_layout_flags`)."""
+
+
+def load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Optional[str] = None):
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.models import get_preset, is_module_ref, load_hf_config, load_model
+
+    path = Path(model)
+    if is_module_ref(model) or model_kwargs is not None:
+        return load_model(model, model_class, model_kwargs)  # the user's nn.Module (UserModelError: exit 2)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"--model {model!r}: file not found (give a preset name or an HF config.json path)")
+        return load_hf_config(path, model_class=model_class)
+    if model_class is not None:
+        raise ValueError(f"--model-class {model_class} needs an HF config.json for --model, not the preset {model!r}")
+    return get_preset(model)
+
+
+def refuse_layout_flags(args) -> None:
+    """A SPEC.yaml is estimated as written: a layout flag of the --config form beside it would be ignored."""
+    given = [(flag, field) for dest, (flag, field) in FLAG_FORM_ONLY.items() if getattr(args, dest, None) is not None]
+    if given:
+        raise ValueError(f"{args.spec}: {', '.join(f for f, _ in given)} "
+                         f"{'is a flag' if len(given) == 1 else 'are flags'} of the --config/--model form, which "
+                         f"a spec does not read (it is estimated as written): edit the spec instead "
+                         f"({', '.join(field for _, field in given)}), or drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
+
+
+def _with_flag_defaults(args) -> argparse.Namespace:
+    """`args` with the layout flags the command line left out at their defaults (`FLAG_FORM_ONLY`)."""
+    defaults = getattr(args, "flag_defaults", {})
+    return argparse.Namespace(**{**vars(args), **{dest: defaults.get(dest) for dest in FLAG_FORM_ONLY
+                                                   if getattr(args, dest, None) is None}})
+
+
+def plan_from_args(args):
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.megatron_softmax import fallback_note
+    from dstoolkit.runplan import RunPlan
+    from dstoolkit.hardware.table import get_gpu
+
+    missing = [f for f, v in (("--config", args.config), ("--model", args.model), ("--world-size", args.world_size)) if v is None]
+    if missing:
+        raise ValueError(f"give a SPEC.yaml, or all of --config, --model and --world-size (missing: {', '.join(missing)})")
+    if args.target:  # it picks among a spec's "auto" layouts; the flags fix this one
+        raise ValueError(f"--target {' '.join(args.target)}: chooses among a spec's 'auto' layouts, and the "
+                         "--config/--model form has none (its layout is the flags'): drop --target, or estimate a "
+                         "SPEC.yaml")
+    if args.every_k is not None and args.checkpoint != "every-k":
+        raise ValueError(f"--every-k is only used with --checkpoint every-k (got --checkpoint "
+                         f"{args.checkpoint or 'none'})")
+    gpus_per_node_given = args.gpus_per_node is not None
+    args = _with_flag_defaults(args)
+    try:
+        text = Path(args.config).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--config {args.config!r}: cannot read ({exc.strerror or exc})") from None
+    try:
+        ds = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{args.config}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(ds, dict):
+        raise ValueError(f"{args.config}: the DeepSpeed config must be a JSON object")
+    if args.world_size <= 0:
+        raise ValueError(f"--world-size={args.world_size}: must be > 0")
+    gpus_per_node = args.gpus_per_node or min(8, args.world_size)
+    _check_whole_nodes(args.world_size, gpus_per_node, gpus_per_node_given)
+    domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, args.gpu)
+    gpu = get_gpu(args.gpu)
+    shape = load_shape(args.model, args.model_class, args.model_kwargs)
+    # the layout rules on what the flags and the model fix (the config's facts are not read yet: unknown)
+    facts, names = _flag_facts(args, shape, domain, gpus_per_node_given, gpu)
+    _check_flag_layout(facts, names)
+    findings = _validate(text, args.config, args.world_size, domain, args.tp, args.pp, shape, args.ep)
+    precision = args.precision
+    if precision is None:
+        if (ds.get("bf16") or {}).get("enabled") is True:
+            precision = "bf16"
+        elif (ds.get("fp16") or {}).get("enabled") is True:
+            precision = "fp16"
+        else:
+            precision = "fp32"
+    _check_fp8_hardware(precision, ds, args.config, gpu)
+    policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
+    plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
+                   gpus_per_node=domain, gpu=gpu,
+                   seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
+                   flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
+                   precision=precision, calibration=calibration_of(args.calibration, args.gpu, precision))
+    # the rules that cross a flag with the config's ZeRO stage or ZeRO++ (LY006 pp-zero, LY014 zeropp-cpu); the
+    # config's own rules (offload, ZeRO++ stage, batch triad, MoE at ZeRO-3) are validate_config's, checked above
+    view = plan.ds
+    names["zero_stage"] = f"{args.config}: zero_optimization.stage"
+    names["zeropp"] = (f"{args.config}: ZeRO++ (zero_quantized_weights / zero_quantized_gradients / "
+                       "zero_hpz_partition_size)")
+    _check_flag_layout(dataclasses.replace(facts, zero_stage=view.zero_stage,
+                                           zeropp=view.zeropp_qwz or view.zeropp_qgz or view.zeropp_hpz > 1), names)
+    note = fallback_note(plan)  # a spec's plan gets it from generate.planner.resolve_spec
+    return plan, [note] if note else [], findings
+
+
+def _check_whole_nodes(world: int, gpus_per_node: int, given: bool) -> None:
+    """A spec's cluster is nodes x gpus_per_node: --world-size above one node is whole nodes of --gpus-per-node
+    (the network model would otherwise price world / gpus_per_node nodes, a fraction)."""
+    if world <= gpus_per_node or world % gpus_per_node == 0:
+        return
+    default = "" if given else " (the default, min(8, --world-size))"
+    lower = world // gpus_per_node * gpus_per_node
+    raise ValueError(f"--world-size={world} is not whole nodes of --gpus-per-node={gpus_per_node}{default} "
+                     f"({world} / {gpus_per_node} = {world / gpus_per_node:.3g} nodes): use a --world-size that is "
+                     f"a multiple of {gpus_per_node} ({lower} or {lower + gpus_per_node}), or a --gpus-per-node "
+                     f"that divides {world}")
+
+
+def _flag_facts(args, shape, domain: int, gpus_per_node_given: bool, gpu):
+    """The `LayoutFacts` the flags and the model fix, and the names the rules' messages give them (the flags)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.layout import LayoutFacts
+
+    facts = LayoutFacts(world=args.world_size, gpus_per_node=domain, tp=args.tp, pp=args.pp, ep=args.ep,
+                        sp=1, cp=1, seq_len=args.seq_len, megatron_sp=args.sequence_parallel,
+                        num_heads=shape.num_attention_heads, kv_heads=shape.kv_heads, is_mla=shape.is_mla,
+                        num_layers=shape.num_hidden_layers, num_experts=shape.num_experts if shape.is_moe else 0,
+                        framework="deepspeed", pipeline_schedule="1f1b", cpu=gpu.name == "cpu")
+    node = ("--nvlink-domain-gpus" if args.nvlink_domain_gpus is not None else
+            "--gpus-per-node" if gpus_per_node_given else "the default --gpus-per-node")
+    names = {"world": "--world-size", "gpus_per_node": node, "tp": "--tp", "pp": "--pp", "ep": "--ep",
+             "seq_len": "--seq-len", "megatron_sp": "--sequence-parallel"}
+    return facts, names
+
+
+def _check_flag_layout(facts, names: dict) -> None:
+    """The first layout constraint (`dstoolkit.layout`, every code) the facts break, as a ValueError naming the flag,
+    its value and the fix (exit 2)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.layout import first_violation
+
+    v = first_violation(facts, None, names)
+    if v is not None:
+        raise ValueError(f"{v.message} ({v.fix}; layout rule {v.code}, `dstoolkit validate --explain {v.code}`)")
+
+
+def _check_fp8_hardware(precision: str, ds: dict, config: str, gpu) -> None:
+    """--precision fp8 on a GPU whose tensor cores cannot run the FP8 recipe (`dsconfig.fp8.check_fp8_hardware`,
+    the check the spec's training.precision fp8 runs; the recipe: the config's dstoolkit.fp8 section, else
+    Transformer Engine's default)."""
+    if precision != "fp8":
+        return
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
+
+    section = (ds.get("dstoolkit") or {}).get("fp8") if isinstance(ds.get("dstoolkit"), dict) else None
+    problems = check_fp8_hardware(Fp8Config.model_validate(section or {}), gpu)
+    if problems:
+        where = f" (the recipe of {config}: dstoolkit.fp8)" if section else ""
+        raise ValueError(f"--precision fp8 with --gpu {gpu.name}{where}: {'; '.join(problems)}")
+
+
+def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
+    """The node the network model sees for the flag form: --nvlink-domain-gpus checked by the spec's own rule
+    (`spec.cluster.checked_nvlink_domain`), else the host."""
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.spec.cluster import checked_nvlink_domain
+    from dstoolkit.spec.errors import SpecFieldError
+
+    try:
+        return checked_nvlink_domain(domain, gpus_per_node, get_gpu(gpu))
+    except SpecFieldError as exc:  # its problem names the field: nvlink_domain_gpus=<value>...
+        raise ValueError(f"--nvlink-domain-gpus{exc.problem.removeprefix('nvlink_domain_gpus')} ({exc.fix})") from None
+
+
+class ConfigInvalid(Exception):
+    """`validate_config` found errors in --config: nothing is estimated (exit 1)."""
+
+    def __init__(self, path: str, findings: list):
+        super().__init__(f"{path}: {len(findings)} finding(s)")
+        self.path = path
+        self.findings = findings
+
+
+def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int, pp: int, shape=None,
+              ep: int = 1) -> list:
+    """`dstoolkit validate`'s engine on the --config text, with the layout and the model as context (strict mode: no
+    "auto"): the model's attention / key-value heads, and for an MoE model its experts and --ep (so DS213 / DS214
+    see the MoE the estimate runs; a dense model leaves them to the config's dstoolkit.moe section, as validate).
+
+    Returns the warnings; raises `ConfigInvalid` when there is an error."""
+    moe = shape is not None and shape.is_moe
+    findings = validate_config(text, source=path, world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
+                               num_experts=shape.num_experts if moe else None, ep_size=ep if moe else None,
+                               num_heads=shape.num_attention_heads if shape is not None else None,
+                               num_kv_heads=shape.kv_heads if shape is not None else None, mode="strict")
+    if any(f.severity == "error" for f in findings):
+        raise ConfigInvalid(path, findings)
+    return findings
+
+
+def calibration_of(value, gpu: str, precision: str):
+    """--calibration (a file or none), else the packaged reference for the hardware row."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.hardware.calibration import CalibrationInputError, resolve_calibration
+
+    try:
+        return resolve_calibration(value, gpu, precision)
+    except CalibrationInputError as exc:
+        raise ValueError(f"--calibration: {exc}") from None
