@@ -41,6 +41,15 @@ def _check_moe_not_stage3(cfg: Mapping, ctx: RuleContext) -> None:
                         "MoE is not supported with ZeRO Stage 3' at engine start", 'use "stage": 2 (or 1) for MoE')
 
 
+@rule("DS232", "ZeRO stage 2/3 with pipeline parallelism")
+def _check_zero_with_pipeline(cfg: Mapping, ctx: RuleContext) -> None:
+    """DeepSpeed's PipelineEngine raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' (layout
+    constraint LY006). The pipeline degree comes from --pp (or a generated folder's layout.json)."""
+    facts = LayoutFacts(zero_stage=zero_stage(cfg), pp=max(ctx.pp, 1))
+    for v in check_layout(facts, ("LY006",), {"zero_stage": "zero_optimization.stage", "pp": "--pp"}):
+        raise RuleViolation("/zero_optimization/stage", v.message, v.fix)
+
+
 # -- more stage rules -------------------------------------------------------------------------------------
 @rule("DS215", "partial optimizer offload needs ZeRO stage 3")
 def _check_partial_offload_stage(cfg: Mapping, ctx: RuleContext) -> None:

@@ -78,10 +78,11 @@ def test_fp8_recipe_comes_from_the_config_section(tmp_path, capsys):
 
 def test_zero2_with_pipeline_parallelism_is_refused_naming_the_flag(tmp_path, capsys):
     cfg = _cfg(tmp_path, stage=2, train_batch_size=64, gradient_accumulation_steps=8)
-    assert _error(capsys, "--config", cfg, "--model", "llama-3-8b", "--world-size", "8", "--pp", "2") == (
-        f"{cfg}: zero_optimization.stage=2 is incompatible with --pp=2: DeepSpeed's pipeline engine raises "
-        "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' (use ZeRO stage 1 with pipeline "
-        "parallelism, or pp 1; layout rule LY006, `dstoolkit validate --explain LY006`)")
+    # the config's own rule (DS232, what `dstoolkit validate --pp 2` says): a finding in the file, exit 1
+    rc, out, err = _run(capsys, "--config", cfg, "--model", "llama-3-8b", "--world-size", "8", "--pp", "2")
+    assert rc == 1 and ("error[DS232]: zero_optimization.stage=2 is incompatible with --pp=2: DeepSpeed's pipeline "
+                        "engine raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' (use ZeRO "
+                        "stage 1 with pipeline parallelism, or pp 1)") in out + err
     # the spec form refuses it with the same rule
     spec = _spec(tmp_path, "nodes: 1, gpus_per_node: 8", "global_batch: 64, micro_batch: 2, zero_stage: 2, pp: 2")
     assert "training.zero_stage=2 is incompatible with training.pp=2" in _error(capsys, spec)
