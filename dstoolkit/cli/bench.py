@@ -9,6 +9,8 @@ torch/deepspeed are imported only inside `run`.
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_calibration_flag, add_format_flag,
                                    add_out_flag, add_world_flags, exit_map)
@@ -90,8 +92,23 @@ def add_parser(subparsers) -> None:
     t.set_defaults(run=run)
 
 
+def check_common(args) -> None:
+    """The flags every bench shares, refused before any rank starts (InputError, exit 2)."""
+    if not (args.timeout_s > 0 and math.isfinite(args.timeout_s)):
+        raise InputError(f"--timeout-s {args.timeout_s}: must be a positive number of seconds (default 1800)")
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir():
+            raise InputError(f"--out {args.out}: is a folder; pass the JSON Lines file to append to, e.g. "
+                             f"--out {out / (args.bench_kind + '.jsonl')}")
+        parent = next((p for p in out.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise InputError(f"--out {args.out}: {parent} is a file, not a folder; pick a results path in a folder")
+
+
 @exit_map("bench", failures=(RuntimeError,))  # BenchInputError: exit 2; RuntimeError (a rank failed): exit 1
 def run(args) -> int:
+    check_common(args)
     if args.bench_kind == "comm":
         return _run_comm(args)
     if args.bench_kind == "overlap":

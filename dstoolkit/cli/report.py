@@ -22,12 +22,16 @@ def add_parser(subparsers) -> None:
 @exit_map("report")  # BenchInputError (no results, report exists): exit 2
 def run(args) -> int:
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
-    from dstoolkit.runtime.bench.report import render_report
+    from dstoolkit.runtime.bench.report_render import render_report
 
     res = render_report(args.results_dir, out=args.out, force=args.force, pattern=args.include)
+    for s in res.skipped:  # left out of the tables: said here, and listed at the end of the report
+        print(f"dstoolkit report: warning: left out {s}", file=sys.stderr)
     if args.format == "json":
-        print(json.dumps({"markdown": str(res.markdown_path), "plots": [str(p) for p in res.plots], "counts": res.counts}))
+        print(json.dumps({"markdown": str(res.markdown_path), "plots": [str(p) for p in res.plots], "counts": res.counts,
+                          "skipped": res.skipped}))
     else:
         print(res.markdown)
-        print(f"wrote {res.markdown_path} and {len(res.plots)} plot(s)", file=sys.stderr)
+        print(f"wrote {res.markdown_path} and {len(res.plots)} plot(s)"
+              + (f"; left out {len(res.skipped)} line(s), listed above" if res.skipped else ""), file=sys.stderr)
     return EXIT_OK

@@ -38,15 +38,25 @@ def launch_command(args) -> list[str]:
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.launch import launch_command as _cmd
 
-    trainer = ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
-               "--metrics-out", args.metrics_out, *args.extra]
-    return _cmd(trainer, nproc=args.nproc, launcher=args.launcher)
+    return _cmd(trainer_args(args), nproc=args.nproc, launcher=args.launcher)
 
 
-def summarize(metrics_path: str) -> dict:
-    """Steps, first/final loss, median step time and tokens/s, spike-guard events from a metrics file."""
+def trainer_args(args) -> list[str]:
+    """The example trainer's own command line for these flags."""
+    return ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
+            "--metrics-out", args.metrics_out, *args.extra]
+
+
+def summarize(metrics_path: str, start: int = 0) -> dict:
+    """Steps, first/final loss, median step time and tokens/s, spike-guard events from a metrics file (from byte
+    `start` on: the lines one run appended)."""
     steps, events = [], []
-    for line in Path(metrics_path).read_text().splitlines():
+    with open(metrics_path, "rb") as fh:
+        fh.seek(start)
+        text = fh.read().decode("utf-8", errors="replace")
+    for line in text.splitlines():
+        if not line.strip():
+            continue
         d = json.loads(line)
         (events if "event" in d else steps).append(d)
     times = sorted(s["step_time_s"] for s in steps)
@@ -72,18 +82,30 @@ def run(args) -> int:
             raise InputError(f"{flag} {path}: {problem}")
     if args.steps <= 0 or args.nproc <= 0:
         raise InputError(f"--steps={args.steps} and --nproc={args.nproc} must be > 0")
+    if Path(args.config).suffix.lower() in (".yaml", ".yml") and Path(args.spec).suffix.lower() == ".json":
+        raise InputError(f"--config {args.config} is YAML and --spec {args.spec} is JSON: swapped? --spec takes the "
+                         "spec YAML, --config the DeepSpeed JSON")
     cmd = launch_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
         return EXIT_OK
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.runtime.train.preflight import UsageError, check_launch
+
+    try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc): once, here
+        check_launch(trainer_args(args), args.nproc, config_flag="--config")
+    except UsageError as exc:
+        raise InputError(str(exc)) from None
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.launch import launch_env
 
+    metrics = Path(args.metrics_out)
+    start = metrics.stat().st_size if metrics.is_file() else 0  # the trainer appends: summarise this run's lines only
     rc = subprocess.run(cmd, env=launch_env(args.nproc, args.launcher)).returncode
-    if not Path(args.metrics_out).is_file():
+    if not metrics.is_file() or metrics.stat().st_size <= start:
         print(error_message("train", f"the run wrote no metrics (exit {rc})"), file=sys.stderr)
         return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS
-    summary = summarize(args.metrics_out)
+    summary = summarize(args.metrics_out, start)
     summary["exit_code"] = rc
     if args.format == "json":
         print(json.dumps(summary, indent=2))

@@ -44,8 +44,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     add_force_flag(p, help="replace a different study / write into a non-empty folder")
     p.add_argument("--seed-trials", type=int, default=None,
-                   help="estimator-ranked points tried first (default: about budget/3, raised to the points estimated "
-                        "within 5%% of the best, up to budget/2; 1-5)")
+                   help="estimator-ranked points tried first, 1-5 (default: about budget/3, raised to the points "
+                        "estimated within 5%% of the best, up to budget/2)")
     p.add_argument("--bucket-scales", default="0.25,1",
                    help="comma-separated multipliers tried on the generated bucket sizes (default 0.25,1)")
     p.add_argument("--steps", type=int, default=None, help="real mode: optimizer steps per trial (default 6)")

@@ -128,6 +128,9 @@ def run_real_trial(space: TuneSpace, check: PointCheck, work_dir: pathlib.Path, 
         A `TrialOutcome` (never raises for a failed run).
     """
 
+    # The ranks run in work_dir: every path they get must not depend on the caller's working directory
+    # (a relative --out would otherwise point them at work_dir/work_dir/...).
+    work_dir = pathlib.Path(work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     ds_path = work_dir / "ds_config.json"
     ds_path.write_text(json.dumps(check.ds_config, indent=1) + "\n")

@@ -17,7 +17,10 @@ from dstoolkit.runtime.shrink_run import prepare_shrunk_run
 from dstoolkit.runtime.shrink_sizes import ShrinkError, parse_shrink
 from dstoolkit.spec import load_spec
 from dstoolkit.tune.objective import DEFAULT_SKIP_STEPS, DEFAULT_STEPS, DEFAULT_TRIAL_TIMEOUT_S, MODES, OBJECTIVES
+from dstoolkit.tune.seeding import MAX_SEED_TRIALS
 from dstoolkit.tune.space import DEFAULT_BUCKET_SCALES, TuneInputError, TuneSpace
+
+MAX_SAMPLER_SEED = 2**32 - 1  # numpy's RandomState (optuna's TPE sampler) takes seeds 0 .. 2**32 - 1
 
 
 @dataclass
@@ -80,12 +83,20 @@ def check_options(opts: TuneOptions) -> None:
         raise TuneInputError(f"--objective {opts.objective!r}: choose one of {', '.join(OBJECTIVES)}")
     if opts.mode not in MODES:
         raise TuneInputError(f"--mode {opts.mode!r}: choose one of {', '.join(MODES)}")
+    if opts.skip_steps < 0:
+        raise TuneInputError(f"--skip-steps {opts.skip_steps}: must be >= 0 (warm-up steps left out of the timing)")
+    if opts.steps < 1:
+        raise TuneInputError(f"--steps {opts.steps}: must be >= 1 optimizer step per trial")
     if opts.steps <= opts.skip_steps:
         raise TuneInputError(f"--steps {opts.steps} must exceed --skip-steps {opts.skip_steps} (those are not timed)")
-    if opts.trial_timeout_s <= 0:
+    if not opts.trial_timeout_s > 0:  # NaN included
         raise TuneInputError(f"--trial-timeout {opts.trial_timeout_s}: must be > 0 seconds")
-    if opts.seed_trials is not None and opts.seed_trials < 0:
-        raise TuneInputError(f"--seed-trials {opts.seed_trials}: must be >= 0")
+    if opts.seed_trials is not None and not 1 <= opts.seed_trials <= MAX_SEED_TRIALS:
+        raise TuneInputError(f"--seed-trials {opts.seed_trials}: choose 1 to {MAX_SEED_TRIALS} estimator-ranked "
+                             "points to try first (or leave it out for the default)")
+    if not 0 <= opts.seed <= MAX_SAMPLER_SEED:
+        raise TuneInputError(f"--seed {opts.seed}: must be an integer from 0 to {MAX_SAMPLER_SEED} (the sampler's "
+                             "seed range)")
 
 
 def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:

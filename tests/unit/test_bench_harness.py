@@ -43,6 +43,8 @@ def test_append_never_rewrites_and_skips_torn_lines(tmp_path):
         fh.write('{"a": 3, "torn')  # an interrupted write
     recs = results_jsonl.read_records(path)
     assert [r["a"] for r in recs] == [1, 2]
+    assert [(b.line, b.reason) for b in recs.bad_lines] == [
+        (3, "cut off: the last line has no newline (an interrupted write?)")]
     assert path.read_text().startswith('{"a": 1}')
 
 

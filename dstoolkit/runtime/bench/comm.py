@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 from dstoolkit.estimate.collective_time import busbw_factor  # the one definition; comm_options.parse_ops vets op names first
 from dstoolkit.runtime.bench import harness, results_jsonl, stats
 from dstoolkit.runtime.bench.comm_options import BENCH_NAME, DTYPES, ELEMENT_BYTES, OPS, CommOptions
+from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.ranks import check_world_size, spawn_ranks
 from dstoolkit.runtime.rankexit import destroy_groups, install_exit_guard
 
@@ -63,6 +64,35 @@ def layout(op: str, size_bytes: int, element_bytes: int, world_size: int) -> Lay
     else:  # all_to_all
         in_n, out_n = count, count
     return Layout(size_bytes=count * element_bytes, count=count, in_numel=in_n, out_numel=out_n)
+
+
+_SPLIT_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+
+
+def plan_rows(ops: Sequence[str], sizes: Sequence[int], dtype: str,
+              world_size: int) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (op, requested size) rows to measure and a note for each size that is not measured as asked.
+
+    A size becomes whole `dtype` elements (and, for all_gather / reduce_scatter / all_to_all, a whole number of
+    elements per rank: `layout`); two requested sizes that give the same buffer are measured once (the first),
+    so the table never shows the same op and size twice."""
+    elem = ELEMENT_BYTES[dtype]
+    plan: list[tuple[str, int]] = []
+    notes: list[str] = []
+    for op in ops:
+        groups: dict[int, list[int]] = {}  # measured bytes -> requested sizes, in order
+        for s in sizes:
+            groups.setdefault(layout(op, s, elem, world_size).size_bytes, []).append(s)
+        for got, asked in groups.items():
+            keep = got if got in asked else asked[0]  # a request of exactly the measured size names the row
+            plan.append((op, keep))
+            if keep != got:
+                unit = (f"whole {dtype} elements split evenly over {world_size} ranks: a multiple of "
+                        f"{world_size * elem} B" if op in _SPLIT_OPS else
+                        f"whole {dtype} elements: a multiple of {elem} B")
+                notes.append(f"{op} {keep} B: measured as {got} B ({unit})")
+            notes += [f"{op} {s} B: the same {got} B buffer as {keep} B; measured once" for s in asked if s != keep]
+    return plan, notes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,8 +257,11 @@ def rank_main(rank: int, world: int, local_rank: int, opts: CommOptions, port: O
         obj = [sorted(state.done_keys) if state else None, state.run_id if state else None]
         dist.broadcast_object_list(obj, src=0)
         done, run_id = set(obj[0]), obj[1]
-        todo = [(op, s) for op in opts.ops for s in opts.sizes if row_key(op, s) not in done]
+        plan, notes = plan_rows(opts.ops, opts.sizes, opts.dtype, world)
+        todo = [(op, s) for op, s in plan if row_key(op, s) not in done]
         env = harness.capture_env(world, opts.backend, cfg) if rank == 0 else {}
+        for note in notes if rank == 0 else ():
+            print(f"# bench comm: {note}", file=sys.stderr)
         if rank == 0 and done:
             print(f"# resuming run {run_id}: {len(done)} rows already in {opts.out}, {len(todo)} to go", file=sys.stderr)
         rows: list[dict[str, Any]] = []

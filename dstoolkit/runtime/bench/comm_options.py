@@ -4,6 +4,7 @@ them). No torch import: the CLI parses and refuses bad flags without it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Optional, Sequence
 
@@ -131,6 +132,9 @@ class CommOptions:
             )
         if any(s <= 0 for s in self.sizes):
             raise BenchInputError("--sizes: every size must be at least 1 byte")
+        for flag, value in (("--time-budget-s", self.time_budget_s), ("--timeout-s", self.timeout_s)):
+            if not (value > 0 and math.isfinite(value)):
+                raise BenchInputError(f"{flag} {value}: must be a positive number of seconds")
 
     def config(self) -> dict[str, Any]:
         """The fields that define 'the same experiment' (hashed for resume and comparison)."""

@@ -77,7 +77,7 @@ def auto_bucket_sizes(num_params: int, configured: int) -> list[int]:
 def _normalise(ds: dict, micro_batch: Optional[int]) -> dict:
     """Copy of a config with one micro-batch per step (grad accumulation 1) and no batch total to conflict."""
     cfg = copy.deepcopy(ds)
-    mb = micro_batch or cfg.get("train_micro_batch_size_per_gpu")
+    mb = micro_batch if micro_batch is not None else cfg.get("train_micro_batch_size_per_gpu")
     if mb is None:
         tb, ga = cfg.get("train_batch_size"), cfg.get("gradient_accumulation_steps") or 1
         mb = max(1, int(tb) // int(ga)) if tb else 1
@@ -142,6 +142,9 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
         raise BenchInputError(f"--steps {steps} / --warmup {warmup}: need at least 2 timed steps and warmup >= 0")
     if world_size < 2:
         raise BenchInputError(f"--world-size {world_size}: overlap needs at least 2 ranks")
+    for flag, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch)):
+        if value is not None and value < 1:
+            raise BenchInputError(f"{flag} {value}: must be >= 1 (or leave it out for the config's / spec's own)")
     check_world_size(backend, world_size)
     with targets_mod.temp_work_dir() as tmp:
         tmp = pathlib.Path(tmp)
@@ -150,7 +153,7 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
         for t in tgts:
             shape, spec = targets_mod.shape_for(t, model)
             shapes[t.name] = shape
-            seqs[t.name] = seq_len or (spec.training.seq_len if spec is not None else 128)
+            seqs[t.name] = seq_len if seq_len is not None else (spec.training.seq_len if spec is not None else 128)
             nparams[t.name] = count_params(shape).total
         variants = build_variants(tgts, nparams, overlap, bucket_sizes, micro_batch)
         cfg = {"bench": BENCH_NAME, "variants": [(v.key, v.ds_config) for v in variants], "steps": steps,

@@ -23,7 +23,7 @@ def spawn_ranks(entry: Callable, world: int, args: tuple, timeout_s: float) -> N
     try:
         while not ctx.join(timeout=1.0):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"ranks did not finish within {timeout_s:.0f} s (raise --timeout-s)")
+                raise RuntimeError(f"ranks did not finish within {timeout_s:g} s (raise --timeout-s)")
     except mp.ProcessRaisedException as exc:
         raise RuntimeError(f"a rank failed: {str(exc).strip().splitlines()[-1]}") from None
     except mp.ProcessExitedException as exc:

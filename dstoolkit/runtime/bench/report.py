@@ -2,29 +2,17 @@
 
 Everything here is derived from the result files; nothing is measured. For each (bench, config hash, row key)
 only the newest record is shown, so re-running a bench updates the report while the JSONL keeps the history.
+`dstoolkit report`'s entry point, which reads and checks the records and the output paths, is `report_render`.
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import pathlib
 from typing import Any, Iterable, Optional, Sequence
 
 from dstoolkit.common.atomic import atomic_write_bytes, atomic_write_text
-from dstoolkit.runtime.bench import harness, results_jsonl, stats
-from dstoolkit.runtime.bench.harness import BenchInputError
-
-
-@dataclasses.dataclass
-class ReportResult:
-    """What `render_report` wrote."""
-
-    markdown_path: pathlib.Path
-    plots: list[pathlib.Path]
-    counts: dict[str, int]
-    """Rows shown per bench kind."""
-    markdown: str
+from dstoolkit.runtime.bench import stats
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,53 +337,3 @@ def _plot_train(recs: list[dict[str, Any]], out_dir: pathlib.Path, prefix: str) 
     path = _save(fig, out_dir / f"{prefix}_train_step_time.png")
     plt.close(fig)
     return path
-
-
-# --------------------------------------------------------------------------------------------------
-# Entry point
-# --------------------------------------------------------------------------------------------------
-
-
-def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | str] = None,
-                  force: bool = False, pattern: str = "*.jsonl") -> ReportResult:
-    """Render markdown + PNGs from every ``*.jsonl`` file in ``results_dir``.
-
-    Args:
-        results_dir: folder of JSON Lines result files.
-        out: markdown file to write (default ``RESULTS_DIR/report.md``); PNGs go next to it.
-        force: replace an existing report file (otherwise refuse, so nothing is overwritten silently).
-        pattern: comma-separated globs of the result files to include (e.g. ``comm_*.jsonl,train_*.jsonl``).
-
-    Raises:
-        BenchInputError: the folder is missing, holds no records, or the report exists without ``force``.
-    """
-    results_dir = pathlib.Path(results_dir)
-    if not results_dir.is_dir():
-        raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} is not a directory; pass the folder holding *.jsonl results")
-    files = sorted({f for pat in pattern.split(",") if pat.strip() for f in results_dir.glob(pat.strip())})
-    records = [r for f in files if f.suffix == ".jsonl" for r in results_jsonl.read_records(f)]
-    latest = _latest(records)
-    if not latest:
-        raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} holds no benchmark records ({pattern}); run `dstoolkit bench ... --out` first")
-    md_path = pathlib.Path(out) if out else results_dir / "report.md"
-    if md_path.exists() and not force:
-        raise BenchInputError(f"{md_path} exists; pass --force to replace it (the JSONL results are never touched)")
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for r in latest:
-        by_kind.setdefault(r["bench"], []).append(r)
-    plots: list[pathlib.Path] = []
-    prefix = md_path.stem  # plots are named after the report: report.md -> report_comm_busbw.png
-    lines = ["# Benchmark report", "", f"Rendered by `dstoolkit report` from {len(records)} records in "
-             f"{len(files)} JSON Lines files ({pattern}); newest record per row (older runs stay in the files).", ""]
-    if by_kind.get("comm"):
-        lines += _comm_section(by_kind["comm"], md_path.parent, plots, prefix)
-    if by_kind.get("comm_overhead"):
-        lines += _comm_overhead_section(by_kind["comm_overhead"])
-    if by_kind.get("overlap"):
-        lines += _overlap_section(by_kind["overlap"], md_path.parent, plots, prefix)
-    if by_kind.get("train"):
-        lines += _train_section(by_kind["train"], md_path.parent, plots, prefix)
-    text = "\n".join(lines).rstrip() + "\n"
-    write_report(md_path, text)
-    return ReportResult(markdown_path=md_path, plots=plots, counts={k: len(v) for k, v in by_kind.items()}, markdown=text)

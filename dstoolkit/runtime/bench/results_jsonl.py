@@ -8,6 +8,7 @@ import datetime as _dt
 import json
 import os
 import pathlib
+import sys
 import uuid
 from typing import Any, Iterable, Optional
 
@@ -21,36 +22,98 @@ RUN_DONE_EVENT = "run_done"
 def append_records(path: pathlib.Path | str, records: Iterable[dict[str, Any]]) -> None:
     """Append records as JSON Lines, flushed and fsynced so an interrupt loses at most the current row.
 
-    The file is only ever opened in append mode: existing results are never rewritten.
+    The file is only ever opened in append mode: existing results are never rewritten. A file whose last
+    line was cut off (an interrupted write) gets a newline first, so the new records start on a line of their
+    own; the cut-off line stays as it is (`read_records` reports it).
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
+        if _lacks_final_newline(path):
+            fh.write("\n")
         for rec in records:
             fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
 
 
-def read_records(path: pathlib.Path | str) -> list[dict[str, Any]]:
-    """Read a JSON Lines file (or every ``*.jsonl`` under a directory); a torn last line is skipped."""
+def _lacks_final_newline(path: pathlib.Path) -> bool:
+    """The file is not empty and its last byte is not a newline (a cut-off last line)."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class BadLine:
+    """A line of a JSON Lines file that holds no record."""
+
+    file: pathlib.Path
+    line: int
+    """1-based line number."""
+    reason: str
+
+
+class Records(list):
+    """What `read_records` returns: the records (a plain list of dicts, in file order), plus `bad_lines`, the
+    lines that could not be read as a record, and `lines`, each record's (file, 1-based line number)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bad_lines: list[BadLine] = []
+        self.lines: list[tuple[pathlib.Path, int]] = []
+
+    def bad_lines_message(self, limit: int = 8) -> str:
+        """'N line(s) could not be read as records: FILE line 4 (reason), ...' ('' when every line was a record)."""
+        return describe_bad_lines(self.bad_lines, limit)
+
+
+def describe_bad_lines(bad: list[BadLine], limit: int = 8) -> str:
+    """One sentence naming how many lines held no record, and which (file, line number, why), at most `limit`."""
+    if not bad:
+        return ""
+    shown = "; ".join(f"{b.file} line {b.line} ({b.reason})" for b in bad[:limit])
+    more = f"; and {len(bad) - limit} more" if len(bad) > limit else ""
+    return f"{len(bad)} line(s) could not be read as records and were skipped: {shown}{more}"
+
+
+_JSON_KIND = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def read_records(path: pathlib.Path | str) -> Records:
+    """Read a JSON Lines file (or every ``*.jsonl`` under a directory) into a `Records` list.
+
+    Lines that are not a JSON object (a line cut off by an interrupted write, text, a bare number) are left
+    out and listed in the answer's `bad_lines` with their line numbers; blank lines are ignored.
+    """
     path = pathlib.Path(path)
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    out: list[dict[str, Any]] = []
+    out = Records()
     for f in files:
         if not f.exists():
             continue
-        for line in f.read_text(encoding="utf-8").splitlines():
+        text = f.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
+        for no, line in enumerate(lines, 1):
             line = line.strip()
             if not line:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # an interrupted write; the row will be redone on resume
-            if isinstance(rec, dict):
-                rec.setdefault("_file", f.name)
-                out.append(rec)
+            except json.JSONDecodeError as exc:
+                cut = no == len(lines) and not text.endswith("\n")
+                why = "cut off: the last line has no newline (an interrupted write?)" if cut else f"not JSON: {exc.msg}"
+                out.bad_lines.append(BadLine(f, no, why))
+                continue
+            if not isinstance(rec, dict):
+                out.bad_lines.append(BadLine(f, no, f"a JSON {_JSON_KIND.get(type(rec), 'value')}, not an object"))
+                continue
+            rec.setdefault("_file", f.name)
+            out.append(rec)
+            out.lines.append((f, no))
     return out
 
 
@@ -74,7 +137,10 @@ def open_run(path: Optional[pathlib.Path | str], bench: str, cfg_hash: str, resu
     fresh = RunState(run_id=uuid.uuid4().hex[:12], resumed=False, done_keys=set())
     if path is None or not resume:
         return fresh
-    records = [r for r in read_records(path) if r.get("bench") == bench and r.get("config_hash") == cfg_hash]
+    everything = read_records(path)
+    if everything.bad_lines:  # kept as they are; the new records start on a line of their own
+        print(f"# {path}: {everything.bad_lines_message()}", file=sys.stderr)
+    records = [r for r in everything if r.get("bench") == bench and r.get("config_hash") == cfg_hash]
     if not records:
         return fresh
     last_run = records[-1].get("run_id")

@@ -195,10 +195,11 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
             targets.append(BenchTarget(name=p.stem, ds_config=load_json_config(p), ds_config_path=p.resolve(),
                                        spec_path=spec_path, ep_size=1, strategy=p.stem))
     if strategies:
-        targets = [t for t in targets if t.strategy in strategies or t.name in strategies]
-        if not targets:
-            known = ", ".join(t.name for t in targets)
+        picked = [t for t in targets if t.strategy in strategies or t.name in strategies]
+        if not picked:
+            known = ", ".join(dict.fromkeys(t.name for t in targets))  # the full list, before the filter
             raise BenchInputError(f"--strategy {', '.join(strategies)}: no such strategy among the targets (known: {known})")
+        targets = picked
     if not targets:
         raise BenchInputError("no DeepSpeed configs found in the targets")
     if shrink is not None:

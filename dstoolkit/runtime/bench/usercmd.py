@@ -38,7 +38,7 @@ LAUNCHER_WRAPPER_MARKERS = ("ChildFailedError", "torch/distributed/elastic", "to
 def _failure(rc: int, tail: str, timeout_s: float, timed_out: bool) -> tuple[str, str]:
     """(status, one-line reason) for a failed run."""
     if timed_out:
-        return "timeout", f"no result within {timeout_s:.0f} s (--trial-timeout)"
+        return "timeout", f"no result within {timeout_s:g} s (--trial-timeout)"
     low = tail.lower()
     if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or any(m.lower() in low for m in OOM_MARKERS):
         why = next((ln.strip() for ln in tail.splitlines() if any(m.lower() in ln.lower() for m in OOM_MARKERS)),
