@@ -124,6 +124,17 @@ def run(args) -> int:
     findings: list[Finding] = []
     in_generated = [f for f in files if generated_root(f) is not None]
     files_plain = [f for f in files if f not in set(in_generated)]
+    layout_flags = [flag for flag, v in (("--world-size", args.world_size), ("--gpus-per-node", args.gpus_per_node),
+                                         ("--tp", None if args.tp == 1 else args.tp),  # 1: the default
+                                         ("--pp", None if args.pp == 1 else args.pp),
+                                         ("--num-experts", args.num_experts), ("--ep-size", args.ep_size))
+                    if v is not None]
+    if in_generated and layout_flags:  # the folder's layout.json says these; a flag would be silently ignored
+        print(f"dstoolkit validate: error: {', '.join(layout_flags)} given for a generated folder "
+              f"({generated_root(in_generated[0])}), whose layout.json fixes the layout its configs are checked "
+              "at: drop the flags, or copy the config out of the folder to check it at another layout",
+              file=sys.stderr)
+        return EXIT_INPUT
     not_configs: list[str] = []
     if in_generated:
         def _read(path):

@@ -256,3 +256,13 @@ def test_a_spec_that_is_not_utf8_is_named(tmp_path, capsys):
 def test_spec_codes_are_explained():
     assert main(["validate", "--explain", "SP007"]) == 0
     assert main(["validate", "--explain", "sp001"]) == 0
+
+
+def test_layout_flags_for_a_generated_folder_are_refused_not_ignored(repo_root, capsys):
+    """A generated folder's layout.json fixes the layout; --world-size 3 was silently ignored (0 errors), while the
+    same config copied out of the folder gives DS201."""
+    cfg = str(repo_root / "ds_configs" / "generated" / "tiny_cpu" / "zero2" / "ds_config.json")
+    assert main(["validate", cfg]) == 0
+    capsys.readouterr()
+    assert main(["validate", cfg, "--world-size", "3", "--tp", "2"]) == 2
+    assert "error: --world-size, --tp given for a generated folder" in capsys.readouterr().err
