@@ -4,81 +4,22 @@
 checkpoint (root with `latest_universal`, or its tag folder with `zero/`), an HF Trainer output folder or one of
 its `checkpoint-N/` folders (DeepSpeed's `global_stepN/` inside), or the project's trainer root (`step_XXXXXXXX/`
 tags with `dstoolkit_manifest.json`, whose sizes and SHA-256 are verified). Every torch file is checked as a zip
-archive (a truncated one has no end record) and by CRC; the metadata come from `dstoolkit.ckpt.torchzip`.
+archive (a truncated one has no end record) and by CRC, or, in torch's legacy format, by its structure and length;
+the metadata come from `dstoolkit.ckpt.torchzip`. A universal checkpoint is complete when it holds what DeepSpeed's
+universal loaders read (`dstoolkit.ckpt.universal.check_universal`). The tag comes from `latest` / `latest_universal`; when that is empty
+or missing the newest tag is taken and a note says so; one that is not text or leaves the folder is an error.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dstoolkit.common.filehash import sha256_file
 from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.errors import CkptError
-from dstoolkit.ckpt.torchzip import Opaque, TensorMeta, TorchFileError, check_archive, read_meta, tensors
-
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing that makes the checkpoint incomplete: the file and what is wrong with it."""
-
-    file: str
-    problem: str
-
-
-@dataclass(frozen=True)
-class RankFiles:
-    """The files one data-parallel (or pipeline/expert) rank wrote, and their bytes on disk."""
-
-    rank: int
-    files: tuple[str, ...]
-    bytes: int
-
-
-@dataclass
-class CheckpointInfo:
-    """The inspection of one checkpoint tag."""
-
-    root: Path
-    """The folder holding the tag folders (and `latest`)."""
-    tag_dir: Path
-    format: str
-    """deepspeed-zero | deepspeed-universal | deepspeed-pipeline | deepspeed-moe | hf-trainer | dstoolkit-trainer."""
-    tag: str
-    step: Optional[int] = None
-    tags: list[str] = field(default_factory=list)
-    """Every tag (or checkpoint-N) found beside this one, newest first."""
-    world_size: Optional[int] = None
-    dp: Optional[int] = None
-    tp: Optional[int] = None
-    pp: Optional[int] = None
-    ep: Optional[int] = None
-    zero_stage: Optional[int] = None
-    num_experts: Optional[list[int]] = None
-    dtypes: dict[str, str] = field(default_factory=dict)
-    """Kind of state -> dtype: model (as the module states hold them), master (fp32 partitions), optimizer."""
-    optimizer_states: bool = False
-    scheduler: bool = False
-    offload: Optional[str] = None
-    """The ds_config's offload_optimizer device when the run offloaded (files are the same)."""
-    ranks: list[RankFiles] = field(default_factory=list)
-    shared_bytes: int = 0
-    """Bytes of files no single rank owns (model states written by rank 0 under ZeRO 0-2, expert files, universal)."""
-    total_bytes: int = 0
-    model_state_bytes: int = 0
-    optimizer_state_bytes: int = 0
-    complete: bool = True
-    problems: list[Problem] = field(default_factory=list)
-    manifest_verified: Optional[bool] = None
-    deepspeed_version: Optional[str] = None
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["root"], d["tag_dir"] = str(self.root), str(self.tag_dir)
-        return d
+from dstoolkit.ckpt.info import CheckpointInfo, Problem, RankFiles, load_meta
+from dstoolkit.ckpt.manifest import verify_manifest
+from dstoolkit.ckpt.torchzip import Opaque, TensorMeta, check_archive, is_legacy, tensors
+from dstoolkit.ckpt.universal import check_universal
 
 
 def _step_of(tag: str) -> Optional[int]:
@@ -97,17 +38,31 @@ def _tags_in(root: Path) -> list[str]:
     return sorted(out, key=lambda t: (_step_of(t) or -1, t), reverse=True)
 
 
-def _read_latest(root: Path, name: str) -> Optional[str]:
-    p = root / name
-    return p.read_text().strip() or None if p.is_file() else None
-
-
-def resolve(path: Path) -> tuple[Path, str, str, list[str]]:
-    """(root, tag, wrapper format or '', tags beside it) of the checkpoint at `path`.
+def _read_latest(root: Path, name: str, tags: list[str]) -> Optional[str]:
+    """The tag a pointer file (`latest`, `latest_universal`) names; '' when it is empty, None when there is none.
 
     Raises:
-        CkptError: `path` is no checkpoint of a kind we know, or `latest` names a tag that is not there.
+        CkptError: the file is not text, or names something that is not a folder directly inside `root`.
     """
+    p = root / name
+    if not p.is_file():
+        return None
+    fix = (f"rewrite {p} to hold the name of one tag folder ({', '.join(tags[:5]) or 'none found'}), "
+           f"e.g. `printf %s {tags[0] if tags else 'global_stepN'} > {p}`")
+    raw = p.read_bytes()
+    try:
+        tag = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise CkptError(str(p), f"is not text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): DeepSpeed reads "
+                        "the tag folder's name from it", fix) from None
+    if tag and (tag in (".", "..") or any(c in tag for c in "/\\\0\n")):
+        raise CkptError(str(p), f"names {tag!r}, which is not a tag folder inside {root} (a tag is one folder "
+                        "name; this one would leave the checkpoint folder)", fix)
+    return tag
+
+
+def _resolve(path: Path) -> tuple[Path, str, str, list[str], list[str]]:
+    """resolve(), plus the notes on how the tag was chosen."""
     path = Path(path)
     if not path.exists():
         raise CkptError(str(path), "does not exist", "give the checkpoint folder (the one holding `latest`, a "
@@ -116,58 +71,48 @@ def resolve(path: Path) -> tuple[Path, str, str, list[str]]:
         raise CkptError(str(path), "is a file, not a checkpoint folder",
                         f"give its folder ({path.parent}) or the checkpoint root above it")
     if _is_tag_dir(path):
-        return path.parent, path.name, "", _tags_in(path.parent)
+        return path.parent, path.name, "", _tags_in(path.parent), []
     hf = sorted((p for p in path.iterdir() if p.is_dir() and N.HF_CHECKPOINT_DIR.match(p.name)),
                 key=lambda p: int(N.HF_CHECKPOINT_DIR.match(p.name).group("step")), reverse=True)
     if hf and not (path / N.LATEST).is_file():  # an HF Trainer output_dir: its newest checkpoint-N
-        root, tag, _, _ = resolve(hf[0])
-        return root, tag, "hf-trainer", [p.name for p in hf]
+        root, tag, _, _, notes = _resolve(hf[0])
+        return root, tag, "hf-trainer", [p.name for p in hf], notes
     wrapper = "hf-trainer" if (path / N.HF_TRAINER_STATE).is_file() else ""
     tags = _tags_in(path)
+    if not wrapper and any((path / t / N.DSTOOLKIT_MANIFEST).is_file() for t in tags):
+        wrapper = "dstoolkit-trainer"
+    empty: list[str] = []
     for pointer in (N.LATEST_UNIVERSAL, N.LATEST):
-        tag = _read_latest(path, pointer)
-        if tag is not None:
+        tag = _read_latest(path, pointer, tags)
+        if tag == "":
+            empty.append(pointer)
+        elif tag is not None:
             if not (path / tag).is_dir():
                 raise CkptError(str(path / pointer), f"names tag {tag!r} but {path / tag} does not exist",
                                 f"pick an existing tag folder ({', '.join(tags) or 'none found'}), or rewrite "
                                 f"{pointer} to name one")
-            if any((path / t / N.DSTOOLKIT_MANIFEST).is_file() for t in tags):
-                wrapper = wrapper or "dstoolkit-trainer"
-            return path, tag, wrapper, tags
+            return path, tag, wrapper, tags, []
     if tags:
-        return path, tags[0], wrapper, tags
+        pointer = N.LATEST_UNIVERSAL if (path / tags[0] / N.UNIVERSAL_ZERO_DIR).is_dir() else N.LATEST
+        why = (f"{path / pointer} is empty" if pointer in empty else
+               f"{path / empty[0]} is empty and there is no {pointer}" if empty else f"there is no {pointer} file")
+        return path, tags[0], wrapper, tags, [
+            f"{why}: took the newest tag, {tags[0]}. DeepSpeed's engine.load_checkpoint({str(path)!r}) without "
+            f"tag= reads {pointer} and would load nothing: write the tag into {path / pointer} or pass "
+            f"tag={tags[0]!r}"]
     raise CkptError(str(path), "is not a checkpoint folder: no `latest` file, no *_model_states.pt / "
                     "*_optim_states.pt, no checkpoint-N/ or global_stepN/ folder",
                     "give the folder DeepSpeed's save_checkpoint wrote (or an HF Trainer output_dir)")
 
 
-def _verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
-    mpath = tag_dir / N.DSTOOLKIT_MANIFEST
-    if not mpath.is_file():
-        if info.format == "dstoolkit-trainer":
-            info.problems.append(Problem(str(mpath), "is missing: the save did not finish (the trainer writes it "
-                                         "last)"))
-        return
-    try:
-        files = json.loads(mpath.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        info.problems.append(Problem(str(mpath), f"is unreadable ({exc})"))
-        info.manifest_verified = False
-        return
-    ok = True
-    for rel, rec in sorted(files.items()):
-        p = tag_dir / rel
-        if not p.is_file():
-            info.problems.append(Problem(str(p), "is missing (listed in the manifest)"))
-            ok = False
-        elif p.stat().st_size != rec["bytes"]:
-            info.problems.append(Problem(str(p), f"is {p.stat().st_size} bytes, the manifest says {rec['bytes']} "
-                                         "(truncated)"))
-            ok = False
-        elif sha256_file(p) != rec["sha256"]:
-            info.problems.append(Problem(str(p), "does not match its SHA-256 in the manifest (corrupted)"))
-            ok = False
-    info.manifest_verified = ok
+def resolve(path: Path) -> tuple[Path, str, str, list[str]]:
+    """(root, tag, wrapper format or '', tags beside it) of the checkpoint at `path`.
+
+    Raises:
+        CkptError: `path` is no checkpoint of a kind we know, or `latest` is not text, names a tag that is not
+            there, or names a path that leaves the checkpoint folder.
+    """
+    return _resolve(path)[:4]
 
 
 def _zero_stage(v: Any) -> Optional[int]:
@@ -179,14 +124,6 @@ def _zero_stage(v: Any) -> Optional[int]:
 def _dtype_of(items: list[tuple[str, TensorMeta]]) -> Optional[str]:
     kinds = sorted({t.dtype for _, t in items if t.numel or t.storage_bytes})
     return "+".join(kinds) if kinds else (items[0][1].dtype if items else None)
-
-
-def _load(path: Path, info: CheckpointInfo) -> Optional[Any]:
-    try:
-        return read_meta(path)
-    except TorchFileError as exc:
-        info.problems.append(Problem(str(path), str(exc)))
-        return None
 
 
 def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
@@ -203,11 +140,12 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     Raises:
         CkptError: `path` is not a checkpoint folder.
     """
-    root, tag, wrapper, tags = resolve(Path(path))
+    root, tag, wrapper, tags, resolve_notes = _resolve(Path(path))
     tag_dir = root / tag
     files = sorted(p for p in tag_dir.iterdir() if p.is_file())
     universal = (tag_dir / N.UNIVERSAL_ZERO_DIR).is_dir()
     info = CheckpointInfo(root=root, tag_dir=tag_dir, format="", tag=tag, step=_step_of(tag), tags=tags)
+    late_notes = list(resolve_notes)
     if wrapper == "hf-trainer":
         info.step = _step_of(root.name) if _step_of(root.name) is not None else info.step
     model_files = [p for p in files if N.MODEL_STATES.match(p.name)]
@@ -222,14 +160,16 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
             problem = check_archive(p, crc=crc)
             if problem is not None:
                 info.problems.append(Problem(str(p), problem))
-    _verify_manifest(tag_dir, info)
+    verify_manifest(tag_dir, info)
     bad = {pr.file for pr in info.problems}
 
     head_file = (model_files or [z3_model[k] for k in sorted(z3_model)] or [None])[0]
-    head = _load(head_file, info) if head_file is not None and str(head_file) not in bad else None
-    if head_file is None and not universal:
+    head = load_meta(head_file, info) if head_file is not None and str(head_file) not in bad else None
+    if head_file is None:
         info.problems.append(Problem(str(tag_dir / "mp_rank_00_model_states.pt"),
-                                     "is missing (no *_model_states.pt in the tag folder)"))
+                                     "is missing (no *_model_states.pt in the tag folder" +
+                                     ("; a universal load reads the step, scheduler and client state from it)"
+                                      if universal else ")")))
     ds_config: dict = {}
     if isinstance(head, dict):
         ds_config = head.get("ds_config") if isinstance(head.get("ds_config"), dict) else {}
@@ -260,7 +200,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
 
     first_optim = optim[min(optim)] if optim else None
     if first_optim is not None and str(first_optim) not in bad:
-        osd = _load(first_optim, info)
+        osd = load_meta(first_optim, info)
         if isinstance(osd, dict):
             o = osd.get("optimizer_state_dict") or {}
             stage = _zero_stage(o.get("zero_stage"))
@@ -284,18 +224,11 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
 
     if universal:
         info.format = "deepspeed-universal"
-        zdir = tag_dir / N.UNIVERSAL_ZERO_DIR
-        params = [p for p in zdir.iterdir() if p.is_dir()]
-        for p in params:
-            if not (p / "fp32.pt").is_file():
-                info.problems.append(Problem(str(p / "fp32.pt"), "is missing (every parameter needs its fp32 copy)"))
-        info.optimizer_states = any((p / "exp_avg.pt").is_file() for p in params)
-        info.dtypes.setdefault("master", "float32")
-        info.notes.append(f"{len(params)} parameters under zero/ (layout-free: resumable at any dp / ZeRO stage)")
+        check_universal(tag_dir / N.UNIVERSAL_ZERO_DIR, head, info, crc=crc)
     elif pipe or (info.pp or 1) > 1:
         info.format = "deepspeed-pipeline"
         if pipe and "model" not in info.dtypes:
-            lay = _load(pipe[0], info) if str(pipe[0]) not in bad else None
+            lay = load_meta(pipe[0], info) if str(pipe[0]) not in bad else None
             if isinstance(lay, dict):
                 info.dtypes["model"] = _dtype_of(tensors(lay)) or "?"
     elif info.num_experts:
@@ -305,7 +238,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     if wrapper == "hf-trainer" and (root / "scheduler.pt").is_file():
         info.scheduler = True  # HF Trainer keeps its own scheduler beside DeepSpeed's tag folder
     if wrapper:
-        info.notes.append(f"{info.format} checkpoint inside")
+        info.notes.insert(0, f"{info.format} checkpoint inside")
         info.format = wrapper
 
     # completeness: every data-parallel rank's partition present
@@ -341,7 +274,21 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         owned.setdefault((key[1], key[0]), []).append(p)  # ranks ordered model-parallel rank major
     for r, p in expert_optim.items():
         owned.setdefault((0, r), []).append(p)
-    all_files = [p for p in tag_dir.rglob("*") if p.is_file()]
+    all_files = list(files)
+    if universal:
+        zdir = tag_dir / N.UNIVERSAL_ZERO_DIR
+        all_files += [p for p in sorted(zdir.iterdir()) if p.is_file()]
+        all_files += [f for d in sorted(zdir.iterdir()) if d.is_dir() for f in sorted(d.iterdir()) if f.is_file()]
+    foreign = [d.name for d in sorted(tag_dir.iterdir())
+               if d.is_dir() and not (universal and d.name == N.UNIVERSAL_ZERO_DIR)]
+    if foreign:
+        late_notes.append(f"sub-folder(s) {', '.join(foreign)} of {tag_dir} are not part of the checkpoint "
+                          "(DeepSpeed writes no folders there): not checked, not counted in the bytes")
+    legacy = [p.name for p in files if p.suffix == ".pt" and is_legacy(p)]
+    if legacy:
+        late_notes.append(f"{len(legacy)} file(s) in torch's legacy (non-zip) format ({legacy[0]}"
+                          f"{', ...' if len(legacy) > 1 else ''}): torch.load reads them; they carry no checksums, "
+                          "so only their structure and length were checked")
     owned_set = {p for ps in owned.values() for p in ps}
     info.ranks = [RankFiles(i, tuple(p.name for p in sorted(ps)), sum(p.stat().st_size for p in ps))
                   for i, (_, ps) in enumerate(sorted(owned.items()))]
@@ -349,14 +296,34 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     info.shared_bytes = sum(p.stat().st_size for p in all_files if p not in owned_set)
     opt_files = set(optim.values()) | set(expert_optim.values())
     if universal:
-        opt_files |= {p for p in all_files if p.name in ("exp_avg.pt", "exp_avg_sq.pt")}
+        opt_files |= {p for p in all_files if p.name in ("exp_avg.pt", "exp_avg_sq.pt", "optimizer_state.pt")}
     info.optimizer_state_bytes = sum(p.stat().st_size for p in all_files if p in opt_files)
     info.model_state_bytes = sum(p.stat().st_size for p in all_files
                                  if p not in opt_files and p.suffix == ".pt")
-    if info.zero_stage == 3 and info.optimizer_states:
+    info.other_bytes = info.total_bytes - info.model_state_bytes - info.optimizer_state_bytes
+    if info.zero_stage == 3 and info.optimizer_states and not universal:
         info.notes.append("ZeRO-3: the weights live in the fp32 partitions of the *_optim_states.pt files "
                           "(the model-states files hold placeholders)")
-    seen: set[tuple[str, str]] = set()
-    info.problems = [p for p in info.problems if (p.file, p.problem) not in seen and not seen.add((p.file, p.problem))]
+    info.notes.extend(late_notes)
+    info.problems = _merge_problems(info.problems)
     info.complete = not info.problems
     return info
+
+
+def _merge_problems(problems: list[Problem]) -> list[Problem]:
+    """One Problem per file (the checks overlap: the manifest and the layout both see a missing rank file)."""
+    by_file: dict[str, list[str]] = {}
+    for p in problems:
+        texts = by_file.setdefault(p.file, [])
+        if p.problem not in texts:
+            texts.append(p.problem)
+    out = []
+    for file, texts in by_file.items():
+        missing = [t[len("is missing ("):-1] for t in texts if t.startswith("is missing (") and t.endswith(")")]
+        rest = [t for t in texts if not (t.startswith("is missing (") and t.endswith(")"))]
+        if missing:
+            rest.insert(0, f"is missing ({'; '.join(missing)})")
+        out.append(Problem(file, "; ".join(rest)))
+    return out
+
+

@@ -41,20 +41,29 @@ def parse_target(text: str) -> Target:
     """`world=1,zero=3,tp=1,pp=1,ep=1` -> Target.
 
     Raises:
-        CkptError: an unknown key or a value that is not a positive integer.
+        CkptError: an empty list, an unknown key, a key given twice, or a value that is not a positive integer.
     """
     keys = [f.name for f in fields(Target)]
     values: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",")):
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise CkptError("--to", f"{text!r} names no layout", "write KEY=N pairs, e.g. --to world=1,zero=3 "
+                        "(or leave --to out)")
+    for part in parts:
         if not part:
-            continue
+            raise CkptError("--to", f"{text!r} has an empty item between commas",
+                            "write KEY=N pairs separated by single commas, e.g. --to world=1,zero=3")
         key, sep, raw = part.partition("=")
         key = key.strip()
         if not sep or key not in keys:
             raise CkptError("--to", f"{part!r} is not KEY=N with KEY one of {', '.join(keys)}",
                             "write e.g. --to world=1,zero=3")
-        if not raw.strip().isdigit() or int(raw) < 1:
-            raise CkptError("--to", f"{key}={raw.strip()!r} is not a positive integer", f"give {key}=N with N >= 1")
+        raw = raw.strip()
+        if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+            raise CkptError("--to", f"{key}={raw!r} is not a positive integer", f"give {key}=N with N >= 1")
+        if key in values:
+            raise CkptError("--to", f"{key} is given twice ({key}={values[key]} and {key}={int(raw)})",
+                            f"give {key} once")
         values[key] = int(raw)
     return Target(**values)
 
@@ -83,6 +92,10 @@ def check_target(info, target: Target) -> list[tuple[str, str]]:
         out.append((f"target ep={target.ep} but the checkpoint is native DeepSpeed MoE at ep={ep}: "
                     "ds_to_universal does not consolidate native experts (ds_to_universal.py:1250-1252)",
                     f"resume at ep={ep}"))
+    elif not info.num_experts and target.ep is not None and target.ep > 1:
+        out.append((f"target ep={target.ep} but the checkpoint's model has no MoE layers (no num_experts in its "
+                    "model states): there are no experts to split over expert-parallel ranks",
+                    "leave ep out of --to (or give ep=1)"))
     if target.world is not None and info.tp and info.pp:
         mp = int(target.tp or info.tp) * int(target.pp or info.pp)
         if target.world % mp:

@@ -6,10 +6,18 @@ the pickle refers to storages through persistent ids `('storage', <torch.XStorag
 rebuilds tensors with `torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)` (torch/serialization.py,
 torch/_utils.py). No code from the file runs: `find_class` never imports anything except plain containers.
 A truncated file has no zip end-of-central-directory record; a damaged one fails the member CRC check.
+
+torch < 1.6 (and `torch.save(..., _use_new_zipfile_serialization=False)`) writes the legacy format instead, which
+`torch.load` still reads (torch/serialization.py `_legacy_save` / `_legacy_load`): five pickles in a row - the magic
+number 0x1950a86a20f9469cfc6c, the protocol version 1001, a sys_info dict, the object (storages as persistent ids
+`('storage', <torch.XStorage>, key, location, numel, view_metadata)`), the sorted list of storage keys - then per
+key an int64 element count and the raw bytes. It has no checksums: a legacy file is checked by that structure
+and its exact length (a cut file ends inside a pickle or a storage), never by CRC.
 """
 from __future__ import annotations
 
 import pickle
+import struct
 import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,6 +34,11 @@ DTYPE_NAMES = {"float32", "float64", "float16", "bfloat16", "int64", "int32", "i
                "float8_e4m3fn", "float8_e5m2", "complex64"}
 SAFE_GLOBALS = {("collections", "OrderedDict"): OrderedDict, ("builtins", "set"): set,
                 ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice, ("builtins", "complex"): complex}
+
+
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+"""torch/serialization.py MAGIC_NUMBER: the first pickle of a legacy (non-zip) torch.save file."""
+LEGACY_PROTOCOL = 1001
 
 
 class TorchFileError(ValueError):
@@ -119,14 +132,104 @@ class _MetaUnpickler(pickle.Unpickler):
         return Opaque(pid)
 
 
+def is_legacy(path: Path) -> bool:
+    """True when `path` starts like a legacy (non-zip) torch.save file: a pickle (protocol 2+) holding the magic
+    number. Says nothing about whether the rest of the file is whole (`check_archive` does)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" and head[2:3] == b"\x8a" and int.from_bytes(head[4:14], "little") == LEGACY_MAGIC
+
+
+def _read_legacy(path: Path, *, want_object: bool) -> tuple[Any, int]:
+    """(the object with tensors as TensorMeta, bytes of its storages) of a legacy torch.save file.
+
+    Raises:
+        TorchFileError: the file is cut short, has trailing bytes, or its pickles are not torch.save's.
+    """
+    size = path.stat().st_size
+    storages: dict[str, _Storage] = {}
+
+    class Recorder(_MetaUnpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            st = super().persistent_load(pid)
+            if isinstance(st, _Storage):
+                storages.setdefault(st.key, st)
+            return st
+
+    with open(path, "rb") as f:
+        try:
+            magic = _MetaUnpickler(f, {}).load()
+            if magic != LEGACY_MAGIC:
+                raise TorchFileError("is not a torch.save file (no torch magic number)")
+            proto = _MetaUnpickler(f, {}).load()
+            if proto != LEGACY_PROTOCOL:
+                raise TorchFileError(f"is a legacy torch.save file of protocol {proto!r}, not {LEGACY_PROTOCOL}")
+            sys_info = _MetaUnpickler(f, {}).load()
+            little = not isinstance(sys_info, dict) or sys_info.get("little_endian", True)
+            obj = Recorder(f, {}).load()
+            keys = _MetaUnpickler(f, {}).load()
+        except TorchFileError:
+            raise
+        except (EOFError, pickle.UnpicklingError) as exc:
+            if not isinstance(exc, EOFError) and "truncated" not in str(exc):
+                raise TorchFileError(f"is a legacy (non-zip) torch.save file with an unreadable pickle "
+                                     f"({type(exc).__name__}: {exc})") from None
+            raise TorchFileError(f"is a legacy (non-zip) torch.save file cut short ({size} bytes, it ends inside "
+                                 "its pickled metadata): the save did not finish or the copy was cut") from None
+        except (AttributeError, TypeError, ValueError, IndexError, KeyError) as exc:
+            raise TorchFileError(f"is a legacy (non-zip) torch.save file with an unreadable pickle "
+                                 f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(keys, list):
+            raise TorchFileError("is a legacy (non-zip) torch.save file without its storage key list")
+        payload = 0
+        for key in keys:
+            head = f.read(8)
+            if len(head) < 8:
+                raise TorchFileError(f"is a legacy (non-zip) torch.save file cut short ({size} bytes): storage "
+                                     f"{key!r} is missing: the save did not finish or the copy was cut")
+            numel = struct.unpack("<q" if little else ">q", head)[0]
+            st = storages.get(str(key))
+            elem = _ELEMENT_BYTES.get(st.dtype, 1) if st is not None else 1
+            if numel < 0 or (st is not None and st.numel != numel):
+                raise TorchFileError(f"is a damaged legacy torch.save file: storage {key!r} says {numel} elements, "
+                                     f"its tensors {st.numel if st is not None else '?'}")
+            nbytes = numel * elem
+            here = f.tell()
+            if here + nbytes > size:
+                raise TorchFileError(f"is a legacy (non-zip) torch.save file cut short ({size} bytes): storage "
+                                     f"{key!r} needs {nbytes} bytes from offset {here}: the save did not finish "
+                                     "or the copy was cut")
+            f.seek(nbytes, 1)
+            payload += nbytes
+        if f.tell() != size:
+            raise TorchFileError(f"is a damaged legacy torch.save file: {size - f.tell()} bytes after its last "
+                                 "storage")
+    return (obj if want_object else None), payload
+
+
 def check_archive(path: Path, *, crc: bool = True) -> Optional[str]:
-    """None when `path` is an intact torch.save zip archive, else what is wrong with it (one line)."""
+    """None when `path` is an intact torch.save file, else what is wrong with it (one line).
+
+    A zip archive (torch >= 1.6) is checked by its end record and, with `crc`, every member's CRC; a legacy
+    file (`is_legacy`) by its structure and exact length (it has no checksums).
+    """
     try:
         size = path.stat().st_size
     except OSError as exc:
         return f"cannot read ({exc.strerror})"
     if size == 0:
         return "is empty (0 bytes): the save did not finish"
+    if is_legacy(path):
+        try:
+            _read_legacy(path, want_object=False)
+        except TorchFileError as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"cannot read ({exc.strerror})"
+        return None
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
@@ -141,7 +244,7 @@ def check_archive(path: Path, *, crc: bool = True) -> Optional[str]:
             head = f.read(4)
         if head == b"PK\x03\x04":
             return f"is truncated ({size} bytes, no zip end record): the save did not finish or the copy was cut"
-        return "is not a torch.save zip archive (legacy or foreign format)"
+        return "is not a torch.save file (neither a zip archive nor torch's legacy pickle format)"
     except (OSError, EOFError, ValueError) as exc:  # zipfile on a cut-off member
         return f"is truncated or damaged ({exc})"
     return None
@@ -151,11 +254,13 @@ def read_meta(path: Path) -> Any:
     """The object `torch.load(path)` would return, with tensors as `TensorMeta` and classes as stubs.
 
     Raises:
-        TorchFileError: when the file is not an intact torch.save archive.
+        TorchFileError: when the file is not an intact torch.save file (zip archive or legacy format).
     """
     problem = check_archive(path, crc=False)
     if problem is not None:
         raise TorchFileError(problem)
+    if is_legacy(path):
+        return _read_legacy(path, want_object=True)[0]
     with zipfile.ZipFile(path) as zf:
         pkl = next(n for n in zf.namelist() if n.endswith("data.pkl"))
         prefix = pkl[: -len("data.pkl")]
@@ -183,6 +288,9 @@ def tensors(obj: Any, prefix: str = "") -> list[tuple[str, TensorMeta]]:
 
 
 def payload_bytes(path: Path) -> int:
-    """Bytes of the tensor storages in a torch.save archive (its data/ members), without the pickle or zip headers."""
+    """Bytes of the tensor storages in a torch.save file (a zip archive's data/ members, a legacy file's storages),
+    without the pickle or zip headers."""
+    if is_legacy(path):
+        return _read_legacy(path, want_object=False)[1]
     with zipfile.ZipFile(path) as zf:
         return sum(i.file_size for i in zf.infolist() if "/data/" in i.filename and not i.filename.endswith("/"))

@@ -7,11 +7,12 @@ Exit codes: 0 ok, 1 findings (inspect: the checkpoint is incomplete), 2 bad inpu
 from __future__ import annotations
 
 from dstoolkit.cli import ckpt_export, ckpt_inspect, ckpt_reshard
+from dstoolkit.cli.ckpt_inspect import first_paragraph
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("ckpt", help="inspect, reshard (universal) or export (HF) a DeepSpeed checkpoint",
-                              description=__doc__.splitlines()[0])
+                              description=first_paragraph(__doc__))
     sub = p.add_subparsers(dest="ckpt_cmd", metavar="CMD")
     sub.required = True
     for module in (ckpt_inspect, ckpt_reshard, ckpt_export):

@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from dstoolkit.ckpt.errors import CkptError
+from dstoolkit.ckpt.paths import check_output_outside
+from dstoolkit.cli.ckpt_inspect import first_paragraph
 from dstoolkit.cli.options import EXIT_OK, exit_map
 
 
 def add_subparser(sub) -> None:
     p = sub.add_parser("export", help="consolidated safetensors + config.json for transformers from_pretrained",
-                       description=__doc__.splitlines()[0])
+                       description=first_paragraph(__doc__))
     p.add_argument("dir", metavar="DIR", help="the checkpoint (root with `latest`, a tag folder, or checkpoint-N/)")
     p.add_argument("--hf", required=True, metavar="OUT", help="new folder for model.safetensors + config.json")
     p.add_argument("--config", metavar="CONFIG_JSON", default=None,
@@ -26,6 +28,7 @@ def add_subparser(sub) -> None:
 @exit_map("ckpt export")
 def run(args) -> int:
     out = Path(args.hf)
+    check_output_outside(Path(args.dir), out, "--hf", "_hf")
     if out.exists():
         raise CkptError(str(out), "already exists", "give --hf a new folder (nothing is overwritten)")
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
@@ -34,4 +37,5 @@ def run(args) -> int:
     res = export_hf(Path(args.dir), out, config=Path(args.config) if args.config else None, dtype=args.dtype)
     print(f"wrote {res.weights} ({res.tensors} tensors, {res.params} parameters, {args.dtype}) and {res.config} "
           f"from {res.source} (prefix stripped: {res.prefix!r})")
+    print(f"weights from {res.weights_from}")
     return EXIT_OK

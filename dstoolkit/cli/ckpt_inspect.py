@@ -7,14 +7,22 @@ Exit codes: 0 complete, 1 incomplete (missing / truncated / corrupt file), 2 not
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 from dstoolkit.ckpt.inspect import inspect_checkpoint
 from dstoolkit.cli.options import EXIT_FINDINGS, EXIT_OK, add_format_flag, exit_map
 
 
+def first_paragraph(doc: str) -> str:
+    """A module docstring's first paragraph on one line: the description of `dstoolkit ckpt` and its sub-verbs
+    (argparse re-wraps it; the first line alone would stop mid-sentence)."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def add_subparser(sub) -> None:
     p = sub.add_parser("inspect", help="what a checkpoint folder holds, and whether it is complete",
-                       description=__doc__.splitlines()[0])
+                       description=first_paragraph(__doc__))
     p.add_argument("dir", metavar="DIR", help="checkpoint root (with `latest`), a tag folder (global_stepN/), a "
                    "universal checkpoint, an HF Trainer output_dir or checkpoint-N/, or a `dstoolkit train` "
                    "--checkpoint-dir")
@@ -40,7 +48,8 @@ def render(info) -> str:
         f"  states       optimizer {'yes' if info.optimizer_states else 'no'}, scheduler "
         f"{'yes' if info.scheduler else 'no'}" + (f", experts per MoE layer {info.num_experts}" if info.num_experts else ""),
         f"  bytes        total {info.total_bytes} ({_mib(info.total_bytes)}): model states {info.model_state_bytes}, "
-        f"optimizer states {info.optimizer_state_bytes}",
+        f"optimizer states {info.optimizer_state_bytes}"
+        + (f", other {info.other_bytes} (files without tensors: the manifest ...)" if info.other_bytes else ""),
     ]
     for r in info.ranks:
         lines.append(f"    rank {r.rank:<3} {r.bytes:>12}  {', '.join(r.files)}")
@@ -62,8 +71,12 @@ def render(info) -> str:
 @exit_map("ckpt inspect")
 def run(args) -> int:
     info = inspect_checkpoint(args.dir, crc=not args.no_crc)
-    if args.format == "json":
-        print(json.dumps(info.as_dict(), indent=1))
-    else:
-        print(render(info))
-    return EXIT_OK if info.complete else EXIT_FINDINGS
+    rc = EXIT_OK if info.complete else EXIT_FINDINGS
+    try:
+        print(json.dumps(info.as_dict(), indent=1) if args.format == "json" else render(info))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `ckpt inspect DIR | head`: the reader left; stop quietly, exit as the inspection did
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        os.close(devnull)
+    return rc

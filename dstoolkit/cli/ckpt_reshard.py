@@ -9,12 +9,14 @@ from pathlib import Path
 
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.layout import parse_target
+from dstoolkit.ckpt.paths import check_output_outside
+from dstoolkit.cli.ckpt_inspect import first_paragraph
 from dstoolkit.cli.options import EXIT_OK, add_out_flag, exit_map
 
 
 def add_subparser(sub) -> None:
     p = sub.add_parser("reshard", help="convert to a DeepSpeed universal checkpoint (resume at another layout)",
-                       description=__doc__.splitlines()[0])
+                       description=first_paragraph(__doc__))
     p.add_argument("dir", metavar="DIR", help="the checkpoint (root with `latest`, or one tag folder)")
     add_out_flag(p, required=True, metavar="OUT", help="new folder for the universal checkpoint "
                  "(OUT/<tag>/ and OUT/latest_universal); must not exist")
@@ -25,8 +27,9 @@ def add_subparser(sub) -> None:
 
 @exit_map("ckpt reshard")
 def run(args) -> int:
-    target = parse_target(args.to) if args.to else None
+    target = parse_target(args.to) if args.to is not None else None
     out = Path(args.out)
+    check_output_outside(Path(args.dir), out, "--out", "_universal")
     if out.exists():  # before importing torch: refuse at once
         raise CkptError(str(out), "already exists", "give --out a new folder (nothing is overwritten)")
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)

@@ -19,6 +19,7 @@ from typing import Optional
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.layout import Target, check_target
+from dstoolkit.ckpt.paths import check_output_outside
 
 
 def resume_config(ds_config: dict) -> dict:
@@ -125,8 +126,10 @@ def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet
         The inspection of the source checkpoint.
 
     Raises:
-        CkptError: not a checkpoint, incomplete, already universal, a target it cannot be resharded to, or `out` exists.
+        CkptError: not a checkpoint, incomplete, already universal, a target it cannot be resharded to, `out`
+            inside (or around) the checkpoint, or `out` exists.
     """
+    check_output_outside(Path(src), Path(out), "--out", "_universal")
     info = inspect_checkpoint(src)
     if info.format == "deepspeed-universal":
         raise CkptError(str(src), "is already a universal checkpoint",

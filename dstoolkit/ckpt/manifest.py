@@ -1,0 +1,68 @@
+"""The project trainer's checkpoint manifest (split from dstoolkit.ckpt.inspect): `dstoolkit_manifest.json` lists
+each file of a tag with its size and SHA-256, written last; `verify_manifest` checks the files against it. No torch
+import."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dstoolkit.ckpt import names as N
+from dstoolkit.ckpt.info import CheckpointInfo, Problem
+from dstoolkit.common.filehash import sha256_file
+
+
+MANIFEST_RECORD = '{"bytes": N, "sha256": "HEX"}'
+
+
+def verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
+    mpath = tag_dir / N.DSTOOLKIT_MANIFEST
+    if not mpath.is_file():
+        if info.format == "dstoolkit-trainer":
+            info.problems.append(Problem(str(mpath), "is missing: the save did not finish (the trainer writes it "
+                                         "last)"))
+        return
+    fix = "re-save the checkpoint (the trainer writes the manifest last, from the files on disk)"
+    try:
+        manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        info.problems.append(Problem(str(mpath), f"is not valid JSON ({str(exc).splitlines()[0][:120]}): {fix}"))
+        info.manifest_verified = False
+        return
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        if not isinstance(manifest, dict):
+            what = f"it is a JSON {type(manifest).__name__}"
+        elif "files" in manifest:
+            what = f"its \"files\" is a JSON {type(files).__name__ if files is not None else 'null'}"
+        else:
+            what = "it has no \"files\" object"
+        info.problems.append(Problem(str(mpath), f"is damaged: {what}, not {{file name: {MANIFEST_RECORD}}}; {fix}"))
+        info.manifest_verified = False
+        return
+    ok = True
+    for rel, rec in sorted(files.items()):
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts:
+            info.problems.append(Problem(str(mpath), f"is damaged: it lists {rel!r}, which is not a file inside the "
+                                         f"tag folder; {fix}"))
+            ok = False
+            continue
+        if (not isinstance(rec, dict) or not isinstance(rec.get("bytes"), int) or isinstance(rec.get("bytes"), bool)
+                or not isinstance(rec.get("sha256"), str)):
+            info.problems.append(Problem(str(mpath), f"is damaged: the record of {rel!r} is {json.dumps(rec)[:80]}, "
+                                         f"not {MANIFEST_RECORD}; {fix}"))
+            ok = False
+            continue
+        p = tag_dir / rel
+        if not p.is_file():
+            info.problems.append(Problem(str(p), "is missing (listed in the manifest)"))
+            ok = False
+        elif p.stat().st_size != rec["bytes"]:
+            info.problems.append(Problem(str(p), f"is {p.stat().st_size} bytes, the manifest says {rec['bytes']} "
+                                         "(truncated)" if p.stat().st_size < rec["bytes"] else
+                                         f"is {p.stat().st_size} bytes, the manifest says {rec['bytes']}"))
+            ok = False
+        elif sha256_file(p) != rec["sha256"]:
+            info.problems.append(Problem(str(p), "does not match its SHA-256 in the manifest (corrupted)"))
+            ok = False
+    info.manifest_verified = ok
