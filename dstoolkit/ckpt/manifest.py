@@ -39,6 +39,10 @@ def verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
         info.problems.append(Problem(str(mpath), f"is damaged: {what}, not {{file name: {MANIFEST_RECORD}}}; {fix}"))
         info.manifest_verified = False
         return
+    if not files:
+        info.problems.append(Problem(str(mpath), f"lists no files; {fix}"))
+        info.manifest_verified = False
+        return
     ok = True
     for rel, rec in sorted(files.items()):
         parts = Path(rel).parts

@@ -18,11 +18,18 @@ def test_intact_truncated_corrupt_and_unfinished(tmp_path):
     assert verify(d) is None
     f = d / "zero_pp_rank_1_optim_states.pt"
     f.write_bytes(b"x" * 10)
-    assert "is 10 bytes, manifest says 1000 (truncated?)" in verify(d)
+    assert verify(d) == "step_00000003: zero_pp_rank_1_optim_states.pt is 10 bytes, the manifest says 1000 (truncated)"
     f.write_bytes(b"y" * 1000)
-    assert "SHA-256 mismatch" in verify(d)
+    assert verify(d) == ("step_00000003: zero_pp_rank_1_optim_states.pt does not match its SHA-256 in the manifest "
+                         "(corrupted)")
+    (d / MANIFEST_NAME).write_text('{"format": 1, "files": {"a.pt": {"size": 3}}}')  # a damaged record: no traceback
+    assert verify(d).startswith(f"step_00000003: {MANIFEST_NAME} is damaged: the record of 'a.pt' is ")
+    (d / MANIFEST_NAME).write_text('{"format": 1, "files": []}')
+    assert verify(d).startswith(f"step_00000003: {MANIFEST_NAME} is damaged: its \"files\" is a JSON list")
+    (d / MANIFEST_NAME).write_text('{"format": 1, "files": {}}')
+    assert verify(d).startswith(f"step_00000003: {MANIFEST_NAME} lists no files")
     (d / MANIFEST_NAME).unlink()
-    assert "save did not finish" in verify(d)
+    assert verify(d) == f"step_00000003: {MANIFEST_NAME} is missing: the save did not finish (the trainer writes it last)"
 
 
 def test_latest_valid_falls_back_and_honours_limits(tmp_path):

@@ -48,27 +48,19 @@ def write_manifest(ckpt_dir: Path, meta: dict) -> dict:
 
 
 def verify(ckpt_dir: Path) -> Optional[str]:
-    """None when the checkpoint is complete and intact, else the reason it is not."""
-    mpath = ckpt_dir / MANIFEST_NAME
-    if not mpath.is_file():
-        return f"{ckpt_dir.name}: no {MANIFEST_NAME} (save did not finish)"
-    try:
-        manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError) as e:
-        return f"{ckpt_dir.name}: unreadable manifest ({e})"
-    if not files:
-        return f"{ckpt_dir.name}: manifest lists no files"
-    for rel, rec in files.items():
-        p = ckpt_dir / rel
-        if not p.is_file():
-            return f"{ckpt_dir.name}: missing {rel}"
-        size = p.stat().st_size
-        if size != rec["bytes"]:
-            return f"{ckpt_dir.name}: {rel} is {size} bytes, manifest says {rec['bytes']} (truncated?)"
-        if sha256_file(p) != rec["sha256"]:
-            return f"{ckpt_dir.name}: {rel} SHA-256 mismatch (corrupted)"
-    return None
+    """None when the checkpoint is complete and intact, else the first reason it is not: the manifest's one
+    reader, `dstoolkit.ckpt.manifest.verify_manifest` (what `dstoolkit ckpt inspect` checks), every file's size and
+    SHA-256 against it."""
+    from dstoolkit.ckpt.info import CheckpointInfo
+    from dstoolkit.ckpt.manifest import verify_manifest
+
+    info = CheckpointInfo(root=ckpt_dir.parent, tag_dir=ckpt_dir, format="dstoolkit-trainer", tag=ckpt_dir.name)
+    verify_manifest(ckpt_dir, info)
+    if not info.problems:
+        return None
+    first = Path(info.problems[0].file)
+    where = first.relative_to(ckpt_dir) if first.is_relative_to(ckpt_dir) else first
+    return f"{ckpt_dir.name}: {where} {info.problems[0].problem}"
 
 
 def read_manifest(ckpt_dir: Path) -> dict:
