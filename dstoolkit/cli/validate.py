@@ -25,7 +25,7 @@ from dstoolkit.dsconfig.versions import normalize_version
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.explain import UnknownCode, explain
 from dstoolkit.validate.findings import Finding, has_spec_sections
-from dstoolkit.validate.folder import CONFIG_KINDS, generated_root, validate_generated
+from dstoolkit.validate.folder import CONFIG_KINDS, generated_root, read_layouts, validate_generated
 from dstoolkit.validate.parse import MAX_TEXT_BYTES, decode_bytes
 
 CONFIG_GLOB_SUFFIX = ".json"  # directory walks skip *.schema.json (JSON Schema files, not configs)
@@ -44,6 +44,27 @@ def _spec_findings(path: str, text: str) -> Optional[list[Finding]]:
     from dstoolkit.generate.io import looks_like_spec, spec_file_findings
 
     return spec_file_findings(path) if looks_like_spec(text, yaml_file=not path.lower().endswith(".json")) else None
+
+
+def _layout_flag_conflict(args, in_generated: list[str]) -> Optional[str]:
+    """The first layout flag that differs from a generated file's layout.json (`read_layouts`), as text, or None.
+    --tp / --pp at their default 1 count as not given."""
+    given = {"world_size": ("--world-size", args.world_size), "gpus_per_node": ("--gpus-per-node", args.gpus_per_node),
+             "tp": ("--tp", None if args.tp == 1 else args.tp), "pp": ("--pp", None if args.pp == 1 else args.pp),
+             "num_experts": ("--num-experts", args.num_experts), "ep": ("--ep-size", args.ep_size)}
+    given = {k: fv for k, fv in given.items() if fv[1] is not None}
+    if not given:
+        return None
+    for path in in_generated:
+        try:
+            layout = read_layouts(os.path.dirname(os.path.abspath(path))).get(os.path.basename(path))
+        except ValueError:
+            continue  # validate_generated reports the unreadable layout.json
+        for key, (flag, value) in given.items():
+            have = getattr(layout, key, None) if layout is not None else None
+            if have is not None and have != value:
+                return f"{flag} {value} for {path}, whose layout.json says {key} {have}"
+    return None
 
 
 def add_parser(subparsers) -> None:
@@ -124,16 +145,11 @@ def run(args) -> int:
     findings: list[Finding] = []
     in_generated = [f for f in files if generated_root(f) is not None]
     files_plain = [f for f in files if f not in set(in_generated)]
-    layout_flags = [flag for flag, v in (("--world-size", args.world_size), ("--gpus-per-node", args.gpus_per_node),
-                                         ("--tp", None if args.tp == 1 else args.tp),  # 1: the default
-                                         ("--pp", None if args.pp == 1 else args.pp),
-                                         ("--num-experts", args.num_experts), ("--ep-size", args.ep_size))
-                    if v is not None]
-    if in_generated and layout_flags:  # the folder's layout.json says these; a flag would be silently ignored
-        print(f"dstoolkit validate: error: {', '.join(layout_flags)} given for a generated folder "
-              f"({generated_root(in_generated[0])}), whose layout.json fixes the layout its configs are checked "
-              "at: drop the flags, or copy the config out of the folder to check it at another layout",
-              file=sys.stderr)
+    conflict = _layout_flag_conflict(args, in_generated)
+    if conflict:  # the folder's layout.json says these; a different flag would be silently ignored
+        print(f"dstoolkit validate: error: {conflict}: a generated folder's configs are checked at the layout its "
+              "layout.json records: drop the flag, or copy the config out of the folder to check it at another "
+              "layout", file=sys.stderr)
         return EXIT_INPUT
     not_configs: list[str] = []
     if in_generated:

@@ -264,5 +264,8 @@ def test_layout_flags_for_a_generated_folder_are_refused_not_ignored(repo_root, 
     cfg = str(repo_root / "ds_configs" / "generated" / "tiny_cpu" / "zero2" / "ds_config.json")
     assert main(["validate", cfg]) == 0
     capsys.readouterr()
+    assert main(["validate", cfg, "--world-size", "2"]) == 0  # what layout.json says: fine
+    capsys.readouterr()
     assert main(["validate", cfg, "--world-size", "3", "--tp", "2"]) == 2
-    assert "error: --world-size, --tp given for a generated folder" in capsys.readouterr().err
+    assert (f"error: --world-size 3 for {cfg}, whose layout.json says world_size 2: a generated folder's configs are "
+            "checked at the layout its layout.json records") in capsys.readouterr().err
