@@ -80,22 +80,23 @@ def run(args) -> int:
         problem = input_file_problem(path)
         if problem:
             raise InputError(f"{flag} {path}: {problem}")
-    if args.steps <= 0 or args.nproc <= 0:
-        raise InputError(f"--steps={args.steps} and --nproc={args.nproc} must be > 0")
+    for flag, value in (("--steps", args.steps), ("--nproc", args.nproc)):
+        if value <= 0:
+            raise InputError(f"{flag}={value} must be > 0")
     if Path(args.config).suffix.lower() in (".yaml", ".yml") and Path(args.spec).suffix.lower() == ".json":
         raise InputError(f"--config {args.config} is YAML and --spec {args.spec} is JSON: swapped? --spec takes the "
                          "spec YAML, --config the DeepSpeed JSON")
     cmd = launch_command(args)
-    if args.dry_run:
-        print(shlex.join(cmd))
-        return EXIT_OK
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.preflight import UsageError, check_launch
 
-    try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc): once, here
-        check_launch(trainer_args(args), args.nproc, config_flag="--config")
+    try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc): once, here,
+        check_launch(trainer_args(args), args.nproc, config_flag="--config")  # and before --dry-run prints it
     except UsageError as exc:
         raise InputError(str(exc)) from None
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return EXIT_OK
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.launch import launch_env
 

@@ -22,11 +22,23 @@ def files(tmp_path):
 def test_dry_run_prints_the_launch_command(files, capsys):
     spec, ds = files
     rc = main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "3", "--launcher", "deepspeed",
-               "--dry-run", "--", "--save-every", "2"])
+               "--dry-run", "--", "--save-every", "2", "--checkpoint-dir", "ck"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "--num_gpus 2" in out and "--module dstoolkit.runtime.train.trainer" in out
-    assert out.rstrip().endswith("--save-every 2") and f"--spec {spec}" in out
+    assert out.rstrip().endswith("--save-every 2 --checkpoint-dir ck") and f"--spec {spec}" in out
+    # what the trainer refuses is refused before the command is printed (--save-every without --checkpoint-dir)
+    assert main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "3", "--dry-run", "--",
+                 "--save-every", "2"]) == 2
+    assert "--save-every / --resume / --spike-action rollback need --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_dry_run_checks_what_the_ranks_would_refuse(files, capsys):
+    spec, ds = files
+    assert main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "3", "--nproc", "3", "--dry-run"]) == 2
+    assert "--nproc 3 does not fit --config" in capsys.readouterr().err
+    assert main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "0"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("--steps=0 must be > 0")
 
 
 def test_missing_files_exit_2(files, capsys):

@@ -39,8 +39,11 @@ def test_rollback_policy_shared_and_bounded():
     assert rb.perform(Mgr(), 12, "spike", loaded.append) == ("step_8", [])
     assert loaded == ["step_8"] and seen == {"max_step": 10, "healthy": True}
     assert g.consecutive_skips == 0 and g.lr_cooldown_left == g.config.lr_scale_steps
-    with pytest.raises(RuntimeError, match="1 rollbacks did not clear"):
-        rb.perform(Mgr(), 14, "spike", loaded.append)
+    with pytest.raises(RuntimeError, match=r"^step 12: 1 rollbacks did not clear the spike \(spike\)"):
+        rb.perform(Mgr(), 12, "spike", loaded.append)  # the spike is back before the run got past step 12
+    assert loaded == ["step_8"]
+    assert rb.perform(Mgr(), 14, "spike", loaded.append)[0] == "step_8"  # past step 12: a new spike, a new count
+    assert (rb.done, rb.streak) == (2, 1)
 
 
 def test_callback_skips_a_spiking_batch_by_zeroing_its_loss(tmp_path):

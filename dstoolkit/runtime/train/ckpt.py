@@ -77,12 +77,30 @@ class Found:
     """Reasons for each newer checkpoint that was passed over."""
 
 
+def check_keep(keep: object) -> None:
+    """`keep` (checkpoints kept on disk) must be a whole number >= 1 (`SettingError` names it)."""
+    from dstoolkit.runtime.train.spike import check_int
+
+    check_int("keep", keep, 1, "the newest checkpoints kept on disk; the newest healthy one is kept as well",
+              where="checkpoints")
+
+
+def _healthy(ckpt_dir: Path) -> bool:
+    try:
+        return read_manifest(ckpt_dir).get("healthy") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class CheckpointManager:
-    """Save and find DeepSpeed checkpoints atomically under one root."""
+    """Save and find DeepSpeed checkpoints atomically under one root. Pruning keeps the newest `keep` and,
+    beyond them, the newest healthy one (the rollback target a run of cool-down saves would otherwise push out).
+    A rollback (`record_rollback`) removes the abandoned trajectory's newer checkpoints, points `latest` at its
+    target and records the offending data positions there, so a resume before the next save neither loads the
+    abandoned state nor replays those batches (`rollback_skips`)."""
 
     def __init__(self, root: os.PathLike | str, *, keep: int = 3, rank: int = 0) -> None:
-        if keep < 1:
-            raise ValueError(f"--keep-checkpoints={keep} must be >= 1")
+        check_keep(keep)
         self.root = Path(root)
         self.keep = keep
         self.rank = rank
@@ -128,8 +146,36 @@ class CheckpointManager:
         return tag
 
     def _prune(self) -> None:
-        for tag in self.tags()[self.keep:]:
-            shutil.rmtree(self.root / tag, ignore_errors=True)
+        tags = self.tags()
+        kept = set(tags[:self.keep])
+        kept.update(next(([t] for t in tags if _healthy(self.root / t)), []))  # the newest healthy one
+        for tag in tags:
+            if tag not in kept:
+                shutil.rmtree(self.root / tag, ignore_errors=True)
+
+    def record_rollback(self, tag: str, skip_positions: list[int]) -> None:
+        """After a rollback to `tag` (rank 0 writes; call it on every rank): the newer checkpoints (the abandoned
+        trajectory) are removed, `latest` names `tag`, and `skip_positions` are recorded in its manifest."""
+        if self.rank != 0:
+            return
+        step = step_of(tag)
+        for newer in self.tags():
+            if step_of(newer) > step:
+                shutil.rmtree(self.root / newer, ignore_errors=True)
+        manifest = read_manifest(self.root / tag)
+        manifest["rollback_skip_positions"] = sorted(set(manifest.get("rollback_skip_positions", []))
+                                                     | set(skip_positions))
+        atomic_write_text(self.root / tag / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
+        atomic_write_text(self.root / "latest", tag)
+
+    def rollback_skips(self, tag: str) -> set[int]:
+        """Data positions rollbacks to `tag` marked offending (`record_rollback`); add them when loading it."""
+        raw = read_manifest(self.root / tag).get("rollback_skip_positions", [])
+        if not isinstance(raw, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in raw):
+            raise RuntimeError(f"{self.root / tag / MANIFEST_NAME}: rollback_skip_positions is {str(raw)[:80]}, not "
+                               "a list of data positions; fix or remove that key (the batches it listed are then "
+                               "replayed)")
+        return set(raw)
 
     def latest_valid(self, *, max_step: Optional[int] = None, require_healthy: bool = False) -> Found:
         """Newest intact checkpoint (optionally at or before `max_step`, optionally healthy only)."""
@@ -144,4 +190,37 @@ class CheckpointManager:
             if reason is None:
                 return Found(tag, step, rejected)
             rejected.append(reason)
+        return Found(None, None, rejected)
+
+
+HF_MARKER = "dstoolkit_guard.json"
+"""The HF callback's file in each Trainer checkpoint-N: the healthy flag and the guard's state."""
+
+
+class HfCheckpoints:
+    """The Trainer's checkpoint-N folders, as `Rollback` expects a checkpoint manager."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.root = Path(output_dir)
+
+    def latest_valid(self, *, max_step: Optional[int] = None, require_healthy: bool = False):
+        rejected = []
+        dirs = []
+        for p in self.root.glob("checkpoint-*"):
+            try:
+                dirs.append((int(p.name.split("-")[1]), p))
+            except (IndexError, ValueError):
+                continue
+        for step, p in sorted(dirs, reverse=True):
+            if max_step is not None and step > max_step:
+                continue
+            marker = p / HF_MARKER
+            if not marker.is_file() or not (p / "latest").is_file():
+                rejected.append(f"{p.name}: no {HF_MARKER} / DeepSpeed 'latest' (saved without the callback or "
+                                "incomplete)")
+                continue
+            if require_healthy and not json.loads(marker.read_text()).get("healthy"):
+                rejected.append(f"{p.name}: saved while the spike guard was cooling down (not a rollback target)")
+                continue
+            return Found(str(p), step, rejected)
         return Found(None, None, rejected)

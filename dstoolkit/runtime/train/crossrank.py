@@ -21,12 +21,13 @@ imports torch.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import socket
 import statistics
 import struct
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional, Sequence
 
 NOISE_FRACTION = 0.5
@@ -122,9 +123,23 @@ def own_work_excess(ranks: Sequence[RankWindow]) -> tuple[int, float]:
     return i, (own[i] / med - 1 if med > 0 else 0.0)
 
 
+def unmeasured(r: RankWindow) -> bool:
+    """A rank whose window timings hold a NaN (nothing measured): it cannot be compared with the others."""
+    return any(math.isnan(getattr(r, f)) for f in ("step_s", "compute_s", "comm_s", "input_s"))
+
+
 def diagnose(ranks: Sequence[RankWindow], *, noise: float = NOISE_FRACTION, link_noise: float = LINK_NOISE_FRACTION,
              min_comm_share: float = MIN_COMM_SHARE, probe_bytes: int = PROBE_BYTES) -> Optional[Bottleneck]:
-    """The bottleneck of one window, or None when nothing stands out beyond the noise thresholds."""
+    """The bottleneck of one window, or None when nothing stands out beyond the noise thresholds. Ranks with a NaN
+    timing (`unmeasured`) are left out of the comparison, and the evidence names them."""
+    left_out = [r.rank for r in ranks if unmeasured(r)]
+    if left_out:
+        found = diagnose([r for r in ranks if not unmeasured(r)], noise=noise, link_noise=link_noise,
+                         min_comm_share=min_comm_share, probe_bytes=probe_bytes)
+        if found is None:
+            return None
+        return replace(found, evidence=f"{found.evidence}; rank(s) {', '.join(map(str, left_out))} left out: "
+                                       "NaN timings (nothing measured)")
     if len(ranks) < 2:
         return None
     med_step = statistics.median(r.step_s for r in ranks)

@@ -16,13 +16,16 @@ the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
 * trains on the batch (`engine.backward` + `engine.step`) -> "trained";
 * skips it (no backward; the data position moves on) -> "skipped";
 * rolls back (`dstoolkit.runtime.train.spike.Rollback`: the newest healthy checkpoint at least two steps older
-  than the spike, loaded through `engine.load_checkpoint`; offending data positions are skipped from then on)
-  -> "rolled_back"; without a checkpoint the batch is skipped instead;
-* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`), runs the LR cool-down
-  (the optimizer's param-group LRs scaled by `lr_scale` for `lr_scale_steps` steps, then restored; a scheduler
-  that sets the LR every step overrides it), and saves every `save_every` steps through
-  `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename: a rank killed mid-save
-  never leaves a checkpoint that `resume` would load).
+  than the spike, loaded through `engine.load_checkpoint`; offending data positions -- the skipped batches, or
+  for a grad-norm rollback the batches of that update -- are skipped from then on, also after a resume)
+  -> "rolled_back"; without a checkpoint the batch is skipped and the guard restarts its loss baseline;
+* the LR cool-down scales each optimizer update by `lr_scale` for `lr_scale_steps` updates (from the update in
+  progress when a loss spikes, from the next after a grad-norm spike or a rollback): only while the optimizer
+  steps (torch optimizer step hooks; else around `engine.step`), so a scheduler that sets or decays the LR keeps
+  its schedule and the checkpoints hold the unscaled LR;
+* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`) and saves every
+  `save_every` steps through `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename:
+  a rank killed mid-save never leaves a checkpoint that `resume` would load).
 
 Rank 0 appends one JSON line per optimizer step and per event (spike, rollback, checkpoint, resume, done) to
 `metrics_path`. Every `monitor_every` optimizer steps (0: off) the cross-rank view (`crossrank.StepWindows`): the
@@ -36,10 +39,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
-from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
+from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig, check_int
 
 
 class Guard:
@@ -53,6 +57,8 @@ class Guard:
         from dstoolkit.runtime.rankexit import install_exit_guard
 
         install_exit_guard()  # the process groups destroyed before the interpreter exits (rankexit)
+        for name, value in (("save_every", save_every or 0), ("monitor_every", monitor_every or 0)):
+            check_int(name, value, 0, "optimizer steps; 0: off", where="Guard")
         self.engine = engine
         self.guard = SpikeGuard(config or SpikeGuardConfig())
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -71,8 +77,11 @@ class Guard:
         self.skip_positions: set[int] = set()
         self.events: list[dict] = []
         self._step_losses: list[float] = []
+        self._step_positions: list[int] = []
         self._incidents: list[int] = []
-        self._base_lrs: Optional[list[float]] = None
+        self._lr_used: Optional[float] = None
+        self._mult_used = 1.0
+        self._hooked = _hook_lr_cooldown(getattr(engine, "optimizer", None), self.guard.lr_multiplier)
         self._t = time.perf_counter()
         self._f = open(metrics_path, "a", buffering=1) if metrics_path and self.rank == 0 else None
         self._log = log or (lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True) if self.rank == 0 else None)
@@ -115,9 +124,9 @@ class Guard:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
         st = cs["dstoolkit_guard"]
         self.step_count, self.data_pos = int(st["step"]), int(st["data_pos"])
-        self.skip_positions = (self.skip_positions if keep_skips else set()) | set(st["skip_positions"])
+        self.skip_positions = ((self.skip_positions if keep_skips else set()) | set(st["skip_positions"])
+                               | self.mgr.rollback_skips(tag))
         self.guard.load_state_dict(st["guard"])
-        self._base_lrs = None
 
     # ------------------------------------------------------------------------------------------------------
     def resume(self) -> Optional[str]:
@@ -145,8 +154,11 @@ class Guard:
         self.data_pos += 1
 
     def step(self, loss: Any) -> str:
-        """Judge `loss` (this rank's micro-batch loss) and train on it, skip it or roll back (see the module
+        """Judge `loss` (this rank's micro-batch loss tensor) and train on it, skip it or roll back (see the module
         docstring). Returns "trained", "skipped" or "rolled_back"."""
+        if not hasattr(loss, "detach"):
+            raise TypeError(f"Guard.step(loss): loss must be the loss tensor the engine returned (the guard runs "
+                            f"engine.backward on it), got {type(loss).__name__} {loss!r}")
         pos = self.data_pos
         target = self.step_count + 1
         if pos in self.skip_positions:  # a batch a rollback marked offending: never again
@@ -155,42 +167,57 @@ class Guard:
             return "skipped"
         gl = self._mean(float(loss.detach().float().item()))
         d = self.guard.check_loss(gl, target)
-        if d.action != "none":
+        if d.kind != "ok":
             self._write({"event": "spike", "step": target, "data_pos": pos, **d.as_dict()})
             self._log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
-            self._incidents.append(pos)
-            if d.action == "rollback" and self._rollback(target, d.reason):
+            if d.action != "none":
+                self._incidents.append(pos)
+            if d.action == "rollback" and self._rollback(target, d.reason, d.kind, list(self._incidents)):
                 return "rolled_back"
             if d.action in ("skip", "rollback"):
-                if d.action == "rollback":
-                    self.guard.consecutive_skips = 0
                 self.data_pos += 1
                 return "skipped"
-            # lr_scale: the cool-down starts with this step
         before = self.engine.global_steps
         self.engine.backward(loss)
-        self.engine.step()
+        self._optimizer_step()
         self.data_pos += 1
         self._step_losses.append(gl)
+        self._step_positions.append(pos)
         if self.engine.global_steps == before:
             return "trained"  # inside gradient accumulation
         return self._after_optimizer_step()
+
+    def _optimizer_step(self) -> None:
+        """engine.step() with the LR cool-down on the update: the step hooks scale it, or (an optimizer without
+        hooks) the param-group LRs are scaled around the call and put back unless a scheduler set new ones."""
+        groups = getattr(getattr(self.engine, "optimizer", None), "param_groups", None) or []
+        m = self._mult_used = self.guard.lr_multiplier()
+        self._lr_used = float(groups[0]["lr"]) * m if groups else None
+        saved = [(g, g["lr"]) for g in groups] if m != 1.0 and not self._hooked else []
+        for g, lr in saved:
+            g["lr"] = lr * m
+        try:
+            self.engine.step()
+        finally:
+            for g, lr in saved:
+                if g["lr"] == lr * m:
+                    g["lr"] = lr
 
     def _after_optimizer_step(self) -> str:
         self.step_count = int(self.engine.global_steps)
         now = time.perf_counter()
         loss = sum(self._step_losses) / len(self._step_losses)
-        self._step_losses = []
+        positions = self._incidents + self._step_positions
+        self._step_losses, self._step_positions, self._incidents = [], [], []
         try:
             gn = self.engine.get_global_grad_norm()
             gn = float(gn) if gn is not None else None
         except Exception:
             gn = None
+        self.guard.end_step()  # the update just taken counts for the cool-down, then the grad norm is judged
         d = self.guard.observe_step(loss, gn, self.step_count)
-        self.guard.end_step()
-        lr = self._apply_lr()
-        self._write({"step": self.step_count, "loss": loss, "grad_norm": gn, "lr": lr, "data_pos": self.data_pos,
-                     "step_time_s": now - self._t, "lr_multiplier": self.guard.lr_multiplier()})
+        self._write({"step": self.step_count, "loss": loss, "grad_norm": gn, "lr": self._lr_used,
+                     "data_pos": self.data_pos, "step_time_s": now - self._t, "lr_multiplier": self._mult_used})
         if self._windows is not None:
             rec = self._windows.step(self.step_count, now - self._t, mem_bytes=_peak_memory_bytes())
             if rec is not None:
@@ -200,49 +227,28 @@ class Guard:
                 if rec["bottleneck_line"]:
                     self._log(rec["bottleneck_line"])
         self._t = now
-        self._incidents = []
-        if d.action != "none":
+        if d.kind != "ok":
             self._write({"event": "spike", "step": self.step_count, "data_pos": self.data_pos - 1, **d.as_dict()})
             self._log(f"step {self.step_count}: {d.kind} -> {d.action}: {d.reason}")
-            if d.action == "rollback" and self._rollback(self.step_count + 1, d.reason):
+            # the update is judged: its batches are the offending ones
+            if d.action == "rollback" and self._rollback(self.step_count + 1, d.reason, d.kind, positions):
                 return "rolled_back"
-            if d.action == "lr_scale":
-                self._apply_lr()
         if self.mgr is not None and self.save_every and self.step_count % self.save_every == 0:
             self.save()
         return "trained"
 
-    def _apply_lr(self) -> Optional[float]:
-        groups = getattr(getattr(self.engine, "optimizer", None), "param_groups", None)
-        if not groups:
-            return None
-        m = self.guard.lr_multiplier()
-        if m != 1.0:
-            if self._base_lrs is None:
-                self._base_lrs = [g["lr"] for g in groups]
-            for g, b in zip(groups, self._base_lrs):
-                g["lr"] = b * m
-        elif self._base_lrs is not None:
-            for g, b in zip(groups, self._base_lrs):
-                g["lr"] = b
-            self._base_lrs = None
-        return float(groups[0]["lr"])
-
-    def _rollback(self, spike_step: int, reason: str) -> bool:
-        if self.mgr is None:
-            self._log(f"step {spike_step}: rollback wanted ({reason}) but Guard has no checkpoint_dir; skipping")
-            return False
-        offending = list(self._incidents)
+    def _rollback(self, spike_step: int, reason: str, kind: str, offending: list[int]) -> bool:
         from_step = self.step_count
         tag, rejected = self.rollbacks.perform(self.mgr, spike_step, reason,
-                                               load=lambda t: self._load(t, keep_skips=True))
+                                               load=lambda t: self._load(t, keep_skips=True), kind=kind)
         if tag is None:
-            self._write({"event": "rollback_unavailable", "step": spike_step, "reason": reason, "rejected": rejected})
-            self._log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; skipping")
+            self._write({"event": "rollback_unavailable", "step": spike_step, "kind": kind, "reason": reason,
+                         "rejected": rejected, "baseline_restarted": True})
+            self._log(Rollback.unavailable_line(spike_step, reason, kind))
             return False
         self.skip_positions |= set(offending)
-        self._incidents, self._step_losses = [], []
-        self._apply_lr()
+        self.mgr.record_rollback(tag, sorted(self.skip_positions))
+        self._incidents, self._step_losses, self._step_positions = [], [], []
         self._write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
                      "to_step": self.step_count, "reason": reason, "skip_positions": offending})
         self._log(f"step {spike_step}: ROLLBACK to {tag}: {reason}; skipping data positions {offending}")
@@ -279,6 +285,44 @@ class Guard:
 def guard(engine: Any, **kwargs: Any) -> Guard:
     """`with dstoolkit.runtime.train.guard.guard(engine, ...) as g:` -- the same as `Guard(engine, ...)`."""
     return Guard(engine, **kwargs)
+
+
+def _hook_lr_cooldown(optimizer: Any, multiplier: Any) -> bool:
+    """Scale the LR of every update by `multiplier()` through the step pre/post hooks of the torch optimizer
+    inside `optimizer` (DeepSpeed's ZeRO / bf16 wrappers hold it as `.optimizer`): scaled while it steps, put
+    back right after, before a scheduler runs. False when there is no torch optimizer to hook."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - DeepSpeed needs torch
+        return False
+    for _ in range(4):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            break
+        optimizer = getattr(optimizer, "optimizer", None)
+    else:
+        return False
+    saved: list = []
+
+    def pre(opt, args, kwargs):
+        m = multiplier()
+        if m != 1.0:
+            saved[:] = [(g, g["lr"]) for g in opt.param_groups]
+            for g, lr in saved:
+                g["lr"] = lr * m
+
+    def post(opt, args, kwargs):
+        for g, lr in saved:
+            g["lr"] = lr
+        saved.clear()
+
+    for handle in _HOOKS.pop(optimizer, ()):  # a later Guard on the same engine replaces the earlier one's hooks
+        handle.remove()
+    _HOOKS[optimizer] = (optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post))
+    return True
+
+
+_HOOKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""The cool-down hooks on each torch optimizer (one Guard's at a time: two would scale the LR twice)."""
 
 
 def _peak_memory_bytes() -> float:

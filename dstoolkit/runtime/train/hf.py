@@ -8,8 +8,8 @@ What it does, and how (HF Trainer with DeepSpeed, `--deepspeed ds.json` or `acce
   micro-batch's loss, takes its mean over the ranks (one scalar all-reduce, so every rank decides the same) and
   asks the guard. *Skip*: the loss the Trainer back-propagates is multiplied by 0, so the batch adds no gradient
   (the optimizer still takes its step on the other micro-batches' gradients; with a single micro-batch per step
-  Adam's momentum still moves the weights a little). *LR cool-down*: after each optimizer step during the
-  cool-down the param-group LRs (just set by the Trainer's scheduler) are multiplied by `lr_scale`.
+  Adam's momentum still moves the weights a little). *LR cool-down*: the param-group LRs the Trainer's scheduler
+  sets are multiplied by `lr_scale` for `lr_scale_steps` updates (from the spiking step's own update on).
   Grad-norm spikes are judged after each step (`engine.get_global_grad_norm()`).
 * Rollback, through the Trainer's own checkpointing: at every `on_save` the callback writes
   `dstoolkit_guard.json` (healthy flag, guard state) into `checkpoint-N`; on a rollback decision
@@ -45,9 +45,9 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
+from dstoolkit.runtime.train.ckpt import HF_MARKER as MARKER  # noqa: F401 - the names callers import from here
+from dstoolkit.runtime.train.ckpt import HfCheckpoints as _HfCheckpoints
 from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
-
-MARKER = "dstoolkit_guard.json"
 
 
 def last_complete_checkpoint(output_dir: Any) -> Optional[str]:
@@ -78,36 +78,6 @@ def _find_engine(model: Any) -> Any:
             except Exception:
                 continue
     return None
-
-
-class _HfCheckpoints:
-    """The Trainer's checkpoint-N folders, as `Rollback` expects a checkpoint manager."""
-
-    def __init__(self, output_dir: str) -> None:
-        self.root = Path(output_dir)
-
-    def latest_valid(self, *, max_step: Optional[int] = None, require_healthy: bool = False):
-        from dstoolkit.runtime.train.ckpt import Found
-
-        rejected = []
-        dirs = []
-        for p in self.root.glob("checkpoint-*"):
-            try:
-                dirs.append((int(p.name.split("-")[1]), p))
-            except (IndexError, ValueError):
-                continue
-        for step, p in sorted(dirs, reverse=True):
-            if max_step is not None and step > max_step:
-                continue
-            marker = p / MARKER
-            if not marker.is_file() or not (p / "latest").is_file():
-                rejected.append(f"{p.name}: no {MARKER} / DeepSpeed 'latest' (saved without the callback or incomplete)")
-                continue
-            if require_healthy and not json.loads(marker.read_text()).get("healthy"):
-                rejected.append(f"{p.name}: saved while the spike guard was cooling down (not a rollback target)")
-                continue
-            return Found(str(p), step, rejected)
-        return Found(None, None, rejected)
 
 
 class DstoolkitCallback(TrainerCallback):
@@ -267,7 +237,11 @@ class DstoolkitCallback(TrainerCallback):
             return None
         step = self._state.global_step + 1 if self._state is not None else 0
         gl = self._mean(float(loss.detach().float().item()))
+        cooling = self.guard.lr_multiplier() != 1.0
         d = self.guard.check_loss(gl, step)
+        if d.action == "lr_scale" and not cooling and self.engine is not None:  # the cool-down starts with this update
+            for g in self.engine.optimizer.param_groups:
+                g["lr"] *= self.guard.lr_multiplier()
         if d.action == "none":
             self._step_losses.append(gl)
             return None
@@ -282,6 +256,7 @@ class DstoolkitCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
+        self.guard.end_step()  # the update just taken counts for the cool-down, then it is judged
         if self._pending_rollback is not None:
             reason, self._pending_rollback = self._pending_rollback, None
             self._rollback(step, reason)
@@ -303,7 +278,6 @@ class DstoolkitCallback(TrainerCallback):
             self._write({"step": step, "loss": loss, "grad_norm": gn, "lr": self._lr(),
                          "lr_multiplier": self.guard.lr_multiplier()})
         self._step_losses = []
-        self.guard.end_step()
         self._apply_lr()
         self._steps_window += 1
         now = time.perf_counter()
@@ -342,9 +316,9 @@ class DstoolkitCallback(TrainerCallback):
 
         tag, rejected = self.rollbacks.perform(_HfCheckpoints(self.output_dir), spike_step, reason, load)
         if tag is None:
-            self._write({"event": "rollback_unavailable", "step": spike_step, "reason": reason, "rejected": rejected})
-            self._say(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; the batch was skipped")
-            return
+            self._write({"event": "rollback_unavailable", "step": spike_step, "reason": reason, "rejected": rejected,
+                         "baseline_restarted": True})
+            return self._say(Rollback.unavailable_line(spike_step, reason, "loss_spike"))
         self._blowup_factor = 1.0  # the injected blow-up is undone with the optimizer state
         self._write({"event": "rollback", "step": spike_step, "to": Path(tag).name, "reason": reason,
                      "rejected": rejected})

@@ -18,6 +18,7 @@ No torch import at module level.
 """
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -52,7 +53,7 @@ class Flag:
     """One bottleneck the monitor sees."""
 
     name: str
-    """input-bound | comm-bound | idle-compute | above-peak."""
+    """input-bound | comm-bound | idle-compute | above-peak | nonfinite-loss."""
     evidence: str
     """The numbers behind the flag."""
 
@@ -206,8 +207,13 @@ class Monitor:
                  input_bound_share: float = INPUT_BOUND_SHARE, comm_bound_share: float = COMM_BOUND_SHARE,
                  idle_utilization: float = IDLE_UTILIZATION, cross_rank: Any = None,
                  estimated_comm_share: Optional[float] = None) -> None:
-        if every <= 0:
-            raise ValueError(f"monitor every={every} must be > 0")
+        self.check_every(every)
+        from dstoolkit.runtime.train.spike import SettingError, check_int
+
+        check_int("world_size", world_size, 1, "ranks the global tokens/s is shared by", where="monitor")
+        for name, value in (("flops_per_token", flops_per_token), ("peak_flops", peak_flops)):
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise SettingError(name, value, "must be a finite number > 0, or None (no MFU)", where="monitor")
         self.every = every
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
@@ -226,7 +232,23 @@ class Monitor:
         self.samples: list[StepSample] = []
         self.reports: list[MonitorReport] = []
 
+    @staticmethod
+    def check_every(every: object) -> None:
+        """`every` (optimizer steps per report) must be a whole number >= 1 (`SettingError` names it)."""
+        from dstoolkit.runtime.train.spike import check_int
+
+        check_int("monitor_every", every, 1, "optimizer steps per monitor report", where="monitor")
+
     def record(self, sample: StepSample) -> Optional[MonitorReport]:
+        """Add one step; every `every` steps the report. A time that is not a finite number >= 0 (or a step time
+        of 0) is an error naming the field: the window's shares and rates would be meaningless."""
+        for name in ("step_time_s", "input_wait_s", "cpu_time_s", "comm_time_s"):
+            v = getattr(sample, name)
+            if v is None and name == "comm_time_s":
+                continue
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0) or (name == "step_time_s" and v == 0):
+                raise ValueError(f"monitor: step {sample.step}: {name}={v!r} must be a finite number of seconds "
+                                 f"{'> 0' if name == 'step_time_s' else '>= 0'} (a timing the trainer could not take)")
         self.samples.append(sample)
         if len(self.samples) < self.every:
             return None
@@ -278,11 +300,16 @@ class Monitor:
                               f"compute busy {util * 100:.0f}% of wall time (< {self.idle_utilization * 100:.0f}%) "
                               f"with no input or comm wait to explain it{hint}"))
         losses = [s.loss for s in samples]
+        bad = [s.step for s in samples if not math.isfinite(s.loss)]
+        if bad:
+            flags.append(Flag("nonfinite-loss", f"loss not finite at step(s) {', '.join(map(str, bad))}; the trend "
+                                                "is over the finite ones"))
         return MonitorReport(
             step=samples[-1].step, steps=len(samples), tokens_per_s=tps, mfu=mfu,
             peak_rss_bytes=peak_rss_bytes(), device_mem_bytes=_device_mem_bytes(),
             step_time_s=wall / len(samples), input_wait_s=wait / len(samples), input_wait_share=wait_share,
-            comm_share=comm_share, utilization=util, loss=losses[-1], loss_trend_per_step=_slope(losses),
+            comm_share=comm_share, utilization=util, loss=losses[-1],
+            loss_trend_per_step=_slope([x for x in losses if math.isfinite(x)]),
             estimated_comm_share=self.estimated_comm_share,
             flags=flags, peak_flops_per_rank=self.peak_flops if mfu is not None else None,
             peak_label=self.peak_label if mfu is not None else None)

@@ -66,19 +66,18 @@ class Checkpoints:
     def client_state(self) -> dict:
         return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
 
-    def _restore(self, cs: dict, keep_skips: bool) -> None:
+    def _load(self, tag: str, keep_skips: bool) -> None:
+        """Load `tag` into the engine and restore the position and the guard from it (plus the offending data
+        positions rollbacks to it recorded: `CheckpointManager.rollback_skips`)."""
+        path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
+        if path is None or cs is None or "dstoolkit" not in cs:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
         run, state = cs["dstoolkit"]["run"], self.state
         skips = set(state.skip_positions) if keep_skips else set()
         state.step, state.data_pos = run["step"], run["data_pos"]
         state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
-        state.skip_positions = sorted(skips | set(run["skip_positions"]))
+        state.skip_positions = sorted(skips | set(run["skip_positions"]) | self.mgr.rollback_skips(tag))
         self.guard.load_state_dict(cs["dstoolkit"]["guard"])
-
-    def _load(self, tag: str) -> dict:
-        path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
-        if path is None or cs is None or "dstoolkit" not in cs:
-            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
-        return cs
 
     def resume(self) -> None:
         """Continue from the newest intact checkpoint (corrupt / truncated ones are skipped and reported)."""
@@ -88,7 +87,7 @@ class Checkpoints:
         for reason in found.rejected:
             self.log(f"resume: skipping checkpoint: {reason}")
         if found.tag is not None:
-            self._restore(self._load(found.tag), keep_skips=False)
+            self._load(found.tag, keep_skips=False)
             self.writer.write({"event": "resume", "tag": found.tag, "step": self.state.step,
                                "data_pos": self.state.data_pos, "rejected": found.rejected})
             self.log(f"resumed from {found.tag} (step {self.state.step}, data position {self.state.data_pos})")
@@ -96,21 +95,21 @@ class Checkpoints:
             self.writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
             self.log("resume: no intact checkpoint, starting from step 0")
 
-    def rollback(self, spike_step: int, reason: str, offending: list[int]) -> bool:
-        """Go back to the newest healthy checkpoint before the spike and never train on `offending` again.
-        False when there is no checkpoint to go back to; an error after --max-rollbacks.
+    def rollback(self, spike_step: int, reason: str, offending: list[int], kind: str = "loss_spike") -> bool:
+        """Go back to the newest healthy checkpoint before the spike and never train on `offending` again (also
+        after a resume: recorded with the target). False when there is no checkpoint to go back to (the guard
+        restarts its baseline); an error after --max-rollbacks in a row that do not clear the spike.
         The policy (count, which checkpoint, guard reset) is `dstoolkit.runtime.train.spike.Rollback`."""
-        if self.mgr is None:
-            return False
         from_step = self.state.step
-        tag, rejected = self.rollbacks.perform(
-            self.mgr, spike_step, reason, load=lambda t: self._restore(self._load(t), keep_skips=True))
+        tag, rejected = self.rollbacks.perform(self.mgr, spike_step, reason,
+                                               load=lambda t: self._load(t, keep_skips=True), kind=kind)
         if tag is None:
-            self.writer.write({"event": "rollback_unavailable", "step": spike_step, "reason": reason,
-                               "rejected": rejected})
-            self.log(f"step {spike_step}: rollback wanted ({reason}) but no good checkpoint; continuing")
+            self.writer.write({"event": "rollback_unavailable", "step": spike_step, "kind": kind, "reason": reason,
+                               "rejected": rejected, "baseline_restarted": True})
+            self.log(self.rollbacks.unavailable_line(spike_step, reason, kind))
             return False
         self.state.skip_positions = sorted(set(self.state.skip_positions) | set(offending))
+        self.mgr.record_rollback(tag, self.state.skip_positions)
         self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
                            "to_step": self.state.step, "reason": reason, "skip_positions": offending,
                            "lr_scale": self.guard.config.lr_scale, "lr_scale_steps": self.guard.config.lr_scale_steps})

@@ -89,24 +89,30 @@ class Run:
 
 @dataclass
 class Accumulated:
-    """One optimizer step's micro-batches: the global losses trained on, time spent waiting for data, the LR
-    in force, and whether a rollback abandoned the step."""
+    """One optimizer step's micro-batches: the global losses trained on, time spent waiting for data, the LR and
+    its multiplier in force, the data positions of the step (trained on or flagged: the offending ones when the
+    update itself is judged bad), and whether a rollback abandoned the step."""
 
     losses: list[float]
     input_wait_s: float
     lr: float
+    mult: float
+    positions: list[int]
     rolled_back: bool = False
 
 
-def accumulate(run: Run, target: int, gas: int, lr: float) -> Accumulated:
+def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accumulated:
     """Forward/backward `gas` accepted micro-batches for step `target`, the spike guard judging each loss
-    (skip the batch, scale the LR, or roll back to a checkpoint)."""
+    (skip the batch, scale the LR, or roll back to a checkpoint); `lr` / `mult`: the LR set for the step and
+    the multiplier in it."""
     import torch
 
     state, guard, args = run.state, run.guard, run.args
     accepted: list[float] = []
+    positions: list[int] = []
     incidents: list[int] = []
     input_wait = 0.0
+    other = mult / guard.lr_multiplier()  # the injected blow-up's part of the multiplier
     while len(accepted) < gas:
         pos = state.data_pos
         if pos in state.skip_positions:
@@ -126,29 +132,31 @@ def accumulate(run: Run, target: int, gas: int, lr: float) -> Accumulated:
         loss = run.engine(x, y)
         gl = run.global_mean(float(loss.detach().float().item()))
         decision = guard.check_loss(gl, target) if args.spike_guard else None
-        if decision is not None and decision.action != "none":
+        if decision is not None and decision.kind != "ok":
             run.writer.write({"event": "spike", "step": target, "data_pos": pos, **decision.as_dict()})
             run.log(f"step {target}: {decision.kind} -> {decision.action}: {decision.reason}")
-            incidents.append(pos)
+            if decision.action != "none":
+                incidents.append(pos)
             if decision.action == "skip":
                 del loss
                 state.data_pos += 1
                 continue
             if decision.action == "rollback":
                 del loss
-                if run.ckpt.rollback(target, decision.reason, incidents):
-                    return Accumulated(accepted, input_wait, lr, rolled_back=True)
-                state.data_pos += 1  # no checkpoint: at least do not train on it
-                guard.consecutive_skips = 0
+                if run.ckpt.rollback(target, decision.reason, incidents, decision.kind):
+                    return Accumulated(accepted, input_wait, lr, mult, positions, rolled_back=True)
+                state.data_pos += 1  # no checkpoint: do not train on it (the guard restarted its baseline)
                 continue
-            if decision.action == "lr_scale":
-                guard.lr_cooldown_left = guard.config.lr_scale_steps
-                lr = run.lr.set(guard.lr_multiplier())
+            new_mult = guard.lr_multiplier() * other
+            if new_mult != mult:  # lr_scale: the cool-down starts with this step's update
+                lr = run.lr.set(new_mult if run.lr.own_schedule else new_mult / mult)
+                mult = new_mult
         run.engine.backward(loss)
         run.engine.step()
         accepted.append(gl)
+        positions.append(pos)
         state.data_pos += 1
-    return Accumulated(accepted, input_wait, lr)
+    return Accumulated(accepted, input_wait, lr, mult, sorted(positions + incidents))
 
 
 def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
@@ -223,7 +231,7 @@ def train(args: argparse.Namespace) -> int:
         t_step, cpu0 = time.perf_counter(), cpu_time_s()
         comm0 = comm_wait_total_s()
 
-        micro = accumulate(run, target, gas, lr)
+        micro = accumulate(run, target, gas, lr, mult)
         if micro.rolled_back:
             if bar is not None:
                 bar.n = state.step
@@ -238,21 +246,22 @@ def train(args: argparse.Namespace) -> int:
         step_loss = last_loss = sum(micro.losses) / len(micro.losses)
         grad_norm = engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
+        guard.end_step()  # the update just taken counts for the cool-down, then its grad norm is judged
         if args.spike_guard:
             d = guard.observe_step(step_loss, grad_norm, target)
-            if d.action != "none":
+            if d.kind != "ok":
                 writer.write({"event": "spike", "step": target, **d.as_dict()})
                 run.log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
-                if d.action == "rollback" and run.ckpt.rollback(target + 1, d.reason, []):
+                # the update is judged: its batches are the offending ones
+                if d.action == "rollback" and run.ckpt.rollback(target + 1, d.reason, micro.positions, d.kind):
                     continue
-        guard.end_step()
 
         tps = gb * run.seq_len / step_time
         writer.write({"step": state.step, "loss": step_loss, "step_time_s": step_time, "tokens_per_s": tps,
                       "global_batch": gb, "micro_batch": run.data.micro, "grad_accum": gas,
                       "peak_rss_bytes": peak_rss_bytes(), "lr": micro.lr, "grad_norm": grad_norm,
                       "data_pos": state.data_pos, "tokens": state.tokens, "input_wait_s": micro.input_wait_s,
-                      "lr_mult": mult, "cpu_time_s": step_cpu_s,
+                      "lr_mult": micro.mult, "cpu_time_s": step_cpu_s,
                       "comm_wait_s": (comm1 - comm0) if comm0 is not None else None})
         report = run.monitor.record(StepSample(
             step=state.step, step_time_s=step_time, input_wait_s=micro.input_wait_s, tokens=gb * run.seq_len,

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("spike guard")
     g.add_argument("--spike-guard", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--spike-z", type=float, default=6.0)
-    g.add_argument("--spike-window", type=int, default=20)
+    g.add_argument("--spike-window", type=int, default=20,
+                   help="accepted micro-batch losses in the baseline each batch's loss is judged against (>= 5)")
     g.add_argument("--spike-action", choices=["none", "skip", "lr_scale", "rollback"], default="skip")
     g.add_argument("--grad-spike-action", choices=["none", "lr_scale", "rollback"], default="lr_scale")
     g.add_argument("--escalate-after", type=int, default=2, help="consecutive skips that trigger a rollback")
@@ -155,12 +156,38 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
     except ValueError as e:  # pydantic ValidationError included: names the field
         raise UsageError(f"--spec {args.spec}: {e}") from None
     blowups = _parse_blowups(args.inject_lr_blowup)
+    check_helper_flags(args)
     if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
         raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
     shrunk = read_shrink(args, spec)
     if shrunk is not None:
         shape = shrunk.shape
     return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups, shrunk=shrunk)
+
+
+HELPER_FLAGS = {"window": "--spike-window", "z_threshold": "--spike-z", "escalate_after": "--escalate-after",
+                "lr_scale": "--lr-scale", "lr_scale_steps": "--lr-scale-steps", "max_rollbacks": "--max-rollbacks",
+                "keep": "--keep-checkpoints", "monitor_every": "--monitor-every"}
+"""The trainer flag of each spike-guard / rollback / checkpoint / monitor setting the helpers check."""
+
+
+def check_helper_flags(args: argparse.Namespace) -> None:
+    """The spike-guard, rollback, checkpoint and monitor flags, checked by the helpers' own rules
+    (`SpikeGuardConfig`, `Rollback`, `ckpt.check_keep`, `Monitor.check_every`) before any rank starts; a
+    UsageError names the flag, the value and what it must be."""
+    from dstoolkit.runtime.train.ckpt import check_keep
+    from dstoolkit.runtime.train.monitor import Monitor
+    from dstoolkit.runtime.train.spike import Rollback, SettingError, SpikeGuard, SpikeGuardConfig
+
+    try:
+        guard = SpikeGuard(SpikeGuardConfig(window=args.spike_window, z_threshold=args.spike_z,
+                                            escalate_after=args.escalate_after, lr_scale=args.lr_scale,
+                                            lr_scale_steps=args.lr_scale_steps))
+        Rollback(guard, max_rollbacks=args.max_rollbacks)
+        check_keep(args.keep_checkpoints)
+        Monitor.check_every(args.monitor_every)
+    except SettingError as e:
+        raise UsageError(f"{HELPER_FLAGS.get(e.name, e.name)}={e.value} {e.need}") from None
 
 
 def read_shrink(args: argparse.Namespace, spec: Any) -> Any:
