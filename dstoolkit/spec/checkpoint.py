@@ -5,6 +5,9 @@ No torch import. `dstoolkit.estimate` reads `checkpointed_layers` to size activa
 """
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -46,7 +49,9 @@ class CheckpointPolicy(BaseModel):
         if self.kind == "every-k":
             return [i % self.every_k == 0 for i in range(num_layers)]
         if self.kind == "ratio":
-            n = int(-(-self.ratio * num_layers // 1))  # ceil without float drift for exact fractions
+            # ceil(ratio * L) of the ratio as written: 0.28 * 25 is 7.000000000000001 in binary floating point,
+            # which a plain ceil makes 8 blocks; the decimal the user wrote (repr) gives exactly 7
+            n = math.ceil(Fraction(repr(self.ratio)) * num_layers)
             return [i < n for i in range(num_layers)]
         return [False] * num_layers
 

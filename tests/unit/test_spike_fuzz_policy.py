@@ -180,3 +180,18 @@ def test_dstoolkit_train_refuses_bad_helper_flags_before_launch(files, capsys, m
     spec, ds = files
     rc = main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "2", "--", *extra])
     assert rc == 2 and capsys.readouterr().err.startswith(f"dstoolkit train: error: {message}")
+
+
+def test_ratio_policy_counts_the_ratio_as_written():
+    """ceil(ratio * L) of the decimal the user wrote: 0.28 * 25 is 7.000000000000001 in floating point (8 blocks)."""
+    from fractions import Fraction
+    import math
+
+    from dstoolkit.spec.checkpoint import CheckpointPolicy
+
+    for L, r, want in ((25, 0.28, 7), (50, 0.14, 7), (50, 0.56, 28), (75, 0.28, 21), (10, 0.25, 3), (4, 1.0, 4)):
+        assert sum(CheckpointPolicy(kind="ratio", ratio=r).checkpointed_layers(L)) == want
+    misses = [(L, k) for L in range(1, 129) for k in range(1, 100)
+              if sum(CheckpointPolicy(kind="ratio", ratio=k / 100).checkpointed_layers(L))
+              != math.ceil(Fraction(k, 100) * L)]
+    assert misses == []
