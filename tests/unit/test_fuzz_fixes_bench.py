@@ -87,3 +87,13 @@ def test_bench_refuses_a_zero_timeout_and_an_out_folder_before_any_rank(tmp_path
 
 def test_a_sub_second_timeout_is_printed_as_given():
     assert _failure(1, "", 0.5, True) == ("timeout", "no result within 0.5 s (--trial-timeout)")
+
+
+def test_free_ports_are_distinct():
+    """Two free_port() calls in a row may return the same port (the kernel reuses a port just released); the overlap
+    bench's single-rank groups then failed with EADDRINUSE in CI. free_ports holds every socket until all are chosen."""
+    from dstoolkit.runtime.train.launch import free_ports
+
+    for n in (1, 2, 8):
+        ports = free_ports(n)
+        assert len(ports) == n == len(set(ports)) and all(1024 <= p <= 65535 for p in ports)

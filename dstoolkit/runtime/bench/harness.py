@@ -233,7 +233,8 @@ def capture_env(world_size: int, backend: Optional[str] = None, config: Any = No
 # --------------------------------------------------------------------------------------------------
 
 
-from dstoolkit.runtime.train.launch import free_port  # noqa: E402,F401  (one definition; re-exported for bench callers)
+# one definition; re-exported for bench callers
+from dstoolkit.runtime.train.launch import free_port, free_ports  # noqa: E402,F401
 
 
 def launched_env() -> Optional[tuple[int, int, int]]:

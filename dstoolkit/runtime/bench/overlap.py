@@ -184,7 +184,7 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                         p.unlink()
                 single_dir.mkdir(exist_ok=True)
                 spawn_ranks(rank_main, world_size, (world_size, harness.free_port(), payload, str(multi_path)), timeout_s)
-                ports = [harness.free_port() for _ in range(world_size)]
+                ports = harness.free_ports(world_size)  # distinct: one single-rank group per rank
                 spawn_ranks(compute_only_entry, world_size, (ports, payload, str(single_dir)), timeout_s)
                 multi = {r["key"]: r for r in results_jsonl.read_records(multi_path)}
                 single = merge_compute_only([results_jsonl.read_records(p) for p in sorted(single_dir.glob("single_*.jsonl"))])

@@ -19,9 +19,21 @@ TRAINER_MODULE = "dstoolkit.runtime.train.trainer"
 
 def free_port() -> int:
     """A free TCP port on localhost (bind to port 0), so parallel launches never collide."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free TCP ports on localhost: every socket stays bound until all are chosen, since the kernel
+    may hand a port just released to the next bind (two free_port() calls in a row can return the same port, and
+    two ranks listening on it fail with EADDRINUSE)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def launch_command(trainer_args: Sequence[str], *, nproc: int = 2, launcher: Launcher = "torchrun",
