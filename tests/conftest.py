@@ -69,3 +69,17 @@ def pytest_sessionfinish(session, exitstatus):
     removed = remove_orphaned_buffers()
     if removed:
         print(f"\nconftest: removed {len(removed)} orphaned DeepSpeed buffer(s) from /dev/shm", file=sys.stderr)
+
+
+@pytest.fixture
+def train_files(tmp_path):
+    """A spec and a DeepSpeed JSON for `dstoolkit train` on 2 CPU ranks (train_batch_size 8 = micro batch 4 x 2)."""
+    import json
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: t\nmodel: {preset: tiny}\ncluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\n"
+                    "training: {seq_len: 16, global_batch: 8, micro_batch: 4}\n")
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+                              "gradient_accumulation_steps": 1}))
+    return spec, ds

@@ -34,7 +34,8 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")  # a file with these holding a spec (
 
 def _spec_findings(path: str, text: str) -> Optional[list[Finding]]:
     """What a spec file's check finds (dstoolkit.generate.io.spec_file_findings), or None when `text` is not a spec."""
-    if path.lower().endswith(".json"):  # cheap first: a JSON DeepSpeed config never pays for the spec check
+    is_json = path.lower().endswith(".json")
+    if is_json:  # cheap first: a JSON DeepSpeed config never pays for the spec check
         try:
             if not has_spec_sections(json.loads(text)):
                 return None
@@ -43,7 +44,7 @@ def _spec_findings(path: str, text: str) -> Optional[list[Finding]]:
     # start-up time: the spec check loads the spec models and the sweep; only a spec-like file pays for them
     from dstoolkit.generate.io import looks_like_spec, spec_file_findings
 
-    return spec_file_findings(path) if looks_like_spec(text, yaml_file=not path.lower().endswith(".json")) else None
+    return spec_file_findings(path) if is_json or looks_like_spec(text) else None
 
 
 def _layout_flag_conflict(args, in_generated: list[str]) -> Optional[str]:

@@ -37,16 +37,16 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
     return spec, shape
 
 
-def looks_like_spec(text: str, *, yaml_file: bool = True) -> bool:
-    """Whether a file's text is to be checked as a dstoolkit spec: a mapping with two or more of SPEC_SECTIONS
-    (so a spec missing one, or with one misspelled, still gets load_spec's located "required field is missing" /
-    "did you mean 'training'?" instead of being read as a DeepSpeed config), in YAML or in JSON (YAML parses both);
-    or, for a .yaml / .yml file (`yaml_file`), YAML that does not parse (load_spec reports its syntax error at its
-    line, SP001, where the DeepSpeed check would say "not JSON")."""
+def looks_like_spec(text: str) -> bool:
+    """Whether the text of a .yaml / .yml file is to be checked as a dstoolkit spec: a mapping with two or more of
+    SPEC_SECTIONS (`validate.findings.has_spec_sections`: a spec missing one, or with one misspelled, still gets
+    load_spec's located "required field is missing" / "did you mean 'training'?" instead of being read as a
+    DeepSpeed config), or YAML that does not parse (load_spec reports its syntax error at its line, SP001, where
+    the DeepSpeed check would say "not JSON"). A .json file is asked by `dstoolkit validate` with json.loads."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
-        return yaml_file
+        return True
     return has_spec_sections(data)
 
 

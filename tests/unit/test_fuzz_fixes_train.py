@@ -13,17 +13,6 @@ from dstoolkit.cli import train as train_cli
 
 
 @pytest.fixture
-def files(tmp_path):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("name: t\nmodel: {preset: tiny}\ncluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\n"
-                    "training: {seq_len: 16, global_batch: 8, micro_batch: 4}\n")
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-                              "gradient_accumulation_steps": 1}))
-    return spec, ds
-
-
-@pytest.fixture
 def launches(monkeypatch):
     """subprocess.run as `dstoolkit train` calls it: recorded, no ranks started; writes two step lines."""
     calls = []
@@ -40,8 +29,8 @@ def launches(monkeypatch):
     return calls
 
 
-def test_nproc_that_does_not_fit_the_config_is_refused_before_launch(files, launches, capsys):
-    spec, ds = files
+def test_nproc_that_does_not_fit_the_config_is_refused_before_launch(train_files, launches, capsys):
+    spec, ds = train_files
     rc = main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "2", "--nproc", "3"])
     assert rc == 2 and launches == []
     assert capsys.readouterr().err == (
@@ -51,8 +40,8 @@ def test_nproc_that_does_not_fit_the_config_is_refused_before_launch(files, laun
         "CONFIG --world-size N` checks a config for N ranks\n")
 
 
-def test_swapped_spec_and_config_are_refused_before_launch(files, launches, capsys):
-    spec, ds = files
+def test_swapped_spec_and_config_are_refused_before_launch(train_files, launches, capsys):
+    spec, ds = train_files
     assert main(["train", "--spec", str(ds), "--config", str(spec), "--steps", "2"]) == 2
     assert launches == []
     assert capsys.readouterr().err == (f"dstoolkit train: error: --config {spec} is YAML and --spec {ds} is JSON: "
@@ -64,8 +53,8 @@ def test_swapped_spec_and_config_are_refused_before_launch(files, launches, caps
     assert capsys.readouterr().err.startswith(f"dstoolkit train: error: --config {not_json}: not valid JSON")
 
 
-def test_bad_trainer_flags_after_the_separator_are_refused_before_launch(files, launches, capsys):
-    spec, ds = files
+def test_bad_trainer_flags_after_the_separator_are_refused_before_launch(train_files, launches, capsys):
+    spec, ds = train_files
     assert main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "2", "--", "--bogus"]) == 2
     assert launches == []
     assert capsys.readouterr().err == (
@@ -73,8 +62,8 @@ def test_bad_trainer_flags_after_the_separator_are_refused_before_launch(files, 
         "(`python -m dstoolkit.runtime.train.trainer --help` lists its flags)\n")
 
 
-def test_a_fitting_launch_runs_and_summarises_only_its_own_metrics(files, launches, tmp_path, capsys):
-    spec, ds = files
+def test_a_fitting_launch_runs_and_summarises_only_its_own_metrics(train_files, launches, tmp_path, capsys):
+    spec, ds = train_files
     metrics = tmp_path / "m.jsonl"
     metrics.write_text(json.dumps({"step": 1, "loss": 9.9, "step_time_s": 9.0, "tokens_per_s": 1.0}) + "\n")
     rc = main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "2", "--metrics-out", str(metrics),

@@ -150,17 +150,6 @@ def test_config_values_that_would_break_the_guard_are_refused(kwargs, message):
     assert str(info.value).startswith(message) and info.value.name == next(iter(kwargs))
 
 
-@pytest.fixture
-def files(tmp_path):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("name: t\nmodel: {preset: tiny}\ncluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\n"
-                    "training: {seq_len: 16, global_batch: 8, micro_batch: 4}\n")
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-                              "gradient_accumulation_steps": 1}))
-    return spec, ds
-
-
 @pytest.mark.parametrize("extra, message", [
     (["--spike-z", "-1"], "--spike-z=-1.0 must be a finite number > 0 (robust sigmas above the baseline; the "
                           "default is 6)"),
@@ -173,11 +162,11 @@ def files(tmp_path):
     (["--keep-checkpoints", "0"], "--keep-checkpoints=0 must be a whole number >= 1"),
     (["--monitor-every", "0"], "--monitor-every=0 must be a whole number >= 1"),
 ])
-def test_dstoolkit_train_refuses_bad_helper_flags_before_launch(files, capsys, monkeypatch, extra, message):
+def test_dstoolkit_train_refuses_bad_helper_flags_before_launch(train_files, capsys, monkeypatch, extra, message):
     from dstoolkit.cli import train as train_cli
 
     monkeypatch.setattr(train_cli.subprocess, "run", lambda *a, **k: pytest.fail("launched"))
-    spec, ds = files
+    spec, ds = train_files
     rc = main(["train", "--spec", str(spec), "--config", str(ds), "--steps", "2", "--", *extra])
     assert rc == 2 and capsys.readouterr().err.startswith(f"dstoolkit train: error: {message}")
 
