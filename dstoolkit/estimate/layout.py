@@ -12,28 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dstoolkit.models.measured import measured_layout
+from dstoolkit.models.measured import ParamEntry, measured_layout
 from dstoolkit.models.shape import ModelShape
-
-
-@dataclass(frozen=True)
-class ParamEntry:
-    """One parameter tensor."""
-
-    name: str
-    """Module path, HF style (blocks.3.self_attn.q_proj.weight)."""
-    numel: int
-    """Elements."""
-    kind: str
-    """embedding | lm_head | attention | dense_mlp | expert | shared_expert | router | norm."""
-    layer: int
-    """Block index, -1 for embedding / final norm / lm_head."""
-    tp_split: bool
-    """True for matrices Megatron shards over TP (attention, MLP, vocab); False for norms and the router."""
-
-    @property
-    def is_expert(self) -> bool:
-        return self.kind == "expert"
 
 
 def _attention_entries(shape: ModelShape, i: int) -> list[ParamEntry]:

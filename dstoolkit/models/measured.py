@@ -244,19 +244,25 @@ class MeasuredParams(_Frozen):
 
 
 @dataclass(frozen=True)
-class LayoutEntry:
-    """One block of parameters, shaped like `dstoolkit.estimate.layout.ParamEntry` (duck-typed, same fields).
+class ParamEntry:
+    """One parameter tensor (or, from a measured model, one block of them) in module registration order.
 
-    Names follow the estimator's convention (`blocks.<i>.mlp.experts.<e>.weight` for routed expert e) so
-    that expert-parallel sharding picks the local experts by index.
+    The estimator's parameter layout (`dstoolkit.estimate.layout.param_layout`, from a shape) and the measured one
+    (`measured_layout`) are lists of these. Names follow the estimator's convention
+    (`blocks.<i>.mlp.experts.<e>.weight` for routed expert e) so that expert-parallel sharding picks the local
+    experts by index.
     """
 
     name: str
+    """Module path, HF style (blocks.3.self_attn.q_proj.weight)."""
     numel: int
+    """Elements."""
     kind: str
     """embedding | lm_head | attention | dense_mlp | expert | shared_expert | router | norm | other."""
     layer: int
+    """Block index, -1 for embedding / final norm / lm_head."""
     tp_split: bool
+    """True for matrices Megatron shards over TP (attention, MLP, vocab); False for norms and the router."""
 
     @property
     def is_expert(self) -> bool:
@@ -268,27 +274,27 @@ _KIND = {"attention": "attention", "dense_mlp": "dense_mlp", "shared_experts": "
 
 
 @lru_cache(maxsize=64)
-def measured_layout(measured: MeasuredParams) -> tuple[LayoutEntry, ...]:
+def measured_layout(measured: MeasuredParams) -> tuple[ParamEntry, ...]:
     """The measured counts as an ordered parameter layout (embedding, layers, final norm, lm_head).
 
     One entry per (layer, role), and one per routed expert, in module registration order as far as DeepSpeed's
     partitioning cares (a layer's parameters stay together). The sum of numel equals `measured.total`.
     """
-    out: list[LayoutEntry] = [LayoutEntry("embed_tokens.weight", measured.embedding, "embedding", -1, True)]
+    out: list[ParamEntry] = [ParamEntry("embed_tokens.weight", measured.embedding, "embedding", -1, True)]
     if measured.other:
-        out.append(LayoutEntry("other.weight", measured.other, "other", -1, False))
+        out.append(ParamEntry("other.weight", measured.other, "other", -1, False))
     for layer in measured.layers:
         i = layer.index
         for role in ("norms", "attention", "router", "dense_mlp", "shared_experts", "other"):
             n = getattr(layer, role)
             if n:
-                out.append(LayoutEntry(f"blocks.{i}.{role}.weight", n, _KIND[role], i, role in TP_SPLIT_ROLES))
+                out.append(ParamEntry(f"blocks.{i}.{role}.weight", n, _KIND[role], i, role in TP_SPLIT_ROLES))
         each = layer.expert_params_each
         for e in range(layer.num_experts):
-            out.append(LayoutEntry(f"blocks.{i}.mlp.experts.{e}.weight", each, "expert", i, True))
-    out.append(LayoutEntry("norm.weight", measured.final_norms, "norm", -1, False))
+            out.append(ParamEntry(f"blocks.{i}.mlp.experts.{e}.weight", each, "expert", i, True))
+    out.append(ParamEntry("norm.weight", measured.final_norms, "norm", -1, False))
     if measured.lm_head:
-        out.append(LayoutEntry("lm_head.weight", measured.lm_head, "lm_head", -1, True))
+        out.append(ParamEntry("lm_head.weight", measured.lm_head, "lm_head", -1, True))
     return tuple(out)
 
 
