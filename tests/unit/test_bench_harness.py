@@ -66,6 +66,23 @@ def test_interrupted_run_resumes_and_completed_run_starts_fresh(tmp_path):
     assert not after.resumed and after.run_id != first.run_id
 
 
+def test_run_rows_of_a_resumed_run_include_the_interrupted_part(tmp_path):
+    path = tmp_path / "r.jsonl"
+    env = {"config_hash": "h1"}
+    first = results_jsonl.open_run(path, "train", "h1")
+    k1 = results_jsonl.base_record("train", first.run_id, "k1", env)
+    results_jsonl.append_records(path, [k1])
+    assert results_jsonl.run_rows(path, first, [k1]) == [k1]  # a fresh run: the rows it measured
+    again = results_jsonl.open_run(path, "train", "h1")
+    k2 = results_jsonl.base_record("train", again.run_id, "k2", env)
+    results_jsonl.append_records(path, [k2])
+    rows = results_jsonl.run_rows(path, again, [k2])  # resumed: k1 (written before the interrupt) and k2
+    assert [r["key"] for r in rows] == ["k1", "k2"]
+    results_jsonl.close_run(path, "train", "h1", again.run_id)
+    assert [r["key"] for r in results_jsonl.run_rows(path, again, [k2])] == ["k1", "k2"]  # the marker is no row
+    assert results_jsonl.run_rows(None, again, [k2]) == [k2]
+
+
 def test_env_capture_has_versions_hardware_commit_and_hash():
     env = harness.capture_env(2, "gloo", {"x": 1})
     for key in ("torch", "deepspeed", "transformer_engine", "cpu_model", "gpu_model", "world_size", "git_commit",

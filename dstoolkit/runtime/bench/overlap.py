@@ -201,9 +201,7 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
                         results_jsonl.append_records(out, [rec])
                 update(1)
         results_jsonl.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
-    if out and state.resumed:
-        records = [r for r in results_jsonl.read_records(out) if r.get("run_id") == state.run_id and r.get("event") is None]
-    return records
+    return results_jsonl.run_rows(out, state, records)
 
 
 def format_table(records: Sequence[dict[str, Any]]) -> str:

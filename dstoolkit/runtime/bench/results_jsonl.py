@@ -161,6 +161,14 @@ def close_run(path: Optional[pathlib.Path | str], bench: str, cfg_hash: str, run
     append_records(path, [rec])
 
 
+def run_rows(path: Optional[pathlib.Path | str], state: RunState, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every result row of the run `state` describes: the rows just measured, and on a resumed run also the rows its
+    interrupted part wrote to `path` (read back, in file order)."""
+    if path is None or not state.resumed:
+        return new
+    return [r for r in read_records(path) if r.get("run_id") == state.run_id and r.get("event") is None]
+
+
 def base_record(bench: str, run_id: str, key: str, env: dict[str, Any]) -> dict[str, Any]:
     """Fields every result row starts with."""
     return {

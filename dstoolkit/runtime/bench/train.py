@@ -344,9 +344,7 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
                     results_jsonl.append_records(out, [rec])
                 update(1)
         results_jsonl.close_run(out, BENCH_NAME, cfg_hash, state.run_id)
-    if out and state.resumed:
-        records = [r for r in results_jsonl.read_records(out) if r.get("run_id") == state.run_id and r.get("event") is None]
-    return records
+    return results_jsonl.run_rows(out, state, records)
 
 
 def cli_run(args) -> int:
