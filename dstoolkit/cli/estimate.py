@@ -12,7 +12,8 @@ The layout flags (--world-size, --gpus-per-node, --gpu, --nvlink-domain-gpus, --
 beside --config. The --config form asks the rules the spec form asks: the layout constraints of
 `dstoolkit.layout` (LY001-LY024) on what the flags, the model and the JSON's ZeRO stage fix (exit 2, naming the
 flag), the FP8 hardware check of `dstoolkit.dsconfig.fp8` for --precision fp8, and `validate_config` with the
-model's experts and heads (`dstoolkit.cli.estimate_flags`).
+model's experts and heads (`dstoolkit.cli.estimate_flags`). The JSON's sequence_parallel_size is the run's
+DeepSpeed-Ulysses degree (a spec's training.ulysses; no flag sets it), with the layout rules asked again on it.
 
 A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.resolve_spec`, the same ranking
 `dstoolkit sweep` and `dstoolkit generate` use; each choice is printed). A --config JSON is checked first with

@@ -1,8 +1,9 @@
 """`dstoolkit estimate`'s --config/--model form (split from dstoolkit.cli.estimate): the RunPlan the flags, the
 DeepSpeed JSON and the model fix, after the rules the spec form asks (the layout constraints of `dstoolkit.layout`
 on what the flags, the model and the JSON's ZeRO stage fix, naming the flag; the FP8 hardware check for
---precision fp8; `validate_config` with the model's experts and heads), and the refusal of those flags beside a
-SPEC.yaml. No torch import.
+--precision fp8; `validate_config` with the model's experts and heads; the JSON's sequence_parallel_size as the
+DeepSpeed-Ulysses degree, as a spec's training.ulysses), and the refusal of those flags beside a SPEC.yaml. No
+torch import.
 """
 from __future__ import annotations
 
@@ -103,10 +104,18 @@ def plan_from_args(args):
     domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, args.gpu)
     gpu = get_gpu(args.gpu)
     shape = load_shape(args.model, args.model_class, args.model_kwargs)
-    # the layout rules on what the flags and the model fix (the config's facts are not read yet: unknown)
+    # the layout rules on what the flags and the model fix (the config's facts are not read yet: no sequence
+    # sharding, ZeRO stage unknown)
     facts, names = _flag_facts(args, shape, domain, gpus_per_node_given, gpu)
     _check_flag_layout(facts, names)
     findings = _validate(text, args.config, args.world_size, domain, args.tp, args.pp, shape, args.ep)
+    # the config's DeepSpeed-Ulysses degree (validate_config checked it against the world and the heads, DS219 /
+    # DS226): the layout rules again with it (LY009 ep of the dp it leaves, LY019 seq_len, LY020 kv heads per rank,
+    # LY023 with --sequence-parallel), naming the config's key
+    ulysses = _ulysses(ds, args.world_size, domain, args.tp, args.pp)
+    facts = dataclasses.replace(facts, sp=ulysses)
+    names["sp"] = f"{args.config}: sequence_parallel_size"
+    _check_flag_layout(facts, names)
     precision = args.precision
     if precision is None:
         if (ds.get("bf16") or {}).get("enabled") is True:
@@ -119,7 +128,7 @@ def plan_from_args(args):
     policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
                    gpus_per_node=domain, gpu=gpu,
-                   seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, checkpoint=policy,
+                   seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, ulysses=ulysses, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
                    precision=precision, calibration=calibration_of(args.calibration, args.gpu, precision))
     # the rules that cross a flag with the config's ZeRO stage or ZeRO++ (LY006 pp-zero, LY014 zeropp-cpu); the
@@ -132,6 +141,17 @@ def plan_from_args(args):
                                            zeropp=view.zeropp_qwz or view.zeropp_qgz or view.zeropp_hpz > 1), names)
     note = fallback_note(plan)  # a spec's plan gets it from generate.planner.resolve_spec
     return plan, [note] if note else [], findings
+
+
+def _ulysses(ds: dict, world: int, gpus_per_node: int, tp: int, pp: int) -> int:
+    """The DeepSpeed-Ulysses degree of the config (its sequence_parallel_size, as the validated model reads it; 1
+    when unset): the estimate's `RunPlan.ulysses`, as a spec's training.ulysses (no flag says it)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
+
+    cfg = DeepSpeedConfig.model_validate(ds, context={"world_size": world, "tp": tp, "pp": pp,
+                                                      "gpus_per_node": gpus_per_node})
+    return cfg.sequence_parallel_size or 1
 
 
 def _check_whole_nodes(world: int, gpus_per_node: int, given: bool) -> None:

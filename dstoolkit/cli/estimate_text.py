@@ -35,6 +35,11 @@ def pipeline_split_line(plan, layers: tuple[int, ...]) -> list[str]:
     return [f"pipeline stages: {text}, stage 0 first ({how}); the last stage also holds the output layer"]
 
 
+def _sequence_shards(plan) -> str:
+    """The ranks that share a sequence, when any (they come out of dp, so the header shows why dp is smaller)."""
+    return "".join(f" {name}={n}" for name, n in (("cp", plan.cp), ("ulysses", plan.ulysses)) if n > 1)
+
+
 def render_table(plan, est, assumptions: list[str]) -> str:
     from dstoolkit.estimate.core import upper_bound_exceeds
     from dstoolkit.estimate.timeline import is_cpu_device
@@ -43,7 +48,8 @@ def render_table(plan, est, assumptions: list[str]) -> str:
     ds = plan.ds
     lines = [
         f"model {plan.shape.name}: {est.params.total / 1e9:,.3f}B params ({est.params.active / 1e9:,.3f}B active); "
-        f"{plan.world_size} x {plan.gpu.name}, tp={plan.tp} pp={plan.pp} ep={plan.ep} dp={plan.dp}; "
+        f"{plan.world_size} x {plan.gpu.name}, tp={plan.tp} pp={plan.pp} ep={plan.ep}{_sequence_shards(plan)} "
+        f"dp={plan.dp}; "
         f"ZeRO-{ds.zero_stage}{' + optimizer offload' if ds.offload_optimizer else ''}, {plan.precision}, "
         f"micro batch {ds.micro_batch} x accum {ds.grad_accum}, seq {plan.seq_len}, checkpoint {plan.checkpoint.kind}",
     ]

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_out_flag, add_parallel_flags, add_world_flags, exit_map, positive_int)
 from dstoolkit.cli.schema import write_atomic
+from dstoolkit.common.atomic import check_output_parents
 from dstoolkit.common.paths import A_FOLDER, input_file_problem
 from dstoolkit.dsconfig.auto import resolve_auto
 from dstoolkit.dsconfig.rules_optim import (GRADIENT_CLIPPING_FIX, adam_value_problems, adam_values_fix,
@@ -76,15 +76,12 @@ def _check_value_flags(args) -> None:
 
 
 def _check_output_path(output: str) -> None:
-    """OUT must name a file: not a folder, and not inside a path whose part is a file."""
+    """OUT must name a file: not a folder, and not inside a path whose part is a file (`check_output_parents`,
+    the check the write itself makes: asked here, before any work, to name -o)."""
     if os.path.isdir(output):
         raise InputError(f"-o {output} {A_FOLDER}: give the path of the config file to write, e.g. "
                          f"{os.path.join(output, 'ds_config.json')}")
-    parent = Path(output).absolute().parent
-    blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise InputError(f"-o {output}: {blocker} is a file, not a folder, so nothing can be written under it; "
-                         "give a path in a folder")
+    check_output_parents(output, name=f"-o {output}")
 
 
 @exit_map("resolve")

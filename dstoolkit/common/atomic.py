@@ -9,16 +9,55 @@ and are then renamed over the target: a reader sees the old file or the new one,
 On any failure the temporary file is removed and the target is left as it was.
 
 The new file gets the usual permissions (0666 less the umask), not mkstemp's private 0600.
-Imports nothing from dstoolkit.
+An output under a path part that is a file (``-o notes.json/out.json``) is refused before anything is written
+(`FileInPathError`, naming that part): the one wording for it, which a verb may ask early with
+`check_output_parents` to name its flag. Imports nothing from dstoolkit.
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+class FileInPathError(NotADirectoryError):
+    """A part of an output path is an existing file, so nothing can be written under it. An OSError (ENOTDIR, what
+    the write itself would raise), so handlers of write errors still catch it; its text names the file and the fix.
+
+    Attributes:
+        path: the output path.
+        blocker: its first existing parent (closest to the path) that is not a folder.
+    """
+
+    def __init__(self, path: PathLike, blocker: Path, name: Optional[str] = None) -> None:
+        self.path = Path(path)
+        self.blocker = blocker
+        super().__init__(errno.ENOTDIR, f"{name or path}: {blocker} is a file, not a folder, so nothing can be "
+                                        "written under it; give a path in a folder")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def file_in_path(path: PathLike) -> Optional[Path]:
+    """The existing parent of ``path`` closest to it when that is not a folder (a file), else None. Parents past it
+    cannot exist (a file has no children), so it is the part that blocks the write."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_output_parents(path: PathLike, name: Optional[str] = None) -> None:
+    """Raise `FileInPathError` when a part of ``path`` above it is a file. ``name``: how the caller's input names
+    the path (``-o OUT``), for the message; default the path."""
+    blocker = file_in_path(path)
+    if blocker is not None:
+        raise FileInPathError(path, blocker, name)
 
 
 def _umask() -> int:
@@ -31,8 +70,12 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
     """Replace ``path`` with ``data`` atomically (temp file in the same dir, fsync, os.replace).
 
     Creates the parent directory if needed. Returns the target path.
+
+    Raises:
+        FileInPathError: a part of ``path`` above it is a file (nothing is written).
     """
     target = Path(path)
+    check_output_parents(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:

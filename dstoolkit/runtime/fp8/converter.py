@@ -2,8 +2,10 @@
 
 The converter checks the backend once when built (TE import, GPU, recipe support), then walks the whole
 model and never stops early: each module with parameters is either swapped or listed with the reason it
-was kept. The root module's forward is wrapped in the backend's FP8 autocast context, so a DeepSpeed
-engine built on the converted model (ZeRO 0-2) runs each forward in FP8 with no change to the training loop.
+was kept. Layer skips that keep every transformer block in bf16 are refused first, with the message of
+`dstoolkit fp8 plan` (`dstoolkit.fp8.report.layer_skip_problem`): FP8 would do nothing. The root module's
+forward is wrapped in the backend's FP8 autocast context, so a DeepSpeed engine built on the converted model
+(ZeRO 0-2) runs each forward in FP8 with no change to the training loop.
 
 Emulated swaps reuse the original Parameter objects: converting before or after `deepspeed.initialize`
 both work. TE swaps create new TE parameters: convert before building the optimizer / engine.
@@ -17,7 +19,7 @@ from torch import nn
 
 from dstoolkit.runtime.fp8.emulated import EmulatedFp8Linear, fp8_autocast
 from dstoolkit.fp8.recipes import Fp8BackendUnavailable
-from dstoolkit.fp8.report import SkipEntry, SwapEntry, SwapReport, block_index, decide_linear
+from dstoolkit.fp8.report import SkipEntry, SwapEntry, SwapReport, block_index, decide_linear, layer_skip_problem
 from dstoolkit.dsconfig.fp8 import Fp8Config
 
 Backend = Literal["te", "emulated"]
@@ -91,10 +93,20 @@ class Fp8Converter:
         return type(mod).__module__.startswith("transformer_engine")
 
     def convert(self, model: nn.Module, *, wrap_forward: bool = True) -> SwapReport:
-        """Swap every eligible layer of `model` in place and return the report (never stops early)."""
+        """Swap every eligible layer of `model` in place and return the report (never stops early).
+
+        Raises:
+            ValueError: fp8.layers.skip_first_layers + skip_last_layers reach the model's block count, so no block
+                could run in FP8 (`layer_skip_problem`, the check `dstoolkit fp8 plan` refuses with); the model is
+                left untouched.
+        """
         cfg = self.cfg
-        report = SwapReport(backend=self.backend, recipe=cfg.recipe, format=cfg.format)
         num_blocks = count_blocks(model)
+        # a setting error, not a per-layer skip: FP8 would do nothing, so refuse before touching the model
+        problem = layer_skip_problem(cfg, num_blocks, model=type(model).__name__)
+        if problem:
+            raise ValueError(problem)
+        report = SwapReport(backend=self.backend, recipe=cfg.recipe, format=cfg.format)
         done: set[str] = set()  # names handled by a fused swap
 
         if self._te is not None and self.fuse and cfg.enabled:
@@ -202,6 +214,7 @@ def convert(model: nn.Module, cfg: Union[Fp8Config, Mapping, None] = None, backe
 
     Raises:
         Fp8BackendUnavailable: with "te" when TE or a suitable GPU is missing (says what to do instead).
+        ValueError: the layer skips keep every transformer block in bf16 (`Fp8Converter.convert`).
     """
     return Fp8Converter(cfg, backend, fuse=fuse).convert(model, wrap_forward=wrap_forward)
 
