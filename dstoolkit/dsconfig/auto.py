@@ -10,7 +10,7 @@ and ``trainer_config_finalize``; Accelerate's ``DeepSpeedPlugin`` fills the same
 - ``optimizer.params.{lr, betas, eps, weight_decay}`` <- learning_rate, (adam_beta1, adam_beta2), adam_epsilon,
   weight_decay;
 - ``scheduler.params.{warmup_min_lr, warmup_max_lr, warmup_num_steps, total_num_steps}`` <- 0, learning_rate,
-  warmup steps, total training steps;
+  max(1, warmup steps), total training steps;
 - ``fp16.enabled`` / ``bf16.enabled`` <- --fp16 / --bf16;
 - ``zero_optimization.reduce_bucket_size`` = hidden_size^2,
   ``zero_optimization.stage3_prefetch_bucket_size`` = 0.9 * hidden_size^2,
@@ -77,9 +77,22 @@ HF_DEFAULT_EPS = 1e-8
 HF_DEFAULT_WEIGHT_DECAY = 0.0
 HF_DEFAULT_MAX_GRAD_NORM = 1.0
 HF_DEFAULT_WARMUP_STEPS = 0
+HF_MIN_WARMUP_NUM_STEPS = 1
+"""transformers' DeepSpeed integration fills scheduler.params.warmup_num_steps with max(1, warmup steps)
+(transformers/integrations/deepspeed.py, trainer_config_finalize: "deepspeed>=0.19.6 rejects a non-positive
+warmup_num_steps"); DS234 refuses 0."""
 PREFETCH_FRACTION = 0.9  # transformers: stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size
 PERSISTENCE_FACTOR = 10  # transformers: stage3_param_persistence_threshold = 10 * hidden_size
 
+
+
+def _hf_warmup_num_steps(given) -> tuple[int, str]:
+    """(value, source) of warmup_num_steps as HF's Trainer fills it: max(1, --warmup-steps or HF's 0)."""
+    steps = given if given is not None else HF_DEFAULT_WARMUP_STEPS
+    src = "--warmup-steps" if given is not None else "HF default (warmup-steps)"
+    if isinstance(steps, int) and steps < HF_MIN_WARMUP_NUM_STEPS:
+        return HF_MIN_WARMUP_NUM_STEPS, f"{src} {steps}, raised to 1 as transformers does (DeepSpeed >= 0.19.6 refuses 0)"
+    return steps, src
 
 def find_auto(data: Any, path: tuple = ()) -> list[tuple]:
     """Paths (tuples of keys/indices) of every "auto" string value in ``data``."""
@@ -154,7 +167,7 @@ def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = Non
         "/optimizer/params/weight_decay": pick(weight_decay, HF_DEFAULT_WEIGHT_DECAY, "weight-decay"),
         "/scheduler/params/warmup_min_lr": (0, "HF (0)"),
         "/scheduler/params/warmup_max_lr": (lr_v, lr_src),
-        "/scheduler/params/warmup_num_steps": pick(warmup_steps, HF_DEFAULT_WARMUP_STEPS, "warmup-steps"),
+        "/scheduler/params/warmup_num_steps": _hf_warmup_num_steps(warmup_steps),
         "/scheduler/params/total_num_steps": (total_steps, "--total-steps"),
     }
     values["/zero_optimization/stage3_gather_16bit_weights_on_model_save"] = (

@@ -1,8 +1,9 @@
 """The DeepSpeed cross-field rules, each declared once with `rule` (code, title; the docstring explains it).
 Layout arithmetic (data-parallel size, the batch triad, expert groups) is asked of `dstoolkit.layout`; the
-optimizer and scheduler rules (DS209-DS212, DS230-DS231) live in ``rules_optim``, the MoE / stage-option /
-parallelism rules (DS213-DS228) in ``rules_parallel``, the facts they all read in ``rule_facts``. The machinery
-(registry, `RuleViolation`, `RuleContext`, `run_rules`) is ``dstoolkit.dsconfig.registry``; its names are
+optimizer and scheduler rules (DS209-DS212, DS230-DS231) live in ``rules_optim``, the value rules of the other
+optimizers (DS233) in ``rules_optim_values`` and of the schedulers (DS234-DS235) in ``rules_sched``, the MoE /
+stage-option / parallelism rules (DS213-DS228) in ``rules_parallel``, the facts they all read in ``rule_facts``. The
+machinery (registry, `RuleViolation`, `RuleContext`, `run_rules`) is ``dstoolkit.dsconfig.registry``; its names are
 re-exported here, and readers of the registry import it from here so that every rule is declared.
 
 Declaration order is the order `DeepSpeedConfig` checks them (it reports the first error).

@@ -3,6 +3,9 @@
 `dstoolkit.dsconfig.registry.rule`; the facts (names, accepted keywords) are in ``dstoolkit.dsconfig.facts``.
 The value rules (DS230 the Adam family's lr / betas / eps / weight_decay, DS231 gradient_clipping) are also
 asked by `dstoolkit resolve` for its flags, through `adam_value_problems` and `gradient_clipping_problem`.
+The values of every other optimizer (DS233) are in ``rules_optim_values`` and the LR schedule's values
+(DS234-DS235) in ``rules_sched``; both are imported at the end of this module, so the registry keeps the order
+DeepSpeed builds in (the optimizer, then the scheduler).
 """
 from __future__ import annotations
 
@@ -169,18 +172,23 @@ ADAM_LIMITS: dict[str, ValueLimit] = {
     "weight_decay": ValueLimit(None, "Invalid weight_decay value"),
 }
 """optimizer.params key -> the range torch.optim.Adam / AdamW check (betas: each of the two)."""
+NADAM_LIMITS: dict[str, ValueLimit] = {**ADAM_LIMITS, "momentum_decay": ValueLimit(None, "Invalid momentum_decay value")}
+"""torch.optim.NAdam checks momentum_decay too (torch/optim/nadam.py: 'if not 0.0 <= momentum_decay')."""
 HF_DEFAULTS: dict[str, Any] = {"lr": HF_DEFAULT_LR, "betas": list(HF_DEFAULT_BETAS), "eps": HF_DEFAULT_EPS,
                                "weight_decay": HF_DEFAULT_WEIGHT_DECAY}
 """A legal value of each, to suggest: HF TrainingArguments' defaults (dstoolkit.dsconfig.auto)."""
+TORCH_DEFAULTS: dict[str, Any] = {"momentum_decay": 4e-3}
+"""The keys HF has no default for: torch's own (NAdam.__init__)."""
 
 
 def adam_values_fix(problems: list["ValueProblem"], name: Callable[[str], str] = str,
                     show: Callable[[Any], str] = str) -> str:
     """The suggestion for `problems`: each value's range and HF's default (`name` spells the key and `show` the
     value, for a JSON config or for command-line flags)."""
-    keys = list(dict.fromkeys(p.key for p in problems))
-    return "; ".join(f"{name(k)} must be {ADAM_LIMITS[k].bound}{' each' if k == 'betas' else ''}, e.g. "
-                     f"{show(HF_DEFAULTS[k])} (HF's default)" for k in keys)
+    limits = {p.key: p.limit for p in problems}
+    return "; ".join(f"{name(k)} must be {lim.bound}{' each' if k == 'betas' else ''}, e.g. "
+                     + (f"{show(HF_DEFAULTS[k])} (HF's default)" if k in HF_DEFAULTS else
+                        f"{show(TORCH_DEFAULTS[k])} (torch's default)") for k, lim in limits.items())
 
 
 @dataclass(frozen=True)
@@ -210,12 +218,13 @@ def _number(v: Any) -> Optional[float]:
     return float(v)
 
 
-def adam_value_problems(params: Mapping[str, Any]) -> list[ValueProblem]:
+def adam_value_problems(params: Mapping[str, Any],
+                        limits: Mapping[str, ValueLimit] = ADAM_LIMITS) -> list[ValueProblem]:
     """The lr, betas, eps and weight_decay values in `params` that torch's Adam / AdamW refuse (the checks quoted
-    above), in that order. Values that are not finite numbers (HF's "auto", a wrong type, NaN) are skipped: other
-    findings own them."""
+    above), in that order; `limits` NADAM_LIMITS adds NAdam's momentum_decay. Values that are not finite numbers
+    (HF's "auto", a wrong type, NaN) are skipped: other findings own them."""
     out: list[ValueProblem] = []
-    for key, limit in ADAM_LIMITS.items():
+    for key, limit in limits.items():
         raw = params.get(key)
         if key == "betas":
             items = list(enumerate(raw[:2])) if isinstance(raw, (list, tuple)) else []
@@ -248,13 +257,13 @@ def _check_adam_values(cfg: Mapping, ctx: RuleContext) -> None:
     optimizer.params must hold lr >= 0, eps >= 0, weight_decay >= 0 and both betas in [0, 1): torch 2.13's
     constructors raise ValueError otherwise (torch/optim/adam.py Adam.__init__, inherited by AdamW: "Invalid
     learning rate", "Invalid epsilon value", "Invalid beta parameter at index 0/1", "Invalid weight_decay value";
-    adamax.py, nadam.py, radam.py check the same). DeepSpeed builds torch.optim.Adam / AdamW when params.torch_adam
-    is true; its default FusedAdam and DeepSpeedCPUAdam take the same arguments without checking them and train
-    wrongly instead: a negative lr climbs the loss, a beta of 1 zeroes the bias correction 1 - beta^t they divide
-    by (ops/csrc/adam/multi_tensor_adam.cu, ops/csrc/includes/cpu_adam.h), a beta above 1 makes the moments grow
-    without bound, a negative eps can zero the update's denominator, a negative weight_decay inflates the weights.
-    lr 0 is legal (torch accepts it). "auto" (HF fills it) and values that are not numbers are left to the other
-    findings."""
+    adamax.py, nadam.py, radam.py check the same; NAdam also refuses momentum_decay < 0, "Invalid momentum_decay
+    value"). DeepSpeed builds torch.optim.Adam / AdamW when params.torch_adam is true; its default FusedAdam and
+    DeepSpeedCPUAdam take the same arguments without checking them and train wrongly instead: a negative lr climbs
+    the loss, a beta of 1 zeroes the bias correction 1 - beta^t they divide by (ops/csrc/adam/multi_tensor_adam.cu,
+    ops/csrc/includes/cpu_adam.h), a beta above 1 makes the moments grow without bound, a negative eps can zero the
+    update's denominator, a negative weight_decay inflates the weights. lr 0 is legal (torch accepts it). "auto"
+    (HF fills it) and values that are not numbers are left to the other findings."""
     opt = section(cfg, "optimizer")
     name, params = opt.get("type"), opt.get("params")
     if not isinstance(name, str) or not isinstance(params, dict):
@@ -263,7 +272,7 @@ def _check_adam_values(cfg: Mapping, ctx: RuleContext) -> None:
     if found is None:
         return
     cls, source = found
-    problems = adam_value_problems(params)
+    problems = adam_value_problems(params, NADAM_LIMITS if name == "NAdam" else ADAM_LIMITS)
     if not problems:
         return
     first = problems[0]
@@ -299,3 +308,9 @@ def _check_gradient_clipping(cfg: Mapping, ctx: RuleContext) -> None:
     problem = gradient_clipping_problem(cfg.get("gradient_clipping"))
     if problem:
         raise RuleViolation("/gradient_clipping", f"gradient_clipping={problem}", GRADIENT_CLIPPING_FIX)
+
+
+# DS233 (every other optimizer's values), then DS234-DS235 (the LR schedule's values), in the registry after the
+# rules above: DeepSpeed builds the optimizer before the scheduler (runtime/engine.py _configure_optimizer,
+# _configure_lr_scheduler).
+from dstoolkit.dsconfig import rules_optim_values, rules_sched  # noqa: E402,F401

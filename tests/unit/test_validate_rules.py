@@ -215,6 +215,8 @@ def test_model_validator_runs_the_registry():
         "DS229": (with_(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}), {}),
         "DS230": (with_(optimizer={"type": "AdamW", "params": {"lr": -1}}), {}),
         "DS231": (with_(gradient_clipping=-1), {}),
+        "DS233": (with_(optimizer={"type": "SGD", "params": {"lr": -1}}), {}),
+        "DS234": (with_(scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 0}}), {}),
         "DS232": (with_(zero_optimization={"stage": 2}), {"pp": 2}),
     }
     errors = {code for code, r in rules.RULES.items() if r.severity == "error"}
