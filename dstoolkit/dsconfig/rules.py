@@ -275,6 +275,10 @@ def _check_hpz_clamped_or_cross_node(cfg: Mapping, ctx: RuleContext) -> None:
 # the MoE rules).
 from dstoolkit.dsconfig import rules_optim  # noqa: E402,F401
 from dstoolkit.dsconfig.rules_optim import known_optimizers  # noqa: E402,F401  (re-export)
+# DS233 (every other optimizer's values), then DS234-DS235 (the LR schedule's values), after the rules above:
+# DeepSpeed builds the optimizer before the scheduler (runtime/engine.py _configure_optimizer,
+# _configure_lr_scheduler).
+from dstoolkit.dsconfig import rules_optim_values, rules_sched  # noqa: E402,F401
 
 # DS213-DS228 (MoE, stage-dependent options, parallel sizes, AutoTP, Ulysses, AutoEP) come after the optimizer
 # rules in DeepSpeedConfig's check order.

@@ -309,8 +309,3 @@ def _check_gradient_clipping(cfg: Mapping, ctx: RuleContext) -> None:
     if problem:
         raise RuleViolation("/gradient_clipping", f"gradient_clipping={problem}", GRADIENT_CLIPPING_FIX)
 
-
-# DS233 (every other optimizer's values), then DS234-DS235 (the LR schedule's values), in the registry after the
-# rules above: DeepSpeed builds the optimizer before the scheduler (runtime/engine.py _configure_optimizer,
-# _configure_lr_scheduler).
-from dstoolkit.dsconfig import rules_optim_values, rules_sched  # noqa: E402,F401

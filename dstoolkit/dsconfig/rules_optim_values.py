@@ -2,8 +2,8 @@
 implementation accepts: the torch.optim constructors DeepSpeed reaches raise ValueError (their checks are
 transcribed below, in their order, so the finding quotes torch's own message), and DeepSpeed's own kernels (Lamb,
 Lion, CPU Adagrad, Muon) take the values unchecked and train wrongly. Declared with
-`dstoolkit.dsconfig.registry.rule`; ``dstoolkit.dsconfig.rules_optim`` imports this module after its own rules
-(import ``dstoolkit.dsconfig.rules``, never this module alone).
+`dstoolkit.dsconfig.registry.rule`; ``dstoolkit.dsconfig.rules`` imports this module after rules_optim (import
+``dstoolkit.dsconfig.rules``, never this module alone).
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ lr_schedules.py with scheduler.params as keyword arguments (engine.py _scheduler
 the constructor raise (DS234, an error); others are taken and make the schedule do something the config did not
 ask for (DS235, a warning): the LR falls during warmup, turns negative, drops to its floor as warmup ends, or the
 optimizer's beta1 leaves [0, 1). Each claim was checked by building the real schedule on a one-parameter torch
-optimizer and stepping it. Declared with `dstoolkit.dsconfig.registry.rule`; ``dstoolkit.dsconfig.rules_optim``
-imports this module after the optimizer rules (import ``dstoolkit.dsconfig.rules``, never this module alone).
+optimizer and stepping it. Declared with `dstoolkit.dsconfig.registry.rule`; ``dstoolkit.dsconfig.rules``
+imports this module after the optimizer rules (import that, never this module alone).
 
 Only DeepSpeed 0.19 is checked: 0.16's lr_schedules.py (warmup_num_steps went through max(2, n) unchecked) is not
 installed here to read.
