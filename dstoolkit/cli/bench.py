@@ -15,6 +15,7 @@ from pathlib import Path
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_calibration_flag, add_format_flag,
                                    add_out_flag, add_world_flags, exit_map)
 from dstoolkit.cli.tune import accept_command
+from dstoolkit.common.atomic import check_output_parents
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -93,7 +94,8 @@ def add_parser(subparsers) -> None:
 
 
 def check_common(args) -> None:
-    """The flags every bench shares, refused before any rank starts (InputError, exit 2)."""
+    """The flags every bench shares, refused before any rank starts (InputError, or `FileInPathError` for an --out
+    under a path part that is a file: exit 2)."""
     if not (args.timeout_s > 0 and math.isfinite(args.timeout_s)):
         raise InputError(f"--timeout-s {args.timeout_s}: must be a positive number of seconds (default 1800)")
     if args.out:
@@ -101,9 +103,7 @@ def check_common(args) -> None:
         if out.is_dir():
             raise InputError(f"--out {args.out}: is a folder; pass the JSON Lines file to append to, e.g. "
                              f"--out {out / (args.bench_kind + '.jsonl')}")
-        parent = next((p for p in out.parents if p.exists()), None)
-        if parent is not None and not parent.is_dir():
-            raise InputError(f"--out {args.out}: {parent} is a file, not a folder; pick a results path in a folder")
+        check_output_parents(out, name=f"--out {args.out}")  # a file in the path: atomic's one wording
 
 
 @exit_map("bench", failures=(RuntimeError,))  # BenchInputError: exit 2; RuntimeError (a rank failed): exit 1

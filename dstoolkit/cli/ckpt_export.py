@@ -2,14 +2,12 @@
 safetensors plus config.json, loadable by transformers `from_pretrained`.
 
 Exit codes: 0 written, 2 bad input (not a checkpoint, incomplete, no config.json, weights that do not fit it,
-OUT exists).
+OUT exists or lies under a file).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from dstoolkit.ckpt.errors import CkptError
-from dstoolkit.ckpt.paths import check_output_outside
 from dstoolkit.cli.ckpt_inspect import first_paragraph
 from dstoolkit.cli.options import EXIT_OK, exit_map
 
@@ -28,9 +26,10 @@ def add_subparser(sub) -> None:
 @exit_map("ckpt export")
 def run(args) -> int:
     out = Path(args.hf)
-    check_output_outside(Path(args.dir), out, "--hf", "_hf")
-    if out.exists():
-        raise CkptError(str(out), "already exists", "give --hf a new folder (nothing is overwritten)")
+    # torch-free: the output refused at once, before torch is imported (export_hf asks it again)
+    from dstoolkit.runtime.ckpt.outputs import check_new_output_folder
+
+    check_new_output_folder(Path(args.dir), out, "--hf", "_hf")
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.ckpt.export import export_hf
 

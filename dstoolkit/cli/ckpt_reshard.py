@@ -1,15 +1,14 @@
 """`dstoolkit ckpt reshard DIR --out OUT`: a DeepSpeed ZeRO-1/2/3 checkpoint -> a universal checkpoint (DeepSpeed's
 own ds_to_universal), resumable at another world size or ZeRO stage with `"checkpoint": {"load_universal": true}`.
 
-Exit codes: 0 written, 2 bad input (not a checkpoint, incomplete, a target layout it cannot reach, OUT exists).
+Exit codes: 0 written, 2 bad input (not a checkpoint, incomplete, a target layout it cannot reach, OUT exists or
+lies under a file).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.layout import parse_target
-from dstoolkit.ckpt.paths import check_output_outside
 from dstoolkit.cli.ckpt_inspect import first_paragraph
 from dstoolkit.cli.options import EXIT_OK, add_out_flag, exit_map
 
@@ -29,9 +28,10 @@ def add_subparser(sub) -> None:
 def run(args) -> int:
     target = parse_target(args.to) if args.to is not None else None
     out = Path(args.out)
-    check_output_outside(Path(args.dir), out, "--out", "_universal")
-    if out.exists():  # before importing torch: refuse at once
-        raise CkptError(str(out), "already exists", "give --out a new folder (nothing is overwritten)")
+    # torch-free: the output refused at once, before torch is imported (to_universal asks it again)
+    from dstoolkit.runtime.ckpt.outputs import check_new_output_folder
+
+    check_new_output_folder(Path(args.dir), out, "--out", "_universal")
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.ckpt.reshard import to_universal
 

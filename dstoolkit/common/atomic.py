@@ -10,8 +10,9 @@ On any failure the temporary file is removed and the target is left as it was.
 
 The new file gets the usual permissions (0666 less the umask), not mkstemp's private 0600.
 An output under a path part that is a file (``-o notes.json/out.json``) is refused before anything is written
-(`FileInPathError`, naming that part): the one wording for it, which a verb may ask early with
-`check_output_parents` to name its flag. Imports nothing from dstoolkit.
+(`FileInPathError`, naming that part), and so is an output that is an existing folder (`OutputIsFolderError`;
+``os.replace`` would fail with EISDIR naming the temporary file): the one wording for each, which a verb asks early
+with `check_output_parents` / `check_output_path` to name its flag. Imports nothing from dstoolkit.
 """
 from __future__ import annotations
 
@@ -43,6 +44,24 @@ class FileInPathError(NotADirectoryError):
         return self.strerror
 
 
+class OutputIsFolderError(IsADirectoryError):
+    """The output path is an existing folder, so no file can be written in its place. An OSError (EISDIR, what
+    ``os.replace`` would raise, naming the temporary file instead), so handlers of write errors still catch it; its
+    text names the path and the fix.
+
+    Attributes:
+        path: the output path.
+    """
+
+    def __init__(self, path: PathLike, name: Optional[str] = None) -> None:
+        self.path = Path(path)
+        super().__init__(errno.EISDIR, f"{name or path}: is a folder, not a file, so no file can be written in its "
+                                       "place; give the path of the file to write (a file inside it, or a new name)")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 def file_in_path(path: PathLike) -> Optional[Path]:
     """The existing parent of ``path`` closest to it when that is not a folder (a file), else None. Parents past it
     cannot exist (a file has no children), so it is the part that blocks the write."""
@@ -60,6 +79,16 @@ def check_output_parents(path: PathLike, name: Optional[str] = None) -> None:
         raise FileInPathError(path, blocker, name)
 
 
+def check_output_path(path: PathLike, name: Optional[str] = None) -> None:
+    """Refuse an output file path that cannot be written: `FileInPathError` when a part above it is a file,
+    `OutputIsFolderError` when it is an existing folder (a link to one is not refused: ``os.replace`` replaces the
+    link, not the folder). ``name``: how the caller's input names the path (``-o OUT``), for the message; default the
+    path."""
+    check_output_parents(path, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise OutputIsFolderError(path, name)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -73,9 +102,10 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
 
     Raises:
         FileInPathError: a part of ``path`` above it is a file (nothing is written).
+        OutputIsFolderError: ``path`` is an existing folder (nothing is written).
     """
     target = Path(path)
-    check_output_parents(target)
+    check_output_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:

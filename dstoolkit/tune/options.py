@@ -11,6 +11,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from dstoolkit.common.atomic import check_output_parents
 from dstoolkit.hardware.calibration import calibration_for_spec
 from dstoolkit.models import resolve_spec_model
 from dstoolkit.runtime.shrink_run import prepare_shrunk_run
@@ -97,6 +98,18 @@ def check_options(opts: TuneOptions) -> None:
     if not 0 <= opts.seed <= MAX_SAMPLER_SEED:
         raise TuneInputError(f"--seed {opts.seed}: must be an integer from 0 to {MAX_SAMPLER_SEED} (the sampler's "
                              "seed range)")
+    check_out_dir(opts.out_dir)
+
+
+def check_out_dir(out_dir: pathlib.Path) -> None:
+    """--out must be a folder, or a path where one can be made: not a file, and under no path part that is a file
+    (`check_output_parents`, the one wording for it). Asked first (`check_options`), before the spec is loaded;
+    what the folder holds (another study, other files) is `records.prepare_out_dir`'s."""
+    out_dir = pathlib.Path(out_dir)
+    check_output_parents(out_dir, name=f"--out {out_dir}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TuneInputError(f"--out {out_dir}: is a file, not a folder; give the study's folder (a new one, or the "
+                             "--out of the study to resume)")
 
 
 def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:

@@ -30,14 +30,13 @@ FINGERPRINT_ATTR = "dstoolkit_fingerprint"
 
 
 def prepare_out_dir(out_dir: pathlib.Path, fingerprint: str, force: bool) -> bool:
-    """Create or reuse the output folder. Returns True when an existing study is resumed.
+    """Create or reuse the output folder. Returns True when an existing study is resumed. A file at or above
+    ``out_dir`` was refused before (`options.check_out_dir`, from `check_options`).
 
     Raises:
         TuneInputError: the folder holds something else (or another study) and --force was not given.
     """
     db = out_dir / STUDY_DB
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TuneInputError(f"--out {out_dir}: exists and is not a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if force:
             db.unlink(missing_ok=True)

@@ -82,7 +82,7 @@ def test_bench_refuses_a_zero_timeout_and_an_out_folder_before_any_rank(tmp_path
     afile.write_text("x")
     assert main(base + ["-o", str(afile / "r.jsonl")]) == 2
     assert capsys.readouterr().err == (f"dstoolkit bench: error: --out {afile / 'r.jsonl'}: {afile} is a file, not a "
-                                       "folder; pick a results path in a folder\n")
+                                       "folder, so nothing can be written under it; give a path in a folder\n")
 
 
 def test_a_sub_second_timeout_is_printed_as_given():

@@ -11,6 +11,7 @@ import os
 import pathlib
 from typing import Any, Optional
 
+from dstoolkit.common.atomic import check_output_parents
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.report import (_comm_overhead_section, _comm_section, _overlap_section, _latest,
                                             _train_section, write_report)
@@ -55,12 +56,12 @@ def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
 def check_outputs(md_path: pathlib.Path, plots: list[pathlib.Path], inputs: list[pathlib.Path], force: bool,
                   out_given: bool) -> None:
     """Refuse (BenchInputError, naming -o and the fix) an output that is a folder, is or would become a
-    results file, or replaces an existing report or plot without --force."""
+    results file, or replaces an existing report or plot without --force; and (`FileInPathError`, an OSError: exit 2)
+    one under a path part that is a file."""
     flag = f"-o {md_path}" if out_given else f"the report {md_path}"
     if md_path.is_dir():
         raise BenchInputError(f"{flag}: is a folder; pass the markdown file to write, e.g. -o {md_path / 'report.md'}")
-    if md_path.parent.exists() and not md_path.parent.is_dir():
-        raise BenchInputError(f"{flag}: {md_path.parent} is a file, not a folder; pick a report path in a folder")
+    check_output_parents(md_path, name=flag)  # a file in the path (-o f.json/sub/report.md): atomic's one wording
     for f in inputs:
         if _same_file(md_path, f):
             raise BenchInputError(f"{flag}: is the results file {f}, which the report reads (results are never "
@@ -93,6 +94,7 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     Raises:
         BenchInputError: the folder is missing or holds no readable records, or an output is refused
             (`check_outputs`).
+        FileInPathError: a part of ``out`` above it is a file (`check_outputs`; nothing is written).
     """
     results_dir = pathlib.Path(results_dir)
     if not results_dir.is_dir():

@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
-from dstoolkit.ckpt.paths import check_output_outside
 from dstoolkit.ckpt.torchzip import is_legacy
+from dstoolkit.runtime.ckpt.outputs import check_new_output_folder
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -246,11 +246,10 @@ def export_hf(src: Path, out: Path, *, config: Optional[Path] = None, dtype: str
         CkptError: not a checkpoint, incomplete, MoE with experts outside the ZeRO partitions, a model that is not
             a transformers model, no config or one transformers rejects, weights that do not fit the config,
             `out` inside the checkpoint, or `out` exists.
+        FileInPathError: a part of `out` above it is a file (`check_new_output_folder`; nothing is written).
     """
     out = Path(out)
-    check_output_outside(Path(src), out, "--hf", "_hf")
-    if out.exists():
-        raise CkptError(str(out), "already exists", "give --hf a new folder (nothing is overwritten)")
+    check_new_output_folder(Path(src), out, "--hf", "_hf")
     info = inspect_checkpoint(src)
     if not info.complete:
         raise CkptError(info.problems[0].file, info.problems[0].problem,

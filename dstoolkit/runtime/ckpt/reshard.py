@@ -19,7 +19,7 @@ from typing import Optional
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.layout import Target, check_target
-from dstoolkit.ckpt.paths import check_output_outside
+from dstoolkit.runtime.ckpt.outputs import check_new_output_folder
 
 
 def resume_config(ds_config: dict) -> dict:
@@ -128,8 +128,9 @@ def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet
     Raises:
         CkptError: not a checkpoint, incomplete, already universal, a target it cannot be resharded to, `out`
             inside (or around) the checkpoint, or `out` exists.
+        FileInPathError: a part of `out` above it is a file (`check_new_output_folder`; nothing is written).
     """
-    check_output_outside(Path(src), Path(out), "--out", "_universal")
+    check_new_output_folder(Path(src), Path(out), "--out", "_universal")
     info = inspect_checkpoint(src)
     if info.format == "deepspeed-universal":
         raise CkptError(str(src), "is already a universal checkpoint",
@@ -146,8 +147,6 @@ def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet
     if problems:
         raise CkptError(str(info.tag_dir), problems[0][0], problems[0][1])
     out = Path(out)
-    if out.exists():
-        raise CkptError(str(out), "already exists", "give --out a new folder (nothing is overwritten)")
     from deepspeed.checkpoint import ds_to_universal
 
     out.mkdir(parents=True)
