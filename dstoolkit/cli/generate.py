@@ -7,8 +7,10 @@ Targets (repeatable, default deepspeed): deepspeed (launch.sh, hostfile, slurm.s
 (megatron_lm_args.txt + launch_megatron_lm.sh), megatron-deepspeed (megatron_deepspeed_args.txt +
 launch_megatron_deepspeed.sh), hf (ds_config_hf.json with "auto" where HF Trainer fills it, training_args.json,
 launch_hf.sh), accelerate (adds accelerate_config.yaml, launch_accelerate.sh). Writes DIR/<strategy>/..., DIR/spec.yaml and DIR/summary.md atomically; an
-existing DIR is refused without --force.
-Exit codes: 0 written, 1 nothing fits (no config written), 2 bad input or existing output.
+existing DIR is refused without --force. Each target's layout and figures are estimated under the engine its files
+run (megatron-lm: Megatron-Core; the others: DeepSpeed's engine), whatever training.framework says.
+Exit codes: 0 written, 1 nothing fits or no requested target got files (nothing written, an existing DIR left as it
+was), 2 bad input or existing output.
 """
 from __future__ import annotations
 
@@ -55,10 +57,12 @@ def _add_training_plans(args, spec, shape, result) -> dict:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.training_plan import render_training_plan
     from dstoolkit.generate.planner import plan_for
+    from dstoolkit.generate.targets import spec_for_targets
 
     plans = {}
     for o in result.generated:
-        tp = training_plan_from_args(args, plan_for(spec, shape, o.chosen.candidate, o.ds_config),
+        engine_spec = spec_for_targets(spec, o.chosen_targets)  # the engine the summary's figures are for
+        tp = training_plan_from_args(args, plan_for(engine_spec, shape, o.chosen.candidate, o.ds_config),
                                      spec.training.batch_ramp)
         plans[o.name] = tp
         key = f"{o.name}/summary.md"
@@ -72,6 +76,8 @@ def _add_training_plans(args, spec, shape, result) -> dict:
 def run(args) -> int:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.core import generate, write_generated
+    from dstoolkit.generate.summary import other_targets, run_hints, shared_targets
+    from dstoolkit.generate.targets import engine_note
     from dstoolkit.generate.writer import check_target
 
     # SpecLoadError (printed as it is), OutputExistsError, GenerateError: exit 2 through exit_map
@@ -90,6 +96,13 @@ def run(args) -> int:
         if near is not None:
             print(f"closest to fitting: strategy {near.name}: {near.fits_nowhere}", file=sys.stderr)
         return EXIT_FINDINGS
+    if not any(t in o.per_target and t not in o.targets_skipped for t in requested for o in result.generated):
+        # nothing here would launch: refuse before writing, as when nothing fits (an existing DIR stays as it was)
+        print(f"dstoolkit generate: no configuration written for {spec.name}: no strategy has files for "
+              f"{' / '.join(requested)}:", file=sys.stderr)
+        for line in no_files_lines(result, requested):
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_FINDINGS
     plans = _add_training_plans(args, spec, shape, result)  # before writing: bad --tokens writes nothing
     try:
         write_generated(result, out, force=args.force)
@@ -103,6 +116,7 @@ def run(args) -> int:
                            "memory_per_rank_bytes": o.chosen.estimate.memory_per_rank_bytes,
                            "host_memory_per_rank_bytes": o.chosen.estimate.host_memory_per_rank_bytes,
                            "step_time_s": o.chosen.estimate.step_time_s, "mfu": o.chosen.estimate.mfu,
+                           "targets": shared_targets(o), "per_target": _per_target_json(o),
                            "files": sorted(o.files),
                            **({"training_plan": plans[o.name].to_json()} if o.name in plans else {})}
                           for o in result.generated],
@@ -114,8 +128,15 @@ def run(args) -> int:
     w = max(len(o.name) for o in result.generated)
     for o in result.generated:
         e = o.chosen.estimate
+        # each target's figures are its engine's: the line names the targets it is for where another differs
+        others = other_targets(o)
+        for_ = f"  {', '.join(shared_targets(o))}" if others else ""
         print(f"  {o.name:<{w}}  {o.chosen.candidate.label:<44} {e.memory_per_rank_bytes / 2**30:8.2f} GiB/rank "
-              f"{e.step_time_s:10.4g} s/step")
+              f"{e.step_time_s:10.4g} s/step{for_}")
+        for r in {id(x): x for x in others.values()}.values():
+            ts = ", ".join(t for t, x in others.items() if x is r)
+            print(f"  {'':<{w}}  {r.candidate.label:<44} {r.estimate.memory_per_rank_bytes / 2**30:8.2f} GiB/rank "
+                  f"{r.estimate.step_time_s:10.4g} s/step  {ts}")
         if o.name in plans:
             tp = plans[o.name]
             print(f"  {'':<{w}}  to train: {tp.steps:,} steps, {tp.wall_days:,.1f} days, {tp.gpu_hours:,.0f} GPU-hours"
@@ -125,14 +146,27 @@ def run(args) -> int:
     for o in result.generated:
         for target, why in o.targets_skipped.items():
             print(f"  {o.name}: no {target} files: {why}")
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.generate.summary import run_hints
-
+    note = engine_note(spec, requested)
+    if note:
+        print(f"note: {note}")
     print(f"details: {out / 'summary.md'}")
     for hint in run_hints(result, str(out)):
         print(f"run {hint}")
-    if not any(t not in o.targets_skipped for t in requested for o in result.generated):
-        print(f"dstoolkit generate: no strategy has files for {' / '.join(requested)} (the reasons are above); "
-              "nothing here launches", file=sys.stderr)
-        return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _per_target_json(o) -> dict:
+    """target -> the layout and figures of its files (its own engine's), for --format json."""
+    from dstoolkit.spec.target_engines import TARGET_ENGINE
+
+    return {t: {"label": r.candidate.label, "engine": TARGET_ENGINE[t],
+                "memory_per_rank_bytes": r.estimate.memory_per_rank_bytes, "step_time_s": r.estimate.step_time_s,
+                "mfu": r.estimate.mfu} for t, r in o.per_target.items()}
+
+
+def no_files_lines(result, requested) -> list[str]:
+    """Why each requested target got no files, one line per target and strategy folder (as the written run prints
+    them), then the strategies not generated."""
+    lines = [f"{o.name}: no {t} files: {o.targets_skipped.get(t, 'no layout of this strategy for it')}"
+             for t in requested for o in result.generated]
+    return lines + [f"not generated: {s.name}: {s.reason}" for s in result.skipped]

@@ -1,11 +1,13 @@
 """`generate`: spec -> one folder per strategy, with the files of each requested target (`TARGETS`), all in
 memory; `write_generated` writes them atomically.
 
-Every folder has summary.md, and the DeepSpeed JSON when a non-HF target runs its layout; the `deepspeed` target adds launch.sh (the deepspeed
-launcher / torchrun on the bundled trainer), hostfile and slurm.sbatch; `megatron-lm` and `megatron-deepspeed`
-add that project's argument file and launch script (dstoolkit.generate.megatron); `hf` and `accelerate` add
-an HF-style DeepSpeed JSON ("auto" where the Trainer fills it), training_args.json and the torchrun /
-accelerate launch lines for the user's own HF script (dstoolkit.generate.hf_targets).
+Every folder has summary.md, and the DeepSpeed JSON when deepspeed / megatron-deepspeed run its layout (or megatron-lm
+does and neither was asked for); each group of `targets.target_groups` resolves a strategy under its own engine. The
+`deepspeed` target adds launch.sh (the deepspeed launcher / torchrun on the bundled trainer), hostfile and
+slurm.sbatch; `megatron-lm` and `megatron-deepspeed` add that project's argument file and launch script
+(dstoolkit.generate.megatron); `hf` and `accelerate` add an HF-style DeepSpeed JSON ("auto" where the Trainer fills
+it), training_args.json and the torchrun / accelerate launch lines for the user's own HF script
+(dstoolkit.generate.hf_targets).
 
 No torch import. Each strategy's free fields ("auto" TP/PP/EP/micro-batch/recompute) are resolved by the
 sweep restricted to that strategy; the chosen JSON must have no error finding from `validate_config`.
@@ -28,13 +30,14 @@ from dstoolkit.generate.result import GenerateResult, SkippedStrategy, StrategyO
 from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.targets import NATIVE_MOE_TARGETS, is_hf  # noqa: F401  (NATIVE_MOE_TARGETS: re-exported)
 from dstoolkit.generate.targets import native_moe as target_native_moe
-from dstoolkit.generate.targets import strategy_unavailable_for, target_unavailable_reason
+from dstoolkit.generate.targets import strategy_unavailable_for, target_groups, target_unavailable_reason
 from dstoolkit.generate.sweep import error_findings, run_sweep
 from dstoolkit.generate.sweep_result import Ranked, SweepResult
 from dstoolkit.generate.writer import write_tree_atomic
 from dstoolkit.validate.folder import LAYOUT_FILE
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
+from dstoolkit.spec.target_engines import TARGET_ENGINE
 
 TARGETS = ("deepspeed", *MEGATRON_TARGETS, *HF_TARGETS)
 """What `generate --target` accepts; `deepspeed` is the default."""
@@ -97,19 +100,44 @@ def _spec_copy(spec: Spec) -> tuple[dict[str, str], str]:
 
 
 def _layout_json(spec: Spec, shape: ModelShape, picks, folder: dict) -> str:
-    """LAYOUT_FILE: the layout each config file of the folder was generated for (`dstoolkit validate DIR` reads it)."""
-    files = {}
+    """LAYOUT_FILE: the layout each config file of the folder was generated for (`dstoolkit validate DIR` reads it):
+    ds_config.json is the first non-HF group's (`generate` builds it from picks[0]), ds_config_hf.json the HF group's."""
+    files: dict = {}
     for g, pick, _ in picks:
         c = pick.candidate
         per = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "label": c.label, "targets": list(g),
                "num_experts": shape.num_experts if shape.is_moe and target_native_moe(g) else None}
         names = ["ds_config_hf.json"] if all(is_hf(t) for t in g) else ["ds_config.json"]
-        files.update({n: per for n in names if n in folder})
+        for n in names:
+            if n in folder:
+                files.setdefault(n, per)
         if "accelerate_config.yaml" in folder and all(is_hf(t) for t in g):
             files["accelerate_config.yaml"] = per
     doc = {"world_size": spec.cluster.world_size, "gpus_per_node": spec.cluster.gpus_per_node,
            "nodes": spec.cluster.nodes, "files": files}
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _writes_ds_config(chosen_targets: Sequence[str], groups: Sequence[Sequence[str]]) -> bool:
+    """Whether the folder gets ds_config.json for `chosen_targets`' layout: a non-HF group's, and the DeepSpeed engine's
+    unless DeepSpeed-engine targets were asked for and none runs this strategy."""
+    if all(is_hf(t) for t in chosen_targets):
+        return False
+    native_asked = any(not is_hf(t) and TARGET_ENGINE[t] == "deepspeed" for g in groups for t in g)
+    return TARGET_ENGINE[chosen_targets[0]] == "deepspeed" or not native_asked
+
+
+def _miss_reason(target: str, sweep: SweepResult, shape: ModelShape) -> str:
+    """Why `target` got no layout of a strategy: its own reason where every layout was one it cannot run (a ulysses
+    layout for deepspeed names the launchers that split sequences), else the sweep's counts and first drop."""
+    if sweep.dropped and all(d.code == "target" for d in sweep.dropped):
+        why = target_unavailable_reason(target, sweep.dropped[0].candidate, shape)
+        if why:
+            return why
+    reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
+    codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
+    first = f"; e.g. {sweep.dropped[0].candidate.label}: {sweep.dropped[0].reason}" if sweep.dropped else ""
+    return f"{reason} for {target} ({sweep.considered} tried; dropped by {codes}{first})"
 
 
 def _resolve(spec: Spec, shape: ModelShape, strat: StrategyDef,
@@ -142,10 +170,10 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
     if unknown_targets:
         raise GenerateError(f"unknown target {unknown_targets[0]!r}; known: {', '.join(TARGETS)}")
     targets = list(dict.fromkeys(targets))
-    # Two groups resolve each strategy on their own, so a layout one launcher cannot run never removes the
-    # other's files: the HF targets (hf, accelerate: no pipeline engine, no AutoEP, ZeRO-3 open to MoE) and the
-    # rest (DeepSpeed's engine, Megatron).
-    groups = [g for g in ([t for t in targets if not is_hf(t)], [t for t in targets if is_hf(t)]) if g]
+    # Each group resolves each strategy on its own, under the engine its files run (target_groups: DeepSpeed's
+    # engine, Megatron-Core, HF Trainer / Accelerate), so a layout one launcher cannot run never removes another's
+    # files and each target's layout and figures are its engine's.
+    groups = target_groups(targets)
     if strategies:
         unknown = [s for s in strategies if s not in STRATEGIES]
         if unknown:
@@ -183,8 +211,7 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
             chosen, sweep = _resolve(spec, shape, strat, g)
             if chosen is None:
                 misses.append(sweep)
-                reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
-                out_skipped.update({t: f"{reason} for {t} ({sweep.considered} tried)" for t in g})
+                out_skipped.update({t: _miss_reason(t, sweep, shape) for t in g})
                 continue
             # the group's layout runs on at least one of its targets (sweep: unavailable_for_all); the others
             # get no files for it, each with its own reason (a ulysses layout: megatron files, no deepspeed ones)
@@ -212,17 +239,22 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
                 name, f"{reason} ({sweep.considered} tried; dropped by {codes}{first})", fits_nowhere=nowhere,
                 fits_nowhere_bytes=sweep.fits_nowhere.needed_per_gpu_bytes if sweep.fits_nowhere else None))
             continue
-        _, chosen, sweep = picks[0]
+        # the first group's layout is the folder's (target_groups: DeepSpeed's engine first, whose ds_config.json it is)
+        chosen_targets, chosen, sweep = picks[0][0], picks[0][1], picks[0][2]
         cand = chosen.candidate
         cfg = build_ds_config(spec, shape, cand)
         findings = list(chosen.findings)
         if error_findings(findings):  # run_sweep already dropped these; keep the invariant explicit
             raise RuntimeError(f"internal: {name} config has error findings: {error_findings(findings)}")
-        # ds_config.json is the DeepSpeed engine's JSON: written when a non-HF target runs this folder's layout
-        # (HF targets read ds_config_hf.json; an HF-only layout, e.g. ZeRO-3 of an HF MoE model, is no native one)
-        folder = {} if all(is_hf(t) for g, _, _ in picks for t in g) else {"ds_config.json": json.dumps(cfg, indent=2) + "\n"}
+        # ds_config.json is the DeepSpeed engine's JSON: written for the layout deepspeed / megatron-deepspeed run (the
+        # first group), and for Megatron-LM's when no DeepSpeed-engine target was asked for; not where they were asked
+        # and cannot run this strategy (ZeRO-3 of a native MoE model for megatron-lm / hf: DeepSpeed would refuse it).
+        # HF targets read ds_config_hf.json.
+        folder = {}
+        if _writes_ds_config(chosen_targets, groups):
+            folder["ds_config.json"] = json.dumps(cfg, indent=2) + "\n"
         out = StrategyOutput(name=name, strategy=strat, chosen=chosen, sweep=sweep, ds_config=cfg,
-                             findings=findings, files={})
+                             findings=findings, files={}, chosen_targets=list(chosen_targets))
         out.targets_skipped.update(out_skipped)
         for g, pick, _ in picks:
             c = pick.candidate

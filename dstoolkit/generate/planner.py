@@ -31,6 +31,7 @@ from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
 from dstoolkit.generate.sweep_result import SweepResult
+from dstoolkit.generate.targets import engine_note, spec_for_targets
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan
@@ -124,6 +125,8 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
         codes = ", ".join(f"{k}: {v}" for k, v in res.dropped_by_code.items())
         first = f"; e.g. {res.dropped[0].candidate.label}: {res.dropped[0].reason}" if res.dropped else ""
         raise ValueError(f"no valid layout for {spec.name}: {res.considered} tried, dropped by {codes}{first}")
+    # the plan of the engine the targets run (spec_for_targets), as the sweep estimated it
+    engine_spec = spec_for_targets(spec, targets)
     cfg = ds_config_for(spec, shape, cand)
     notes = _chosen(spec, cand)
     from dstoolkit.layout.degree_rules import tp_across_nodes_note  # TP wider than a node: allowed, with a warning
@@ -134,7 +137,9 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
         notes.insert(0, f"{lead}: {cand.label}")
     if tp_note:
         notes.append(tp_note)
-    plan = plan_for(spec, shape, cand, cfg)
+    if engine_spec is not spec and (note := engine_note(spec, targets)):
+        notes.append(note)
+    plan = plan_for(engine_spec, shape, cand, cfg)
     if softmax_note := fallback_note(plan):
         notes.append(softmax_note)
     if not fits:

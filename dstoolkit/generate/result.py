@@ -24,8 +24,11 @@ class StrategyOutput:
     targets_skipped: dict[str, str] = field(default_factory=dict)
     """Requested targets that cannot express this model or layout, with the reason."""
     per_target: dict[str, Ranked] = field(default_factory=dict)
-    """Requested target -> the layout its files were written for (HF targets resolve the strategy on their own:
-    their best layout can differ from DeepSpeed's, e.g. pp 1 where DeepSpeed's pick pipelines)."""
+    """Requested target -> the layout its files were written for and its estimate under that target's engine (each
+    group of `targets.target_groups` resolves the strategy on its own: HF's best layout can differ from DeepSpeed's,
+    e.g. pp 1 where DeepSpeed's pick pipelines, and Megatron-LM's figures are Megatron-Core's)."""
+    chosen_targets: list[str] = field(default_factory=list)
+    """The targets whose layout and estimate `chosen` is (the folder's ds_config.json layout)."""
 
 
 @dataclass

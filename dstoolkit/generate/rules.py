@@ -7,7 +7,7 @@ constraint's short name (mp-world, pp-zero, ...): sweep summaries group drop rea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.hardware.table import lookup_gpu_name
@@ -16,6 +16,7 @@ from dstoolkit.layout import ramp_increment as _ramp_increment
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 from dstoolkit.spec.layout_facts import sequence_shards
+from dstoolkit.spec.target_engines import engine_of
 
 __all__ = ["RuleViolation", "candidate_facts", "check_candidate", "dims_for", "hpz_partition_size",
            "ramp_increment"]
@@ -42,12 +43,15 @@ class RuleViolation:
     message: str
 
 
-def candidate_names(spec: Spec) -> dict[str, str]:
+def candidate_names(spec: Spec, targets: Sequence[str] = ()) -> dict[str, str]:
     """CANDIDATE_NAMES for this spec: the node the layout rules read is cluster.nvlink_domain_gpus where it is set;
-    the sequence shards (sp) are training.ulysses or training.cp (`sequence_shards`)."""
+    the sequence shards (sp) are training.ulysses or training.cp (`sequence_shards`); the framework is the engine of
+    `targets` where they decide it (`targets.spec_for_targets`)."""
     names = {**CANDIDATE_NAMES, "sp": ".".join(("training",) + sequence_shards(spec.training)[1])}
     if spec.cluster.nvlink_domain_gpus is not None:
         names["gpus_per_node"] = "cluster.nvlink_domain_gpus"
+    if engine_of(targets) is not None:
+        names["framework"] = f"the engine of --target {' / '.join(targets)}"
     return names
 
 
@@ -89,7 +93,9 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
     )
 
 
-def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True) -> Optional[RuleViolation]:
-    """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible."""
-    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, candidate_names(spec))
+def check_candidate(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: bool = True,
+                    targets: Sequence[str] = ()) -> Optional[RuleViolation]:
+    """The first layout constraint the candidate breaks (in `SWEEP_ORDER`), or None when it is possible. `targets`:
+    the launchers the spec was pinned for (`targets.spec_for_targets`), which name its framework in messages."""
+    v = first_violation(candidate_facts(spec, shape, cand, native_moe), SWEEP_ORDER, candidate_names(spec, targets))
     return None if v is None else RuleViolation(v.name, str(v))  # the problem and its fix

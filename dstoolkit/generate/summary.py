@@ -9,10 +9,12 @@ from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import only_peak_fits
 from dstoolkit.generate.result import GenerateResult, StrategyOutput
+from dstoolkit.generate.targets import engine_note
 from dstoolkit.models import count_params
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 from dstoolkit.spec.cluster_fields import host_memory_source, memory_headroom_source
+from dstoolkit.spec.target_engines import ENGINE_NAMES, TARGET_ENGINE
 
 GiB = 2**30
 
@@ -103,7 +105,15 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
     lines += [f"| {a} | {_md(b)} | {_md(c)} |" for a, b, c in rows]
     lines += ["", *model_notes(shape, spec.training.seq_len)]
     lines += ["## Why this layout", "", _md(out.sweep.winner_reason or ""), ""]
-    lines += ["## Estimate (per rank)", "", f"Source: {est.source}.", "", "| quantity | value |", "|---|---|"]
+    lines += ["## Estimate (per rank)", "", f"Source: {est.source}.", ""]
+    if out.per_target:
+        same = shared_targets(out)
+        rest = "; the other targets: Layout per target below" if len(same) < len(out.per_target) else ""
+        lines += [f"For {', '.join(same)}, under {engine_name(same)}, the engine "
+                  f"{'its' if len(same) == 1 else 'their'} files run{rest}.", ""]
+    if note := engine_note(spec, list(out.per_target)):
+        lines += [f"Note: {_md(note)}.", ""]
+    lines += ["| quantity | value |", "|---|---|"]
     for k, v in est.memory_breakdown_bytes.items():
         lines.append(f"| memory: {k} (its own max) | {_gib(v)} |")
     lines += [
@@ -143,20 +153,38 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
         lines.append(f"- {f.severity}: `{f.pointer}` {f.code}: {_md(f.message)}")
     if others:
         lines.append("")
-    distinct = {t: r for t, r in out.per_target.items() if r.candidate != cand}
+    distinct = other_targets(out)
     if distinct:
         lines += ["## Layout per target", "",
-                  f"The table above is the layout of {', '.join(t for t in out.per_target if t not in distinct)}. "
-                  "These targets cannot run it and were resolved on their own (`dstoolkit.generate.targets`):", ""]
+                  f"The table above is the layout of {', '.join(shared_targets(out))}. "
+                  "These targets were resolved on their own, each under the engine its files run "
+                  "(`dstoolkit.generate.targets.target_groups`):", ""]
         for t, r in distinct.items():
-            lines.append(f"- {t}: `{r.candidate.label}`, {r.estimate.step_time_s:.4g} s/step, "
-                         f"{_gib(r.estimate.memory_per_rank_bytes)} per rank")
+            lines.append(f"- {t} ({engine_name([t])}): `{r.candidate.label}`, {r.estimate.step_time_s:.4g} s/step, "
+                         f"{_gib(r.estimate.memory_per_rank_bytes)} per rank, MFU {r.estimate.mfu * 100:.1f}%")
         lines.append("")
     lines += ["## Files", ""]
     lines += [f"- `{name}`: {text}" for name, text in FILE_NOTES.items() if name in out.files]
     lines += [f"- no {target} files: {_md(why)}" for target, why in out.targets_skipped.items()]
     lines.append("")
     return "\n".join(lines)
+
+
+def engine_name(targets) -> str:
+    """How summaries name the engine `targets` run (`TARGET_ENGINE`; one engine per `target_groups` group)."""
+    return ENGINE_NAMES[TARGET_ENGINE[targets[0]]]
+
+
+def other_targets(out: StrategyOutput) -> dict:
+    """target -> its `Ranked` for the targets whose layout or figures are not `out.chosen`'s (another group's)."""
+    return {t: r for t, r in out.per_target.items()
+            if r.candidate != out.chosen.candidate or r.estimate != out.chosen.estimate}
+
+
+def shared_targets(out: StrategyOutput) -> list[str]:
+    """The targets whose layout and figures are `out.chosen`'s (the folder's table)."""
+    others = other_targets(out)
+    return [t for t in out.per_target if t not in others]
 
 
 TARGET_SCRIPTS = {"deepspeed": "launch.sh", "megatron-lm": "launch_megatron_lm.sh",
@@ -226,14 +254,27 @@ def render_index(spec: Spec, shape: ModelShape, result: GenerateResult) -> str:
         "",
     ]
     if result.generated:
-        lines += ["| strategy | layout | memory / rank | step time | MFU |", "|---|---|---|---|---|"]
-        best = min(result.generated, key=lambda o: o.chosen.estimate.step_time_s)
+        lines += ["| strategy | targets | layout | memory / rank | step time | MFU |", "|---|---|---|---|---|---|"]
+        # "fastest" only among rows of the same targets (figures of different engines or launchers do not rank; the
+        # Run section names the fastest folder of each target)
+        same = len({tuple(o.chosen_targets) for o in result.generated}) == 1
+        best = min(result.generated, key=lambda o: o.chosen.estimate.step_time_s) if same else None
         for o in result.generated:
-            e = o.chosen.estimate
             mark = " (fastest)" if o is best else ""
-            lines.append(f"| [{o.name}]({o.name}/summary.md){mark} | `{o.chosen.candidate.label}` | "
-                         f"{_gib(e.memory_per_rank_bytes)} | {e.step_time_s:.4g} s | {e.mfu * 100:.1f}% |")
-        lines += ["", f"Estimates: {result.generated[0].chosen.estimate.source}.", ""]
+            rows = [(f"[{o.name}]({o.name}/summary.md){mark}", shared_targets(o), o.chosen)]
+            others = other_targets(o)
+            for r in {id(x): x for x in others.values()}.values():  # one row per other group, in target order
+                rows.append((o.name, [t for t, x in others.items() if x is r], r))
+            for cell, ts, r in rows:
+                e = r.estimate
+                lines.append(f"| {cell} | {', '.join(ts)} | `{r.candidate.label}` | {_gib(e.memory_per_rank_bytes)} | "
+                             f"{e.step_time_s:.4g} s | {e.mfu * 100:.1f}% |")
+        targets = list(dict.fromkeys(t for o in result.generated for t in o.per_target))
+        engines = "; ".join(f"{t}: {engine_name([t])}" for t in targets)
+        lines += ["", f"Estimates: {result.generated[0].chosen.estimate.source}; each target's under the engine its "
+                      f"files run ({engines}).", ""]
+        if note := engine_note(spec, targets):
+            lines += [f"Note: {_md(note)}.", ""]
         lines += ["## Run", "", *[f"- {_md(h)}" for h in run_hints(result)], ""]
     else:
         lines += ["Nothing: no strategy fits (see below).", ""]

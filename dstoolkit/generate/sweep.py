@@ -105,13 +105,15 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
     ordered = sorted(cands, key=lambda c: (c.model_dump_json(exclude={"micro_batch"}), c.micro_batch))
     for cand in ordered:
         considered += 1
-        v: Optional[RuleViolation] = check_candidate(spec, shape, cand, native_moe)
-        if v is not None:
-            dropped.append(Dropped(cand, v.code, v.message))
-            continue
+        # the launchers first: a layout none of them runs is dropped naming the one that does (a cp layout for the
+        # deepspeed target: megatron-lm), not by a rule of the engine they pinned (LY024's "framework: megatron")
         no_target = unavailable_for_all(targets, cand, shape)
         if no_target is not None:
             dropped.append(Dropped(cand, "target", no_target))
+            continue
+        v: Optional[RuleViolation] = check_candidate(spec, shape, cand, native_moe, targets)
+        if v is not None:
+            dropped.append(Dropped(cand, v.code, v.message))
             continue
         layout = cand.model_dump_json(exclude={"micro_batch"})
         if layout in too_big:
@@ -165,7 +167,8 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         explanation, and `fits_nowhere` when no candidate fits.
     """
     # DeepSpeed's refusal of its own MoE layer at ZeRO-3 binds where DeepSpeed runs the model; Megatron-Core
-    # (Megatron FSDP shards the experts over the expert-data-parallel group) and PyTorch FSDP run their own MoE blocks
+    # (Megatron FSDP shards the experts over the expert-data-parallel group) and PyTorch FSDP run their own MoE blocks.
+    # The targets' engine is the framework the layouts are checked and estimated under (spec_for_targets).
     if targets:
         native_moe = target_native_moe(targets)
         spec = spec_for_targets(spec, targets)
@@ -208,8 +211,9 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
 def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, targets: Sequence[str] = ()) -> Optional[Ranked]:
     gpu = spec.cluster.gpu_spec
     native = target_native_moe(targets) if targets else True
-    fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec_for_targets(spec, targets), shape, strategy),
-                                 native, targets)
+    spec = spec_for_targets(spec, targets)  # enumerated and estimated as the targets run it, as run_sweep does
+    native = native and spec.training.framework == "deepspeed"
+    fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native, targets)
     return min(fit, key=_rank_key) if fit else None
 
 

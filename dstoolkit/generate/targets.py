@@ -8,6 +8,10 @@
 - ``hf`` and ``accelerate`` (HF Trainer / Accelerate driving DeepSpeed): no pipeline engine (the model is not a
   ``PipelineModule``), no AutoEP (DeepSpeed 0.19.8 against transformers 5), no Megatron sequence parallelism;
   experts are plain modules, so ZeRO-3 is open to an HF MoE model (`hf_targets.hf_unavailable_reason`).
+
+Each target's layout is estimated under the engine its files run (`TARGET_ENGINE`: Megatron-LM is Megatron-Core, the
+others DeepSpeed's engine), whatever `training.framework` says (`spec_for_targets`); `generate` resolves each strategy
+once per `target_groups` group.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dstoolkit.generate.candidates import Candidate, strategy_unavailable_reason
 from dstoolkit.generate.hf_targets import HF_TARGETS, hf_unavailable_reason
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
+from dstoolkit.spec.target_engines import ENGINE_NAMES, SEQUENCE_SHARDING_TARGETS, TARGET_ENGINE, engine_of
 
 NATIVE_MOE_TARGETS = ("deepspeed", "megatron-deepspeed")
 """Targets whose MoE layers are DeepSpeed's own (deepspeed.moe), which DeepSpeed refuses at ZeRO-3; HF models
@@ -37,21 +42,46 @@ def native_moe(targets: Sequence[str]) -> bool:
 
 
 def spec_for_targets(spec: Spec, targets: Sequence[str]) -> Spec:
-    """The spec with the "auto" fields no requested target can use pinned: HF targets alone sweep pp and ep as 1
-    (the pipeline engine and AutoEP have no HF form), instead of enumerating layouts they would drop."""
-    if not targets or not all(is_hf(t) for t in targets):
+    """The spec as `targets` run it: `training.framework` set to the engine all of them run (`TARGET_ENGINE`, so the
+    estimate is that engine's: Megatron-LM's distributed optimizer, overlap defaults and pipeline split, or
+    DeepSpeed's; Megatron's recompute_modules dropped under DeepSpeed's), and, for HF targets alone, the "auto" fields no HF launcher can use pinned: pp and ep swept as 1
+    (the pipeline engine and AutoEP have no HF form), instead of enumerating layouts they would drop. Targets of
+    both engines (or none) keep the spec's framework."""
+    if not targets:
         return spec
     t = spec.training
-    update = {k: 1 for k in ("pp", "ep") if getattr(t, k) == "auto"}
+    update: dict = {}
+    engine = engine_of(targets)
+    if engine is not None and t.framework != engine:
+        update["framework"] = engine
+        if engine != "megatron" and t.recompute_modules:
+            update["recompute_modules"] = []  # Megatron's --recompute-modules: no DeepSpeed-engine launcher has them
+    if all(is_hf(x) for x in targets):
+        update.update({k: 1 for k in ("pp", "ep") if getattr(t, k) == "auto"})
     return spec.model_copy(update={"training": t.model_copy(update=update)}) if update else spec
 
 
-SEQUENCE_SHARDING_TARGETS = {"cp": ("megatron-lm",), "ulysses": ("megatron-deepspeed", "megatron-lm")}
-"""Which launchers split a sequence over ranks: Megatron-Core context parallelism (Megatron-LM
---context-parallel-size) and DeepSpeed-Ulysses (Megatron-DeepSpeed --ds-sequence-parallel-size; Megatron-LM as
---context-parallel-size N --cp-comm-type a2a, Megatron-Core's TransformerConfig.cp_comm_type "a2a": "Like DeepSpeed
-Ulysses, scatter attention heads across the CP group, and gather to get full sequence of QKV"). The bundled trainer
-and the HF / Accelerate scripts shard no sequence; Megatron-DeepSpeed has no ring context parallelism."""
+def engine_note(spec: Spec, targets: Sequence[str]) -> Optional[str]:
+    """One line for summaries and the CLI when a target's engine is not `training.framework`: its layout and figures
+    are its engine's (`spec_for_targets`), not the framework's."""
+    other = [t for t in dict.fromkeys(targets) if TARGET_ENGINE[t] != spec.training.framework]
+    if not other:
+        return None
+    runs = "; ".join(f"{t} runs {ENGINE_NAMES[TARGET_ENGINE[t]]}" for t in other)
+    return (f"{runs}: each target's layout and figures are estimated under the engine its files run, not under "
+            f"training.framework={spec.training.framework!r} (which decides only where no target does: sweep and "
+            "estimate without --target)")
+
+
+def target_groups(targets: Sequence[str]) -> list[list[str]]:
+    """The requested targets in the groups `generate` resolves each strategy for on its own, so a layout one launcher
+    cannot run never removes another's files and each is ranked by its own engine's estimate: DeepSpeed's engine with
+    its native MoE (deepspeed, megatron-deepspeed; first: its layout is the folder's ds_config.json), Megatron-LM
+    (Megatron-Core), then HF Trainer / Accelerate (DeepSpeed's engine, no pipeline engine, no AutoEP, ZeRO-3 open to
+    MoE). Empty groups are left out; each keeps the requested order."""
+    keys = (lambda t: not is_hf(t) and TARGET_ENGINE[t] == "deepspeed",
+            lambda t: not is_hf(t) and TARGET_ENGINE[t] != "deepspeed", is_hf)
+    return [g for g in ([t for t in dict.fromkeys(targets) if key(t)] for key in keys) if g]
 
 
 def sequence_sharding_reason(target: str, cand: Candidate, shape: Optional[ModelShape] = None) -> Optional[str]:

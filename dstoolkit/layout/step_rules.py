@@ -145,15 +145,23 @@ def _pp_schedule(f: LayoutFacts, n: Names):
 
 
 @constraint("LY023", "ulysses-megatron-sp", "DeepSpeed-Ulysses and Megatron sequence parallelism do not combine",
-            ("sp", "cp", "megatron_sp"),
+            ("sp", "cp", "megatron_sp", "framework"),
             "Megatron-DeepSpeed raises 'sequence_parallel_size > 1 enables DeepSpeed's sequence parallel, which is "
             "not compatible with Megatron-LM's sequence parallel' (megatron/initialize.py) when "
-            "--ds-sequence-parallel-size > 1 meets --sequence-parallel.")
+            "--ds-sequence-parallel-size > 1 meets --sequence-parallel: the refusal holds wherever DeepSpeed's engine "
+            "runs the Ulysses degree (framework deepspeed: Megatron-DeepSpeed, DeepSpeed's sequence_parallel_size). "
+            "Megatron-Core (framework megatron; the megatron-lm target) runs it as all-to-all context parallelism "
+            "(--context-parallel-size N --cp-comm-type a2a), which Megatron-LM takes with --sequence-parallel: its "
+            "validate_args and TransformerConfig assert nothing between cp_comm_type and sequence_parallel.")
 def _ulysses_megatron_sp(f: LayoutFacts, n: Names):
-    if not known(f.sp, f.cp) or f.sp // f.cp <= 1 or not f.megatron_sp:
+    if not known(f.sp, f.cp) or f.sp // f.cp <= 1 or not f.megatron_sp or f.framework == "megatron":
         return None
+    under = f" ({n('framework')}: {f.framework})" if f.framework is not None else ""
     return (f"{n('sp')}={f.sp // f.cp} with {n('megatron_sp')}: DeepSpeed-Ulysses and Megatron sequence parallelism "
-            "do not combine", "turn sequence_parallel off, or use cp (Megatron-LM) in place of ulysses", "megatron_sp")
+            f"do not combine{under}",
+            "turn sequence_parallel off, use cp in place of ulysses, or run it on Megatron-LM alone (targets: "
+            "[megatron-lm], or framework: megatron), whose all-to-all context parallelism takes --sequence-parallel",
+            "megatron_sp")
 
 
 @constraint("LY024", "cp-framework", "context parallelism needs a framework that has it", ("cp", "framework"),

@@ -2,10 +2,12 @@
 (dstoolkit.layout.constraints), with each fact's place in the spec so errors point at its YAML line."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.spec.errors import Loc, SpecFieldError
+from dstoolkit.spec.target_engines import ulysses_engines
 
 SPEC_FACT_PATHS: dict[str, tuple[str, ...]] = {
     "tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "zero_stage": ("zero_stage",), "micro_batch": ("micro_batch",),
@@ -40,13 +42,32 @@ def training_facts(t: Any) -> LayoutFacts:
         virtual_stages=t.virtual_stages, framework=t.framework, pipeline_schedule=t.pipeline_schedule)
 
 
-def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, training: Any) -> None:
+def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, training: Any,
+                 names: Optional[dict[str, str]] = None) -> None:
     """Raise the first violated layout constraint as a `SpecFieldError` at the field it points to (the facts' sp is
-    the `training` section's cp or ulysses: `sequence_shards`)."""
+    the `training` section's cp or ulysses: `sequence_shards`). `names`: facts named otherwise than by their path."""
     paths = {**SPEC_FACT_PATHS, "sp": sequence_shards(training)[1]}
-    names = {k: ".".join(("training",) + v) for k, v in paths.items()}
+    names = {**{k: ".".join(("training",) + v) for k, v in paths.items()}, **(names or {})}
     v = first_violation(facts, codes, names)
     if v is None:
         return
     loc = next((paths[f] for f in v.fields if f in paths), ())
     raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)
+
+
+def raise_spec_layout(spec: Any) -> None:
+    """The layout constraints that need more than the training section: the world size (LY001, LY017, LY009; the
+    ranks that share a sequence, cp or ulysses, come out of the data-parallel ones, as RunPlan.dims and DeepSpeed's
+    and Megatron's batch arithmetic count them) and the spec's targets (LY023: Ulysses beside Megatron sequence
+    parallelism is refused where DeepSpeed's engine runs the Ulysses degree, not on Megatron-LM, `ulysses_engines`).
+
+    Raises:
+        SpecFieldError: the first violated constraint, at the field it points to.
+    """
+    t = spec.training
+    facts = dataclasses.replace(training_facts(t), world=spec.world_size, gpus_per_node=spec.cluster.nvlink_domain)
+    raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",), training=t)
+    for who, engine in ulysses_engines(spec.targets, t.framework).items():
+        name = who if who == "training.framework" else f"target {who}'s engine"
+        raise_layout(dataclasses.replace(facts, framework=engine), ("LY023",), prefix=("training",), training=t,
+                     names={"framework": name})

@@ -6,7 +6,6 @@ format and its line-located errors live in `dstoolkit.spec.loader`. The model se
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -17,7 +16,7 @@ from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster import ClusterSpec
 from dstoolkit.spec.cluster_fields import ClusterModelFields
-from dstoolkit.spec.layout_facts import raise_layout, training_facts
+from dstoolkit.spec.layout_facts import raise_layout, raise_spec_layout, training_facts
 from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted,
                                     reject_bool)
 
@@ -283,8 +282,8 @@ class TrainingSpec(ClusterModelFields):
     @model_validator(mode="after")
     def _check_layout(self) -> "TrainingSpec":
         # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
-        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY023", "LY019", "LY021", "LY022",
-                                            "LY024"), prefix=(), training=self)
+        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY019", "LY021", "LY022", "LY024"),
+                     prefix=(), training=self)  # LY023 depends on the targets: Spec._check_layout
         return self
 
     def save_interval(self) -> int:
@@ -358,12 +357,8 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _check_layout(self) -> "Spec":
-        # The layout constraints that need the world size (dstoolkit.layout.constraints).
-        facts = dataclasses.replace(training_facts(self.training), world=self.world_size,
-                                    gpus_per_node=self.cluster.nvlink_domain)
-        # The ranks that share a sequence (cp, ulysses) come out of the data-parallel ones (RunPlan.dims, which the
-        # estimator reads, and DeepSpeed's and Megatron's batch arithmetic): the facts' sp counts them.
-        raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",), training=self.training)
+        # The layout constraints that need the world size or the targets (dstoolkit.spec.layout_facts).
+        raise_spec_layout(self)
         return self
 
     @model_validator(mode="after")

@@ -677,5 +677,5 @@ def test_each_target_gets_files_only_for_a_layout_it_runs(tmp_path, capsys):
     assert main(["generate", str(il), "-o", str(tmp_path / "il"), "--strategy", "zero1",
                  "--target", "megatron-lm"]) == 1
     captured = capsys.readouterr()
-    assert "zero1: no megatron-lm files: megatron-lm: virtual_stages=3" in captured.out
+    assert "zero1: no megatron-lm files: megatron-lm: virtual_stages=3" in captured.err
     assert "no strategy has files for megatron-lm" in captured.err

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# dstoolkit generate: Megatron-LM launch, strategy zero3. Regenerate instead of editing.
+#
+#   PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py bash launch_megatron_lm.sh   # on every node, NODE_RANK=k
+#   DATA_ARGS='--data-path ... --tokenizer-type ... --tokenizer-model ...' is required (MOCK_DATA=1 instead: Megatron-LM's synthetic tokens)
+#   extra arguments go to pretrain_gpt.py after the file's (argparse: the last occurrence wins)
+# The arguments are read one per line into an array (mapfile), so no value is split or re-quoted.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PRETRAIN="${PRETRAIN:-Megatron-LM/pretrain_gpt.py}"
+NNODES="${NNODES:-2}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+if [[ "$NNODES" -gt 1 ]]; then  # one job over the nodes: each node must say who it is and where rank 0 is
+    [[ -n "${NODE_RANK:-}" ]] || { echo "launch_megatron_lm.sh: NODE_RANK is not set: run on each node with NODE_RANK=0..$((NNODES - 1)) and MASTER_ADDR=<node 0 address>" >&2; exit 2; }
+    [[ -n "${MASTER_ADDR:-}" ]] || { echo "launch_megatron_lm.sh: MASTER_ADDR is not set: the address of node 0, the same on every node" >&2; exit 2; }
+fi
+NODE_RANK="${NODE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-localhost}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+if [[ -z "${DATA_ARGS:-}" ]]; then
+    if [[ "${MOCK_DATA:-0}" == 1 ]]; then
+        echo "launch_megatron_lm.sh: MOCK_DATA=1: training on Megatron-LM synthetic tokens (--mock-data), not on a dataset" >&2
+        DATA_ARGS="--mock-data --tokenizer-type NullTokenizer"
+    else
+        echo "launch_megatron_lm.sh: DATA_ARGS is not set: DATA_ARGS='--data-path PREFIX --tokenizer-type ... [--tokenizer-model ...]', or MOCK_DATA=1 for synthetic data" >&2; exit 2
+    fi
+fi
+unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP requires it unset (or > 1)
+mapfile -t ARGS < "$HERE/megatron_lm_args.txt"
+read -r -a DATA <<< "$DATA_ARGS"
+exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE" \
+    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+    "$PRETRAIN" "${ARGS[@]}" "${DATA[@]}" "$@"
