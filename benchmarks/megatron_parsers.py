@@ -234,17 +234,27 @@ def _build_jobs(work: Path, extra_specs=()):
         outs = (cached_bundled(str(REPO / "ds_configs"), stem).generated if bundled
                 else generate(spec, shape, targets=TARGETS).generated)
         for o in outs:
-            if "ds_config.json" not in o.files:  # a layout only the HF targets run (e.g. ZeRO-3 of an HF MoE model)
-                skipped.extend((stem, o.name, t, "an HF-only layout: no DeepSpeed config") for t in TARGETS)
-                continue
-            folder = work / stem / o.name
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "ds_config.json").write_text(o.files["ds_config.json"])
-            cand = o.chosen.candidate
-            res = write_megatron_targets(folder, spec, shape, cand)
-            for t, why in res.skipped.items():
-                skipped.append((stem, o.name, t, why))
+            # each target's files are written for the layout generate chose under that target's engine
+            # (StrategyOutput.per_target: Megatron-LM's can differ from the DeepSpeed engine's)
             for t in TARGETS:
+                if t in o.targets_skipped:
+                    skipped.append((stem, o.name, t, o.targets_skipped[t]))
+                    continue
+                ranked = o.per_target.get(t)
+                if ranked is None:
+                    skipped.append((stem, o.name, t, "generate chose no layout for this target"))
+                    continue
+                if t == "megatron-deepspeed" and "ds_config.json" not in o.files:
+                    skipped.append((stem, o.name, t, "no DeepSpeed config for this layout"))
+                    continue
+                cand = ranked.candidate
+                folder = work / stem / o.name / t
+                folder.mkdir(parents=True, exist_ok=True)
+                if "ds_config.json" in o.files:
+                    (folder / "ds_config.json").write_text(o.files["ds_config.json"])
+                res = write_megatron_targets(folder, spec, shape, cand, targets=[t])
+                for why in res.skipped.values():
+                    skipped.append((stem, o.name, t, why))
                 if ARGS_FILE[t] not in res.files:
                     continue
                 words = read_args_file(res.files[ARGS_FILE[t]]) + DEFAULT_DATA_ARGS[t].split()

@@ -295,8 +295,7 @@ def _sweep_pick_text(sp: Optional[dict]) -> str:
 def _megatron_parsers_row(res: Results) -> Row:
     # the benchmark writes markdown only: its summary line is the record
     parts, files = [], []
-    for f in ("megatron_parsers_202612_run7.md", "megatron_parsers_202612_run6.md", "megatron_parsers_202612_run5.md",
-              "megatron_parsers_202612_run4.md"):
+    for f in res.newest_runs("megatron_parsers_202612", 4):
         n = res.match(f, r"Generated files: (\d+) accepted, (\d+) rejected, (\d+) not generated\.")
         when = res.match(f, r"on (\d{4}-\d\d-\d\d)")
         parts.append(f"{when[1]}: {n[1]} generated files accepted, {n[2]} rejected, {n[3]} not generated")

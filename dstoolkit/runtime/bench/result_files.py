@@ -37,6 +37,14 @@ class Results:
     def text(self, name: str) -> str:
         return self._path(name).read_text(encoding="utf-8")
 
+    def newest_runs(self, stem: str, n: int) -> list[str]:
+        """The n newest numbered runs of a benchmark's page (`<stem>_run<k>.md`, highest k first)."""
+        runs = sorted(((int(m[1]), p.name) for p in self.root.glob(f"{stem}_run*.md")
+                       if (m := re.fullmatch(re.escape(stem) + r"_run(\d+)\.md", p.name))), reverse=True)
+        if not runs:
+            raise PageError(f"{self.root}: no {stem}_run<k>.md (the page quotes the newest; rerun its benchmark)")
+        return [name for _, name in runs[:n]]
+
     def match(self, name: str, pattern: str) -> re.Match:
         m = re.search(pattern, self.text(name))
         if m is None:
