@@ -127,7 +127,7 @@ def test_a_rollback_removes_the_abandoned_checkpoints_and_records_its_skips(tmp_
 @pytest.mark.parametrize("kwargs, message", [
     ({"on_loss_spike": "rolback"}, "spike guard: on_loss_spike='rolback' must be one of none, skip, lr_scale, "
                                    "rollback"),
-    ({"on_nonfinite": "drop"}, "spike guard: on_nonfinite='drop' must be one of none, skip, lr_scale, rollback"),
+    ({"on_nonfinite": "drop"}, "spike guard: on_nonfinite='drop' is not an action; use one of skip, rollback"),
     ({"on_grad_norm_spike": "skip"}, "spike guard: on_grad_norm_spike='skip' is impossible (the norm is known "
                                      "after the update); use one of none, lr_scale, rollback"),
     ({"z_threshold": -1}, "spike guard: z_threshold=-1 must be a finite number > 0 (robust sigmas above the "

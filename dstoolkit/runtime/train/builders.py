@@ -146,12 +146,13 @@ def build_ramp(spec: Any, engine: Any) -> Any:
 
 
 def build_guard(args: argparse.Namespace) -> Any:
-    """The spike guard from the --spike-* flags (escalation to rollback only with skips and checkpoints)."""
+    """The spike guard from the --spike-* flags (escalation to rollback only with skips and checkpoints). A NaN/Inf
+    loss is never trained on: --spike-action rollback rolls it back, every other action skips it."""
     from dstoolkit.runtime.train.spike import SpikeGuard, SpikeGuardConfig
 
     return SpikeGuard(SpikeGuardConfig(
         window=args.spike_window, z_threshold=args.spike_z, on_loss_spike=args.spike_action,
-        on_nonfinite="skip" if args.spike_action in ("skip", "none") else args.spike_action,
+        on_nonfinite="rollback" if args.spike_action == "rollback" else "skip",
         on_grad_norm_spike=args.grad_spike_action, escalate_after=args.escalate_after if args.spike_action == "skip"
         and args.checkpoint_dir else 0, lr_scale=args.lr_scale, lr_scale_steps=args.lr_scale_steps))
 
@@ -161,6 +162,26 @@ def build_checkpoint_manager(args: argparse.Namespace, rank: int) -> Any:
     from dstoolkit.runtime.train.ckpt import CheckpointManager
 
     return CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank) if args.checkpoint_dir else None
+
+
+def model_config_json(model: Any) -> Optional[str]:
+    """The HF config (JSON, every field) of the transformers model a --shrink run trains; None for the
+    TinyTransformer stand-in, which no HF config describes."""
+    config = getattr(getattr(model, "hf", None), "config", None)
+    return config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else None
+
+
+def write_model_config(mgr: Any, model: Any) -> Optional[str]:
+    """config.json of the trained transformers model beside the checkpoint tags (`CheckpointManager.
+    write_model_config`), so `dstoolkit ckpt export` needs no --config; None without checkpoints or an HF model.
+    A different config.json already there is a UsageError (never overwritten)."""
+    text = model_config_json(model)
+    if mgr is None or text is None:
+        return None
+    try:
+        return mgr.write_model_config(text)
+    except FileExistsError as e:
+        raise UsageError(f"--checkpoint-dir {mgr.root}: {e}") from None
 
 
 def build_monitor(args: argparse.Namespace, spec: Any, shape: Any, engine: Any, world: int, on_cuda: bool) -> Any:

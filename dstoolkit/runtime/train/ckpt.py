@@ -3,6 +3,8 @@
 Layout under the checkpoint root:
     step_00000010/            one DeepSpeed checkpoint (engine.save_checkpoint tag) + dstoolkit_manifest.json
     latest                    DeepSpeed's own pointer file (written atomically, for `load_checkpoint(root)`)
+    config.json               the transformers model's HF config (a --shrink run), where `dstoolkit ckpt export` and
+                              `reshard` look for it (`CheckpointManager.write_model_config`)
     .staging/                 where a checkpoint is written before it is renamed into place
 A checkpoint counts only when its manifest exists and every file matches its recorded size and SHA-256,
 so a rank killed mid-save, a truncated file or flipped bytes make `latest_valid` fall back to the previous one.
@@ -20,8 +22,10 @@ from typing import Any, Optional
 from dstoolkit.ckpt.names import DSTOOLKIT_MANIFEST as MANIFEST_NAME  # one name: written here, read by ckpt inspect
 from dstoolkit.common.atomic import atomic_write_text
 from dstoolkit.common.filehash import sha256_file
+from dstoolkit.runtime.ckpt.export import CONFIG_NAME  # one name: written here, read by ckpt export (find_config)
 
 TAG_PREFIX = "step_"
+_ABSENT = object()
 
 
 def tag_for(step: int) -> str:
@@ -152,6 +156,37 @@ class CheckpointManager:
         for tag in tags:
             if tag not in kept:
                 shutil.rmtree(self.root / tag, ignore_errors=True)
+
+    def write_model_config(self, text: str) -> str:
+        """Write `text` (the model's HF config, JSON) as config.json beside the tags, atomically (rank 0), where
+        `dstoolkit ckpt export` finds it without --config. Returns "written", or "kept" when the same config is
+        already there (a resumed run; the transformers version it was written with aside).
+
+        Raises:
+            FileExistsError: a different config.json is there (another model's, or the user's own): it is never
+                overwritten; the message names the file, the fields that differ and the fix.
+        """
+        path = self.root / CONFIG_NAME
+        want = json.loads(text)
+        if path.exists():
+            try:
+                have = json.loads(path.read_bytes().decode("utf-8"))
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                have, why = None, f"is not readable JSON ({type(exc).__name__})"
+            if isinstance(have, dict):
+                differ = sorted(k for k in set(have) | set(want) if k != "transformers_version"
+                                and have.get(k, _ABSENT) != want.get(k, _ABSENT))
+                if not differ:
+                    return "kept"
+                why = (f"describes another model: {', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''} "
+                       "differ from the model this run trains")
+            elif have is not None:
+                why = f"holds a JSON {type(have).__name__}, not a model config"
+            raise FileExistsError(f"{path} {why}; `dstoolkit ckpt export` reads the config.json beside the tags, so "
+                                  "it is not overwritten: move it away or give this run another --checkpoint-dir")
+        if self.rank == 0:
+            atomic_write_text(path, text)
+        return "written"
 
     def record_rollback(self, tag: str, skip_positions: list[int]) -> None:
         """After a rollback to `tag` (rank 0 writes; call it on every rank): the newer checkpoints (the abandoned

@@ -16,7 +16,8 @@ class FaultInjector:
     """--inject-poison, --inject-lr-blowup and --kill-at-step."""
 
     def __init__(self, args: argparse.Namespace, blowups: dict[int, float], writer: "MetricsWriter") -> None:
-        self.poison_steps = args.inject_poison
+        self.poisons = dict(args.inject_poison)
+        """Step -> the micro-batch of that step (0-based) that gets random labels."""
         self.blowups = blowups
         self.kill_at_step, self.kill_rank = args.kill_at_step, args.kill_rank
         self.writer = writer
@@ -30,8 +31,9 @@ class FaultInjector:
             return self.blowups[step]
         return 1.0
 
-    def poison_due(self, step: int) -> bool:
-        return step in self.poison_steps and ("poison", step) not in self.fired
+    def poison_due(self, step: int, micro: int) -> bool:
+        """Whether micro-batch `micro` (0-based, batches trained on so far in the step) of `step` is poisoned."""
+        return self.poisons.get(step) == micro and ("poison", step) not in self.fired
 
     @staticmethod
     def poisoned_labels(labels: Any, pos: int, vocab_size: int) -> Any:

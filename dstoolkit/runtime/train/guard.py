@@ -17,7 +17,8 @@ the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
 * skips it (no backward; the data position moves on) -> "skipped";
 * rolls back (`dstoolkit.runtime.train.spike.Rollback`: the newest healthy checkpoint at least two steps older
   than the spike, loaded through `engine.load_checkpoint`; offending data positions -- the skipped batches, or
-  for a grad-norm rollback the batches of that update -- are skipped from then on, also after a resume)
+  for a grad-norm rollback the batches of that update -- are skipped from then on, also after a resume; in the
+  middle of gradient accumulation the open window's gradients are dropped first: `accum.close_window`)
   -> "rolled_back"; without a checkpoint the batch is skipped and the guard restarts its loss baseline;
 * the LR cool-down scales each optimizer update by `lr_scale` for `lr_scale_steps` updates (from the update in
   progress when a loss spikes, from the next after a grad-norm spike or a rollback): only while the optimizer
@@ -40,7 +41,6 @@ import json
 import sys
 import time
 import weakref
-from pathlib import Path
 from typing import Any, Optional
 
 from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig, check_int
@@ -81,6 +81,7 @@ class Guard:
         self._incidents: list[int] = []
         self._lr_used: Optional[float] = None
         self._mult_used = 1.0
+        self._abandoned = 0
         self._hooked = _hook_lr_cooldown(getattr(engine, "optimizer", None), self.guard.lr_multiplier)
         self._t = time.perf_counter()
         self._f = open(metrics_path, "a", buffering=1) if metrics_path and self.rank == 0 else None
@@ -118,8 +119,14 @@ class Guard:
         return {"dstoolkit_guard": {"step": self.step_count, "data_pos": self.data_pos,
                                     "skip_positions": sorted(self.skip_positions), "guard": self.guard.state_dict()}}
 
-    def _load(self, tag: str, keep_skips: bool) -> None:
+    def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> None:
+        """Load `tag`; a rollback mid-accumulation first closes the open window with `open_loss` (DeepSpeed's load
+        keeps the accumulated gradients and the micro-step count: `dstoolkit.runtime.train.accum`)."""
+        from dstoolkit.runtime.train.accum import align_window, close_window
+
+        self._abandoned = close_window(self.engine, open_loss)
         path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
+        align_window(self.engine)
         if path is None or not cs or "dstoolkit_guard" not in cs:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
         st = cs["dstoolkit_guard"]
@@ -172,7 +179,7 @@ class Guard:
             self._log(f"step {target}: {d.kind} -> {d.action}: {d.reason}")
             if d.action != "none":
                 self._incidents.append(pos)
-            if d.action == "rollback" and self._rollback(target, d.reason, d.kind, list(self._incidents)):
+            if d.action == "rollback" and self._rollback(target, d.reason, d.kind, list(self._incidents), loss):
                 return "rolled_back"
             if d.action in ("skip", "rollback"):
                 self.data_pos += 1
@@ -237,10 +244,12 @@ class Guard:
             self.save()
         return "trained"
 
-    def _rollback(self, spike_step: int, reason: str, kind: str, offending: list[int]) -> bool:
+    def _rollback(self, spike_step: int, reason: str, kind: str, offending: list[int], open_loss: Any = None) -> bool:
         from_step = self.step_count
+        self._abandoned = 0
         tag, rejected = self.rollbacks.perform(self.mgr, spike_step, reason,
-                                               load=lambda t: self._load(t, keep_skips=True), kind=kind)
+                                               load=lambda t: self._load(t, keep_skips=True, open_loss=open_loss),
+                                               kind=kind)
         if tag is None:
             self._write({"event": "rollback_unavailable", "step": spike_step, "kind": kind, "reason": reason,
                          "rejected": rejected, "baseline_restarted": True})
@@ -250,7 +259,8 @@ class Guard:
         self.mgr.record_rollback(tag, sorted(self.skip_positions))
         self._incidents, self._step_losses, self._step_positions = [], [], []
         self._write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
-                     "to_step": self.step_count, "reason": reason, "skip_positions": offending})
+                     "to_step": self.step_count, "reason": reason, "skip_positions": offending,
+                     "abandoned_micro_batches": self._abandoned})
         self._log(f"step {spike_step}: ROLLBACK to {tag}: {reason}; skipping data positions {offending}")
         self._t = time.perf_counter()
         return True

@@ -62,14 +62,22 @@ class Checkpoints:
 
         self.rollbacks = Rollback(guard, max_rollbacks=args.max_rollbacks,
                                   hint="raise --max-rollbacks or inspect the data")
+        self.abandoned = 0
+        """Micro-batches of an open accumulation window the last load threw away (their gradients included)."""
 
     def client_state(self) -> dict:
         return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
 
-    def _load(self, tag: str, keep_skips: bool) -> None:
+    def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> None:
         """Load `tag` into the engine and restore the position and the guard from it (plus the offending data
-        positions rollbacks to it recorded: `CheckpointManager.rollback_skips`)."""
+        positions rollbacks to it recorded: `CheckpointManager.rollback_skips`). A window of gradient accumulation
+        still open (a rollback mid-step) is closed first with `open_loss`, the rejected micro-batch's loss: DeepSpeed's
+        load keeps the accumulated gradients and the micro-step count (`dstoolkit.runtime.train.accum`)."""
+        from dstoolkit.runtime.train.accum import align_window, close_window
+
+        self.abandoned = close_window(self.engine, open_loss)
         path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
+        align_window(self.engine)
         if path is None or cs is None or "dstoolkit" not in cs:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
         run, state = cs["dstoolkit"]["run"], self.state
@@ -95,14 +103,19 @@ class Checkpoints:
             self.writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
             self.log("resume: no intact checkpoint, starting from step 0")
 
-    def rollback(self, spike_step: int, reason: str, offending: list[int], kind: str = "loss_spike") -> bool:
+    def rollback(self, spike_step: int, reason: str, offending: list[int], kind: str = "loss_spike",
+                 open_loss: Any = None) -> bool:
         """Go back to the newest healthy checkpoint before the spike and never train on `offending` again (also
         after a resume: recorded with the target). False when there is no checkpoint to go back to (the guard
         restarts its baseline); an error after --max-rollbacks in a row that do not clear the spike.
-        The policy (count, which checkpoint, guard reset) is `dstoolkit.runtime.train.spike.Rollback`."""
+        `open_loss`: the rejected micro-batch's loss (not back-propagated), which closes an accumulation window
+        the rollback interrupts. The policy (count, which checkpoint, guard reset) is
+        `dstoolkit.runtime.train.spike.Rollback`."""
         from_step = self.state.step
+        self.abandoned = 0
         tag, rejected = self.rollbacks.perform(self.mgr, spike_step, reason,
-                                               load=lambda t: self._load(t, keep_skips=True), kind=kind)
+                                               load=lambda t: self._load(t, keep_skips=True, open_loss=open_loss),
+                                               kind=kind)
         if tag is None:
             self.writer.write({"event": "rollback_unavailable", "step": spike_step, "kind": kind, "reason": reason,
                                "rejected": rejected, "baseline_restarted": True})
@@ -112,6 +125,7 @@ class Checkpoints:
         self.mgr.record_rollback(tag, self.state.skip_positions)
         self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
                            "to_step": self.state.step, "reason": reason, "skip_positions": offending,
+                           "abandoned_micro_batches": self.abandoned,
                            "lr_scale": self.guard.config.lr_scale, "lr_scale_steps": self.guard.config.lr_scale_steps})
         self.log(f"step {spike_step}: ROLLBACK to {tag}: {reason}; skipping data positions {offending}")
         return True

@@ -33,6 +33,9 @@ Kind = Literal["ok", "loss_spike", "nonfinite_loss", "grad_norm_spike", "nonfini
 ACTIONS = ("none", "skip", "lr_scale", "rollback")
 GRAD_NORM_ACTIONS = ("none", "lr_scale", "rollback")
 """A grad norm is known after the update: skipping that batch is no longer possible."""
+NONFINITE_ACTIONS = ("skip", "rollback")
+"""A NaN/Inf loss is never back-propagated: 'none' and 'lr_scale' train on the batch, and one NaN/Inf gradient
+makes every weight NaN (an LR scale does not help)."""
 
 
 class SettingError(ValueError):
@@ -75,7 +78,7 @@ class SpikeGuardConfig:
     on_loss_spike: Action = "skip"
     """Action for a loss spike."""
     on_nonfinite: Action = "skip"
-    """Action for a NaN/Inf loss."""
+    """Action for a NaN/Inf loss: skip or rollback only (`NONFINITE_ACTIONS`; never trained on)."""
     on_grad_norm_spike: Action = "lr_scale"
     """Action for a grad-norm spike (seen after the update; skip is not possible, so lr_scale or rollback)."""
     escalate_after: int = 2
@@ -102,9 +105,12 @@ class SpikeGuardConfig:
                 math.isfinite(self.mad_floor_frac) and self.mad_floor_frac >= 0):
             raise SettingError("mad_floor_frac", self.mad_floor_frac,
                                "must be a finite number >= 0 (a fraction of the median; the default is 0.01)")
-        for name in ("on_loss_spike", "on_nonfinite"):
-            if getattr(self, name) not in ACTIONS:
-                raise SettingError(name, getattr(self, name), f"must be one of {', '.join(ACTIONS)}")
+        if self.on_loss_spike not in ACTIONS:
+            raise SettingError("on_loss_spike", self.on_loss_spike, f"must be one of {', '.join(ACTIONS)}")
+        if self.on_nonfinite not in NONFINITE_ACTIONS:
+            raise SettingError("on_nonfinite", self.on_nonfinite, (
+                "would back-propagate a NaN/Inf loss and step it (every weight NaN)" if self.on_nonfinite in ACTIONS
+                else "is not an action") + f"; use one of {', '.join(NONFINITE_ACTIONS)}")
         if self.on_grad_norm_spike not in GRAD_NORM_ACTIONS:
             raise SettingError("on_grad_norm_spike", self.on_grad_norm_spike,
                                ("is impossible (the norm is known after the update)" if self.on_grad_norm_spike

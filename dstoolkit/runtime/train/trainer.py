@@ -27,8 +27,8 @@ Fault-injection flags (--inject-poison, --inject-lr-blowup, --kill-at-step) exis
 the resume path in tests and demos; they are off by default.
 
 This module is the loop; beside it: the flags and inputs (`trainer_inputs`), the builders (`builders`), the
-process groups (`pgroups`), the LR control (`lr`), fault injection (`faults`), and the run's position, metrics
-file and checkpoints (`run_state`).
+process groups (`pgroups`), the LR control (`lr`), fault injection (`faults`), DeepSpeed's accumulation window
+(`accum`), and the run's position, metrics file and checkpoints (`run_state`).
 """
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dstoolkit.runtime.rankexit import end_ranks, install_rank_guards
+from dstoolkit.runtime.train.accum import align_window, open_micro_batches
 from dstoolkit.runtime.train.builders import (SyntheticData, add_monitor_backends, build_checkpoint_manager, build_data,
                                               build_engine, build_guard, build_model_for_run, build_monitor,
-                                              build_ramp, model_event)
+                                              build_ramp, model_event, write_model_config)
 from dstoolkit.runtime.train.faults import FaultInjector
 from dstoolkit.runtime.train.lr import LrControl
 from dstoolkit.runtime.train.pgroups import init_distributed
@@ -120,7 +121,7 @@ def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accum
             continue
         t_in = time.perf_counter()
         x, y = run.data.batch(pos)
-        poison = run.faults.poison_due(target) and not accepted
+        poison = run.faults.poison_due(target, len(accepted))
         if poison:
             y = run.faults.poisoned_labels(y, pos, run.shape.vocab_size)
         input_wait += time.perf_counter() - t_in
@@ -142,8 +143,10 @@ def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accum
                 state.data_pos += 1
                 continue
             if decision.action == "rollback":
+                # the loss closes the accumulation window the rollback abandons (weight 0; accum.close_window)
+                rolled = run.ckpt.rollback(target, decision.reason, incidents, decision.kind, open_loss=loss)
                 del loss
-                if run.ckpt.rollback(target, decision.reason, incidents, decision.kind):
+                if rolled:
                     return Accumulated(accepted, input_wait, lr, mult, positions, rolled_back=True)
                 state.data_pos += 1  # no checkpoint: do not train on it (the guard restarted its baseline)
                 continue
@@ -156,6 +159,11 @@ def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accum
         accepted.append(gl)
         positions.append(pos)
         state.data_pos += 1
+    left = open_micro_batches(run.engine)
+    if left:  # the step's last micro-batch must close DeepSpeed's window (accum), else steps mix batches silently
+        raise RuntimeError(f"step {target}: DeepSpeed's gradient-accumulation window is out of phase with the "
+                           f"trainer's steps ({left} of {gas} micro-batches still open after the step's last one); "
+                           "report this with the metrics file")
     return Accumulated(accepted, input_wait, lr, mult, sorted(positions + incidents))
 
 
@@ -175,6 +183,8 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
     spec, shape, ds_config = inputs.spec, inputs.shape, inputs.ds_config
 
     model = build_model_for_run(args, spec, shape, world, shrunk=inputs.shrunk)
+    mgr = build_checkpoint_manager(args, rank)
+    write_model_config(mgr, model)  # --shrink: config.json beside the tags, what `dstoolkit ckpt export` reads
     add_monitor_backends(ds_config, args.monitor_dir)
     engine, optimizer, lr_sched = build_engine(model, ds_config, spec)
     seq_len = spec.training.seq_len
@@ -183,7 +193,6 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
                    state=state)
     ramp = build_ramp(spec, engine)
     guard = build_guard(args)
-    mgr = build_checkpoint_manager(args, rank)
     writer = MetricsWriter(args.metrics_out, enabled=(rank == 0))
     monitor = build_monitor(args, spec, shape, engine, world, on_cuda)
     writer.write(model_event(model, shape, seq_len, world))
@@ -224,6 +233,7 @@ def train(args: argparse.Namespace) -> int:
         if run.ramp is not None:
             run.ramp.apply(engine, state.consumed_samples)
         gas = engine.gradient_accumulation_steps()
+        align_window(engine)  # a ramp's new window starts with this step (DeepSpeed counts micro-steps; accum)
         gb = engine.train_batch_size()
         mult = guard.lr_multiplier()
         mult *= run.faults.lr_factor(target)

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spike-z", type=float, default=6.0)
     g.add_argument("--spike-window", type=int, default=20,
                    help="accepted micro-batch losses in the baseline each batch's loss is judged against (>= 5)")
-    g.add_argument("--spike-action", choices=["none", "skip", "lr_scale", "rollback"], default="skip")
+    g.add_argument("--spike-action", choices=["none", "skip", "lr_scale", "rollback"], default="skip",
+                   help="action for a loss spike; a NaN/Inf loss is rolled back with 'rollback' and skipped "
+                        "otherwise (never trained on)")
     g.add_argument("--grad-spike-action", choices=["none", "lr_scale", "rollback"], default="lr_scale")
     g.add_argument("--escalate-after", type=int, default=2, help="consecutive skips that trigger a rollback")
     g.add_argument("--lr-scale", type=float, default=0.1)
@@ -78,13 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-rollbacks", type=int, default=5,
                    help="give up (exit 1) after this many rollbacks: the damage is not transient")
     f = p.add_argument_group("fault injection (tests and demos)")
-    f.add_argument("--inject-poison", type=int, action="append", default=[],
-                   help="at this step, the first micro-batch (every rank) gets random labels")
+    f.add_argument("--inject-poison", type=poison_arg, action="append", default=[], metavar="STEP[:MICRO]",
+                   help="at this step, micro-batch MICRO of the step (0-based, default 0: the first; every rank) "
+                        "gets random labels, once")
     f.add_argument("--inject-lr-blowup", action="append", default=[], metavar="STEP:FACTOR",
                    help="multiply the LR of one step by FACTOR (once)")
     f.add_argument("--kill-at-step", type=int, default=None, help="SIGKILL one rank after this step")
     f.add_argument("--kill-rank", type=int, default=1)
     return p
+
+
+def poison_arg(text: str) -> tuple[int, int]:
+    """--inject-poison STEP[:MICRO] -> (step, micro): step >= 1, micro >= 0 (the micro-batch of the step)."""
+    step, _, micro = text.partition(":")
+    try:
+        out = (int(step), int(micro) if micro else 0)
+    except ValueError:
+        out = None
+    if out is None or out[0] < 1 or out[1] < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STEP[:MICRO], a step >= 1 and the 0-based micro-batch "
+                                         "of that step, e.g. 14 or 5:2")
+    return out
 
 
 def load_spec_and_shape(path: str) -> tuple[Any, Any]:
