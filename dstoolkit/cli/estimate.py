@@ -30,6 +30,12 @@ tokens_trained, seq_len, gpus, global_batch, steps, ramp_steps, steady_steps, ra
 ramp_wall_s, steady_wall_s, wall_s, wall_days, steady_step_time_s, steady_exposed_comm_share, gpu_hours,
 gpu_hours_per_trillion_tokens, gpu_hour_price, cost (null without a price), ramp_step_times and phases (one per
 distinct global batch: global_batch, grad_accum, steps, tokens, step_time_s, comm_exposed_s, wall_s).
+
+The optimizer lines follow the plan's engine (`estimate_text.engine_optimizer`; JSON `engine`: framework, engine,
+optimizer, implementation, counted_as): DeepSpeed's path (zero12, zero3, bf16_optimizer, ...) and its Adam
+implementation, or under Megatron-Core (framework megatron, --target megatron-lm) its DistributedOptimizer /
+Megatron-FSDP / HybridDeviceOptimizer and Transformer Engine's FusedAdam, with the DeepSpeed classes the bytes are
+counted with as a stand-in (`memory_per_rank_bytes.detail.optimizer_path` and `optimizer_impl` name those).
 """
 from __future__ import annotations
 
@@ -43,7 +49,7 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calib
                                    add_target_flag, add_training_plan_flags, add_world_flags,
                                    exit_map, input_error, positive_int, targets_of, validation_error_text)
 from dstoolkit.cli.estimate_flags import FLAG_FORM_ONLY, ConfigInvalid, plan_from_args, refuse_layout_flags
-from dstoolkit.cli.estimate_text import GiB, pipeline_split_line, render_findings, render_table
+from dstoolkit.cli.estimate_text import GiB, engine_optimizer, pipeline_split_line, render_findings, render_table
 from dstoolkit.cli.spec_override import apply_model_class
 from dstoolkit.hardware.table import known_gpu_names
 
@@ -201,6 +207,7 @@ def run(args) -> int:
         out["assumptions"] = assumptions
         out["step_time_calibration"] = cal_label
         out["validation_warnings"] = [f.model_dump() for f in findings]
+        out["engine"] = engine_optimizer(plan, est.memory)  # the optimizer as the plan's engine builds it
         out["checkpoint_bytes"] = ckpt_bytes.to_json()  # dstoolkit.estimate.checkpoint_bytes
         if plan.pp > 1:  # the split the estimate assumed (pipeline_split_line)
             out["pipeline_stage_layers"] = list(stage_split)

@@ -1,5 +1,6 @@
 """`dstoolkit estimate`'s text output: the table of memory by phase and category, FLOPs, communication, step time
-and MFU (`render_table`), the pipeline split the estimate assumed, and the DeepSpeed config's warnings. The verb
+and MFU (`render_table`), the pipeline split the estimate assumed, the optimizer as the plan's engine builds it
+(`engine_optimizer`, also the JSON's `engine`), and the DeepSpeed config's warnings. The verb
 (`dstoolkit.cli.estimate`) builds the plan and the estimate; this module only writes them. No torch import.
 """
 from __future__ import annotations
@@ -35,9 +36,72 @@ def pipeline_split_line(plan, layers: tuple[int, ...]) -> list[str]:
     return [f"pipeline stages: {text}, stage 0 first ({how}); the last stage also holds the output layer"]
 
 
+def _megatron_optimizer(plan) -> tuple[str, str]:
+    """(the optimizer class Megatron-Core 0.16 wraps the run in, the one that steps) for the plan's ZeRO stage, as
+    `dstoolkit generate --target megatron-lm` writes it (generate/megatron_lm.py _distributed_lm: stage 0 DDP, 1-2
+    --use-distributed-optimizer, 3 Megatron-FSDP; offload --optimizer-cpu-offload). megatron/core/optimizer/
+    __init__.py: Adam / SGD are Transformer Engine's FusedAdam / FusedSGD (Apex's without TE); offload builds
+    HybridDeviceOptimizer, whose host half is torch.optim.AdamW(fused=True) / SGD; the mixed-precision wrapper is
+    DistributedOptimizer (also under Megatron-FSDP) or, without it, Float16OptimizerWithFloat16Params, FP32Optimizer
+    in fp32."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.megatron_lm import uses_megatron_fsdp
+
+    ds = plan.ds
+    if uses_megatron_fsdp(ds):
+        wrapper = "DistributedOptimizer over Megatron-FSDP"
+    elif ds.zero_stage >= 1:
+        wrapper = "DistributedOptimizer"
+    else:
+        wrapper = ("FP32Optimizer" if plan.precision == "fp32" else "Float16OptimizerWithFloat16Params") + " over DDP"
+    kind = {"adam": "Adam", "adamw": "Adam", "sgd": "SGD"}.get(ds.optimizer_type)
+    if kind is None:
+        return wrapper, f"{ds.optimizer_type}: not a Megatron-Core optimizer (it builds adam or sgd)"
+    if ds.offload_optimizer:
+        host = "torch.optim.AdamW(fused=True)" if kind == "Adam" else "torch.optim.SGD"
+        return f"{wrapper} + HybridDeviceOptimizer", f"{host} on the host (HybridDeviceOptimizer, in place)"
+    fused = "multi_tensor_adam" if kind == "Adam" else "multi_tensor_sgd"
+    return wrapper, f"Transformer Engine Fused{kind} ({fused}, in place)"
+
+
+_TORCH_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "adafactor": "Adafactor"}
+"""The torch.optim class of a spec's training.optimizer (lamb has none: shown as written)."""
+
+
+def engine_optimizer(plan, m) -> dict:
+    """The optimizer as the plan's engine builds it, for the text and the JSON's `engine`: framework, engine (its
+    name), optimizer (what holds the states: DeepSpeed's path, memory.optimizer_path, or the engine's class),
+    implementation (what steps them) and counted_as: the DeepSpeed classes the memory is counted with
+    (`m.optimizer_path`, `m.optimizer_impl`) where the engine is not DeepSpeed's (estimate.core: Megatron and FSDP
+    runs are modelled with DeepSpeed's classes as a stand-in), else None."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.step_temporaries import IMPLEMENTATIONS
+    from dstoolkit.spec.target_engines import ENGINE_NAMES
+
+    impl = IMPLEMENTATIONS.get(m.optimizer_impl, m.optimizer_impl)
+    out = {"framework": plan.framework, "engine": ENGINE_NAMES.get(plan.framework, plan.framework)}
+    if plan.framework == "deepspeed":
+        return {**out, "optimizer": m.optimizer_path, "implementation": impl, "counted_as": None}
+    if plan.framework == "megatron":
+        optimizer, implementation = _megatron_optimizer(plan)
+    else:  # PyTorch FSDP: the training script's torch.optim optimizer over FSDP's sharded parameters
+        cls = "torch.optim." + _TORCH_NAMES.get(plan.ds.optimizer_type, plan.ds.optimizer_type)
+        optimizer, implementation = f"+ {cls}", f"{cls} as the training script builds it (for-loop, foreach or fused)"
+    return {**out, "optimizer": optimizer, "implementation": implementation,
+            "counted_as": f"DeepSpeed's {m.optimizer_path} path with {impl}"}
+
+
 def _sequence_shards(plan) -> str:
     """The ranks that share a sequence, when any (they come out of dp, so the header shows why dp is smaller)."""
     return "".join(f" {name}={n}" for name, n in (("cp", plan.cp), ("ulysses", plan.ulysses)) if n > 1)
+
+
+def _optimizer_note(eng: dict) -> str:
+    """The fits line's note on what holds the optimizer states: DeepSpeed's path, or the engine's optimizer and the
+    DeepSpeed classes its bytes are counted with."""
+    if eng["counted_as"] is None:
+        return f"DeepSpeed path: {eng['optimizer']}"
+    return f"{eng['engine']} {eng['optimizer']}, counted as {eng['counted_as']}"
 
 
 def render_table(plan, est, assumptions: list[str]) -> str:
@@ -46,11 +110,13 @@ def render_table(plan, est, assumptions: list[str]) -> str:
 
     m = est.memory
     ds = plan.ds
+    eng = engine_optimizer(plan, m)
+    how = "" if eng["counted_as"] is None else f" ({eng['engine']} {eng['optimizer']})"
     lines = [
         f"model {plan.shape.name}: {est.params.total / 1e9:,.3f}B params ({est.params.active / 1e9:,.3f}B active); "
         f"{plan.world_size} x {plan.gpu.name}, tp={plan.tp} pp={plan.pp} ep={plan.ep}{_sequence_shards(plan)} "
         f"dp={plan.dp}; "
-        f"ZeRO-{ds.zero_stage}{' + optimizer offload' if ds.offload_optimizer else ''}, {plan.precision}, "
+        f"ZeRO-{ds.zero_stage}{how}{' + optimizer offload' if ds.offload_optimizer else ''}, {plan.precision}, "
         f"micro batch {ds.micro_batch} x accum {ds.grad_accum}, seq {plan.seq_len}, checkpoint {plan.checkpoint.kind}",
     ]
     for a in assumptions:
@@ -70,13 +136,9 @@ def render_table(plan, est, assumptions: list[str]) -> str:
                       ("activations", m.activations), ("buffers", m.buffers),
                       ("temporaries (largest)", m.temporaries), ("  optimizer step temporaries", None),
                       ("sum of parts (upper bound)", m.sum_of_parts_bytes)):
-        if val is None:  # issue 24: the inner optimizer's temporaries, named by implementation
-            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-            from dstoolkit.estimate.step_temporaries import IMPLEMENTATIONS
-
+        if val is None:  # issue 24: the inner optimizer's temporaries, named by the engine's implementation
             val = m.optimizer_temporaries
-            lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}   "
-                         f"({IMPLEMENTATIONS.get(m.optimizer_impl, m.optimizer_impl)})")
+            lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}   ({eng['implementation']})")
             continue
         lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}")
     lines.append(f"{'host (offload) per rank':<28}{est.host_memory_per_rank_bytes:>20,}{'':>4}"
@@ -85,7 +147,7 @@ def render_table(plan, est, assumptions: list[str]) -> str:
                  f"({m.allowance_source})")
     lines.append(f"fits in {plan.gpu.memory_bytes / GiB:.0f} GiB: {'yes' if est.fits else 'NO'}"
                  f" (peak + allowance = {m.required_bytes / GiB:.2f} GiB)"
-                 f"   (DeepSpeed path: {m.optimizer_path}; ZeRO paper view for this stage: "
+                 f"   ({_optimizer_note(eng)}; ZeRO paper view for this stage: "
                  f"{est.paper_view.stage_bytes / GiB:.2f} GiB model states)")
     if est.fits and not is_cpu_device(plan.gpu) and upper_bound_exceeds(m.sum_of_parts_bytes, m.allowance_bytes,
                                                                         plan.gpu.memory_bytes):

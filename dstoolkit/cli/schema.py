@@ -11,6 +11,7 @@ import sys
 
 from dstoolkit.cli.options import EXIT_OK, InputError, add_force_flag, add_out_flag, exit_map
 from dstoolkit.common.atomic import atomic_write_text as write_atomic  # cli/resolve.py imports it from here
+from dstoolkit.common.atomic import check_output_path
 
 
 def add_parser(subparsers) -> None:
@@ -26,12 +27,12 @@ def run(args) -> int:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.dsconfig.export import schema_text
 
+    if args.output:  # a folder, or a path under a file: refused first, naming -o and the fix (common.atomic)
+        check_output_path(args.output, name=f"-o {args.output}")
     text = schema_text()
     if not args.output:
         sys.stdout.write(text)
         return EXIT_OK
-    if os.path.isdir(args.output):
-        raise InputError(f"{args.output} is a directory")
     if os.path.exists(args.output):
         with open(args.output, encoding="utf-8", errors="replace") as fh:
             if fh.read() == text:

@@ -7,6 +7,8 @@ runtime/lr_schedules.py (scheduler kwargs), torch 2.13 torch.optim / torch.optim
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # zero_optimization: stage3_* spelling (DeepSpeed's pydantic alias) -> field name.
 ZERO_ALIASES: dict[str, str] = {
     "stage3_prefetch_bucket_size": "prefetch_bucket_size",
@@ -40,31 +42,106 @@ FP16_ONLY_KEYS = frozenset({"loss_scale", "initial_scale_power", "loss_scale_win
 BF16_ONLY_KEYS = frozenset({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
                             "bf16_optimizer_states"})
 
-# Keyword arguments per DeepSpeed optimizer (lower-case type name), from the installed 0.19.8 signatures:
+# -- what runtime/engine.py _configure_basic_optimizer builds for each DeepSpeed optimizer type (DeepSpeed 0.19.8) --
+# It passes optimizer.params to a constructor as keyword arguments, so the keys a type accepts depend on the class it
+# builds, which depends on params.torch_adam and on whether the optimizer is offloaded (engine.py
+# zero_use_cpu_optimizer: zero_optimization.offload_optimizer.device cpu / nvme, or the deprecated cpu_offload: true,
+# which DeepSpeed's zero config turns into offload_optimizer cpu). Constructor signatures as installed:
 # ops/adam/fused_adam.py FusedAdam, ops/adam/cpu_adam.py DeepSpeedCPUAdam, ops/lamb/fused_lamb.py FusedLamb,
-# ops/lion/fused_lion.py FusedLion, ops/adagrad/cpu_adagrad.py, torch.optim.Adagrad; plus the keys the engine
-# pops before the call (torch_adam, adam_w_mode, fp32_optimizer_states, foreach) and torch AdamW's kwargs
-# (used when torch_adam is true).
-_ADAM = frozenset({"lr", "bias_correction", "betas", "eps", "weight_decay", "amsgrad", "set_grad_none",
-                   "torch_adam", "adam_w_mode", "fp32_optimizer_states", "foreach", "fused", "capturable", "maximize",
-                   "differentiable"})
-_TORCH_ADAM = frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad", "foreach", "maximize", "capturable",
-                         "differentiable", "fused"})
-OPTIMIZER_PARAMS: dict[str, frozenset] = {
-    "adam": _ADAM,
-    "adamw": _ADAM,
-    "lamb": frozenset({"lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_grad_norm",
-                       "max_coeff", "min_coeff", "amsgrad"}),
-    "lion": frozenset({"lr", "betas", "weight_decay", "set_grad_none"}),
-    "adagrad": frozenset({"lr", "eps", "weight_decay", "amsgrad", "fp32_optimizer_states", "lr_decay",
-                          "initial_accumulator_value", "foreach", "maximize", "differentiable", "fused"}),
-    "muon": frozenset({"lr", "momentum", "weight_decay", "ns_method", "betas", "eps", "adam_w_mode", "torch_adam",
-                       "fp32_optimizer_states", "muon_lr", "adam_lr", "nesterov", "ns_steps"}),
-    # mup optimizers take torch's Adam/AdamW/SGD kwargs
-    "muadam": frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad"}),
-    "muadamw": frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad"}),
-    "musgd": frozenset({"lr", "momentum", "dampening", "weight_decay", "nesterov"}),
+# ops/lion/fused_lion.py FusedLion, ops/lion/cpu_lion.py DeepSpeedCPULion, ops/adagrad/cpu_adagrad.py
+# DeepSpeedCPUAdagrad, torch 2.13 torch.optim.Adam / AdamW / Adagrad / SGD.
+OFFLOAD_OPTIMIZER_DEVICES = frozenset({"cpu", "nvme"})
+"""offload_optimizer.device values that make the engine build its CPU optimizers (engine.py zero_use_cpu_optimizer;
+it does not look at the ZeRO stage)."""
+ADAM_ENGINE_KEYS = frozenset({"torch_adam", "adam_w_mode", "fp32_optimizer_states"})
+"""Keys engine.py pops before building Adam, AdamW or Muon's auxiliary Adam (_configure_basic_optimizer,
+get_optimizer_configuration): they choose the class and its mode (the engine passes the mode and the CPU optimizer's
+fp32_optimizer_states on itself), so no class refuses them. With torch_adam it pops foreach too and hands it to
+torch."""
+_TORCH_ADAMW = frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
+                          "differentiable", "fused"})
+_TORCH_ADAM = _TORCH_ADAMW | {"decoupled_weight_decay"}
+_TORCH_SGD = frozenset({"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach",
+                        "differentiable", "fused"})
+_TORCH_ADAGRAD = frozenset({"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach",
+                            "maximize", "differentiable", "fused"})
+MUON_KEYS = frozenset({"lr", "momentum", "weight_decay", "ns_method", "muon_lr", "betas", "eps", "adam_lr"})
+"""What engine.py _muon_param_groups reads: _MUON_HALF_KEYS (lr, momentum, weight_decay, ns_method; muon_lr
+overrides lr) for the Muon half, _ADAM_HALF_KEYS (lr, betas, eps, weight_decay; adam_lr overrides lr) for the Adam
+half. Every other key is dropped without a word."""
+MUON_FIXED = {"nesterov": True, "ns_steps": 5}
+"""Muon's settings DeepSpeed never passes: runtime/zero/muon/original_muon.py muon_update's defaults, which
+muon_optimizer.py and the ZeRO stage 1/2 Muon paths call without them, so setting them changes nothing."""
+
+
+class OptimizerBuild(NamedTuple):
+    """One class the engine builds for an optimizer type, and the optimizer.params keys it takes."""
+
+    cls: str
+    """The class, as findings name it."""
+    keywords: frozenset
+    """The optimizer.params keys it takes (constructor keywords, plus the keys the engine pops first)."""
+    when: str = ""
+    """The condition that picks this class over the type's others ("" for the type's only one)."""
+    drops_unknown: bool = False
+    """True when the engine picks the keys it reads by name and ignores the rest (Muon) instead of passing them all
+    to a constructor that raises TypeError."""
+    requires: frozenset = frozenset()
+    """Keys it fails without (mup's optimizers: KeyError 'lr')."""
+    source: str = ""
+    """Where the class is built or the behaviour is read (for the messages)."""
+
+
+_MUP = "mup/optim.py process_param_groups"
+OPTIMIZER_BUILDS: dict[str, dict[str, OptimizerBuild]] = {
+    # engine.py: torch_adam -> torch.optim.AdamW (Adam when type adam with adam_w_mode false); else offloaded ->
+    # DeepSpeedCPUAdam, which the engine passes adamw_mode / fp32_optimizer_states itself; else FusedAdam
+    **{t: {"device": OptimizerBuild("FusedAdam", frozenset({"lr", "bias_correction", "betas", "eps", "weight_decay",
+                                                           "amsgrad", "set_grad_none"}) | ADAM_ENGINE_KEYS,
+                                    "without optimizer offload or torch_adam", source="ops/adam/fused_adam.py"),
+           "offload": OptimizerBuild("DeepSpeedCPUAdam", frozenset({"lr", "bias_correction", "betas", "eps",
+                                                                   "weight_decay", "amsgrad"}) | ADAM_ENGINE_KEYS,
+                                     "with the optimizer offloaded to cpu / nvme", source="ops/adam/cpu_adam.py"),
+           "torch_adam": OptimizerBuild("torch.optim.AdamW", _TORCH_ADAMW | ADAM_ENGINE_KEYS, "with torch_adam true",
+                                        source="torch/optim/adamw.py"),
+           "torch_adam_l2": OptimizerBuild("torch.optim.Adam", _TORCH_ADAM | ADAM_ENGINE_KEYS,
+                                           "with torch_adam true and adam_w_mode false", source="torch/optim/adam.py")}
+       for t in ("adam", "adamw")},
+    "lamb": {"device": OptimizerBuild("FusedLamb", frozenset({"lr", "bias_correction", "betas", "eps",
+                                                             "eps_inside_sqrt", "weight_decay", "max_grad_norm",
+                                                             "max_coeff", "min_coeff", "amsgrad"}),
+                                      source="ops/lamb/fused_lamb.py")},
+    "lion": {"device": OptimizerBuild("FusedLion", frozenset({"lr", "betas", "weight_decay", "set_grad_none"}),
+                                      "without optimizer offload", source="ops/lion/fused_lion.py"),
+             "offload": OptimizerBuild("DeepSpeedCPULion", frozenset({"lr", "betas", "weight_decay",
+                                                                      "fp32_optimizer_states"}),
+                                       "with the optimizer offloaded to cpu / nvme", source="ops/lion/cpu_lion.py")},
+    "adagrad": {"device": OptimizerBuild("torch.optim.Adagrad", _TORCH_ADAGRAD, "without optimizer offload",
+                                         source="torch/optim/adagrad.py"),
+                "offload": OptimizerBuild("DeepSpeedCPUAdagrad", frozenset({"lr", "eps", "weight_decay", "amsgrad",
+                                                                            "fp32_optimizer_states"}),
+                                          "with the optimizer offloaded to cpu / nvme",
+                                          source="ops/adagrad/cpu_adagrad.py")},
+    "muon": {"device": OptimizerBuild("MuonWithAuxAdam", MUON_KEYS | ADAM_ENGINE_KEYS, drops_unknown=True,
+                                      source="runtime/engine.py _muon_param_groups"),
+             "torch_adam": OptimizerBuild("MuonWithAuxAdam", MUON_KEYS | ADAM_ENGINE_KEYS | {"foreach"},
+                                          "with torch_adam true", drops_unknown=True,
+                                          source="runtime/engine.py _muon_param_groups")},
+    # mup (not a DeepSpeed dependency; read from microsoft/mup mup/optim.py): MuAdam / MuAdamW / MuSGD pass every
+    # key on to torch.optim.Adam / AdamW / SGD, after process_param_groups reads kwargs['lr'] for each param group
+    # that sets no lr of its own (the engine passes the model's parameters: one group without lr)
+    "muadam": {"device": OptimizerBuild("mup's MuAdam (torch.optim.Adam)", _TORCH_ADAM, requires=frozenset({"lr"}),
+                                        source=_MUP)},
+    "muadamw": {"device": OptimizerBuild("mup's MuAdamW (torch.optim.AdamW)", _TORCH_ADAMW,
+                                         requires=frozenset({"lr"}), source=_MUP)},
+    "musgd": {"device": OptimizerBuild("mup's MuSGD (torch.optim.SGD)", _TORCH_SGD, requires=frozenset({"lr"}),
+                                       source=_MUP)},
 }
+"""Lower-case DeepSpeed optimizer type -> {path: the class built}; paths: device (the default), offload, torch_adam,
+torch_adam_l2 (`dstoolkit.dsconfig.rules_optim.optimizer_build` picks one as the engine does)."""
+OPTIMIZER_PARAMS: dict[str, frozenset] = {t: frozenset().union(*(b.keywords for b in builds.values()))
+                                          for t, builds in OPTIMIZER_BUILDS.items()}
+"""Lower-case DeepSpeed optimizer type -> every key one of its classes takes (which one applies: OPTIMIZER_BUILDS)."""
 # 1-bit optimizers: present in 0.16 (runtime/fp16/onebit/), removed from 0.19 (not in DEEPSPEED_OPTIMIZERS;
 # the engine's fallback getattr(torch.optim, name) then fails).
 ONEBIT_OPTIMIZER_PARAMS: dict[str, frozenset] = {
@@ -79,15 +156,13 @@ ONEBIT_OPTIMIZER_PARAMS: dict[str, frozenset] = {
 }
 # Optimizers in torch.optim (torch 2.13) that DeepSpeed falls back to by exact class name.
 TORCH_OPTIMIZERS: dict[str, frozenset] = {
-    "SGD": frozenset({"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach",
-                      "differentiable", "fused"}),
+    "SGD": _TORCH_SGD,
     "Adam": _TORCH_ADAM,
-    "AdamW": _TORCH_ADAM,
+    "AdamW": _TORCH_ADAMW,
     "Adadelta": frozenset({"lr", "rho", "eps", "weight_decay", "foreach", "capturable", "maximize",
                            "differentiable"}),
     "Adafactor": frozenset({"lr", "beta2_decay", "d", "eps", "weight_decay", "foreach", "maximize"}),
-    "Adagrad": frozenset({"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach",
-                          "maximize", "differentiable", "fused"}),
+    "Adagrad": _TORCH_ADAGRAD,
     "Adamax": frozenset({"lr", "betas", "eps", "weight_decay", "foreach", "maximize", "differentiable",
                          "capturable"}),
     "ASGD": frozenset({"lr", "lambd", "alpha", "t0", "weight_decay", "foreach", "maximize", "differentiable",

@@ -16,13 +16,15 @@ from typing import Any, Callable, Mapping, Optional
 from dstoolkit.common.text import did_you_mean
 from dstoolkit.dsconfig.auto import (HF_DEFAULT_BETAS, HF_DEFAULT_EPS, HF_DEFAULT_LR, HF_DEFAULT_MAX_GRAD_NORM,
                                      HF_DEFAULT_WEIGHT_DECAY)
-from dstoolkit.dsconfig.facts import (ONEBIT_OPTIMIZER_PARAMS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, SCHEDULER_REQUIRED,
-                                      TORCH_OPTIMIZERS, TORCH_SCHEDULERS)
-from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, rule, section
+from dstoolkit.dsconfig.facts import (MUON_FIXED, OFFLOAD_OPTIMIZER_DEVICES, ONEBIT_OPTIMIZER_PARAMS,
+                                      OPTIMIZER_BUILDS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS, SCHEDULER_REQUIRED,
+                                      TORCH_OPTIMIZERS, TORCH_SCHEDULERS, OptimizerBuild)
+from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, rule, section, zero_section
 
 
 def known_optimizers(version: str) -> dict[str, set[str]]:
-    """Lower-case DeepSpeed optimizer names -> accepted params, for a DeepSpeed version."""
+    """Lower-case DeepSpeed optimizer names -> every params key one of its classes takes, for a DeepSpeed version
+    (which class a config gets, and so the keys it may set: `optimizer_build`)."""
     names = dict(OPTIMIZER_PARAMS)
     if version.startswith("0.16"):
         names = {k: v for k, v in names.items() if k != "muon"}
@@ -30,13 +32,51 @@ def known_optimizers(version: str) -> dict[str, set[str]]:
     return names
 
 
-def _optimizer_params_for(name: str, version: str) -> Optional[set[str]]:
-    ds = known_optimizers(version)
-    if name.lower() in ds:
-        return ds[name.lower()]
+def optimizer_offloaded(cfg: Mapping) -> bool:
+    """Whether DeepSpeed builds its CPU optimizers for `cfg` (engine.py zero_use_cpu_optimizer: offload_optimizer
+    on cpu / nvme, whatever the stage; the deprecated cpu_offload: true is offload_optimizer cpu)."""
+    z = zero_section(cfg)
+    off = z.get("offload_optimizer")
+    if isinstance(off, dict):
+        return off.get("device") in OFFLOAD_OPTIMIZER_DEVICES
+    return off is None and z.get("cpu_offload") is True
+
+
+def optimizer_build(name: str, params: Mapping, cfg: Mapping, version: str = "0.19") -> Optional[OptimizerBuild]:
+    """The class DeepSpeed's engine builds for optimizer.type `name` with `params` (runtime/engine.py
+    _configure_basic_optimizer), or None for a name it does not know. torch_adam wins over offload
+    (get_optimizer_configuration tests it first); a torch.optim name (exact case) is that class."""
+    low = name.lower()
+    if low in known_optimizers(version) and low in OPTIMIZER_BUILDS:
+        builds = OPTIMIZER_BUILDS[low]
+        if "torch_adam" in builds and params.get("torch_adam"):
+            l2 = low == "adam" and not params.get("adam_w_mode", True)  # effective_adam_w_mode false
+            return builds["torch_adam_l2" if l2 else "torch_adam"]
+        if "offload" in builds and optimizer_offloaded(cfg):
+            return builds["offload"]
+        return builds["device"]
+    if low in known_optimizers(version):  # the 1-bit optimizers of DeepSpeed 0.16
+        return OptimizerBuild(name, frozenset(ONEBIT_OPTIMIZER_PARAMS[low]))
     if name in TORCH_OPTIMIZERS:
-        return TORCH_OPTIMIZERS[name]
+        return OptimizerBuild(f"torch.optim.{name}", TORCH_OPTIMIZERS[name], source=f"torch/optim/{low}.py")
     return None
+
+
+def _other_build(name: str, cfg: Mapping, build: OptimizerBuild, keys: list[str]) -> str:
+    """The one config change that makes DeepSpeed build a class of the same type taking all of `keys`, as a fix
+    clause (", or ...: X takes them"), or "": torch_adam on or off, or optimizer offload on or off."""
+    builds = OPTIMIZER_BUILDS.get(name.lower(), {})
+    if build in (builds.get("torch_adam"), builds.get("torch_adam_l2")):
+        moves = [("offload" if optimizer_offloaded(cfg) else "device", 'drop "torch_adam"')]
+    else:
+        moves = [("torch_adam", '"torch_adam": true'),
+                 ("offload", 'offload the optimizer (offload_optimizer.device "cpu")') if build is builds.get("device")
+                 else ("device", 'turn optimizer offload off (offload_optimizer.device "none")')]
+    for path, how in moves:
+        other = builds.get(path)
+        if other is not None and other.cls != build.cls and set(keys) <= other.keywords:
+            return f", or {how}: {other.cls} takes {'it' if len(keys) == 1 else 'them'}"
+    return ""
 
 
 @rule("DS209", "optimizer type unknown or removed")
@@ -47,7 +87,7 @@ def _check_optimizer_type(cfg: Mapping, ctx: RuleContext) -> None:
     name = section(cfg, "optimizer").get("type")
     if name is None or not isinstance(name, str):
         return
-    if _optimizer_params_for(name, ctx.deepspeed_version) is not None:
+    if optimizer_build(name, {}, {}, ctx.deepspeed_version) is not None:
         return
     if name.lower() in ONEBIT_OPTIMIZER_PARAMS:
         raise RuleViolation("/optimizer/type",
@@ -63,11 +103,22 @@ def _check_optimizer_type(cfg: Mapping, ctx: RuleContext) -> None:
 
 @rule("DS210", "optimizer parameter invalid for this optimizer")
 def _check_optimizer_params(cfg: Mapping, ctx: RuleContext) -> None:
-    """optimizer.params are passed to the optimizer as keyword arguments: a keyword it does not take fails with
-    TypeError, and max_grad_norm is refused by the engine itself (gradient clipping is the top-level
+    """optimizer.params are passed to the class the engine builds as keyword arguments (runtime/engine.py
+    _configure_basic_optimizer), and which class that is depends on the type, params.torch_adam and optimizer
+    offload (offload_optimizer on cpu / nvme): Adam / AdamW build FusedAdam, DeepSpeedCPUAdam under offload, or
+    torch.optim.AdamW with torch_adam; Lion FusedLion, or DeepSpeedCPULion under offload (which takes
+    fp32_optimizer_states and not set_grad_none); Adagrad torch.optim.Adagrad, or DeepSpeedCPUAdagrad under offload
+    (which takes amsgrad and fp32_optimizer_states and not lr_decay or initial_accumulator_value). A keyword that
+    class does not take fails with TypeError at engine start (an error). Muon is different: the engine copies only
+    the keys it reads into its param groups (_muon_param_groups: lr, momentum, weight_decay, ns_method, muon_lr for
+    the Muon half, lr, betas, eps, weight_decay, adam_lr for the Adam half) and drops the rest without a word, so
+    nesterov and ns_steps change nothing (muon_update runs nesterov=True, ns_steps=5): a warning. mup's MuAdam,
+    MuAdamW and MuSGD pass the keys on to torch.optim.Adam / AdamW / SGD and fail with KeyError('lr') without an lr
+    (mup/optim.py process_param_groups reads kwargs['lr'] for the parameters the engine passes, which set none).
+    max_grad_norm is refused by the engine itself (ValueError: gradient clipping is the top-level
     gradient_clipping key)."""
     opt = section(cfg, "optimizer")
-    params = opt.get("params")
+    params = opt.get("params", {})
     if not isinstance(params, dict):
         return
     if "max_grad_norm" in params:
@@ -76,19 +127,36 @@ def _check_optimizer_params(cfg: Mapping, ctx: RuleContext) -> None:
                             "ValueError ('max_grad_norm' is not supported as an optimizer parameter)",
                             f'remove it and set top-level "gradient_clipping": {params["max_grad_norm"]!r}')
     name = opt.get("type")
-    if not isinstance(name, str):
+    build = optimizer_build(name, params, cfg, ctx.deepspeed_version) if isinstance(name, str) else None
+    if build is None:
         return
-    allowed = _optimizer_params_for(name, ctx.deepspeed_version)
-    if allowed is None:
+    missing = sorted(build.requires - set(params))
+    if missing:
+        raise RuleViolation("/optimizer/params" if "params" in opt else "/optimizer",
+                            f"optimizer.type {name!r} without optimizer.params.{missing[0]}: {build.cls} raises "
+                            f"KeyError({missing[0]!r}) at engine start ({build.source} reads kwargs[{missing[0]!r}] "
+                            "for the model's parameters, which set none of their own)",
+                            f'add "{missing[0]}" to optimizer.params (e.g. 1e-3)')
+    unknown = [k for k in params if k not in build.keywords]
+    if not unknown:
         return
-    unknown = [k for k in params if k not in allowed]
-    if unknown:
-        k = unknown[0]
-        hint = did_you_mean(k, allowed)
+    k = unknown[0]
+    listed = ", ".join(map(repr, unknown))
+    hint = did_you_mean(k, build.keywords)
+    if build.drops_unknown:
+        fixed = [f"{u}={str(MUON_FIXED[u]).lower()}" for u in unknown if u in MUON_FIXED]
         raise RuleViolation(f"/optimizer/params/{k}",
-                            f"optimizer.params {', '.join(map(repr, unknown))} not accepted by {name}; the engine "
-                            "passes params as keyword arguments and fails with TypeError",
-                            f"did you mean {hint!r}?" if hint else f"accepted: {', '.join(sorted(allowed))}")
+                            f"optimizer.params {listed}: DeepSpeed's {build.cls} never "
+                            f"reads {'it' if len(unknown) == 1 else 'them'}: the engine reads only "
+                            f"{', '.join(sorted(build.keywords))} ({build.source}) and drops the rest without a word"
+                            + (f"; it always runs {', '.join(fixed)} (original_muon.py muon_update)" if fixed else ""),
+                            f"did you mean {hint!r}?" if hint else f"remove {listed}", severity="warning")
+    fix = (f"did you mean {hint!r}?" if hint else f"remove {listed} ({build.cls} takes "
+           f"{', '.join(sorted(build.keywords))}){_other_build(name, cfg, build, unknown)}")
+    raise RuleViolation(f"/optimizer/params/{k}",
+                        f"optimizer.params {listed} not accepted by {build.cls}"
+                        + (f" (what {name} builds {build.when})" if build.when else "")
+                        + "; the engine passes params as keyword arguments and fails with TypeError", fix)
 
 
 @rule("DS211", "scheduler type unknown")

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, rule, section, zero_section
-from dstoolkit.dsconfig.rules_optim import _number, known_optimizers
+from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, rule, section
+from dstoolkit.dsconfig.rules_optim import _number, known_optimizers, optimizer_offloaded
 
 
 @dataclass(frozen=True)
@@ -193,14 +193,13 @@ ADAGRAD_OFFLOAD = Impl("DeepSpeed's DeepSpeedCPUAdagrad", "DeepSpeedCPUAdagrad",
                        False, (Bound("lr", _UPHILL, 1e-2), Bound("eps", _ZERO_DENOM, 1e-10),
                                Bound("weight_decay", "a negative weight_decay is skipped (applied only when > 0), so "
                                      "no decay runs", 0)))
-"""Adagrad with offload_optimizer on cpu / nvme (engine.py: zero_use_cpu_optimizer)."""
+"""Adagrad with the optimizer offloaded (rules_optim.optimizer_offloaded, as engine.py zero_use_cpu_optimizer)."""
 
 
 def _impl_for(name: str, cfg: Mapping, version: str) -> Optional[Impl]:
     low = name.lower()
     if low in known_optimizers(version):
-        offload = zero_section(cfg).get("offload_optimizer")
-        if low == "adagrad" and isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme"):
+        if low == "adagrad" and optimizer_offloaded(cfg):
             return ADAGRAD_OFFLOAD
         return DS_IMPLS.get(low)
     return TORCH_IMPLS.get(name)

@@ -160,7 +160,8 @@ def test_exit_codes():
      "dstoolkit estimate: error: --config"),
     (["resolve", "{tmp}/nope.json", "-o", "{tmp}/r.json", "--world-size", "2"],
      "dstoolkit resolve: error: {tmp}/nope.json: no such file"),
-    (["schema", "--output", "{tmp}"], "dstoolkit schema: error: {tmp} is a directory"),
+    (["schema", "--output", "{tmp}"], "dstoolkit schema: error: -o {tmp}: is a folder, not a file, so no file "
+     "can be written in its place; give the path of the file to write"),
     (["fp8", "plan", "llama-9"], "dstoolkit fp8 plan: error:"),
     (["report", "{tmp}"], "dstoolkit report: error:"),
     (["train", "--spec", "{tmp}/s.yaml", "--config", "{tmp}/ds.json", "--steps", "1"],

@@ -49,7 +49,7 @@ def test_schema_verb_prints_the_message_and_exits_2(tmp_path, blocker, capsys, b
     assert main(["schema", "-o", str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"dstoolkit schema: error: {out}: {blocker} {TAIL}\n"
+    assert captured.err == f"dstoolkit schema: error: -o {out}: {blocker} {TAIL}\n"
 
 
 def test_resolve_names_minus_o_with_the_same_wording(tmp_path, blocker, capsys):
