@@ -6,10 +6,12 @@ What it does, and how (HF Trainer with DeepSpeed, `--deepspeed ds.json` or `acce
 
 * Spike guard (`dstoolkit.runtime.train.spike.SpikeGuard`): a forward hook on the model sees every training
   micro-batch's loss, takes its mean over the ranks (one scalar all-reduce, so every rank decides the same) and
-  asks the guard. *Skip*: the loss the Trainer back-propagates is multiplied by 0, so the batch adds no gradient
-  (the optimizer still takes its step on the other micro-batches' gradients; with a single micro-batch per step
-  Adam's momentum still moves the weights a little). *LR cool-down*: the param-group LRs the Trainer's scheduler
-  sets are multiplied by `lr_scale` for `lr_scale_steps` updates (from the spiking step's own update on).
+  asks the guard. *Skip*: the Trainer still back-propagates the batch, so its loss becomes a finite zero and
+  every parameter's gradient from that backward is replaced by zeros (`dstoolkit.runtime.train.hfskip.ZeroBatch`:
+  `loss * 0` is not enough, 0 x NaN is NaN), so the batch adds no gradient, NaN/Inf included (the optimizer still
+  takes its step on the other micro-batches' gradients; with a single micro-batch per step Adam's momentum still
+  moves the weights a little). *LR cool-down*: the param-group LRs the Trainer's scheduler sets are multiplied
+  by `lr_scale` for `lr_scale_steps` updates (from the spiking step's own update on).
   Grad-norm spikes are judged after each step (`engine.get_global_grad_norm()`).
 * Rollback, through the Trainer's own checkpointing: at every `on_save` the callback writes
   `dstoolkit_guard.json` (healthy flag, guard state) into `checkpoint-N`; on a rollback decision
@@ -47,6 +49,7 @@ from transformers import TrainerCallback
 
 from dstoolkit.runtime.train.ckpt import HF_MARKER as MARKER  # noqa: F401 - the names callers import from here
 from dstoolkit.runtime.train.ckpt import HfCheckpoints as _HfCheckpoints
+from dstoolkit.runtime.train.hfskip import ZeroBatch
 from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
 
 
@@ -114,6 +117,7 @@ class DstoolkitCallback(TrainerCallback):
         self._estimate: Optional[dict] = None
         self._flops_per_token = self._peak = None
         self._poisoned = self._blown = False
+        self._zero = ZeroBatch()  # a skipped batch's backward adds zeros
         self._state = None
         self._f = None
 
@@ -202,6 +206,7 @@ class DstoolkitCallback(TrainerCallback):
             self._say(f"estimate unavailable: {type(exc).__name__}: {exc}")
 
     def _pre_forward(self, module, a, kw):
+        self._zero.disarm()  # a skipped batch's backward is over by the next forward
         if not module.training:
             return None
         x = kw.get("input_ids") if kw else None
@@ -250,11 +255,16 @@ class DstoolkitCallback(TrainerCallback):
         if d.action in ("skip", "rollback"):
             if d.action == "rollback":
                 self._pending_rollback = d.reason
-            out["loss"] = loss * 0.0  # this batch adds no gradient
+            out["loss"] = self._zero.arm(module, loss)  # this batch adds zero gradients (NaN/Inf included)
             return out
         return None  # lr_scale: the cool-down counter was set by the guard
 
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._zero.disarm()  # the micro-batch's backward is done
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
+        self._zero.disarm()
         step = state.global_step
         self.guard.end_step()  # the update just taken counts for the cool-down, then it is judged
         if self._pending_rollback is not None:

@@ -2,7 +2,8 @@
 launching process, so bad input is one clear error (exit 2) instead of N rank tracebacks and the launcher's own.
 
 `check_launch` parses the trainer's command line with the trainer's own parser, reads its inputs the way each rank
-does (`trainer_inputs.read_inputs`), and checks the DeepSpeed config against the number of ranks with
+does (`trainer_inputs.read_inputs`, which also checks that --metrics-out, --checkpoint-dir and --monitor-dir can be
+written: `trainer_inputs.check_output_paths`), and checks the DeepSpeed config against the number of ranks with
 `dstoolkit validate`'s checks (`validate_config(..., world_size=N)`, as `dstoolkit validate --world-size N`):
 a finding that appears only once the world size is known (the batch triad, DS201) is a config made for another
 number of ranks. No torch import.
@@ -50,8 +51,9 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
         The inputs the ranks will read.
 
     Raises:
-        UsageError: a flag the trainer refuses, an unreadable config or spec, or a config whose batch sizes do
-            not fit `nproc` ranks (the message names the fix).
+        UsageError: a flag the trainer refuses, an unreadable config or spec, an output path that cannot be
+            written (a file in the path, a folder for --metrics-out), or a config whose batch sizes do not fit
+            `nproc` ranks (the message names the fix).
     """
     parser = build_parser()
 

@@ -173,6 +173,7 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         raise UsageError(f"--spec {args.spec}: {e}") from None
     blowups = _parse_blowups(args.inject_lr_blowup)
     check_helper_flags(args)
+    check_output_paths(args)
     if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
         raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
     shrunk = read_shrink(args, spec)
@@ -204,6 +205,39 @@ def check_helper_flags(args: argparse.Namespace) -> None:
         Monitor.check_every(args.monitor_every)
     except SettingError as e:
         raise UsageError(f"{HELPER_FLAGS.get(e.name, e.name)}={e.value} {e.need}") from None
+
+
+OUTPUT_FOLDER_FLAGS = (("--checkpoint-dir", "checkpoint_dir"), ("--monitor-dir", "monitor_dir"))
+"""The trainer's output folders (flag, argparse dest), checked by `check_output_paths`."""
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """--metrics-out (a file rank 0 appends to) and the output folders (--checkpoint-dir, --monitor-dir) must be
+    writable paths, checked before any rank starts (`dstoolkit.common.atomic`'s wording): no part above them may be a
+    file, the metrics path may not be a folder and an output folder may not be a file. Otherwise each rank failed
+    late with a bare OS error (FileExistsError, NotADirectoryError, IsADirectoryError) and `dstoolkit train` with
+    exit 1. A UsageError names the flag, the value and the fix."""
+    from dstoolkit.common.atomic import check_output_parents, check_output_path
+
+    metrics = args.metrics_out
+    try:
+        if not str(metrics).strip():
+            raise UsageError(f"--metrics-out {metrics!r}: empty; give the path of the JSON-lines file to append to, "
+                             "e.g. train_metrics.jsonl")
+        check_output_path(metrics, name=f"--metrics-out {metrics}")
+        if Path(metrics).is_dir():  # a link to a folder: appended to, not replaced, so refused as well
+            raise UsageError(f"--metrics-out {metrics}: is a link to a folder, not a file; give the path of the "
+                             "JSON-lines file to append to (a file inside it, or a new name)")
+        for flag, dest in OUTPUT_FOLDER_FLAGS:
+            folder = getattr(args, dest, None)
+            if not folder:
+                continue
+            check_output_parents(folder, name=f"{flag} {folder}")
+            if Path(folder).exists() and not Path(folder).is_dir():
+                raise UsageError(f"{flag} {folder}: is a file, not a folder; give a new or existing folder to write "
+                                 "into (or move the file away)")
+    except OSError as e:  # FileInPathError, OutputIsFolderError: their text names the flag, the part and the fix
+        raise UsageError(str(e)) from None
 
 
 def read_shrink(args: argparse.Namespace, spec: Any) -> Any:
