@@ -10,7 +10,8 @@ launch_hf.sh), accelerate (adds accelerate_config.yaml, launch_accelerate.sh). W
 existing DIR is refused without --force. Each target's layout and figures are estimated under the engine its files
 run (megatron-lm: Megatron-Core; the others: DeepSpeed's engine), whatever training.framework says.
 Exit codes: 0 written, 1 nothing fits or no requested target got files (nothing written, an existing DIR left as it
-was), 2 bad input or existing output.
+was), 2 bad input, existing output or an output under a file (-o f.json/sub: checked first, nothing
+written).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dstoolkit.cli.estimate import training_plan_from_args
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_model_class_flag, add_out_flag, add_training_plan_flags, exit_map)
 from dstoolkit.cli.spec_override import load_spec_and_shape_with
+from dstoolkit.common.atomic import check_output_parents
 
 # The strategy names, spelled out so that building the parser imports nothing (dstoolkit validate must start
 # fast); tests/unit/test_generate_cli.py checks this equals dstoolkit.generate.candidates.STRATEGIES.
@@ -82,7 +84,10 @@ def run(args) -> int:
 
     # SpecLoadError (printed as it is), OutputExistsError, GenerateError: exit 2 through exit_map
     out = Path(args.out)
-    check_target(out, force=args.force)  # refuse early, before any work
+    # refuse early, before any work: a file in the path (-o f.json/sub: atomic's one wording, not mkdir's "File
+    # exists"), then an existing folder
+    check_output_parents(out, name=f"-o {args.out}")
+    check_target(out, force=args.force)
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class)
     requested = list(dict.fromkeys(args.target or spec.targets or ("deepspeed",)))
     result = generate(spec, shape, strategies=args.strategy, targets=requested,

@@ -7,7 +7,11 @@ estimated step time and the winner is explained. A model that fits nowhere gets 
 and what would make it fit, and exit code 1. `--target` (repeatable; default: the spec's `targets`, else every
 layout) keeps only the layouts that launcher runs (dstoolkit.generate.targets: HF Trainer / Accelerate have no
 pipeline engine and no AutoEP, and run ZeRO-3 on an HF MoE model); with several, the best per target is printed.
-Exit codes: 0 ranked, 1 fits nowhere, 2 bad input.
+Each ranking is estimated under the engine its targets' files run (megatron-lm: Megatron-Core; the others: DeepSpeed's
+engine; no target: training.framework), and targets of several engine groups (`generate.targets.target_groups`, as
+`generate` resolves them: deepspeed / megatron-deepspeed, megatron-lm, hf / accelerate) get one ranking per group, each
+headed by its targets and engine; `--format json` lists them under "groups" (with one group, its ranking is also at the
+top level). Exit codes: 0 ranked (in at least one group), 1 fits nowhere, 2 bad input.
 """
 from __future__ import annotations
 
@@ -91,69 +95,88 @@ def _undecided_json(res, spec, spec_path: str) -> dict:
             "decided": u.decided, "tune_command": None if u.decided else tune_command(spec_path, len(u.positions))}
 
 
+def _groups(spec, targets) -> list[tuple]:
+    """(targets of the group, the spec as they run it) per engine group (`targets.target_groups`, as generate resolves
+    each strategy): the ranking of one group is estimated under its own engine; no target: one group, the spec as it
+    is (training.framework)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.targets import spec_for_targets, target_groups
+
+    if not targets:
+        return [((), spec)]
+    return [(tuple(g), spec_for_targets(spec, g)) for g in target_groups(targets)]
+
+
+def _group_doc(res, group, engine_spec, plans, spec_path: str, model_name: str) -> dict:
+    """One group's ranking for --format json."""
+    nowhere = None
+    if res.fits_nowhere is not None:
+        nowhere = {"needed_per_gpu_bytes": res.fits_nowhere.needed_per_gpu_bytes,
+                   "device_memory_bytes": res.fits_nowhere.device_memory_bytes,
+                   "least_memory_layout": res.fits_nowhere.least_memory_label,
+                   "suggestions": res.fits_nowhere.suggestions,
+                   "message": res.fits_nowhere.message(engine_spec, engine_spec.cluster.gpu_spec, model_name)}
+    return {
+        "targets": list(group), "engine": engine_spec.training.framework,
+        "estimator": res.estimator, "considered": res.considered, "fitting": res.all_ranked_count,
+        "ranked": [{**_ranked_json(r, engine_spec), **({"training_plan": tp.to_json()} if tp is not None else {})}
+                   for r, tp in zip(res.ranked, plans)], "winner_reason": res.winner_reason,
+        "dropped_by_code": res.dropped_by_code,
+        "dropped": [{"label": d.candidate.label, "code": d.code, "reason": d.reason} for d in res.dropped],
+        "fits_nowhere": nowhere, "undecided": _undecided_json(res, engine_spec, spec_path),
+    }
+
+
 @exit_map("sweep")
 def run(args) -> int:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.sweep import run_sweep
+    from dstoolkit.spec.target_engines import ENGINE_NAMES
 
     if args.top < 1:
         raise InputError(f"--top must be >= 1 (got {args.top})")
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class)  # SpecLoadError: printed as it is, exit 2 (exit_map)
     targets = targets_of(args, spec)
-    res = run_sweep(spec, shape, top=args.top, targets=targets)
+    # targets of several engine groups (deepspeed + megatron-lm; DeepSpeed's native MoE + HF): one ranking per group,
+    # each under the engine its files run, as generate resolves them; one combined ranking would be estimated under
+    # training.framework for every row
+    sweeps = []
+    for group, engine_spec in _groups(spec, targets):
+        res = run_sweep(spec, shape, top=args.top, targets=group)
+        sweeps.append((group, engine_spec, res, _training_plans(args, engine_spec, shape, res.ranked)))
     per_target = {t: run_sweep(spec, shape, top=1, targets=(t,), advise=False).winner
                   for t in targets} if len(targets) > 1 else {}
     gpu = spec.cluster.gpu_spec
-    nowhere = res.fits_nowhere.message(spec, gpu, shape.name) if res.fits_nowhere else None
-    plans = _training_plans(args, spec, shape, res.ranked)
+    ranked_any = any(res.ranked for _, _, res, _ in sweeps)
     if args.format == "json":
-        doc = {
-            "spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
-            "estimator": res.estimator, "considered": res.considered, "fitting": res.all_ranked_count,
-            "ranked": [{**_ranked_json(r, spec), **({"training_plan": tp.to_json()} if tp is not None else {})}
-                       for r, tp in zip(res.ranked, plans)], "winner_reason": res.winner_reason,
-            "dropped_by_code": res.dropped_by_code, "targets": list(targets),
-            "best_per_target": {t: (None if r is None else _ranked_json(r, spec)) for t, r in per_target.items()},
-            "dropped": [{"label": d.candidate.label, "code": d.code, "reason": d.reason} for d in res.dropped],
-            "fits_nowhere": None if res.fits_nowhere is None else {
-                "needed_per_gpu_bytes": res.fits_nowhere.needed_per_gpu_bytes,
-                "device_memory_bytes": res.fits_nowhere.device_memory_bytes,
-                "least_memory_layout": res.fits_nowhere.least_memory_label,
-                "suggestions": res.fits_nowhere.suggestions, "message": nowhere},
-        }
-        doc["undecided"] = _undecided_json(res, spec, args.spec)
+        groups = [_group_doc(res, g, es, plans, args.spec, shape.name) for g, es, res, plans in sweeps]
+        doc = {"spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
+               # one group: its ranking at the top level too, as before groups existed
+               **({k: v for k, v in groups[0].items() if k != "targets"} if len(groups) == 1 else {}),
+               "targets": list(targets), "groups": groups,
+               "best_per_target": {t: (None if r is None else _ranked_json(r, _spec_of(sweeps, t)))
+                                   for t, r in per_target.items()}}
         print(json.dumps(doc, indent=2))
-        return EXIT_FINDINGS if res.fits_nowhere is not None or not res.ranked else EXIT_OK
-    print(f"{spec.name}: {shape.name} on {spec.cluster.describe(gpu.name)}; "
-          f"{res.considered} candidates, {res.all_ranked_count} fit, {len(res.dropped)} dropped "
-          f"(estimates: {res.estimator})")
-    if res.ranked:
-        print()
-        print(f"{'#':>2}  {'layout':<46} {'mem/rank':>10} {'step':>10} {'MFU':>6}  why")
-        peak_only = [_peak_only(r, spec) for r in res.ranked]
-        for i, r in enumerate(res.ranked, start=1):
-            e = r.estimate
-            mark = PEAK_ONLY_MARK if peak_only[i - 1] else " "
-            print(f"{i:>2}  {r.candidate.label:<46} {e.memory_per_rank_bytes / GiB:>6.1f} GiB{mark}{e.step_time_s:>8.4g} s "
-                  f"{e.mfu * 100:>5.1f}%  {r.reason}")
-            if plans[i - 1] is not None:
-                # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-                from dstoolkit.estimate.training_plan import human_tokens
-
-                tp = plans[i - 1]
-                print(f"    to train {human_tokens(tp.tokens_requested)} tokens: {tp.steps:,} steps, {tp.wall_days:,.1f} days, "
-                      f"{tp.gpu_hours:,.0f} GPU-hours" + (f", cost {tp.cost:,.0f}" if tp.cost is not None else "")
-                      + f" (ramp {tp.ramp_steps:,} steps)")
-        if any(peak_only):
-            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-            from dstoolkit.generate.costing import peak_only_caution
-
-            worst = max((r for r, p in zip(res.ranked, peak_only) if p), key=lambda r: r.estimate.sum_of_parts_bytes)
-            print(f"{PEAK_ONLY_MARK} {peak_only_caution(worst.estimate)}")
-        print()
-        print(f"Why #1: {res.winner_reason}")
-        for line in _undecided_lines(res, spec, args.spec):  # ties within the model's measured error (issue 24)
-            print(line)
+        return EXIT_OK if ranked_any else EXIT_FINDINGS
+    head = f"{spec.name}: {shape.name} on {spec.cluster.describe(gpu.name)}"
+    several = len(sweeps) > 1
+    if several:
+        print(f"{head}; targets {', '.join(targets)}: one ranking per engine group, each estimated under the engine "
+              "its files run")
+    nowhere = []
+    for group, engine_spec, res, plans in sweeps:
+        counts = (f"{res.considered} candidates, {res.all_ranked_count} fit, {len(res.dropped)} dropped "
+                  f"(estimates: {res.estimator})")
+        engine = ENGINE_NAMES[engine_spec.training.framework]
+        if several:
+            print()
+            print(f"== {', '.join(group)}: estimated under {engine}; {counts}")
+        else:
+            print(f"{head}; {counts}" + (f"; estimated under {engine}, the engine of {', '.join(group)}"
+                                         if group else ""))
+        _print_ranking(args, engine_spec, res, plans)
+        if several:
+            nowhere.append(_print_dropped(args, engine_spec, res, shape.name))
     if targets:
         print()
         print(f"Targets: {', '.join(targets)} (layouts none of them runs are dropped as 'target')")
@@ -161,6 +184,54 @@ def run(args) -> int:
         print(f"  best for {t}: " + ("nothing fits" if r is None else
               f"{r.candidate.label}, {r.estimate.step_time_s:.4g} s/step, "
               f"{r.estimate.memory_per_rank_bytes / GiB:.1f} GiB/rank"))
+    if not several:
+        nowhere.append(_print_dropped(args, sweeps[0][1], sweeps[0][2], shape.name))
+    if not ranked_any:
+        if not any(nowhere):
+            print("\nno candidate passed validation (see the dropped reasons above)")
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def _spec_of(sweeps, target):
+    """The spec as `target`'s group runs it (its engine)."""
+    return next(es for g, es, _, _ in sweeps if target in g)
+
+
+def _print_ranking(args, spec, res, plans) -> None:
+    """One group's ranked layouts, its winner and the ties within the step-time model's error."""
+    if not res.ranked:
+        return
+    print()
+    print(f"{'#':>2}  {'layout':<46} {'mem/rank':>10} {'step':>10} {'MFU':>6}  why")
+    peak_only = [_peak_only(r, spec) for r in res.ranked]
+    for i, r in enumerate(res.ranked, start=1):
+        e = r.estimate
+        mark = PEAK_ONLY_MARK if peak_only[i - 1] else " "
+        print(f"{i:>2}  {r.candidate.label:<46} {e.memory_per_rank_bytes / GiB:>6.1f} GiB{mark}{e.step_time_s:>8.4g} s "
+              f"{e.mfu * 100:>5.1f}%  {r.reason}")
+        if plans[i - 1] is not None:
+            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+            from dstoolkit.estimate.training_plan import human_tokens
+
+            tp = plans[i - 1]
+            print(f"    to train {human_tokens(tp.tokens_requested)} tokens: {tp.steps:,} steps, {tp.wall_days:,.1f} days, "
+                  f"{tp.gpu_hours:,.0f} GPU-hours" + (f", cost {tp.cost:,.0f}" if tp.cost is not None else "")
+                  + f" (ramp {tp.ramp_steps:,} steps)")
+    if any(peak_only):
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+        from dstoolkit.generate.costing import peak_only_caution
+
+        worst = max((r for r, p in zip(res.ranked, peak_only) if p), key=lambda r: r.estimate.sum_of_parts_bytes)
+        print(f"{PEAK_ONLY_MARK} {peak_only_caution(worst.estimate)}")
+    print()
+    print(f"Why #1: {res.winner_reason}")
+    for line in _undecided_lines(res, spec, args.spec):  # ties within the model's measured error (issue 24)
+        print(line)
+
+
+def _print_dropped(args, spec, res, model_name: str):
+    """One group's dropped candidates by reason, then its fits-nowhere message; returns that message or None."""
     print()
     print("Dropped:")
     examples: dict[str, str] = {}
@@ -172,11 +243,8 @@ def run(args) -> int:
         print()
         for d in res.dropped:
             print(f"  dropped {d.candidate.label}: [{d.code}] {d.reason}")
+    nowhere = res.fits_nowhere.message(spec, spec.cluster.gpu_spec, model_name) if res.fits_nowhere else None
     if nowhere:
         print()
         print(nowhere)
-        return EXIT_FINDINGS
-    if not res.ranked:
-        print("\nno candidate passed validation (see the dropped reasons above)")
-        return EXIT_FINDINGS
-    return EXIT_OK
+    return nowhere

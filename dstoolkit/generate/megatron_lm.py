@@ -3,6 +3,8 @@ spelling its parser accepts (checked at d98e8a64: benchmarks/megatron_parsers.py
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
@@ -80,11 +82,62 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     out += _batch(spec, cand, "megatron-lm")
     out += _train_length(spec, cand)
     out += _precision_lm(spec)
-    out += _recompute(shape, cand)
+    out += _recompute_lm(spec, shape, cand)
     out += _optimizer(spec, "megatron-lm")
     out += _distributed_lm(spec, cand)
     out += _checkpoint_saving(spec)
     return out
+
+
+def _recompute_lm(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
+    """The recompute flags with the spec's training.recompute_modules, as the estimate credits them
+    (estimate.activations / moe_activations / cluster_model). Megatron-Core reads the list only under
+    --recompute-granularity selective, where it replaces the default ["core_attn"] (TransformerConfig at d98e8a64), so
+    activation_checkpointing selective writes core_attn first and none writes the named modules alone; full recompute
+    re-runs every module in both (the spec refuses the list beside full / every-k / ratio; "auto"'s full pick writes
+    full alone).
+
+    Raises:
+        UnsupportedTarget: a module TransformerConfig refuses for this model or FP8 recipe (`recompute_modules_reason`).
+    """
+    mods = list(spec.training.recompute_modules)
+    kind = cand.checkpoint.kind
+    if not mods or kind == "full":
+        return _recompute(shape, cand)
+    why = recompute_modules_reason(spec, shape) or (
+        None if kind in ("none", "selective") else
+        f"megatron-lm: training.recompute_modules={mods} with recompute {cand.checkpoint_label}: Megatron-Core reads "
+        "--recompute-modules only under --recompute-granularity selective; use activation_checkpointing none or "
+        "selective, or remove recompute_modules")
+    if why is not None:
+        raise UnsupportedTarget(why)
+    core = ["core_attn"] if kind == "selective" else []
+    return ["--recompute-granularity", "selective", "--recompute-modules", *core, *mods]
+
+
+def recompute_modules_reason(spec: Spec, shape: ModelShape) -> Optional[str]:
+    """Why Megatron-LM refuses the spec's training.recompute_modules for this model, or None: TransformerConfig
+    (d98e8a64) raises "moe_act in recompute_modules is only supported with moe_grouped_gemm" (written for MoE models
+    only), "mla_up_proj ... only supported with multi_latent_attention", and "Delayed scaling does not support moe_act
+    and layernorm recompute for fp8"."""
+    t = spec.training
+    mods = t.recompute_modules
+    bad = []
+    if "moe_act" in mods and not shape.is_moe:
+        bad.append(f"moe_act needs routed experts, and {shape.name} has none (Megatron-Core takes it only with "
+                   "--moe-grouped-gemm, written for MoE models)")
+    if "mla_up_proj" in mods and not shape.is_mla:
+        bad.append(f"mla_up_proj needs multi-latent attention, and {shape.name} has none")
+    delayed = [m for m in ("layernorm", "moe_act") if m in mods]
+    fp8 = t.fp8_config() if t.precision == "fp8" else None
+    if delayed and fp8 is not None and fp8.enabled and fp8.recipe == "delayed":
+        bad.append(f"{' and '.join(delayed)} with the FP8 delayed-scaling recipe (Megatron-Core: 'Delayed scaling "
+                   "does not support moe_act and layernorm recompute for fp8'; training.fp8.recipe current / block / "
+                   "mxfp8 takes them)")
+    if not bad:
+        return None
+    return (f"megatron-lm: training.recompute_modules={list(mods)}: {'; '.join(bad)}; remove "
+            f"{'them' if len(bad) > 1 else 'it'} from training.recompute_modules")
 
 
 def _moe_lm(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]:

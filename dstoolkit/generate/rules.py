@@ -16,7 +16,7 @@ from dstoolkit.layout import ramp_increment as _ramp_increment
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 from dstoolkit.spec.layout_facts import sequence_shards
-from dstoolkit.spec.target_engines import engine_of
+from dstoolkit.spec.target_engines import ENGINE_NAMES, engine_of
 
 __all__ = ["RuleViolation", "candidate_facts", "check_candidate", "dims_for", "hpz_partition_size",
            "ramp_increment"]
@@ -46,12 +46,17 @@ class RuleViolation:
 def candidate_names(spec: Spec, targets: Sequence[str] = ()) -> dict[str, str]:
     """CANDIDATE_NAMES for this spec: the node the layout rules read is cluster.nvlink_domain_gpus where it is set;
     the sequence shards (sp) are training.ulysses or training.cp (`sequence_shards`); the framework is the engine of
-    `targets` where they decide it (`targets.spec_for_targets`)."""
+    `targets` where they decide it (`targets.spec_for_targets`), and a fix's way onto another engine is another
+    --target there, not training.framework."""
     names = {**CANDIDATE_NAMES, "sp": ".".join(("training",) + sequence_shards(spec.training)[1])}
     if spec.cluster.nvlink_domain_gpus is not None:
         names["gpus_per_node"] = "cluster.nvlink_domain_gpus"
-    if engine_of(targets) is not None:
+    engine = engine_of(targets)
+    if engine is not None:
         names["framework"] = f"the engine of --target {' / '.join(targets)}"
+        # a rule's way onto another engine (layout.registry.engine_choice): the targets pin it, not the framework
+        names["engine_choice"] = (f"another --target ({' / '.join(targets)} run{'s' if len(targets) == 1 else ''} "
+                                  f"{ENGINE_NAMES[engine]})")
     return names
 
 

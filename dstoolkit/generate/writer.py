@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Optional
 
+from dstoolkit.common.atomic import check_output_parents
 from dstoolkit.validate.folder import MARKER_FILE  # one owner: validate DIR recognises generated folders by it
 
 MARKER_TEXT = "This folder was written by `dstoolkit generate`; `--force` may replace it.\n"
@@ -105,6 +106,7 @@ def write_tree_atomic(out_dir: Path, files: Mapping[str, str], *, force: bool = 
         ValueError: A relative path escapes the folder.
     """
     out_dir = Path(out_dir)
+    check_output_parents(out_dir)  # a file in the path: FileInPathError naming it, before anything is made
     check_target(out_dir, force=force, new_files=files)
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)

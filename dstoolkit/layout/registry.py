@@ -108,6 +108,15 @@ def constraint(code: str, name: str, title: str, fields_: tuple[str, ...], expla
     return deco
 
 
+def engine_choice(n: Names, engines: str) -> str:
+    """The fix's way onto another engine for a rule that reads `framework`: ``framework: <engines>`` where
+    training.framework decides the engine (the default), or what the caller names the pseudo-fact ``engine_choice``
+    where a launcher target decides it instead (the spec's targets: "leave megatron-deepspeed out of targets"; the
+    sweep's --target), since setting training.framework changes nothing there."""
+    how = n("engine_choice")
+    return f"framework: {engines}" if how == "engine_choice" else how
+
+
 def known(*vals) -> bool:
     """Every fact given is known (not None): the constraints that need an unknown one stay quiet."""
     return all(v is not None for v in vals)

@@ -6,7 +6,7 @@ Megatron sequence parallelism), virtual pipeline stages and the schedule the fra
 from __future__ import annotations
 
 from dstoolkit.layout.dims import ramp_increment
-from dstoolkit.layout.registry import LayoutFacts, Names, constraint, known
+from dstoolkit.layout.registry import LayoutFacts, Names, constraint, engine_choice, known
 
 
 @constraint("LY017", "batch", "global batch must be a multiple of micro batch x dp", ("global_batch", "micro_batch", "world"),
@@ -64,14 +64,17 @@ def _ramp(f: LayoutFacts, n: Names):
 
 
 @constraint("LY019", "seq-shards", "the sequence must split evenly over the ranks that share it",
-            ("seq_len", "cp", "sp", "tp", "megatron_sp"),
+            ("seq_len", "cp", "sp", "tp", "megatron_sp", "framework"),
             "Megatron-Core context parallelism cuts each sequence into 2 * cp equal chunks and gives every rank two "
             "(causal load balance; megatron/training/arguments.py asserts 'seq-length should be a multiple of 2 * "
-            "context-parallel-size'); "
+            "context-parallel-size' for every context-parallel size > 1, whatever --cp-comm-type). "
             "DeepSpeed-Ulysses gives each of its ranks seq / ulysses tokens (deepspeed/sequence/layer.py "
-            "DistributedAttention); Megatron sequence parallelism scatters a rank's sequence over the TP ranks "
-            "(megatron/core/tensor_parallel/mappings.py _split_along_first_dim: 'First dimension of the tensor "
-            "should be divisible by tensor parallel size').")
+            "DistributedAttention) where DeepSpeed's engine runs it (framework deepspeed: Megatron-DeepSpeed's "
+            "--ds-sequence-parallel-size); Megatron-Core (framework megatron: the megatron-lm target) runs the Ulysses "
+            "degree as all-to-all context parallelism (--context-parallel-size N --cp-comm-type a2a), so the same "
+            "2 * N rule holds there (unknown framework: seq / ulysses only). Megatron sequence parallelism scatters a "
+            "rank's sequence over the TP ranks (megatron/core/tensor_parallel/mappings.py _split_along_first_dim: "
+            "'First dimension of the tensor should be divisible by tensor parallel size').")
 def _seq_shards(f: LayoutFacts, n: Names):
     if not known(f.seq_len, f.sp, f.cp):
         return None
@@ -79,6 +82,13 @@ def _seq_shards(f: LayoutFacts, n: Names):
         return (f"{n('seq_len')}={f.seq_len} does not split into 2 x {n('cp')} = {2 * f.cp} equal chunks: Megatron-Core's "
                 "context parallelism gives each rank two of them", f"use a seq_len divisible by {2 * f.cp}", "seq_len")
     ulysses = f.sp // f.cp
+    if ulysses > 1 and f.framework == "megatron" and f.seq_len % (2 * ulysses):
+        return (f"{n('seq_len')}={f.seq_len} does not split into 2 x {n('sp')} = {2 * ulysses} equal chunks: "
+                f"Megatron-Core runs Ulysses as all-to-all context parallelism (--context-parallel-size {ulysses} "
+                "--cp-comm-type a2a), and Megatron-LM asserts 'seq-length should be a multiple of 2 * "
+                f"context-parallel-size' for it as for any context parallelism ({n('framework')}: megatron)",
+                f"use a seq_len divisible by {2 * ulysses}, or {engine_choice(n, 'deepspeed')}: DeepSpeed-Ulysses "
+                f"(Megatron-DeepSpeed) needs only a multiple of {ulysses}", "seq_len")
     if ulysses > 1 and f.seq_len % ulysses:
         return (f"{n('seq_len')}={f.seq_len} does not split over {n('sp')}={ulysses} DeepSpeed-Ulysses ranks",
                 f"use a seq_len divisible by {ulysses}", "seq_len")
@@ -135,13 +145,15 @@ def _vpp(f: LayoutFacts, n: Names):
             ("pipeline_schedule", "framework", "pp"),
             "DeepSpeed's PipelineEngine executes one schedule, TrainSchedule (1F1B: deepspeed/runtime/pipe/"
             "schedule.py); interleaved stages are Megatron-LM's (--num-virtual-stages-per-pipeline-rank) and "
-            "torchtitan's, zero-bubble and DualPipe come from their own code bases.")
+            "torchtitan's, zero-bubble and DualPipe come from their own code bases. A spec with targets is checked "
+            "under the engine of each target that runs a pipeline (deepspeed, megatron-deepspeed: DeepSpeed's; "
+            "megatron-lm: Megatron-Core), not under training.framework.")
 def _pp_schedule(f: LayoutFacts, n: Names):
     if f.framework != "deepspeed" or f.pipeline_schedule in (None, "1f1b") or not known(f.pp) or f.pp <= 1:
         return None
     return (f"{n('pipeline_schedule')}={f.pipeline_schedule!r} with {n('framework')}='deepspeed' and {n('pp')}="
             f"{f.pp}: DeepSpeed's pipeline engine runs 1F1B only",
-            "set pipeline_schedule: 1f1b, or framework: megatron / fsdp", "pipeline_schedule")
+            f"set pipeline_schedule: 1f1b, or {engine_choice(n, 'megatron / fsdp')}", "pipeline_schedule")
 
 
 @constraint("LY023", "ulysses-megatron-sp", "DeepSpeed-Ulysses and Megatron sequence parallelism do not combine",
@@ -167,9 +179,11 @@ def _ulysses_megatron_sp(f: LayoutFacts, n: Names):
 @constraint("LY024", "cp-framework", "context parallelism needs a framework that has it", ("cp", "framework"),
             "Context parallelism (ring attention over cp ranks) is Megatron-LM's (--context-parallel-size) and "
             "torchtitan's (torch.distributed.tensor.experimental.context_parallel); DeepSpeed 0.19.8 has none: its "
-            "sequence parallelism is DeepSpeed-Ulysses (sequence_parallel_size; training.ulysses).")
+            "sequence parallelism is DeepSpeed-Ulysses (sequence_parallel_size; training.ulysses). A spec with targets "
+            "is checked under the engine of each target that runs context parallelism (megatron-lm: Megatron-Core), "
+            "not under training.framework; the other launchers get no files for a cp layout, with the reason.")
 def _cp_framework(f: LayoutFacts, n: Names):
     if f.framework != "deepspeed" or not known(f.cp) or f.cp <= 1:
         return None
     return (f"{n('cp')}={f.cp} with {n('framework')}='deepspeed': DeepSpeed has no context parallelism (ring "
-            "attention)", f"use ulysses: {f.cp} (DeepSpeed-Ulysses), or framework: megatron / fsdp", "cp")
+            "attention)", f"use ulysses: {f.cp} (DeepSpeed-Ulysses), or {engine_choice(n, 'megatron / fsdp')}", "cp")

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dstoolkit.common.model import Auto, StrictModel
 from dstoolkit.spec.errors import SpecFieldError
+from dstoolkit.spec.target_engines import TARGET_ENGINE
 
 Framework = Literal["deepspeed", "megatron", "fsdp"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"]
@@ -57,7 +58,8 @@ class ClusterModelFields(StrictModel):
     --recompute-granularity selective --recompute-modules; its default core_attn is activation_checkpointing:
     selective here): layernorm (the norm outputs), moe_act (the routed experts' activation output), mla_up_proj
     (MLA's up-projected q, k, v), mlp (dense MLP blocks), moe (whole MoE layers), shared_experts. framework megatron
-    only; not with activation_checkpointing full."""
+    only; with activation_checkpointing none or selective (Megatron-LM gets --recompute-granularity selective
+    --recompute-modules, core_attn first under selective), not full / every-k / ratio (its full granularity)."""
     pipeline_schedule: PipelineSchedule = "1f1b"
     """Pipeline schedule: 1f1b (bubble (pp-1)/m), interleaved (virtual stages, bubble (pp-1)/(v·m), Narayanan et
     al. 2021 §2.2), zero-bubble (Qi et al. 2023, ZB-H2: the backward is split into input and weight gradients
@@ -99,14 +101,20 @@ class ClusterModelFields(StrictModel):
             raise SpecFieldError(("virtual_stages",), f"virtual_stages={self.virtual_stages} needs "
                                  f"pipeline_schedule: interleaved (got {self.pipeline_schedule!r})",
                                  "set pipeline_schedule: interleaved, or remove virtual_stages")
-        if self.recompute_modules:
-            if self.framework != "megatron":
-                raise SpecFieldError(("recompute_modules",), f"recompute_modules={self.recompute_modules} is Megatron's "
-                                     f"--recompute-modules (framework={self.framework!r})",
-                                     "set framework: megatron, or use activation_checkpointing")
-            if getattr(self, "activation_checkpointing", None) == "full":
+        if self.recompute_modules:  # which engine runs them is the targets' to say: check_engine_fields
+            ckpt = getattr(self, "activation_checkpointing", None)
+            if ckpt == "full":
                 raise SpecFieldError(("recompute_modules",), f"recompute_modules={self.recompute_modules} with "
                                      "activation_checkpointing='full': full recompute already re-runs every module",
+                                     "remove recompute_modules, or use activation_checkpointing none / selective")
+            if ckpt in ("every-k", "ratio"):
+                # Megatron-Core reads recompute_modules only under --recompute-granularity selective
+                # (transformer_layer.py, attention.py, moe/*.py at d98e8a64); every-k / ratio are its full
+                # granularity over some layers (--recompute-method block), which leaves the other layers' modules kept
+                raise SpecFieldError(("recompute_modules",), f"recompute_modules={self.recompute_modules} with "
+                                     f"activation_checkpointing={ckpt!r}: Megatron-Core recomputes named modules only "
+                                     "under --recompute-granularity selective, and every-k / ratio are its full "
+                                     "granularity on some layers (--recompute-method block), which ignores them",
                                      "remove recompute_modules, or use activation_checkpointing none / selective")
         if self.tp_comm_overlap and getattr(self, "sequence_parallel", True) is False:
             raise SpecFieldError(("tp_comm_overlap",), "tp_comm_overlap=true without sequence_parallel: Megatron-LM "
@@ -118,6 +126,29 @@ class ClusterModelFields(StrictModel):
             raise SpecFieldError(("ulysses",), f"cp={self.cp} and ulysses={self.ulysses}: one sequence-sharding "
                                  "scheme at a time", "keep cp (Megatron) or ulysses (DeepSpeed), not both")
         return self
+
+
+def check_engine_fields(spec: Any) -> None:
+    """Refuse a field only one engine has where nothing runs that engine: recompute_modules is Megatron-Core's
+    --recompute-modules, so the spec needs a target that runs Megatron-Core (megatron-lm: `TARGET_ENGINE`), or, with
+    no targets, framework: megatron (the other targets' estimates and files drop it: generate.targets.spec_for_targets).
+
+    Raises:
+        SpecFieldError: at training.recompute_modules.
+    """
+    t = spec.training
+    if not t.recompute_modules:
+        return
+    if spec.targets:
+        if any(TARGET_ENGINE[x] == "megatron" for x in spec.targets):
+            return
+        raise SpecFieldError(("training", "recompute_modules"), f"recompute_modules={t.recompute_modules} is "
+                             f"Megatron's --recompute-modules, and no target runs Megatron-Core (targets: "
+                             f"{', '.join(spec.targets)})", "add megatron-lm to targets, or remove recompute_modules")
+    if t.framework != "megatron":
+        raise SpecFieldError(("training", "recompute_modules"), f"recompute_modules={t.recompute_modules} is "
+                             f"Megatron's --recompute-modules (framework={t.framework!r})",
+                             "set framework: megatron (or targets: [megatron-lm]), or use activation_checkpointing")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.spec.errors import Loc, SpecFieldError
-from dstoolkit.spec.target_engines import ulysses_engines
+from dstoolkit.spec.target_engines import ENGINE_RULE_TARGETS, rule_engines
 
 SPEC_FACT_PATHS: dict[str, tuple[str, ...]] = {
     "tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "zero_stage": ("zero_stage",), "micro_batch": ("micro_batch",),
@@ -55,11 +55,29 @@ def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, traini
     raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)
 
 
+TRAINING_CODES = ("LY012", "LY011", "LY006", "LY018", "LY019", "LY021")
+"""The layout rules the training section settles alone (`raise_training_layout`); LY019 there only in its
+engine-free part (the engine-reading rules, `ENGINE_RULE_TARGETS`, are the spec's: `raise_spec_layout`)."""
+
+
+def raise_training_layout(t: Any) -> None:
+    """The layout constraints that need no cluster facts and no engine: `TRAINING_CODES` with the framework unknown,
+    so a rule that reads it asks only what every engine requires (which engine runs a rule is the targets' to say,
+    `raise_spec_layout`).
+
+    Raises:
+        SpecFieldError: the first violated constraint, at the field under `training` it points to.
+    """
+    raise_layout(dataclasses.replace(training_facts(t), framework=None), TRAINING_CODES, prefix=(), training=t)
+
+
 def raise_spec_layout(spec: Any) -> None:
     """The layout constraints that need more than the training section: the world size (LY001, LY017, LY009; the
     ranks that share a sequence, cp or ulysses, come out of the data-parallel ones, as RunPlan.dims and DeepSpeed's
-    and Megatron's batch arithmetic count them) and the spec's targets (LY023: Ulysses beside Megatron sequence
-    parallelism is refused where DeepSpeed's engine runs the Ulysses degree, not on Megatron-LM, `ulysses_engines`).
+    and Megatron's batch arithmetic count them) and the engine (LY019, LY022, LY023, LY024: `ENGINE_RULE_TARGETS`).
+    Each engine-reading rule is asked under the engine of each target that runs what it is about (`rule_engines`:
+    megatron-lm under Megatron-Core, megatron-deepspeed and deepspeed under DeepSpeed's engine), or under
+    training.framework where the spec names no target, and its message names that target and its fix the way off it.
 
     Raises:
         SpecFieldError: the first violated constraint, at the field it points to.
@@ -67,7 +85,9 @@ def raise_spec_layout(spec: Any) -> None:
     t = spec.training
     facts = dataclasses.replace(training_facts(t), world=spec.world_size, gpus_per_node=spec.cluster.nvlink_domain)
     raise_layout(facts, ("LY001", "LY017", "LY009"), prefix=("training",), training=t)
-    for who, engine in ulysses_engines(spec.targets, t.framework).items():
-        name = who if who == "training.framework" else f"target {who}'s engine"
-        raise_layout(dataclasses.replace(facts, framework=engine), ("LY023",), prefix=("training",), training=t,
-                     names={"framework": name})
+    for code in ENGINE_RULE_TARGETS:
+        for who, engine in rule_engines(code, spec.targets, t.framework).items():
+            names = None if who == "training.framework" else {
+                "framework": f"target {who}'s engine", "engine_choice": f"leave {who} out of targets"}
+            raise_layout(dataclasses.replace(facts, framework=engine), (code,), prefix=("training",), training=t,
+                         names=names)

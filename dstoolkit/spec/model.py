@@ -15,8 +15,8 @@ from dstoolkit.common.model import Auto, StrictModel as _Strict  # the one stric
 from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster import ClusterSpec
-from dstoolkit.spec.cluster_fields import ClusterModelFields
-from dstoolkit.spec.layout_facts import raise_layout, raise_spec_layout, training_facts
+from dstoolkit.spec.cluster_fields import ClusterModelFields, check_engine_fields
+from dstoolkit.spec.layout_facts import raise_spec_layout, raise_training_layout
 from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted,
                                     reject_bool)
 
@@ -281,9 +281,8 @@ class TrainingSpec(ClusterModelFields):
 
     @model_validator(mode="after")
     def _check_layout(self) -> "TrainingSpec":
-        # The layout constraints that need no cluster facts (dstoolkit.layout.constraints).
-        raise_layout(training_facts(self), ("LY012", "LY011", "LY006", "LY018", "LY019", "LY021", "LY022", "LY024"),
-                     prefix=(), training=self)  # LY023 depends on the targets: Spec._check_layout
+        # The layout constraints that need no cluster facts and no engine (the engine's: Spec._check_layout).
+        raise_training_layout(self)
         return self
 
     def save_interval(self) -> int:
@@ -359,6 +358,7 @@ class Spec(_Strict):
     def _check_layout(self) -> "Spec":
         # The layout constraints that need the world size or the targets (dstoolkit.spec.layout_facts).
         raise_spec_layout(self)
+        check_engine_fields(self)  # recompute_modules: Megatron-Core's, so a target (or the framework) must run it
         return self
 
     @model_validator(mode="after")

@@ -32,9 +32,24 @@ def engine_of(targets: Sequence[str]) -> Optional[str]:
     return engines.pop() if len(engines) == 1 else None
 
 
-def ulysses_engines(targets: Sequence[str], framework: str) -> dict[str, str]:
-    """Target -> engine for each of `targets` that runs DeepSpeed-Ulysses (`SEQUENCE_SHARDING_TARGETS`); with no
-    target, {"training.framework": framework}: the engine the spec's Ulysses would run under."""
+ENGINE_RULE_TARGETS: dict[str, tuple[str, ...]] = {
+    "LY019": tuple(dict.fromkeys(SEQUENCE_SHARDING_TARGETS["ulysses"] + SEQUENCE_SHARDING_TARGETS["cp"])),
+    "LY022": ("deepspeed", "megatron-deepspeed", "megatron-lm"),
+    "LY023": SEQUENCE_SHARDING_TARGETS["ulysses"],
+    "LY024": SEQUENCE_SHARDING_TARGETS["cp"],
+}
+"""The layout rules that read the engine (`LayoutFacts.framework`), each with the launchers that run what it is about:
+LY019 the sequence split (the launchers that shard a sequence: Megatron-LM's a2a context parallelism needs 2 x ulysses
+to divide seq_len, DeepSpeed-Ulysses ulysses), LY022 the pipeline schedule (the launchers with a pipeline: DeepSpeed's
+PipelineEngine for the bundled trainer and Megatron-DeepSpeed, Megatron-Core for Megatron-LM; HF Trainer / Accelerate
+have none), LY023 Ulysses beside Megatron sequence parallelism and LY024 context parallelism (`SEQUENCE_SHARDING_TARGETS`).
+A spec checks each under the engine of each of its targets listed here (`rule_engines`); a target not listed does not
+run what the rule is about, and `generate` gives it no files for such a layout, with the reason."""
+
+
+def rule_engines(code: str, targets: Sequence[str], framework: str) -> dict[str, str]:
+    """Target -> engine for each of `targets` that runs what the engine-reading layout rule `code` is about
+    (`ENGINE_RULE_TARGETS`); with no target, {"training.framework": framework}: the engine the spec would run under."""
     if not targets:
         return {"training.framework": framework}
-    return {t: TARGET_ENGINE[t] for t in dict.fromkeys(targets) if t in SEQUENCE_SHARDING_TARGETS["ulysses"]}
+    return {t: TARGET_ENGINE[t] for t in dict.fromkeys(targets) if t in ENGINE_RULE_TARGETS[code]}
