@@ -221,10 +221,19 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         # Gradient reduction + all-gather of updated parameters. ZeRO §7 (view="paper"): reduce-scatter, 2Ψ in
         # all. DeepSpeed 0.19.8 (view="deepspeed"): an all-reduce per bucket by default (zero12_grad_collective),
         # 3Ψ in all. Stage 2 reduces in every micro step; stage 1 once per accumulation boundary.
-        reps = ga if stage == 2 else 1
-        name, coll = zero12_grad_collective(
-            stage, contiguous_gradients=ds.contiguous_gradients, reduce_scatter=ds.reduce_scatter,
-            use_multi_rank_bucket_allreduce=ds.use_multi_rank_bucket_allreduce, view=view)
+        if plan.framework == "megatron":
+            # Megatron-Core's distributed optimizer (--use-distributed-optimizer, what the megatron-lm target writes
+            # for ZeRO-1 and -2) reduce-scatters its gradient buffer once per optimizer step, bucket by bucket in the
+            # last micro-batch's backward (megatron/core/distributed/param_and_grad_buffer.py start_grad_sync:
+            # dist_reduce_scatter_func when ddp_config.use_distributed_optimizer; earlier micro-batches run under
+            # no_sync), then all-gathers the updated parameters: 2Ψ, ZeRO §7's accounting
+            reps = 1
+            name, coll = "zero_reduce_scatter", "reduce_scatter"
+        else:
+            reps = ga if stage == 2 else 1
+            name, coll = zero12_grad_collective(
+                stage, contiguous_gradients=ds.contiguous_gradients, reduce_scatter=ds.reduce_scatter,
+                use_multi_rank_bucket_allreduce=ds.use_multi_rank_bucket_allreduce, view=view)
         # dist.reduce path: one call per destination partition in each bucket
         per_bucket = dp if coll == "reduce" else 1
         add(name, coll, dense * pb * reps, dp, dp_cross, reps * per_bucket * math.ceil(dense / bucket),

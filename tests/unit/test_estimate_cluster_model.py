@@ -98,10 +98,10 @@ def test_overlap_flags_reach_the_collectives():
     p = _plan(world=16, tp=2, framework="megatron", overlap_grad_reduce=True, overlap_param_gather=True,
               tp_comm_overlap=True)
     ops = {op.name: op.overlappable for op in comm_plan(p).ops}
-    assert ops["zero_grad_all_reduce"] and ops["zero_all_gather"] and ops["tp_all_reduce"]
+    assert ops["zero_reduce_scatter"] and ops["zero_all_gather"] and ops["tp_all_reduce"]
     q = _plan(world=16, tp=2, framework="megatron")
     ops = {op.name: op.overlappable for op in comm_plan(q).ops}
-    assert not ops["zero_grad_all_reduce"] and not ops["zero_all_gather"] and not ops["tp_all_reduce"]
+    assert not ops["zero_reduce_scatter"] and not ops["zero_all_gather"] and not ops["tp_all_reduce"]
     assert estimate_run(p).step_time.comm_exposed_s < estimate_run(q).step_time.comm_exposed_s
 
 

@@ -177,3 +177,20 @@ def _plan_for_latency():
           "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW"}}
     return RunPlan(shape=get_preset("llama-3-8b"), ds_config=ds, world_size=16, gpus_per_node=8,
                    gpu=get_gpu("H100-SXM"), seq_len=4096, tp=2)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_megatron_distributed_optimizer_reduce_scatters_once_per_step(stage):
+    """Megatron-Core's distributed optimizer (what megatron-lm files write for ZeRO-1 and -2) reduce-scatters the
+    gradient buffer once per optimizer step (param_and_grad_buffer.py start_grad_sync), whatever the accumulation:
+    not DeepSpeed's per-bucket all-reduce, and not once per micro-step at stage 2."""
+    ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": stage}, "optimizer": {"type": "AdamW"}}
+    kw = dict(shape=get_preset("tiny"), ds_config=ds, world_size=4, gpus_per_node=2, gpu=get_gpu("cpu"), seq_len=32)
+    mg = {op.name: op for op in comm_plan(RunPlan(framework="megatron", **kw)).ops}
+    ds_ops = {op.name: op for op in comm_plan(RunPlan(**kw)).ops}
+    rs, ar = mg["zero_reduce_scatter"], ds_ops["zero_grad_all_reduce"]
+    assert rs.collective == "reduce_scatter" and "zero_grad_all_reduce" not in mg
+    reps = 4 if stage == 2 else 1  # DeepSpeed's stage 2 reduces in every micro-step
+    assert ar.bytes == reps * rs.bytes
+    assert mg["zero_all_gather"].bytes == ds_ops["zero_all_gather"].bytes
