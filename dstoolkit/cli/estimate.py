@@ -13,7 +13,10 @@ beside --config. The --config form asks the rules the spec form asks: the layout
 `dstoolkit.layout` (LY001-LY024) on what the flags, the model and the JSON's ZeRO stage fix (exit 2, naming the
 flag), the FP8 hardware check of `dstoolkit.dsconfig.fp8` for --precision fp8, and `validate_config` with the
 model's experts and heads (`dstoolkit.cli.estimate_flags`). The JSON's sequence_parallel_size is the run's
-DeepSpeed-Ulysses degree (a spec's training.ulysses; no flag sets it), with the layout rules asked again on it.
+DeepSpeed-Ulysses degree (a spec's training.ulysses; no flag sets it), with the layout rules asked again on it; its
+tensor_parallel.autotp_size (DeepSpeed AutoTP) is the TP degree, which a --tp must repeat; its precision (bf16 / fp16
+section, else fp32) is the run's, which a --precision must repeat (fp8: FP8 GEMMs over the bf16 section).
+--gpus-per-node is at most what one host of --gpu holds (`hardware.table.check_gpus_per_host`).
 
 A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.resolve_spec`, the same ranking
 `dstoolkit sweep` and `dstoolkit generate` use; each choice is printed). A --config JSON is checked first with
@@ -49,7 +52,8 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calib
                                    add_target_flag, add_training_plan_flags, add_world_flags,
                                    exit_map, input_error, positive_int, targets_of, validation_error_text)
 from dstoolkit.cli.estimate_flags import FLAG_FORM_ONLY, ConfigInvalid, plan_from_args, refuse_layout_flags
-from dstoolkit.cli.estimate_text import GiB, engine_optimizer, pipeline_split_line, render_findings, render_table
+from dstoolkit.cli.estimate_text import (GiB, engine_optimizer, offload_notes, offload_placement, pipeline_split_line,
+                                         render_findings, render_table)
 from dstoolkit.cli.spec_override import apply_model_class
 from dstoolkit.hardware.table import known_gpu_names
 
@@ -62,7 +66,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", metavar="NAME|config.json|pkg.mod:fn", help=MODEL_HELP)
     add_model_class_flag(p)
     add_model_kwargs_flag(p)
-    add_world_flags(p, gpus_per_node_help="ranks per node (default: min(8, world size))")
+    add_world_flags(p, gpus_per_node_help="ranks per node, at most what one host of --gpu holds (default: min(that, "
+                                          "world size): 8, 4 for GB200 / GB300)")
     p.add_argument("--gpu", default="H100-SXM",
                    help=f"hardware table name ({', '.join(known_gpu_names())}; default H100-SXM)")
     p.add_argument("--nvlink-domain-gpus", type=positive_int, default=None, metavar="D",
@@ -71,7 +76,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     add_parallel_flags(p, ("tp", "pp", "ep"))
     p.add_argument("--precision", choices=("bf16", "fp16", "fp8", "fp32"), default=None,
-                   help="default: from the JSON (bf16/fp16 sections), else fp32")
+                   help="the config's (its enabled bf16 / fp16 section, else fp32), which a --precision must "
+                        "repeat; fp8 (FP8 GEMMs over bf16) needs the bf16 section")
     add_checkpoint_flags(p)
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="store the s^2 attention scores (math attention)")
@@ -109,18 +115,10 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
     spec = load_spec(path)
     apply_model_class(spec, model_class, path)  # --model-class: as the spec's model.model_class
     if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
-        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-        from dstoolkit.hardware.calibration import NONE_VALUES
-
-        none = str(calibration_arg).strip().lower() in NONE_VALUES
-        spec.cluster.calibration = calibration_arg if none else str(Path(calibration_arg).expanduser().resolve())
+        spec.cluster.calibration = _checked_calibration(calibration_arg, spec)
     shape = resolve_spec_model(spec)  # with tp / ep against the model's heads and experts, at the spec's line
-    try:
-        targets = targets_of(argparse.Namespace(target=target), spec)
-        resolved = resolve_spec(spec, shape, targets)  # "auto" fields: the sweep's best layout
-    except ValueError as exc:
-        raise ValueError(f"--calibration: {exc}" if calibration_arg is not None and "calibration" in str(exc)
-                         else str(exc)) from None
+    targets = targets_of(argparse.Namespace(target=target), spec)
+    resolved = resolve_spec(spec, shape, targets)  # "auto" fields: the sweep's best layout
     label = calibration_label(spec)
     advice = None
     if not resolved.fits:  # what would make it fit: the sweep's own advice (as `dstoolkit sweep` prints)
@@ -129,6 +127,25 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
 
         advice = what_would_fit(spec, shape, None, targets)
     return resolved.plan, resolved.assumptions, label, spec.training.batch_ramp, advice
+
+
+def _checked_calibration(value: str, spec) -> str:
+    """--calibration beside a SPEC.yaml, as the spec's cluster.calibration (a path relative to the cwd, not the
+    spec), read here so that a file it cannot use is reported against the flag, not a spec key the spec may not
+    have."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.cli.estimate_flags import calibration_error
+    from dstoolkit.hardware.calibration import (MACHINE, NONE_VALUES, REFERENCE, CalibrationInputError,
+                                                resolve_calibration)
+
+    if str(value).strip().lower() in (*NONE_VALUES, REFERENCE, MACHINE):  # words, not files (as the flag form)
+        return value
+    path = str(Path(value).expanduser().resolve())
+    try:  # probe=False: "machine" is only read from the cache here; the estimate itself probes
+        resolve_calibration(path, spec.cluster.gpu, spec.training.precision, probe=False)
+    except CalibrationInputError as exc:
+        raise calibration_error(exc) from None
+    return path
 
 
 def _calibration_label(value, gpu) -> str:
@@ -176,6 +193,8 @@ def run(args) -> int:
             cal_label = _calibration_label(args.calibration, plan.gpu.name)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
+        offload = offload_placement(plan)  # what is offloaded where (the header, JSON `offload`)
+        assumptions += offload_notes(offload)
         est = estimate_run(plan)
         if not est.fits and advice is None:
             # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
@@ -208,6 +227,7 @@ def run(args) -> int:
         out["step_time_calibration"] = cal_label
         out["validation_warnings"] = [f.model_dump() for f in findings]
         out["engine"] = engine_optimizer(plan, est.memory)  # the optimizer as the plan's engine builds it
+        out["offload"] = offload  # optimizer / params: cpu, nvme or null; nvme_counted_as_host
         out["checkpoint_bytes"] = ckpt_bytes.to_json()  # dstoolkit.estimate.checkpoint_bytes
         if plan.pp > 1:  # the split the estimate assumed (pipeline_split_line)
             out["pipeline_stage_layers"] = list(stage_split)

@@ -2,8 +2,11 @@
 DeepSpeed JSON and the model fix, after the rules the spec form asks (the layout constraints of `dstoolkit.layout`
 on what the flags, the model and the JSON's ZeRO stage fix, naming the flag; the FP8 hardware check for
 --precision fp8; `validate_config` with the model's experts and heads; the JSON's sequence_parallel_size as the
-DeepSpeed-Ulysses degree, as a spec's training.ulysses), and the refusal of those flags beside a SPEC.yaml. No
-torch import.
+DeepSpeed-Ulysses degree, as a spec's training.ulysses), and the refusal of those flags beside a SPEC.yaml. The
+JSON's own facts are read through the validated `DeepSpeedConfig` model and win over a flag that contradicts them
+(refused, naming both): tensor_parallel.autotp_size is the TP degree (DeepSpeed AutoTP, `_autotp_run` says how it is
+modelled), the enabled bf16 / fp16 section the precision. --gpus-per-node is bounded by the hardware table's GPUs
+per host. No torch import.
 """
 from __future__ import annotations
 
@@ -73,7 +76,6 @@ def plan_from_args(args):
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.megatron_softmax import fallback_note
     from dstoolkit.runplan import RunPlan
-    from dstoolkit.hardware.table import get_gpu
 
     missing = [f for f, v in (("--config", args.config), ("--model", args.model), ("--world-size", args.world_size)) if v is None]
     if missing:
@@ -86,6 +88,7 @@ def plan_from_args(args):
         raise ValueError(f"--every-k is only used with --checkpoint every-k (got --checkpoint "
                          f"{args.checkpoint or 'none'})")
     gpus_per_node_given = args.gpus_per_node is not None
+    tp_given = args.tp is not None
     args = _with_flag_defaults(args)
     try:
         text = Path(args.config).read_text(encoding="utf-8")
@@ -99,67 +102,206 @@ def plan_from_args(args):
         raise ValueError(f"{args.config}: the DeepSpeed config must be a JSON object")
     if args.world_size <= 0:
         raise ValueError(f"--world-size={args.world_size}: must be > 0")
-    gpus_per_node = args.gpus_per_node or min(8, args.world_size)
-    _check_whole_nodes(args.world_size, gpus_per_node, gpus_per_node_given)
-    domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, args.gpu)
-    gpu = get_gpu(args.gpu)
+    if args.seq_len <= 0:  # before RunPlan, whose own check names its field (seq_len=...)
+        raise ValueError(f"--seq-len={args.seq_len}: the sequence length must be > 0 (e.g. --seq-len 4096)")
+    gpu = _gpu(args.gpu)
+    # a host holds at most the hardware table's GPUs per host (8 for HGX boards, 4 for a GB200 tray)
+    gpus_per_node = args.gpus_per_node or min(gpu.gpus_per_host or 8, args.world_size)
+    _check_gpus_per_host(gpus_per_node, gpu)
+    _check_whole_nodes(args.world_size, gpus_per_node, gpus_per_node_given, gpu.gpus_per_host or 8)
+    domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, gpu)
     shape = load_shape(args.model, args.model_class, args.model_kwargs)
+    # DeepSpeed AutoTP (tensor_parallel.autotp_size): the run's TP degree, in place of a Megatron --tp
+    autotp = _autotp_size(ds)
+    tp = _tp_degree(args, autotp, tp_given)
+    megatron_tp = 1 if autotp else tp  # what validate_config's rules call --tp (DS223: AutoTP is not --tp)
     # the layout rules on what the flags and the model fix (the config's facts are not read yet: no sequence
     # sharding, ZeRO stage unknown)
-    facts, names = _flag_facts(args, shape, domain, gpus_per_node_given, gpu)
+    facts, names = _flag_facts(args, shape, domain, gpus_per_node_given, gpu, tp)
+    if autotp:
+        names["tp"] = f"{args.config}: tensor_parallel.autotp_size"
     _check_flag_layout(facts, names)
-    findings = _validate(text, args.config, args.world_size, domain, args.tp, args.pp, shape, args.ep)
+    findings = _validate(text, args.config, args.world_size, domain, megatron_tp, args.pp, shape, args.ep)
+    cfg = _config_model(ds, args.world_size, domain, megatron_tp, args.pp)
     # the config's DeepSpeed-Ulysses degree (validate_config checked it against the world and the heads, DS219 /
     # DS226): the layout rules again with it (LY009 ep of the dp it leaves, LY019 seq_len, LY020 kv heads per rank,
     # LY023 with --sequence-parallel), naming the config's key
-    ulysses = _ulysses(ds, args.world_size, domain, args.tp, args.pp)
+    ulysses = cfg.sequence_parallel_size or 1
     facts = dataclasses.replace(facts, sp=ulysses)
     names["sp"] = f"{args.config}: sequence_parallel_size"
     _check_flag_layout(facts, names)
-    precision = args.precision
-    if precision is None:
-        if (ds.get("bf16") or {}).get("enabled") is True:
-            precision = "bf16"
-        elif (ds.get("fp16") or {}).get("enabled") is True:
-            precision = "fp16"
-        else:
-            precision = "fp32"
+    precision = _precision(args.precision, cfg, args.config)
     _check_fp8_hardware(precision, ds, args.config, gpu)
+    notes: list[str] = []
+    if autotp:
+        ds, notes = _autotp_run(ds, cfg, args.config, args.world_size, ulysses, shape)
     policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
                    gpus_per_node=domain, gpu=gpu,
-                   seq_len=args.seq_len, tp=args.tp, pp=args.pp, ep=args.ep, ulysses=ulysses, checkpoint=policy,
+                   seq_len=args.seq_len, tp=tp, pp=args.pp, ep=args.ep, ulysses=ulysses, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
                    precision=precision, calibration=calibration_of(args.calibration, args.gpu, precision))
     # the rules that cross a flag with the config's ZeRO stage or ZeRO++ (LY006 pp-zero, LY014 zeropp-cpu); the
-    # config's own rules (offload, ZeRO++ stage, batch triad, MoE at ZeRO-3) are validate_config's, checked above
+    # config's own rules (offload, ZeRO++ stage, hpZ partition DS207 / DS221, batch triad, MoE at ZeRO-3) are
+    # validate_config's, checked above. ZeRO++ here is qwZ / qgZ, the parts that run DeepSpeed's quantizer kernels:
+    # hpZ alone is collectives only (DS221: hpZ trains on gloo CPU ranks), so it is not handed to LY014.
     view = plan.ds
     names["zero_stage"] = f"{args.config}: zero_optimization.stage"
-    names["zeropp"] = (f"{args.config}: ZeRO++ (zero_quantized_weights / zero_quantized_gradients / "
-                       "zero_hpz_partition_size)")
+    names["zeropp"] = f"{args.config}: ZeRO++ qwZ / qgZ (zero_quantized_weights / zero_quantized_gradients)"
     _check_flag_layout(dataclasses.replace(facts, zero_stage=view.zero_stage,
-                                           zeropp=view.zeropp_qwz or view.zeropp_qgz or view.zeropp_hpz > 1), names)
+                                           zeropp=view.zeropp_qwz or view.zeropp_qgz), names)
     note = fallback_note(plan)  # a spec's plan gets it from generate.planner.resolve_spec
-    return plan, [note] if note else [], findings
+    return plan, notes + ([note] if note else []), findings
 
 
-def _ulysses(ds: dict, world: int, gpus_per_node: int, tp: int, pp: int) -> int:
-    """The DeepSpeed-Ulysses degree of the config (its sequence_parallel_size, as the validated model reads it; 1
-    when unset): the estimate's `RunPlan.ulysses`, as a spec's training.ulysses (no flag says it)."""
+def _gpu(name: str):
+    """The hardware-table row --gpu names (its error names the flag)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.hardware.table import get_gpu
+
+    try:
+        return get_gpu(name)
+    except ValueError as exc:
+        raise ValueError(f"--gpu: {exc}") from None
+
+
+def _check_gpus_per_host(gpus_per_node: int, gpu) -> None:
+    """--gpus-per-node above what one host of --gpu holds (`hardware.table.check_gpus_per_host`): the network model
+    would price all of them as one host's NVLink."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.hardware.table import GpusPerHostError, check_gpus_per_host
+
+    try:
+        check_gpus_per_host(gpus_per_node, gpu)
+    except GpusPerHostError as exc:
+        beyond = (f"; NVLink across hosts is --nvlink-domain-gpus, up to {gpu.nvlink_domain_gpus}"
+                  if gpu.nvlink_domain_gpus else "")
+        raise ValueError(f"--gpus-per-node {gpus_per_node} with --gpu {gpu.name}: {exc.problem} (use "
+                         f"--gpus-per-node {gpu.gpus_per_host} or fewer: more GPUs are more nodes of --world-size"
+                         f"{beyond})") from None
+
+
+def _config_model(ds: dict, world: int, gpus_per_node: int, tp: int, pp: int):
+    """The config as the validated `DeepSpeedConfig` model reads it (the one reader of a DeepSpeed JSON), in the
+    layout validate_config checked it in (`tp`: Megatron's; AutoTP is the config's own key)."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
 
-    cfg = DeepSpeedConfig.model_validate(ds, context={"world_size": world, "tp": tp, "pp": pp,
-                                                      "gpus_per_node": gpus_per_node})
-    return cfg.sequence_parallel_size or 1
+    return DeepSpeedConfig.model_validate(ds, context={"world_size": world, "tp": tp, "pp": pp,
+                                                       "gpus_per_node": gpus_per_node})
 
 
-def _check_whole_nodes(world: int, gpus_per_node: int, given: bool) -> None:
+def _autotp_size(ds: dict) -> Optional[int]:
+    """The config's DeepSpeed AutoTP degree (tensor_parallel.autotp_size, read by the validated model's
+    `TensorParallelConfig`; None when unset or <= 1, which shard nothing). Read before validate_config, which needs
+    to know whether --tp is Megatron's; a section the model refuses is left to validate_config to report."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from pydantic import ValidationError
+
+    from dstoolkit.dsconfig.ds_misc import TensorParallelConfig
+
+    section = ds.get("tensor_parallel")
+    if not isinstance(section, dict):
+        return None
+    try:
+        size = TensorParallelConfig.model_validate(section).autotp_size
+    except ValidationError:
+        return None
+    return size if size > 1 else None
+
+
+def _tp_degree(args, autotp: Optional[int], tp_given: bool) -> int:
+    """The run's tensor-parallel degree: --tp, or the config's AutoTP degree, which a --tp must repeat (both set
+    means two ways to shard the same layers, DS223) and which has no Megatron sequence parallelism."""
+    if autotp is None:
+        return args.tp
+    key = f"{args.config}: tensor_parallel.autotp_size={autotp}"
+    if tp_given and args.tp != autotp:
+        raise ValueError(f"--tp {args.tp} disagrees with {key} (DeepSpeed AutoTP, the TP degree this config runs): "
+                         f"drop --tp (the estimate takes autotp_size as the TP degree), or for Megatron tensor "
+                         f"parallelism at {args.tp} remove tensor_parallel.autotp_size from the config")
+    if args.sequence_parallel:
+        raise ValueError(f"--sequence-parallel with {key}: AutoTP has no Megatron sequence parallelism (its norms "
+                         "and dropouts run on the whole activations on every TP rank): drop --sequence-parallel")
+    return autotp
+
+
+def _precision(flag: Optional[str], cfg, config: str) -> str:
+    """The run's precision: the config's (an enabled bf16 / fp16 section, else fp32, as DeepSpeed trains it); a
+    --precision must agree with it. fp8 is FP8 GEMMs over bf16 (the spec form writes bf16.enabled for precision
+    fp8, generate.ds_json), so --precision fp8 needs the bf16 section."""
+    bf16, key = (cfg.bf16, "bf16") if cfg.bf16 is not None else (cfg.bfloat16, "bfloat16")
+    if bf16 is not None and bf16.enabled is True:
+        runs, section, allowed = "bf16", f"{key}.enabled is true", ("bf16", "fp8")
+    elif cfg.fp16 is not None and cfg.fp16.enabled is True:
+        runs, section, allowed = "fp16", "fp16.enabled is true", ("fp16",)
+    else:
+        runs, section, allowed = "fp32", "neither bf16 nor fp16 is enabled", ("fp32",)
+    if flag is None:
+        return runs
+    if flag in allowed:
+        return flag
+    if flag == "fp8":
+        fix = (f'enable bf16 in {config} ("bf16": {{"enabled": true}}) for FP8 GEMMs over bf16, or drop --precision '
+               f"(the config's {runs} is estimated)")
+    elif flag == "fp32":
+        fix = f"drop --precision (the config's {runs} is estimated), or disable {runs} in {config} for an fp32 run"
+    else:
+        fix = (f"drop --precision (the config's {runs} is estimated), or enable {flag} in {config}"
+               + (f" instead of {runs}" if runs != "fp32" else f' ("{flag}": {{"enabled": true}})'))
+    raise ValueError(f"--precision {flag} contradicts {config}: {section}, so DeepSpeed trains {runs}: {fix}")
+
+
+def _autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> tuple[dict, list[str]]:
+    """The DeepSpeed JSON the estimate runs an AutoTP config as, and the assumptions that says.
+
+    The estimator's one tensor parallelism is Megatron's (`RunPlan.tp`; its config reader refuses autotp_size beside
+    it, DS223), so the plan gets the config without tensor_parallel and tp = autotp_size. DeepSpeed builds the
+    config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh comes later, in the engine's
+    _configure_tensor_parallel_states), so its batch triad counts every rank: train_batch_size = micro batch x
+    accumulation x world / sequence_parallel_size (runtime/config.py), while the ranks of one TP group read the
+    same samples. The plan keeps DeepSpeed's micro batch and accumulation over dp = world / (autotp x ulysses).
+    """
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.layout import param_layout
+    from dstoolkit.layout import data_parallel_size, resolve_batch
+
+    tp = cfg.tensor_parallel.autotp_size
+    triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
+                          world // ulysses)  # validate_config checked the triad at this dp
+    dp = data_parallel_size(world, tp, 1, ulysses)
+    out = {k: v for k, v in ds.items() if k != "tensor_parallel"}
+    out.update(train_micro_batch_size_per_gpu=triad.micro_batch, gradient_accumulation_steps=triad.grad_accum,
+               train_batch_size=triad.micro_batch * triad.grad_accum * dp)
+    vocab = sum(p.numel for p in param_layout(shape) if p.kind in ("embedding", "lm_head") and p.tp_split)
+    head = ("with tensor_parallel.vocab_parallel_lm_head the LM head is vocab-parallel with a distributed loss"
+            if cfg.tensor_parallel.vocab_parallel_lm_head is True else
+            "without tensor_parallel.vocab_parallel_lm_head the loss sees full-vocabulary logits on every TP rank")
+    notes = [
+        f"tp={tp} is DeepSpeed AutoTP ({config}: tensor_parallel.autotp_size), modelled as Megatron tensor "
+        f"parallelism without sequence parallelism: each block's attention and MLP linears split column / row-wise "
+        f"over {tp} ranks, 2 all-reduces per block forward and 2 backward (deepspeed 0.19.8 module_inject/"
+        "auto_tp.py LinearLayer / LinearAllreduce), norms and the activations between the linears whole on every "
+        "TP rank",
+        f"AutoTP leaves the input embedding whole on every TP rank unless it is tied to a vocab-parallel LM head, "
+        f"shards the LM head's weight only with a Hugging Face tp_plan or vocab_parallel_lm_head, and {head}; the "
+        f"estimate splits the embedding and the LM head ({vocab / 1e9:,.3f}B params together) and the logits by "
+        f"tp={tp} as Megatron's vocab-parallel layers, so its memory is low by up to {tp - 1}/{tp} of their "
+        "weights, gradients, optimizer states and [tokens, vocab] logits",
+        f"batch: DeepSpeed counts the AutoTP ranks in the batch triad (train_batch_size = micro batch "
+        f"{triad.micro_batch} x accumulation {triad.grad_accum} x {world // ulysses} ranks = {triad.train_batch}); "
+        f"the {tp} ranks of a TP group read the same samples, so a step trains "
+        f"{triad.micro_batch * triad.grad_accum * dp} sequences over dp={dp}",
+    ]
+    return out, notes
+
+
+def _check_whole_nodes(world: int, gpus_per_node: int, given: bool, host: int = 8) -> None:
     """A spec's cluster is nodes x gpus_per_node: --world-size above one node is whole nodes of --gpus-per-node
     (the network model would otherwise price world / gpus_per_node nodes, a fraction)."""
     if world <= gpus_per_node or world % gpus_per_node == 0:
         return
-    default = "" if given else " (the default, min(8, --world-size))"
+    default = "" if given else f" (the default, min({host}, --world-size))"
     lower = world // gpus_per_node * gpus_per_node
     raise ValueError(f"--world-size={world} is not whole nodes of --gpus-per-node={gpus_per_node}{default} "
                      f"({world} / {gpus_per_node} = {world / gpus_per_node:.3g} nodes): use a --world-size that is "
@@ -167,12 +309,13 @@ def _check_whole_nodes(world: int, gpus_per_node: int, given: bool) -> None:
                      f"that divides {world}")
 
 
-def _flag_facts(args, shape, domain: int, gpus_per_node_given: bool, gpu):
-    """The `LayoutFacts` the flags and the model fix, and the names the rules' messages give them (the flags)."""
+def _flag_facts(args, shape, domain: int, gpus_per_node_given: bool, gpu, tp: int):
+    """The `LayoutFacts` the flags and the model fix (`tp`: --tp, or the config's AutoTP degree), and the names the
+    rules' messages give them (the flags)."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.layout import LayoutFacts
 
-    facts = LayoutFacts(world=args.world_size, gpus_per_node=domain, tp=args.tp, pp=args.pp, ep=args.ep,
+    facts = LayoutFacts(world=args.world_size, gpus_per_node=domain, tp=tp, pp=args.pp, ep=args.ep,
                         sp=1, cp=1, seq_len=args.seq_len, megatron_sp=args.sequence_parallel,
                         num_heads=shape.num_attention_heads, kv_heads=shape.kv_heads, is_mla=shape.is_mla,
                         num_layers=shape.num_hidden_layers, num_experts=shape.num_experts if shape.is_moe else 0,
@@ -211,15 +354,14 @@ def _check_fp8_hardware(precision: str, ds: dict, config: str, gpu) -> None:
         raise ValueError(f"--precision fp8 with --gpu {gpu.name}{where}: {'; '.join(problems)}")
 
 
-def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu: str) -> int:
+def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu) -> int:
     """The node the network model sees for the flag form: --nvlink-domain-gpus checked by the spec's own rule
     (`spec.cluster.checked_nvlink_domain`), else the host."""
-    from dstoolkit.hardware.table import get_gpu
     from dstoolkit.spec.cluster import checked_nvlink_domain
     from dstoolkit.spec.errors import SpecFieldError
 
     try:
-        return checked_nvlink_domain(domain, gpus_per_node, get_gpu(gpu))
+        return checked_nvlink_domain(domain, gpus_per_node, gpu)
     except SpecFieldError as exc:  # its problem names the field: nvlink_domain_gpus=<value>...
         raise ValueError(f"--nvlink-domain-gpus{exc.problem.removeprefix('nvlink_domain_gpus')} ({exc.fix})") from None
 
@@ -258,4 +400,14 @@ def calibration_of(value, gpu: str, precision: str):
     try:
         return resolve_calibration(value, gpu, precision)
     except CalibrationInputError as exc:
-        raise ValueError(f"--calibration: {exc}") from None
+        raise calibration_error(exc) from None
+
+
+def calibration_error(exc: Exception) -> ValueError:
+    """A calibration file --calibration names that cannot be used, as the flag's error with the fix (the flag and
+    the spec form alike; a file that is there but incomplete already says which fields it needs)."""
+    text = str(exc)
+    fix = ("--calibration none for the hardware table's nominal rates" if "step_time_fidelity" in text else
+           "give a calibration JSON written by benchmarks/step_time_fidelity.py, or --calibration none for the "
+           "hardware table's nominal rates")
+    return ValueError(f"--calibration: {text} ({fix})")

@@ -91,6 +91,52 @@ def engine_optimizer(plan, m) -> dict:
             "counted_as": f"DeepSpeed's {m.optimizer_path} path with {impl}"}
 
 
+def offload_placement(plan) -> dict:
+    """Where the estimate puts the offloaded states, for the header and the JSON's `offload`: optimizer and params,
+    each "cpu", "nvme" or None (on the device), as the estimate models them (parameter offload only at ZeRO-3, the
+    one stage that offloads parameters), the devices read through the validated `DeepSpeedConfig` model; and
+    nvme_counted_as_host: the estimate counts NVMe-offloaded bytes in host memory (`offload_notes`)."""
+    ds = plan.ds
+    out = {"optimizer": None, "params": None, "nvme_counted_as_host": False}
+    if not (ds.offload_optimizer or ds.offload_param):
+        return out
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
+
+    d = plan.dims  # the layout the plan's config was validated in (runplan.read_ds_config)
+    z = DeepSpeedConfig.model_validate(plan.ds_config, context={"world_size": d.world, "tp": d.tp, "pp": d.pp,
+                                                                 "gpus_per_node": d.gpus_per_node}).zero_optimization
+    if ds.offload_optimizer:
+        out["optimizer"] = z.offload_optimizer.device
+    if ds.offload_param and ds.zero_stage == 3:
+        out["params"] = z.offload_param.device
+    out["nvme_counted_as_host"] = "nvme" in (out["optimizer"], out["params"])
+    return out
+
+
+def _offload_header(where: dict) -> str:
+    """' + offload: optimizer -> cpu, params -> nvme' (what goes where), or nothing."""
+    parts = [f"{what} -> {where[what]}" for what in ("optimizer", "params") if where[what]]
+    return f" + offload: {', '.join(parts)}" if parts else ""
+
+
+def offload_notes(where: dict) -> list[str]:
+    """The assumption NVMe offload needs: the estimate counts it as host memory, and times it at PCIe rates."""
+    nvme = [what for what in ("optimizer", "params") if where[what] == "nvme"]
+    if not nvme:
+        return []
+    what = " and ".join({"optimizer": "the optimizer states (fp32 master weights and moments)",
+                         "params": "the parameter partition"}[n] for n in nvme)
+    buffers = "; ".join({"optimizer": "offload_optimizer.buffer_count buffers",
+                         "params": "offload_param.buffer_count x buffer_size elements"}[n] for n in nvme)
+    return [f"NVMe offload: {what} {'are' if len(nvme) > 1 or nvme == ['optimizer'] else 'is'} counted in "
+            "'host (offload) per rank' as host RAM (the estimator has no disk term); the run keeps "
+            f"{'them' if len(nvme) > 1 or nvme == ['optimizer'] else 'it'} in swap files under nvme_path and holds "
+            f"DeepSpeed's pinned swap buffers in host RAM instead ({buffers}), which are not counted; the offload "
+            "traffic is timed at PCIe rates (estimate.step_time PCIE_BYTES_PER_S), not the drive's, so the step time "
+            "is optimistic"]
+
+
 def _sequence_shards(plan) -> str:
     """The ranks that share a sequence, when any (they come out of dp, so the header shows why dp is smaller)."""
     return "".join(f" {name}={n}" for name, n in (("cp", plan.cp), ("ulysses", plan.ulysses)) if n > 1)
@@ -112,11 +158,12 @@ def render_table(plan, est, assumptions: list[str]) -> str:
     ds = plan.ds
     eng = engine_optimizer(plan, m)
     how = "" if eng["counted_as"] is None else f" ({eng['engine']} {eng['optimizer']})"
+    where = offload_placement(plan)
     lines = [
         f"model {plan.shape.name}: {est.params.total / 1e9:,.3f}B params ({est.params.active / 1e9:,.3f}B active); "
         f"{plan.world_size} x {plan.gpu.name}, tp={plan.tp} pp={plan.pp} ep={plan.ep}{_sequence_shards(plan)} "
         f"dp={plan.dp}; "
-        f"ZeRO-{ds.zero_stage}{how}{' + optimizer offload' if ds.offload_optimizer else ''}, {plan.precision}, "
+        f"ZeRO-{ds.zero_stage}{how}{_offload_header(where)}, {plan.precision}, "
         f"micro batch {ds.micro_batch} x accum {ds.grad_accum}, seq {plan.seq_len}, checkpoint {plan.checkpoint.kind}",
     ]
     for a in assumptions:
@@ -142,7 +189,8 @@ def render_table(plan, est, assumptions: list[str]) -> str:
             continue
         lines.append(f"{name:<28}{val:>20,}{'':>4}{val / GiB:>10.2f}")
     lines.append(f"{'host (offload) per rank':<28}{est.host_memory_per_rank_bytes:>20,}{'':>4}"
-                 f"{est.host_memory_per_rank_bytes / GiB:>10.2f}")
+                 f"{est.host_memory_per_rank_bytes / GiB:>10.2f}"
+                 + ("   (NVMe-offloaded bytes counted here: see assumed)" if where["nvme_counted_as_host"] else ""))
     lines.append(f"{'allowance':<28}{m.allowance_bytes:>20,}{'':>4}{m.allowance_bytes / GiB:>10.2f}   "
                  f"({m.allowance_source})")
     lines.append(f"fits in {plan.gpu.memory_bytes / GiB:.0f} GiB: {'yes' if est.fits else 'NO'}"

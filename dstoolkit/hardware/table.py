@@ -49,6 +49,10 @@ class GpuSpec(StrictModel):
     nvlink_domain_gpus: Optional[int] = Field(default=None, ge=1)
     """The most GPUs one NVLink fabric joins beyond a host (72 for an NVL72 rack of 4-GPU hosts); a job's own
     domain is `cluster.nvlink_domain_gpus`, up to this. None: NVLink (or the node's fabric) ends at the host."""
+    gpus_per_host: Optional[int] = Field(default=None, ge=1)
+    """The most GPUs one host (node) of this kind holds: the bound on a cluster's gpus_per_node
+    (`check_gpus_per_host`), since intra_node_bw_bytes_per_s is the rate inside one such host. More GPUs are more
+    nodes; NVLink beyond a host is nvlink_domain_gpus. None: no bound (explicit facts, CPU ranks)."""
 
 
 GiB = 2**30
@@ -134,6 +138,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=3.35 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
         nics_per_node=8,  # DGX H100 user guide: 8x ConnectX-7 400 Gb/s compute NICs (one per GPU) plus storage NICs
+        gpus_per_host=8,  # DGX H100 / HGX H100: at most 8 SXM5 GPUs on one NVSwitch baseboard (HGX also comes as 4)
     ),
     # NVIDIA H200 Tensor Core GPU product brief: 141 GB HBM3e, same Hopper compute as H100 SXM (989 bf16,
     # 1979 fp8 dense). All-reduce busbw ~475 GB/s (docs/anchors.md). One 400 Gb/s NIC per GPU (HGX H200).
@@ -148,6 +153,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=4.8 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
         nics_per_node=8,  # HGX H200 reference systems: one 400 Gb/s compute NIC per GPU, 8 per node
+        gpus_per_host=8,  # HGX H200: 4- and 8-GPU boards
     ),
     # H800 (China export SKU of H100 SXM): compute as H100 (docs/anchors.md), NVLink cut to 400 GB/s
     # bidirectional; all-reduce busbw ~215 GB/s (docs/anchors.md). DeepSeek-V3 paper §3.1: 8 GPUs per node,
@@ -163,6 +169,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=3.35 * TBps,
         gemm_fraction=HOPPER_GEMM_FRACTION,
         nics_per_node=8,  # DeepSeek-V3 report §3.1: 8 GPUs per node, one 400 Gb/s InfiniBand NIC (50 GB/s) per GPU
+        gpus_per_host=8,  # DeepSeek-V3 report §3.1: 8 GPUs per node
     ),
     # NVIDIA B200 (DGX / HGX B200, 1000 W): 180 GB HBM3e (the platform figure), 8.0 TB/s, 2250 TFLOP/s bf16 and
     # 4500 fp8 dense (BLACKWELL_REFERENCE, notes 20: DGX B200 datasheet). 148 SMs, compute capability 10.0.
@@ -178,6 +185,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=8.0 * TBps,
         gemm_fraction=B200_GEMM_FRACTION,
         nics_per_node=8,
+        gpus_per_host=8,  # DGX / HGX B200: 8 GPUs on one NVSwitch baseboard
     ),
     # NVIDIA B300 (DGX / HGX B300, Blackwell Ultra): 288 GB HBM3e, 8.0 TB/s, 2250 TFLOP/s bf16 and 4500 fp8 dense
     # (BLACKWELL_REFERENCE, note 21: DGX B300 datasheet; its gain over B200 is in fp4). Compute capability 10.3.
@@ -193,6 +201,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=8.0 * TBps,
         gemm_fraction=B300_GEMM_FRACTION,
         nics_per_node=8,
+        gpus_per_host=8,  # DGX / HGX B300: 8 GPUs (NVIDIA counts its 16 dies as "NVL16"; CUDA sees 8 devices)
     ),
     # NVIDIA GB200 NVL72, per B200 GPU (1200 W): 186 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
     # (BLACKWELL_REFERENCE, note 23: GB200 NVL72 specifications). 72 GPUs on 18 hosts of 4 share one NVLink
@@ -210,6 +219,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=8.0 * TBps,
         gemm_fraction=GB200_GEMM_FRACTION,
         nvlink_domain_gpus=72,
+        gpus_per_host=4,  # a GB200 NVL72 compute tray (the host) holds 2 Grace CPUs and 4 GPUs; NVLink beyond it:
+        # nvlink_domain_gpus
     ),
     # NVIDIA GB300 NVL72, per B300 GPU: 288 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
     # (BLACKWELL_REFERENCE, note 24: GB300 NVL72 specifications, "the same but faster fp4 and more memory").
@@ -225,6 +236,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=8.0 * TBps,
         gemm_fraction=B300_GEMM_FRACTION,
         nvlink_domain_gpus=72,
+        gpus_per_host=4,  # as GB200: a compute tray holds 4 GPUs
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense, no fp8 tensor cores.
     # NVLink3 600 GB/s bidirectional; nccl-tests all-reduce busbw on DGX A100 ~230 GB/s.
@@ -240,6 +252,8 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=2.039 * TBps,
         gemm_fraction=AMPERE_GEMM_FRACTION,
         nics_per_node=8,  # DGX A100 user guide: 8x ConnectX-6 200 Gb/s HDR compute NICs (one per GPU)
+        gpus_per_host=16,  # HGX A100 came as 4-, 8- and 16-GPU boards (two 8-GPU baseboards joined by NVSwitch);
+        # DGX A100 has 8
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): as A100-80G with 40 GB HBM2.
     "A100-40G": GpuSpec(
@@ -253,6 +267,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=1.555 * TBps,
         gemm_fraction=AMPERE_GEMM_FRACTION,
         nics_per_node=8,  # DGX A100 user guide: 8x ConnectX-6 200 Gb/s HDR compute NICs (one per GPU)
+        gpus_per_host=16,  # as A100-80G
     ),
     # NVIDIA L40S datasheet: 48 GB GDDR6, 362.05 TFLOP/s bf16 and 733 fp8 dense (733 / 1466 with sparsity).
     # No NVLink: PCIe Gen4 x16 (64 GB/s bidirectional, ~25 GB/s achievable all-reduce busbw through the host).
@@ -266,6 +281,9 @@ GPU_TABLE: dict[str, GpuSpec] = {
         inter_node_bw_bytes_per_s=IB_200G_BUSBW_BYTES_PER_S,
         compute_capability="8.9",
         hbm_bw_bytes_per_s=0.864 * TBps,
+        # gpus_per_host unset: PCIe cards, the chassis decides (8, up to 10 in the 5U PCIe servers of
+        # servethehome.com's L40S review); no NVLink, so a larger "host" prices nothing the network would not (25 vs
+        # 24 GB/s above)
     ),
     # AMD Instinct MI300X datasheet: 192 GB HBM3, 1307.4 TFLOP/s bf16 and 2614.9 fp8 dense.
     # Infinity Fabric 7 links x 128 GB/s = 896 GB/s aggregate per GPU; RCCL all-reduce busbw on 8x MI300X
@@ -281,6 +299,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         hbm_bw_bytes_per_s=5.3 * TBps,
         gemm_fraction=MI300X_GEMM_FRACTION,
         nics_per_node=8,  # one 400 Gb/s NIC per GPU, 8 per node (above)
+        gpus_per_host=8,  # AMD Instinct MI300X platform: 8 OAM GPUs on one Infinity Fabric baseboard
     ),
     # This kind of machine (2 CPU cores, 24 GiB RAM, gloo over shared memory). Memory is a conservative
     # per-rank share of host RAM; flops and bandwidth are the reference machine's measured rates (above), and
@@ -294,6 +313,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
         intra_node_bw_bytes_per_s=CPU_REFERENCE_BW_BYTES_PER_S,
         inter_node_bw_bytes_per_s=CPU_REFERENCE_BW_BYTES_PER_S,
         compute_capability=None,
+        # gpus_per_host unset: CPU ranks are processes, as many per node as the spec says
     ),
 }
 
@@ -311,14 +331,53 @@ def known_gpu_names() -> list[str]:
     return list(GPU_TABLE)
 
 
+def _suggestions(name: str) -> list[str]:
+    """The table names an unknown `name` most likely meant: those that start with what was typed ('H100' ->
+    H100-SXM, 'A100' -> A100-80G and A100-40G), else the closest spelling (`did_you_mean`), else none."""
+    typed = _normalize(name)
+    started = [key for norm, key in _BY_NORMALIZED.items() if typed and norm.startswith(typed)]
+    if started:
+        return started
+    close = did_you_mean(typed, _BY_NORMALIZED, cutoff=0.5)
+    return [_BY_NORMALIZED[close]] if close else []
+
+
 def gpu_name_error(name: str) -> str:
-    """The message for an unknown GPU name: known names plus a did-you-mean when one is close."""
-    close = did_you_mean(_normalize(name), _BY_NORMALIZED, cutoff=0.5)
-    hint = f"did you mean {_BY_NORMALIZED[close]!r}? " if close else ""
+    """The message for an unknown GPU name: known names plus a did-you-mean (`_suggestions`)."""
+    close = _suggestions(name)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
     return (
         f"unknown GPU {name!r} ({hint}known: {', '.join(GPU_TABLE)}; or give explicit facts: memory_bytes, "
         "peak_bf16_flops, peak_fp8_flops, intra_node_bw_bytes_per_s, inter_node_bw_bytes_per_s)"
     )
+
+
+class GpusPerHostError(ValueError):
+    """More GPUs per node than one host of the GPU holds (`check_gpus_per_host`): `problem` and `fix` name no field,
+    so each caller puts its own in front (the spec's cluster.gpus_per_node, estimate's --gpus-per-node)."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"{problem} ({fix})")
+        self.problem = problem
+        self.fix = fix
+
+
+def check_gpus_per_host(gpus_per_node: int, gpu: GpuSpec) -> None:
+    """Refuse a node of more GPUs than one host of `gpu` holds (`GpuSpec.gpus_per_host`): the network model prices
+    everything inside a node at the host's rate (intra_node_bw_bytes_per_s), so 64 "H100-SXM per node" would be
+    priced as one NVLink host of 64. The one statement of the bound, for every reader of a cluster's GPUs per node.
+
+    Raises:
+        GpusPerHostError: gpus_per_node > gpu.gpus_per_host."""
+    most = gpu.gpus_per_host
+    if most is None or gpus_per_node <= most:
+        return
+    beyond = (f"; NVLink across hosts is nvlink_domain_gpus (up to {gpu.nvlink_domain_gpus})"
+              if gpu.nvlink_domain_gpus else "")
+    raise GpusPerHostError(f"one {gpu.name} host holds at most {most} GPUs (the hardware table's gpus_per_host), "
+                           f"not {gpus_per_node}",
+                           f"use at most {most} GPUs per node: more GPUs are more nodes{beyond}; or give the GPU's "
+                           "facts with gpus_per_host")
 
 
 def lookup_gpu_name(name: str) -> str | None:

@@ -50,7 +50,7 @@ def test_hf_config_json_model(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--tp", "3"], "tp=3 does not divide num_attention_heads=32"),
-    (["--seq-len", "0"], "seq_len=0"),
+    (["--seq-len", "0"], "--seq-len=0: the sequence length must be > 0 (e.g. --seq-len 4096)"),
 ])
 def test_bad_input_is_exit_2_with_a_message(tmp_path, capsys, extra, needle):
     cfg = tmp_path / "ds.json"
