@@ -15,7 +15,8 @@ from pathlib import Path
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_calibration_flag, add_format_flag,
                                    add_out_flag, add_world_flags, exit_map)
 from dstoolkit.cli.tune import accept_command
-from dstoolkit.common.atomic import check_output_parents
+from dstoolkit.common.atomic import check_output_path
+from dstoolkit.runtime.bench.results_jsonl import check_results_file
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -94,16 +95,21 @@ def add_parser(subparsers) -> None:
 
 
 def check_common(args) -> None:
-    """The flags every bench shares, refused before any rank starts (InputError, or `FileInPathError` for an --out
-    under a path part that is a file: exit 2)."""
+    """The flags every bench shares, refused before any rank starts (exit 2): InputError; an --out that cannot be
+    written (`dstoolkit.common.atomic.check_output_path`'s errors: under a path part that is a file, ending with a
+    separator, '-', a link to nothing, an unwritable folder or file); an existing --out that is not a results file
+    records may be appended to (`results_jsonl.check_results_file`: a user's JSON document, a text file)."""
     if not (args.timeout_s > 0 and math.isfinite(args.timeout_s)):
         raise InputError(f"--timeout-s {args.timeout_s}: must be a positive number of seconds (default 1800)")
     if args.out:
         out = Path(args.out)
+        flag = f"--out {args.out}"
         if out.is_dir():
-            raise InputError(f"--out {args.out}: is a folder; pass the JSON Lines file to append to, e.g. "
+            raise InputError(f"{flag}: is a folder; pass the JSON Lines file to append to, e.g. "
                              f"--out {out / (args.bench_kind + '.jsonl')}")
-        check_output_parents(out, name=f"--out {args.out}")  # a file in the path: atomic's one wording
+        # a file in the path, --out new/, an unwritable folder: atomic's one wording (records are appended)
+        check_output_path(args.out, name=flag, append=True, suggest=f"{args.bench_kind}.jsonl")
+        check_results_file(out, name=flag)
 
 
 @exit_map("bench", failures=(RuntimeError,))  # BenchInputError: exit 2; RuntimeError (a rank failed): exit 1

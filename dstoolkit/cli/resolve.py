@@ -1,8 +1,9 @@
 """`dstoolkit resolve CONFIG --world-size N --hidden-size H [...] -o OUT`: fill Hugging Face "auto" values
 the way HF Trainer does (see dstoolkit.dsconfig.auto), so DeepSpeed can be run on the config directly.
 
-Refuses to overwrite OUT without --force, and an OUT that is a folder. Optimizer flags are checked with the
-config rules they fill (--lr, --betas, --eps, --weight-decay: DS230; --max-grad-norm: DS231). Exit 0 when
+Refuses to overwrite OUT without --force, and an OUT that is a folder (or ends with a separator). A flag value that
+is not a finite number (nan, inf) or a negative --warmup-steps is refused naming the flag; optimizer flags are checked
+with the config rules they fill (--lr, --betas, --eps, --weight-decay: DS230; --max-grad-norm: DS231). Exit 0 when
 everything was filled and the result validates, 1 when something could not be filled (OUT is written with those
 "auto" values left for HF Trainer to fill) or when the result has errors (OUT is not written: DeepSpeed would
 refuse it), 2 on bad input (flag values included).
@@ -10,13 +11,14 @@ refuse it), 2 on bad input (flag values included).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_out_flag, add_parallel_flags, add_world_flags, exit_map, positive_int)
 from dstoolkit.cli.schema import write_atomic
-from dstoolkit.common.atomic import check_output_parents
+from dstoolkit.common.atomic import check_output_path
 from dstoolkit.common.paths import A_FOLDER, input_file_problem
 from dstoolkit.dsconfig.auto import resolve_auto
 from dstoolkit.dsconfig.rules_optim import (GRADIENT_CLIPPING_FIX, adam_value_problems, adam_values_fix,
@@ -59,9 +61,31 @@ def _flag_value(v) -> str:
     return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
+_FLOAT_FLAGS = {**_VALUE_FLAGS, "max_grad_norm": "--max-grad-norm"}
+"""argparse dest -> flag, for every float flag (argparse's float() takes nan and inf)."""
+
+
+def _check_flag_numbers(args) -> None:
+    """Refuse a float flag that is not a finite number, and a negative --warmup-steps, naming the flag: they would be
+    filled into OUT (JSON cannot hold nan / inf, and the resolved config's own finding would blame CONFIG)."""
+    for dest, flag in _FLOAT_FLAGS.items():
+        value = getattr(args, dest)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for i, v in enumerate(values):
+            if v is not None and not math.isfinite(v):
+                which = f"--betas B{i + 1}" if dest == "betas" else flag
+                raise InputError(f"{which} {v}: not a finite number; JSON cannot hold it and DeepSpeed would not "
+                                 f"train with it: give {which} a finite number")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        raise InputError(f"--warmup-steps {args.warmup_steps}: must be >= 0 (optimizer steps of learning-rate "
+                         "warm-up; 0 is raised to 1 as transformers does)")
+
+
 def _check_value_flags(args) -> None:
-    """Refuse optimizer / clipping flag values the config rules DS230 / DS231 refuse (the same checks, asked
-    of dstoolkit.dsconfig.rules_optim), naming the flag: they would be written into OUT."""
+    """Refuse flag values that are not numbers a config can hold (`_check_flag_numbers`), then optimizer / clipping
+    flag values the config rules DS230 / DS231 refuse (the same checks, asked of dstoolkit.dsconfig.rules_optim),
+    naming the flag: they would be written into OUT."""
+    _check_flag_numbers(args)
     given = {k: getattr(args, k) for k in _VALUE_FLAGS if getattr(args, k) is not None}
     problems = adam_value_problems(given)
     if problems:
@@ -76,12 +100,12 @@ def _check_value_flags(args) -> None:
 
 
 def _check_output_path(output: str) -> None:
-    """OUT must name a file: not a folder, and not inside a path whose part is a file (`check_output_parents`,
-    the check the write itself makes: asked here, before any work, to name -o)."""
+    """OUT must name a file: not a folder, and one that can be written (`check_output_path`, the check the write
+    itself makes: asked here, before any work, to name -o)."""
     if os.path.isdir(output):
         raise InputError(f"-o {output} {A_FOLDER}: give the path of the config file to write, e.g. "
                          f"{os.path.join(output, 'ds_config.json')}")
-    check_output_parents(output, name=f"-o {output}")
+    check_output_path(output, name=f"-o {output}", suggest="ds_config.json")
 
 
 @exit_map("resolve")
@@ -113,7 +137,7 @@ def run(args) -> int:
     findings = [f for f in validate_config(report.config, source=args.config, world_size=args.world_size,
                                            tp=args.tp, pp=args.pp) if f.severity == "error" and f.code != "DS110"]
     if not findings:
-        write_atomic(args.output, json.dumps(report.config, indent=2) + "\n")
+        write_atomic(args.output, json.dumps(report.config, indent=2) + "\n", name=f"-o {args.output}")
     if args.format == "json":
         print(json.dumps({"output": None if findings else args.output,
                           "filled": [{"pointer": p, "value": v, "source": s} for p, v, s in report.filled],

@@ -15,11 +15,13 @@ Candidates are pruned by the structural rules, `validate_config` and the memory 
 runs (pruned trials keep their reason); the estimator's top-ranked points are tried first. Real mode runs
 each trial as a short real run of the example trainer on the spec's ranks; estimate mode uses the
 estimates alone. The study is stored in DIR/study.db: rerunning the same command resumes it.
-Outputs in DIR: best_ds_config.json, best_spec.yaml, report.md, report.json, objective_vs_trial.png.
+Outputs in DIR: best_ds_config.json, best_spec.yaml, report.md, report.json, objective_vs_trial.png; DIR/.dstoolkit-tune
+lists what tune wrote, and --force (or a resume) deletes or overwrites only those files, unchanged.
 """
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import tempfile
@@ -28,6 +30,7 @@ from pathlib import Path
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, InputError, add_force_flag,
                                    add_format_flag, add_model_class_flag, add_out_flag, exit_map)
 from dstoolkit.cli.spec_override import spec_file_with
+from dstoolkit.common.atomic import atomic_write_text
 
 
 def add_parser(subparsers) -> None:
@@ -42,7 +45,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mode", choices=("real", "estimate"), default="real",
                    help="real: short real runs on this machine (default); estimate: estimates only")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    add_force_flag(p, help="replace a different study / write into a non-empty folder")
+    add_force_flag(p, help="replace a different study / write into a non-empty folder (only files tune wrote are "
+                           "ever deleted or overwritten)")
     p.add_argument("--seed-trials", type=int, default=None,
                    help="estimator-ranked points tried first, 1-5 (default: about budget/3, raised to the points "
                         "estimated within 5%% of the best, up to budget/2)")
@@ -82,18 +86,17 @@ def accept_command(parser) -> None:
     parser.set_defaults(command=[])
 
 
-COMMAND_FILE = "command.json"
-
-
 def command_lookup(opts, command: list[str], force: bool):
     """The study's evaluator for a user command: each runnable point becomes OUT/trials/cmd-NNNN/ and one run
     of `command` (dstoolkit.tune.objective.run_command_trial). The command is kept in OUT/command.json; a
-    different command on a resumed study is refused unless --force."""
+    different command on a resumed study is refused unless --force. Both are listed in OUT's manifest
+    (dstoolkit.tune.manifest) once written, so --force may replace them later."""
     # dstoolkit[tune] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.tune.manifest import Manifest
     from dstoolkit.tune.objective import run_command_trial
     from dstoolkit.tune.options import _load_space
     # dstoolkit[tune] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
-    from dstoolkit.tune.records import TRIALS_DIR
+    from dstoolkit.tune.records import COMMAND_FILE, TRIALS_DIR
 
     state: dict = {}
     cmd_file = opts.out_dir / COMMAND_FILE
@@ -106,12 +109,17 @@ def command_lookup(opts, command: list[str], force: bool):
     def lookup(point, chk):
         if "space" not in state:
             _, state["space"], _ = _load_space(opts)
-            cmd_file.write_text(json.dumps(command) + "\n")
+            atomic_write_text(cmd_file, json.dumps(command) + "\n")
+            Manifest(opts.out_dir).record([COMMAND_FILE])
         trials = opts.out_dir / TRIALS_DIR
         n = len(list(trials.glob("cmd-*"))) if trials.is_dir() else 0
-        return run_command_trial(state["space"], chk, trials / f"cmd-{n:04d}", command, objective=opts.objective,
-                                 ranks=state["space"].spec.cluster.world_size, steps=opts.steps,
-                                 skip_steps=opts.skip_steps, timeout_s=opts.trial_timeout_s)
+        work_dir = trials / f"cmd-{n:04d}"
+        try:
+            return run_command_trial(state["space"], chk, work_dir, command, objective=opts.objective,
+                                     ranks=state["space"].spec.cluster.world_size, steps=opts.steps,
+                                     skip_steps=opts.skip_steps, timeout_s=opts.trial_timeout_s)
+        finally:  # interrupted too: what the trial wrote is tune's (--force may delete it)
+            Manifest(opts.out_dir).record_tree(work_dir)
     return lookup
 
 
@@ -120,7 +128,7 @@ def _scales(text: str) -> tuple[float, ...]:
         vals = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise ValueError(f"--bucket-scales {text!r}: expected comma-separated numbers, e.g. 0.25,1") from None
-    if not vals or any(v <= 0 for v in vals):
+    if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):  # nan, inf: refused here, naming the flag
         raise ValueError(f"--bucket-scales {text!r}: expected positive numbers, e.g. 0.25,1")
     return vals
 

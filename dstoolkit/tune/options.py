@@ -11,7 +11,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dstoolkit.common.atomic import check_output_parents
+from dstoolkit.common.atomic import check_output_folder
 from dstoolkit.hardware.calibration import calibration_for_spec
 from dstoolkit.models import resolve_spec_model
 from dstoolkit.runtime.shrink_run import prepare_shrunk_run
@@ -102,11 +102,11 @@ def check_options(opts: TuneOptions) -> None:
 
 
 def check_out_dir(out_dir: pathlib.Path) -> None:
-    """--out must be a folder, or a path where one can be made: not a file, and under no path part that is a file
-    (`check_output_parents`, the one wording for it). Asked first (`check_options`), before the spec is loaded;
-    what the folder holds (another study, other files) is `records.prepare_out_dir`'s."""
+    """--out must be a folder, or a path where one can be made: not a file, under no path part that is a file, not a
+    link to nothing, writable (`check_output_folder`, the one wording for each). Asked first (`check_options`), before
+    the spec is loaded; what the folder holds (another study, other files) is `records.prepare_out_dir`'s."""
     out_dir = pathlib.Path(out_dir)
-    check_output_parents(out_dir, name=f"--out {out_dir}")
+    check_output_folder(out_dir, name=f"--out {out_dir}")
     if out_dir.exists() and not out_dir.is_dir():
         raise TuneInputError(f"--out {out_dir}: is a file, not a folder; give the study's folder (a new one, or the "
                              "--out of the study to resume)")

@@ -1,14 +1,16 @@
-"""A study on disk: the output folder (created, resumed, or refused when it holds another study), the SQLite
-study's fingerprint, each trial's record in its user attributes, trials left RUNNING by an interrupt closed,
-and the finished study read back as a `TuneResult`.
+"""A study on disk: the output folder (created, resumed, or refused when it holds another study, or files tune
+did not write that --force or a resume would delete or overwrite: `manifest`), the SQLite study's fingerprint, each
+trial's record in its user attributes, trials left RUNNING by an interrupt closed, and the finished study read back
+as a `TuneResult`.
 """
 from __future__ import annotations
 
 import json
+import os
 import pathlib
-import shutil
 from typing import Any, Optional
 
+from dstoolkit.tune.manifest import Manifest, files_under, name_files
 from dstoolkit.tune.objective import TrialOutcome, direction
 from dstoolkit.tune.options import TuneOptions, TuneResult
 from dstoolkit.tune.space import TuneInputError, TunePoint, TuneSpace
@@ -26,6 +28,18 @@ TRIALS_DIR = "trials"
 OUTPUT_FILES = ("best_ds_config.json", "best_spec.yaml", "report.md", "report.json", "objective_vs_trial.png")
 
 
+COMMAND_FILE = "command.json"
+"""The user's command of a `tune ... -- COMMAND` study (cli/tune.py writes it)."""
+
+
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
+"""Files SQLite keeps beside the database (a hot journal after a crash): they go with it."""
+
+
+REWRITTEN = (*OUTPUT_FILES, COMMAND_FILE)
+"""The files a resumed study writes again."""
+
+
 FINGERPRINT_ATTR = "dstoolkit_fingerprint"
 
 
@@ -33,16 +47,28 @@ def prepare_out_dir(out_dir: pathlib.Path, fingerprint: str, force: bool) -> boo
     """Create or reuse the output folder. Returns True when an existing study is resumed. A file at or above
     ``out_dir`` was refused before (`options.check_out_dir`, from `check_options`).
 
+    With --force a new study replaces tune's own files (`replaced_files`: the database, the outputs, the command file,
+    trials/), and only those; a resumed study rewrites the outputs. Either is refused, naming the files, while one
+    of the files it would delete or overwrite was not written by tune or was edited since (`manifest`).
+
     Raises:
-        TuneInputError: the folder holds something else (or another study) and --force was not given.
+        TuneInputError: the folder holds something else (or another study) and --force was not given, or files
+            --force or the resume would delete or overwrite that tune did not write.
     """
     db = out_dir / STUDY_DB
     if out_dir.is_dir() and any(out_dir.iterdir()):
+        manifest = Manifest(out_dir)
         if force:
-            db.unlink(missing_ok=True)
-            for name in OUTPUT_FILES:
-                (out_dir / name).unlink(missing_ok=True)
-            shutil.rmtree(out_dir / TRIALS_DIR, ignore_errors=True)
+            legacy = not manifest.exists and db.is_file() and _stored_fingerprint(db) is not None
+            rels = replaced_files(out_dir)
+            lost = [rel for rel in rels if not _owned(manifest, rel, legacy)]
+            if lost:
+                raise TuneInputError(
+                    f"--out {out_dir}: --force would delete or overwrite {len(lost)} file(s) dstoolkit tune did not "
+                    f"write (or that were edited since it wrote them): {name_files(lost)}; move them out of the "
+                    "folder, or choose another --out (--force replaces only tune's own files)")
+            _remove(out_dir, rels)
+            manifest.path.unlink(missing_ok=True)  # the new study lists what it writes (a new manifest)
             return False
         if not db.is_file():
             raise TuneInputError(f"--out {out_dir}: folder is not empty and holds no study ({STUDY_DB}); choose an "
@@ -52,9 +78,56 @@ def prepare_out_dir(out_dir: pathlib.Path, fingerprint: str, force: bool) -> boo
             raise TuneInputError(
                 f"--out {out_dir}: holds a study of a different spec/objective/mode/space (fingerprint {other}, this "
                 f"run {fingerprint}); pass --force to replace it, or choose another --out")
+        legacy = not manifest.exists
+        edited = [rel for rel in REWRITTEN if os.path.lexists(out_dir / rel) and not _owned(manifest, rel, legacy)]
+        if edited:
+            one = len(edited) == 1
+            raise TuneInputError(
+                f"--out {out_dir}: {name_files(edited)} {'was' if one else 'were'} not written by dstoolkit tune or "
+                f"{'was' if one else 'were'} edited since, and resuming the study would overwrite "
+                f"{'it' if one else 'them'}: move {'it' if one else 'them'} out of the folder, then rerun")
+        if legacy:  # written before tune kept a manifest: its database is tune's (the fingerprint matched)
+            manifest.record([STUDY_DB], pinned=False)
         return True
     out_dir.mkdir(parents=True, exist_ok=True)
     return False
+
+
+def replaced_files(out_dir: pathlib.Path) -> list[str]:
+    """The existing files (relative POSIX paths) a new study started with --force deletes or overwrites: the
+    database and SQLite's files beside it, the outputs, the command file, and everything under trials/."""
+    names = [STUDY_DB, *(STUDY_DB + c for c in SQLITE_COMPANIONS), *REWRITTEN]
+    rels = [n for n in names if os.path.lexists(out_dir / n)]
+    trials = out_dir / TRIALS_DIR
+    if os.path.lexists(trials) and (trials.is_symlink() or not trials.is_dir()):
+        rels.append(TRIALS_DIR)
+    rels += [p.relative_to(out_dir).as_posix() for p in files_under(trials)]
+    return rels
+
+
+def _owned(manifest: Manifest, rel: str, legacy: bool) -> bool:
+    """`rel` was written by tune and is unchanged since. SQLite's files beside the database go with it. A folder
+    without a manifest (`legacy`: written by an older dstoolkit, holding its study) owns the names tune always
+    rewrote, not trials/ (what is in there cannot be told apart from the user's)."""
+    if rel.startswith(STUDY_DB + "-") and rel[len(STUDY_DB):] in SQLITE_COMPANIONS:
+        rel = STUDY_DB
+    if manifest.exists:
+        return manifest.owns(rel)
+    return legacy and rel in (STUDY_DB, *REWRITTEN)
+
+
+def _remove(out_dir: pathlib.Path, rels: list[str]) -> None:
+    """Delete `rels` (tune's own files, checked by the caller), then the folders under `out_dir` they leave empty."""
+    parents: set[pathlib.Path] = set()
+    for rel in rels:
+        path = out_dir / rel
+        path.unlink(missing_ok=True)
+        parents.update(p for p in path.parents if out_dir in p.parents)
+    for folder in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()  # only when empty: a folder of the user's stays
+        except OSError:
+            pass
 
 
 def _stored_fingerprint(db: pathlib.Path) -> Optional[str]:

@@ -1,7 +1,8 @@
 """Outputs of a tuning study: the best config (validated), a report of every trial (markdown + JSON), a plot.
 
 Files are written atomically (dstoolkit.common.atomic: temporary file, fsync, rename) into the study's output folder; they are derived
-from the study database and rewritten when a study is resumed.
+from the study database and rewritten when a study is resumed. Each is listed in the folder's manifest
+(`dstoolkit.tune.manifest`) as it is written, so --force and a resume replace it only while it is as tune wrote it.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Optional
 import yaml
 
 from dstoolkit.common.atomic import atomic_write_bytes, atomic_write_text
+from dstoolkit.tune.manifest import Manifest
 from dstoolkit.tune.space import TunePoint, TuneSpace, trial_spec_dict
 
 GiB = 2**30
@@ -135,13 +137,20 @@ def render_plot(result, opts, path: pathlib.Path) -> None:
 
 
 def write_outputs(result, space: TuneSpace, opts) -> list[str]:
-    """Write best_ds_config.json (validated), best_spec.yaml, report.md, report.json and the plot.
+    """Write best_ds_config.json (validated), best_spec.yaml, report.md, report.json and the plot, each listed in the
+    folder's manifest once written.
 
     Returns:
         The names of the files written.
     """
     out = pathlib.Path(opts.out_dir)
+    manifest = Manifest(out)
     written: list[str] = []
+
+    def wrote(name: str) -> None:
+        written.append(name)
+        manifest.record([name])
+
     findings: list[str] = []
     best_cfg: Optional[dict] = None
     if result.best is not None:
@@ -152,13 +161,15 @@ def write_outputs(result, space: TuneSpace, opts) -> list[str]:
         best_cfg = chk.ds_config
         findings = list(chk.warnings)
         atomic_write_text(out / "best_ds_config.json", json.dumps(best_cfg, indent=2) + "\n")
+        wrote("best_ds_config.json")
         spec_text = (f"# {space.spec.name}: the spec with the best tuned layout fixed ({point.label}); "
                      "written by dstoolkit tune\n"
                      + yaml.safe_dump(trial_spec_dict(space.spec, point), sort_keys=False))
         atomic_write_text(out / "best_spec.yaml", spec_text)
-        written += ["best_ds_config.json", "best_spec.yaml"]
+        wrote("best_spec.yaml")
     md = render_markdown(result, space, opts, findings)
     atomic_write_text(out / "report.md", md)
+    wrote("report.md")
     doc: dict[str, Any] = {
         "spec": str(opts.spec_path), "objective": opts.objective, "mode": opts.mode, "seed": opts.seed,
         "budget": opts.budget, "evaluated": result.evaluated, "stop_reason": result.stop_reason,
@@ -168,6 +179,7 @@ def write_outputs(result, space: TuneSpace, opts) -> list[str]:
         "best": result.best, "best_ds_config": best_cfg, "best_config_findings": findings,
         "trials": result.trials}
     atomic_write_text(out / "report.json", json.dumps(doc, indent=1, default=str) + "\n")
+    wrote("report.json")
     render_plot(result, opts, out / "objective_vs_trial.png")
-    written += ["report.md", "report.json", "objective_vs_trial.png"]
+    wrote("objective_vs_trial.png")
     return written

@@ -24,6 +24,7 @@ import warnings
 from typing import Callable, Optional
 
 from dstoolkit.runtime.bench.harness import progress_bar
+from dstoolkit.tune.manifest import Manifest
 from dstoolkit.tune.objective import TrialOutcome, direction, estimate_summary, run_estimate_trial, run_real_trial
 from dstoolkit.tune.options import TuneOptions, TuneResult, _fingerprint, _load_space, check_options
 from dstoolkit.tune.records import (FINGERPRINT_ATTR, REC_ATTR, STUDY_DB, STUDY_NAME, TRIALS_DIR, _close_interrupted,
@@ -90,6 +91,7 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
     storage = f"sqlite:///{(opts.out_dir / STUDY_DB).resolve()}"
     study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction=direction(opts.objective),
                                 sampler=sampler, load_if_exists=True)
+    Manifest(opts.out_dir).record([STUDY_DB], pinned=False)  # tune's own: --force may replace it
     if not resumed:
         study.set_user_attr(FINGERPRINT_ATTR, fp)
         study.set_user_attr("spec", str(opts.spec_path))
@@ -180,10 +182,13 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
             elif opts.mode == "estimate":
                 out = run_estimate_trial(space, chk, opts.objective)
             else:
-                out = run_real_trial(space, chk, opts.out_dir / TRIALS_DIR / f"{trial.number:04d}",
-                                     objective=opts.objective, ranks=world, steps=opts.steps,
-                                     skip_steps=opts.skip_steps, timeout_s=opts.trial_timeout_s,
-                                     launcher=opts.launcher, shrink=opts.shrink)
+                work_dir = opts.out_dir / TRIALS_DIR / f"{trial.number:04d}"
+                try:
+                    out = run_real_trial(space, chk, work_dir, objective=opts.objective, ranks=world,
+                                         steps=opts.steps, skip_steps=opts.skip_steps,
+                                         timeout_s=opts.trial_timeout_s, launcher=opts.launcher, shrink=opts.shrink)
+                finally:  # interrupted too: what the trial wrote is tune's (--force may delete it)
+                    Manifest(opts.out_dir).record_tree(work_dir)
             _outcome_attrs(trial, out, point, counted=True)
             if out.status == "ok" and out.value is not None:
                 study.tell(trial, out.value)

@@ -11,7 +11,7 @@ import os
 import pathlib
 from typing import Any, Optional
 
-from dstoolkit.common.atomic import check_output_parents
+from dstoolkit.common.atomic import check_output_path
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.report import (_comm_overhead_section, _comm_section, _overlap_section, _latest,
                                             _train_section, write_report)
@@ -54,14 +54,18 @@ def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
 
 
 def check_outputs(md_path: pathlib.Path, plots: list[pathlib.Path], inputs: list[pathlib.Path], force: bool,
-                  out_given: bool) -> None:
+                  out_given: bool, given: Optional[str] = None) -> None:
     """Refuse (BenchInputError, naming -o and the fix) an output that is a folder, is or would become a
-    results file, or replaces an existing report or plot without --force; and (`FileInPathError`, an OSError: exit 2)
-    one under a path part that is a file."""
-    flag = f"-o {md_path}" if out_given else f"the report {md_path}"
+    results file, or replaces an existing report or plot without --force; and (`dstoolkit.common.atomic`'s errors,
+    OSErrors or ValueErrors: exit 2) one that cannot be written: under a path part that is a file, ending with a
+    separator (``given``: -o as typed; a Path drops the separator), ``-``, a link to nothing, an unwritable folder."""
+    flag = f"-o {given or md_path}" if out_given else f"the report {md_path}"
     if md_path.is_dir():
         raise BenchInputError(f"{flag}: is a folder; pass the markdown file to write, e.g. -o {md_path / 'report.md'}")
-    check_output_parents(md_path, name=flag)  # a file in the path (-o f.json/sub/report.md): atomic's one wording
+    # a file in the path (-o f.json/sub/report.md), -o new/, an unwritable folder: atomic's one wording
+    check_output_path(given if given is not None else md_path, name=flag, suggest="report.md")
+    for p in plots:  # beside the report: a plot path that is a folder is refused before anything is written
+        check_output_path(p)
     for f in inputs:
         if _same_file(md_path, f):
             raise BenchInputError(f"{flag}: is the results file {f}, which the report reads (results are never "
@@ -94,7 +98,8 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     Raises:
         BenchInputError: the folder is missing or holds no readable records, or an output is refused
             (`check_outputs`).
-        FileInPathError: a part of ``out`` above it is a file (`check_outputs`; nothing is written).
+        OSError / ValueError: ``out`` cannot be written (`check_outputs`, `dstoolkit.common.atomic`'s wording: a
+            file in its path, a trailing separator, ``-``, an unwritable folder; nothing is written).
     """
     results_dir = pathlib.Path(results_dir)
     if not results_dir.is_dir():
@@ -115,7 +120,8 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for r in latest:
         by_kind.setdefault(r["bench"], []).append(r)
-    check_outputs(md_path, planned_plots(md_path, by_kind), inputs, force, out is not None)
+    check_outputs(md_path, planned_plots(md_path, by_kind), inputs, force, out is not None,
+                  given=None if out is None else str(out))
     md_path.parent.mkdir(parents=True, exist_ok=True)
     existed = {p for p in [md_path, *planned_plots(md_path, by_kind)] if p.exists()}
     plots: list[pathlib.Path] = []

@@ -1,6 +1,8 @@
 """Benchmark results as JSON Lines, written and resumed the same way by every bench (split from
 runtime.bench.harness): records are appended, flushed and fsynced, never rewritten; a run is closed by a
-``run_done`` record, and an interrupted run resumes where it stopped, skipping the rows it already has. No torch."""
+``run_done`` record, and an interrupted run resumes where it stopped, skipping the rows it already has. Records are
+appended only to a new file or to a file of this project's records (`check_results_file`): never to a user's JSON
+document, which a line appended would make invalid. No torch."""
 from __future__ import annotations
 
 import dataclasses
@@ -117,6 +119,62 @@ def read_records(path: pathlib.Path | str) -> Records:
     return out
 
 
+class NotResultsFileError(ValueError):
+    """An existing file that is not JSON Lines of `dstoolkit bench` records, so appending records to it would spoil
+    it (a DeepSpeed JSON over several lines, a text file). A ValueError (an input error, exit 2); its text names the
+    file (and the flag), why, and the fix."""
+
+
+def is_bench_record(rec: Any) -> bool:
+    """A record this project's benches write: a JSON object with a string ``bench`` field (`base_record`,
+    `close_run`)."""
+    return isinstance(rec, dict) and isinstance(rec.get("bench"), str)
+
+
+def results_file_problem(path: pathlib.Path | str, records: Optional[Records] = None) -> Optional[str]:
+    """Why records must not be appended to the existing file `path`, or None (no file, an empty one, or JSON Lines
+    holding at least one bench record: lines that are not records there, such as a last line cut off by an
+    interrupted write, are tolerated as `read_records` reports them). `records`: `read_records(path)` when the
+    caller has it already."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    if len(lines) > 1:
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            pass  # JSON Lines (or not JSON at all): one record per line, below
+        else:
+            return (f"it is one JSON document over {len(lines)} lines, not JSON Lines of dstoolkit bench records; a "
+                    "record appended would make it invalid JSON")
+    records = read_records(path) if records is None else records
+    if any(is_bench_record(r) for r in records):
+        return None
+    if records.bad_lines:
+        first = records.bad_lines[0]
+        return (f"none of its {len(lines)} line(s) is a dstoolkit bench record ({len(records.bad_lines)} of them not a "
+                f"JSON object; the first, line {first.line}: {first.reason}); records appended would mix with it")
+    return (f"none of its {len(records)} JSON record(s) is a dstoolkit bench record (no \"bench\" field); records "
+            "appended would mix with another tool's data")
+
+
+def check_results_file(path: pathlib.Path | str, name: Optional[str] = None, records: Optional[Records] = None) -> None:
+    """Raise `NotResultsFileError` when `path` exists and is not a results file records may be appended to
+    (`results_file_problem`). ``name``: how the caller's input names the path (``--out FILE``); default the path."""
+    problem = results_file_problem(path, records)
+    if problem:
+        path = pathlib.Path(path)
+        other = path.with_name(path.stem + ".jsonl")
+        if other == path or other.exists():
+            other = path.with_name(path.stem + "_bench.jsonl")
+        raise NotResultsFileError(f"{name or path}: {problem}; nothing was written: give a new file to append the "
+                                  f"records to (or a results file of dstoolkit bench), e.g. {other}")
+
+
 @dataclasses.dataclass
 class RunState:
     """Where a (possibly resumed) run stands."""
@@ -133,11 +191,18 @@ def open_run(path: Optional[pathlib.Path | str], bench: str, cfg_hash: str, resu
     A run is complete once a ``{"event": "run_done"}`` record with its run_id is written. Re-running
     the same command after an interrupt picks up the unfinished run's id and skips the rows it already
     has; re-running after a complete run starts a fresh run (results accumulate, nothing is overwritten).
+
+    Raises:
+        NotResultsFileError: `path` exists and is not a results file (`check_results_file`), resume or not; the
+            CLI asks it before any rank starts, naming --out.
     """
     fresh = RunState(run_id=uuid.uuid4().hex[:12], resumed=False, done_keys=set())
-    if path is None or not resume:
+    if path is None:
         return fresh
     everything = read_records(path)
+    check_results_file(path, records=everything)
+    if not resume:
+        return fresh
     if everything.bad_lines:  # kept as they are; the new records start on a line of their own
         print(f"# {path}: {everything.bad_lines_message()}", file=sys.stderr)
     records = [r for r in everything if r.get("bench") == bench and r.get("config_hash") == cfg_hash]
