@@ -90,6 +90,10 @@ class OptimizerBuild(NamedTuple):
     """Keys it fails without (mup's optimizers: KeyError 'lr')."""
     source: str = ""
     """Where the class is built or the behaviour is read (for the messages)."""
+    zero_tested: bool = False
+    """True when the class is in ZeRO's list of tested optimizers (deepspeed 0.19.8 runtime/zero/utils.py
+    ZERO_SUPPORTED_OPTIMIZERS, compared by exact type): the engine refuses any other at ZeRO stage 1-3 unless
+    zero_allow_untested_optimizer is set (rule DS236)."""
 
 
 _MUP = "mup/optim.py process_param_groups"
@@ -98,42 +102,46 @@ OPTIMIZER_BUILDS: dict[str, dict[str, OptimizerBuild]] = {
     # DeepSpeedCPUAdam, which the engine passes adamw_mode / fp32_optimizer_states itself; else FusedAdam
     **{t: {"device": OptimizerBuild("FusedAdam", frozenset({"lr", "bias_correction", "betas", "eps", "weight_decay",
                                                            "amsgrad", "set_grad_none"}) | ADAM_ENGINE_KEYS,
-                                    "without optimizer offload or torch_adam", source="ops/adam/fused_adam.py"),
+                                    "without optimizer offload or torch_adam", source="ops/adam/fused_adam.py",
+                                    zero_tested=True),
            "offload": OptimizerBuild("DeepSpeedCPUAdam", frozenset({"lr", "bias_correction", "betas", "eps",
                                                                    "weight_decay", "amsgrad"}) | ADAM_ENGINE_KEYS,
-                                     "with the optimizer offloaded to cpu / nvme", source="ops/adam/cpu_adam.py"),
+                                     "with the optimizer offloaded to cpu / nvme", source="ops/adam/cpu_adam.py",
+                                     zero_tested=True),
            "torch_adam": OptimizerBuild("torch.optim.AdamW", _TORCH_ADAMW | ADAM_ENGINE_KEYS, "with torch_adam true",
-                                        source="torch/optim/adamw.py"),
+                                        source="torch/optim/adamw.py", zero_tested=True),
            "torch_adam_l2": OptimizerBuild("torch.optim.Adam", _TORCH_ADAM | ADAM_ENGINE_KEYS,
-                                           "with torch_adam true and adam_w_mode false", source="torch/optim/adam.py")}
+                                           "with torch_adam true and adam_w_mode false", source="torch/optim/adam.py",
+                                           zero_tested=True)}
        for t in ("adam", "adamw")},
     "lamb": {"device": OptimizerBuild("FusedLamb", frozenset({"lr", "bias_correction", "betas", "eps",
                                                              "eps_inside_sqrt", "weight_decay", "max_grad_norm",
                                                              "max_coeff", "min_coeff", "amsgrad"}),
                                       source="ops/lamb/fused_lamb.py")},
     "lion": {"device": OptimizerBuild("FusedLion", frozenset({"lr", "betas", "weight_decay", "set_grad_none"}),
-                                      "without optimizer offload", source="ops/lion/fused_lion.py"),
+                                      "without optimizer offload", source="ops/lion/fused_lion.py", zero_tested=True),
              "offload": OptimizerBuild("DeepSpeedCPULion", frozenset({"lr", "betas", "weight_decay",
                                                                       "fp32_optimizer_states"}),
-                                       "with the optimizer offloaded to cpu / nvme", source="ops/lion/cpu_lion.py")},
+                                       "with the optimizer offloaded to cpu / nvme", source="ops/lion/cpu_lion.py",
+                                       zero_tested=True)},
     "adagrad": {"device": OptimizerBuild("torch.optim.Adagrad", _TORCH_ADAGRAD, "without optimizer offload",
-                                         source="torch/optim/adagrad.py"),
+                                         source="torch/optim/adagrad.py", zero_tested=True),
                 "offload": OptimizerBuild("DeepSpeedCPUAdagrad", frozenset({"lr", "eps", "weight_decay", "amsgrad",
                                                                             "fp32_optimizer_states"}),
                                           "with the optimizer offloaded to cpu / nvme",
-                                          source="ops/adagrad/cpu_adagrad.py")},
+                                          source="ops/adagrad/cpu_adagrad.py", zero_tested=True)},
     "muon": {"device": OptimizerBuild("MuonWithAuxAdam", MUON_KEYS | ADAM_ENGINE_KEYS, drops_unknown=True,
-                                      source="runtime/engine.py _muon_param_groups"),
+                                      source="runtime/engine.py _muon_param_groups", zero_tested=True),
              "torch_adam": OptimizerBuild("MuonWithAuxAdam", MUON_KEYS | ADAM_ENGINE_KEYS | {"foreach"},
                                           "with torch_adam true", drops_unknown=True,
-                                          source="runtime/engine.py _muon_param_groups")},
+                                          source="runtime/engine.py _muon_param_groups", zero_tested=True)},
     # mup (not a DeepSpeed dependency; read from microsoft/mup mup/optim.py): MuAdam / MuAdamW / MuSGD pass every
     # key on to torch.optim.Adam / AdamW / SGD, after process_param_groups reads kwargs['lr'] for each param group
     # that sets no lr of its own (the engine passes the model's parameters: one group without lr)
     "muadam": {"device": OptimizerBuild("mup's MuAdam (torch.optim.Adam)", _TORCH_ADAM, requires=frozenset({"lr"}),
-                                        source=_MUP)},
+                                        source=_MUP, zero_tested=True)},
     "muadamw": {"device": OptimizerBuild("mup's MuAdamW (torch.optim.AdamW)", _TORCH_ADAMW,
-                                         requires=frozenset({"lr"}), source=_MUP)},
+                                         requires=frozenset({"lr"}), source=_MUP, zero_tested=True)},
     "musgd": {"device": OptimizerBuild("mup's MuSGD (torch.optim.SGD)", _TORCH_SGD, requires=frozenset({"lr"}),
                                        source=_MUP)},
 }
@@ -199,12 +207,95 @@ SCHEDULER_PARAMS: dict[str, frozenset] = {
 SCHEDULER_REQUIRED: dict[str, frozenset] = {"OneCycle": frozenset({"cycle_min_lr", "cycle_max_lr"}),
                                             "WarmupDecayLR": frozenset({"total_num_steps"}),
                                             "WarmupCosineLR": frozenset({"total_num_steps"})}
-# torch.optim.lr_scheduler classes DeepSpeed falls back to (engine._scheduler_from_config); params not checked.
-TORCH_SCHEDULERS = frozenset({
-    "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
-    "SequentialLR", "CosineAnnealingLR", "ChainedScheduler", "ReduceLROnPlateau", "CyclicLR",
-    "CosineAnnealingWarmRestarts", "OneCycleLR", "PolynomialLR", "LRScheduler",
-})
+
+
+class TorchSchedulerArgs(NamedTuple):
+    """A torch.optim.lr_scheduler constructor's keywords after the optimizer (torch 2.13 inspect.signature)."""
+
+    keywords: tuple
+    """Every keyword it takes, in signature order."""
+    required: tuple = ()
+    """The keywords without a default (TypeError 'missing ... required positional argument' when absent)."""
+    objects: tuple = ()
+    """Required parameters that take Python objects JSON cannot hold (a callable, scheduler instances)."""
+
+
+# The torch.optim.lr_scheduler classes DeepSpeed 0.19.8 builds by name when scheduler.type is not one of its own
+# (engine._scheduler_from_config: getattr(torch.optim.lr_scheduler, type)(self.optimizer, **params)), with their
+# constructors' keywords. Transcribed from torch 2.13's signatures; tests/unit/test_s29c_rules_sched_torch.py
+# derives the same table from inspect.signature and fails on any drift. _LRScheduler, torch's deprecated alias of
+# LRScheduler, is left out.
+TORCH_SCHEDULER_ARGS: dict[str, TorchSchedulerArgs] = {
+    "LambdaLR": TorchSchedulerArgs(("lr_lambda", "last_epoch"), ("lr_lambda",), ("lr_lambda",)),
+    "MultiplicativeLR": TorchSchedulerArgs(("lr_lambda", "last_epoch"), ("lr_lambda",), ("lr_lambda",)),
+    "StepLR": TorchSchedulerArgs(("step_size", "gamma", "last_epoch"), ("step_size",)),
+    "MultiStepLR": TorchSchedulerArgs(("milestones", "gamma", "last_epoch"), ("milestones",)),
+    "ConstantLR": TorchSchedulerArgs(("factor", "total_iters", "last_epoch")),
+    "LinearLR": TorchSchedulerArgs(("start_factor", "end_factor", "total_iters", "last_epoch")),
+    "ExponentialLR": TorchSchedulerArgs(("gamma", "last_epoch"), ("gamma",)),
+    "SequentialLR": TorchSchedulerArgs(("schedulers", "milestones", "last_epoch"), ("schedulers", "milestones"),
+                                       ("schedulers",)),
+    "CosineAnnealingLR": TorchSchedulerArgs(("T_max", "eta_min", "last_epoch"), ("T_max",)),
+    # ChainedScheduler(schedulers, optimizer=None): the optimizer DeepSpeed passes first lands in `schedulers`
+    "ChainedScheduler": TorchSchedulerArgs(("optimizer",), (), ("schedulers",)),
+    "ReduceLROnPlateau": TorchSchedulerArgs(("mode", "factor", "patience", "threshold", "threshold_mode", "cooldown",
+                                             "min_lr", "eps")),
+    "CyclicLR": TorchSchedulerArgs(("base_lr", "max_lr", "step_size_up", "step_size_down", "mode", "gamma",
+                                    "scale_fn", "scale_mode", "cycle_momentum", "base_momentum", "max_momentum",
+                                    "last_epoch"), ("base_lr", "max_lr")),
+    "CosineAnnealingWarmRestarts": TorchSchedulerArgs(("T_0", "T_mult", "eta_min", "last_epoch"), ("T_0",)),
+    "OneCycleLR": TorchSchedulerArgs(("max_lr", "total_steps", "epochs", "steps_per_epoch", "pct_start",
+                                      "anneal_strategy", "cycle_momentum", "base_momentum", "max_momentum",
+                                      "div_factor", "final_div_factor", "three_phase", "last_epoch"), ("max_lr",)),
+    "PolynomialLR": TorchSchedulerArgs(("total_iters", "power", "last_epoch")),
+    "LRScheduler": TorchSchedulerArgs(("last_epoch",)),
+}
+TORCH_SCHEDULERS = frozenset(TORCH_SCHEDULER_ARGS)
+"""torch.optim.lr_scheduler class names DeepSpeed builds by name (rule DS239 checks them)."""
+
+# -- the JSON type each optimizer / scheduler parameter needs (rule DS240) --------------------------------------
+# DeepSpeed passes optimizer.params and scheduler.params on unchanged (no pydantic model types them), so a string,
+# null or a short list reaches Python arithmetic and raises TypeError / IndexError / ValueError. Kinds:
+NUMBER, NUMBERS, FLOATABLE, PAIR, PAIR_NONE_FIRST, BOOL = ("number", "numbers", "floatable", "pair",
+                                                           "pair-none-first", "bool")
+"""number: an int or float; numbers: a number or a per-param-group list of them (DeepSpeed's _format_param);
+floatable: anything float() takes, numeric strings included; pair: a list of exactly two numbers (unpacked
+`a, b = value`); pair-none-first: a pair whose first item may be null (torch.optim.Adafactor's eps); bool: a JSON
+boolean (a string is tested for truth, so "false" is true). A kind ending in "?" also takes null (the default
+applies)."""
+OPTIMIZER_PARAM_KINDS: dict[str, str] = {
+    **dict.fromkeys(("lr", "eps", "weight_decay", "momentum", "dampening", "alpha", "lr_decay",
+                     "initial_accumulator_value", "rho", "beta2_decay", "d", "lambd", "t0", "max_coeff", "min_coeff",
+                     "momentum_decay", "muon_lr", "adam_lr", "tolerance_grad", "tolerance_change", "max_iter",
+                     "history_size", "ns_steps"), NUMBER),
+    "max_eval": NUMBER + "?",
+    **dict.fromkeys(("betas", "etas", "step_sizes"), PAIR),
+    **dict.fromkeys(("amsgrad", "maximize", "capturable", "differentiable", "nesterov", "centered", "bias_correction",
+                     "set_grad_none", "eps_inside_sqrt", "adam_w_mode", "torch_adam", "fp32_optimizer_states",
+                     "decoupled_weight_decay", "foreach", "fused"), BOOL),
+}
+"""optimizer.params key -> kind, the same for every optimizer that takes the key (torch 2.13 and DeepSpeed 0.19.8
+constructors; foreach / fused default to None, which bool accepts)."""
+OPTIMIZER_PARAM_KIND_OVERRIDES: dict[str, dict[str, str]] = {"Adafactor": {"eps": PAIR_NONE_FIRST}}
+"""optimizer.type (exact case) -> the keys whose kind differs for it (torch.optim.Adafactor eps=(None, 1e-3))."""
+_WARMUP_KINDS = {"warmup_min_lr": NUMBERS, "warmup_max_lr": NUMBERS + "?", "last_batch_iteration": NUMBER}
+SCHEDULER_PARAM_KINDS: dict[str, dict[str, str]] = {
+    "LRRangeTest": {"lr_range_test_min_lr": NUMBERS, "lr_range_test_step_rate": NUMBER,
+                    "lr_range_test_staircase": BOOL, "last_batch_iteration": NUMBER},
+    "OneCycle": {"cycle_min_lr": NUMBERS, "cycle_max_lr": NUMBERS, "decay_lr_rate": NUMBER,
+                 "cycle_first_step_size": FLOATABLE, "cycle_second_step_size": FLOATABLE + "?",
+                 "cycle_first_stair_count": NUMBER, "cycle_second_stair_count": NUMBER + "?",
+                 "decay_step_size": NUMBER, "cycle_momentum": BOOL, "cycle_min_mom": NUMBERS,
+                 "cycle_max_mom": NUMBERS, "decay_mom_rate": NUMBER, "last_batch_iteration": NUMBER},
+    "WarmupLR": _WARMUP_KINDS,
+    "WarmupDecayLR": {**_WARMUP_KINDS, "total_num_steps": NUMBER},
+    "WarmupCosineLR": {"total_num_steps": NUMBER, "warmup_min_ratio": NUMBER, "cos_min_ratio": NUMBER,
+                       "last_batch_iteration": NUMBER},
+}
+"""DeepSpeed schedule -> scheduler.params key -> kind (deepspeed 0.19.8 runtime/lr_schedules.py: what each
+constructor and step does with the value). warmup_num_steps and lr_range_test_step_size (DeepSpeed's own integer
+check, rule DS234) and warmup_type (rule DS235) are checked elsewhere. WarmupLR's warmup_max_lr may be null (the
+optimizer's lr); OneCycle float()s its step sizes, so "2000" is taken."""
 
 # Offload sub-section keys (runtime/zero/offload_config.py), for "belongs in offload_*" findings.
 OFFLOAD_KEYS = frozenset({"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory",

@@ -148,6 +148,24 @@ def as_int(v: Any) -> Optional[int]:
     return None
 
 
+HJSON_INT_BELOW = 1e10
+"""hjson 3.1 (hjson/decoder.py scantfnns), DeepSpeed's reader of a config file, turns a number written with a
+fraction or an exponent into an int when it is integral and below this in magnitude: 1000.0, 1e3 and 2e0 reach
+DeepSpeed as 1000, 1000 and 2; 1e10 and 1e30 as floats."""
+
+
+def as_deepspeed_reads(v: Any, mode: str) -> Any:
+    """`v` as DeepSpeed's engine receives it. In strict mode DeepSpeed reads the file itself (deepspeed.initialize
+    with a path, --deepspeed_config: hjson.load in runtime/config.py and tensor_parallel/init_utils.py
+    load_ds_config), so an integral float below `HJSON_INT_BELOW` arrives as an int (measured: "warmup_num_steps":
+    1000.0 and 1e3 build WarmupLR from a file, 1e10 and 1e30 are refused). In hf mode HF Trainer / Accelerate read
+    the file with json.load (accelerate/utils/deepspeed.py HfDeepSpeedConfig) and hand DeepSpeed the dict, floats
+    kept (measured: 1000.0 in a dict is refused)."""
+    if mode == "strict" and isinstance(v, float) and v.is_integer() and abs(v) < HJSON_INT_BELOW:
+        return int(v)
+    return v
+
+
 def section(cfg: Mapping, key: str) -> dict:
     """cfg[key] when it is a dict, else {}."""
     v = cfg.get(key) if isinstance(cfg, Mapping) else None

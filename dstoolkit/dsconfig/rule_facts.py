@@ -29,6 +29,15 @@ def _sp(cfg: Mapping) -> int:
     return as_int(cfg.get("sequence_parallel_size")) or 1
 
 
+def dp_formula(world: int, tp: int = 1, pp: int = 1, sp: int = 1) -> str:
+    """How the data-parallel size comes out of the world size, as the findings write it: "world size 8", or "world
+    size 32 / (tp 2 x pp 1 x sp 4)" when any model-parallel degree is not 1 (the terms of LY009's "world 32 / (tp 2
+    x pp 1 x sp 4)", which DS213 shows)."""
+    if (tp, pp, sp) == (1, 1, 1):
+        return f"world size {world}"
+    return f"world size {world} / (tp {tp} x pp {pp}" + (f" x sp {sp}" if sp != 1 else "") + ")"
+
+
 def _dp_size(cfg: Mapping, ctx: RuleContext) -> Optional[int]:
     """dp = world / (tp * pp * sequence_parallel_size) (dstoolkit.layout); None when unknown or not whole."""
     if ctx.world_size is None:

@@ -1,7 +1,9 @@
 """The DeepSpeed cross-field rules, each declared once with `rule` (code, title; the docstring explains it).
 Layout arithmetic (data-parallel size, the batch triad, expert groups) is asked of `dstoolkit.layout`; the
 optimizer and scheduler rules (DS209-DS212, DS230-DS231) live in ``rules_optim``, the value rules of the other
-optimizers (DS233) in ``rules_optim_values`` and of the schedulers (DS234-DS235) in ``rules_sched``, the MoE /
+optimizers (DS233) in ``rules_optim_values``, the type rule of both sections (DS240) in ``rules_types``, what the
+engine does with the optimizer class (DS236-DS237) in ``rules_optim_engine``, the scheduler section and torch
+schedulers (DS238-DS239) in ``rules_sched_torch``, the schedules' values (DS234-DS235) in ``rules_sched``, the MoE /
 stage-option / parallelism rules (DS213-DS228) in ``rules_parallel``, the facts they all read in ``rule_facts``. The
 machinery (registry, `RuleViolation`, `RuleContext`, `run_rules`) is ``dstoolkit.dsconfig.registry``; its names are
 re-exported here, and readers of the registry import it from here so that every rule is declared.
@@ -14,7 +16,7 @@ from typing import Mapping, Optional
 
 from dstoolkit.dsconfig.registry import (RULES, Rule, RuleContext, RuleViolation, as_int, enforce_all,  # noqa: F401
                                          rule, run_rules, section, zero_section, zero_stage)
-from dstoolkit.dsconfig.rule_facts import _bf16_section, _dp_size, _enabled, _sp
+from dstoolkit.dsconfig.rule_facts import _bf16_section, _dp_size, _enabled, _sp, dp_formula
 from dstoolkit.layout.dims import LayoutError, resolve_batch
 
 
@@ -48,8 +50,9 @@ def _check_batch_triad(cfg: Mapping, ctx: RuleContext) -> None:
     if tb is None and mb is None:
         return  # DS202
     if any(v is not None and n is None for v, n in zip(raw, (tb, mb, gas))) or any(
-            n is not None and n <= 0 for n in (tb, mb, gas)):
-        return  # wrong type / range is reported per key
+            n is not None and n <= 0 for n in (tb, mb, gas)) or (
+            cfg.get("sequence_parallel_size") is not None and as_int(cfg.get("sequence_parallel_size")) is None):
+        return  # wrong type / range is reported per key (DeepSpeed divides the world by sequence_parallel_size)
     dp = _dp_size(cfg, ctx)
     if dp is None:
         if tb is not None and mb is not None and gas is not None:
@@ -66,8 +69,7 @@ def _check_batch_triad(cfg: Mapping, ctx: RuleContext) -> None:
         return
     except LayoutError:
         pass
-    dp_text = (f"data-parallel size {dp} (world size {ctx.world_size}"
-               + (f" / (tp {ctx.tp} x pp {ctx.pp})" if (ctx.tp, ctx.pp) != (1, 1) else "") + ")")
+    dp_text = f"data-parallel size {dp} ({dp_formula(ctx.world_size, ctx.tp, ctx.pp, _sp(cfg))})"
     if mb is not None and gas is not None:
         fix = (f'set "gradient_accumulation_steps": {tb // (mb * dp)}' if tb % (mb * dp) == 0 else
                f'set "train_batch_size": {mb * gas * dp}')
@@ -275,10 +277,12 @@ def _check_hpz_clamped_or_cross_node(cfg: Mapping, ctx: RuleContext) -> None:
 # the MoE rules).
 from dstoolkit.dsconfig import rules_optim  # noqa: E402,F401
 from dstoolkit.dsconfig.rules_optim import known_optimizers  # noqa: E402,F401  (re-export)
-# DS233 (every other optimizer's values), then DS234-DS235 (the LR schedule's values), after the rules above:
-# DeepSpeed builds the optimizer before the scheduler (runtime/engine.py _configure_optimizer,
-# _configure_lr_scheduler).
-from dstoolkit.dsconfig import rules_optim_values, rules_sched  # noqa: E402,F401
+# DS233 (every other optimizer's values), DS240 (values of the wrong type), DS236-DS237 (what the engine does with
+# the optimizer class), then DS238-DS239 (building the scheduler section, torch schedulers) and DS234-DS235 (the LR
+# schedule's values), after the rules above: DeepSpeed builds the optimizer before the scheduler
+# (runtime/engine.py _configure_optimizer, _configure_lr_scheduler).
+from dstoolkit.dsconfig import rules_optim_values, rules_types, rules_optim_engine  # noqa: E402,F401
+from dstoolkit.dsconfig import rules_sched_torch, rules_sched  # noqa: E402,F401
 
 # DS213-DS228 (MoE, stage-dependent options, parallel sizes, AutoTP, Ulysses, AutoEP) come after the optimizer
 # rules in DeepSpeedConfig's check order.

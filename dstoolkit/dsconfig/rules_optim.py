@@ -179,8 +179,8 @@ def _check_scheduler_type(cfg: Mapping, ctx: RuleContext) -> None:
 def _check_scheduler_params(cfg: Mapping, ctx: RuleContext) -> None:
     """scheduler.params are passed as keyword arguments to the DeepSpeed schedule (runtime/lr_schedules.py): no
     unknown keywords (TypeError at engine start), and the required ones present (OneCycle needs cycle_min_lr
-    and cycle_max_lr, WarmupDecayLR and WarmupCosineLR need total_num_steps). torch schedulers are not
-    checked."""
+    and cycle_max_lr, WarmupDecayLR and WarmupCosineLR need total_num_steps). torch schedulers' keywords are
+    DS239's."""
     sch = section(cfg, "scheduler")
     name, params = sch.get("type"), sch.get("params", {})
     if not isinstance(name, str) or name not in SCHEDULER_PARAMS or not isinstance(params, dict):
@@ -331,7 +331,7 @@ def _check_adam_values(cfg: Mapping, ctx: RuleContext) -> None:
     the loss, a beta of 1 zeroes the bias correction 1 - beta^t they divide by (ops/csrc/adam/multi_tensor_adam.cu,
     ops/csrc/includes/cpu_adam.h), a beta above 1 makes the moments grow without bound, a negative eps can zero the
     update's denominator, a negative weight_decay inflates the weights. lr 0 is legal (torch accepts it). "auto"
-    (HF fills it) and values that are not numbers are left to the other findings."""
+    (HF fills it) is left to DS110 / DS111, values that are not numbers to DS240."""
     opt = section(cfg, "optimizer")
     name, params = opt.get("type"), opt.get("params")
     if not isinstance(name, str) or not isinstance(params, dict):

@@ -261,8 +261,8 @@ def _check_optimizer_values(cfg: Mapping, ctx: RuleContext) -> None:
     lr / eps / weight_decay >= 0, unchecked (a negative lr climbs, a negative eps drives the weights to -inf, a
     negative weight_decay is skipped). The CPU claims were measured on DeepSpeed 0.19.8's JIT-built ops. Muon (MuonWithAuxAdam,
     runtime/zero/muon/original_muon.py) needs lr / muon_lr / adam_lr / weight_decay / eps >= 0, momentum and betas
-    in [0, 1), and ns_method "gram" or "standard" (an assert). "auto" and values that are not numbers are left to
-    the other findings; the 1-bit optimizers of DeepSpeed 0.16 are not checked."""
+    in [0, 1), and ns_method "gram" or "standard" (an assert). "auto" is left to DS110 / DS111 and values that are
+    not numbers to DS240; the 1-bit optimizers of DeepSpeed 0.16 are not checked."""
     problems = optimizer_value_problems(cfg, ctx.deepspeed_version)
     if problems:
         first = problems[0]

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, rule, section
+from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, as_deepspeed_reads, rule, section
 from dstoolkit.dsconfig.rules_optim import _number
 
 SOURCE = "runtime/lr_schedules.py"
@@ -57,17 +57,22 @@ def _ptr(key: str) -> str:
 
 
 # -- DS234: what the constructors raise on --------------------------------------------------------------------
-def refused(name: str, params: Mapping) -> list[SchedProblem]:
-    """The values `name`'s constructor raises ValueError on (0.19.8 lr_schedules.py)."""
+def refused(name: str, params: Mapping, mode: str = "strict") -> list[SchedProblem]:
+    """The values `name`'s constructor raises ValueError on (0.19.8 lr_schedules.py), each as DeepSpeed receives it
+    in `mode` (`as_deepspeed_reads`: strict, DeepSpeed's hjson reader makes an integral float below 1e10 an int; hf,
+    HF's json.load keeps the float)."""
     out = []
     for key, default in STEP_DEFAULTS.items():
         owner = WARMUP_SCHEDULES if key == "warmup_num_steps" else ("LRRangeTest",)
         v = params.get(key, default)
-        if name not in owner or v == "auto" or (isinstance(v, int) and v > 0):
+        seen = as_deepspeed_reads(v, mode)
+        if name not in owner or v == "auto" or (isinstance(seen, int) and seen > 0):
             continue
         integral = _number(v) is not None and v > 0 and float(v).is_integer()
-        out.append(SchedProblem(_ptr(key), f"{key}={v!r}: {name} raises ValueError('{key} must be a positive integer, "
-                                f"got {v}') ({SOURCE}: `not isinstance({key}, int) or {key} <= 0`)",
+        via = ("HF Trainer / Accelerate read the file with json.load, which keeps the float (accelerate/utils/"
+               "deepspeed.py), and " if integral and mode == "hf" else "")
+        out.append(SchedProblem(_ptr(key), f"{key}={v!r}: {via}{name} raises ValueError('{key} must be a positive "
+                                f"integer, got {v}') ({SOURCE}: `not isinstance({key}, int) or {key} <= 0`)",
                                 f'write it as an integer: "{key}": {int(v)}' if integral else
                                 f"use a positive whole number of steps, e.g. {default} (the default)"))
     if name == "OneCycle":
@@ -88,15 +93,19 @@ def _check_scheduler_refused(cfg: Mapping, ctx: RuleContext) -> None:
     """DeepSpeed 0.19.8 builds the LR schedule at deepspeed.initialize and its constructors raise ValueError
     (runtime/lr_schedules.py): WarmupLR, WarmupDecayLR and WarmupCosineLR need warmup_num_steps to be a positive
     int ('warmup_num_steps must be a positive integer, got ...': `not isinstance(warmup_num_steps, int) or
-    warmup_num_steps <= 0`, so 0, negatives, null, strings and floats such as 1000.0 or 1e3 all fail), LRRangeTest
-    the same of lr_range_test_step_size, and OneCycle needs cycle_first_step_size > 0 and cycle_second_step_size
-    >= 0 (OneCycle._initialize_cycle). "auto" is left to the other findings (HF fills it). Checked for 0.19 only:
-    0.16's lr_schedules.py is not installed here to read."""
+    warmup_num_steps <= 0`, so 0, negatives, null, strings and 1000.5 fail), LRRangeTest the same of
+    lr_range_test_step_size, and OneCycle needs cycle_first_step_size > 0 and cycle_second_step_size >= 0
+    (OneCycle._initialize_cycle). A number written as a float is judged as DeepSpeed receives it
+    (registry.as_deepspeed_reads): in strict mode DeepSpeed reads the file with hjson, which turns 1000.0, 1e3 or
+    2e0 into the ints 1000 and 2 but keeps 1e10 and 1e30 floats (measured with deepspeed.initialize(config=path):
+    the first three build WarmupLR, the last two raise); in hf mode HF Trainer / Accelerate read it with json.load
+    and pass the float on, which DeepSpeed refuses (measured: 1000.0 in a dict raises). "auto" is left to the other
+    findings (HF fills it). Checked for 0.19 only: 0.16's lr_schedules.py is not installed here to read."""
     sch = section(cfg, "scheduler")
     name, params = sch.get("type"), sch.get("params", {})
     if not ctx.deepspeed_version.startswith("0.19") or not isinstance(name, str) or not isinstance(params, dict):
         return
-    problems = refused(name, params)
+    problems = refused(name, params, ctx.mode)
     if problems:
         raise RuleViolation(problems[0].pointer, f"scheduler.params {'; '.join(p.message for p in problems)}",
                             "; ".join(p.fix for p in problems))
@@ -106,7 +115,7 @@ def _check_scheduler_refused(cfg: Mapping, ctx: RuleContext) -> None:
 _UPHILL = "a negative learning rate trains uphill"
 
 
-def _warmup(name: str, params: Mapping, cfg: Mapping) -> list[SchedProblem]:
+def _warmup(name: str, params: Mapping, cfg: Mapping, mode: str) -> list[SchedProblem]:
     out = []
     wt = params.get("warmup_type")
     if "warmup_type" in params and wt != "auto" and wt not in WARMUP_TYPES:
@@ -130,7 +139,7 @@ def _warmup(name: str, params: Mapping, cfg: Mapping) -> list[SchedProblem]:
                                     f"to {hi:g} during warmup{back} ({SOURCE} WarmupLR.get_lr: min_lr + (max_lr - "
                                     "min_lr) * gamma)", "warmup_min_lr is where warmup starts (e.g. 0) and "
                                     "warmup_max_lr the peak: make warmup_min_lr <= warmup_max_lr"))
-    total, warm = _get(params, "total_num_steps", None), params.get("warmup_num_steps", 1000)
+    total, warm = _get(params, "total_num_steps", None), as_deepspeed_reads(params.get("warmup_num_steps", 1000), mode)
     if name != "WarmupLR" and total is not None and isinstance(warm, int) and warm > 0 and total < max(2, warm):
         floor = "warmup_min_lr" if name == "WarmupDecayLR" else "cos_min_ratio x lr"
         out.append(SchedProblem(_ptr("total_num_steps"), f"total_num_steps={params['total_num_steps']!r} < "
@@ -229,10 +238,10 @@ def _range_test(params: Mapping) -> list[SchedProblem]:
     return out
 
 
-def misbehaving(name: str, params: Mapping, cfg: Mapping) -> list[SchedProblem]:
+def misbehaving(name: str, params: Mapping, cfg: Mapping, mode: str = "strict") -> list[SchedProblem]:
     """The values `name` takes and mishandles (DS235), in the order its constructor and schedule read them."""
     if name in WARMUP_SCHEDULES:
-        return _warmup(name, params, cfg)
+        return _warmup(name, params, cfg, mode)
     if name == "OneCycle":
         return _one_cycle(params, cfg)
     return _range_test(params) if name == "LRRangeTest" else []
@@ -255,12 +264,12 @@ def _check_scheduler_misbehaves(cfg: Mapping, ctx: RuleContext) -> None:
     decay_mom_rate != 0 takes beta1 past 1 or below 0 (cycle_max_mom * (1 + decay_mom_rate * k /
     decay_step_size) is unbounded), and every step sets betas to (momentum, 0.99), replacing the
     optimizer.params.betas[1] the config wrote; LRRangeTest with lr_range_test_step_rate < 0 reaches 0 and turns
-    negative. "auto", per-group lists and values that are not numbers are not checked; 0.19 only."""
+    negative. "auto" and per-group lists are not checked, values that are not numbers are DS240's; 0.19 only."""
     sch = section(cfg, "scheduler")
     name, params = sch.get("type"), sch.get("params", {})
     if not ctx.deepspeed_version.startswith("0.19") or not isinstance(name, str) or not isinstance(params, dict):
         return
-    problems = misbehaving(name, params, cfg)
+    problems = misbehaving(name, params, cfg, ctx.mode)
     if problems:
         raise RuleViolation(problems[0].pointer, f"{name}: {'; '.join(p.message for p in problems)}",
                             "; ".join(dict.fromkeys(p.fix for p in problems)))

@@ -89,8 +89,9 @@ def rules_markdown() -> str:
            "<!-- Generated from the registries by `python -m dstoolkit.validate.explain --write docs/rules.md`;",
            "     do not edit by hand (tests/unit/test_rule_registry.py checks it is current). -->", "",
            "`dstoolkit validate --explain CODE` prints one entry. Each rule is declared once: DeepSpeed rules with",
-           "`@rule` in `dstoolkit/dsconfig/rules.py`, `rules_optim.py`, `rules_optim_values.py`, `rules_sched.py` and",
-           "`rules_parallel.py` (the docstring is the explanation),",
+           "`@rule` in `dstoolkit/dsconfig/rules.py`, `rules_optim.py`, `rules_optim_values.py`, `rules_optim_engine.py`,",
+           "`rules_types.py`, `rules_sched.py`, `rules_sched_torch.py` and `rules_parallel.py` (the docstring is the",
+           "explanation),",
            "layout constraints with `@constraint` in `dstoolkit/layout/degree_rules.py` and",
            "`dstoolkit/layout/step_rules.py`.", "",
            "## DeepSpeed cross-field rules (DS2xx)", ""]

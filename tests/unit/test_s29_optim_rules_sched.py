@@ -27,11 +27,15 @@ def sched(type_, params, **top):
 
 # -- DS234 ---------------------------------------------------------------------------------------------------
 def test_warmup_steps_written_as_a_float_is_refused():
-    assert findings(sched("WarmupLR", {"warmup_max_lr": 1e-3, "warmup_num_steps": 1e3})) == [
+    # strict: DeepSpeed's own hjson reader turns 1e3 into 1000; hf: HF's json.load keeps the float and WarmupLR raises
+    cfg = sched("WarmupLR", {"warmup_max_lr": 1e-3, "warmup_num_steps": 1e3})
+    assert findings(cfg) == []
+    assert findings(cfg, mode="hf") == [
         ("DS234", "/scheduler/params/warmup_num_steps",
-         "scheduler.params warmup_num_steps=1000.0: WarmupLR raises ValueError('warmup_num_steps must be a positive "
-         "integer, got 1000.0') (runtime/lr_schedules.py: `not isinstance(warmup_num_steps, int) or warmup_num_steps "
-         "<= 0`)", 'write it as an integer: "warmup_num_steps": 1000')]
+         "scheduler.params warmup_num_steps=1000.0: HF Trainer / Accelerate read the file with json.load, which keeps "
+         "the float (accelerate/utils/deepspeed.py), and WarmupLR raises ValueError('warmup_num_steps must be a "
+         "positive integer, got 1000.0') (runtime/lr_schedules.py: `not isinstance(warmup_num_steps, int) or "
+         "warmup_num_steps <= 0`)", 'write it as an integer: "warmup_num_steps": 1000')]
 
 
 @pytest.mark.parametrize("type_", ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"])
@@ -56,7 +60,7 @@ def test_warmup_steps_deepspeed_accepts(steps):
 
 
 def test_range_test_and_one_cycle_sizes():
-    [(_, pointer, message, _)] = findings(sched("LRRangeTest", {"lr_range_test_step_size": 100.0}))
+    [(_, pointer, message, _)] = findings(sched("LRRangeTest", {"lr_range_test_step_size": 100.0}), mode="hf")
     assert pointer == "/scheduler/params/lr_range_test_step_size"
     assert "LRRangeTest raises ValueError('lr_range_test_step_size must be a positive integer, got 100.0')" in message
     one = {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}

@@ -218,6 +218,11 @@ def test_model_validator_runs_the_registry():
         "DS233": (with_(optimizer={"type": "SGD", "params": {"lr": -1}}), {}),
         "DS234": (with_(scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 0}}), {}),
         "DS232": (with_(zero_optimization={"stage": 2}), {"pp": 2}),
+        "DS236": (with_(optimizer={"type": "SGD", "params": {"lr": 0.1}}, zero_optimization={"stage": 2}), {}),
+        "DS237": (with_(optimizer={"type": "LBFGS", "params": {"lr": 1}}), {}),
+        "DS238": (with_(scheduler={"type": "WarmupLR"}), {}),
+        "DS239": (with_(scheduler={"type": "CosineAnnealingLR", "params": {}}), {}),
+        "DS240": (with_(optimizer={"type": "AdamW", "params": {"lr": "1e-3"}}), {}),
     }
     errors = {code for code, r in rules.RULES.items() if r.severity == "error"}
     assert set(triggers) == errors
