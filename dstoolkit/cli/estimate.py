@@ -112,7 +112,7 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
     from dstoolkit.models.resolve import resolve_spec_model
     from dstoolkit.spec import load_spec
 
-    spec = load_spec(path)
+    spec = load_spec(path, targets=target or ())  # --target: the run's targets for the spec's engine rules
     apply_model_class(spec, model_class, path)  # --model-class: as the spec's model.model_class
     if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
         spec.cluster.calibration = _checked_calibration(calibration_arg, spec)

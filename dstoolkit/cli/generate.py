@@ -88,7 +88,9 @@ def run(args) -> int:
     # exists"), then an existing folder
     check_output_parents(out, name=f"-o {args.out}")
     check_target(out, force=args.force)
-    spec, shape = load_spec_and_shape_with(args.spec, args.model_class)
+    # SpecLoadError: printed as it is, exit 2 (exit_map). --target values are the run's targets for the spec's engine
+    # rules (spec.load_spec(targets=)), with or without --model-class
+    spec, shape = load_spec_and_shape_with(args.spec, args.model_class, args.target or ())
     requested = list(dict.fromkeys(args.target or spec.targets or ("deepspeed",)))
     result = generate(spec, shape, strategies=args.strategy, targets=requested,
                       out_dir=out.resolve(), pretrain_script=args.pretrain_script)

@@ -9,7 +9,7 @@ to a temporary file for verbs that read the file themselves (tune). No torch imp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 
 def apply_model_class(spec, model_class: Optional[str], where: str = "") -> None:
@@ -36,8 +36,9 @@ def apply_model_class(spec, model_class: Optional[str], where: str = "") -> None
     m.model_class = model_class
 
 
-def load_spec_and_shape_with(path: Union[str, Path], model_class: Optional[str]):
-    """`load_spec_and_shape(path)` with --model-class applied to the spec before its model is resolved.
+def load_spec_and_shape_with(path: Union[str, Path], model_class: Optional[str], targets: Sequence[str] = ()):
+    """`load_spec_and_shape(path, targets)` with --model-class applied to the spec before its model is resolved.
+    `targets`: the command line's --target values (they replace the spec's `targets`, `spec.load_spec`).
 
     Raises:
         SpecLoadError: as `load_spec_and_shape`, and for a --model-class the spec's model cannot take.
@@ -46,7 +47,7 @@ def load_spec_and_shape_with(path: Union[str, Path], model_class: Optional[str])
     from dstoolkit.generate.io import SpecLoadError, load_spec_and_shape
 
     if model_class is None:
-        return load_spec_and_shape(path)
+        return load_spec_and_shape(path, targets)
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.hardware.calibration import calibration_for_spec
     from dstoolkit.models.resolve import resolve_spec_model
@@ -55,7 +56,7 @@ def load_spec_and_shape_with(path: Union[str, Path], model_class: Optional[str])
 
     p = Path(path)  # a missing file or a folder: load_spec's SpecError says which
     try:
-        spec = load_spec(p)
+        spec = load_spec(p, targets=targets)
         apply_model_class(spec, model_class, f"{p}: error")
         shape = resolve_spec_model(spec)
         calibration_for_spec(spec)

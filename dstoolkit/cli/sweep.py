@@ -135,7 +135,9 @@ def run(args) -> int:
 
     if args.top < 1:
         raise InputError(f"--top must be >= 1 (got {args.top})")
-    spec, shape = load_spec_and_shape_with(args.spec, args.model_class)  # SpecLoadError: printed as it is, exit 2 (exit_map)
+    # SpecLoadError: printed as it is, exit 2 (exit_map). --target values are the run's targets for the spec's engine
+    # rules (spec.load_spec(targets=)), with or without --model-class
+    spec, shape = load_spec_and_shape_with(args.spec, args.model_class, args.target or ())
     targets = targets_of(args, spec)
     # targets of several engine groups (deepspeed + megatron-lm; DeepSpeed's native MoE + HF): one ranking per group,
     # each under the engine its files run, as generate resolves them; one combined ranking would be estimated under

@@ -30,6 +30,7 @@ from dstoolkit.generate.result import GenerateResult, SkippedStrategy, StrategyO
 from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.targets import NATIVE_MOE_TARGETS, is_hf  # noqa: F401  (NATIVE_MOE_TARGETS: re-exported)
 from dstoolkit.generate.targets import native_moe as target_native_moe
+from dstoolkit.generate.targets import miss_reason as _miss_reason
 from dstoolkit.generate.targets import strategy_unavailable_for, target_groups, target_unavailable_reason
 from dstoolkit.generate.sweep import error_findings, run_sweep
 from dstoolkit.generate.sweep_result import Ranked, SweepResult
@@ -125,19 +126,6 @@ def _writes_ds_config(chosen_targets: Sequence[str], groups: Sequence[Sequence[s
         return False
     native_asked = any(not is_hf(t) and TARGET_ENGINE[t] == "deepspeed" for g in groups for t in g)
     return TARGET_ENGINE[chosen_targets[0]] == "deepspeed" or not native_asked
-
-
-def _miss_reason(target: str, sweep: SweepResult, shape: ModelShape) -> str:
-    """Why `target` got no layout of a strategy: its own reason where every layout was one it cannot run (a ulysses
-    layout for deepspeed names the launchers that split sequences), else the sweep's counts and first drop."""
-    if sweep.dropped and all(d.code == "target" for d in sweep.dropped):
-        why = target_unavailable_reason(target, sweep.dropped[0].candidate, shape)
-        if why:
-            return why
-    reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
-    codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
-    first = f"; e.g. {sweep.dropped[0].candidate.label}: {sweep.dropped[0].reason}" if sweep.dropped else ""
-    return f"{reason} for {target} ({sweep.considered} tried; dropped by {codes}{first})"
 
 
 def _resolve(spec: Spec, shape: ModelShape, strat: StrategyDef,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 import yaml
 
@@ -20,8 +20,9 @@ class SpecLoadError(ValueError):
     """The spec cannot be used (missing file, YAML/schema error, unknown model); the message says where."""
 
 
-def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
-    """`load_spec(path)`, `resolve_spec_model(spec)`, and a check that its calibration file (if any) is usable.
+def load_spec_and_shape(path: Union[str, Path], targets: Sequence[str] = ()) -> tuple[Spec, ModelShape]:
+    """`load_spec(path, targets=targets)`, `resolve_spec_model(spec)`, and a check that its calibration file (if any)
+    is usable. `targets`: the command line's --target values, which replace the spec's `targets` (`load_spec`).
 
     Raises:
         SpecLoadError: with the `file:line:col: error: ...` text of the underlying `SpecError`.
@@ -29,7 +30,7 @@ def load_spec_and_shape(path: Union[str, Path]) -> tuple[Spec, ModelShape]:
 
     p = Path(path)  # a missing file or a folder: load_spec's SpecError says which
     try:
-        spec, shape = _loaded(p)
+        spec, shape = _loaded(p, targets)
     except ValueError as exc:  # SpecError is a ValueError carrying file:line:col findings
         raise SpecLoadError(str(exc)) from None
     except OSError as exc:
@@ -79,10 +80,10 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
     return [dataclasses.replace(found, code="SP007", severity="warning")]
 
 
-def _loaded(p: Path) -> tuple[Spec, ModelShape]:
+def _loaded(p: Path, targets: Sequence[str] = ()) -> tuple[Spec, ModelShape]:
     """`load_spec`, `resolve_spec_model` and a check that its calibration file (if any) is usable; SpecError (a
     ValueError) or OSError as they come."""
-    spec = load_spec(p)
+    spec = load_spec(p, targets=targets)
     shape = resolve_spec_model(spec)
     calibration_for_spec(spec)  # cluster.calibration: a missing/unusable file is the spec's error
     return spec, shape

@@ -9,8 +9,9 @@ generate's internals. No torch import.
     validate_candidate(spec, shape, cand, cfg=None) -> list[Finding]    validate_config on that JSON
     estimate_candidate(spec, shape, cand, gpu=None, ds_config=None)     the sweep's estimate (CandidateEstimate)
     plan_for(spec, shape, cand, ds_config=None) -> RunPlan              the estimator's RunPlan for a candidate
-    resolve_spec(spec, shape) -> Resolution                             the sweep's best layout for a spec, with
-                                                                        the values it chose for "auto" fields
+    resolve_spec(spec, shape, targets) -> Resolution                    the sweep's best layout for a spec (per engine
+                                                                        group of targets), with the values it chose
+                                                                        for "auto" fields
 
 "auto" is resolved by the sweep only (`dstoolkit.generate.sweep.run_sweep`, the path `dstoolkit generate`
 takes per strategy); the DeepSpeed JSON is written by `dstoolkit.generate.ds_json` only.
@@ -31,12 +32,14 @@ from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
 from dstoolkit.generate.sweep_result import SweepResult
-from dstoolkit.generate.targets import engine_note, spec_for_targets
+from dstoolkit.generate.targets import (engine_note, miss_reason, spec_for_targets, target_groups,
+                                        target_unavailable_reason)
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan
 from dstoolkit.spec import Spec
 from dstoolkit.spec.checkpoint import CheckpointPolicy
+from dstoolkit.spec.target_engines import ENGINE_NAMES
 
 GiB = 2**30
 
@@ -89,6 +92,20 @@ class Resolution:
     sweep: SweepResult
     assumptions: list[str] = field(default_factory=list)
     """What was chosen for each "auto" (and each allowed-but-optional) field, in spec order."""
+    targets: list[str] = field(default_factory=list)
+    """The requested targets these figures are for (one engine group, `targets.target_groups`); empty: none asked."""
+    others: list["Resolution"] = field(default_factory=list)
+    """The other engine groups' resolutions, each estimated under its own engine."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Requested targets that cannot run the spec, each with its reason."""
+
+
+class _NoLayout(ValueError):
+    """No layout survives a group's sweep (the message: its drop counts and first reason)."""
+
+    def __init__(self, message: str, sweep: SweepResult):
+        super().__init__(message)
+        self.sweep = sweep
 
 
 def _chosen(spec: Spec, cand: Candidate) -> list[str]:
@@ -110,13 +127,71 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
     build the winner's DeepSpeed JSON and `RunPlan`.
 
     When nothing fits, the least memory-hungry layout the sweep estimated is returned with `fits=False`.
-    `targets`: only the layouts these launchers run (`dstoolkit.generate.targets`; `dstoolkit estimate --target`).
+    `targets`: only the layouts these launchers run (`dstoolkit.generate.targets`; `dstoolkit estimate --target`),
+    resolved per engine group as `generate` resolves them (`targets.target_groups`), each under the engine its files
+    run. The figures returned are the first group's that fits (else the first group's that has a layout), with
+    `targets` naming the targets they are for, `others` the other groups' resolutions and `refused` each requested
+    target that cannot run the spec with its reason; the assumptions say so where several groups were asked or a
+    target was refused.
 
     Raises:
-        ValueError: no layout survives the structural rules and the estimator (the message gives the sweep's
-            drop counts and the first reason).
+        ValueError: no layout survives the structural rules and the estimator for any requested target (the
+            message gives the sweep's drop counts and the first reason; with several groups, each target's reason).
     """
-    res = run_sweep(spec, shape, top=1, validate=True, advise=False, targets=tuple(targets))
+    targets = tuple(dict.fromkeys(targets))
+    groups = [tuple(g) for g in target_groups(targets)] or [()]
+    done: list[Resolution] = []
+    refused: dict[str, str] = {}
+    for g in groups:
+        try:
+            r = _resolve_group(spec, shape, g)
+        except _NoLayout as exc:
+            if len(groups) == 1:
+                raise ValueError(str(exc)) from None
+            refused.update({t: miss_reason(t, exc.sweep, shape) for t in g})
+            continue
+        # the group's layout runs on at least one of its targets (the sweep drops the rest); the others cannot run it
+        for t in g:
+            if (why := target_unavailable_reason(t, r.candidate, shape)) is not None:
+                refused[t] = why
+        r.targets = [t for t in g if t not in refused]
+        done.append(r)
+    if not done:
+        raise ValueError(f"no valid layout for {spec.name} on any requested target: "
+                         + "; ".join(f"{t}: {why}" for t, why in refused.items()))
+    main = next((r for r in done if r.fits), done[0])
+    main.others = [r for r in done if r is not main]
+    main.refused = refused
+    if len(groups) > 1 or refused:
+        lead, *rest = _targets_notes(main)
+        main.assumptions = [lead, *main.assumptions, *rest]
+    return main
+
+
+def _engine_name(r: Resolution) -> str:
+    return ENGINE_NAMES[r.plan.framework]
+
+
+def _targets_notes(main: Resolution) -> list[str]:
+    """Which requested targets the figures are for, the other groups' figures in one line each, and each refused
+    target with its reason."""
+    notes = [f"figures for --target {' / '.join(main.targets)} (estimated under {_engine_name(main)})"]
+    for o in main.others:
+        label = o.candidate.label
+        if o.sweep.winner is not None and o.fits:
+            e = o.sweep.winner.estimate
+            figures = f"{label}, {e.step_time_s:.4g} s/step, {e.memory_per_rank_bytes / GiB:.1f} GiB per rank"
+        else:
+            figures = f"{label}, does not fit"
+        notes.append(f"--target {' / '.join(o.targets)} (estimated under {_engine_name(o)}): {figures}; "
+                     f"`dstoolkit estimate --target {o.targets[0]}` shows its figures")
+    notes += [f"--target {t}: not estimated: {why}" for t, why in main.refused.items()]
+    return notes
+
+
+def _resolve_group(spec: Spec, shape: ModelShape, targets: tuple[str, ...]) -> Resolution:
+    """`resolve_spec` for one engine group of targets (or none)."""
+    res = run_sweep(spec, shape, top=1, validate=True, advise=False, targets=targets)
     if res.winner is not None:
         cand, fits = res.winner.candidate, True
     elif res.fits_nowhere is not None and res.fits_nowhere.least_memory_candidate is not None:
@@ -124,7 +199,7 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
     else:
         codes = ", ".join(f"{k}: {v}" for k, v in res.dropped_by_code.items())
         first = f"; e.g. {res.dropped[0].candidate.label}: {res.dropped[0].reason}" if res.dropped else ""
-        raise ValueError(f"no valid layout for {spec.name}: {res.considered} tried, dropped by {codes}{first}")
+        raise _NoLayout(f"no valid layout for {spec.name}: {res.considered} tried, dropped by {codes}{first}", res)
     # the plan of the engine the targets run (spec_for_targets), as the sweep estimated it
     engine_spec = spec_for_targets(spec, targets)
     cfg = ds_config_for(spec, shape, cand)
@@ -146,7 +221,8 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
         gpu = spec.cluster.gpu_spec
         notes.append(f"nothing fits in {gpu.memory_bytes / GiB:.0f} GiB "
                      f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable): showing the smallest-memory candidate")
-    return Resolution(candidate=cand, ds_config=cfg, plan=plan, fits=fits, sweep=res, assumptions=notes)
+    return Resolution(candidate=cand, ds_config=cfg, plan=plan, fits=fits, sweep=res, assumptions=notes,
+                      targets=list(targets))
 
 
 MAX_WORLD_SCALE = 64

@@ -13,6 +13,7 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.hardware.table import lookup_gpu_name
 from dstoolkit.layout import LayoutFacts, ParallelDims, first_violation
 from dstoolkit.layout import ramp_increment as _ramp_increment
+from dstoolkit.layout.ulysses_heads import ulysses_impl
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 from dstoolkit.spec.layout_facts import sequence_shards
@@ -57,6 +58,7 @@ def candidate_names(spec: Spec, targets: Sequence[str] = ()) -> dict[str, str]:
         # a rule's way onto another engine (layout.registry.engine_choice): the targets pin it, not the framework
         names["engine_choice"] = (f"another --target ({' / '.join(targets)} run{'s' if len(targets) == 1 else ''} "
                                   f"{ENGINE_NAMES[engine]})")
+        names["megatron_lm_alone"] = "--target megatron-lm alone"
     return names
 
 
@@ -91,6 +93,7 @@ def candidate_facts(spec: Spec, shape: ModelShape, cand: Candidate, native_moe: 
         offload_optimizer=cand.offload_optimizer, offload_param=cand.offload_param, zeropp=cand.zeropp,
         megatron_sp=cand.sequence_parallel, sp=cand.sequence_shards, cp=cand.cp, seq_len=spec.training.seq_len,
         virtual_stages=spec.training.virtual_stages, framework=spec.training.framework,
+        ulysses_impl=ulysses_impl(spec.training.framework),  # the targets' engine (spec_for_targets): LY020's rule
         pipeline_schedule=spec.training.pipeline_schedule,
         cpu=isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu",
         ramp_start=ramp.start_batch if ramp else None, ramp_increment=ramp.increment if ramp else None,

@@ -20,6 +20,9 @@ from typing import Optional, Sequence
 from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
 from dstoolkit.generate.candidates import Candidate, strategy_unavailable_reason
 from dstoolkit.generate.hf_targets import HF_TARGETS, hf_unavailable_reason
+from dstoolkit.generate.sweep_result import SweepResult
+from dstoolkit.layout.ulysses_heads import (IMPL_LAUNCHER, one_of, ulysses_degrees, ulysses_heads_fix,
+                                           ulysses_heads_problem)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 from dstoolkit.spec.target_engines import ENGINE_NAMES, SEQUENCE_SHARDING_TARGETS, TARGET_ENGINE, engine_of
@@ -84,23 +87,47 @@ def target_groups(targets: Sequence[str]) -> list[list[str]]:
     return [g for g in ([t for t in dict.fromkeys(targets) if key(t)] for key in keys) if g]
 
 
+TARGET_ULYSSES = {launcher: impl for impl, launcher in IMPL_LAUNCHER.items()}
+"""The implementation each sequence-splitting launcher runs Ulysses with (`layout.ulysses_heads`): megatron-lm
+Megatron-Core's all-to-all context parallelism, megatron-deepspeed DeepSpeed's DistributedAttention."""
+
+
+def _ulysses_heads_reason(target: str, ulysses: int, tp: int, shape: Optional[ModelShape]) -> Optional[str]:
+    """Why `target`'s Ulysses implementation cannot split the model's heads over `ulysses` ranks (LY020's rule for
+    that implementation, `layout.ulysses_heads`), with the way out, or None."""
+    if shape is None or shape.is_mla or target not in TARGET_ULYSSES:
+        return None
+    impl, heads = TARGET_ULYSSES[target], (shape.num_attention_heads, shape.kv_heads, tp)
+    why = ulysses_heads_problem(impl, ulysses, *heads, name="training.ulysses")
+    if why is None:
+        return None
+    return f"{why}; {ulysses_heads_fix(impl, *heads, name='training.ulysses', ulysses=ulysses)}"
+
+
 def sequence_sharding_reason(target: str, cand: Candidate, shape: Optional[ModelShape] = None) -> Optional[str]:
-    """Why `target` cannot split the candidate's sequences (its cp or ulysses), or None. Megatron-LM runs Ulysses
-    through Transformer Engine's all-to-all attention (AttnFuncWithCPAndQKVOA2A), which asserts "The number of
-    attention heads needs to be divisible by CP size!" for the query and the key/value heads of each TP rank (DeepSpeed's
-    own Ulysses splits an indivisible count unevenly instead, rule LY020)."""
+    """Why `target` cannot split the candidate's sequences (its cp or ulysses), or None: a launcher that does not
+    split them that way (its advice names only the launchers whose Ulysses takes the model's heads), or a Ulysses
+    degree the heads do not split into under the launcher's implementation (rule LY020, `layout.ulysses_heads`:
+    Megatron-LM's all-to-all context parallelism needs each TP rank's query and key/value heads divisible by it;
+    Megatron-DeepSpeed the attention heads divisible by it, and its DistributedAttention at least as many key/value
+    heads on each TP rank)."""
     for field, degree in (("cp", cand.cp), ("ulysses", cand.ulysses)):
         able = SEQUENCE_SHARDING_TARGETS[field]
         if degree > 1 and target not in able:
-            return (f"training.{field}={degree}: {target} does not split sequences that way; generate with "
-                    f"--target {' / '.join(able)}")
-    if target == "megatron-lm" and cand.ulysses > 1 and shape is not None and not shape.is_mla:
-        for what, heads in (("attention heads", shape.num_attention_heads), ("key/value heads", shape.kv_heads)):
-            per_tp = max(1, heads // cand.tp)
-            if per_tp % cand.ulysses:
-                return (f"training.ulysses={cand.ulysses}: Megatron-LM's all-to-all context parallelism needs the "
-                        f"{what} of each TP rank ({heads} / tp {cand.tp} = {per_tp}) divisible by it; use a divisor "
-                        f"of {per_tp}, or --target megatron-deepspeed (DeepSpeed-Ulysses splits them unevenly)")
+            head = f"training.{field}={degree}: {target} does not split sequences that way"
+            if field == "ulysses":
+                taking = tuple(t for t in able if _ulysses_heads_reason(t, degree, cand.tp, shape) is None)
+                if not taking:
+                    heads = (shape.num_attention_heads, shape.kv_heads, cand.tp)
+                    degrees = "; ".join(f"--target {t} takes training.ulysses "
+                                        f"{one_of(ulysses_degrees(TARGET_ULYSSES[t], *heads)) or 'none'}" for t in able)
+                    return (f"{head}, and no launcher that does takes {degree} for these heads "
+                            f"({shape.num_attention_heads} attention, {shape.kv_heads} key/value, tp {cand.tp}): "
+                            f"{degrees}; or context parallelism (cp) with --target megatron-lm")
+                able = taking
+            return f"{head}; generate with --target {' / '.join(able)}"
+    if cand.ulysses > 1:
+        return _ulysses_heads_reason(target, cand.ulysses, cand.tp, shape)
     return None
 
 
@@ -111,6 +138,19 @@ def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -
     if why is None and is_hf(target):
         why = hf_unavailable_reason(cand, shape)
     return why
+
+
+def miss_reason(target: str, sweep: SweepResult, shape: ModelShape) -> str:
+    """Why `target` got no layout from a sweep of its group: its own reason where every layout was one it cannot run (a
+    ulysses layout for deepspeed names the launchers that split sequences), else the sweep's counts and first drop."""
+    if sweep.dropped and all(d.code == "target" for d in sweep.dropped):
+        why = target_unavailable_reason(target, sweep.dropped[0].candidate, shape)
+        if why:
+            return why
+    reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
+    codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
+    first = f"; e.g. {sweep.dropped[0].candidate.label}: {sweep.dropped[0].reason}" if sweep.dropped else ""
+    return f"{reason} for {target} ({sweep.considered} tried; dropped by {codes}{first})"
 
 
 def unavailable_for_all(targets: Sequence[str], cand: Candidate, shape: ModelShape) -> Optional[str]:

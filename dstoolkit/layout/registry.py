@@ -47,6 +47,9 @@ class LayoutFacts:
     """Model chunks per pipeline rank (the interleaved schedule)."""
     framework: Optional[str] = None
     """The runtime that executes the model (deepspeed, megatron, fsdp)."""
+    ulysses_impl: Optional[str] = None
+    """What splits the heads of a Ulysses group (`ulysses_heads.ULYSSES_IMPLS`: megatron-core, megatron-deepspeed,
+    alst; an engine's: `ulysses_heads.ulysses_impl`); None: unknown, DeepSpeed's DistributedAttention's own rule."""
     pipeline_schedule: Optional[str] = None
     """1f1b, interleaved, zero-bubble or dualpipe."""
     cpu: bool = False
@@ -115,6 +118,13 @@ def engine_choice(n: Names, engines: str) -> str:
     sweep's --target), since setting training.framework changes nothing there."""
     how = n("engine_choice")
     return f"framework: {engines}" if how == "engine_choice" else how
+
+
+def megatron_lm_alone(n: Names) -> str:
+    """How the caller runs a layout on Megatron-LM alone: the spec's ``targets: [megatron-lm]`` (or framework:
+    megatron), or what the caller names the pseudo-fact ``megatron_lm_alone`` (the command line's --target)."""
+    how = n("megatron_lm_alone")
+    return "targets: [megatron-lm], or framework: megatron" if how == "megatron_lm_alone" else how
 
 
 def known(*vals) -> bool:

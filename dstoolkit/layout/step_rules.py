@@ -6,7 +6,8 @@ Megatron sequence parallelism), virtual pipeline stages and the schedule the fra
 from __future__ import annotations
 
 from dstoolkit.layout.dims import ramp_increment
-from dstoolkit.layout.registry import LayoutFacts, Names, constraint, engine_choice, known
+from dstoolkit.layout.registry import LayoutFacts, Names, constraint, engine_choice, known, megatron_lm_alone
+from dstoolkit.layout.ulysses_heads import ulysses_heads_fix, ulysses_heads_problem
 
 
 @constraint("LY017", "batch", "global batch must be a multiple of micro batch x dp", ("global_batch", "micro_batch", "world"),
@@ -101,21 +102,29 @@ def _seq_shards(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY020", "ulysses-heads", "every DeepSpeed-Ulysses rank needs a key/value head",
-            ("sp", "cp", "kv_heads", "tp", "is_mla"),
-            "Ulysses' all-to-all hands each of its ranks a share of the attention heads of the TP rank; DeepSpeed "
-            "asserts 'Number of key-value heads must be at least the sequence parallel size' and splits an "
-            "indivisible count unevenly (deepspeed/sequence/layer.py _resolve_kv_heads, uneven_heads_all2all).")
+@constraint("LY020", "ulysses-heads", "the heads must split over the Ulysses ranks as its implementation splits them",
+            ("sp", "cp", "kv_heads", "num_heads", "tp", "is_mla", "ulysses_impl"),
+            "Ulysses' all-to-all hands each of its ranks a share of the attention heads, and each implementation "
+            "refuses its own counts (layout.ulysses_heads; the caller names it, ulysses_impl: the sweep and the "
+            "estimate the one their engine runs, ulysses_heads.FRAMEWORK_ULYSSES): Megatron-LM (Megatron-Core) runs the "
+            "degree as all-to-all context parallelism, whose Transformer Engine attention needs the query and the "
+            "key/value heads of each TP rank divisible by it; Megatron-DeepSpeed (under DeepSpeed's engine the one "
+            "launcher that splits sequences) asserts num_attention_heads % ds_sequence_parallel_size == 0 "
+            "(megatron/model/transformer.py) and its DeepSpeed DistributedAttention asserts 'Number of key-value heads "
+            "must be at least the sequence parallel size', splitting an indivisible count unevenly "
+            "(deepspeed/sequence/layer.py); DeepSpeed's UlyssesSPAttentionHF (ALST, HF models) needs the attention "
+            "heads divisible by the degree and the key/value heads divisible by it or dividing it (it replicates them: "
+            "deepspeed/runtime/sequence_parallel/ulysses_sp.py). Unknown implementation: DistributedAttention's rule.")
 def _ulysses_heads(f: LayoutFacts, n: Names):
     if not known(f.sp, f.cp, f.kv_heads, f.tp) or f.is_mla:
         return None
     ulysses = f.sp // f.cp
-    kv = f.kv_heads // f.tp if f.kv_heads >= f.tp else 1
-    if ulysses > 1 and kv < ulysses:
-        return (f"{n('sp')}={ulysses} exceeds the {kv} key/value heads on each TP rank ({f.kv_heads} / {n('tp')} "
-                f"{f.tp}): DeepSpeed-Ulysses would leave a rank without a head",
-                f"use ulysses <= {kv}, or context parallelism (cp) for longer sequences")
-    return None
+    impl = f.ulysses_impl
+    why = ulysses_heads_problem(impl, ulysses, f.num_heads, f.kv_heads, f.tp, name=n("sp"), tp_name=n("tp"))
+    if why is None:
+        return None
+    room = f.world // (f.tp * f.pp) if known(f.world, f.pp) and f.world % (f.tp * f.pp) == 0 else None
+    return why, ulysses_heads_fix(impl, f.num_heads, f.kv_heads, f.tp, name=n("sp"), ulysses=ulysses, room=room)
 
 
 @constraint("LY021", "vpp", "virtual pipeline stages need a pipeline and something to run each",
@@ -171,9 +180,8 @@ def _ulysses_megatron_sp(f: LayoutFacts, n: Names):
     under = f" ({n('framework')}: {f.framework})" if f.framework is not None else ""
     return (f"{n('sp')}={f.sp // f.cp} with {n('megatron_sp')}: DeepSpeed-Ulysses and Megatron sequence parallelism "
             f"do not combine{under}",
-            "turn sequence_parallel off, use cp in place of ulysses, or run it on Megatron-LM alone (targets: "
-            "[megatron-lm], or framework: megatron), whose all-to-all context parallelism takes --sequence-parallel",
-            "megatron_sp")
+            "turn sequence_parallel off, use cp in place of ulysses, or run it on Megatron-LM alone "
+            f"({megatron_lm_alone(n)}), whose all-to-all context parallelism takes --sequence-parallel", "megatron_sp")
 
 
 @constraint("LY024", "cp-framework", "context parallelism needs a framework that has it", ("cp", "framework"),

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from dstoolkit.hardware.calibration import Calibration, calibration_for_spec
 from dstoolkit.hardware.table import GpuSpec, get_gpu
 from dstoolkit.layout import LayoutFacts, ParallelDims, data_parallel_size, require
+from dstoolkit.layout.ulysses_heads import ulysses_impl
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan.dsview import DsView, read_ds_config
 from dstoolkit.spec import Spec
@@ -127,7 +128,7 @@ class RunPlan(BaseModel):
                            num_heads=s.num_attention_heads, kv_heads=s.kv_heads, is_mla=s.is_mla,
                            num_layers=s.num_hidden_layers, num_experts=s.num_experts,
                            virtual_stages=self.virtual_stages, framework=self.framework,
-                           pipeline_schedule=self.pipeline_schedule)
+                           ulysses_impl=ulysses_impl(self.framework), pipeline_schedule=self.pipeline_schedule)
 
     def _require(self, codes: tuple[str, ...]) -> "RunPlan":
         require(self._layout_facts(), codes)  # LayoutError is a ValueError: pydantic reports its message

@@ -2,17 +2,18 @@
 memory headroom a pick leaves. No torch import. Part of `dstoolkit.spec.model.Spec`."""
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from dstoolkit.common.model import StrictModel as _Strict
-from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
-from dstoolkit.spec.errors import SpecFieldError, reject_bool
+from dstoolkit.hardware.table import (GpuSpec, GpusPerHostError, check_gpus_per_host, get_gpu, gpu_name_error,
+                                      lookup_gpu_name)
+from dstoolkit.spec.errors import SpecFieldError
+from dstoolkit.spec.whole_numbers import WholeNumberFields
 
 
-class ClusterSpec(_Strict):
-    """Where the job runs."""
+class ClusterSpec(WholeNumberFields):
+    """Where the job runs (its int fields are whole numbers: `whole_numbers`)."""
 
     nodes: int = Field(default=1, ge=1)
     """Number of nodes."""
@@ -40,10 +41,18 @@ class ClusterSpec(_Strict):
     domain as one node (TP, EP and rings inside it at NVLink rates); launch files keep gpus_per_node per host.
     None: NVLink ends at the host (`nvlink_domain`)."""
 
-    @field_validator("nodes", "gpus_per_node", "nvlink_domain_gpus", mode="before")
-    @classmethod
-    def _check_not_bool(cls, value: Any, info) -> Any:
-        return reject_bool(value, info.field_name)
+    @model_validator(mode="after")
+    def _check_gpus_per_host(self) -> "ClusterSpec":
+        # one host's GPUs share its NVLink (intra_node_bw_bytes_per_s): more per node would be priced as one host
+        try:
+            check_gpus_per_host(self.gpus_per_node, self.gpu_spec)
+        except GpusPerHostError as exc:
+            most, world = self.gpu_spec.gpus_per_host, self.world_size
+            same = (f"set nodes: {world // most}, gpus_per_node: {most} (the same {world} GPUs), or "
+                    if world % most == 0 else "")
+            raise SpecFieldError(("gpus_per_node",), f"gpus_per_node={self.gpus_per_node}: {exc.problem}",
+                                 f"{same}{exc.fix}") from None
+        return self
 
     @model_validator(mode="after")
     def _check_nvlink_domain(self) -> "ClusterSpec":

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from dstoolkit.common.model import Auto, StrictModel
+from dstoolkit.common.model import Auto
 from dstoolkit.spec.errors import SpecFieldError
 from dstoolkit.spec.target_engines import TARGET_ENGINE
+from dstoolkit.spec.whole_numbers import WholeNumberFields
 
 Framework = Literal["deepspeed", "megatron", "fsdp"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zero-bubble", "dualpipe"]
@@ -23,8 +24,9 @@ MoeDispatcher = Literal["alltoall", "deepep"]
 RecomputeModule = Literal["layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"]
 
 
-class ClusterModelFields(StrictModel):
-    """How the run executes on the GPUs (what the step-time, communication and activation models read)."""
+class ClusterModelFields(WholeNumberFields):
+    """How the run executes on the GPUs (what the step-time, communication and activation models read); its int
+    fields, and those of `TrainingSpec`, are whole numbers (`whole_numbers`: no strings, booleans or fractions)."""
 
     framework: Framework = "deepspeed"
     """The runtime that executes the model; decides the overlap defaults ("auto"): deepspeed = the DeepSpeed
@@ -88,13 +90,6 @@ class ClusterModelFields(StrictModel):
     CrossEntropyLoss, llm-foundry's default loss_fn fused_crossentropy; Apex xentropy: it keeps the logits and one
     fp32 log-sum-exp per token and writes a low-precision gradient). The estimate only: the generated files do not
     switch the loss."""
-    @field_validator("virtual_stages", "cp", "ulysses", mode="before")
-    @classmethod
-    def _check_int_not_bool(cls, value: Any, info) -> Any:
-        if isinstance(value, bool):
-            raise SpecFieldError((), f"{info.field_name}={value!r} is a boolean", "give a positive integer")
-        return value
-
     @model_validator(mode="after")
     def _check_cluster_fields(self) -> "ClusterModelFields":
         if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved":
@@ -128,10 +123,11 @@ class ClusterModelFields(StrictModel):
         return self
 
 
-def check_engine_fields(spec: Any) -> None:
+def check_engine_fields(spec: Any, *, from_command_line: bool = False) -> None:
     """Refuse a field only one engine has where nothing runs that engine: recompute_modules is Megatron-Core's
     --recompute-modules, so the spec needs a target that runs Megatron-Core (megatron-lm: `TARGET_ENGINE`), or, with
     no targets, framework: megatron (the other targets' estimates and files drop it: generate.targets.spec_for_targets).
+    `from_command_line`: the targets came from the command line (--target), which the message and the fix name.
 
     Raises:
         SpecFieldError: at training.recompute_modules.
@@ -142,9 +138,12 @@ def check_engine_fields(spec: Any) -> None:
     if spec.targets:
         if any(TARGET_ENGINE[x] == "megatron" for x in spec.targets):
             return
+        cli = from_command_line
+        given = " ".join(f"--target {x}" for x in spec.targets) if cli else f"targets: {', '.join(spec.targets)}"
         raise SpecFieldError(("training", "recompute_modules"), f"recompute_modules={t.recompute_modules} is "
-                             f"Megatron's --recompute-modules, and no target runs Megatron-Core (targets: "
-                             f"{', '.join(spec.targets)})", "add megatron-lm to targets, or remove recompute_modules")
+                             f"Megatron's --recompute-modules, and no target runs Megatron-Core ({given})",
+                             f"add {'--target megatron-lm' if cli else 'megatron-lm to targets'}, or remove "
+                             "recompute_modules")
     if t.framework != "megatron":
         raise SpecFieldError(("training", "recompute_modules"), f"recompute_modules={t.recompute_modules} is "
                              f"Megatron's --recompute-modules (framework={t.framework!r})",

@@ -7,7 +7,7 @@ DeepSpeed configs, with a code of its own (`dstoolkit.validate.findings.SPEC_COD
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import yaml
 
@@ -136,15 +136,3 @@ def _dotted(loc: Iterable[Union[str, int]]) -> str:
 def _did_you_mean(word: str, options: Iterable[str]) -> Optional[str]:
     """`dstoolkit.common.text.did_you_mean` at the spec's cutoff (0.6)."""
     return did_you_mean(str(word), options, cutoff=0.6)
-
-
-AUTO_FIELDS = {"micro_batch", "tp", "pp", "ep", "zero_stage"}
-"""Spec fields that also take "auto"."""
-
-
-def reject_bool(value: Any, field: str) -> Any:
-    """Refuse a YAML boolean where a number goes (`yes`/`true` would otherwise pass as 1 for an int or
-    Literal[0, 1, 2, 3] field)."""
-    if isinstance(value, bool):
-        raise SpecFieldError((), f"{field}={value!r} is a boolean", "give a number" + (" or 'auto'" if field in AUTO_FIELDS else ""))
-    return value

@@ -71,13 +71,14 @@ def raise_training_layout(t: Any) -> None:
     raise_layout(dataclasses.replace(training_facts(t), framework=None), TRAINING_CODES, prefix=(), training=t)
 
 
-def raise_spec_layout(spec: Any) -> None:
+def raise_spec_layout(spec: Any, *, from_command_line: bool = False) -> None:
     """The layout constraints that need more than the training section: the world size (LY001, LY017, LY009; the
     ranks that share a sequence, cp or ulysses, come out of the data-parallel ones, as RunPlan.dims and DeepSpeed's
     and Megatron's batch arithmetic count them) and the engine (LY019, LY022, LY023, LY024: `ENGINE_RULE_TARGETS`).
     Each engine-reading rule is asked under the engine of each target that runs what it is about (`rule_engines`:
     megatron-lm under Megatron-Core, megatron-deepspeed and deepspeed under DeepSpeed's engine), or under
-    training.framework where the spec names no target, and its message names that target and its fix the way off it.
+    training.framework where the spec names no target, and its message names that target and its fix the way off it
+    (`from_command_line`: the targets came from the command line, so a fix drops a --target, not a targets: entry).
 
     Raises:
         SpecFieldError: the first violated constraint, at the field it points to.
@@ -88,6 +89,8 @@ def raise_spec_layout(spec: Any) -> None:
     for code in ENGINE_RULE_TARGETS:
         for who, engine in rule_engines(code, spec.targets, t.framework).items():
             names = None if who == "training.framework" else {
-                "framework": f"target {who}'s engine", "engine_choice": f"leave {who} out of targets"}
+                "framework": f"target {who}'s engine",
+                "engine_choice": f"drop --target {who}" if from_command_line else f"leave {who} out of targets",
+                **({"megatron_lm_alone": "--target megatron-lm alone"} if from_command_line else {})}
             raise_layout(dataclasses.replace(facts, framework=engine), (code,), prefix=("training",), training=t,
                          names=names)

@@ -161,11 +161,15 @@ def _findings_from_validation(err: ValidationError, source: SpecSource) -> list[
     return findings
 
 
-def load_spec(path: Union[str, Path]) -> Spec:
+def load_spec(path: Union[str, Path], *, targets: Sequence[str] = ()) -> Spec:
     """Read a YAML spec file and validate it.
 
     Args:
         path: The spec file.
+        targets: Launchers given on the command line (`--target`): they replace the spec's `targets` for this run
+            (as `generate`, `sweep` and `estimate` read them), so the rules that follow each target's engine
+            (`spec.target_engines.rule_engines`: context parallelism, the pipeline schedule, Ulysses beside Megatron
+            sequence parallelism, recompute_modules) are asked for them, and their fixes name the flag.
 
     Returns:
         The validated `Spec`, remembering its source so later errors (e.g. from `resolve_model`) point at lines.
@@ -206,8 +210,10 @@ def load_spec(path: Union[str, Path]) -> Spec:
         what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
         raise SpecError([spec_finding(str(path), 1, 1, (), f"spec file is {what}",
                                       "write a mapping with model:, cluster: and training: sections", "SP001")])
+    if targets:  # the command line's launchers are the run's (cli.options.targets_of reads them first)
+        data = {**data, "targets": list(dict.fromkeys(targets))}
     try:
-        spec = Spec.model_validate(data)
+        spec = Spec.model_validate(data, context={"targets_from": "--target"} if targets else None)
     except ValidationError as exc:
         raise SpecError(_findings_from_validation(exc, source)) from None
     spec._source = source

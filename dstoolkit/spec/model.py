@@ -17,8 +17,8 @@ from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster import ClusterSpec
 from dstoolkit.spec.cluster_fields import ClusterModelFields, check_engine_fields
 from dstoolkit.spec.layout_facts import raise_spec_layout, raise_training_layout
-from dstoolkit.spec.errors import (Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted,
-                                    reject_bool)
+from dstoolkit.spec.errors import Loc, SpecError, SpecFieldError, SpecFinding, SpecSource, _did_you_mean, _dotted
+from dstoolkit.spec.whole_numbers import WholeNumberFields
 
 # ----------------------------------------------------------------------------------------------------------
 # Schema
@@ -130,7 +130,7 @@ class ModelSpec(BaseModel):
         return self
 
 
-class BatchRampSpec(_Strict):
+class BatchRampSpec(WholeNumberFields):
     """Batch-size ramp. Either token-based (DeepSeek-style) or Megatron's rampup_batch_size triple."""
 
     kind: Literal["tokens", "megatron"] = "tokens"
@@ -226,13 +226,6 @@ class TrainingSpec(ClusterModelFields):
     def fp8_config(self):
         """The `Fp8Config` for this plan (Transformer Engine defaults when `fp8` is not given)."""
         return Fp8Config.model_validate(self.fp8 or {})
-
-    @field_validator("seq_len", "global_batch", "micro_batch", "warmup_steps", "train_steps", "checkpoint_every_k",
-                     "save_interval_steps",
-                     "tp", "pp", "ep", "zero_stage", mode="before")
-    @classmethod
-    def _check_not_bool(cls, value: Any, info) -> Any:
-        return reject_bool(value, info.field_name)
 
     @field_validator("micro_batch", "tp", "pp", "ep")
     @classmethod
@@ -355,10 +348,12 @@ class Spec(_Strict):
         return SpecError([SpecFinding("", None, None, _dotted(path), problem, fix)])
 
     @model_validator(mode="after")
-    def _check_layout(self) -> "Spec":
-        # The layout constraints that need the world size or the targets (dstoolkit.spec.layout_facts).
-        raise_spec_layout(self)
-        check_engine_fields(self)  # recompute_modules: Megatron-Core's, so a target (or the framework) must run it
+    def _check_layout(self, info) -> "Spec":
+        # The layout constraints that need the world size or the targets (dstoolkit.spec.layout_facts); targets given
+        # on the command line (load_spec(targets=...)) are the spec's, and the fixes name the flag
+        cli = (info.context or {}).get("targets_from") == "--target"
+        raise_spec_layout(self, from_command_line=cli)
+        check_engine_fields(self, from_command_line=cli)  # recompute_modules: a target (or the framework) runs Megatron
         return self
 
     @model_validator(mode="after")

@@ -614,7 +614,9 @@ def test_ulysses_is_megatron_cores_all_to_all_context_parallelism(tmp_path):
     odd = Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1, ulysses=8)
     why = sequence_sharding_reason("megatron-lm", odd, shape)
     assert why is not None and "key/value heads of each TP rank (8 / tp 2 = 4)" in why
-    assert sequence_sharding_reason("megatron-deepspeed", odd, shape) is None  # DeepSpeed splits them unevenly
+    # nor does DistributedAttention give 8 ranks a key/value head out of 4 (LY020), so neither launcher is advised
+    assert "training.ulysses=8 exceeds the 4 key/value heads" in sequence_sharding_reason("megatron-deepspeed", odd, shape)
+    assert "--target megatron-deepspeed" not in why and "run it on megatron-deepspeed" not in why
     # ring context parallelism keeps the p2p default
     ring = flags(megatron_lm_args(spec, shape, Candidate(zero_stage=1, tp=2, pp=1, micro_batch=1, cp=2)))
     assert ring["--context-parallel-size"] == ["2"] and "--cp-comm-type" not in ring

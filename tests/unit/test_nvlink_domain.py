@@ -9,11 +9,12 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import run_plan_for
 from dstoolkit.generate.launch import render_hostfile
 from dstoolkit.generate.rules import candidate_names, dims_for
+from dstoolkit.hardware.table import get_gpu
 from dstoolkit.models import resolve_model
 from dstoolkit.spec import Spec, SpecError
 
 
-def _spec(nodes: int, gpus_per_node: int, domain=None, gpu: str = "GB200", tp: int = 4, pp: int = 4) -> Spec:
+def _spec(nodes: int, gpus_per_node: int, domain=None, gpu="GB200", tp: int = 4, pp: int = 4) -> Spec:
     cluster = {"nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": gpu}
     if domain is not None:
         cluster["nvlink_domain_gpus"] = domain
@@ -34,7 +35,10 @@ def test_domain_of_hosts_estimates_as_one_node_of_that_size():
     """16 hosts of 4 GPUs in one 64-GPU NVLink domain price every collective as a 64-GPU node does; without the
     domain the same hosts send TP 4 x PP 4's pipeline and data-parallel traffic over the NICs."""
     hosts = _spec(16, 4, domain=64)
-    node = _spec(1, 64)
+    # one 64-GPU host of the same GPU: a GB200 host holds 4 (gpus_per_host), so its facts are given with that bound
+    # lifted, everything else the table's
+    gb200 = get_gpu("GB200").model_dump()
+    node = _spec(1, 64, gpu={**gb200, "gpus_per_host": 64})
     assert hosts.world_size == node.world_size == 64
     assert hosts.cluster.nvlink_domain == 64 and _spec(16, 4).cluster.nvlink_domain == 4
     a, b, c = _estimate(hosts), _estimate(node), _estimate(_spec(16, 4))

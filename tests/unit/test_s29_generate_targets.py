@@ -205,10 +205,12 @@ def test_generate_writes_ulysses_with_sequence_parallel_for_megatron_lm(tmp_path
     assert "--sequence-parallel" in args
     assert args[args.index("--context-parallel-size") + 1] == "2" and args[args.index("--cp-comm-type") + 1] == "a2a"
     capsys.readouterr()
-    # Megatron-DeepSpeed refuses the pair (megatron/initialize.py): no layout, nothing written
+    # Megatron-DeepSpeed refuses the pair (megatron/initialize.py): --target replaces the spec's targets at spec load
+    # (load_spec(targets=)), so it is refused there, at the spec's line, and nothing is written
     assert main(["generate", str(p), "-o", str(tmp_path / "mds"), "--strategy", "zero1",
-                 "--target", "megatron-deepspeed"]) == 1
+                 "--target", "megatron-deepspeed"]) == 2
     assert not (tmp_path / "mds").exists()
-    assert ("dropped by ulysses-megatron-sp: 1; e.g. zero1 tp2 pp1 mb1 ckpt=full sp: training.ulysses=2 with "
-            "training.sequence_parallel: DeepSpeed-Ulysses and Megatron sequence parallelism do not combine (the engine "
-            "of --target megatron-deepspeed: deepspeed)") in capsys.readouterr().err
+    assert ("training.sequence_parallel: training.ulysses=2 with training.sequence_parallel: DeepSpeed-Ulysses and "
+            "Megatron sequence parallelism do not combine (target megatron-deepspeed's engine: deepspeed) (turn "
+            "sequence_parallel off, use cp in place of ulysses, or run it on Megatron-LM alone (--target megatron-lm "
+            "alone)") in capsys.readouterr().err

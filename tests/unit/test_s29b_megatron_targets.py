@@ -92,11 +92,12 @@ def test_spec_refuses_a_seq_len_megatron_lm_refuses_for_megatron_lm_only(tmp_pat
 
 def test_generate_for_megatron_lm_writes_nothing_megatron_lm_refuses(tmp_path, capsys):
     p = write(tmp_path, ULYSSES, seq=4098)  # no targets: framework deepspeed loads it
+    # --target megatron-lm is the run's target at spec load (load_spec(targets=)): refused there, naming the flag
     assert main(["generate", str(p), "-o", str(tmp_path / "lm"), "--strategy", "zero1",
-                 "--target", "megatron-lm"]) == 1
+                 "--target", "megatron-lm"]) == 2
     assert not (tmp_path / "lm").exists()
-    assert ("dropped by seq-shards: 1; e.g. zero1 tp2 pp1 mb1 ckpt=full: training.seq_len=4098 does not split into 2 x "
-            "training.ulysses = 4 equal chunks") in capsys.readouterr().err
+    assert ("training.seq_len: training.seq_len=4098 does not split into 2 x training.ulysses = 4 equal chunks") in (
+        err := capsys.readouterr().err) and "or drop --target megatron-lm: DeepSpeed-Ulysses" in err
     assert main(["generate", str(p), "-o", str(tmp_path / "mds"), "--strategy", "zero1",
                  "--target", "megatron-deepspeed"]) == 0
     words = (tmp_path / "mds" / "zero1" / "megatron_deepspeed_args.txt").read_text().split()
