@@ -9,7 +9,7 @@ at Ulysses 4 it is the spec form's 69.73 GiB class and fits).
 """
 import json
 
-from dstoolkit.cli import main
+from tests.unit.estimate_cli_runs import run_estimate as _run
 
 SPEC = """\
 name: u
@@ -22,14 +22,6 @@ FLAGS = ["--model", "llama-3-8b", "--world-size", "32", "--gpus-per-node", "8", 
 # a hand-written DeepSpeed JSON: DeepSpeed derives train_batch_size = micro x accum x world / sequence_parallel_size
 SP4 = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
        "zero_optimization": {"stage": 3}, "sequence_parallel_size": 4}
-
-
-def _run(capsys, *argv):
-    capsys.readouterr()
-    rc = main(["estimate", *map(str, argv)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
 
 
 def _json(capsys, *argv):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from dstoolkit.cli import main
+from tests.unit.estimate_cli_runs import run_estimate as _run, estimate_error as _error
 
 AUTOTP = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
           "tensor_parallel": {"autotp_size": 4}}
@@ -26,24 +26,10 @@ def _cfg(tmp_path, name="autotp.json", **more):
     return path
 
 
-def _run(capsys, *argv):
-    capsys.readouterr()
-    rc = main(["estimate", *map(str, argv)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
-
-
 def _json(capsys, *argv) -> dict:
     rc, out, err = _run(capsys, *argv, "--format", "json")
     assert rc == 0, err
     return json.loads(out)
-
-
-def _error(capsys, *argv) -> str:
-    rc, out, err = _run(capsys, *argv)
-    assert rc == 2 and out == "" and err.count("\n") == 1, out + err
-    return err.removeprefix("dstoolkit estimate: error: ").rstrip("\n")
 
 
 def test_autotp_size_is_the_tp_degree(tmp_path, capsys):

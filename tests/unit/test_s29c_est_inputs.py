@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from dstoolkit.cli import main
+from tests.unit.estimate_cli_runs import run_estimate as _run, estimate_error as _error
 
 SPEC = """\
 name: t
@@ -19,20 +19,6 @@ cluster: {nodes: 1, gpus_per_node: 8, gpu: H100-SXM}
 training: {seq_len: 4096, global_batch: 64, micro_batch: 1, precision: bf16, zero_stage: 1, tp: 1, pp: 1, ep: 1,
            activation_checkpointing: none}
 """
-
-
-def _run(capsys, *argv):
-    capsys.readouterr()
-    rc = main(["estimate", *map(str, argv)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
-
-
-def _error(capsys, *argv) -> str:
-    rc, out, err = _run(capsys, *argv)
-    assert rc == 2 and out == "" and err.count("\n") == 1, out + err
-    return err.removeprefix("dstoolkit estimate: error: ").rstrip("\n")
 
 
 def test_seq_len_names_the_flag(tmp_path, capsys):

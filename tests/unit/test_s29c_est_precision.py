@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from dstoolkit.cli import main
+from tests.unit.estimate_cli_runs import run_estimate as _run, estimate_error as _error
 
 BASE = ["--model", "llama-3-8b", "--world-size", "8"]
 
@@ -19,20 +19,6 @@ def _cfg(tmp_path, name, **sections):
     path = tmp_path / name
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, **sections}))
     return path
-
-
-def _run(capsys, *argv):
-    capsys.readouterr()
-    rc = main(["estimate", *map(str, argv)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
-
-
-def _error(capsys, *argv) -> str:
-    rc, out, err = _run(capsys, *argv)
-    assert rc == 2 and out == "" and err.count("\n") == 1, out + err
-    return err.removeprefix("dstoolkit estimate: error: ").rstrip("\n")
 
 
 def _header(capsys, cfg, *flag) -> str:
