@@ -9,9 +9,7 @@ is moved aside first and removed only after the new one is in place.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -19,32 +17,27 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from dstoolkit.common.atomic import check_output_parents
+from dstoolkit.common.manifest import parse as parse_manifest, render as render_manifest, sha256_bytes
 from dstoolkit.validate.folder import MARKER_FILE  # one owner: validate DIR recognises generated folders by it
 
 MARKER_TEXT = "This folder was written by `dstoolkit generate`; `--force` may replace it.\n"
 MANIFEST_HEADER = ("# the files generate wrote here (sha256, path): `--force` refuses to replace this folder while it "
                    "holds any other file or any of these differs\n")
-_MANIFEST_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")
 EXECUTABLE_SUFFIXES = (".sh", ".sbatch")
 FOREIGN_SHOWN = 5
 """How many of the files `--force` would lose the refusal names (then a count of the rest)."""
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def manifest_text(files: Mapping[str, str]) -> str:
     """MARKER_FILE's content: MARKER_TEXT, then one `sha256  path` line per written file (sha256sum's format)."""
-    lines = [f"{_sha256(text.encode('utf-8'))}  {rel}" for rel, text in sorted(files.items())]
-    return MARKER_TEXT + MANIFEST_HEADER + "".join(line + "\n" for line in lines)
+    return render_manifest(MARKER_TEXT + MANIFEST_HEADER,
+                           {rel: sha256_bytes(text.encode("utf-8")) for rel, text in files.items()})
 
 
 def _manifest(out_dir: Path) -> Optional[dict[str, str]]:
     """path -> sha256 from the folder's MARKER_FILE, or None for a marker without a manifest (older dstoolkit)."""
     text = (out_dir / MARKER_FILE).read_text(encoding="utf-8", errors="replace")
-    found = dict(reversed(m.groups()) for m in map(_MANIFEST_LINE.match, text.splitlines()) if m)
-    return found or None
+    return parse_manifest(text) or None
 
 
 def foreign_files(out_dir: Path, new_files: Mapping[str, str]) -> list[str]:
@@ -60,7 +53,7 @@ def foreign_files(out_dir: Path, new_files: Mapping[str, str]) -> list[str]:
         if known is None:
             if rel not in new_files:
                 out.append(rel)
-        elif rel not in known or path.is_symlink() or _sha256(path.read_bytes()) != known[rel]:
+        elif rel not in known or path.is_symlink() or sha256_bytes(path.read_bytes()) != known[rel]:
             out.append(rel)
     return out
 

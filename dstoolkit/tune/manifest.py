@@ -1,37 +1,26 @@
 """What `dstoolkit tune` wrote in its output folder: a manifest, so `--force` (a fresh study) and a resumed study
 delete or overwrite only tune's own files, never a file the user put there or edited since.
 
-`MANIFEST_FILE` lists each file tune wrote with its SHA-256, in sha256sum's format (the same as `dstoolkit generate`'s
-``.dstoolkit-generated``): the outputs when written, the command file, and each trial's folder when the trial ends
+`MANIFEST_FILE` lists each file tune wrote with its SHA-256, in sha256sum's format (`dstoolkit.common.manifest`, as
+`dstoolkit generate`'s ``.dstoolkit-generated``): the outputs when written, the command file, and each trial's folder when the trial ends
 (its spec and config, the trainer's metrics and log). The study database changes with every trial, so it is listed
 with `UNPINNED` instead of a hash. A file is tune's when listed and, unless unpinned, unchanged (`Manifest.owns`).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
-import re
 from typing import Iterable, Optional
 
 from dstoolkit.common.atomic import atomic_write_text
+from dstoolkit.common.filehash import sha256_file
+from dstoolkit.common.manifest import UNPINNED, parse, render
 
 MANIFEST_FILE = ".dstoolkit-tune"
-UNPINNED = "-" * 64
-"""The hash column of a file tune owns whose content changes as the study runs (the SQLite database)."""
 _HEADER = ("# written by `dstoolkit tune`: the files it wrote in this folder (sha256, path; '-' = changes as the study "
            "runs). --force and a resumed study delete or overwrite only these, and only while unchanged.\n")
-_LINE = re.compile(r"^([0-9a-f]{64}|-{64})  (.+)$")
 SHOWN = 5
 """How many files a refusal names (then a count of the rest)."""
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def files_under(folder: pathlib.Path) -> list[pathlib.Path]:
@@ -61,7 +50,7 @@ class Manifest:
         self.entries: dict[str, str] = {}
         if self.exists:
             text = self.path.read_text(encoding="utf-8", errors="replace")
-            self.entries = dict(reversed(m.groups()) for m in map(_LINE.match, text.splitlines()) if m)
+            self.entries = parse(text)
 
     def rel(self, path: pathlib.Path) -> str:
         return pathlib.Path(path).relative_to(self.out_dir).as_posix()
@@ -94,8 +83,7 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
-        lines = "".join(f"{h}  {rel}\n" for rel, h in sorted(self.entries.items()))
-        atomic_write_text(self.path, _HEADER + lines)
+        atomic_write_text(self.path, render(_HEADER, self.entries))
         self.exists = True
 
 
