@@ -4,7 +4,7 @@ on what the flags, the model and the JSON's ZeRO stage fix, naming the flag; the
 --precision fp8; `validate_config` with the model's experts and heads; the JSON's sequence_parallel_size as the
 DeepSpeed-Ulysses degree, as a spec's training.ulysses), and the refusal of those flags beside a SPEC.yaml. The
 JSON's own facts are read through the validated `DeepSpeedConfig` model and win over a flag that contradicts them
-(refused, naming both): tensor_parallel.autotp_size is the TP degree (DeepSpeed AutoTP, `_autotp_run` says how it is
+(refused, naming both): tensor_parallel.autotp_size is the TP degree (DeepSpeed AutoTP, `estimate_config.autotp_run` says how it is
 modelled), the enabled bf16 / fp16 section the precision. --gpus-per-node is bounded by the hardware table's GPUs
 per host. No torch import.
 """
@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from dstoolkit.cli.estimate_config import autotp_run, autotp_size, config_model, run_precision, tp_degree
 from dstoolkit.cli.options import checkpoint_policy
 from dstoolkit.validate.engine import validate_config
 
@@ -112,8 +113,8 @@ def plan_from_args(args):
     domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, gpu)
     shape = load_shape(args.model, args.model_class, args.model_kwargs)
     # DeepSpeed AutoTP (tensor_parallel.autotp_size): the run's TP degree, in place of a Megatron --tp
-    autotp = _autotp_size(ds)
-    tp = _tp_degree(args, autotp, tp_given)
+    autotp = autotp_size(ds)
+    tp = tp_degree(args, autotp, tp_given)
     megatron_tp = 1 if autotp else tp  # what validate_config's rules call --tp (DS223: AutoTP is not --tp)
     # the layout rules on what the flags and the model fix (the config's facts are not read yet: no sequence
     # sharding, ZeRO stage unknown)
@@ -122,7 +123,7 @@ def plan_from_args(args):
         names["tp"] = f"{args.config}: tensor_parallel.autotp_size"
     _check_flag_layout(facts, names)
     findings = _validate(text, args.config, args.world_size, domain, megatron_tp, args.pp, shape, args.ep)
-    cfg = _config_model(ds, args.world_size, domain, megatron_tp, args.pp)
+    cfg = config_model(ds, args.world_size, domain, megatron_tp, args.pp)
     # the config's DeepSpeed-Ulysses degree (validate_config checked it against the world and the heads, DS219 /
     # DS226): the layout rules again with it (LY009 ep of the dp it leaves, LY019 seq_len, LY020 kv heads per rank,
     # LY023 with --sequence-parallel), naming the config's key
@@ -130,11 +131,11 @@ def plan_from_args(args):
     facts = dataclasses.replace(facts, sp=ulysses)
     names["sp"] = f"{args.config}: sequence_parallel_size"
     _check_flag_layout(facts, names)
-    precision = _precision(args.precision, cfg, args.config)
+    precision = run_precision(args.precision, cfg, args.config)
     _check_fp8_hardware(precision, ds, args.config, gpu)
     notes: list[str] = []
     if autotp:
-        ds, notes = _autotp_run(ds, cfg, args.config, args.world_size, ulysses, shape)
+        ds, notes = autotp_run(ds, cfg, args.config, args.world_size, ulysses, shape)
     policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
                    gpus_per_node=domain, gpu=gpu,
@@ -166,10 +167,10 @@ def _gpu(name: str):
 
 
 def _check_gpus_per_host(gpus_per_node: int, gpu) -> None:
-    """--gpus-per-node above what one host of --gpu holds (`hardware.table.check_gpus_per_host`): the network model
+    """--gpus-per-node above what one host of --gpu holds (`hardware.hosts.check_gpus_per_host`): the network model
     would price all of them as one host's NVLink."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.hardware.table import GpusPerHostError, check_gpus_per_host
+    from dstoolkit.hardware.hosts import GpusPerHostError, check_gpus_per_host
 
     try:
         check_gpus_per_host(gpus_per_node, gpu)
@@ -179,121 +180,6 @@ def _check_gpus_per_host(gpus_per_node: int, gpu) -> None:
         raise ValueError(f"--gpus-per-node {gpus_per_node} with --gpu {gpu.name}: {exc.problem} (use "
                          f"--gpus-per-node {gpu.gpus_per_host} or fewer: more GPUs are more nodes of --world-size"
                          f"{beyond})") from None
-
-
-def _config_model(ds: dict, world: int, gpus_per_node: int, tp: int, pp: int):
-    """The config as the validated `DeepSpeedConfig` model reads it (the one reader of a DeepSpeed JSON), in the
-    layout validate_config checked it in (`tp`: Megatron's; AutoTP is the config's own key)."""
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
-
-    return DeepSpeedConfig.model_validate(ds, context={"world_size": world, "tp": tp, "pp": pp,
-                                                       "gpus_per_node": gpus_per_node})
-
-
-def _autotp_size(ds: dict) -> Optional[int]:
-    """The config's DeepSpeed AutoTP degree (tensor_parallel.autotp_size, read by the validated model's
-    `TensorParallelConfig`; None when unset or <= 1, which shard nothing). Read before validate_config, which needs
-    to know whether --tp is Megatron's; a section the model refuses is left to validate_config to report."""
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from pydantic import ValidationError
-
-    from dstoolkit.dsconfig.ds_misc import TensorParallelConfig
-
-    section = ds.get("tensor_parallel")
-    if not isinstance(section, dict):
-        return None
-    try:
-        size = TensorParallelConfig.model_validate(section).autotp_size
-    except ValidationError:
-        return None
-    return size if size > 1 else None
-
-
-def _tp_degree(args, autotp: Optional[int], tp_given: bool) -> int:
-    """The run's tensor-parallel degree: --tp, or the config's AutoTP degree, which a --tp must repeat (both set
-    means two ways to shard the same layers, DS223) and which has no Megatron sequence parallelism."""
-    if autotp is None:
-        return args.tp
-    key = f"{args.config}: tensor_parallel.autotp_size={autotp}"
-    if tp_given and args.tp != autotp:
-        raise ValueError(f"--tp {args.tp} disagrees with {key} (DeepSpeed AutoTP, the TP degree this config runs): "
-                         f"drop --tp (the estimate takes autotp_size as the TP degree), or for Megatron tensor "
-                         f"parallelism at {args.tp} remove tensor_parallel.autotp_size from the config")
-    if args.sequence_parallel:
-        raise ValueError(f"--sequence-parallel with {key}: AutoTP has no Megatron sequence parallelism (its norms "
-                         "and dropouts run on the whole activations on every TP rank): drop --sequence-parallel")
-    return autotp
-
-
-def _precision(flag: Optional[str], cfg, config: str) -> str:
-    """The run's precision: the config's (an enabled bf16 / fp16 section, else fp32, as DeepSpeed trains it); a
-    --precision must agree with it. fp8 is FP8 GEMMs over bf16 (the spec form writes bf16.enabled for precision
-    fp8, generate.ds_json), so --precision fp8 needs the bf16 section."""
-    bf16, key = (cfg.bf16, "bf16") if cfg.bf16 is not None else (cfg.bfloat16, "bfloat16")
-    if bf16 is not None and bf16.enabled is True:
-        runs, section, allowed = "bf16", f"{key}.enabled is true", ("bf16", "fp8")
-    elif cfg.fp16 is not None and cfg.fp16.enabled is True:
-        runs, section, allowed = "fp16", "fp16.enabled is true", ("fp16",)
-    else:
-        runs, section, allowed = "fp32", "neither bf16 nor fp16 is enabled", ("fp32",)
-    if flag is None:
-        return runs
-    if flag in allowed:
-        return flag
-    if flag == "fp8":
-        fix = (f'enable bf16 in {config} ("bf16": {{"enabled": true}}) for FP8 GEMMs over bf16, or drop --precision '
-               f"(the config's {runs} is estimated)")
-    elif flag == "fp32":
-        fix = f"drop --precision (the config's {runs} is estimated), or disable {runs} in {config} for an fp32 run"
-    else:
-        fix = (f"drop --precision (the config's {runs} is estimated), or enable {flag} in {config}"
-               + (f" instead of {runs}" if runs != "fp32" else f' ("{flag}": {{"enabled": true}})'))
-    raise ValueError(f"--precision {flag} contradicts {config}: {section}, so DeepSpeed trains {runs}: {fix}")
-
-
-def _autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> tuple[dict, list[str]]:
-    """The DeepSpeed JSON the estimate runs an AutoTP config as, and the assumptions that says.
-
-    The estimator's one tensor parallelism is Megatron's (`RunPlan.tp`; its config reader refuses autotp_size beside
-    it, DS223), so the plan gets the config without tensor_parallel and tp = autotp_size. DeepSpeed builds the
-    config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh comes later, in the engine's
-    _configure_tensor_parallel_states), so its batch triad counts every rank: train_batch_size = micro batch x
-    accumulation x world / sequence_parallel_size (runtime/config.py), while the ranks of one TP group read the
-    same samples. The plan keeps DeepSpeed's micro batch and accumulation over dp = world / (autotp x ulysses).
-    """
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.estimate.layout import param_layout
-    from dstoolkit.layout import data_parallel_size, resolve_batch
-
-    tp = cfg.tensor_parallel.autotp_size
-    triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
-                          world // ulysses)  # validate_config checked the triad at this dp
-    dp = data_parallel_size(world, tp, 1, ulysses)
-    out = {k: v for k, v in ds.items() if k != "tensor_parallel"}
-    out.update(train_micro_batch_size_per_gpu=triad.micro_batch, gradient_accumulation_steps=triad.grad_accum,
-               train_batch_size=triad.micro_batch * triad.grad_accum * dp)
-    vocab = sum(p.numel for p in param_layout(shape) if p.kind in ("embedding", "lm_head") and p.tp_split)
-    head = ("with tensor_parallel.vocab_parallel_lm_head the LM head is vocab-parallel with a distributed loss"
-            if cfg.tensor_parallel.vocab_parallel_lm_head is True else
-            "without tensor_parallel.vocab_parallel_lm_head the loss sees full-vocabulary logits on every TP rank")
-    notes = [
-        f"tp={tp} is DeepSpeed AutoTP ({config}: tensor_parallel.autotp_size), modelled as Megatron tensor "
-        f"parallelism without sequence parallelism: each block's attention and MLP linears split column / row-wise "
-        f"over {tp} ranks, 2 all-reduces per block forward and 2 backward (deepspeed 0.19.8 module_inject/"
-        "auto_tp.py LinearLayer / LinearAllreduce), norms and the activations between the linears whole on every "
-        "TP rank",
-        f"AutoTP leaves the input embedding whole on every TP rank unless it is tied to a vocab-parallel LM head, "
-        f"shards the LM head's weight only with a Hugging Face tp_plan or vocab_parallel_lm_head, and {head}; the "
-        f"estimate splits the embedding and the LM head ({vocab / 1e9:,.3f}B params together) and the logits by "
-        f"tp={tp} as Megatron's vocab-parallel layers, so its memory is low by up to {tp - 1}/{tp} of their "
-        "weights, gradients, optimizer states and [tokens, vocab] logits",
-        f"batch: DeepSpeed counts the AutoTP ranks in the batch triad (train_batch_size = micro batch "
-        f"{triad.micro_batch} x accumulation {triad.grad_accum} x {world // ulysses} ranks = {triad.train_batch}); "
-        f"the {tp} ranks of a TP group read the same samples, so a step trains "
-        f"{triad.micro_batch * triad.grad_accum * dp} sequences over dp={dp}",
-    ]
-    return out, notes
 
 
 def _check_whole_nodes(world: int, gpus_per_node: int, given: bool, host: int = 8) -> None:

@@ -30,7 +30,15 @@ from typing import Optional, Union
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class FileInPathError(NotADirectoryError):
+class _MessageOnly:
+    """For the OSError subclasses below: str() is the message alone (it names the path itself), not OSError's
+    "[Errno N] message"."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class FileInPathError(_MessageOnly, NotADirectoryError):
     """A part of an output path is an existing file, so nothing can be written under it. An OSError (ENOTDIR, what
     the write itself would raise), so handlers of write errors still catch it; its text names the file and the fix.
 
@@ -45,11 +53,8 @@ class FileInPathError(NotADirectoryError):
         super().__init__(errno.ENOTDIR, f"{name or path}: {blocker} is a file, not a folder, so nothing can be "
                                         "written under it; give a path in a folder")
 
-    def __str__(self) -> str:
-        return self.strerror
 
-
-class OutputIsFolderError(IsADirectoryError):
+class OutputIsFolderError(_MessageOnly, IsADirectoryError):
     """The output path is an existing folder, so no file can be written in its place. An OSError (EISDIR, what
     ``os.replace`` would raise, naming the temporary file instead), so handlers of write errors still catch it; its
     text names the path and the fix.
@@ -62,9 +67,6 @@ class OutputIsFolderError(IsADirectoryError):
         self.path = Path(path)
         super().__init__(errno.EISDIR, f"{name or path}: is a folder, not a file, so no file can be written in its "
                                        "place; give the path of the file to write (a file inside it, or a new name)")
-
-    def __str__(self) -> str:
-        return self.strerror
 
 
 class FolderPathError(OutputIsFolderError):
@@ -93,7 +95,7 @@ class DashPathError(ValueError):
                          "to write (./- for a file named '-')")
 
 
-class DanglingLinkError(FileExistsError):
+class DanglingLinkError(_MessageOnly, FileExistsError):
     """The output path, or a part of it, is a symbolic link to nothing: a write would create the link's target
     somewhere else, replace the link, or fail with EEXIST / ENOENT after the work. An OSError (EEXIST); its text
     names the link, its target and the fix.
@@ -111,11 +113,8 @@ class DanglingLinkError(FileExistsError):
                                        "exist, so writing there would not make what was asked; remove the link, or "
                                        "give another path")
 
-    def __str__(self) -> str:
-        return self.strerror
 
-
-class UnwritableOutputError(PermissionError):
+class UnwritableOutputError(_MessageOnly, PermissionError):
     """The folder an output would be written in (the path's own folder, or for a new path the first existing folder
     above it; for an output that is a folder or is appended to, the path itself) cannot be written by this user
     (``os.access``: permissions, a read-only mount, an immutable folder). An OSError (EACCES); its text names the
@@ -133,9 +132,6 @@ class UnwritableOutputError(PermissionError):
         super().__init__(errno.EACCES, f"{name or path}: the {kind} {where} is not writable by this user "
                                        "(permissions, a read-only filesystem, an immutable flag), so nothing can be "
                                        "written there; give a path you can write to")
-
-    def __str__(self) -> str:
-        return self.strerror
 
 
 class OutputWriteError(OSError):

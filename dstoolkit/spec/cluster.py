@@ -6,8 +6,8 @@ from typing import Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from dstoolkit.hardware.table import (GpuSpec, GpusPerHostError, check_gpus_per_host, get_gpu, gpu_name_error,
-                                      lookup_gpu_name)
+from dstoolkit.hardware.hosts import GpusPerHostError, check_gpus_per_host
+from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
 from dstoolkit.spec.errors import SpecFieldError
 from dstoolkit.spec.whole_numbers import WholeNumberFields
 

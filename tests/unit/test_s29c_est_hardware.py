@@ -12,7 +12,8 @@ import json
 import pytest
 
 from dstoolkit.cli import main
-from dstoolkit.hardware.table import GPU_TABLE, GpusPerHostError, check_gpus_per_host, get_gpu, gpu_name_error
+from dstoolkit.hardware.hosts import GpusPerHostError, check_gpus_per_host
+from dstoolkit.hardware.table import GPU_TABLE, get_gpu, gpu_name_error
 
 
 def _error(capsys, *argv) -> str:
