@@ -14,8 +14,9 @@ then diagnoses:
     each rank receives `probe_bytes` from the rank with its local index on the previous host, one sending host at
     a time (a one-float barrier before each turn), so a receive time measures the link out of the sending host.
 
-No line is printed below the thresholds; `noise` sits above the spread measured with nothing throttled
-(tests/dist/test_crossrank_monitor.py prints it per window). The pure part (diagnose) imports nothing; gathering
+No line is printed below the thresholds, and a culprit is only named once it has stood out in `PERSIST_WINDOWS`
+windows in a row (`Persistence`): one noisy window on a loaded machine is no bottleneck. `noise` sits above the
+spread measured with nothing throttled (tests/dist/test_crossrank_monitor.py prints it per window). The pure part (diagnose) imports nothing; gathering
 imports torch.
 """
 from __future__ import annotations
@@ -45,6 +46,12 @@ MIN_COMM_SHARE = 0.10
 """A link is only named when the median rank spends at least this share of its step blocked in collectives."""
 PROBE_BYTES = 1 << 20
 """Link-probe payload per rank and window (1 MiB: ~1 ms on a healthy 10 Gbit/s link, 40 ms at 200 Mbit/s)."""
+
+PERSIST_WINDOWS = 2
+"""Windows in a row the same culprit (`culprit`) must stand out in before it is named. Measured with nothing
+throttled (2 test hosts x 2 ranks on 2 shared cores, 3-step windows, CI 2026-12-06): one window put a rank's own
+work 50.5% above the others' median (compute 35 ms vs 23 ms in a 69 ms step), the next 7.4%; the throttled cases
+stood out in every window after the change."""
 
 FIELDS = ("step_s", "compute_s", "comm_s", "input_s", "mem_bytes", "probe_s")
 
@@ -88,6 +95,8 @@ class Bottleneck:
     evidence: str
     whole_host: bool = True
     """compute: every rank of its host is slow (a throttled / shared host), not this rank alone."""
+    windows: int = 1
+    """Monitor windows in a row this culprit has stood out in (`Persistence`)."""
 
     def line(self, step: int) -> str:
         what = {"compute": "compute-bound host" if self.whole_host else
@@ -99,7 +108,8 @@ class Bottleneck:
             how = f"its uplink is {1 + self.slower_pct / 100:.1f}x slower than the other hosts'"
         else:
             how = f"is {self.slower_pct:.0f}% slower than the median rank"
-        return f"[monitor] step {step} | bottleneck: {who} {how}: {what} | {self.evidence}"
+        seen = f" ({self.windows} windows in a row)" if self.windows > 1 else ""
+        return f"[monitor] step {step} | bottleneck: {who} {how}: {what}{seen} | {self.evidence}"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -186,6 +196,33 @@ def diagnose(ranks: Sequence[RankWindow], *, noise: float = NOISE_FRACTION, link
                       f"{_ms(med_compute)} median, no rank above it by more than {noise:.0%}")
 
 
+def culprit(b: Bottleneck) -> tuple[str, int]:
+    """What must repeat from window to window: the kind and the host for compute and link (on a throttled host its
+    ranks take turns being the slowest), the kind and the rank for input."""
+    return (b.kind, b.rank if b.kind == "input" else b.node)
+
+
+class Persistence:
+    """Names a window's bottleneck only when the same culprit stood out in the `windows` windows before it too
+    (counting this one); a window with nothing found, or another culprit, starts the count again."""
+
+    def __init__(self, windows: int = PERSIST_WINDOWS) -> None:
+        if windows < 1:
+            raise ValueError(f"persistence windows={windows} must be >= 1 (1: name every window's culprit)")
+        self.windows = windows
+        self._key: Optional[tuple[str, int]] = None
+        self._run = 0
+
+    def __call__(self, found: Optional[Bottleneck]) -> Optional[Bottleneck]:
+        if found is None:
+            self._key, self._run = None, 0
+            return None
+        key = culprit(found)
+        self._run = self._run + 1 if key == self._key else 1
+        self._key = key
+        return replace(found, windows=self._run) if self._run >= self.windows else None
+
+
 def table_lines(ranks: Sequence[RankWindow]) -> list[str]:
     """The per-rank table as text (for logs; the metrics JSONL gets `as_dict` rows)."""
     out = [f"{'rank':>4} {'node':>4} {'host':<28} {'step':>8} {'compute':>8} {'comm':>8} {'input':>8} {'mem MiB':>8} {'probe':>8}"]
@@ -227,7 +264,7 @@ class CrossRank:
     """Gathers `RankWindow`s every monitor window (all ranks call `exchange`; every rank gets the table)."""
 
     def __init__(self, *, probe_bytes: int = PROBE_BYTES, noise: float = NOISE_FRACTION,
-                 link_noise: float = LINK_NOISE_FRACTION) -> None:
+                 link_noise: float = LINK_NOISE_FRACTION, persist_windows: int = PERSIST_WINDOWS) -> None:
         import torch.distributed as dist
 
         from dstoolkit.runtime.train.commtime import TIMER
@@ -235,6 +272,7 @@ class CrossRank:
         self.dist, self.timer = dist, TIMER
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.noise, self.link_noise = noise, link_noise
+        self.persistence = Persistence(persist_windows)
         with self.timer.paused():
             labels: list = [None] * self.world
             dist.all_gather_object(labels, host_label())  # once: host labels do not change
@@ -293,7 +331,9 @@ class CrossRank:
         return out
 
     def diagnose(self, ranks: Sequence[RankWindow]) -> Optional[Bottleneck]:
-        return diagnose(ranks, noise=self.noise, link_noise=self.link_noise, probe_bytes=self.probe_bytes or PROBE_BYTES)
+        """This window's bottleneck once its culprit has persisted (`Persistence`); call once per window."""
+        return self.persistence(diagnose(ranks, noise=self.noise, link_noise=self.link_noise,
+                                         probe_bytes=self.probe_bytes or PROBE_BYTES))
 
 
 class StepWindows:
