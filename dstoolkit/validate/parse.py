@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from dstoolkit.dsconfig.registry import HJSON_INT_BELOW
 from dstoolkit.validate.findings import Finding
 
 MAX_TEXT_BYTES = 8 * 1024 * 1024
@@ -154,8 +155,8 @@ class _Parser:
             text = m.group(0)
             if "." in text or "e" in text or "E" in text:
                 value = float(text)
-                if value == value and abs(value) != float("inf") and "." not in text and value == int(value):
-                    return int(value)  # hjson reads 1e5 as the int 100000
+                if "." not in text and value.is_integer() and abs(value) < HJSON_INT_BELOW:
+                    return int(value)  # hjson reads 1e5 as the int 100000, 1e10 and above as floats
                 if value in (float("inf"), float("-inf")):
                     self.fatal(f"number {text} overflows to infinity", start, code="DS002")
                 return value

@@ -51,6 +51,17 @@ def test_integral_floats_are_ints_but_fractions_are_not():
     assert f.pointer == "/zero_optimization/reduce_bucket_size"
 
 
+def test_config_text_reads_exponent_numbers_as_hjson_does():
+    # DeepSpeed reads the file with hjson: 1e3 arrives as the int 1000, 1e10 and above stay floats, which the
+    # warmup schedules refuse (DS234). The text parser used to make every integral exponent an int, so 1e30 passed.
+    text = ('{"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, '
+            '"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": %s}}}')
+    assert [f.code for f in validate_config(text % "1e3") if f.severity == "error"] == []
+    for big in ("1e10", "1e30"):
+        [f] = find(text % big, "DS234")
+        assert f.pointer == "/scheduler/params/warmup_num_steps" and "must be a positive integer" in f.message
+
+
 def test_out_of_range_and_enum():
     [f] = find({**BASE, "zero_optimization": {"stage": 4}}, "DS103")
     assert f.pointer == "/zero_optimization/stage" and "0, 1, 2 or 3" in f.message
