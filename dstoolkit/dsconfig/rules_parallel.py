@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, as_int, rule, section, zero_section, zero_stage
 from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE, _bf16_section, _layout_facts, _moe_facts
 from dstoolkit.layout.constraints import LayoutFacts, check_layout
+from dstoolkit.layout.ulysses_heads import one_of, ulysses_degrees, ulysses_heads_problem
 
 # -- MoE --------------------------------------------------------------------------------------------------
 @rule("DS213", "expert parallel size does not divide world size / experts")
@@ -212,24 +213,48 @@ def _check_autotp_stage(cfg: Mapping, ctx: RuleContext) -> None:
 
 @rule("DS226", "sequence_parallel_size does not divide the world size or the heads")
 def _check_sequence_parallel(cfg: Mapping, ctx: RuleContext) -> None:
-    """Ulysses sequence parallelism all-to-alls the sequence shards into head shards, so
-    sequence_parallel_size must divide the world size (DeepSpeedConfig divides the world by it for the batch
-    arithmetic, runtime/config.py) and the attention heads (UlyssesSPAttentionHF raises 'Attention head count
-    ... is not divisible by SP size', runtime/sequence_parallel/ulysses_sp.py; sequence/layer.py asserts the
-    same). The all-to-all itself runs on gloo CPU ranks (measured: DistributedAttention, 2 ranks). sequence_parallel_size in the JSON only changes the batch arithmetic: the
-    script turns Ulysses on itself (UlyssesSPAttentionHF.register_with_transformers and mpu=... for HF
-    models), which dstoolkit does not generate."""
+    """Ulysses sequence parallelism all-to-alls the sequence shards into head shards, so sequence_parallel_size must
+    divide the world size (DeepSpeedConfig divides the world by it for the batch arithmetic, runtime/config.py) and
+    the attention heads. A DeepSpeed JSON's degree runs under one of two implementations, each with its own head
+    rule (`dstoolkit.layout.ulysses_heads`): DeepSpeed's UlyssesSPAttentionHF (ALST, HF models;
+    runtime/sequence_parallel/ulysses_sp.py raises 'Attention head count ... is not divisible by SP size' and, for
+    the key/value heads, '... is not divisible by SP size ... or vice versa'), or Megatron-DeepSpeed's
+    DistributedAttention (megatron/model/transformer.py asserts num_attention_heads % sp == 0;
+    deepspeed/sequence/layer.py asserts a key/value head per rank of each TP rank). The attention-head rule is
+    shared (error); the key/value rule, asked when the caller gives num_kv_heads, is an error when both
+    implementations refuse, or in hf mode (HF Trainer / Accelerate: ALST) when ALST does, else a warning naming the
+    one that refuses. The all-to-all itself runs on gloo CPU ranks (measured: DistributedAttention, 2 ranks).
+    sequence_parallel_size in the JSON only changes the batch arithmetic: the script turns Ulysses on itself
+    (UlyssesSPAttentionHF.register_with_transformers and mpu=... for HF models), which dstoolkit does not
+    generate."""
     sp = as_int(cfg.get("sequence_parallel_size"))
     if sp is None or sp <= 1:
         return
+    ptr = "/sequence_parallel_size"
     if ctx.world_size is not None and (ctx.world_size % sp or sp > ctx.world_size):
-        raise RuleViolation("/sequence_parallel_size",
-                            f"sequence_parallel_size={sp} does not divide world size {ctx.world_size}",
+        raise RuleViolation(ptr, f"sequence_parallel_size={sp} does not divide world size {ctx.world_size}",
                             "use a divisor of the world size")
     if ctx.num_heads is not None and ctx.num_heads % sp:
-        raise RuleViolation("/sequence_parallel_size",
-                            f"sequence_parallel_size={sp} does not divide num_attention_heads={ctx.num_heads}; Ulysses "
-                            "scatters whole heads", f"choose a divisor of {ctx.num_heads}")
+        raise RuleViolation(ptr, f"sequence_parallel_size={sp} does not divide num_attention_heads={ctx.num_heads}; "
+                                 "Ulysses scatters whole heads", f"choose a divisor of {ctx.num_heads}")
+    if ctx.num_kv_heads is None:
+        return
+    kw = dict(name="sequence_parallel_size", tp_name="tp")
+    alst = ulysses_heads_problem("alst", sp, ctx.num_heads, ctx.num_kv_heads, 1, **kw)
+    mds = ulysses_heads_problem("megatron-deepspeed", sp, ctx.num_heads, ctx.num_kv_heads, max(ctx.tp, 1), **kw)
+    if alst is None and (mds is None or ctx.mode == "hf"):
+        return
+    if alst is not None and (mds is not None or ctx.mode == "hf"):
+        ok = ulysses_degrees("alst", ctx.num_heads, ctx.num_kv_heads, 1, ctx.world_size)
+        raise RuleViolation(ptr, "; ".join(m for m in (alst, mds) if m),
+                            f"use sequence_parallel_size {one_of(ok)} (UlyssesSPAttentionHF takes them"
+                            f"{'' if ctx.world_size is None else f' and they divide world size {ctx.world_size}'})"
+                            if ok else "use sequence_parallel_size 1: no degree above 1 splits these heads"
+                            + ("" if ctx.world_size is None else f" and divides world size {ctx.world_size}"))
+    refuses, takes = ((alst, "Megatron-DeepSpeed's DistributedAttention") if alst is not None
+                      else (mds, "DeepSpeed's UlyssesSPAttentionHF (ALST, HF models)"))
+    raise RuleViolation(ptr, f"{refuses}; {takes} takes it",
+                        f"run it under {takes}, or choose another sequence_parallel_size", severity="warning")
 
 
 @rule("DS227", "AutoEP layout or ZeRO-3 combination DeepSpeed refuses")
