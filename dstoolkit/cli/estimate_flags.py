@@ -209,7 +209,7 @@ def _flag_facts(args, shape, domain: int, gpus_per_node_given: bool, gpu, tp: in
     node = ("--nvlink-domain-gpus" if args.nvlink_domain_gpus is not None else
             "--gpus-per-node" if gpus_per_node_given else "the default --gpus-per-node")
     names = {"world": "--world-size", "gpus_per_node": node, "tp": "--tp", "pp": "--pp", "ep": "--ep",
-             "seq_len": "--seq-len", "megatron_sp": "--sequence-parallel"}
+             "seq_len": "--seq-len", "megatron_sp": "--sequence-parallel", "cpu": "--gpu"}
     return facts, names
 
 

@@ -32,7 +32,7 @@ CANDIDATE_NAMES = {"global_batch": "training.global_batch", "ramp_start": "train
                    "ramp_increment": "training.batch_ramp.increment", "gpus_per_node": "cluster.gpus_per_node",
                    "megatron_sp": "training.sequence_parallel", "seq_len": "training.seq_len", "cp": "training.cp",
                    "virtual_stages": "training.virtual_stages", "framework": "training.framework",
-                   "pipeline_schedule": "training.pipeline_schedule"}
+                   "pipeline_schedule": "training.pipeline_schedule", "cpu": "cluster.gpu"}
 """How candidate facts are named in drop reasons (degrees by their candidate names, the rest by spec path)."""
 
 

@@ -175,8 +175,9 @@ def _zeropp_offload(f: LayoutFacts, n: Names):
             "qwZ/qgZ call DeepSpeed's QuantizerBuilder, which the CPU accelerator does not have.")
 def _zeropp_cpu(f: LayoutFacts, n: Names):
     if f.zeropp and f.cpu:
+        where = n("cpu")
         return ("ZeRO++ qwZ/qgZ need DeepSpeed's CUDA quantizer kernels; the CPU accelerator has no "
-                "QuantizerBuilder (cluster.gpu='cpu')", "use ZeRO-3 without ZeRO++ on CPU")
+                f"QuantizerBuilder{'' if where == 'cpu' else f' ({where} cpu)'}", "use ZeRO-3 without ZeRO++ on CPU")
     return None
 
 

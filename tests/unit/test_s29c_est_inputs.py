@@ -62,4 +62,5 @@ def test_hpz_alone_runs_on_cpu_ranks_qwz_does_not(tmp_path, capsys):
         q.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
                                  "zero_optimization": {"stage": 3, key: True}}))
         assert _error(capsys, "--config", q, *base).startswith(
-            "ZeRO++ qwZ/qgZ need DeepSpeed's CUDA quantizer kernels; the CPU accelerator has no QuantizerBuilder")
+            "ZeRO++ qwZ/qgZ need DeepSpeed's CUDA quantizer kernels; the CPU accelerator has no QuantizerBuilder "
+            "(--gpu cpu)")  # the flag, not the spec's cluster.gpu
