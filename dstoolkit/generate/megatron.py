@@ -29,7 +29,7 @@ from dstoolkit.common.atomic import atomic_write_text
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import UnsupportedTarget
-from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args
+from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args, tree_check_lines
 from dstoolkit.generate.megatron_lm import megatron_lm_args, uses_megatron_fsdp
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -60,8 +60,9 @@ def read_args_file(text: str) -> list[str]:
 
 
 def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: str,
-                         pretrain_script: Union[str, Path]) -> str:
-    """torchrun launch of the target's pretrain_gpt.py with the argument file beside the script."""
+                         pretrain_script: Union[str, Path], shape: ModelShape) -> str:
+    """torchrun launch of the target's pretrain_gpt.py with the argument file beside the script (Megatron-DeepSpeed:
+    after `megatron_deepspeed.tree_check_lines`, which stops a GQA model on a tree that cannot split its QKV)."""
     q = shlex.quote
     nodes, g = spec.cluster.nodes, spec.cluster.gpus_per_node
     args_file = ARGS_FILE[target]
@@ -119,6 +120,8 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
         # sets local_rank = rank % device_count (megatron/initialize.py:213), which DeepSpeed then asserts equals
         # LOCAL_RANK (deepspeed/runtime/engine.py:1982): one device per rank of the node.
         lines.append('export LOCAL_SIZE="${LOCAL_SIZE:-$GPUS_PER_NODE}"')
+    if target == "megatron-deepspeed":
+        lines += tree_check_lines(shape, cand, me)
     lines += [
         f'mapfile -t ARGS < "$HERE/{args_file}"',
         'read -r -a DATA <<< "$DATA_ARGS"',
@@ -173,7 +176,7 @@ def megatron_target_files(folder: Union[None, str, Path], spec: Spec, shape: Mod
         files[ARGS_FILE[target]] = render_args_file(words)
         files[LAUNCH_FILE[target]] = render_launch_script(spec, cand, target,
                                                           strategy=strategy or Path(folder or ".").resolve().name,
-                                                          pretrain_script=scripts[target])
+                                                          pretrain_script=scripts[target], shape=shape)
     return TargetFiles(files=files, skipped=skipped)
 
 

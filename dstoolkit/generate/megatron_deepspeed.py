@@ -116,3 +116,44 @@ def _moe_mds(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]
     if cand.tp > 1:  # shard the experts over TP as Megatron-LM does by default (else each TP rank holds them whole)
         out.append("--enable-expert-tensor-parallelism")
     return out
+
+
+FPDT_COMMIT = "676a482c"
+"""Megatron-DeepSpeed's "Adding the new feature of FPDT" (#441, 2024-12-04), which rewrote how
+megatron/model/transformer.py ParallelAttention.forward splits the fused QKV output (`QKV_THIRDS`, `ULYSSES_MHA`);
+f4157bea, the tree benchmarks/megatron_parsers.py checks the argument files against, has it."""
+QKV_THIRDS = "each_hidden_size = mixed_x_layer.shape[-1] // 3"
+"""The line that splits the fused QKV output into three equal thirds when DeepSpeed sequence parallelism is off (or
+Megatron's sequence parallelism is on). With fewer key/value heads than query heads the output is
+(heads + 2 x kv heads) x head dim wide, and the first forward fails ("shape '[128, 4, -1, 32]' is invalid",
+measured: benchmarks/megatron_deepspeed_runs.py, which patches it back to the split by key/value group, PATCH_GQA)."""
+ULYSSES_MHA = "assert self.projection_size == self.kv_projection_size"
+"""With DeepSpeed sequence parallelism on (--ds-sequence-parallel-size > 1) the same commit asserts equal query and
+key/value projections: a GQA model fails this assert at its first forward."""
+
+
+def tree_check_lines(shape: ModelShape, cand: Candidate, script: str) -> list[str]:
+    """Bash lines for launch_megatron_deepspeed.sh that stop the launch (exit 2, before any rank starts) when the
+    Megatron-DeepSpeed tree next to $PRETRAIN has a QKV split this model cannot train with: a GQA model (fewer
+    key/value heads than query heads) under `QKV_THIRDS`, or under `ULYSSES_MHA` with a Ulysses degree. A tree from
+    before `FPDT_COMMIT`, or one patched back to the split by key/value group, passes. Nothing for an MHA model."""
+    kv, heads = shape.kv_heads, shape.num_attention_heads
+    if kv == heads:
+        return []
+    checks = []
+    if cand.ulysses > 1:
+        checks.append((ULYSSES_MHA, f"asserts equal query and key/value projections under DeepSpeed sequence "
+                                    f"parallelism (--ds-sequence-parallel-size {cand.ulysses})"))
+    if cand.ulysses <= 1 or cand.sequence_parallel:
+        checks.append((QKV_THIRDS, "splits the fused QKV output into three equal thirds"))
+    lines = ['TRANSFORMER="$(dirname "$PRETRAIN")/megatron/model/transformer.py"']
+    for needle, what in checks:
+        lines += [
+            f"if [[ -f \"$TRANSFORMER\" ]] && grep -qF -- '{needle}' \"$TRANSFORMER\"; then",
+            f'    echo "{script}: $TRANSFORMER {what} (Megatron-DeepSpeed since {FPDT_COMMIT}), so this model\'s '
+            f'{kv} key/value heads for {heads} query heads (GQA) fail at the first forward: use a tree from before '
+            f'{FPDT_COMMIT}, one that splits the QKV output by key/value group (split_tensor), or generate '
+            f'--target megatron-lm" >&2; exit 2',
+            "fi",
+        ]
+    return lines

@@ -8,6 +8,7 @@ from dstoolkit.estimate.flops import flops_per_token
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import only_peak_fits
+from dstoolkit.generate.megatron_deepspeed import FPDT_COMMIT
 from dstoolkit.generate.result import GenerateResult, StrategyOutput
 from dstoolkit.generate.targets import engine_note
 from dstoolkit.models import count_params
@@ -234,7 +235,9 @@ FILE_NOTES = {
                             "required, MOCK_DATA=1 trains on Megatron-LM's synthetic tokens instead (said on stderr).",
     "megatron_deepspeed_args.txt": "Megatron-DeepSpeed's arguments, same form; `launch_megatron_deepspeed.sh` adds "
                                    "`--deepspeed_config` with this folder's ds_config.json by absolute path; DATA_ARGS "
-                                   "(--data-path and tokenizer) is required (Megatron-DeepSpeed has no mock dataset).",
+                                   "(--data-path and tokenizer) is required (Megatron-DeepSpeed has no mock dataset); "
+                                   "for a GQA model it first stops on a tree that splits the QKV output into thirds "
+                                   f"(Megatron-DeepSpeed since {FPDT_COMMIT}; docs/generate-and-targets.md).",
 }
 """What each generated file is for, in the order summaries list them."""
 

@@ -21,6 +21,10 @@ if [[ -z "${DATA_ARGS:-}" ]]; then
     echo "launch_megatron_deepspeed.sh: DATA_ARGS is not set: DATA_ARGS='--data-path PREFIX --tokenizer-type ... [--tokenizer-model ...]' (Megatron-DeepSpeed has no mock dataset)" >&2; exit 2
 fi
 export CUDA_DEVICE_MAX_CONNECTIONS=1
+TRANSFORMER="$(dirname "$PRETRAIN")/megatron/model/transformer.py"
+if [[ -f "$TRANSFORMER" ]] && grep -qF -- 'each_hidden_size = mixed_x_layer.shape[-1] // 3' "$TRANSFORMER"; then
+    echo "launch_megatron_deepspeed.sh: $TRANSFORMER splits the fused QKV output into three equal thirds (Megatron-DeepSpeed since 676a482c), so this model's 8 key/value heads for 32 query heads (GQA) fail at the first forward: use a tree from before 676a482c, one that splits the QKV output by key/value group (split_tensor), or generate --target megatron-lm" >&2; exit 2
+fi
 mapfile -t ARGS < "$HERE/megatron_deepspeed_args.txt"
 read -r -a DATA <<< "$DATA_ARGS"
 exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE" \
