@@ -78,19 +78,24 @@ def run_precision(flag: Optional[str], cfg, config: str) -> str:
     raise ValueError(f"--precision {flag} contradicts {config}: {section}, so DeepSpeed trains {runs}: {fix}")
 
 
-def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> tuple[dict, list[str]]:
-    """The DeepSpeed JSON the estimate runs an AutoTP config as, and the assumptions that says.
+def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> tuple[dict, object, list[str]]:
+    """The DeepSpeed JSON the estimate runs an AutoTP config as, what AutoTP does with the embedding, the LM head
+    and the logits (`runplan.AutoTp`, the plan's `autotp`), and the assumptions that says.
 
-    The estimator's one tensor parallelism is Megatron's (`RunPlan.tp`; its config reader refuses autotp_size beside
-    it, DS223), so the plan gets the config without tensor_parallel and tp = autotp_size. DeepSpeed builds the
-    config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh comes later, in the engine's
-    _configure_tensor_parallel_states), so its batch triad counts every rank: train_batch_size = micro batch x
-    accumulation x world / sequence_parallel_size (runtime/config.py), while the ranks of one TP group read the
-    same samples. The plan keeps DeepSpeed's micro batch and accumulation over dp = world / (autotp x ulysses).
+    The plan gets the config without tensor_parallel (its config reader refuses autotp_size beside a tp, DS223),
+    tp = autotp_size and `autotp` = `runplan.autotp_layout` of the config's tensor_parallel section and the model:
+    the blocks' linears split as Megatron's, the embedding, the LM head and the logits as DeepSpeed 0.19.8 holds them
+    (runtime/engine.py _apply_autotp_partitioning; runplan/autotp.py cites each path). A preset or a Hugging Face
+    config is taken as a transformers model, which carries a tp_plan; the user's own module (--model pkg.mod:fn) as
+    one without. DeepSpeed builds the config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh
+    comes later, in the engine's _configure_tensor_parallel_states), so its batch triad counts every rank:
+    train_batch_size = micro batch x accumulation x world / sequence_parallel_size (runtime/config.py), while the
+    ranks of one TP group read the same samples. The plan keeps DeepSpeed's micro batch and accumulation over
+    dp = world / (autotp x ulysses).
     """
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.estimate.layout import param_layout
     from dstoolkit.layout import data_parallel_size, resolve_batch
+    from dstoolkit.runplan import autotp_layout
 
     tp = cfg.tensor_parallel.autotp_size
     triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
@@ -99,24 +104,48 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
     out = {k: v for k, v in ds.items() if k != "tensor_parallel"}
     out.update(train_micro_batch_size_per_gpu=triad.micro_batch, gradient_accumulation_steps=triad.grad_accum,
                train_batch_size=triad.micro_batch * triad.grad_accum * dp)
-    vocab = sum(p.numel for p in param_layout(shape) if p.kind in ("embedding", "lm_head") and p.tp_split)
-    head = ("with tensor_parallel.vocab_parallel_lm_head the LM head is vocab-parallel with a distributed loss"
-            if cfg.tensor_parallel.vocab_parallel_lm_head is True else
-            "without tensor_parallel.vocab_parallel_lm_head the loss sees full-vocabulary logits on every TP rank")
+    compile_cfg = cfg.compile
+    layout = autotp_layout(cfg.tensor_parallel, tied=shape.tie_word_embeddings, model_type=shape.model_type,
+                           hf_tp_plan=shape.source != "user",
+                           deepcompile_autotp=bool(compile_cfg is not None and compile_cfg.deepcompile is True
+                                                   and "autotp" in (compile_cfg.passes or ())))
     notes = [
-        f"tp={tp} is DeepSpeed AutoTP ({config}: tensor_parallel.autotp_size), modelled as Megatron tensor "
-        f"parallelism without sequence parallelism: each block's attention and MLP linears split column / row-wise "
-        f"over {tp} ranks, 2 all-reduces per block forward and 2 backward (deepspeed 0.19.8 module_inject/"
-        "auto_tp.py LinearLayer / LinearAllreduce), norms and the activations between the linears whole on every "
-        "TP rank",
-        f"AutoTP leaves the input embedding whole on every TP rank unless it is tied to a vocab-parallel LM head, "
-        f"shards the LM head's weight only with a Hugging Face tp_plan or vocab_parallel_lm_head, and {head}; the "
-        f"estimate splits the embedding and the LM head ({vocab / 1e9:,.3f}B params together) and the logits by "
-        f"tp={tp} as Megatron's vocab-parallel layers, so its memory is low by up to {tp - 1}/{tp} of their "
-        "weights, gradients, optimizer states and [tokens, vocab] logits",
+        f"tp={tp} is DeepSpeed AutoTP ({config}: tensor_parallel.autotp_size): each block's attention and MLP "
+        f"linears split column / row-wise over {tp} ranks as Megatron's, without sequence parallelism, 2 "
+        "all-reduces per block forward and 2 backward (deepspeed 0.19.8 module_inject/auto_tp.py LinearLayer / "
+        "LinearAllreduce), norms and the activations between the linears whole on every TP rank",
+        _vocab_note(layout, shape, tp),
         f"batch: DeepSpeed counts the AutoTP ranks in the batch triad (train_batch_size = micro batch "
         f"{triad.micro_batch} x accumulation {triad.grad_accum} x {world // ulysses} ranks = {triad.train_batch}); "
         f"the {tp} ranks of a TP group read the same samples, so a step trains "
         f"{triad.micro_batch * triad.grad_accum * dp} sequences over dp={dp}",
     ]
-    return out, notes
+    return out, layout, notes
+
+
+def _vocab_note(layout, shape, tp: int) -> str:
+    """The assumption line for the embedding, the LM head and the logits of an AutoTP run (`runplan.AutoTp`)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.layout import param_layout
+
+    entries = param_layout(shape)
+    embed = sum(p.numel for p in entries if p.kind == "embedding" and p.tp_split) / 1e9
+    head = sum(p.numel for p in entries if p.kind == "lm_head") / 1e9
+
+    def held(split: bool) -> str:
+        return f"split over tp={tp}" if split else "whole on every TP rank"
+
+    if shape.tie_word_embeddings:
+        parts = f"the tied embedding / LM head ({embed:,.3f}B params) {held(layout.lm_head_split)}"
+    else:
+        parts = (f"the input embedding ({embed:,.3f}B params) {held(layout.embedding_split)}, the LM head "
+                 f"({head:,.3f}B) {held(layout.lm_head_split)}")
+    logits = (f"[tokens, vocab/{tp}] logits with DeepSpeed's distributed loss" if layout.vocab_parallel_loss else
+              "[tokens, vocab] logits " + ("all-gathered " if layout.logits_gathered else "")
+              + "and the loss over them whole on every TP rank")
+    model = ("--model taken as a transformers model, which carries a Hugging Face tp_plan"
+             if layout.path == "hf_tp_plan" else
+             "--model is your own module, taken as one without a Hugging Face tp_plan"
+             if shape.source == "user" else "the config's partition_config / preset_model decides")
+    return (f"embedding, LM head and logits as DeepSpeed 0.19.8 AutoTP training holds them: {parts}, {logits} "
+            f"({layout.why}; {model})")

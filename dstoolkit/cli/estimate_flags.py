@@ -134,14 +134,16 @@ def plan_from_args(args):
     precision = run_precision(args.precision, cfg, args.config)
     _check_fp8_hardware(precision, ds, args.config, gpu)
     notes: list[str] = []
+    autotp_layout = None  # Megatron tensor parallelism (the plan's autotp)
     if autotp:
-        ds, notes = autotp_run(ds, cfg, args.config, args.world_size, ulysses, shape)
+        ds, autotp_layout, notes = autotp_run(ds, cfg, args.config, args.world_size, ulysses, shape)
     policy = checkpoint_policy(args)  # --checkpoint / --every-k / --checkpoint-ratio
     plan = RunPlan(shape=shape, ds_config=ds, world_size=args.world_size,
                    gpus_per_node=domain, gpu=gpu,
                    seq_len=args.seq_len, tp=tp, pp=args.pp, ep=args.ep, ulysses=ulysses, checkpoint=policy,
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
-                   precision=precision, calibration=calibration_of(args.calibration, args.gpu, precision))
+                   precision=precision, calibration=calibration_of(args.calibration, args.gpu, precision),
+                   autotp=autotp_layout)
     # the rules that cross a flag with the config's ZeRO stage or ZeRO++ (LY006 pp-zero, LY014 zeropp-cpu); the
     # config's own rules (offload, ZeRO++ stage, hpZ partition DS207 / DS221, batch triad, MoE at ZeRO-3) are
     # validate_config's, checked above. ZeRO++ here is qwZ / qgZ, the parts that run DeepSpeed's quantizer kernels:

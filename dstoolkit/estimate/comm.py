@@ -320,6 +320,12 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         add("tp_all_reduce", "all_reduce", n_ar * tok * shape.hidden_size * pb * ga, plan.tp,
             tp_lay.cross_node, n_ar * ga, plan.tp_comm_overlap, tp_lay.concurrent_groups,
             per_node=tp_lay.ranks_per_node)
+        if plan.autotp is not None and plan.autotp.logits_gathered:
+            # DeepSpeed AutoTP's gathered LM head (a Hugging Face tp_plan's colwise_gather_output): each micro
+            # batch's [tokens, vocab/tp] logits are all-gathered into [tokens, vocab] on every TP rank before the
+            # loss (deepspeed 0.19.8 module_inject/layers.py LinearLayer.forward, GatherFromTensorParallelRegion)
+            add("autotp_logits_all_gather", "all_gather", tok * shape.vocab_size * pb * ga, plan.tp,
+                tp_lay.cross_node, ga, False, tp_lay.concurrent_groups, per_node=tp_lay.ranks_per_node)
     # PP: activations forward and their gradients backward at each stage boundary, per micro batch
     if plan.pp > 1:
         # interleaved: a micro batch crosses v x as many stage boundaries (Narayanan et al. 2021 §2.2.2)

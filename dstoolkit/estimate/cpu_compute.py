@@ -190,7 +190,7 @@ def block_linears(plan: RunPlan, i: int, tok: float) -> list[Linear]:
         if p.kind == "expert":
             expert_numel.setdefault(p.name.split(".experts.", 1)[-1].split(".", 1)[-1], p.numel)
             continue
-        out.append(Linear(h, p.numel / h / (plan.tp if p.tp_split else 1), tok))
+        out.append(Linear(h, p.numel / h / (plan.tp if plan.tp_splits(p) else 1), tok))
     if expert_numel and shape.num_experts:
         local = max(1, shape.num_experts // max(1, plan.ep))
         share = tok * max(1, shape.num_experts_per_tok) * plan.ep / shape.num_experts
@@ -225,7 +225,8 @@ def cpu_compute_s(plan: RunPlan, rates: OpRates) -> float:
     shape, mb = plan.shape, plan.ds.micro_batch
     tok = mb * plan.seq_len
     ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
-    head = linear_s(rates.gemm, Linear(shape.hidden_size, shape.vocab_size / plan.tp, tok))
+    # the LM head split over tp, or whole on every DeepSpeed AutoTP rank that keeps it whole
+    head = linear_s(rates.gemm, Linear(shape.hidden_size, shape.vocab_size / plan.lm_head_gemm_shards, tok))
     return pipeline_compute_s(plan, lambda i, saved: layer_s(plan, rates, i, tok, mb, saved, ckpt[i]), head)
 
 

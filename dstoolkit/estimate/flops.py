@@ -216,6 +216,13 @@ def _non_layer_matmul(shape: ModelShape) -> int:
     return shape.vocab_size * shape.hidden_size
 
 
+def lm_head_train_flops_per_token(shape: ModelShape) -> float:
+    """Training FLOPs per token of the LM head's GEMMs, the whole vocabulary on one rank: 6 · vocab · hidden
+    (Kaplan et al. 2020: 2 forward + 4 backward per matmul parameter). Part of `FlopsPerToken.dense`; a rank that
+    runs the whole head (DeepSpeed AutoTP without a split head, RunPlan.lm_head_gemm_shards = 1) does all of it."""
+    return float(TRAIN_FLOPS_PER_PARAM * _non_layer_matmul(shape))
+
+
 def plan_flops_per_token(plan: RunPlan) -> FlopsPerToken:
     return flops_per_token(plan.shape, plan.seq_len,
                            checkpointed_layers=plan.checkpoint.checkpointed_layers(plan.shape.num_hidden_layers),

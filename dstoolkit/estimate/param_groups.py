@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from dstoolkit.estimate.layout import ParamEntry, param_layout
 from dstoolkit.layout import pipeline_split, stage_layer_range, stage_layers
-from dstoolkit.runplan import RunPlan
+from dstoolkit.runplan import AutoTp, RunPlan, tp_splits
 
 NCCL_START_ALIGNMENT_FACTOR = 2
 """stage_1_and_2.py / bf16_optimizer.py: flat buffers are padded to a multiple of 2 * dp elements."""
@@ -26,16 +26,17 @@ def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[i
 
     Group 0 is every non-expert parameter; for MoE models group 1 holds the local experts (E/ep per MoE
     layer), as `deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer` builds them.
-    TP shards matrices (and vocab) by tp; PP keeps the layers of one stage (the heaviest stage when
-    `pp_stage` is None: embedding on the first, final norm + LM head on the last).
+    TP shards what `RunPlan.tp_splits` says it splits (Megatron: the matrices and the vocab; DeepSpeed AutoTP:
+    the blocks' matrices, the embedding and the LM head as `plan.autotp` says); PP keeps the layers of one stage
+    (the heaviest stage when `pp_stage` is None: embedding on the first, final norm + LM head on the last).
     """
     return [list(g) for g in _rank_param_groups(plan.shape, plan.tp, plan.pp, plan.ep, pp_stage,
-                                                pipeline_split(plan.framework))]
+                                                pipeline_split(plan.framework), plan.autotp)]
 
 
 @lru_cache(maxsize=256)
 def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
-                       split: str = "megatron") -> tuple[tuple[int, ...], ...]:
+                       split: str = "megatron", autotp: AutoTp | None = None) -> tuple[tuple[int, ...], ...]:
     layout = param_layout(shape)
     stages = [pp_stage] if pp_stage is not None else list(range(pp))
     best: tuple[tuple[int, ...], ...] = ()
@@ -54,7 +55,7 @@ def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
                     continue
                 if p.kind in ("lm_head", "norm") and not last:
                     continue
-            numel = p.numel // tp if (p.tp_split and tp > 1) else p.numel
+            numel = p.numel // tp if (tp_splits(p, autotp) and tp > 1) else p.numel
             if p.kind == "expert":
                 if _expert_index(p) >= local_experts:
                     continue
@@ -69,12 +70,12 @@ def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
 
 
 def head_grad_numel(plan: RunPlan) -> int:
-    """Elements of the parameters whose gradients backward produces first: final norm + LM head (TP-sharded),
-    on the last pipeline stage; 0 on other stages."""
+    """Elements of the parameters whose gradients backward produces first: final norm + LM head (TP-sharded where
+    `RunPlan.tp_splits` says so), on the last pipeline stage; 0 on other stages."""
     n = 0
     for p in param_layout(plan.shape):
         if p.layer < 0 and p.kind in ("lm_head", "norm"):
-            n += p.numel // plan.tp if (p.tp_split and plan.tp > 1) else p.numel
+            n += p.numel // plan.tp if (plan.tp_splits(p) and plan.tp > 1) else p.numel
     return n
 
 
@@ -120,5 +121,5 @@ def fp8_weight_cache_bytes(plan: RunPlan) -> int:
             continue
         if p.kind == "expert" and _expert_index(p) >= local_experts:
             continue
-        local += p.numel // plan.tp if p.tp_split else p.numel
+        local += p.numel // plan.tp if plan.tp_splits(p) else p.numel
     return local * FP8_WEIGHT_CACHE_BYTES_PER_PARAM

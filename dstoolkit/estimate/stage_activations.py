@@ -103,9 +103,9 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
         emb_loss += (FP32_BYTES + p) * tok * h + FP32_BYTES * tok + pl * tok * h + INDEX_BYTES * tok
         if fused_loss:
             # the kept logits; on DeepSpeed's last stage they are the pipe buffer's (pipe_logits below)
-            emb_loss += (0.0 if pipe_logits else p * tok * v / plan.tp) + FP32_BYTES * tok
+            emb_loss += (0.0 if pipe_logits else p * tok * v / plan.logits_vocab_shards) + FP32_BYTES * tok
         else:
-            emb_loss += FP32_BYTES * tok * v / plan.tp
+            emb_loss += FP32_BYTES * tok * v / plan.logits_vocab_shards
     in_flight = min(plan.pp, plan.ds.grad_accum) if plan.pp > 1 else 1
     if plan.pp > 1 and plan.pipeline_schedule == "interleaved" and plan.virtual_stages > 1 and in_flight == plan.pp:
         # interleaved 1F1B keeps (1 + (p-1)/(p·v)) x the 1F1B activations on the first stage (Korthikanti et al.
@@ -117,7 +117,9 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
         in_flight = last_stage_in_flight(plan)
     loss_fwd = loss_bwd = 0.0
     if holds_head:
-        logits = tok * v / plan.tp
+        # [tokens, vocab/tp] under Megatron's vocab-parallel loss; [tokens, vocab] on every rank where AutoTP gathers
+        # the logits or runs a whole head (RunPlan.logits_vocab_shards)
+        logits = tok * v / plan.logits_vocab_shards
         if fused_loss:
             # the kept logits are the saved tensor above; backward writes one gradient in their dtype
             loss_bwd = FUSED_LOSS_BACKWARD_COPIES * p * logits
@@ -148,7 +150,8 @@ def deepspeed_pipe_logits(plan: RunPlan, micro_batch: int | None = None) -> floa
     p, _ = _act_bytes(plan)
     mb = plan.ds.micro_batch if micro_batch is None else micro_batch
     tok = plan.seq_len * mb / (plan.cp * plan.ulysses)
-    return min(DEEPSPEED_LAST_STAGE_PIPE_BUFFERS, plan.ds.grad_accum) * p * tok * plan.shape.vocab_size / plan.tp
+    return (min(DEEPSPEED_LAST_STAGE_PIPE_BUFFERS, plan.ds.grad_accum) * p * tok * plan.shape.vocab_size
+            / plan.logits_vocab_shards)
 
 
 def last_stage_in_flight(plan: RunPlan) -> float:

@@ -18,7 +18,7 @@ from dstoolkit.estimate import pipeline_stages as stages
 from dstoolkit.estimate.collective_time import nccl_call_latency_s, op_time_s
 from dstoolkit.estimate.comm import CommPlan
 from dstoolkit.estimate.cpu_compute import cpu_compute_s, op_rates
-from dstoolkit.estimate.flops import FlopsPerToken
+from dstoolkit.estimate.flops import FlopsPerToken, lm_head_train_flops_per_token
 from dstoolkit.estimate.gemm import linear_s
 from dstoolkit.hardware.calibration import peak_flops_per_rank
 from dstoolkit.runplan import RunPlan
@@ -119,6 +119,10 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
             layers = max(len(stages.stage_layers(plan, st)) for st in range(plan.pp))
         else:  # one block rate, interpolated in size between the probe's two blocks
             flops = fpt.hardware * tokens_per_rank_step / model_ranks
+            if plan.lm_head_gemm_shards != plan.tp:
+                # a whole LM head on every AutoTP rank: its GEMMs run lm_head_gemm_shards-split, not tp-split
+                flops += lm_head_train_flops_per_token(plan.shape) * tokens_per_rank_step * (
+                    1 / plan.lm_head_gemm_shards - 1 / plan.tp)
             if plan.pp > 1:
                 # 1F1B bubble: (pp - 1) / micro batches of idle time (Narayanan et al. 2021, §2.2)
                 flops *= 1.0 + stages.bubble_fraction(plan.pipeline_schedule, plan.pp, ds.grad_accum, plan.virtual_stages)
@@ -183,7 +187,8 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         grad_passes = MEGATRON_GRAD_BUFFER_PASSES
     grad_traffic = local_numel * pb * (grad_passes + PARAM_WRITEBACK_PASSES)
     grad_bw = (cal.grad_bw_bytes_per_s if cal is not None else None) or mem_bw
-    loss_traffic = LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.tp / plan.sequence_shards
+    loss_traffic = (LOSS_FP32_PASSES * 4 * tokens_per_rank_step * plan.shape.vocab_size / plan.logits_vocab_shards
+                    / plan.sequence_shards)
     return StepTime(compute_s=compute, comm_total_s=total, comm_exposed_s=exposed, optimizer_s=optimizer,
                     memory_s=grad_traffic / grad_bw + loss_traffic / mem_bw, offload_s=offload, overhead_s=overhead, overlap_efficiency=eta)
 
@@ -218,7 +223,9 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     # Engine module, and the FP8 context wraps the transformer layers only (transformer_block.py); torchtitan's
     # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
     head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
-    one = linear_s(plan.gpu, head_prec, v * h * tok / plan.tp, tok, v / plan.tp, h)
+    # split over tp, or whole on every rank where DeepSpeed AutoTP keeps the head whole (RunPlan.lm_head_gemm_shards)
+    shards = plan.lm_head_gemm_shards
+    one = linear_s(plan.gpu, head_prec, v * h * tok / shards, tok, v / shards, h)
     head = one.forward_s + one.backward_s
     eff = cm.FRAMEWORK_EFFICIENCY
     # the host issues each block's kernels ahead of the GPU: a micro batch takes the longer of the two

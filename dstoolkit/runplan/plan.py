@@ -14,7 +14,9 @@ from dstoolkit.hardware.calibration import Calibration, calibration_for_spec
 from dstoolkit.hardware.table import GpuSpec, get_gpu
 from dstoolkit.layout import LayoutFacts, ParallelDims, data_parallel_size, require
 from dstoolkit.layout.ulysses_heads import ulysses_impl
+from dstoolkit.models.measured import ParamEntry
 from dstoolkit.models.shape import ModelShape
+from dstoolkit.runplan.autotp import AutoTp, tp_splits
 from dstoolkit.runplan.dsview import DsView, read_ds_config
 from dstoolkit.spec import Spec
 from dstoolkit.spec.cluster_fields import AttentionImpl, LossImpl
@@ -42,7 +44,7 @@ class RunPlan(BaseModel):
     seq_len: int
     """Tokens per sequence (> 0)."""
     tp: int = Field(default=1, ge=1)
-    """Tensor-parallel degree."""
+    """Tensor-parallel degree (Megatron's, or DeepSpeed AutoTP's where `autotp` is set)."""
     pp: int = Field(default=1, ge=1)
     """Pipeline-parallel degree."""
     ep: int = Field(default=1, ge=1)
@@ -97,6 +99,30 @@ class RunPlan(BaseModel):
     loss_impl: LossImpl = "torch"
     """Cross-entropy kernel (spec training.loss_impl): torch keeps fp32 copies of the logits, fused does not
     (stage_activations.activation_bytes)."""
+    autotp: Optional[AutoTp] = None
+    """None: `tp` is Megatron's tensor parallelism (vocab-parallel embedding, LM head and logits). Set: `tp` is
+    DeepSpeed AutoTP's (tensor_parallel.autotp_size), which splits the blocks' linears as Megatron's and holds the
+    embedding, the LM head and the logits as this says (runplan.autotp.autotp_layout); no sequence parallelism,
+    no pipeline."""
+
+    def tp_splits(self, entry: ParamEntry) -> bool:
+        """Whether this plan's tensor parallelism splits the parameter entry over its tp ranks
+        (`runplan.autotp.tp_splits`: the entry's own flag under Megatron; the embedding and the LM head as
+        `autotp` says under AutoTP)."""
+        return tp_splits(entry, self.autotp)
+
+    @property
+    def logits_vocab_shards(self) -> int:
+        """Ranks the [tokens, vocab] logits, and the loss over them, are split across: tp (Megatron's
+        vocab-parallel output layer and cross-entropy; AutoTP's vocab-parallel LM head), or 1 where every AutoTP
+        rank holds the whole vocabulary's logits (a gathered or a whole LM head)."""
+        return self.tp if self.autotp is None or self.autotp.vocab_parallel_loss else 1
+
+    @property
+    def lm_head_gemm_shards(self) -> int:
+        """Ranks the LM head's GEMM is split across: tp, or 1 where every AutoTP rank holds the whole head and runs
+        it on the whole vocabulary (tp times the work of a split head)."""
+        return self.tp if self.autotp is None or self.autotp.lm_head_split else 1
 
     @property
     def attention_kind(self) -> str:
@@ -153,6 +179,14 @@ class RunPlan(BaseModel):
     @model_validator(mode="after")
     def _check_sequence_shards(self) -> "RunPlan":
         return self._require(("LY023", "LY019", "LY020", "LY024"))
+
+    @model_validator(mode="after")
+    def _check_autotp(self) -> "RunPlan":
+        if self.autotp is not None and (self.sequence_parallel or self.pp > 1):
+            raise ValueError(f"autotp with sequence_parallel={self.sequence_parallel}, pp={self.pp}: DeepSpeed AutoTP "
+                             "has no Megatron sequence parallelism and is not combined with a pipeline (DS225): "
+                             "set sequence_parallel=False and pp=1, or autotp=None for Megatron tensor parallelism")
+        return self
 
     @model_validator(mode="after")
     def _check_ds_config_readable(self) -> "RunPlan":
