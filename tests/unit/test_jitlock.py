@@ -85,14 +85,24 @@ def test_compiler_naming_the_op_counts_as_holder(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     lock = _lock(tmp_path, "cpu_adam")
     lock.write_text("")
-    # torch passes -DTORCH_EXTENSION_NAME=<op> to every compile of the op
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-DTORCH_EXTENSION_NAME=cpu_adam"])
+    # torch passes -DTORCH_EXTENSION_NAME=<op> to every compile of the op, run by ninja in the op's build dir
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-DTORCH_EXTENSION_NAME=cpu_adam"],
+                         cwd=lock.parent)
+    # the same op compiled for another TORCH_EXTENSIONS_DIR (another job on the machine; CI 2026-12-06: a helper's
+    # DeepSpeed run built deepspeed_shm_comm while test_holder_released_during_wait waited) is not this lock's holder
+    other = tmp_path / "other" / "cpu_adam"
+    other.mkdir(parents=True)
+    q = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-DTORCH_EXTENSION_NAME=cpu_adam"],
+                         cwd=other)
     try:
         time.sleep(0.3)
-        assert any(f"pid {p.pid}" in h and "builds it" in h for h in jitlock.lock_holders(lock))
+        holders = jitlock.lock_holders(lock)
+        assert any(f"pid {p.pid}" in h and "builds it" in h for h in holders), holders
+        assert not any(f"pid {q.pid}" in h for h in holders), holders
     finally:
-        p.kill()
-        p.wait()
+        for x in (p, q):
+            x.kill()
+            x.wait()
     assert jitlock.lock_holders(lock) == []
 
 
