@@ -121,6 +121,16 @@ def _zero_stage(v: Any) -> Optional[int]:
     return int(v) if isinstance(v, int) else None
 
 
+def _bf16_names(optim: dict, ds_config: dict) -> bool:
+    """Whether the tag's optimizer files carry DeepSpeed's bf16_ prefix (engine.py _get_zero_ckpt_name: bf16_ when
+    bfloat16_enabled()): as the files present are named, else as the saved ds_config's bf16 (or bfloat16) section
+    says, so a missing file is named as DeepSpeed writes it even when no optimizer file is left."""
+    if optim:
+        return any(N.OPTIM_STATES.match(p.name).group("bf16") for p in optim.values())
+    sec = ds_config.get("bf16", ds_config.get("bfloat16"))
+    return isinstance(sec, dict) and sec.get("enabled") is True
+
+
 def _dtype_of(items: list[tuple[str, TensorMeta]]) -> Optional[str]:
     kinds = sorted({t.dtype for _, t in items if t.numel or t.storage_bytes})
     return "+".join(kinds) if kinds else (items[0][1].dtype if items else None)
@@ -247,7 +257,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         mp = max(1, int(info.tp or 1)) * max(1, int(info.pp or 1))
         n_opt = expect_dp if expect_dp else (max(d for d, _ in optim) + 1 if optim else 0)
         mps = sorted({m for _, m in optim} | {m for _, m in z3_model}) or [0]
-        prefix = "bf16_" if any(N.OPTIM_STATES.match(p.name).group("bf16") for p in optim.values()) else ""
+        prefix = "bf16_" if _bf16_names(optim, ds_config) else ""
         for m in mps:
             for r in range(n_opt):
                 if (r, m) not in optim:
