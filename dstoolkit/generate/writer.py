@@ -67,6 +67,11 @@ def check_target(out_dir: Path, *, force: bool, new_files: Optional[Mapping[str,
     what will be written, for a marker without a manifest; None: only the marker is checked)."""
     if not out_dir.exists() and not out_dir.is_symlink():
         return
+    if out_dir.is_symlink() and out_dir.is_dir():
+        target = out_dir.resolve()
+        raise OutputExistsError(
+            f"{out_dir} is a link to the folder {target}; generate replaces its --out folder whole, which would "
+            f"replace the link, not that folder: pass --out {target}, or choose another --out")
     if not out_dir.is_dir() or out_dir.is_symlink():
         raise OutputExistsError(f"{out_dir} exists and is not a folder; choose another --out")
     entries = list(out_dir.iterdir())

@@ -28,3 +28,18 @@ def test_missing_optimizer_files_are_named_as_deepspeed_writes_them(tmp_path, bf
     info = inspect_checkpoint(tmp_path / "ck")
     assert [p.file for p in info.problems] == [
         str(tag / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for r in range(2)]
+
+
+def test_generate_out_that_is_a_link_to_a_folder_says_so(tmp_path):
+    # fuzz finding 15: it said "exists and is not a folder"; replacing the link would not write into its folder
+    from dstoolkit.generate.writer import OutputExistsError, check_target
+
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(OutputExistsError) as e:
+        check_target(link, force=True)
+    assert str(e.value) == (f"{link} is a link to the folder {real}; generate replaces its --out folder whole, which "
+                            f"would replace the link, not that folder: pass --out {real}, or choose another --out")
+    assert real.is_dir() and link.is_symlink()
