@@ -47,9 +47,10 @@ def load_shape(model: str, model_class: Optional[str] = None, model_kwargs: Opti
     if is_module_ref(model) or model_kwargs is not None:
         return load_model(model, model_class, model_kwargs)  # the user's nn.Module (UserModelError: exit 2)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise ValueError(f"--model {model!r}: file not found (give a preset name or an HF config.json path)")
-        return load_hf_config(path, model_class=model_class)
+        if not path.exists():
+            raise ValueError(f"--model {model!r}: file not found (give a preset name, an HF config.json path or "
+                             "the folder holding it)")
+        return load_hf_config(path, model_class=model_class)  # a folder: its config.json (models.hf_config_file)
     if model_class is not None:
         raise ValueError(f"--model-class {model_class} needs an HF config.json for --model, not the preset {model!r}")
     return get_preset(model)
@@ -112,6 +113,11 @@ def plan_from_args(args):
     _check_whole_nodes(args.world_size, gpus_per_node, gpus_per_node_given, gpu.gpus_per_host or 8)
     domain = _nvlink_domain(args.nvlink_domain_gpus, gpus_per_node, gpu)
     shape = load_shape(args.model, args.model_class, args.model_kwargs)
+    from dstoolkit.models.shape import position_table_problem  # start-up time, as above
+
+    table = position_table_problem(shape, args.seq_len, "--seq-len")
+    if table is not None:
+        raise ValueError(table)
     # DeepSpeed AutoTP (tensor_parallel.autotp_size): the run's TP degree, in place of a Megatron --tp
     autotp = autotp_size(ds)
     tp = tp_degree(args, autotp, tp_given)

@@ -280,6 +280,9 @@ def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candid
             "--init-method-std", repr(k.init_std),
             "--vocab-size", str(shape.vocab_size if vocab_flag is None else vocab_flag),
             "--make-vocab-size-divisible-by", str(vocab_divisor(shape.vocab_size, cand.tp))]
+    gaps = architecture_gaps(shape)
+    if gaps:
+        raise UnsupportedTarget(f"cannot express {'; '.join(gaps)}")
     if shape.mlp_gated:
         if shape.hidden_act not in ("silu", "swish"):
             raise UnsupportedTarget(f"gated MLP with {shape.hidden_act!r}: only SwiGLU (silu) has a Megatron flag")
@@ -291,6 +294,43 @@ def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candid
     if not shape.tie_word_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     return out
+
+
+def architecture_gaps(shape: ModelShape) -> list[str]:
+    """What neither Megatron target's GPT model can build, named with the shape's value (checked against the
+    parsers benchmarks/megatron_parsers.py runs: Megatron-LM megatron/training/arguments.py + TransformerConfig,
+    Megatron-DeepSpeed megatron/arguments.py): neither has a parallel attention+MLP block, a norm after the
+    embedding, a bias on the output head, ALiBi, or a norm other than plain LayerNorm / RMSNorm."""
+    gaps = []
+    if shape.parallel_residual:
+        gaps.append("a parallel attention + MLP block (parallel_residual: both read the block input; Megatron's "
+                    "blocks run attention then MLP)")
+    if shape.embedding_norm:
+        gaps.append("a LayerNorm after the token embedding (embedding_norm)")
+    if shape.lm_head_bias:
+        gaps.append("a bias on the output head (lm_head_bias)")
+    if not shape.learned_positions and shape.position_encoding == "alibi":
+        gaps.append("ALiBi attention biases (position_encoding 'alibi'; no ALiBi position type)")
+    if shape.norm_variant is not None:
+        gaps.append(f"a {shape.norm_type} that {shape.norm_variant}" if shape.norm_variant.startswith("scales")
+                    else f"a norm that is not plain LayerNorm / RMSNorm ({shape.norm_variant})")
+    return gaps
+
+
+def bias_words(shape: ModelShape) -> str:
+    """The shape's linear biases in words: 'q/k/v, attention output, MLP'."""
+    on = [w for w, b in (("q/k/v", shape.attention_bias), ("attention output", shape.o_proj_bias),
+                         ("MLP", shape.mlp_bias)) if b]
+    return ", ".join(on) if on else "none"
+
+
+def dynamic_rope_is_plain(shape: ModelShape, seq_len: int) -> bool:
+    """transformers' dynamic NTK RoPE recomputes the frequencies only past original_max_position_embeddings
+    (modeling_rope_utils.dynamic_rope_update: `seq_len > original_max_seq_len`); a training run at or below it
+    uses the plain frequencies, which Megatron's RoPE computes."""
+    r = shape.rope_scaling
+    limit = (r.param("original_max_position_embeddings") if r is not None else None) or shape.max_position_embeddings
+    return r is not None and r.rope_type == "dynamic" and isinstance(limit, int) and seq_len <= limit
 
 
 def _batch(spec: Spec, cand: Candidate, target: str) -> list[str]:

@@ -11,6 +11,7 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
+                                               architecture_gaps, bias_words, dynamic_rope_is_plain,
                                                model_constants)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -26,19 +27,29 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
 
     Raises:
         UnsupportedTarget: what Megatron-DeepSpeed's GPT model cannot build (multi-latent attention, shared
-            experts, q/k/v-only biases, QK-norm, expert width != dense width, FP8) or a pipelined ZeRO-2/3.
+            experts, biases on some linears only, rope scaling, QK-norm, expert width != dense width, FP8) or a pipelined ZeRO-2/3.
         ValueError: ds_config_path is neither absolute nor the bare ``ds_config.json``.
     """
     if not Path(ds_config_path).is_absolute() and str(ds_config_path) != "ds_config.json":
         raise ValueError(f"--deepspeed_config must be an absolute path, got {str(ds_config_path)!r}")
     t = "megatron-deepspeed"
-    missing = []
+    missing = architecture_gaps(shape)
     if shape.is_mla:
         missing.append("multi-latent attention (no MLA in its GPT model)")
     if shape.num_shared_experts or shape.shared_expert_intermediate_size:
         missing.append("shared experts (its residual MoE is a different layer)")
-    if shape.attention_bias and not (shape.o_proj_bias or shape.mlp_bias):
-        missing.append("q/k/v-only biases (no --add-qkv-bias)")
+    biases = (shape.attention_bias, shape.o_proj_bias, shape.mlp_bias)
+    if any(biases) and not all(biases):
+        missing.append(f"biases on {bias_words(shape)} only (--disable-bias-linear turns all of them off; there is no "
+                       "--add-qkv-bias)")
+    if shape.rope_scaling is not None and not shape.learned_positions and shape.position_encoding == "rope" \
+            and not dynamic_rope_is_plain(shape, spec.training.seq_len):
+        r = shape.rope_scaling
+        missing.append(f"rope_scaling {r.rope_type} (factor {r.factor}): its RoPE has no scaling flags (only "
+                       "--rotary-position-embeddings-theta and --rotary-percent)")
+    if shape.is_moe and not shape.norm_topk_prob:
+        missing.append("norm_topk_prob false (DeepSpeed MoE's top-k gate renormalises the chosen experts' weights: "
+                       "deepspeed/moe/sharded_moe.py top2gating / topkgating)")
     if shape.qk_norm:
         missing.append("QK layer norm")
     if shape.is_moe and shape.expert_ffn_size != shape.intermediate_size:
@@ -68,9 +79,13 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
     out += _common_model(spec, shape, k, cand, vocab_flag=shape.vocab_size - 1)
     if shape.kv_heads != shape.num_attention_heads:
         out += ["--num-key-value-heads", str(shape.kv_heads)]
-    if not shape.learned_positions:
+    if not shape.learned_positions and shape.position_encoding == "none":
+        out.append("--no-position-embedding")
+    elif not shape.learned_positions:
         out += ["--use-rotary-position-embeddings", "--no-position-embedding",
                 "--rotary-position-embeddings-theta", str(int(k.rope_theta))]
+        if shape.rotary_fraction < 1.0:  # megatron/model/language_model.py: rotary_dim *= args.rotary_percent
+            out += ["--rotary-percent", repr(shape.rotary_fraction)]
     out += ["--normalization", "rmsnorm" if shape.norm_type == "rmsnorm" else "layernorm",
             "--layernorm-epsilon", repr(k.norm_eps)]
     if not (shape.o_proj_bias or shape.mlp_bias or shape.attention_bias):

@@ -9,7 +9,7 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
-                                               model_constants)
+                                               bias_words, dynamic_rope_is_plain, model_constants)
 from dstoolkit.layout import megatron_split
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -62,18 +62,12 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
             out += ["--q-lora-rank", str(shape.q_lora_rank)]
     elif shape.kv_heads != shape.num_attention_heads:
         out += ["--group-query-attention", "--num-query-groups", str(shape.kv_heads)]
-    if shape.learned_positions:
-        out += ["--position-embedding-type", "learned_absolute"]
-    else:
-        out += ["--position-embedding-type", "rope", "--rotary-base", str(int(k.rope_theta))]
+    out += _positions_lm(spec, shape, k)
     out += ["--normalization", "RMSNorm" if shape.norm_type == "rmsnorm" else "LayerNorm",
             "--norm-epsilon", repr(k.norm_eps)]
     if shape.qk_norm:
         out.append("--qk-layernorm")
-    if not (shape.o_proj_bias or shape.mlp_bias):
-        out.append("--disable-bias-linear")
-        if shape.attention_bias:
-            out.append("--add-qkv-bias")
+    out += _biases_lm(shape)
     # FlashAttention is a CUDA kernel: a CPU cluster runs the unfused attention (the same arithmetic)
     flash = spec.training.flash_attention and not is_cpu_cluster(spec)
     out += ["--attention-backend", "flash" if flash else "unfused"]
@@ -87,6 +81,76 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     out += _distributed_lm(spec, cand)
     out += _checkpoint_saving(spec)
     return out
+
+
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""The llama3 rope-scaling numbers Megatron-LM's --use-rope-scaling applies (RotaryEmbedding._apply_scaling
+defaults, megatron/core/models/common/embeddings/rotary_pos_embedding.py at d98e8a64); only the factor is a flag."""
+MLA_YARN = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
+"""The YaRN numbers MLATransformerConfig fixes (transformer_config.py at d98e8a64: no flag sets them for MLA;
+--rotary-scaling-factor, --mscale and --mscale-all-dim do set theirs)."""
+
+
+def _positions_lm(spec: Spec, shape: ModelShape, k: ModelConstants) -> list[str]:
+    """--position-embedding-type and the RoPE flags: base, --rotary-percent (a partial rotary), and the config's
+    rope_scaling: llama3 -> --use-rope-scaling --rope-scaling-factor; linear with a whole factor ->
+    --rotary-seq-len-interpolation-factor (positions divided by it, as transformers' linear type);
+    dynamic at a seq_len within the original length -> plain RoPE (the same frequencies); YaRN on MLA -> --rope-type
+    yarn with its factor and mscales.
+
+    Raises:
+        UnsupportedTarget: a rope_scaling Megatron-LM cannot reproduce (naming its type and numbers).
+    """
+    if shape.learned_positions:
+        return ["--position-embedding-type", "learned_absolute"]
+    if shape.position_encoding == "none":
+        return ["--position-embedding-type", "none"]
+    out = ["--position-embedding-type", "rope", "--rotary-base", str(int(k.rope_theta))]
+    if shape.rotary_fraction < 1.0:
+        out += ["--rotary-percent", repr(shape.rotary_fraction)]
+    r = shape.rope_scaling
+    if r is None or dynamic_rope_is_plain(shape, spec.training.seq_len):
+        return out
+    what = f"rope_scaling {r.rope_type} (factor {r.factor}{''.join(f', {a} {b}' for a, b in r.params)})"
+    if r.rope_type == "llama3":
+        odd = {key: r.param(key) for key, v in LLAMA3_ROPE.items() if r.param(key) is not None and float(r.param(key)) != v}
+        if r.factor is not None and not odd:
+            return out + ["--use-rope-scaling", "--rope-scaling-factor", repr(float(r.factor))]
+        raise UnsupportedTarget(f"megatron-lm: {what}: --use-rope-scaling applies only the factor, with "
+                                f"{', '.join(f'{a} {b}' for a, b in LLAMA3_ROPE.items())} fixed")
+    if r.rope_type == "linear" and r.factor is not None and float(r.factor).is_integer():
+        return out + ["--rotary-seq-len-interpolation-factor", str(int(r.factor))]
+    if r.rope_type == "yarn" and shape.is_mla and r.factor is not None:
+        odd = {key: r.param(key) for key, v in MLA_YARN.items() if r.param(key) is not None and float(r.param(key)) != v}
+        if not odd:
+            return out + [
+                "--rope-type", "yarn", "--rotary-scaling-factor", repr(float(r.factor)),
+                "--mscale", repr(float(r.param("mscale", 1.0))),
+                "--mscale-all-dim", repr(float(r.param("mscale_all_dim", 0.0)))]
+        raise UnsupportedTarget(f"megatron-lm: {what}: multi-latent attention's YaRN fixes "
+                                f"{', '.join(f'{a} {b}' for a, b in MLA_YARN.items())} (no flags)")
+    why = {"linear": "--rotary-seq-len-interpolation-factor takes a whole number",
+           "dynamic": f"dynamic NTK changes the frequencies past the original length, and training.seq_len="
+                      f"{spec.training.seq_len} is past it",
+           }.get(r.rope_type, "dstoolkit writes no Megatron-LM flags for it")
+    raise UnsupportedTarget(f"megatron-lm: {what}: {why}")
+
+
+def _biases_lm(shape: ModelShape) -> list[str]:
+    """Megatron-LM's linear biases: all on by default (TransformerConfig.add_bias_linear: QKV, attention output,
+    both MLP layers), --disable-bias-linear turns all off, --add-qkv-bias turns q/k/v back on.
+
+    Raises:
+        UnsupportedTarget: any other combination (e.g. attention biases without MLP biases)."""
+    b = (shape.attention_bias, shape.o_proj_bias, shape.mlp_bias)
+    if b == (True, True, True):
+        return []
+    if b == (False, False, False):
+        return ["--disable-bias-linear"]
+    if b == (True, False, False):
+        return ["--disable-bias-linear", "--add-qkv-bias"]
+    raise UnsupportedTarget(f"megatron-lm: cannot express biases on {bias_words(shape)} only (it has all linear "
+                            "biases, none, or q/k/v only)")
 
 
 def _recompute_lm(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
@@ -150,6 +214,16 @@ def _moe_lm(shape: ModelShape, cand: Candidate, k: ModelConstants) -> list[str]:
         out += ["--moe-shared-expert-intermediate-size", str(shape.num_shared_experts * shape.expert_ffn_size)]
     elif shape.shared_expert_intermediate_size:
         out += ["--moe-shared-expert-intermediate-size", str(shape.shared_expert_intermediate_size)]
+    if shape.shared_expert_gate:  # Qwen2-MoE: sigmoid(gate(x)) * shared_expert(x) (TransformerConfig.moe_shared_expert_gate)
+        out.append("--moe-shared-expert-gate")
+    if not shape.norm_topk_prob and shape.router_score_correction_bias:
+        raise UnsupportedTarget("megatron-lm: sigmoid routing with norm_topk_prob false: Megatron-Core renormalises "
+                                "the top-k sigmoid scores (moe_utils.topk_routing_with_score_function)")
+    if not shape.norm_topk_prob:
+        # norm_topk_prob false: softmax over all experts, top-k weights not renormalised; Megatron-Core's default
+        # softmaxes the top-k logits (= renormalised), --moe-router-pre-softmax softmaxes first
+        # (moe_utils.topk_routing_with_score_function at d98e8a64)
+        out.append("--moe-router-pre-softmax")
     if any(not shape.is_moe_layer(i) for i in range(shape.num_hidden_layers)):
         pattern = [1 if shape.is_moe_layer(i) else 0 for i in range(shape.num_hidden_layers)]
         out += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]

@@ -24,10 +24,11 @@ import re
 from functools import lru_cache
 from typing import Any, Optional
 
-from dstoolkit.models.measured import LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, buffers_not_counted,
-                                          classify, config_value, is_vision, linear_groups, scan_facts)
-from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
+from dstoolkit.models.measured import ArchFacts, LayerParams, MeasuredParams
+from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, block_facts,
+                                          buffers_not_counted, classify, config_value, is_vision, linear_groups,
+                                          scan_facts)
+from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability, rope_scaling_of
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""
@@ -173,6 +174,7 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         attention_facts(model, parts, text)
         scan_facts(model, parts)
         linears = linear_groups(model, parts)
+        arch = ArchFacts(**block_facts(model, parts, text, _activation_namer(tf)))
     except BuildError:
         raise
     except Exception as exc:  # noqa: BLE001 - an unexpected module tree: refuse with the reason, never crash
@@ -189,8 +191,24 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         model_class=type(model).__name__, transformers_version=tf.__version__,
         embedding=top["embedding"], lm_head=top["lm_head"], final_norms=top["final_norms"], other=top["other"],
         layers=tuple(LayerParams(**rec) for rec in parts["layers"]), buffers_not_counted=buffers,
-        vision_params=vision, notes=tuple(notes), linears=linears,
+        vision_params=vision, notes=tuple(notes), linears=linears, arch=arch,
     )
+
+
+def _activation_namer(tf):
+    """module -> the name transformers' ACT2CLS (transformers/activations.py) gives its class (first match), or
+    None for a module that is not an activation."""
+    table = getattr(getattr(tf, "activations", None), "ACT2CLS", None)
+    if table is None:
+        try:
+            from transformers.activations import ACT2CLS as table  # lazy: optional dependency
+        except Exception:  # noqa: BLE001
+            return None
+    by_class: dict = {}
+    for name, entry in table.items():
+        cls = entry[0] if isinstance(entry, tuple) else entry
+        by_class.setdefault(cls, name)
+    return lambda m: by_class.get(type(m))
 
 
 @lru_cache(maxsize=128)
@@ -244,6 +262,9 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
                       "n_kv_heads")
         if isinstance(kv_raw, list) and kv_raw and all(isinstance(x, int) and x > 0 for x in kv_raw):
             kv_raw = math.gcd(*kv_raw)  # per-layer KV heads: what every layer can be split by
+        if kv_raw == 0 and not isinstance(kv_raw, bool):
+            raise BuildError("num_key_value_heads=0: attention needs at least one key/value head (give a divisor of "
+                             "num_attention_heads, or null for multi-head attention)")
         kv = as_int(kv_raw)
     head_dim = as_int(config_value(text_cfg, "head_dim", "attention_head_dim", "kv_channels"))
     if head_dim is None:
@@ -252,29 +273,38 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
         kv = heads
     vocab = as_int(config_value(text_cfg, "vocab_size", "padded_vocab_size")) or max(1, m.embedding // h)
 
-    def width_of(measured_each: int, named: Optional[int], gated_default: bool) -> tuple[int, bool]:
-        # The FFN width the config names when the measured parameters agree with it (biases aside), else the
-        # width a gated (3 matrices) or plain (2 matrices) FFN of that many parameters would have.
-        if named:
-            for gated_try in (True, False):
-                w = 3 if gated_try else 2
-                if abs(measured_each - w * h * named) <= 0.01 * measured_each:
-                    return named, gated_try
+    arch = m.arch or ArchFacts()
+
+    def width_of(measured_each: int, named: Optional[int], gated_default: bool,
+                 built: Optional[int] = None) -> tuple[int, bool]:
+        # The FFN width the config names (or the built down projection reads) when the measured parameters agree
+        # with it (biases aside), else the width a gated (3 matrices) or plain (2 matrices) FFN of that many
+        # parameters would have; gated_default: what the built FFN is (block_facts), True when unknown.
+        for width in (named, built):
+            if width:
+                for gated_try in (True, False):
+                    w = 3 if gated_try else 2
+                    if abs(measured_each - w * h * width) <= 0.01 * measured_each:
+                        return width, gated_try
         w = 3 if gated_default else 2
         return max(1, measured_each // (w * h)), gated_default
 
     dense = [l.dense_mlp for l in m.layers if l.dense_mlp]
     inter_cfg = as_int(config_value(text_cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"))
+    built_gated = True if arch.mlp_gated is None else arch.mlp_gated
     if dense:
-        inter, gated = width_of(max(dense), inter_cfg, True)
+        inter, gated = width_of(max(dense), inter_cfg, built_gated, arch.mlp_width)
     else:
         inter, gated = inter_cfg or 4 * h, True
+    # the key transformers' family reads for ACT2FN, else the activation module the built FFN holds (block_facts)
+    act = config_value(text_cfg, *ACTIVATION_KEYS) or arch.activation
     kw: dict = dict(
         hidden_size=h, num_hidden_layers=len(m.layers), num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=head_dim, intermediate_size=max(1, inter), vocab_size=vocab, tie_word_embeddings=m.lm_head == 0,
         mlp_gated=gated, max_position_embeddings=as_int(config_value(text_cfg, "max_position_embeddings", "n_positions")),
-        hidden_act=str(config_value(text_cfg, "hidden_act", "activation_function") or "silu"),
+        hidden_act=str(act or "silu"),
     )
+    kw.update(_arch_fields(text_cfg, arch, head_dim))
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
     # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,
@@ -297,12 +327,60 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
         kw.update(num_experts=max(l.num_experts for l in moe), num_experts_per_tok=max(l.experts_per_tok for l in moe),
                   moe_intermediate_size=ie, mlp_gated=gated_e,
                   mlp_only_layers=tuple(l.index for l in m.layers if not l.is_moe))
+        norm_topk = config_value(text_cfg, "norm_topk_prob")
+        if isinstance(norm_topk, bool):  # the family's config default when the file leaves it out
+            kw["norm_topk_prob"] = norm_topk
         shared = max(l.shared_experts for l in moe)
         if shared:
             kw["shared_expert_intermediate_size"] = max(1, shared // ((3 if gated_e else 2) * h))
+            kw["shared_expert_gate"] = arch.shared_expert_gate
     mla = {k: as_int(config_value(text_cfg, k)) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
     if all(mla.values()):
         kw.update(mla, q_lora_rank=as_int(config_value(text_cfg, "q_lora_rank")), head_dim=None, num_key_value_heads=None)
+        kw.pop("rotary_fraction", None)  # MLA turns its own qk_rope_head_dim channels, not a share of a head
+    return kw
+
+
+ACTIVATION_KEYS = ("hidden_act", "activation_function", "activation", "hidden_activation")
+"""The keys transformers' families name the FFN activation by (Llama-style, GPT-2, Falcon, Gemma)."""
+_NORM_VARIANTS = {"layernorm_no_bias": "LayerNorm without bias"}
+
+
+def _rope_scaling_of_config(text_cfg: Any):
+    """The config object's rope scaling (rope_parameters in transformers 5, rope_scaling before), checked by the
+    one parser (shape.rope_scaling_of); per-layer-type parameters (Gemma-3): the full-attention layers'."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = config_value(text_cfg, key)
+        if isinstance(value, dict) and value and all(isinstance(v, dict) or v is None for v in value.values()):
+            value = value.get("full_attention") or next((v for v in value.values() if v), None)
+        if value is not None:
+            try:
+                return rope_scaling_of(value, key)
+            except ValueError as exc:
+                raise BuildError(str(exc)) from None
+    return None
+
+
+def _arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
+    """ModelShape fields of what the blocks are made of (block_facts of the built model): norm, biases, positions,
+    rotary share, residual wiring, embedding norm, head bias."""
+    kw: dict = dict(attention_bias=arch.qkv_bias, o_proj_bias=arch.o_bias, mlp_bias=arch.mlp_bias,
+                    lm_head_bias=arch.lm_head_bias, parallel_residual=arch.parallel_residual,
+                    embedding_norm=arch.embedding_norm, rope_scaling=_rope_scaling_of_config(text_cfg))
+    if arch.norm in ("rmsnorm", "layernorm"):
+        kw["norm_type"] = arch.norm
+    elif arch.norm == "layernorm_no_bias":
+        kw["norm_type"], kw["norm_variant"] = "layernorm", _NORM_VARIANTS[arch.norm]
+    else:
+        kw["norm_variant"] = f"norm module {arch.norm}"
+    if arch.norm_one_plus_weight:
+        kw["norm_variant"] = "scales by (1 + weight)"
+    if arch.positions == "learned":
+        kw["learned_positions"] = True
+    else:
+        kw["position_encoding"] = arch.positions
+    if arch.rotary_dim and head_dim and arch.rotary_dim < head_dim:
+        kw["rotary_fraction"] = arch.rotary_dim / head_dim
     return kw
 
 

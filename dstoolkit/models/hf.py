@@ -18,7 +18,7 @@ from dstoolkit.models import from_transformers as _tf
 from dstoolkit.models.hf_families import FAMILIES, HFConfigError, check_unknown_keys, dropout
 from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, ModelShape
 
-__all__ = ["FAMILIES", "HFConfigError", "load_hf_config", "shape_from_hf_dict", "shape_from_transformers"]
+__all__ = ["FAMILIES", "HFConfigError", "hf_config_file", "load_hf_config", "shape_from_hf_dict", "shape_from_transformers"]
 
 
 def _norm_type_name(t: str) -> str:
@@ -161,6 +161,22 @@ def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool
                             "fix the config so the shape is consistent") from None
 
 
+def hf_config_file(path: Union[str, Path]) -> Path:
+    """The config file a `--model` / `hf_config:` path names: the file itself, or `config.json` inside a folder
+    (how Hugging Face models are saved). The one resolver of both entry points.
+
+    Raises:
+        HFConfigError: a folder without config.json."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise HFConfigError(None, f"folder {str(p)!r} has no config.json",
+                                "give the folder a Hugging Face model was saved to (it holds config.json), or "
+                                "the config file itself")
+        p = p / "config.json"
+    return p
+
+
 def load_hf_config(path: Union[str, Path], name: Optional[str] = None, *, model_class: Optional[str] = None,
                    source: str = "auto") -> ModelShape:
     """Read a Hugging Face `config.json` into a `ModelShape`.
@@ -173,9 +189,7 @@ def load_hf_config(path: Union[str, Path], name: Optional[str] = None, *, model_
     Raises:
         HFConfigError (a ValueError): unreadable file, invalid JSON, or the errors of `shape_from_hf_dict`.
     """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
+    p = hf_config_file(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:

@@ -15,7 +15,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from dstoolkit.models.shape import DROPOUT_FIX, dropout_probability
+from dstoolkit.models.shape import DROPOUT_FIX, ROPE_TYPES, dropout_probability, rope_scaling_of
 
 
 class HFConfigError(ValueError):
@@ -33,7 +33,7 @@ class HFConfigError(ValueError):
 _IGNORED_KEYS = frozenset({
     "_name_or_path", "architectures", "auto_map", "torch_dtype", "transformers_version", "bos_token_id",
     "eos_token_id", "pad_token_id", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
-    "rope_theta", "rope_scaling", "rope_type", "use_cache", "attention_dropout", "hidden_dropout",
+    "rope_theta", "rope_scaling", "rope_parameters", "rope_type", "use_cache", "attention_dropout", "hidden_dropout",
     "sliding_window", "use_sliding_window", "max_window_layers", "pretraining_tp", "output_router_logits",
     "router_aux_loss_coef", "router_jitter_noise", "aux_loss_alpha", "seq_aux", "norm_topk_prob",
     "routed_scaling_factor", "scoring_func", "n_group", "topk_group", "ep_size", "quantization_config",
@@ -81,9 +81,32 @@ def _bool(d: dict, key: str, default: bool) -> bool:
     return value
 
 
+def kv_heads_value(value: Any, key: str = "num_key_value_heads") -> None:
+    """Refuse 0 key/value heads (transformers divides num_attention_heads by it: ZeroDivisionError at build)."""
+    if value == 0 and not isinstance(value, bool):
+        raise HFConfigError(key, "0 key/value heads: attention needs at least one (transformers divides "
+                            "num_attention_heads by it)", f"give {key} a divisor of num_attention_heads, or null "
+                            "(= num_attention_heads: multi-head attention)")
+
+
+def rope_scaling(d: dict) -> Any:
+    """The config's rope_scaling (or transformers 5's rope_parameters) as a RopeScaling, checked
+    (shape.rope_scaling_of); HFConfigError naming the key."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if d.get(key) is not None:
+            try:
+                return rope_scaling_of(d[key], key)
+            except ValueError as exc:
+                raise HFConfigError(key, str(exc), f"use one of {', '.join(ROPE_TYPES)} (or remove {key} for "
+                                    "plain RoPE)") from None
+    return None
+
+
 def _dense_common(d: dict) -> dict:
     heads = _int(d, "num_attention_heads")
+    kv_heads_value(d.get("num_key_value_heads"))
     return dict(
+        rope_scaling=rope_scaling(d),
         hidden_size=_int(d, "hidden_size"),
         num_hidden_layers=_int(d, "num_hidden_layers"),
         num_attention_heads=heads,
@@ -155,6 +178,10 @@ def _qwen2_moe(d: dict, fam: Family) -> dict:
     kw.update(num_experts=_int(d, "num_experts"), num_experts_per_tok=_int(d, "num_experts_per_tok"),
               moe_intermediate_size=_int(d, "moe_intermediate_size"),
               shared_expert_intermediate_size=shared or None,
+              # Qwen2MoeSparseMoeBlock: sigmoid(shared_expert_gate(x)) * shared_expert(x), always built
+              shared_expert_gate=bool(shared),
+              # Qwen2MoeConfig.norm_topk_prob defaults to False (transformers 5.x configuration_qwen2_moe.py)
+              norm_topk_prob=_bool(d, "norm_topk_prob", False),
               mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]))
     return kw
 
@@ -173,7 +200,9 @@ def _qwen3_moe(d: dict, fam: Family) -> dict:
     kw = _qwen3(d, fam)
     kw.update(num_experts=_int(d, "num_experts"), num_experts_per_tok=_int(d, "num_experts_per_tok"),
               moe_intermediate_size=_int(d, "moe_intermediate_size"),
-              mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]))
+              mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]),
+              # Qwen3MoeConfig.norm_topk_prob defaults to False (transformers 5.x configuration_qwen3_moe.py)
+              norm_topk_prob=_bool(d, "norm_topk_prob", False))
     return kw
 
 
@@ -206,6 +235,8 @@ def _deepseek(d: dict, fam: Family) -> dict:
             first_k_dense_replace=_int(d, "first_k_dense_replace"),
             moe_layer_freq=_int(d, "moe_layer_freq"),
             router_score_correction_bias=topk_method == "noaux_tc",
+            # DeepseekV2Config.norm_topk_prob defaults to False, DeepseekV3Config's to True (transformers 5.x)
+            norm_topk_prob=_bool(d, "norm_topk_prob", v3),
         )
     return kw
 

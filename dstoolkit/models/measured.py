@@ -163,6 +163,45 @@ class TracedFlops(_Frozen):
         return self.per_token + self.per_token_per_seq * seq_len
 
 
+class ArchFacts(_Frozen):
+    """What a built model's blocks are made of, beyond its widths: read from the modules themselves
+    (`dstoolkit.models.module_tree.block_facts`), so a launcher for another framework (Megatron) can say the same
+    model or refuse it, naming the property."""
+
+    norm: str = "rmsnorm"
+    """rmsnorm (weight only) | layernorm (weight and bias) | layernorm_no_bias (LayerNorm(bias=False), OLMo) |
+    the norm module's class name when it is neither."""
+    norm_one_plus_weight: bool = False
+    """The norm scales by (1 + weight) (Gemma's RMSNorm), not by weight."""
+    qkv_bias: bool = False
+    """Biases on the q/k/v projections (or the fused query_key_value)."""
+    o_bias: bool = False
+    """Bias on the attention output projection (o_proj, dense, c_proj, out_proj)."""
+    mlp_bias: bool = False
+    """Biases on the dense FFN projections."""
+    lm_head_bias: bool = False
+    """The output head has a bias (Phi-2)."""
+    mlp_gated: Optional[bool] = None
+    """The dense FFN's first projection is gated (gate and up: 3 matrices, or one fused gate_up twice the width of
+    the down projection's input); None: no dense FFN to look at (every layer routed)."""
+    mlp_width: Optional[int] = None
+    """Input width of the dense FFN's down projection (the FFN width); None as for mlp_gated."""
+    activation: Optional[str] = None
+    """The FFN activation as transformers names it (ACT2CLS key), or the activation module's class name."""
+    positions: str = "rope"
+    """rope | learned (a position-embedding table) | alibi | none."""
+    rotary_dim: Optional[int] = None
+    """Channels of each head the rotary embedding turns (2 x its inv_freq length); None: no rotary module."""
+    parallel_residual: bool = False
+    """Attention and MLP read the same block input and add into one residual (GPT-NeoX use_parallel_residual,
+    Falcon parallel_attn, Phi): a block with one norm before both, or the config's flag."""
+    embedding_norm: bool = False
+    """A norm right after the token embedding (BLOOM word_embeddings_layernorm)."""
+    shared_expert_gate: bool = False
+    """The shared expert's output is scaled by a learned sigmoid gate (Qwen2-MoE shared_expert_gate, a
+    1-output linear among the shared-expert parameters)."""
+
+
 class MeasuredParams(_Frozen):
     """Exact parameter counts of a model that transformers built on the meta device."""
 
@@ -187,6 +226,9 @@ class MeasuredParams(_Frozen):
     linears: tuple["LinearGroup", ...] = ()
     """The matmul weights of the built model, grouped by name pattern (`linear_layers()`): what FP8 and TP
     planners swap or shard. Empty when the build was not walked for them."""
+    arch: Optional[ArchFacts] = None
+    """What the blocks are made of (norm, biases, positions, residual wiring); None when not read (a user's
+    module)."""
 
     def linear_layers(self) -> tuple["LinearGroup", ...]:
         """The model's own linear layers (language model only), one group per (name pattern, shape)."""

@@ -6,7 +6,7 @@ from typing import Optional, Union
 
 from dstoolkit.models.hf import HFConfigError, load_hf_config, shape_from_hf_dict
 from dstoolkit.models.presets import get_preset
-from dstoolkit.models.shape import ModelShape
+from dstoolkit.models.shape import ModelShape, position_table_problem
 from dstoolkit.models.user_module import load_user_model
 from dstoolkit.models.user_module_build import UserModelError, is_module_ref
 from dstoolkit.spec import ModelSpec, Spec
@@ -103,6 +103,7 @@ def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = 
 def check_model_fits_spec(spec: Spec, shape: ModelShape) -> None:
     """Rules between the training plan and the resolved model (the spec alone cannot check them).
 
+    - `training.seq_len` fits a learned position table (`position_table_problem`).
     - `training.ep` > 1 needs an MoE model, and must divide the number of routed experts
       (DeepSpeed MoE: each of the ep ranks holds num_experts / ep experts).
     - `training.tp` must divide the attention heads and, for GQA, the KV heads (Megatron-LM shards whole
@@ -112,6 +113,9 @@ def check_model_fits_spec(spec: Spec, shape: ModelShape) -> None:
         SpecError: located at the offending training field when the spec came from `load_spec`.
     """
     t = spec.training
+    table = position_table_problem(shape, t.seq_len, "training.seq_len")
+    if table is not None:
+        raise spec.error(("training", "seq_len"), table, f"seq_len <= {shape.max_position_embeddings}")
     if isinstance(t.ep, int) and t.ep > 1:
         if not shape.is_moe:
             raise spec.error(("training", "ep"), f"training.ep={t.ep} but model {shape.name!r} is dense (no experts)",

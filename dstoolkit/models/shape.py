@@ -61,6 +61,26 @@ class ModelShape(BaseModel):
     Megatron-LM's GPT `--attention-dropout` default; Llama-style configs `attention_dropout`, default 0.0). An eager
     core with it runs and keeps a dropout pass over its score matrices (estimate.attention_core,
     estimate.activations)."""
+    position_encoding: Literal["rope", "alibi", "none"] = "rope"
+    """What encodes positions when learned_positions is False: rope (rotary), alibi (BLOOM, Falcon alibi=True:
+    attention biases, no table, no rotation) or none (NoPE). Read from the built modules (models.module_tree
+    .block_facts) for shapes transformers builds; the hand-written families are all RoPE (GPT-2: learned)."""
+    rotary_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Share of each head's channels the rotary embedding turns (GPT-NeoX rotary_pct, Phi partial_rotary_factor;
+    Megatron --rotary-percent); 1.0: all of them."""
+    rope_scaling: Optional["RopeScaling"] = None
+    """The config's rope_scaling (rope_parameters in transformers 5) when it changes the frequencies (not
+    "default"); None: plain RoPE at rope_theta."""
+    parallel_residual: bool = False
+    """Attention and MLP read the same block input and add into one residual stream (GPT-NeoX
+    use_parallel_residual, Falcon parallel_attn, Phi); False: the sequential pre-norm block."""
+    embedding_norm: bool = False
+    """A norm right after the token embedding (BLOOM word_embeddings_layernorm)."""
+    norm_variant: Optional[str] = None
+    """A norm norm_type does not describe: "LayerNorm without bias" (OLMo), "scales by (1 + weight)" (Gemma), or
+    the norm module's class name; None: a plain RMSNorm / LayerNorm."""
+    lm_head_bias: bool = False
+    """The untied output head has a bias (Phi-2)."""
     qkv_fused: bool = False
     """q, k and v projected by one weight tensor (GPT-2's `c_attn` Conv1D, transformers GPT2Attention); False: the
     separate q_proj / k_proj / v_proj of Llama-style modules. Counts the block's GEMM launches and parameter tensors
@@ -76,7 +96,15 @@ class ModelShape(BaseModel):
     num_shared_experts: int = Field(default=0, ge=0)
     """Always-active shared experts (DeepSeek n_shared_experts); each has moe_intermediate_size width."""
     shared_expert_intermediate_size: Optional[int] = Field(default=None, gt=0)
-    """Qwen-MoE: width of the single shared expert (which also has a 1-output sigmoid gate)."""
+    """Qwen-MoE: width of the single shared expert (which also has a 1-output sigmoid gate: shared_expert_gate)."""
+    shared_expert_gate: bool = False
+    """The shared expert's output is scaled by sigmoid(a 1-output linear of the token) (Qwen2-MoE
+    shared_expert_gate; Megatron-LM --moe-shared-expert-gate)."""
+    norm_topk_prob: bool = True
+    """The top-k routing weights are renormalised to sum to 1 (Mixtral, DeepSeek-V3, Qwen3-MoE configs with
+    norm_topk_prob true; Megatron-LM's default softmax over the top-k logits); False: softmax over all experts and the
+    top-k weights used as they are (Qwen2-MoE, DeepSeek-V2 norm_topk_prob false; Megatron-LM
+    --moe-router-pre-softmax)."""
     first_k_dense_replace: int = Field(default=0, ge=0)
     """DeepSeek: the first k layers use a dense FFN instead of MoE."""
     moe_layer_freq: int = Field(default=1, ge=1)
@@ -204,6 +232,69 @@ class ModelShape(BaseModel):
         return self
 
 
+class RopeScaling(BaseModel):
+    """A config's rope_scaling: the rope type and its numbers (HF names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    rope_type: str
+    """linear | dynamic | yarn | longrope | llama3 (transformers modeling_rope_utils.ROPE_INIT_FUNCTIONS)."""
+    factor: Optional[float] = None
+    """The scaling factor (context extension ratio)."""
+    params: tuple[tuple[str, Any], ...] = ()
+    """The other keys (low_freq_factor, original_max_position_embeddings, beta_fast, mscale, ...), sorted."""
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+
+ROPE_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+"""The rope types transformers builds (modeling_rope_utils.ROPE_INIT_FUNCTIONS, transformers 5.x; "default" means
+none); any other raises KeyError when the model is built."""
+
+
+def rope_scaling_of(value: Any, key: str = "rope_scaling") -> Optional[RopeScaling]:
+    """A config's rope_scaling / rope_parameters mapping as a RopeScaling, None when absent or "default".
+
+    Raises:
+        ValueError: not a mapping, or a rope type transformers does not build (naming the key and the value)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}={value!r} is not a mapping (give e.g. {{\"rope_type\": \"llama3\", \"factor\": 8.0, ...}})")
+    which = "rope_type" if "rope_type" in value else "type"
+    kind = value.get(which, "default")
+    if kind in (None, "default"):
+        return None
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"{key}.{which}={kind!r} is not a rope type transformers builds (one of "
+                         f"{', '.join(ROPE_TYPES)}, or default)")
+    factor = value.get("factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0):
+        raise ValueError(f"{key}.factor={factor!r} is not a positive number")
+    rest = tuple(sorted((k, v) for k, v in value.items()
+                        if k not in ("rope_type", "type", "factor", "rope_theta")
+                        and isinstance(v, (int, float, str, bool, type(None)))))
+    return RopeScaling(rope_type=str(kind), factor=None if factor is None else float(factor), params=rest)
+
+
+def position_table_problem(shape: ModelShape, seq_len: int, field: str) -> Optional[str]:
+    """Why `seq_len` tokens do not fit the model's learned position table (GPT-2 n_positions, OPT
+    max_position_embeddings), naming `field`; None when they fit or the model has no table.
+
+    A learned table has one row per position: transformers indexes it with the token's position, so a longer
+    sequence fails at the first forward (IndexError in nn.Embedding), and a Megatron --max-position-embeddings
+    above it trains a different (bigger) table. RoPE, ALiBi and NoPE models have no table: a seq_len past their
+    max_position_embeddings runs (the positions were not trained that far, which is what long-context
+    fine-tuning does), so it is not refused."""
+    limit = shape.max_position_embeddings
+    if not shape.learned_positions or limit is None or seq_len <= limit:
+        return None
+    return (f"{field}={seq_len} is longer than the learned position table of {shape.name!r} "
+            f"({limit} positions: max_position_embeddings / n_positions); the model cannot run past it "
+            f"(transformers fails at the first forward): set {field} to {limit} or less")
+
+
 ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
 """The config keys transformers' families name the attention dropout by (Llama-style, GPT-2, BERT-style)."""
 DROPOUT_FIX = "give a probability in [0, 1), e.g. 0.0 (no dropout) or 0.1"
@@ -224,3 +315,6 @@ def dropout_probability(value: Any) -> float:
     if not 0.0 <= f < 1.0:
         raise ValueError(f"{f} is not a probability in [0, 1)")
     return f
+
+
+ModelShape.model_rebuild()
