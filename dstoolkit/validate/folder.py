@@ -72,24 +72,93 @@ def generated_root(path: str) -> Optional[str]:
     return None
 
 
+def layout_fix(root: str) -> str:
+    """What to do about a damaged LAYOUT_FILE in the generated folder `root`. Removing the file is not enough: inside a
+    generated folder the configs are then checked without a layout (the layout flags apply to files outside one)."""
+    return (f"regenerate the folder (dstoolkit generate SPEC --out {root} --force), or copy the config out of the "
+            "generated folder and validate the copy with --world-size / --gpus-per-node / --tp / --pp")
+
+
+class LayoutFileError(ValueError):
+    """LAYOUT_FILE is not what `dstoolkit generate` writes: `problem` says which key is missing or wrong."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+_LAYOUT_TOP = ("world_size", "gpus_per_node", "nodes")
+_LAYOUT_PER_FILE = ("tp", "pp", "ep")
+
+
+def _kind(value) -> str:
+    """A JSON value's kind, for a message: 'a string', 'a list', 'null', ..."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _positive_int(value, where: str) -> int:
+    """`value` as a positive int (an integral float counts); LayoutFileError's problem text otherwise."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where} is {json.dumps(value)} ({_kind(value)}), not a positive integer")
+    if value < 1:
+        raise ValueError(f"{where} is {value}, not a positive integer")
+    return value
+
+
+def _parse_layout(doc) -> dict[str, FileLayout]:
+    """file name -> FileLayout from the parsed LAYOUT_FILE; ValueError naming the key that is missing or wrong."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"the file holds {_kind(doc)}, not a JSON object with world_size, gpus_per_node, nodes "
+                         "and files")
+    missing = [k for k in (*_LAYOUT_TOP, "files") if k not in doc]
+    if missing:
+        raise ValueError(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)} (a layout file has "
+                         f"{', '.join(_LAYOUT_TOP)} and files)")
+    top = {k: _positive_int(doc[k], k) for k in _LAYOUT_TOP}
+    files = doc["files"]
+    if not isinstance(files, dict):
+        raise ValueError(f"files is {_kind(files)}, not an object of file name -> layout")
+    out: dict[str, FileLayout] = {}
+    for name, per in files.items():
+        if not isinstance(per, dict):
+            raise ValueError(f"files.{name} is {_kind(per)}, not an object with tp, pp, ep")
+        dims = {k: _positive_int(per[k], f"files.{name}.{k}") for k in _LAYOUT_PER_FILE if k in per}
+        experts = per.get("num_experts")
+        if experts is not None:
+            dims["num_experts"] = _positive_int(experts, f"files.{name}.num_experts")
+        out[name] = FileLayout(**top, **dims)
+    return out
+
+
 def read_layouts(strategy_dir: str) -> dict[str, FileLayout]:
     """file name -> FileLayout from the strategy folder's LAYOUT_FILE ({} when it has none).
 
     Raises:
-        ValueError: LAYOUT_FILE is not the JSON `dstoolkit generate` writes.
+        LayoutFileError: LAYOUT_FILE cannot be read, is not JSON, or is not the document `dstoolkit generate`
+            writes (its message names the missing key or the wrong value).
     """
     path = os.path.join(strategy_dir, LAYOUT_FILE)
     if not os.path.isfile(path):
         return {}
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-        top = {k: int(doc[k]) for k in ("world_size", "gpus_per_node", "nodes")}
-        return {name: FileLayout(**top, **{k: v for k, v in per.items()
-                                           if k in ("tp", "pp", "ep", "num_experts")})
-                for name, per in doc["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a dstoolkit layout file ({exc})") from None
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LayoutFileError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise LayoutFileError(path, f"is not valid JSON ({exc})") from None
+    try:
+        return _parse_layout(doc)
+    except ValueError as exc:
+        raise LayoutFileError(path, f"not the layout file dstoolkit generate writes: {exc}") from None
 
 
 def check_accelerate_yaml(text: str, path: str, layout: Optional[FileLayout], folder: str) -> list[Finding]:
@@ -154,8 +223,9 @@ def validate_generated(files: list[str], validate_config, *, deepspeed_version=N
         folder = os.path.dirname(os.path.abspath(path))
         try:
             layout = read_layouts(folder).get(name)
-        except ValueError as exc:
-            res.findings.append(Finding(file=path, pointer="", severity="error", code="DS008", message=str(exc)))
+        except LayoutFileError as exc:
+            res.findings.append(Finding(file=path, pointer="", severity="error", code="DS008", message=str(exc),
+                                        suggestion=layout_fix(generated_root(path) or folder)))
             continue
         text, problem = read_text(path) if read_text else (open(path, encoding="utf-8").read(), None)
         if problem is not None:
