@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
 
-from dstoolkit.dsconfig.base import Bool, DSModel, Float, Int, NonNegIntOrAuto, PosIntOrAuto, deprecated
+from dstoolkit.dsconfig.base import Bool, DSModel, Float, Int, NonNegIntOrAuto, PosInt, PosIntOrAuto, deprecated
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -98,14 +98,14 @@ class LeafModuleConfig(DSModel):
 class ZenFlowConfig(DSModel):
     """`zero_optimization.zenflow`: ZenFlow stall-free offloading (stage 1/2 with CPU optimizer offload)."""
 
-    topk_ratio: Float = Field(0.1, ge=0.0, le=1.0)
-    """Fraction of gradient columns updated on GPU each step."""
+    topk_ratio: Float = Field(0.1, gt=0.0, lt=1.0)
+    """Fraction of gradient columns updated on GPU each step, strictly between 0 and 1 (DeepSpeed's ZenFlowConfig)."""
     select_strategy: Literal["auto", "step", "epoch"] = "auto"
     """When to re-select the important columns."""
     select_interval: Union[Int, Literal["auto"]] = "auto"
     """Steps or epochs between re-selection."""
-    update_interval: Union[Int, Literal["auto"]] = "auto"
-    """Steps between CPU optimizer updates."""
+    update_interval: Union[PosInt, Literal["auto"]] = "auto"
+    """Steps between CPU optimizer updates (>= 1; DeepSpeed's ZenFlowConfig refuses 0); <= select_interval (DS244)."""
     overlap_step: Bool = False
     """Overlap the CPU optimizer step with the next forward/backward."""
     offload: Bool = False

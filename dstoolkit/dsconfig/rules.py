@@ -2,9 +2,11 @@
 Layout arithmetic (data-parallel size, the batch triad, expert groups) is asked of `dstoolkit.layout`; the
 optimizer and scheduler rules (DS209-DS212, DS230-DS231) live in ``rules_optim``, the value rules of the other
 optimizers (DS233) in ``rules_optim_values``, the type rule of both sections (DS240) in ``rules_types``, what the
-engine does with the optimizer class (DS236-DS237) in ``rules_optim_engine``, the scheduler section and torch
-schedulers (DS238-DS239) in ``rules_sched_torch``, the schedules' values (DS234-DS235) in ``rules_sched``, the MoE /
-stage-option / parallelism rules (DS213-DS228) in ``rules_parallel``, the facts they all read in ``rule_facts``. The
+engine does with the optimizer section and class (DS245, DS236-DS237) in ``rules_optim_engine``, the scheduler
+section and torch schedulers (DS238-DS239) in ``rules_sched_torch``, the schedules' values (DS234-DS235) in
+``rules_sched``, the MoE / stage-option / parallelism rules (DS213-DS228) in ``rules_parallel``, what the engine and
+the ZeRO optimizers refuse when built or at the first step (steps_per_print, gradient pre-division, ZeRO-1/2 bucket
+alignment, ZenFlow: DS241-DS244) in ``rules_engine``, the facts they all read in ``rule_facts``. The
 machinery (registry, `RuleViolation`, `RuleContext`, `run_rules`) is ``dstoolkit.dsconfig.registry``; its names are
 re-exported here, and readers of the registry import it from here so that every rule is declared.
 
@@ -287,3 +289,6 @@ from dstoolkit.dsconfig import rules_sched_torch, rules_sched  # noqa: E402,F401
 # DS213-DS228 (MoE, stage-dependent options, parallel sizes, AutoTP, Ulysses, AutoEP) come after the optimizer
 # rules in DeepSpeedConfig's check order.
 from dstoolkit.dsconfig import rules_parallel  # noqa: E402,F401
+# DS241-DS244 (the engine's step, the ZeRO optimizers' constructors, ZenFlow) last: DeepSpeed meets them when it
+# builds the ZeRO optimizer (runtime/engine.py _configure_zero_optimizer) or at the first step.
+from dstoolkit.dsconfig import rules_engine  # noqa: E402,F401

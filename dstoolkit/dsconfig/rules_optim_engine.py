@@ -1,5 +1,6 @@
-"""What DeepSpeed's engine does with the optimizer class it builds (DS236-DS237): ZeRO refuses classes it has not
-tested, and two torch.optim classes cannot take a step inside the engine at all. Which class a config builds is
+"""What DeepSpeed's engine does with the optimizer section and the class it builds (DS245, DS236-DS237): a section
+without a type builds nothing, ZeRO refuses classes it has not tested, and two torch.optim classes cannot take a step
+inside the engine at all. Which class a config builds is
 `rules_optim.optimizer_build` (type, torch_adam, optimizer offload), and whether ZeRO tested it is declared on that
 class (`facts.OptimizerBuild.zero_tested`). Each verdict was measured on a 1-rank gloo CPU engine
 (deepspeed.initialize on a torch.nn.Linear, two steps). Declared with `dstoolkit.dsconfig.registry.rule`;
@@ -17,6 +18,35 @@ from dstoolkit.dsconfig.rules_optim import optimizer_build
 ZERO_TESTED_TYPES = "Adam / AdamW, Adagrad, Lion or Muon"
 """The optimizer.type values whose every class ZeRO tested (FusedAdam, DeepSpeedCPUAdam, torch.optim.Adam / AdamW,
 torch.optim.Adagrad, DeepSpeedCPUAdagrad, FusedLion, DeepSpeedCPULion, MuonWithAuxAdam), for the fix."""
+
+
+@rule("DS245", "optimizer section without optimizer.type")
+def _check_optimizer_type_given(cfg: Mapping, ctx: RuleContext) -> None:
+    """DeepSpeed builds an optimizer from the config only when optimizer.type is set: runtime/config.py
+    get_optimizer_name returns None without the key (or with "type": null), get_optimizer_params then returns None,
+    and runtime/engine.py DeepSpeedEngine.__init__ sets has_optimizer only for a client optimizer or a name. Without
+    a client optimizer nothing trains: at ZeRO stage 1-2 _configure_zero_optimizer asserts 'zero stage N requires an
+    optimizer' at deepspeed.initialize, otherwise the first engine.backward() asserts 'must provide optimizer during
+    init in order to use backward' (stage 0; with bf16 an assert without a message) or fails with AttributeError
+    (stage 3, DeepSpeedZeRoOffload). HF Trainer / Accelerate
+    take the mere presence of an optimizer section as "DeepSpeed builds it" (transformers integrations/deepspeed.py
+    deepspeed_optim_sched passes accelerate's DummyOptim, which hands DeepSpeed no optimizer), so under HF it always
+    fails. With a client optimizer (deepspeed.initialize(optimizer=...)) the params are ignored without a word
+    (measured: lr 1e-3 in the section, the client's 0.5 is used). An error: the section either breaks the run or is
+    dead text; the scheduler's counterpart, DS238, is a warning because a run without a scheduler still trains."""
+    opt = cfg.get("optimizer") if isinstance(cfg, Mapping) else None
+    if not isinstance(opt, dict) or opt.get("type") is not None:
+        return
+    params = opt.get("params")
+    if not (isinstance(params, dict) and params):
+        return
+    raise RuleViolation("/optimizer/params",
+                        f"optimizer.params ({', '.join(params)}) without optimizer.type: DeepSpeed builds no optimizer "
+                        "(runtime/config.py get_optimizer_name returns None): without an optimizer passed to "
+                        "deepspeed.initialize the run fails ('must provide optimizer during init in order to use "
+                        "backward', or 'zero stage N requires an optimizer' at ZeRO-1/2; under HF Trainer always), "
+                        "and with one these params are ignored",
+                        'add "type" (e.g. "AdamW"), or remove the optimizer section when the script passes its own')
 
 
 @rule("DS236", "ZeRO with an optimizer it has not tested, without zero_allow_untested_optimizer")

@@ -203,8 +203,8 @@ def _check_zero_keys(data: dict, clean: dict, version: str, out: Collector) -> N
     for k in z:
         c = canonical_zero_key(k)
         ptr = f"/zero_optimization/{k}"
-        if c in ("stage", "offload_param", "cpu_offload_param") or c.startswith("zero_"):
-            continue  # offload_param / ZeRO++ keys have their own rules (DS204, DS208)
+        if c in ("stage", "offload_param", "cpu_offload_param", "zenflow") or c.startswith("zero_"):
+            continue  # offload_param / ZeRO++ / ZenFlow have their own rules (DS204, DS208, DS244: at stage 0 it fails)
         if stage == 0 and c not in ("offload_optimizer", "cpu_offload") and z[k] != "auto":
             out.add("DS105", "warning", ptr, f"zero_optimization.{k} has no effect at stage 0 (ZeRO disabled)",
                     "set a stage >= 1 or delete the key")

@@ -223,6 +223,12 @@ def test_model_validator_runs_the_registry():
         "DS238": (with_(scheduler={"type": "WarmupLR"}), {}),
         "DS239": (with_(scheduler={"type": "CosineAnnealingLR", "params": {}}), {}),
         "DS240": (with_(optimizer={"type": "AdamW", "params": {"lr": "1e-3"}}), {}),
+        "DS241": (with_(steps_per_print=0), {}),
+        "DS242": (with_(zero_optimization={"stage": 2}, gradient_predivide_factor=2.0), {}),
+        "DS243": (with_(zero_optimization={"stage": 1, "allgather_bucket_size": 3}), {}),
+        "DS244": (with_(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                           "zenflow": {"select_interval": 10}}), {}),
+        "DS245": (with_(optimizer={"params": {"lr": 1e-3}}), {}),
     }
     errors = {code for code, r in rules.RULES.items() if r.severity == "error"}
     assert set(triggers) == errors
