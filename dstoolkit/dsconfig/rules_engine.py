@@ -204,10 +204,16 @@ def _check_zenflow(cfg: Mapping, ctx: RuleContext) -> None:
     AttributeError (ZenFlowCPUAdam / FusedAdam has no zenflow_need_update or reduce_gradients). A select_interval of 0
     skips the interval check. Measured on a 1-rank gloo engine at stage 2 (stage 1 and 3 for the interval checks,
     which run before the stage-3 optimizer needs CUDA). configure_zenflow's other refusal, torch older than 2.1, is
-    not a config matter. The field bounds (topk_ratio in (0, 1), update_interval >= 1) are on the model."""
+    not a config matter. The field bounds (topk_ratio in (0, 1), update_interval >= 1) are on the model. DeepSpeed
+    0.16 has no ZenFlow (no runtime/zenflow/ in v0.16.5): its DeepSpeedZeroConfig forbids unknown keys
+    (runtime/config_utils.py DeepSpeedConfigModel extra="forbid"), so under 0.16 the section itself is refused."""
     z = zero_section(cfg)
     zf = z.get("zenflow")
     stage = zero_stage(cfg)
+    if "zenflow" in z and ctx.deepspeed_version.startswith("0.16"):
+        raise RuleViolation("/zero_optimization/zenflow", "zero_optimization.zenflow: DeepSpeed 0.16 has no ZenFlow, "
+                            "and its zero_optimization section forbids unknown keys (DeepSpeedZeroConfig refuses the "
+                            "config)", "remove zenflow, or run a DeepSpeed release that has it (0.19)")
     if not isinstance(zf, dict) or stage is None:
         return
     found = _zenflow_problem(zf, z, stage)

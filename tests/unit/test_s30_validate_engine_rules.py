@@ -154,6 +154,11 @@ def test_zenflow_configs_deepspeed_trains(cfg):
     assert _codes(cfg, "DS244") == []
 
 
+def test_zenflow_does_not_exist_in_016():
+    (f,) = _codes(_zf(topk_ratio=0.1, select_strategy="step", select_interval=100), "DS244", deepspeed_version="0.16")
+    assert f.pointer == "/zero_optimization/zenflow" and "0.16 has no ZenFlow" in f.message
+
+
 def test_zenflow_at_stage_0_is_not_called_without_effect():
     found = validate_config(json.dumps(_zf(stage=0)))
     assert not [f for f in found if f.pointer == "/zero_optimization/zenflow" and f.code == "DS105"]
