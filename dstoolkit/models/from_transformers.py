@@ -24,11 +24,12 @@ import re
 from functools import lru_cache
 from typing import Any, Optional
 
+from dstoolkit.models.block_facts import arch_fields, block_facts
 from dstoolkit.models.measured import ArchFacts, LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts, block_facts,
+from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts,
                                           buffers_not_counted, classify, config_value, is_vision, linear_groups,
                                           scan_facts)
-from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability, rope_scaling_of
+from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""
@@ -304,7 +305,7 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
         mlp_gated=gated, max_position_embeddings=as_int(config_value(text_cfg, "max_position_embeddings", "n_positions")),
         hidden_act=str(act or "silu"),
     )
-    kw.update(_arch_fields(text_cfg, arch, head_dim))
+    kw.update(arch_fields(text_cfg, arch, head_dim))
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
     # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,
@@ -343,47 +344,6 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
 
 ACTIVATION_KEYS = ("hidden_act", "activation_function", "activation", "hidden_activation")
 """The keys transformers' families name the FFN activation by (Llama-style, GPT-2, Falcon, Gemma)."""
-_NORM_VARIANTS = {"layernorm_no_bias": "LayerNorm without bias"}
-
-
-def _rope_scaling_of_config(text_cfg: Any):
-    """The config object's rope scaling (rope_parameters in transformers 5, rope_scaling before), checked by the
-    one parser (shape.rope_scaling_of); per-layer-type parameters (Gemma-3): the full-attention layers'."""
-    for key in ("rope_parameters", "rope_scaling"):
-        value = config_value(text_cfg, key)
-        if isinstance(value, dict) and value and all(isinstance(v, dict) or v is None for v in value.values()):
-            value = value.get("full_attention") or next((v for v in value.values() if v), None)
-        if value is not None:
-            try:
-                return rope_scaling_of(value, key)
-            except ValueError as exc:
-                raise BuildError(str(exc)) from None
-    return None
-
-
-def _arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
-    """ModelShape fields of what the blocks are made of (block_facts of the built model): norm, biases, positions,
-    rotary share, residual wiring, embedding norm, head bias."""
-    kw: dict = dict(attention_bias=arch.qkv_bias, o_proj_bias=arch.o_bias, mlp_bias=arch.mlp_bias,
-                    lm_head_bias=arch.lm_head_bias, parallel_residual=arch.parallel_residual,
-                    embedding_norm=arch.embedding_norm, rope_scaling=_rope_scaling_of_config(text_cfg))
-    if arch.norm in ("rmsnorm", "layernorm"):
-        kw["norm_type"] = arch.norm
-    elif arch.norm == "layernorm_no_bias":
-        kw["norm_type"], kw["norm_variant"] = "layernorm", _NORM_VARIANTS[arch.norm]
-    else:
-        kw["norm_variant"] = f"norm module {arch.norm}"
-    if arch.norm_one_plus_weight:
-        kw["norm_variant"] = "scales by (1 + weight)"
-    if arch.positions == "learned":
-        kw["learned_positions"] = True
-    else:
-        kw["position_encoding"] = arch.positions
-    if arch.rotary_dim and head_dim and arch.rotary_dim < head_dim:
-        kw["rotary_fraction"] = arch.rotary_dim / head_dim
-    return kw
-
-
 def linear_layers(config: dict, model_class: Optional[str] = None) -> list[dict]:
     """The matmul weights of the language model as transformers builds it, grouped by name pattern.
 

@@ -165,7 +165,7 @@ class TracedFlops(_Frozen):
 
 class ArchFacts(_Frozen):
     """What a built model's blocks are made of, beyond its widths: read from the modules themselves
-    (`dstoolkit.models.module_tree.block_facts`), so a launcher for another framework (Megatron) can say the same
+    (`dstoolkit.models.block_facts.block_facts`), so a launcher for another framework (Megatron) can say the same
     model or refuse it, naming the property."""
 
     norm: str = "rmsnorm"

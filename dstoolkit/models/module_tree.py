@@ -1,6 +1,7 @@
 """How a built model is read, whoever built it (transformers from a config, or the user's own module):
 the decoder layers, every parameter's layer and role (`dstoolkit.models.measured.ROLES`), per-layer attention
-and scan facts, the linear layers planners read, and the buffers that are not parameters.
+and scan facts, the linear layers planners read, and the buffers that are not parameters. What the blocks are made
+of (norm, biases, positions) is `dstoolkit.models.block_facts`.
 
 torch is imported inside the functions only (the core imports no torch); nothing here imports transformers.
 """
@@ -12,11 +13,11 @@ import sys
 from typing import Any, Optional
 
 from dstoolkit.models.config_keys import TOPK_KEYS
-from dstoolkit.models.measured import ROW_PARALLEL_NAMES, LinearGroup
+from dstoolkit.models.measured import LinearGroup
 
 _VISION_MARKERS = ("vision", "visual", "audio", "multi_modal_projector", "mm_projector", "embed_vision",
                    "embed_audio", "image_newline", "patch_embed", "speech")
-_ROUTER_SEGMENTS = frozenset({"gate", "router", "wg", "gating", "gate_network"})
+ROUTER_SEGMENTS = frozenset({"gate", "router", "wg", "gating", "gate_network"})
 _ATTENTION_SEGMENTS = frozenset({"self_attn", "attention", "attn", "self_attention"})
 _MLP_SEGMENTS = frozenset({"mlp", "feed_forward", "ffn", "block_sparse_moe", "moe"})
 MODEL_TOPK_KEYS = TOPK_KEYS + ("n_activated_experts", "num_activated_experts", "top_k")
@@ -193,7 +194,7 @@ def classify(model, n_layers: Optional[int], topk_cfg: Any, skip_vision: bool, *
             role = "routed_experts"
             key = ".".join(segs[: expert_at + 1])
             expert_containers.setdefault(i, {}).setdefault(key, _num_experts(chain[expert_at], p))
-        elif any(s in _ROUTER_SEGMENTS for s in lower) or any(
+        elif any(s in ROUTER_SEGMENTS for s in lower) or any(
                 ("Router" in c or c.endswith(("Gate", "TopkRouter", "TopKRouter"))) for c in classes):
             role = "router"
         elif (mixer := _mixer_of(classes, lower)) is not None:
@@ -391,140 +392,3 @@ def buffers_not_counted(model) -> int:
     return sum(b.numel() for name, b in model.named_buffers()
                if not any(k in name for k in ("inv_freq", "rotary", "rope", "cos_cached", "sin_cached", "causal_mask",
                                               "position_ids", "masked_bias", "bias_mask", "embed_scale")))
-
-
-_ALIBI_KEYS = ("alibi",)
-"""Config flags that switch a family to ALiBi (Falcon `alibi`)."""
-_PARALLEL_KEYS = ("use_parallel_residual", "parallel_attn", "parallel_residual")
-"""Config flags for attention and MLP reading the same input (GPT-NeoX, Falcon, StableLM)."""
-
-
-def _has_bias(mod) -> bool:
-    return getattr(mod, "bias", None) is not None and hasattr(mod.bias, "shape")
-
-
-def _norm_kind(mod) -> str:
-    name = type(mod).__name__
-    if "RMS" in name or "Rms" in name:
-        return "rmsnorm"
-    if "LayerNorm" in name:
-        return "layernorm" if _has_bias(mod) else "layernorm_no_bias"
-    return name
-
-
-def _one_plus_weight(mod) -> bool:
-    # Gemma-style norms scale by (1 + weight) (weights initialised at zero); read from the forward's source
-    try:
-        src = inspect.getsource(type(mod).forward)
-    except (OSError, TypeError):
-        return False
-    return bool(re.search(r"\(\s*1(\.0)?\s*\+\s*self\.weight", src))
-
-
-def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
-    """The `ArchFacts` fields of a built model (`dstoolkit.models.measured.ArchFacts`): read from the first decoder
-    layer with softmax attention and a dense FFN (norm, biases, FFN gating and width, activation), the modules
-    outside the layers (position table, rotary module, embedding norm, head bias) and the config's flags where the
-    modules do not show it (ALiBi, parallel residual). `act_name(module)`: the name transformers gives an
-    activation module (None: unknown)."""
-    import torch.nn as nn  # lazy: the core imports no torch
-
-    prefix, layers, roles = parts["prefix"], parts["layers"], parts["roles"]
-    modules = dict(model.named_modules())
-    facts: dict = {}
-    if prefix is None:
-        return facts
-    in_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    facts["lm_head_bias"] = head is not None and _has_bias(head)
-
-    def layer_modules(i: int):
-        here = f"{prefix}.{i}."
-        return [(path[len(here):], m) for path, m in modules.items() if path.startswith(here)]
-
-    def role_of(path_in_layer: str, i: int, m) -> Optional[str]:
-        for pname, _ in m.named_parameters(recurse=False):
-            return roles.get(f"{prefix}.{i}.{path_in_layer}.{pname}")
-        return None
-
-    attn_layers = [r["index"] for r in layers if r["mixer"] == "attention"]
-    dense_layers = [r["index"] for r in layers if r["dense_mlp"]]
-    i_attn = attn_layers[0] if attn_layers else None
-    i_mlp = next((i for i in dense_layers if i in attn_layers), dense_layers[0] if dense_layers else None)
-    norms = []
-    if i_attn is not None:
-        qkv_bias = o_bias = False
-        for path, m in layer_modules(i_attn):
-            if "Norm" in type(m).__name__ and "." not in path:
-                norms.append(m)
-            if not isinstance(m, nn.Linear) and type(m).__name__ != "Conv1D":
-                continue
-            if role_of(path, i_attn, m) != "attention":
-                continue
-            if path.rsplit(".", 1)[-1] in ROW_PARALLEL_NAMES:
-                o_bias = o_bias or _has_bias(m)
-            else:
-                qkv_bias = qkv_bias or _has_bias(m)
-        facts.update(qkv_bias=qkv_bias, o_bias=o_bias)
-        has_mlp = any(r["index"] == i_attn and (r["dense_mlp"] or r["routed_experts"]) for r in layers)
-        flag = config_value(text_cfg, *_PARALLEL_KEYS)
-        facts["parallel_residual"] = flag is True or (flag is None and has_mlp and len(norms) == 1)
-        if norms:
-            facts["norm"] = _norm_kind(norms[0])
-            facts["norm_one_plus_weight"] = _one_plus_weight(norms[0])
-    if i_mlp is not None:
-        lin = [(path, m) for path, m in layer_modules(i_mlp) if isinstance(m, nn.Linear)
-               and role_of(path, i_mlp, m) == "dense_mlp"]
-        facts["mlp_bias"] = any(_has_bias(m) for _, m in lin)
-        down = [m for path, m in lin if path.rsplit(".", 1)[-1] in ROW_PARALLEL_NAMES]
-        if len(down) == 1:
-            width = down[0].in_features
-            ups = [m for _, m in lin if m is not down[0]]
-            facts["mlp_width"] = width
-            facts["mlp_gated"] = len(ups) >= 2 or any(m.out_features == 2 * width for m in ups)
-    i_act = i_mlp if i_mlp is not None else (layers[0]["index"] if layers else None)
-    if i_act is not None and act_name is not None:
-        leaves = [(path, m) for path, m in layer_modules(i_act) if not list(m.children())
-                  and not list(m.parameters(recurse=False))]
-        leaves = [(p, m) for p, m in leaves if not any(seg in _ROUTER_SEGMENTS for seg in p.lower().split("."))]
-        ffn = [(p, m) for p, m in leaves if any(k in p.lower() for k in ("mlp", "expert", "ffn", "feed_forward"))]
-        for path, m in ffn + leaves:
-            name = act_name(m)
-            if name is not None:
-                facts["activation"] = name
-                break
-        else:  # an activation module transformers does not name (BLOOM's BloomGelu): its class name
-            odd = next((type(m).__name__ for _, m in ffn if any(k in type(m).__name__.lower()
-                                                               for k in ("gelu", "relu", "silu", "swish", "act"))), None)
-            if odd is not None:
-                facts["activation"] = odd
-    shared_gate = False
-    for name, m in modules.items():
-        if isinstance(m, nn.Linear) and m.out_features == 1 and roles.get(f"{name}.weight") == "shared_experts":
-            shared_gate = True
-            break
-    facts["shared_expert_gate"] = shared_gate
-    # positions: the config's ALiBi flag, a rotary module, a position table beside the token embedding, or an
-    # ALiBi builder in the family's modelling module
-    rotary = next((m for path, m in modules.items() if "Rotary" in type(m).__name__ and not is_vision(path + ".")), None)
-    table = next((m for path, m in modules.items() if isinstance(m, nn.Embedding) and m is not in_emb
-                  and not path.startswith(prefix + ".") and not is_vision(path + ".")
-                  and "pos" in path.rsplit(".", 1)[-1].lower()), None)
-    family = sys.modules.get(type(model).__module__)
-    if config_value(text_cfg, *_ALIBI_KEYS) is True:
-        facts["positions"] = "alibi"
-    elif rotary is not None:
-        facts["positions"] = "rope"
-        inv = getattr(rotary, "inv_freq", None)
-        if inv is not None and hasattr(inv, "shape") and inv.dim() == 1:
-            facts["rotary_dim"] = 2 * int(inv.shape[0])
-    elif table is not None:
-        facts["positions"] = "learned"
-    elif family is not None and any("alibi" in n.lower() for n in vars(family)):
-        facts["positions"] = "alibi"
-    else:
-        facts["positions"] = "none"
-    facts["embedding_norm"] = any("Norm" in type(m).__name__ and not path.startswith(prefix + ".")
-                                  and "emb" in path.rsplit(".", 1)[-1].lower() and not is_vision(path + ".")
-                                  for path, m in modules.items())
-    return facts

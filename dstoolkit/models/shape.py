@@ -63,8 +63,8 @@ class ModelShape(BaseModel):
     estimate.activations)."""
     position_encoding: Literal["rope", "alibi", "none"] = "rope"
     """What encodes positions when learned_positions is False: rope (rotary), alibi (BLOOM, Falcon alibi=True:
-    attention biases, no table, no rotation) or none (NoPE). Read from the built modules (models.module_tree
-    .block_facts) for shapes transformers builds; the hand-written families are all RoPE (GPT-2: learned)."""
+    attention biases, no table, no rotation) or none (NoPE). Read from the built modules (models.block_facts) for
+    shapes transformers builds; the hand-written families are all RoPE (GPT-2: learned)."""
     rotary_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
     """Share of each head's channels the rotary embedding turns (GPT-NeoX rotary_pct, Phi partial_rotary_factor;
     Megatron --rotary-percent); 1.0: all of them."""

@@ -138,7 +138,7 @@ def test_caution_where_only_the_peak_fits(repo_root, capsys):
     # BLOOM 181B at tp2 pp6 (the logbook reports it OOM): the peak + allowance is 75.7 GiB of 80 (the last of its
     # micro steps, with the earlier ones' gradients), the sum of parts 83.6 GiB (with the attention and hidden
     # dropout masks of the run's dropout 0.1). BLOOM's shape is read from its built modules (LayerNorm, a 4h GELU MLP
-    # with biases, ALiBi: models.module_tree.block_facts); before, it was estimated as an RMSNorm SwiGLU RoPE model
+    # with biases, ALiBi: models.block_facts.block_facts); before, it was estimated as an RMSNorm SwiGLU RoPE model
     # (75.95 / 83.93 GiB)
     spec = repo_root / "benchmarks" / "specs" / "layout_sweeps" / "bloom_181b_h14336_l72_0225_tp2_pp6_dp32_mb1.yaml"
     assert main(["estimate", str(spec)]) == 0

@@ -1,4 +1,4 @@
-"""Shapes transformers builds say what the blocks are made of (models.module_tree.block_facts: norm, biases, rotary
+"""Shapes transformers builds say what the blocks are made of (models.block_facts.block_facts: norm, biases, rotary
 share, positions, residual wiring, embedding norm, head bias, activation), and the Megatron argument files express
 it or refuse naming the property.
 
