@@ -158,7 +158,10 @@ def run(args) -> int:
             with open(path, "rb") as fh:
                 return decode_bytes(fh.read(), path)
 
-        folder = validate_generated(in_generated, validate_config, deepspeed_version=version, read_text=_read)
+        flags = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node, "tp": args.tp, "pp": args.pp,
+                 "num_experts": args.num_experts, "ep_size": args.ep_size}
+        folder = validate_generated(in_generated, validate_config, deepspeed_version=version, read_text=_read,
+                                    flags=flags)
         findings += folder.findings
         not_configs = folder.not_configs
     for path in files_plain:

@@ -73,10 +73,10 @@ def generated_root(path: str) -> Optional[str]:
 
 
 def layout_fix(root: str) -> str:
-    """What to do about a damaged LAYOUT_FILE in the generated folder `root`. Removing the file is not enough: inside a
-    generated folder the configs are then checked without a layout (the layout flags apply to files outside one)."""
-    return (f"regenerate the folder (dstoolkit generate SPEC --out {root} --force), or copy the config out of the "
-            "generated folder and validate the copy with --world-size / --gpus-per-node / --tp / --pp")
+    """What to do about a damaged LAYOUT_FILE in the generated folder `root` (without it, the configs are checked at
+    the layout the command line's flags give: `validate_generated`)."""
+    return (f"regenerate the folder (dstoolkit generate SPEC --out {root} --force), or remove {LAYOUT_FILE} and give "
+            "the layout with --world-size / --gpus-per-node / --tp / --pp")
 
 
 class LayoutFileError(ValueError):
@@ -204,7 +204,8 @@ def check_accelerate_yaml(text: str, path: str, layout: Optional[FileLayout], fo
     return out
 
 
-def validate_generated(files: list[str], validate_config, *, deepspeed_version=None, read_text=None) -> FolderCheck:
+def validate_generated(files: list[str], validate_config, *, deepspeed_version=None, read_text=None,
+                       flags: Optional[dict] = None) -> FolderCheck:
     """Check the files of generated folders as what they are (see the module docstring).
 
     Args:
@@ -212,6 +213,9 @@ def validate_generated(files: list[str], validate_config, *, deepspeed_version=N
         validate_config: `dstoolkit.validate.engine.validate_config` (passed in: this module imports no engine).
         deepspeed_version: As `validate --deepspeed-version`.
         read_text: path -> (text, problem Finding or None); default reads UTF-8.
+        flags: the command line's layout (world_size, gpus_per_node, tp, pp, num_experts, ep_size) for a config
+            LAYOUT_FILE does not list (a folder written before it, or with the file removed): it is checked at
+            that layout instead of none (the CLI refuses a flag that contradicts LAYOUT_FILE).
     """
     res = FolderCheck()
     for path in files:
@@ -235,11 +239,11 @@ def validate_generated(files: list[str], validate_config, *, deepspeed_version=N
         if kind == "accelerate":
             res.findings += check_accelerate_yaml(text, path, layout, folder)
             continue
-        ctx = {} if layout is None else {
+        ctx = dict(flags or {}) if layout is None else {
             "world_size": layout.world_size, "gpus_per_node": layout.gpus_per_node, "tp": layout.tp,
             "pp": layout.pp, "num_experts": layout.num_experts,
             "ep_size": layout.ep if layout.num_experts else None}
-        if kind == "hf" and ctx:
+        if kind == "hf" and layout is not None:
             ctx["tp"] = 1  # HF's TP is AutoTP, written in the JSON itself (tensor_parallel.autotp_size), not Megatron's
         res.findings += validate_config(text, source=path, mode=kind, deepspeed_version=deepspeed_version, **ctx)
     return res

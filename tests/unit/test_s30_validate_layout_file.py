@@ -61,3 +61,14 @@ def test_cli_prints_problem_and_fix(tmp_path, capsys):
     assert "error[DS008]" in text and "missing keys gpus_per_node, nodes" in text
     assert "('gpus_per_node')" not in text
     assert f"dstoolkit generate SPEC --out {tmp_path} --force" in text and "--world-size" in text
+
+
+def test_without_layout_json_the_flags_give_the_layout(tmp_path, capsys):
+    # before: inside a generated folder, --world-size / --tp / --pp were ignored without a word when layout.json did
+    # not list the file (the batch triad below is only checkable with the world size)
+    strat = _folder(tmp_path, json.dumps(GOOD))
+    (strat / LAYOUT_FILE).unlink()
+    assert main(["validate", str(strat / "ds_config.json"), "--world-size", "8"]) == 1
+    assert "train_batch_size" in capsys.readouterr().out
+    assert main(["validate", str(strat / "ds_config.json"), "--world-size", "4"]) == 0
+    assert main(["validate", str(strat / "ds_config.json")]) == 0  # no layout at all: the triad is not asked
