@@ -36,6 +36,11 @@ DROPOUT_PASSES = 2
 (torch's fused dropout kernel keeps a bool mask; written in forward, read in backward)."""
 MASK_BYTES = 1
 """Bytes of dropout's mask per element (torch.bool)."""
+WINDOWED_KERNELS = ("flash", "te")
+"""Attention implementations that skip the tiles outside a sliding window: flash-attn 2 (window_size, which
+transformers' flash_attention_2 passes from the layer's sliding_window) and Transformer Engine's fused attention
+(Megatron-LM --window-size). Eager attention and torch SDPA (handed transformers' sliding-window mask: no flash
+backend takes a mask) compute every score of the s x s square and mask it, so their time counts every key."""
 
 
 @dataclass(frozen=True)
@@ -96,3 +101,14 @@ def eager_core(plan: RunPlan, micro_batch: float, mem_bw: float) -> EagerCoreSec
                         queries=plan.seq_len / plan.cp, keys=plan.seq_len, head_dim_qk=d_qk, head_dim_v=d_v,
                         element_bytes=_act_bytes(plan)[0], dropout=plan.attention_dropout, mem_bw=mem_bw,
                         fused_softmax=plan_fused_softmax(plan))
+
+
+def windowed_core_keys(plan: RunPlan, layer_index: int) -> float | None:
+    """Keys per query a windowed fused kernel (WINDOWED_KERNELS) runs in layer `layer_index`: the band of the causal
+    sliding-window mask, T·W - W²/2 of the T² scores (query q attends to its W latest keys), per query W·(1 - W/2T),
+    which is the causal triangle's T/2 (cluster_model.CAUSAL_ATTENTION_WORK) at W = T. None where no window below
+    seq_len applies or the kernel does not honour one: the caller counts the whole causal square."""
+    w = plan.shape.attention_window(layer_index)
+    if w is None or w >= plan.seq_len or plan.attention_kind not in WINDOWED_KERNELS:
+        return None
+    return w * (1.0 - w / (2.0 * plan.seq_len))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dstoolkit.estimate.activations import eager_score_bytes, op_sac_recomputed_weights, uses_op_sac
 from dstoolkit.estimate.moe_activations import moe_capacity
 from dstoolkit.estimate import host_cost
-from dstoolkit.estimate.attention_core import eager_core
+from dstoolkit.estimate.attention_core import eager_core, windowed_core_keys
 from dstoolkit.estimate.dtype_bytes import param_bytes
 from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY, LinearSeconds, gemm_rate, linear_s, projection_s
 from dstoolkit.estimate.layout import param_layout
@@ -334,7 +334,8 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         # torchtitan op-level SAC re-runs every second matmul's forward (2 FLOPs per weight and token) in backward
         # and keeps the SDPA output, so the attention core is not recomputed (activations.op_sac_layer_bytes)
         s += 2 * op_sac_recomputed_weights(plan, i) * tok / gemm_rate(gpu, prec, tok, h / t, h)
-    # attention core: 12·H·Q·S per token (PaLM App. B) over the full sequence, each rank its tok queries
+    # attention core: 12·H·Q·S per token (PaLM App. B) over the full sequence (a sliding window's band), each rank
+    # its tok queries
     from dstoolkit.estimate.flops import attention_head_dims
 
     H, Q = attention_head_dims(shape)
@@ -347,7 +348,9 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         s += core.forward_s * (2.0 if core_again else 1.0) + core.backward_s
         eager_saved = eager_score_bytes(plan, micro_batch)
     else:
-        work = 12 * H * Q * plan.seq_len * tok / t * attention_work_fraction(plan)
+        band = windowed_core_keys(plan, i)  # a sliding window the kernel honours (attention_core)
+        work = (12 * H * Q * plan.seq_len * tok / t * attention_work_fraction(plan) if band is None
+                else 12 * H * Q * band * tok / t)
         if core_again:
             work *= 4.0 / 3.0
         s += work / (gpu.peak_bf16_flops * attention_fraction(gpu, impl) * attention_occupancy(plan))

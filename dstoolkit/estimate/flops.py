@@ -83,19 +83,22 @@ def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float,
     DeepSeek-V3.2 indexer selects, its report §2.1) is counted at min(T, W) keys per query, as the quadratic
     term counts T for full attention (every key, causal mask ignored). A layer whose measured facts carry a
     chunked scan or indexer (`LayerParams.scan`: gated DeltaNet, Mamba-2 SSD, the DSA indexer) adds
-    `layer_scan_flops`. Every other shape: all L layers.
+    `layer_scan_flops`. Every other shape: all L layers, each at min(T, W) keys where the config bounds it by
+    one sliding window (ModelShape.sliding_window: Mistral-7B-v0.1, Mixtral; T <= W counts T, as full attention).
     """
     L = shape.num_hidden_layers
     H, Q = attention_head_dims(shape)
     m = shape.measured
     if m is None or len(m.layers) != L:
-        return tuple(float(ATTENTION_TRAIN_COEFF * H * Q * seq_len) for _ in range(L)), \
-            f"12·L·H·Q·T over all {L} layers (PaLM App. B)"
+        out_all = tuple(float(ATTENTION_TRAIN_COEFF * H * Q * shape.attention_keys(i, seq_len)) for i in range(L))
+        windowed = sum(shape.attention_keys(i, seq_len) < seq_len for i in range(L))
+        return out_all, f"12·L·H·Q·T over all {L} layers (PaLM App. B)" + (
+            f"; {windowed} sliding-window layers at min(T, {shape.sliding_window}) keys" if windowed else "")
     out: list[float] = []
     kinds: dict[str, int] = {}
     bounded: dict[tuple[str, int], int] = {}
     scans: dict[str, int] = {}
-    for layer in m.layers:
+    for i, layer in enumerate(m.layers):
         facts = getattr(layer, "scan", None)  # LayerParams.scan: filled by models.from_transformers
         extra = layer_scan_flops(facts, seq_len) if facts is not None else 0.0
         if facts is not None:
@@ -104,7 +107,7 @@ def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float,
             out.append(extra)
             kinds[layer.mixer] = kinds.get(layer.mixer, 0) + 1
             continue
-        keys = seq_len if layer.attention_window is None else min(seq_len, layer.attention_window)
+        keys = shape.attention_keys(i, seq_len)
         if layer.attention_window is not None:
             bounded[(layer.attention_kind, layer.attention_window)] = bounded.get(
                 (layer.attention_kind, layer.attention_window), 0) + 1
@@ -123,7 +126,8 @@ def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float,
                         if kind == "indexed_attention" and not scans.get("dsa_indexer") else ""))
     for kind, n in scans.items():
         parts.append(f"+ {_SCAN_NAMES[kind]} on {n} layers")
-    return tuple(out), "; ".join(parts) + " (per layer from the config's layer types)"
+    source = "sliding_window" if shape.sliding_window is not None else "layer types"
+    return tuple(out), "; ".join(parts) + f" (per layer from the config's {source})"
 
 
 _MIXER_NAMES = {"none": "MLP-only", "mamba": "Mamba", "linear_attention": "linear-attention"}

@@ -317,6 +317,23 @@ def architecture_gaps(shape: ModelShape) -> list[str]:
     return gaps
 
 
+def windows_below(shape: ModelShape, seq_len: int) -> dict[int, int]:
+    """{layer: window} of the layers whose attention window (ModelShape.attention_window: the config's
+    sliding_window, or a layer_types window) is below `seq_len`. A window of seq_len or more keys bounds nothing
+    there (every query sees at most seq_len keys), so those layers train as full attention and need no flag."""
+    windows = {i: shape.attention_window(i) for i in range(shape.num_hidden_layers)}
+    return {i: w for i, w in windows.items() if w is not None and w < seq_len}
+
+
+def window_words(shape: ModelShape, seq_len: int) -> str:
+    """The windows of `windows_below`, for a refusal: "a sliding attention window of 4096 tokens on 32 of 32
+    layers, below seq_len 8192"."""
+    below = windows_below(shape, seq_len)
+    sizes = " / ".join(str(w) for w in sorted(set(below.values())))
+    return (f"a sliding attention window of {sizes} tokens on {len(below)} of {shape.num_hidden_layers} layers, "
+            f"below seq_len {seq_len}")
+
+
 def bias_words(shape: ModelShape) -> str:
     """The shape's linear biases in words: 'q/k/v, attention output, MLP'."""
     on = [w for w, b in (("q/k/v", shape.attention_bias), ("attention output", shape.o_proj_bias),

@@ -12,7 +12,7 @@ from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
                                                architecture_gaps, bias_words, dynamic_rope_is_plain,
-                                               model_constants)
+                                               model_constants, window_words, windows_below)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -27,7 +27,8 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
 
     Raises:
         UnsupportedTarget: what Megatron-DeepSpeed's GPT model cannot build (multi-latent attention, shared
-            experts, biases on some linears only, rope scaling, QK-norm, expert width != dense width, FP8) or a pipelined ZeRO-2/3.
+            experts, biases on some linears only, rope scaling, QK-norm, expert width != dense width, FP8, a sliding
+            attention window below seq_len: it has no window flag) or a pipelined ZeRO-2/3.
         ValueError: ds_config_path is neither absolute nor the bare ``ds_config.json``.
     """
     if not Path(ds_config_path).is_absolute() and str(ds_config_path) != "ds_config.json":
@@ -56,6 +57,9 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
         missing.append("an expert FFN width different from the dense FFN width (experts reuse --ffn-hidden-size)")
     if shape.router_score_correction_bias:
         missing.append("sigmoid routing with expert-bias balancing")
+    if windows_below(shape, spec.training.seq_len):
+        missing.append(f"{window_words(shape, spec.training.seq_len)} (megatron/arguments.py has no window flag: "
+                       "its attention would attend to every earlier token, a different model)")
     if spec.training.precision == "fp8":
         missing.append("FP8 (dstoolkit emits FP8 only for Megatron-LM)")
     if cand.pp > 1 and cand.zero_stage >= 2:

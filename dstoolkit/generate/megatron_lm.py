@@ -9,7 +9,8 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
-                                               bias_words, dynamic_rope_is_plain, model_constants)
+                                               bias_words, dynamic_rope_is_plain, model_constants, window_words,
+                                               windows_below)
 from dstoolkit.layout import megatron_split
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -40,7 +41,8 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     --optimizer-cpu-offload (needs the distributed optimizer and the precision-aware optimizer).
 
     Raises:
-        UnsupportedTarget: what Megatron-LM cannot express (an optimizer it lacks, a non-SwiGLU gated MLP).
+        UnsupportedTarget: what Megatron-LM cannot express (an optimizer it lacks, a non-SwiGLU gated MLP, a
+            sliding window on some layers only: `_window_lm`).
     """
     k = model_constants(spec, shape)
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
@@ -71,6 +73,7 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     # FlashAttention is a CUDA kernel: a CPU cluster runs the unfused attention (the same arithmetic)
     flash = spec.training.flash_attention and not is_cpu_cluster(spec)
     out += ["--attention-backend", "flash" if flash else "unfused"]
+    out += _window_lm(spec, shape, cand, flash)
     out += _cpu_kernels(spec)
     out += _moe_lm(shape, cand, k)
     out += _batch(spec, cand, "megatron-lm")
@@ -134,6 +137,37 @@ def _positions_lm(spec: Spec, shape: ModelShape, k: ModelConstants) -> list[str]
                       f"{spec.training.seq_len} is past it",
            }.get(r.rope_type, "dstoolkit writes no Megatron-LM flags for it")
     raise UnsupportedTarget(f"megatron-lm: {what}: {why}")
+
+
+def _window_lm(spec: Spec, shape: ModelShape, cand: Candidate, flash: bool) -> list[str]:
+    """--window-size for a sliding window below seq_len on every layer; nothing at seq_len <= window (every query
+    sees at most seq_len keys: full attention, the same model).
+
+    transformers' window W lets query q attend to keys q-W+1..q (masking_utils.sliding_window_overlay: kv > q - W,
+    with the causal mask); Megatron-LM's window_size (left, right) lets it attend to q-left..q+right (flash-attn /
+    Transformer Engine convention; the unfused mask, core/transformer/utils.get_sliding_window_causal_mask, keeps
+    q-left..q+right too), so W is (W-1, 0). The unfused backend also gets --no-masked-softmax-fusion: its fused
+    softmax kernel (core/fusions/fused_softmax.py, taken at <= 4096 keys in fp16/bf16) applies the causal mask only.
+
+    Raises:
+        UnsupportedTarget: windows on some layers only or of several sizes (not checked against
+            --window-attn-skip-freq), or a window with context parallelism (not checked in Transformer Engine's
+            context-parallel attention).
+    """
+    seq = spec.training.seq_len
+    below = windows_below(shape, seq)
+    if not below:
+        return []
+    sizes = set(below.values())
+    if len(sizes) > 1 or len(below) != shape.num_hidden_layers:
+        raise UnsupportedTarget(f"megatron-lm: {window_words(shape, seq)}: --window-size applies one window to every "
+                                "layer (a per-layer pattern, --window-attn-skip-freq, is not written)")
+    if cand.cp > 1 or cand.ulysses > 1:
+        raise UnsupportedTarget(f"megatron-lm: {window_words(shape, seq)} with context parallelism "
+                                f"(cp {max(cand.cp, cand.ulysses)}): not written, its window handling in Transformer "
+                                "Engine's context-parallel attention is unchecked; use cp 1")
+    w = sizes.pop()
+    return ["--window-size", f"{w - 1},0"] + ([] if flash else ["--no-masked-softmax-fusion"])
 
 
 def _biases_lm(shape: ModelShape) -> list[str]:

@@ -6,8 +6,7 @@ layer and a role (`dstoolkit.models.measured.ROLES`). `shape_from_transformers(c
 `ModelShape` whose analytic fields (hidden size, heads, FFN widths, experts, top-k, ...) are filled from the
 config for the estimator's formulas, and whose `measured` field carries the exact counts.
 
-torch and transformers are imported inside the functions only: the core (`dstoolkit.models` and above)
-must import without them, and only configs outside the analytic families need them.
+torch and transformers are imported inside the functions only (the core must import without them).
 
 - Multimodal configs (`text_config`): the language model is built from the text config and counted; the
   vision/audio towers and projectors are built too and reported apart (`MeasuredParams.vision_params`).
@@ -24,11 +23,11 @@ import re
 from functools import lru_cache
 from typing import Any, Optional
 
+from dstoolkit.models.attention_facts import attention_facts, window_fields
 from dstoolkit.models.block_facts import arch_fields, block_facts
 from dstoolkit.models.measured import ArchFacts, LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, attention_facts,
-                                          buffers_not_counted, classify, config_value, is_vision, linear_groups,
-                                          scan_facts)
+from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, buffers_not_counted, classify,
+                                          config_value, is_vision, linear_groups, scan_facts)
 from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
 
 class TransformersUnavailable(RuntimeError):
@@ -306,6 +305,7 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
         hidden_act=str(act or "silu"),
     )
     kw.update(arch_fields(text_cfg, arch, head_dim))
+    kw.update(window_fields(text_cfg, m))
     if config_value(text_cfg, "attention_bias") is True:
         kw["attention_bias"] = True
     # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,

@@ -140,10 +140,42 @@ def _llama(d: dict, fam: Family) -> dict:
     return kw
 
 
+def _window(d: dict, default: Optional[int]) -> Optional[int]:
+    # the config's sliding_window (transformers' default when absent), a positive int or null
+    w = _int(d, "sliding_window", default, allow_none=True)
+    if w == 0:
+        raise HFConfigError("sliding_window", "a window of 0 keys lets a query attend to nothing",
+                            "give the window in tokens, or null for full attention")
+    return w
+
+
+def _windowed(d: dict, kw: dict, window: Optional[int], windowed: Callable[[int], bool]) -> dict:
+    # sliding_window / full_attention_layers of the layers `windowed(i)` says the window applies to
+    n = kw["num_hidden_layers"]
+    full = tuple(i for i in range(n) if not windowed(i))
+    if window is None or len(full) == n:
+        return kw
+    return {**kw, "sliding_window": window, "full_attention_layers": full}
+
+
 def _mistral(d: dict, fam: Family) -> dict:
     kw = _dense_common(d)
     kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False))
-    return kw
+    # MistralConfig.sliding_window defaults to 4096 (MixtralConfig's to None); modeling_mistral/mixtral pass it to
+    # every layer's attention and build create_sliding_window_causal_mask whenever it is not None (transformers 5.x)
+    return _windowed(d, kw, _window(d, 4096 if fam is FAMILIES.get("mistral") else None), lambda i: True)
+
+
+def _qwen_window(d: dict, kw: dict, rule: str) -> dict:
+    # Qwen2Config / Qwen3Config: sliding_window (default 4096) only with use_sliding_window (default False), on the
+    # layers i >= max_window_layers (default 28); Qwen2MoeConfig: on the even layers i < max_window_layers;
+    # Qwen3MoeConfig: on every layer (configuration_qwen2.py, _qwen2_moe, _qwen3, _qwen3_moe, transformers 5.x)
+    if not _bool(d, "use_sliding_window", False):
+        return kw
+    first = _int(d, "max_window_layers", 28)
+    windowed = {"from": lambda i: i >= first, "even_below": lambda i: (i + 1) % 2 == 1 and i < first,
+                "all": lambda i: True}[rule]
+    return _windowed(d, kw, _window(d, 4096), windowed)
 
 
 def _mixtral(d: dict, fam: Family) -> dict:
@@ -157,7 +189,7 @@ def _qwen2(d: dict, fam: Family) -> dict:
     # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False (hard-coded in transformers).
     kw = _dense_common(d)
     kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False), attention_bias=True, o_proj_bias=False)
-    return kw
+    return kw if fam is not FAMILIES.get("qwen2") else _qwen_window(d, kw, "from")
 
 
 def _qwen_sparse_layers(d: dict, n_layers: int) -> tuple[int, ...]:
@@ -183,7 +215,7 @@ def _qwen2_moe(d: dict, fam: Family) -> dict:
               # Qwen2MoeConfig.norm_topk_prob defaults to False (transformers 5.x configuration_qwen2_moe.py)
               norm_topk_prob=_bool(d, "norm_topk_prob", False),
               mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]))
-    return kw
+    return _qwen_window(d, kw, "even_below")
 
 
 def _qwen3(d: dict, fam: Family) -> dict:
@@ -193,7 +225,7 @@ def _qwen3(d: dict, fam: Family) -> dict:
     bias = _bool(d, "attention_bias", False)
     kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False), attention_bias=bias, o_proj_bias=bias,
               qk_norm=True)
-    return kw
+    return kw if fam is not FAMILIES.get("qwen3") else _qwen_window(d, kw, "from")
 
 
 def _qwen3_moe(d: dict, fam: Family) -> dict:
@@ -203,7 +235,7 @@ def _qwen3_moe(d: dict, fam: Family) -> dict:
               mlp_only_layers=_qwen_sparse_layers(d, kw["num_hidden_layers"]),
               # Qwen3MoeConfig.norm_topk_prob defaults to False (transformers 5.x configuration_qwen3_moe.py)
               norm_topk_prob=_bool(d, "norm_topk_prob", False))
-    return kw
+    return _qwen_window(d, kw, "all")
 
 
 def _deepseek(d: dict, fam: Family) -> dict:

@@ -235,43 +235,6 @@ def classify(model, n_layers: Optional[int], topk_cfg: Any, skip_vision: bool, *
     return dict(top=top, layers=layers, prefix=prefix, roles=roles)
 
 
-WINDOW_KEYS = {
-    # transformers' layer_types -> the config field bounding the keys one query attends to.
-    "sliding_attention": ("sliding_window",),  # Mistral/Gemma/GPT-OSS/MiMo local layers (window of w keys)
-    "chunked_attention": ("attention_chunk_size",),  # Llama 4 iRoPE local layers (keys of the query's chunk)
-    "indexed_attention": ("index_topk",),  # DeepSeek-V3.2 DSA: the lightning indexer selects top-k keys
-}
-"""Attention layer types whose quadratic term is bounded (DeepSeek-V3.2 report §2.1: core attention O(L·k))."""
-
-
-def attention_facts(model, parts: dict, text_cfg) -> None:
-    """Per softmax-attention layer: its width (query heads x q.k head width, from the built module) and the
-    keys one query may attend to (`layer_types` of the config: sliding window, chunk, DSA top-k)."""
-    prefix, layers = parts["prefix"], parts["layers"]
-    if prefix is None:
-        return
-    heads = config_value(text_cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")
-    types = config_value(text_cfg, "layer_types")
-    modules = dict(model.named_modules())
-    for rec in layers:
-        if rec["mixer"] != "attention":
-            continue
-        i = rec["index"]
-        kind = types[i] if isinstance(types, (list, tuple)) and i < len(types) and isinstance(types[i], str) \
-            else "full_attention"
-        rec["attention_kind"] = kind
-        keys = WINDOW_KEYS.get(kind)
-        window = as_int(config_value(text_cfg, *keys)) if keys else None
-        rec["attention_window"] = window
-        here = f"{prefix}.{i}."
-        mod = next((m for path, m in modules.items() if path.startswith(here) and "Attention" in type(m).__name__
-                    and isinstance(getattr(m, "qk_head_dim", getattr(m, "head_dim", None)), int)), None)
-        layer_heads = heads[i] if isinstance(heads, list) and i < len(heads) else heads
-        if mod is not None and isinstance(layer_heads, int):
-            hd = getattr(mod, "qk_head_dim", None) or getattr(mod, "head_dim")
-            rec["attention_width"] = layer_heads * hd
-
-
 def keyword_default(fn, name: str):
     """The default of keyword `name` of function `fn`, or None. Looks through wrappers: functools.wraps chains, and
     the nn.Module that transformers' hub-kernel decorator (`use_kernel_func_from_hub_with_fallback`, transformers

@@ -86,6 +86,15 @@ class ModelShape(BaseModel):
     separate q_proj / k_proj / v_proj of Llama-style modules. Counts the block's GEMM launches and parameter tensors
     (estimate.host_cost.layer_kernels / layer_param_tensors), not its parameters."""
 
+    sliding_window: Optional[int] = Field(default=None, gt=0)
+    """Keys one query attends to at most (itself and the window - 1 before it: transformers'
+    sliding_window_causal_mask) on every softmax-attention layer but full_attention_layers, where the config applies
+    one window without a per-layer `layer_types` (Mistral-7B-v0.1 4096, Mixtral, StarCoder2, Phi-3; Qwen2/Qwen3
+    use_sliding_window); None: full attention (per-layer windows of a transformers build sit in `measured`)."""
+    full_attention_layers: tuple[int, ...] = ()
+    """Layers sliding_window leaves at full attention (Qwen2/Qwen3 use_sliding_window: those below
+    max_window_layers; Qwen2-MoE: the odd ones and those from max_window_layers on)."""
+
     # --- Mixture of experts (0 experts = dense) ---
     num_experts: int = Field(default=0, ge=0)
     """Routed experts per MoE layer (Mixtral num_local_experts, Qwen-MoE num_experts, DeepSeek n_routed_experts)."""
@@ -171,6 +180,23 @@ class ModelShape(BaseModel):
             return False
         return layer_index >= self.first_k_dense_replace and layer_index % self.moe_layer_freq == 0
 
+    def attention_window(self, layer_index: int) -> Optional[int]:
+        """Keys one query of layer `layer_index` may attend to at most: the layer's own window from the config's
+        layer_types (`measured`, first), else sliding_window unless the layer is in full_attention_layers; None:
+        every key."""
+        m = self.measured
+        if m is not None and layer_index < len(m.layers) and m.layers[layer_index].attention_window is not None:
+            return m.layers[layer_index].attention_window
+        if self.sliding_window is None or layer_index in self.full_attention_layers:
+            return None
+        return self.sliding_window
+
+    def attention_keys(self, layer_index: int, seq_len: int) -> int:
+        """Keys per query the quadratic attention term of layer `layer_index` counts at `seq_len`: min(seq_len,
+        its window) (the window bounds them), seq_len for full attention."""
+        w = self.attention_window(layer_index)
+        return seq_len if w is None else min(seq_len, w)
+
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
@@ -213,6 +239,16 @@ class ModelShape(BaseModel):
             raise ValueError(f"MLA needs all of {', '.join(mla)}; missing {', '.join(missing)}")
         if self.q_lora_rank is not None and not given:
             raise ValueError(f"q_lora_rank={self.q_lora_rank} is only meaningful with MLA (set kv_lora_rank, ...)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_full_attention_layers(self) -> "ModelShape":
+        bad = [i for i in self.full_attention_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"full_attention_layers={bad} outside 0..num_hidden_layers-1={self.num_hidden_layers - 1}")
+        if self.full_attention_layers and self.sliding_window is None:
+            raise ValueError(f"full_attention_layers={list(self.full_attention_layers)} needs a sliding_window (the "
+                             "layers it leaves at full attention)")
         return self
 
     @model_validator(mode="after")
