@@ -300,13 +300,17 @@ def architecture_gaps(shape: ModelShape) -> list[str]:
     """What neither Megatron target's GPT model can build, named with the shape's value (checked against the
     parsers benchmarks/megatron_parsers.py runs: Megatron-LM megatron/training/arguments.py + TransformerConfig,
     Megatron-DeepSpeed megatron/arguments.py): neither has a parallel attention+MLP block, a norm after the
-    embedding, a bias on the output head, ALiBi, or a norm other than plain LayerNorm / RMSNorm."""
+    embedding or on a sublayer's output, a bias on the output head, ALiBi, or a norm other than plain LayerNorm /
+    RMSNorm."""
     gaps = []
     if shape.parallel_residual:
         gaps.append("a parallel attention + MLP block (parallel_residual: both read the block input; Megatron's "
                     "blocks run attention then MLP)")
     if shape.embedding_norm:
         gaps.append("a LayerNorm after the token embedding (embedding_norm)")
+    if shape.output_norm:
+        gaps.append("a norm on the attention / MLP output before the residual add (output_norm: a post- or "
+                    "sandwich-norm block; Megatron's blocks norm the sublayer input only)")
     if shape.lm_head_bias:
         gaps.append("a bias on the output head (lm_head_bias)")
     if not shape.learned_positions and shape.position_encoding == "alibi":

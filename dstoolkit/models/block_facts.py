@@ -8,13 +8,16 @@ torch is imported inside the functions only (the core imports no torch); nothing
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import sys
+import textwrap
 from typing import Any, Optional
 
 from dstoolkit.models.measured import ROW_PARALLEL_NAMES, ArchFacts
-from dstoolkit.models.module_tree import ROUTER_SEGMENTS, BuildError, config_value, is_vision
+from dstoolkit.models.module_tree import (ATTENTION_SEGMENTS, MLP_SEGMENTS, ROUTER_SEGMENTS, BuildError, config_value,
+                                          is_vision)
 from dstoolkit.models.shape import rope_scaling_of
 
 _ALIBI_KEYS = ("alibi",)
@@ -43,6 +46,65 @@ def _one_plus_weight(mod) -> bool:
     except (OSError, TypeError):
         return False
     return bool(re.search(r"\(\s*1(\.0)?\s*\+\s*self\.weight", src))
+
+
+def sublayer_output_norm(layer) -> bool:
+    """Whether a decoder layer's forward applies one of its norms to an attention or MLP output before the residual
+    add (post-norm: OLMo-2's post_attention_layernorm; sandwich: Gemma-2's post_feedforward_layernorm), read from
+    the forward's statements in order by data flow: a name assigned from a sublayer call (a child named as
+    attention or MLP, module_tree.ATTENTION_SEGMENTS / MLP_SEGMENTS), or from an expression of such a name without
+    `+`, holds its output until a `+` makes it a residual sum; a norm child called on it is an output norm. A
+    sublayer that is handed the residual adds it itself (BLOOM's self_attention(x, residual)); a pre-norm block
+    (Llama) norms the sum; a parallel block (GPT-NeoX) norms the block input. False when the source cannot be
+    read."""
+    children = dict(layer.named_children())
+    norms = {n for n, m in children.items() if "Norm" in type(m).__name__}
+    subs = {n for n in children if n.lower() in ATTENTION_SEGMENTS | MLP_SEGMENTS}
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(layer).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    fn = tree.body[0] if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if fn is None:
+        return False
+
+    def self_calls(node, names) -> list:
+        return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == "self" and n.func.attr in names]
+
+    def names_in(node) -> set:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    def targets(st) -> set:
+        tgts = st.targets if isinstance(st, ast.Assign) else [st.target] if isinstance(st, (ast.AnnAssign,
+                                                                                        ast.AugAssign)) else []
+        return {n.id for t in tgts for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+    fresh: set = set()
+
+    def visit(stmts) -> bool:
+        for st in stmts:
+            blocks = [getattr(st, k) for k in ("body", "orelse", "finalbody") if isinstance(getattr(st, k, None), list)]
+            if blocks:
+                if any(visit(b) for b in blocks):
+                    return True
+                continue
+            for c in self_calls(st, norms):
+                if c.args and names_in(c.args[0]) & fresh:
+                    return True
+            added = any(isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, ast.Add) for n in ast.walk(st))
+            handed = any("residual" in a for c in self_calls(st, subs) for a in names_in(c))
+            out = targets(st)
+            value = getattr(st, "value", None)
+            if added or handed:
+                fresh.difference_update(out)
+            elif self_calls(st, subs) or (value is not None and names_in(value) & fresh):
+                fresh.update(out)
+            else:
+                fresh.difference_update(out)
+        return False
+
+    return visit(fn.body)
 
 
 def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
@@ -93,6 +155,8 @@ def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
         has_mlp = any(r["index"] == i_attn and (r["dense_mlp"] or r["routed_experts"]) for r in layers)
         flag = config_value(text_cfg, *_PARALLEL_KEYS)
         facts["parallel_residual"] = flag is True or (flag is None and has_mlp and len(norms) == 1)
+        layer_mod = modules.get(f"{prefix}.{i_attn}")
+        facts["output_norm"] = layer_mod is not None and sublayer_output_norm(layer_mod)
         if norms:
             facts["norm"] = _norm_kind(norms[0])
             facts["norm_one_plus_weight"] = _one_plus_weight(norms[0])
@@ -177,7 +241,8 @@ def arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
     rotary share, residual wiring, embedding norm, head bias."""
     kw: dict = dict(attention_bias=arch.qkv_bias, o_proj_bias=arch.o_bias, mlp_bias=arch.mlp_bias,
                     lm_head_bias=arch.lm_head_bias, parallel_residual=arch.parallel_residual,
-                    embedding_norm=arch.embedding_norm, rope_scaling=_rope_scaling_of_config(text_cfg))
+                    embedding_norm=arch.embedding_norm, output_norm=arch.output_norm,
+                    rope_scaling=_rope_scaling_of_config(text_cfg))
     if arch.norm in ("rmsnorm", "layernorm"):
         kw["norm_type"] = arch.norm
     elif arch.norm == "layernorm_no_bias":

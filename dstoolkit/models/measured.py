@@ -197,6 +197,9 @@ class ArchFacts(_Frozen):
     Falcon parallel_attn, Phi): a block with one norm before both, or the config's flag."""
     embedding_norm: bool = False
     """A norm right after the token embedding (BLOOM word_embeddings_layernorm)."""
+    output_norm: bool = False
+    """A norm on the attention or MLP output before its residual add (OLMo-2's post-norm, Gemma-2/3's and GLM-4's
+    sandwich), read from the decoder layer's forward (`block_facts.sublayer_output_norm`)."""
     shared_expert_gate: bool = False
     """The shared expert's output is scaled by a learned sigmoid gate (Qwen2-MoE shared_expert_gate, a
     1-output linear among the shared-expert parameters)."""

@@ -18,8 +18,8 @@ from dstoolkit.models.measured import LinearGroup
 _VISION_MARKERS = ("vision", "visual", "audio", "multi_modal_projector", "mm_projector", "embed_vision",
                    "embed_audio", "image_newline", "patch_embed", "speech")
 ROUTER_SEGMENTS = frozenset({"gate", "router", "wg", "gating", "gate_network"})
-_ATTENTION_SEGMENTS = frozenset({"self_attn", "attention", "attn", "self_attention"})
-_MLP_SEGMENTS = frozenset({"mlp", "feed_forward", "ffn", "block_sparse_moe", "moe"})
+ATTENTION_SEGMENTS = frozenset({"self_attn", "attention", "attn", "self_attention"})
+MLP_SEGMENTS = frozenset({"mlp", "feed_forward", "ffn", "block_sparse_moe", "moe"})
 MODEL_TOPK_KEYS = TOPK_KEYS + ("n_activated_experts", "num_activated_experts", "top_k")
 """Top-k keys read from a built model's config: the shared ones and names only some families use."""
 
@@ -99,7 +99,7 @@ def _mixer_of(classes: list[str], segs: list[str]) -> Optional[str]:
         return "mamba"
     if any(k in joined for k in ("DeltaNet", "LinearAttention", "Lightning")) or "linear_attn" in segs:
         return "linear_attention"
-    if any(k in c for c in classes for k in ("Attention", "Attn")) or any(s in _ATTENTION_SEGMENTS for s in segs):
+    if any(k in c for c in classes for k in ("Attention", "Attn")) or any(s in ATTENTION_SEGMENTS for s in segs):
         return "attention"
     return None
 
@@ -202,7 +202,7 @@ def classify(model, n_layers: Optional[int], topk_cfg: Any, skip_vision: bool, *
             rec["mixer"].add(mixer)
         elif owner is not None and "Norm" in type(owner).__name__:
             role = "norms"
-        elif any(s in _MLP_SEGMENTS for s in lower) or any(
+        elif any(s in MLP_SEGMENTS for s in lower) or any(
                 k in c for c in classes for k in ("MLP", "FeedForward", "FFN", "Moe", "MoE")):
             role = "dense_mlp"
         elif len(segs) == 1 and type(owner).__name__ in ("Linear", "Conv1D"):

@@ -76,6 +76,9 @@ class ModelShape(BaseModel):
     use_parallel_residual, Falcon parallel_attn, Phi); False: the sequential pre-norm block."""
     embedding_norm: bool = False
     """A norm right after the token embedding (BLOOM word_embeddings_layernorm)."""
+    output_norm: bool = False
+    """A norm on the attention or MLP output before its residual add (post- or sandwich-norm blocks: OLMo-2,
+    Gemma-2/3, GLM-4); False: the pre-norm block (a norm on the sublayer input only)."""
     norm_variant: Optional[str] = None
     """A norm norm_type does not describe: "LayerNorm without bias" (OLMo), "scales by (1 + weight)" (Gemma), or
     the norm module's class name; None: a plain RMSNorm / LayerNorm."""
