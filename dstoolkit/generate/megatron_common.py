@@ -308,6 +308,9 @@ def architecture_gaps(shape: ModelShape) -> list[str]:
                     "blocks run attention then MLP)")
     if shape.embedding_norm:
         gaps.append("a LayerNorm after the token embedding (embedding_norm)")
+    if shape.qk_norm and shape.qk_norm_scope == "projection":
+        gaps.append("q/k norms over the whole q / k projection (qk_norm_scope 'projection'; Megatron-LM's "
+                    "--qk-layernorm norms each head)")
     if shape.output_norm:
         gaps.append("a norm on the attention / MLP output before the residual add (output_norm: a post- or "
                     "sandwich-norm block; Megatron's blocks norm the sublayer input only)")

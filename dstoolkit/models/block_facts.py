@@ -107,6 +107,33 @@ def sublayer_output_norm(layer) -> bool:
     return visit(fn.body)
 
 
+def _qk_norm_scope(layer_mods: list, text_cfg) -> Optional[str]:
+    """The q / k norms a layer's attention module holds as its own children (q_norm, k_norm, q_layernorm,
+    query_layernorm ...; not multi-latent attention's q_a / kv_a norms, nor an indexer's, which sit deeper):
+    "head" when their width is the attention module's head_dim (else hidden / heads), "projection" when wider;
+    None without such norms."""
+    by_path = dict(layer_mods)
+    widths = set()
+    head = None
+    for path, m in layer_mods:
+        if "." not in path or "Norm" not in type(m).__name__ or getattr(m, "weight", None) is None:
+            continue
+        parent, name = path.rsplit(".", 1)
+        if name.lower()[:1] not in ("q", "k") or parent.rsplit(".", 1)[-1].lower() not in ATTENTION_SEGMENTS:
+            continue
+        if name.lower().startswith(("q_a", "kv_a")):
+            continue  # multi-latent attention's norms of its compressed q / kv (q_a_layernorm): part of MLA
+        widths.add(int(m.weight.shape[-1]))
+        head = head or getattr(by_path.get(parent), "head_dim", None)
+    if not widths:
+        return None
+    if not isinstance(head, int):
+        hidden = config_value(text_cfg, "hidden_size", "n_embd", "d_model")
+        heads = config_value(text_cfg, "num_attention_heads", "n_head", "num_heads")
+        head = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+    return "head" if widths == {head} else "projection"
+
+
 def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
     """The `ArchFacts` fields of a built model (`dstoolkit.models.measured.ArchFacts`): read from the first decoder
     layer with softmax attention and a dense FFN (norm, biases, FFN gating and width, activation), the modules
@@ -155,6 +182,7 @@ def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
         has_mlp = any(r["index"] == i_attn and (r["dense_mlp"] or r["routed_experts"]) for r in layers)
         flag = config_value(text_cfg, *_PARALLEL_KEYS)
         facts["parallel_residual"] = flag is True or (flag is None and has_mlp and len(norms) == 1)
+        facts["qk_norm"] = _qk_norm_scope(layer_modules(i_attn), text_cfg)
         layer_mod = modules.get(f"{prefix}.{i_attn}")
         facts["output_norm"] = layer_mod is not None and sublayer_output_norm(layer_mod)
         if norms:
@@ -242,6 +270,7 @@ def arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
     kw: dict = dict(attention_bias=arch.qkv_bias, o_proj_bias=arch.o_bias, mlp_bias=arch.mlp_bias,
                     lm_head_bias=arch.lm_head_bias, parallel_residual=arch.parallel_residual,
                     embedding_norm=arch.embedding_norm, output_norm=arch.output_norm,
+                    qk_norm=arch.qk_norm is not None, qk_norm_scope=arch.qk_norm or "head",
                     rope_scaling=_rope_scaling_of_config(text_cfg))
     if arch.norm in ("rmsnorm", "layernorm"):
         kw["norm_type"] = arch.norm

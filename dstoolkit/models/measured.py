@@ -197,6 +197,10 @@ class ArchFacts(_Frozen):
     Falcon parallel_attn, Phi): a block with one norm before both, or the config's flag."""
     embedding_norm: bool = False
     """A norm right after the token embedding (BLOOM word_embeddings_layernorm)."""
+    qk_norm: Optional[str] = None
+    """Norms on the queries and keys inside attention (children of the attention module named q*/k* norm):
+    "head" when each spans one head's width (Qwen3), "projection" when they span the whole q / k projection
+    (OLMo-2, OLMoE); None: none."""
     output_norm: bool = False
     """A norm on the attention or MLP output before its residual add (OLMo-2's post-norm, Gemma-2/3's and GLM-4's
     sandwich), read from the decoder layer's forward (`block_facts.sublayer_output_norm`)."""

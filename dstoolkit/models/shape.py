@@ -56,6 +56,9 @@ class ModelShape(BaseModel):
     """FFN activation as HF names it (silu for SwiGLU models, gelu_new for GPT-2)."""
     qk_norm: bool = False
     """Qwen3: per-head RMSNorm (width head_dim) on q and k inside attention."""
+    qk_norm_scope: Literal["head", "projection"] = "head"
+    """What each q / k norm spans when qk_norm: one head (Qwen3; Megatron's --qk-layernorm) or the whole projection
+    (OLMo-2, OLMoE: q_norm over heads x head_dim)."""
     attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout probability on the attention probabilities in training (GPT-2 `attn_pdrop`, HF default 0.1, as
     Megatron-LM's GPT `--attention-dropout` default; Llama-style configs `attention_dropout`, default 0.0). An eager

@@ -45,3 +45,31 @@ def test_megatron_refuses_a_post_norm_block(tmp_path):
                            "training": {"global_batch": 8, "seq_len": 128}})
     with pytest.raises(UnsupportedTarget, match="a norm on the attention / MLP output before the residual add"):
         megatron_lm_args(spec, shape, Candidate(tp=1, pp=1, zero_stage=1, micro_batch=1))
+
+
+@pytest.mark.parametrize("cfg,want", [
+    # OLMoE's q_norm / k_norm span the whole projection (heads x head_dim); Gemma-3's each head
+    ({"model_type": "olmoe", **SMALL, "num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 0,
+      "eos_token_id": 1}, (True, "projection")),
+    ({"model_type": "gemma3_text", **SMALL, "head_dim": 16}, (True, "head")),
+    ({"model_type": "llama", **SMALL}, (False, "head")),
+])
+def test_qk_norms_are_read_with_their_scope(tmp_path, cfg, want):
+    # before: a transformers-built model's q/k norms were not read at all (qk_norm False), so Megatron files left
+    # them out (Gemma-3, Qwen3.5, MiniMax-M2.5) without a word
+    shape = _shape(tmp_path, **cfg)
+    assert (shape.qk_norm, shape.qk_norm_scope) == want
+
+
+def test_mla_latent_norms_are_not_qk_norms():
+    shape = load_model("tests/golden/hf_configs/released/zai-org--GLM-4.7-Flash.json")
+    assert shape.is_mla and not shape.qk_norm  # q_a_layernorm / kv_a_layernorm belong to MLA
+
+
+def test_megatron_refuses_projection_wide_qk_norms(tmp_path):
+    shape = _shape(tmp_path, model_type="olmoe", **SMALL, num_experts=4, num_experts_per_tok=2, pad_token_id=0,
+                   eos_token_id=1)
+    spec = spec_from_dict({"name": "t", "model": {"preset": "tiny"}, "cluster": {"gpu": "cpu", "gpus_per_node": 2},
+                           "training": {"global_batch": 8, "seq_len": 128}})
+    with pytest.raises(UnsupportedTarget, match="q/k norms over the whole q / k projection"):
+        megatron_lm_args(spec, shape, Candidate(tp=1, pp=1, zero_stage=1, micro_batch=1))
