@@ -77,16 +77,6 @@ def _inside(path: str, build_dir: str) -> bool:
     return path == build_dir or path.startswith(build_dir + os.sep)
 
 
-def _elsewhere(proc, build_dir: str) -> bool:
-    """The process works outside `build_dir` (torch compiles in the op's build dir, cpp_extension._run_ninja_build):
-    the same op built for another TORCH_EXTENSIONS_DIR, not this lock's holder. False when its cwd cannot be read."""
-    import psutil
-    try:
-        return not _inside(proc.cwd(), build_dir)
-    except (psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError, OSError):
-        return False
-
-
 def lock_holders(lock: pathlib.Path) -> list[str]:
     """Live processes that hold or build `lock`'s op, each as "pid N (name): why" (empty: nobody)."""
     import psutil
@@ -102,16 +92,18 @@ def lock_holders(lock: pathlib.Path) -> list[str]:
         try:
             name = proc.info.get("name") or ""
             cmd = proc.info.get("cmdline") or []
-            names_op = any(f"-DTORCH_EXTENSION_NAME={op}" in a.split() or f"-DTORCH_EXTENSION_NAME={op}" == a
-                           for a in cmd)
-            if (names_op and not _elsewhere(proc, build_dir)) or (name in _COMPILERS and any(build_dir in a for a in cmd)):
+            try:
+                inside: Optional[bool] = _inside(proc.cwd(), build_dir)
+            except (psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError, OSError):
+                inside = None  # unreadable: a compile naming the op still counts
+            # torch compiles in the op's build dir (cpp_extension._run_ninja_build): a compile naming the op from
+            # elsewhere builds it for another TORCH_EXTENSIONS_DIR, not this lock
+            names_op = inside is not False and any(
+                f"-DTORCH_EXTENSION_NAME={op}" in a.split() or f"-DTORCH_EXTENSION_NAME={op}" == a for a in cmd)
+            if names_op or (name in _COMPILERS and any(build_dir in a for a in cmd)):
                 why = "builds it"
-            if why is None:
-                try:
-                    if _inside(proc.cwd(), build_dir):
-                        why = "works in its build dir"
-                except (psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError, OSError):
-                    pass
+            elif inside:
+                why = "works in its build dir"
             if why is None:
                 try:
                     if any(_inside(f.path, build_dir) for f in proc.open_files()):
