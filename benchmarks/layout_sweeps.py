@@ -49,9 +49,10 @@ from published_runs_specs import load_table  # noqa: E402
 # The jobs live beside this script; the names other scripts and the tests read from `layout_sweeps` stay here.
 from layout_sweeps_loso import RELATED, loso_sweeps  # noqa: E402,F401
 from layout_sweeps_noise import ceilings, mape_floor, noise_ceiling, repeat_sigma  # noqa: E402,F401
-from layout_sweeps_report import _pct, _sp, by_source_rows, published_model_line, render_md  # noqa: E402,F401
+from layout_sweeps_report import _pct, _sp, by_source_rows, published_model_line, render_md, single_node_lines  # noqa: E402,F401
 from layout_sweeps_score import (SWEEP_SPACE, estimate_row, execution_ab, marked_undecided,  # noqa: E402,F401
-                                 memory_check, per_token, score_group, summarize, sweep_pick, sweep_pick_summary)
+                                 memory_check, per_token, score_group, single_node, summarize, sweep_pick,
+                                 sweep_pick_summary)
 from layout_sweeps_table import SPECS_DIR, TABLE, _run, group_runs, load, write_spec  # noqa: E402,F401
 
 BENCH = "layout_sweeps"
@@ -116,6 +117,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     for a in summary["execution_ab"]:
         print(f"A/B {a['id']} row {a['row']} ({a['field']}): predicted {_pct(a['predicted_cost'])}, "
               f"measured {_pct(a['measured_cost'])}")
+    summary["single_node"] = single_node(doc, args.specs_dir)
+    for a in summary["single_node"]:
+        print(f"one node {a['id']} row {a['row']}: measured {a['measured_step_s']} s, predicted "
+              f"{a['predicted_step_s']:.2f} s, error {_pct(a['error'])}")
     env = harness.capture_env(world_size=1, config={"table": doc}, packages=("pyyaml", "pydantic"))
     run_id = results_jsonl.open_run(None, BENCH, env["config_hash"]).run_id
     jsonl = args.out / f"{BENCH}_{args.tag}.jsonl"

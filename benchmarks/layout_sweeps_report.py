@@ -140,6 +140,7 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
             [[a["id"], a["field"], str(a["gpus"]), str(a["global_batch"]), _pct(a["predicted_cost"]),
               _pct(a["measured_cost"]), a["text"].replace("|", "\\|")] for a in ab],
             ["check", "setting", ("GPUs", "r"), ("gbs", "r"), ("predicted cost", "r"), ("measured cost", "r"), "source row"])
+    lines += single_node_lines(s.get("single_node") or [], groups, rows_by_group)
     per_ceiling = (ce or {}).get("per_group") or {}
     lines += ["", "## Per group", ""]
     body = []
@@ -216,3 +217,23 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
         lines += [f"- {key} assumed: " + "; ".join(com.get("assumed") or []),
                   f"- {key} inexpressible: " + "; ".join(com.get("inexpressible") or [])]
     return "\n".join(lines) + "\n"
+
+
+def single_node_lines(one: list[dict[str, Any]], groups, rows_by_group) -> list[str]:
+    """The `single_node` rows beside the mean signed error of their source's multi-node rows."""
+    if not one:
+        return []
+    lines = ["", "**One node, no network.** Rows the source ran on a single node (`single_node` in the table), "
+             "estimated as the rows above: error = predicted tokens/s ÷ measured − 1. Beside them, the mean signed "
+             "error of the same source's multi-node rows: where both agree, the error lives inside the node "
+             "(compute, NVLink, the host), not between nodes. Not scored above.", ""]
+    body = []
+    for a in one:
+        multi = [r["measured_step_s"] / r["predicted_step_s"] - 1 for g in groups if g["source"] == a["source"]
+                 for r in rows_by_group[g["id"]] if r.get("measured_step_s") and r.get("predicted_step_s")]
+        body.append([a["id"], str(a["micro_batch"]), str(a["global_batch"]), f"{a['measured_step_s']:.2f}",
+                     f"{a['predicted_step_s']:.2f}" if a["predicted_step_s"] else "–", _pct(a["error"]),
+                     _pct(sum(multi) / len(multi)) if multi else "–", a["text"].replace("|", "\\|")])
+    return lines + render_markdown_table(body, ["check", ("mb", "r"), ("gbs", "r"), ("measured s", "r"),
+                                                ("predicted s", "r"), ("error", "r"),
+                                                ("source's multi-node mean signed error", "r"), "source row"])

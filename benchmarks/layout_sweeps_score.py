@@ -234,3 +234,23 @@ def execution_ab(doc: dict[str, Any], specs_dir: pathlib.Path) -> list[dict[str,
                         "predicted_cost": pred[True] / pred[False] - 1 if pred[True] and pred[False] else None,
                         "measured_cost": float(r["tflops_off"]) / float(r["tflops_on"]) - 1})
     return out
+
+
+def single_node(doc: dict[str, Any], specs_dir: pathlib.Path) -> list[dict[str, Any]]:
+    """Each `single_node` row: a run of the source on one node (no network), estimated as the groups' rows are.
+    Throughput error = measured step time / predicted - 1 (predicted tokens/s over measured - 1, as the groups);
+    reported beside the source's multi-node rows to say whether its error lives inside the node. Not scored."""
+    out = []
+    for e in doc.get("single_node") or []:
+        common = dict((doc.get("common") or {}).get(e["source"]) or {})
+        for i, r in enumerate(e["rows"]):
+            if r["tp"] * r["pp"] * r["dp"] != common["gpus_per_node"]:
+                raise SystemExit(f"single_node {e['id']} row {i}: tp*pp*dp must fill the one node "
+                                 f"({common['gpus_per_node']} GPUs)")
+            run = _run(f"{e['id']}_{i}_tp{r['tp']}_pp{r['pp']}_mb{r['micro_batch']}", e, common, r, 1)
+            pred = estimate_row(run, write_spec(run, specs_dir))["predicted_step_s"]
+            out.append({"id": e["id"], "source": e["source"], "row": i, "text": r["text"],
+                        "micro_batch": r["micro_batch"], "global_batch": r["global_batch"],
+                        "measured_step_s": float(r["sec_per_iter"]), "predicted_step_s": pred,
+                        "error": float(r["sec_per_iter"]) / pred - 1 if pred else None})
+    return out
