@@ -95,9 +95,15 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
     """
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.layout import data_parallel_size, resolve_batch
+    from dstoolkit.models.tp_plan import tp_plan_of
     from dstoolkit.runplan import autotp_layout
+    from dstoolkit.runplan.autotp import tp_plan_refusal
 
     tp = cfg.tensor_parallel.autotp_size
+    if cfg.tensor_parallel.partition_config is None and cfg.tensor_parallel.preset_model is None:
+        refusal = tp_plan_refusal(tp_plan_of(shape), tp, f"{config}: tensor_parallel.autotp_size")
+        if refusal:
+            raise ValueError(refusal)
     triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
                           world // ulysses)  # validate_config checked the triad at this dp
     dp = data_parallel_size(world, tp, 1, ulysses)

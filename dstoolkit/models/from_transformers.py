@@ -29,6 +29,7 @@ from dstoolkit.models.measured import ArchFacts, LayerParams, MeasuredParams
 from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, buffers_not_counted, classify,
                                           config_value, is_vision, linear_groups, scan_facts)
 from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
+from dstoolkit.models.tp_plan import merged_tp_plan
 
 class TransformersUnavailable(RuntimeError):
     """torch or transformers is not installed."""
@@ -191,7 +192,7 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         model_class=type(model).__name__, transformers_version=tf.__version__,
         embedding=top["embedding"], lm_head=top["lm_head"], final_norms=top["final_norms"], other=top["other"],
         layers=tuple(LayerParams(**rec) for rec in parts["layers"]), buffers_not_counted=buffers,
-        vision_params=vision, notes=tuple(notes), linears=linears, arch=arch,
+        vision_params=vision, notes=tuple(notes), linears=linears, arch=arch, tp_plan=merged_tp_plan(model),
     )
 
 

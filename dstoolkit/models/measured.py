@@ -236,6 +236,9 @@ class MeasuredParams(_Frozen):
     arch: Optional[ArchFacts] = None
     """What the blocks are made of (norm, biases, positions, residual wiring); None when not read (a user's
     module)."""
+    tp_plan: tuple[tuple[str, str], ...] = ()
+    """The built model's Hugging Face tensor-parallel plan, (pattern, style) pairs merged as a trainer reads them
+    (`models.tp_plan.merged_tp_plan`); () for a user's module."""
 
     def linear_layers(self) -> tuple["LinearGroup", ...]:
         """The model's own linear layers (language model only), one group per (name pattern, shape)."""

@@ -179,3 +179,31 @@ def autotp_layout(tensor_parallel: Any, *, tied: bool, model_type: str, hf_tp_pl
     return AutoTp(path="heuristic", embedding_split=False, lm_head_split=False, vocab_parallel_loss=False,
                   why="no tp_plan: only the decoder layers AutoTP.tp_parser finds are replaced "
                       "(replace_transformer_layer; set_lm_head returns in training mode)")
+
+
+HF_TP_PLAN_STYLES = frozenset({"colwise", "colwise_rep", "colwise_gather_output", "rowwise",
+                               "replicated_with_grad_allreduce", "embedding_rowwise"})
+"""Partition styles of a Hugging Face tp_plan DeepSpeed 0.19.8 AutoTP converts (module_inject/tp_plan_converter.py
+SUPPORTED_STYLES). Any other style makes TPPlanConverter.convert raise ValueError for the whole plan, so
+deepspeed.initialize fails before the first step, unless tensor_parallel.partition_config (or preset_model) is set:
+engine._apply_autotp_partitioning tries that first. Measured on 2 gloo ranks with autotp_size 2 (tiny transformers
+models): Phi-3 and OLMo-2 (rowwise_split_input) raise at initialize, Llama initializes. transformers 5 declares such
+styles for Phi-3, OLMo-2/3, OLMoE, GLM / GLM-4, MiniMax-M2 (rowwise_split_input), DeepSeek-V2/V3, MiniCPM3 and
+other MLA models (mla_kv_a_proj), Llama-4 (moe_tp_experts, packed_rowwise), among others."""
+
+
+def tp_plan_refusal(tp_plan: tuple[tuple[str, str], ...], autotp_size: int, where: str) -> Optional[str]:
+    """Why DeepSpeed 0.19.8 AutoTP cannot shard a model by its Hugging Face tp_plan (`models.tp_plan.tp_plan_of`),
+    or None. `where`: the setting that asks for AutoTP, named in the message (e.g. "tensor_parallel.autotp_size")."""
+    rejected = [(pattern, style) for pattern, style in tp_plan if style.lower() not in HF_TP_PLAN_STYLES]
+    if autotp_size <= 1 or not rejected:
+        return None
+    styles = sorted({style for _, style in rejected})
+    shown = ", ".join(f"{pattern}: {style}" for pattern, style in rejected[:4])
+    more = f" and {len(rejected) - 4} more" if len(rejected) > 4 else ""
+    return (f"{where}={autotp_size}: DeepSpeed 0.19.8 AutoTP rejects this model's Hugging Face tp_plan, whose "
+            f"partition style{'s' if len(styles) > 1 else ''} {', '.join(styles)} it does not convert ({shown}{more}; "
+            "module_inject/tp_plan_converter.py takes only " + ", ".join(sorted(HF_TP_PLAN_STYLES)) + "), so "
+            "deepspeed.initialize raises ValueError before the first step. Give the config a "
+            "tensor_parallel.partition_config for this model (DeepSpeed applies it instead of the tp_plan), or train "
+            "without AutoTP (tensor parallel size 1, ZeRO only)")
