@@ -85,9 +85,10 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
     The plan gets the config without tensor_parallel (its config reader refuses autotp_size beside a tp, DS223),
     tp = autotp_size and `autotp` = `runplan.autotp_layout` of the config's tensor_parallel section and the model:
     the blocks' linears split as Megatron's, the embedding, the LM head and the logits as DeepSpeed 0.19.8 holds them
-    (runtime/engine.py _apply_autotp_partitioning; runplan/autotp.py cites each path). A preset or a Hugging Face
-    config is taken as a transformers model, which carries a tp_plan; the user's own module (--model pkg.mod:fn) as
-    one without. DeepSpeed builds the config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh
+    (runtime/engine.py _apply_autotp_partitioning; runplan/autotp.py cites each path). The model's Hugging Face
+    tp_plan is `models.tp_plan.tp_plan_of` (none for the user's own module, nor for transformers classes that declare
+    none: GPT-2, OPT, Falcon, BLOOM, ...); a plan or model DeepSpeed cannot shard is refused
+    (`runplan.autotp.tp_plan_refusal`). DeepSpeed builds the config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh
     comes later, in the engine's _configure_tensor_parallel_states), so its batch triad counts every rank:
     train_batch_size = micro batch x accumulation x world / sequence_parallel_size (runtime/config.py), while the
     ranks of one TP group read the same samples. The plan keeps DeepSpeed's micro batch and accumulation over
@@ -101,7 +102,7 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
 
     tp = cfg.tensor_parallel.autotp_size
     if cfg.tensor_parallel.partition_config is None and cfg.tensor_parallel.preset_model is None:
-        refusal = tp_plan_refusal(tp_plan_of(shape), tp, f"{config}: tensor_parallel.autotp_size")
+        refusal = tp_plan_refusal(tp_plan_of(shape), tp, f"{config}: tensor_parallel.autotp_size", shape.model_type)
         if refusal:
             raise ValueError(refusal)
     triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
@@ -112,7 +113,7 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
                train_batch_size=triad.micro_batch * triad.grad_accum * dp)
     compile_cfg = cfg.compile
     layout = autotp_layout(cfg.tensor_parallel, tied=shape.tie_word_embeddings, model_type=shape.model_type,
-                           hf_tp_plan=shape.source != "user",
+                           hf_tp_plan=bool(tp_plan_of(shape)),
                            deepcompile_autotp=bool(compile_cfg is not None and compile_cfg.deepcompile is True
                                                    and "autotp" in (compile_cfg.passes or ())))
     notes = [
@@ -149,9 +150,10 @@ def _vocab_note(layout, shape, tp: int) -> str:
     logits = (f"[tokens, vocab/{tp}] logits with DeepSpeed's distributed loss" if layout.vocab_parallel_loss else
               "[tokens, vocab] logits " + ("all-gathered " if layout.logits_gathered else "")
               + "and the loss over them whole on every TP rank")
-    model = ("--model taken as a transformers model, which carries a Hugging Face tp_plan"
+    model = ("--model is a transformers model whose class declares a Hugging Face tp_plan"
              if layout.path == "hf_tp_plan" else
-             "--model is your own module, taken as one without a Hugging Face tp_plan"
-             if shape.source == "user" else "the config's partition_config / preset_model decides")
+             "--model has no Hugging Face tp_plan (" + ("your own module" if shape.source == "user" else
+                                                        f"transformers declares none for {shape.model_type}") + ")"
+             if layout.path == "heuristic" else "the config's partition_config / preset_model decides")
     return (f"embedding, LM head and logits as DeepSpeed 0.19.8 AutoTP training holds them: {parts}, {logits} "
             f"({layout.why}; {model})")

@@ -23,10 +23,10 @@ Megatron's vocab-parallel layers. DeepSpeed 0.19.8 shards a model in runtime/eng
   (`auto_vocab_parallel_lm_head`: vocab_parallel_lm_head unset, the plan asks embedding_rowwise, and the head's
   weight is an embedding's; not under DeepCompile's autotp pass); with vocab_parallel_lm_head false both stay whole
   (AutoTP._configure_gathered_column_tie_fallbacks keeps a gathered head tied to an embedding replicated).
-- heuristic: no tp_plan (a module that is not a transformers model). Only the decoder layers AutoTP.tp_parser finds
-  are replaced (module_inject/replace_module.py replace_transformer_layer); `set_lm_head` returns at once in
-  training mode, so the embedding and the LM head stay whole and every rank runs the whole head on the whole
-  vocabulary.
+- heuristic: no tp_plan (the user's own module, or a transformers class that declares none: OPT, BLOOM, Falcon,
+  ...; GPT-2 is refused there, `HEURISTIC_UNSUPPORTED`). Only the decoder layers AutoTP.tp_parser finds are
+  replaced (module_inject/replace_module.py replace_transformer_layer); `set_lm_head` returns at once in training
+  mode, so the embedding and the LM head stay whole and every rank runs the whole head on the whole vocabulary.
 
 In every path `tensor_parallel.vocab_parallel_lm_head: true` makes the head a layers.py VocabParallelLinear (weight
 rows vocab/tp, logits left [tokens, vocab/tp]), a tied embedding a VocabParallelEmbedding sharing that shard
@@ -125,7 +125,7 @@ def autotp_layout(tensor_parallel: Any, *, tied: bool, model_type: str, hf_tp_pl
             vocab_parallel_lm_head, partition_config, preset_model.
         tied: the model ties its LM head to its input embedding (tie_word_embeddings).
         model_type: the model's model_type (a layer spec's model_types filter).
-        hf_tp_plan: the model carries a Hugging Face tp_plan (a transformers model; not a user's own module).
+        hf_tp_plan: the model carries a Hugging Face tp_plan (`models.tp_plan.tp_plan_of` is not empty).
         deepcompile_autotp: compile.deepcompile with "autotp" in compile.passes (keeps a tied pair whole).
     """
     vp = tensor_parallel.vocab_parallel_lm_head
@@ -192,11 +192,28 @@ styles for Phi-3, OLMo-2/3, OLMoE, GLM / GLM-4, MiniMax-M2 (rowwise_split_input)
 other MLA models (mla_kv_a_proj), Llama-4 (moe_tp_experts, packed_rowwise), among others."""
 
 
-def tp_plan_refusal(tp_plan: tuple[tuple[str, str], ...], autotp_size: int, where: str) -> Optional[str]:
+HEURISTIC_UNSUPPORTED = frozenset({"deberta", "flaubert", "fsmt", "gpt2", "led", "longformer", "xlm", "xlnet"})
+"""Models DeepSpeed 0.19.8's heuristic AutoTP path (no tp_plan) refuses: module_inject/auto_tp.py AutoTP.supported
+names them by the class-name stem of the model (`AutoTP not supported for model` assertion in tp_parser). Measured:
+a tiny transformers GPT-2 at autotp_size 2 on 2 gloo ranks raises it at deepspeed.initialize (OPT, also without a
+tp_plan, initializes with its attention and MLP split)."""
+
+
+def tp_plan_refusal(tp_plan: tuple[tuple[str, str], ...], autotp_size: int, where: str,
+                    model_type: str = "") -> Optional[str]:
     """Why DeepSpeed 0.19.8 AutoTP cannot shard a model by its Hugging Face tp_plan (`models.tp_plan.tp_plan_of`),
-    or None. `where`: the setting that asks for AutoTP, named in the message (e.g. "tensor_parallel.autotp_size")."""
+    or, without one, by its heuristic path (`HEURISTIC_UNSUPPORTED`, by `model_type`), or None. `where`: the setting
+    that asks for AutoTP, named in the message (e.g. "tensor_parallel.autotp_size")."""
+    if autotp_size <= 1:
+        return None
+    if not tp_plan and model_type.replace("-", "_") in HEURISTIC_UNSUPPORTED:
+        return (f"{where}={autotp_size}: DeepSpeed 0.19.8 AutoTP does not shard model_type {model_type}: it has no "
+                "Hugging Face tp_plan, and AutoTP's own layer parser refuses it (module_inject/auto_tp.py "
+                "AutoTP.supported), so deepspeed.initialize raises 'AutoTP not supported for model'. Give the config "
+                "a tensor_parallel.partition_config for this model, or train without AutoTP (tensor parallel size 1, "
+                "ZeRO only)")
     rejected = [(pattern, style) for pattern, style in tp_plan if style.lower() not in HF_TP_PLAN_STYLES]
-    if autotp_size <= 1 or not rejected:
+    if not rejected:
         return None
     styles = sorted({style for _, style in rejected})
     shown = ", ".join(f"{pattern}: {style}" for pattern, style in rejected[:4])

@@ -62,8 +62,8 @@ def test_the_assumptions_say_what_is_modelled(tmp_path, capsys):
         "embedding, LM head and logits as DeepSpeed 0.19.8 AutoTP training holds them: the input embedding (0.525B "
         "params) whole on every TP rank, the LM head (0.525B) split over tp=4, [tokens, vocab] logits all-gathered and "
         "the loss over them whole on every TP rank (Hugging Face tp_plan: embed_tokens embedding_rowwise (a SKIP "
-        "spec), lm_head colwise_gather_output (LinearLayer(gather_output=True)); --model taken as a transformers "
-        "model, which carries a Hugging Face tp_plan)")
+        "spec), lm_head colwise_gather_output (LinearLayer(gather_output=True)); --model is a transformers model "
+        "whose class declares a Hugging Face tp_plan)")
     assert assumed[2] == (
         "batch: DeepSpeed counts the AutoTP ranks in the batch triad (train_batch_size = micro batch 1 x "
         "accumulation 1 x 8 ranks = 8); the 4 ranks of a TP group read the same samples, so a step trains 2 "

@@ -100,3 +100,36 @@ def test_estimate_refuses_autotp_by_a_plan_deepspeed_rejects(tmp_path, section, 
     else:
         assert out.returncode == 0, out.stderr
         assert "step time" in out.stdout
+
+
+def test_gpt2_without_a_plan_is_refused_by_the_heuristic_path_and_opt_is_not():
+    # measured on 2 gloo ranks at autotp_size 2: GPT-2 raises 'AutoTP not supported for model' at initialize, OPT
+    # (no tp_plan either) initializes with its attention and MLP split
+    gpt2 = shape_from_hf_dict({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128,
+                               "n_positions": 64})
+    opt = shape_from_hf_dict({"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "ffn_dim": 128, "vocab_size": 128,
+                              "max_position_embeddings": 64, "word_embed_proj_dim": 64})
+    assert tp_plan_of(gpt2) == () and tp_plan_of(opt) == ()
+    msg = tp_plan_refusal(tp_plan_of(gpt2), 2, "x", gpt2.model_type)
+    assert msg.startswith("x=2: DeepSpeed 0.19.8 AutoTP does not shard model_type gpt2")
+    assert tp_plan_refusal(tp_plan_of(opt), 2, "x", opt.model_type) is None
+    assert hf_unavailable_reason(Candidate(zero_stage=1, tp=2, micro_batch=1), gpt2).startswith("tp (tensor_parallel")
+
+
+def test_estimate_takes_a_transformers_model_without_a_plan_down_the_heuristic_path(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                               "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+                               "tensor_parallel": {"autotp_size": 2}}))
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps({"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2,
+                                 "num_attention_heads": 4, "ffn_dim": 128, "vocab_size": 128,
+                                 "max_position_embeddings": 64, "word_embed_proj_dim": 64}))
+    out = subprocess.run([sys.executable, "-m", "dstoolkit", "estimate", "--config", str(cfg), "--model", str(model),
+                          "--world-size", "2", "--gpus-per-node", "2", "--seq-len", "64"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    # before: taken as a tp_plan model (head split, logits all-gathered); DeepSpeed's heuristic keeps both whole
+    assert "tied embedding / LM head (0.000B params) whole on every TP rank" in out.stdout
+    assert "transformers declares none for opt" in out.stdout
