@@ -87,9 +87,11 @@ def add_parser(subparsers) -> None:
     p.set_defaults(flag_defaults={dest: p.get_default(dest) for dest in FLAG_FORM_ONLY},
                    **{dest: None for dest in FLAG_FORM_ONLY})
     add_calibration_flag(p,
-                         help="measured rates for the step time (a benchmarks/step_time_fidelity.py calibration file); "
-                              "default: the spec's cluster.calibration, else the packaged reference for --gpu cpu, "
-                              "else none (the hardware table's nominal rates)")
+                         help="measured rates for the step time: a benchmarks/step_time_fidelity.py calibration "
+                              "file, 'reference' (the packaged measurement, --gpu cpu only), 'machine' (this "
+                              "machine's probed CPU, --gpu cpu only) or 'none'; default: the spec's "
+                              "cluster.calibration, else DSTOOLKIT_CALIBRATION, else 'machine' for --gpu cpu, else "
+                              "none (the hardware table's nominal rates)")
     add_training_plan_flags(p)
     add_target_flag(p)
     add_format_flag(p)
@@ -136,9 +138,13 @@ def _checked_calibration(value: str, spec) -> str:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.cli.estimate_flags import calibration_error
     from dstoolkit.hardware.calibration import (MACHINE, NONE_VALUES, REFERENCE, CalibrationInputError,
-                                                resolve_calibration)
+                                                calibration_path, resolve_calibration)
 
     if str(value).strip().lower() in (*NONE_VALUES, REFERENCE, MACHINE):  # words, not files (as the flag form)
+        try:  # a word the spec's GPU row cannot use ('reference' without a packaged file, 'machine' on a GPU)
+            calibration_path(value, spec.cluster.gpu, probe=False)
+        except CalibrationInputError as exc:
+            raise calibration_error(exc) from None
         return value
     path = str(Path(value).expanduser().resolve())
     try:  # probe=False: "machine" is only read from the cache here; the estimate itself probes

@@ -260,7 +260,7 @@ def add_deepspeed_version_flag(p: argparse.ArgumentParser) -> None:
 def add_calibration_flag(p: argparse.ArgumentParser, *, auto: bool = False, help: str = "") -> None:
     """``--calibration FILE.json|none`` (measured rates for step-time estimates; ``none``: the hardware
     table's nominal rates). With ``auto=True`` the verb also knows ``auto`` and it is the default."""
-    metavar = "FILE.json|auto|none" if auto else "FILE.json|none"
+    metavar = "FILE.json|auto|reference|machine|none" if auto else "FILE.json|reference|machine|none"
     p.add_argument("--calibration", metavar=metavar, default="auto" if auto else None,
                    help=help or "measured rates for the step-time estimate (a calibration JSON), or none")
 

@@ -209,6 +209,7 @@ def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path]
     `value` is None, DSTOOLKIT_CALIBRATION's value, else this machine's for a CPU row ("machine"), else none.
     `probe=False`: "machine" is only ever a cached calibration (None when there is none): what a training rank
     asks, since a probe started beside the job's ranks would measure the job, not the machine."""
+    given = value is not None  # the caller's own value (a flag or cluster.calibration), not a default
     if value is None:
         value = os.environ.get(ENV_VAR) or None
         base_dir = None if value is not None else base_dir  # the variable's relative paths are the cwd's
@@ -219,10 +220,18 @@ def calibration_path(value: Optional[str], gpu, base_dir: Optional[pathlib.Path]
     word = str(value).strip().lower()
     if word in NONE_VALUES:
         return None
+    name = gpu if isinstance(gpu, str) else getattr(gpu, "name", str(gpu))
     if word == REFERENCE:
-        return packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+        path = packaged_calibration_path(gpu) if isinstance(gpu, str) else None
+        if path is None and given:
+            raise CalibrationInputError(
+                f"'reference': there is no packaged reference calibration for {name} (only for "
+                f"{', '.join(sorted(PACKAGED))}); a GPU row's default is the hardware table's nominal rates")
+        return path
     if word == MACHINE:
         if not (isinstance(gpu, str) and lookup_gpu_name(gpu) == "cpu"):
+            if given:
+                raise CalibrationInputError(f"'machine' probes this machine's CPU, which does not time {name}")
             return None
         if not probe:
             return machine.cached_machine_calibration_path()

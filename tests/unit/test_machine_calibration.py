@@ -78,7 +78,8 @@ def test_default_for_cpu_is_this_machine(cache, monkeypatch):
 
 def test_gpu_rows_get_no_default_calibration(cache):
     assert cal.calibration_path(None, "H100-SXM") is None
-    assert cal.calibration_path("machine", "H100-SXM") is None
+    with pytest.raises(cal.CalibrationInputError, match="'machine' probes this machine's CPU"):
+        cal.calibration_path("machine", "H100-SXM")  # asked for by name: refused, not ignored
 
 
 def test_machine_key_names_what_rates_depend_on():

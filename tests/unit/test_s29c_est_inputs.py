@@ -42,10 +42,12 @@ def test_calibration_beside_a_spec_names_the_flag(tmp_path, capsys, monkeypatch)
         f"--calibration: {tmp_path / 'missing.json'}: no such calibration file (give a calibration JSON written by "
         "benchmarks/step_time_fidelity.py, or --calibration none for the hardware table's nominal rates)")
     # words stay words, as in the flag form
-    for word in ("none", "reference"):
-        rc, out, err = _run(capsys, "spec.yaml", "--calibration", word, "--format", "json")
-        assert rc == 0, err
-        assert json.loads(out)["step_time_calibration"] == "nominal hardware-table rates"  # no packaged GPU file
+    rc, out, err = _run(capsys, "spec.yaml", "--calibration", "none", "--format", "json")
+    assert rc == 0, err
+    assert json.loads(out)["step_time_calibration"] == "nominal hardware-table rates"
+    # a word the GPU row cannot use is refused (before: 'reference' fell back to the nominal rates without a word)
+    assert _error(capsys, "spec.yaml", "--calibration", "reference").startswith(
+        "--calibration: 'reference': there is no packaged reference calibration for H100-SXM (only for cpu)")
 
 
 def test_hpz_alone_runs_on_cpu_ranks_qwz_does_not(tmp_path, capsys):
