@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Optional
 
 from dstoolkit.common.cpu_env import shell_exports
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
+from dstoolkit.generate.shell import env_default
 from dstoolkit.spec import Spec
 
 TRAIN_MODULE = "dstoolkit.runtime.train.trainer"
@@ -19,6 +21,26 @@ DEFAULT_STEPS = 20  # a short smoke run; override with STEPS=N
 DEFAULT_MASTER_PORT = 29500  # torch.distributed / DeepSpeed default rendezvous port
 GPU_OMP_THREADS = 8  # CPU threads per GPU rank for data loading / host work (16-core-per-8-GPU nodes and up)
 DEFAULT_DIST_TIMEOUT_S = 600  # trainer --dist-timeout-s default (DeepSpeed's init default, 10 min); see runtime/train/trainer_inputs.py
+
+
+MEGATRON_ALTERNATIVE = ("or launch_megatron_deepspeed.sh / launch_megatron_lm.sh, which build those groups "
+                        "(dstoolkit generate --target megatron-deepspeed / megatron-lm)")
+"""Where a layout that splits the model runs without a trainer of the user's own."""
+
+
+def bundled_trainer_problem(cand: Candidate) -> Optional[str]:
+    """Why the bundled example trainer (`TRAIN_MODULE`) cannot run `cand`, or None.
+
+    It is data parallel only: it builds no tensor- or pipeline-parallel group and hands DeepSpeed no mpu, so
+    DeepSpeed counts every rank as data parallel and stops at start-up on the batch check
+    (train_batch_size != micro x accumulation x world size) for a config made for tp x pp > 1. launch.sh then
+    requires TRAIN_MODULE (`render_launch_sh`) and `generate` says so where it recommends it.
+    """
+    split = [f"{k} {v}" for k, v in (("tp", cand.tp), ("pp", cand.pp)) if v > 1]
+    if not split:
+        return None
+    return (f"layout {cand.label} has {' and '.join(split)}, and the bundled example trainer ({TRAIN_MODULE}) is "
+            "data parallel only (DeepSpeed would stop at start-up on its batch check)")
 
 
 def slurm_safe_name(name: str) -> str:
@@ -44,6 +66,7 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
     q = shlex.quote
     cpu = is_cpu_cluster(spec)
     nodes, g = spec.cluster.nodes, spec.cluster.gpus_per_node
+    own = bundled_trainer_problem(cand)
     lines = [
         "#!/usr/bin/env bash",
         f"# dstoolkit generate: strategy {strategy}. Regenerate instead of editing.",
@@ -60,7 +83,10 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         "#",
         "# Overrides (environment): STEPS, SEED, METRICS_OUT, CKPT_DIR, SAVE_EVERY, HOSTFILE, MASTER_ADDR, MASTER_PORT,",
         "# NODE_RANK,",
-        "# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: generate --target megatron-lm|megatron-deepspeed),",
+        *(["# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: generate --target megatron-lm|megatron-deepspeed),"]
+          if own is None else
+          ["# TRAIN_MODULE (REQUIRED for this layout: your own trainer module, which builds the tensor / pipeline",
+           "# groups and takes the arguments of TRAIN_ARGS below; the bundled example trainer is data parallel only),"]),
         f"# DIST_TIMEOUT_S (default {DEFAULT_DIST_TIMEOUT_S}): every process group's timeout; a collective stuck on a dead",
         "# peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),",
         "# NO_SSH=1 (deepspeed launcher: start only this node's ranks, node NODE_RANK of the hostfile).",
@@ -70,12 +96,11 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         f"RUN_NAME={q(spec.name)}",
         f"NNODES={q(str(nodes))}",
         f"NPROC_PER_NODE={q(str(g))}",
-        f'TRAIN_MODULE="${{TRAIN_MODULE:-{TRAIN_MODULE}}}"',
+        *_train_module_lines(own),
         f'STEPS="${{STEPS:-{DEFAULT_STEPS}}}"',
         'SEED="${SEED:-0}"',
         'METRICS_OUT="${METRICS_OUT:-$HERE/metrics.jsonl}"',
-        f"CKPT_DEFAULT={q(spec.training.save_dir)}",
-        'CKPT_DIR="${CKPT_DIR:-$CKPT_DEFAULT}"',
+        *env_default("CKPT_DIR", spec.training.save_dir),
         f'SAVE_EVERY="${{SAVE_EVERY:-{spec.training.save_interval()}}}"',
         'HOSTFILE="${HOSTFILE:-$HERE/hostfile}"',
         "MASTER_ADDR=\"${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' \"$HOSTFILE\")}\"",
@@ -125,6 +150,22 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         'exec "${CMD[@]}"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _train_module_lines(own: Optional[str]) -> list[str]:
+    """TRAIN_MODULE: the bundled trainer by default; for a layout it cannot run (`own`: why), the user's, required
+    before anything starts (one line naming the reason and the ways out, exit 2; DRY_RUN included)."""
+    if own is None:
+        return [f'TRAIN_MODULE="${{TRAIN_MODULE:-{TRAIN_MODULE}}}"']
+    why = (f"TRAIN_MODULE must name your own trainer module: {own}; TRAIN_MODULE=your.module bash launch.sh "
+           f"(it gets the arguments of TRAIN_ARGS), {MEGATRON_ALTERNATIVE}")
+    return [
+        f"NEEDS_OWN_TRAINER={shlex.quote(why)}",
+        'TRAIN_MODULE="${TRAIN_MODULE:-}"',
+        f'if [ -z "$TRAIN_MODULE" ] || [ "$TRAIN_MODULE" = {TRAIN_MODULE} ]; then',
+        '  echo "launch.sh: $NEEDS_OWN_TRAINER" >&2; exit 2',
+        "fi",
+    ]
 
 
 def render_sbatch(spec: Spec, *, strategy: str) -> str:

@@ -20,7 +20,6 @@ benchmarks/megatron_parsers.py for the check. What each target cannot express is
 """
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence, Union
@@ -31,6 +30,7 @@ from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import UnsupportedTarget
 from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args, tree_check_lines
 from dstoolkit.generate.megatron_lm import megatron_lm_args, uses_megatron_fsdp
+from dstoolkit.generate.shell import env_default
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -63,7 +63,6 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
                          pretrain_script: Union[str, Path], shape: ModelShape) -> str:
     """torchrun launch of the target's pretrain_gpt.py with the argument file beside the script (Megatron-DeepSpeed:
     after `megatron_deepspeed.tree_check_lines`, which stops a GQA model on a tree that cannot split its QKV)."""
-    q = shlex.quote
     nodes, g = spec.cluster.nodes, spec.cluster.gpus_per_node
     args_file = ARGS_FILE[target]
     # Megatron-LM wants 1 with TP/SP (its validate_args asserts it); Megatron-FSDP asserts it is NOT 1.
@@ -83,7 +82,7 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
         f"# The arguments are read one per line into an array (mapfile), so no value is split or re-quoted.",
         "set -euo pipefail",
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-        f'PRETRAIN="${{PRETRAIN:-{q(str(pretrain_script))}}}"',
+        *env_default("PRETRAIN", str(pretrain_script)),
         f'NNODES="${{NNODES:-{nodes}}}"',
         f'GPUS_PER_NODE="${{GPUS_PER_NODE:-{g}}}"',
     ]

@@ -8,8 +8,10 @@ from dstoolkit.estimate.flops import flops_per_token
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.costing import only_peak_fits
+from dstoolkit.generate.launch import MEGATRON_ALTERNATIVE, bundled_trainer_problem
 from dstoolkit.generate.megatron_deepspeed import FPDT_COMMIT
 from dstoolkit.generate.result import GenerateResult, StrategyOutput
+from dstoolkit.generate.shell import command_line
 from dstoolkit.generate.targets import engine_note
 from dstoolkit.models import count_params
 from dstoolkit.models.shape import ModelShape
@@ -165,7 +167,7 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
                          f"{_gib(r.estimate.memory_per_rank_bytes)} per rank, MFU {r.estimate.mfu * 100:.1f}%")
         lines.append("")
     lines += ["## Files", ""]
-    lines += [f"- `{name}`: {text}" for name, text in FILE_NOTES.items() if name in out.files]
+    lines += [f"- `{name}`: {file_note(out, name)}" for name in FILE_NOTES if name in out.files]
     lines += [f"- no {target} files: {_md(why)}" for target, why in out.targets_skipped.items()]
     lines.append("")
     return "\n".join(lines)
@@ -192,7 +194,7 @@ TARGET_SCRIPTS = {"deepspeed": "launch.sh", "megatron-lm": "launch_megatron_lm.s
                   "megatron-deepspeed": "launch_megatron_deepspeed.sh", "hf": "launch_hf.sh",
                   "accelerate": "launch_accelerate.sh"}
 """Each target's own launch script in a strategy folder."""
-SCRIPT_ARGS = {"hf": " YOUR_TRAIN.py", "accelerate": " YOUR_TRAIN.py"}
+SCRIPT_ARGS = {"hf": ("YOUR_TRAIN.py",), "accelerate": ("YOUR_TRAIN.py",)}
 """What the user adds after the script (HF targets run the user's own training script)."""
 
 
@@ -208,14 +210,45 @@ def fastest_per_target(result: GenerateResult) -> dict[str, tuple[StrategyOutput
     return out
 
 
+def _bundled_ok(o: StrategyOutput) -> bool:
+    """Whether the folder's launch.sh runs the bundled example trainer (its layout does not split the model)."""
+    return bundled_trainer_problem(o.per_target.get("deepspeed", o.chosen).candidate) is None
+
+
 def run_hints(result: GenerateResult, out_dir: str = ".") -> list[str]:
-    """One `bash .../<script>` line per target, naming the fastest strategy for that target."""
+    """One shell-quoted `bash .../<script>` line per target, naming the fastest strategy for that target. A deepspeed
+    layout the bundled trainer cannot run (`launch.bundled_trainer_problem`) gets TRAIN_MODULE in its command, the
+    reason and the Megatron launch scripts, then the fastest folder whose launch.sh runs the bundled trainer."""
     hints = []
-    for target, (o, script) in fastest_per_target(result).items():
+    fastest = fastest_per_target(result)
+
+    def line(target: str, o: StrategyOutput, script: str, head: str = "", env=()) -> str:
         e = o.per_target.get(target, o.chosen).estimate
-        hints.append(f"{target}, fastest {o.name} ({e.step_time_s:.4g} s/step): "
-                     f"bash {out_dir.rstrip('/')}/{o.name}/{script}{SCRIPT_ARGS.get(target, '')}")
+        words = ["bash", f"{out_dir.rstrip('/')}/{o.name}/{script}", *SCRIPT_ARGS.get(target, ())]
+        return f"{target}{head}, fastest {o.name} ({e.step_time_s:.4g} s/step): {command_line(words, env)}"
+
+    for target, (o, script) in fastest.items():
+        why = bundled_trainer_problem(o.per_target.get(target, o.chosen).candidate) if target == "deepspeed" else None
+        if why is None:
+            hints.append(line(target, o, script))
+            continue
+        hints.append(f"{line(target, o, script, env=[('TRAIN_MODULE', 'YOUR.TRAINER.MODULE')])} "
+                     f"(launch.sh needs your own trainer: {why}; {MEGATRON_ALTERNATIVE})")
+        dp = [x for x in result.generated if script in x.files and _bundled_ok(x)]
+        if dp:
+            best = min(dp, key=lambda x: x.per_target.get(target, x.chosen).estimate.step_time_s)
+            hints.append(line(target, best, script, head=" with the bundled trainer (data parallel)"))
     return hints
+
+
+def file_note(out: StrategyOutput, name: str) -> str:
+    """`FILE_NOTES[name]`, and for a launch.sh the bundled trainer cannot run, what it needs instead."""
+    why = bundled_trainer_problem(out.per_target.get("deepspeed", out.chosen).candidate) if name == "launch.sh" else None
+    if why is None:
+        return FILE_NOTES[name]
+    return (f"needs your own trainer: {why}. `TRAIN_MODULE=your.module bash launch.sh` (without it, launch.sh stops "
+            f"before starting anything and says so; the module gets the arguments of its TRAIN_ARGS), "
+            f"{MEGATRON_ALTERNATIVE}. `DRY_RUN=1` prints the command.")
 
 
 FILE_NOTES = {

@@ -13,7 +13,8 @@
 #
 # Overrides (environment): STEPS, SEED, METRICS_OUT, CKPT_DIR, SAVE_EVERY, HOSTFILE, MASTER_ADDR, MASTER_PORT,
 # NODE_RANK,
-# TRAIN_MODULE (default: the dstoolkit example trainer; Megatron users: generate --target megatron-lm|megatron-deepspeed),
+# TRAIN_MODULE (REQUIRED for this layout: your own trainer module, which builds the tensor / pipeline
+# groups and takes the arguments of TRAIN_ARGS below; the bundled example trainer is data parallel only),
 # DIST_TIMEOUT_S (default 600): every process group's timeout; a collective stuck on a dead
 # peer or cut link fails the job after this long instead of hanging (torch's gloo default: 30 min),
 # NO_SSH=1 (deepspeed launcher: start only this node's ranks, node NODE_RANK of the hostfile).
@@ -23,12 +24,16 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUN_NAME=mixtral_8x7b_2x8_h100
 NNODES=2
 NPROC_PER_NODE=8
-TRAIN_MODULE="${TRAIN_MODULE:-dstoolkit.runtime.train.trainer}"
+NEEDS_OWN_TRAINER='TRAIN_MODULE must name your own trainer module: layout zero2 offload=opt tp2 pp1 mb8 ckpt=full has tp 2, and the bundled example trainer (dstoolkit.runtime.train.trainer) is data parallel only (DeepSpeed would stop at start-up on its batch check); TRAIN_MODULE=your.module bash launch.sh (it gets the arguments of TRAIN_ARGS), or launch_megatron_deepspeed.sh / launch_megatron_lm.sh, which build those groups (dstoolkit generate --target megatron-deepspeed / megatron-lm)'
+TRAIN_MODULE="${TRAIN_MODULE:-}"
+if [ -z "$TRAIN_MODULE" ] || [ "$TRAIN_MODULE" = dstoolkit.runtime.train.trainer ]; then
+  echo "launch.sh: $NEEDS_OWN_TRAINER" >&2; exit 2
+fi
 STEPS="${STEPS:-20}"
 SEED="${SEED:-0}"
 METRICS_OUT="${METRICS_OUT:-$HERE/metrics.jsonl}"
-CKPT_DEFAULT=checkpoints
-CKPT_DIR="${CKPT_DIR:-$CKPT_DEFAULT}"
+CKPT_DIR_DEFAULT=checkpoints
+CKPT_DIR="${CKPT_DIR:-$CKPT_DIR_DEFAULT}"
 SAVE_EVERY="${SAVE_EVERY:-1000}"
 HOSTFILE="${HOSTFILE:-$HERE/hostfile}"
 MASTER_ADDR="${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")}"

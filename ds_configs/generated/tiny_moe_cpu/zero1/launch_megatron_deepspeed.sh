@@ -7,7 +7,8 @@
 # The arguments are read one per line into an array (mapfile), so no value is split or re-quoted.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PRETRAIN="${PRETRAIN:-Megatron-DeepSpeed/pretrain_gpt.py}"
+PRETRAIN_DEFAULT=Megatron-DeepSpeed/pretrain_gpt.py
+PRETRAIN="${PRETRAIN:-$PRETRAIN_DEFAULT}"
 NNODES="${NNODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-2}"
 if [[ "$NNODES" -gt 1 ]]; then  # one job over the nodes: each node must say who it is and where rank 0 is
