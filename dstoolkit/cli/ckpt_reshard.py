@@ -1,16 +1,20 @@
 """`dstoolkit ckpt reshard DIR --out OUT`: a DeepSpeed ZeRO-1/2/3 checkpoint -> a universal checkpoint (DeepSpeed's
 own ds_to_universal), resumable at another world size or ZeRO stage with `"checkpoint": {"load_universal": true}`.
 
-Exit codes: 0 written, 2 bad input (not a checkpoint, incomplete, a target layout it cannot reach, OUT exists or
-lies under a file).
+Exit codes: 0 written, 1 failed (no space left on device), 2 bad input (not a checkpoint, incomplete, a target
+layout it cannot reach, OUT exists or lies under a file), 130 interrupted (Ctrl-C, SIGTERM). OUT is written all or
+nothing: a failed or interrupted run leaves no OUT, and a killed run's temporary .OUT.dstoolkit-partial-* folder is
+removed by the next run.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from dstoolkit.ckpt.layout import parse_target
 from dstoolkit.cli.ckpt_inspect import first_paragraph
-from dstoolkit.cli.options import EXIT_OK, add_out_flag, exit_map
+from dstoolkit.cli.options import EXIT_INTERRUPTED, EXIT_OK, add_out_flag, exit_map
+from dstoolkit.runtime.ckpt.outputs import OutputSpaceError, sigterm_as_interrupt
 
 
 def add_subparser(sub) -> None:
@@ -24,7 +28,7 @@ def add_subparser(sub) -> None:
     p.set_defaults(run=run)
 
 
-@exit_map("ckpt reshard")
+@exit_map("ckpt reshard", failures=(OutputSpaceError,))
 def run(args) -> int:
     target = parse_target(args.to) if args.to is not None else None
     out = Path(args.out)
@@ -35,7 +39,13 @@ def run(args) -> int:
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.ckpt.reshard import to_universal
 
-    info = to_universal(Path(args.dir), out, target=target)
+    try:
+        with sigterm_as_interrupt():
+            info = to_universal(Path(args.dir), out, target=target)
+    except KeyboardInterrupt:
+        print(f"dstoolkit ckpt reshard: interrupted; nothing was written to {out} (rerun the same command)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"wrote universal checkpoint {out / info.tag} from {info.tag_dir} (ZeRO-{info.zero_stage}, "
           f"dp={info.dp}, step {info.step})")
     print(f"resume: add \"checkpoint\": {{\"load_universal\": true}} to the new run's DeepSpeed JSON and call "

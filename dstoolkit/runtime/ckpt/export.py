@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -23,7 +22,7 @@ from typing import Any, Optional
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.torchzip import is_legacy
-from dstoolkit.runtime.ckpt.outputs import check_new_output_folder
+from dstoolkit.runtime.ckpt.outputs import atomic_output_folder, check_new_output_folder
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -246,6 +245,8 @@ def export_hf(src: Path, out: Path, *, config: Optional[Path] = None, dtype: str
         CkptError: not a checkpoint, incomplete, MoE with experts outside the ZeRO partitions, a model that is not
             a transformers model, no config or one transformers rejects, weights that do not fit the config,
             `out` inside the checkpoint, or `out` exists.
+        OutputSpaceError: the disk filled while writing (`atomic_output_folder`: nothing is left, as after an
+            interrupt; a killed run's temporary folder is removed by the next).
         FileInPathError: a part of `out` above it is a file (`check_new_output_folder`; nothing is written).
     """
     out = Path(out)
@@ -330,11 +331,9 @@ def export_hf(src: Path, out: Path, *, config: Optional[Path] = None, dtype: str
     if missing:
         raise CkptError(str(info.tag_dir), f"{len(missing)} weight(s) of the {type(meta).__name__} that {cfg_path} "
                         f"builds are not in the checkpoint, e.g. {missing[0]!r}", cfg_fix)
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():
-        raise CkptError(str(partial), "exists (a previous export did not finish)", "remove it, then export again")
-    partial.mkdir(parents=True)
-    try:
+    # the weights, plus room for safetensors' JSON header and config.json (a few KiB each)
+    needs = sum(t.numel() * t.element_size() for t in outsd.values()) + 2**16
+    with atomic_output_folder(out, "--hf", needs) as partial:
         save_file(outsd, str(partial / WEIGHTS_NAME), metadata={"format": "pt"})
         cfg_out = dict(cfg_dict)
         # transformers 5 reads "dtype" (older releases "torch_dtype"); the run's config may name its original dtype
@@ -343,10 +342,6 @@ def export_hf(src: Path, out: Path, *, config: Optional[Path] = None, dtype: str
         (partial / CONFIG_NAME).write_text(json.dumps(cfg_out, indent=2, sort_keys=True))
         # safetensors writes through a private temporary file (mode 0600): give the weights the config's mode
         os.chmod(partial / WEIGHTS_NAME, (partial / CONFIG_NAME).stat().st_mode & 0o777)
-        os.replace(partial, out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)  # ours: created above
-        raise
     return Exported(source=str(info.tag_dir), weights=str(out / WEIGHTS_NAME), config=str(out / CONFIG_NAME),
                     tensors=len(outsd), params=int(sum(t.numel() for t in outsd.values())), prefix=prefix,
                     weights_from=weights_from)
