@@ -21,7 +21,8 @@ def add_subparser(sub) -> None:
     p.add_argument("dir", metavar="DIR", help="the checkpoint (root with `latest`, a tag folder, or checkpoint-N/)")
     p.add_argument("--hf", required=True, metavar="OUT", help="new folder for model.safetensors + config.json")
     p.add_argument("--config", metavar="CONFIG_JSON", default=None,
-                   help="the model's HF config.json (default: config.json beside the tag folders or in DIR)")
+                   help="the model's HF config.json, or the folder holding it (default: config.json beside the "
+                   "tag folders or in DIR)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the exported weights")
     p.set_defaults(run=run)
 

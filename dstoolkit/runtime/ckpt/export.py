@@ -46,10 +46,21 @@ MODULE_STATES = "the module states"
 
 
 def find_config(info: CheckpointInfo, given: Optional[Path]) -> Path:
+    """The HF config.json to export with: `given` (--config: the file, or a folder holding config.json, resolved
+    as `model.hf_config` is, by `dstoolkit.models.hf.hf_config_file`), else the one beside the checkpoint."""
     if given is not None:
-        if not given.is_file():
-            raise CkptError(str(given), "does not exist", "give --config the model's HF config.json")
-        return given
+        from dstoolkit.models.hf import HFConfigError, hf_config_file
+
+        try:
+            path = hf_config_file(given)
+        except HFConfigError:
+            raise CkptError(str(given), f"is a folder without {CONFIG_NAME}",
+                            f"give --config the model's HF {CONFIG_NAME}, or the folder the model was saved to "
+                            f"(it holds {CONFIG_NAME})") from None
+        if not path.is_file():
+            raise CkptError(str(given), "does not exist", f"give --config the model's HF {CONFIG_NAME} (or the "
+                            "folder holding it)")
+        return path
     for cand in (info.root / CONFIG_NAME, info.tag_dir / CONFIG_NAME, info.root.parent / CONFIG_NAME):
         if cand.is_file():
             return cand
