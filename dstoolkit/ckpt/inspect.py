@@ -18,7 +18,7 @@ from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.info import CheckpointInfo, Problem, RankFiles, load_meta
 from dstoolkit.ckpt.manifest import verify_manifest
-from dstoolkit.ckpt.torchzip import Opaque, TensorMeta, check_archive, is_legacy, tensors
+from dstoolkit.ckpt.torchzip import Opaque, TensorMeta, check_archive, is_legacy, storage_bytes_of, tensors
 from dstoolkit.ckpt.universal import check_universal
 
 
@@ -201,7 +201,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
             info.dtypes["model"] = _dtype_of(tensors(module)) or "?"
         if head.get("optimizer") is not None:
             info.optimizer_states = True
-            info.dtypes["optimizer"] = _dtype_of(tensors(head["optimizer"])) or "?"
+            _model_file_optimizer_dtypes(head["optimizer"], info)
         zo = ds_config.get("zero_optimization") or {}
         info.zero_stage = zo.get("stage", 0) if isinstance(zo.get("stage", 0), int) else None
         off = zo.get("offload_optimizer") or {}
@@ -310,6 +310,14 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     info.optimizer_state_bytes = sum(p.stat().st_size for p in all_files if p in opt_files)
     info.model_state_bytes = sum(p.stat().st_size for p in all_files
                                  if p not in opt_files and p.suffix == ".pt")
+    inside = _optimizer_bytes_in_model_files(model_files, head, bad, info) if not optim and not universal else 0
+    if inside:
+        info.optimizer_state_bytes += inside
+        info.model_state_bytes -= inside
+        late_notes.append(f"the optimizer states ({inside} bytes: moments and fp32 masters) are inside "
+                          f"{model_files[0].name}{' and the other model-states files' if len(model_files) > 1 else ''}"
+                          " (no ZeRO partitions at stage 0): counted as optimizer states, the rest of the file as "
+                          "model states")
     info.other_bytes = info.total_bytes - info.model_state_bytes - info.optimizer_state_bytes
     if info.zero_stage == 3 and info.optimizer_states and not universal:
         info.notes.append("ZeRO-3: the weights live in the fp32 partitions of the *_optim_states.pt files "
@@ -318,6 +326,36 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     info.problems = _merge_problems(info.problems)
     info.complete = not info.problems
     return info
+
+
+def _model_file_optimizer_dtypes(opt: Any, info: CheckpointInfo) -> None:
+    """dtypes of the optimizer a model-states file holds (ZeRO-0): the moments (`optimizer` dtype) and, for a
+    bf16/fp16 run, the fp32 master copies DeepSpeed's wrapper saves beside them (runtime/fp16/unfused_optimizer.py
+    `fp32_groups`, fused_optimizer.py `fp32_groups_flat`, runtime/bf16_optimizer.py
+    `single_partition_of_fp32_groups`)."""
+    base = opt.get("optimizer_state_dict") if isinstance(opt, dict) else None
+    base = base if isinstance(base, dict) else opt
+    state = base.get("state") if isinstance(base, dict) and "state" in base else base
+    moments = [t for t in tensors(state) if not t[0].endswith("step")]
+    info.dtypes["optimizer"] = _dtype_of(moments) or _dtype_of(tensors(opt)) or "?"
+    if isinstance(opt, dict):
+        master = next((opt[k] for k in ("fp32_groups", "fp32_groups_flat", "single_partition_of_fp32_groups")
+                       if opt.get(k) is not None), None)
+        if master is not None:
+            info.dtypes["master"] = _dtype_of(tensors(master)) or "?"
+
+
+def _optimizer_bytes_in_model_files(model_files: list[Path], head: Any, bad: set[str],
+                                    info: CheckpointInfo) -> int:
+    """Bytes of the optimizer tensors inside the mp_rank_*_model_states.pt files (ZeRO-0 saves the whole optimizer
+    there, under `optimizer`; at stage >= 1 it is None and the *_optim_states.pt partitions hold it): their
+    distinct storages, read from the pickled metadata."""
+    total = 0
+    for i, p in enumerate(model_files):
+        meta = head if i == 0 else (load_meta(p, info) if str(p) not in bad else None)
+        if isinstance(meta, dict) and meta.get("optimizer") is not None:
+            total += storage_bytes_of(meta["optimizer"])
+    return total
 
 
 def _merge_problems(problems: list[Problem]) -> list[Problem]:

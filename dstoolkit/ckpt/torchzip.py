@@ -20,7 +20,7 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,6 +52,8 @@ class TensorMeta:
     dtype: str
     shape: tuple[int, ...]
     storage_bytes: int
+    storage: str = field(default="", compare=False, repr=False)
+    """The key of its storage in the file: tensors that are views of one storage share it (`storage_bytes_of`)."""
 
     @property
     def numel(self) -> int:
@@ -96,8 +98,13 @@ def _stub(module: str, name: str) -> Any:
         return lambda dims=(): tuple(int(d) for d in dims)
     if module == "torch._utils" and name.startswith("_rebuild_tensor"):
         def rebuild(storage, offset, size, *rest):
-            return TensorMeta(storage.dtype, tuple(int(d) for d in size), _nbytes(storage))
+            return TensorMeta(storage.dtype, tuple(int(d) for d in size), _nbytes(storage),
+                              storage.key if isinstance(storage, _Storage) else "")
         return rebuild
+    if module == "torch._tensor" and name == "_rebuild_from_type_v2":
+        # a tensor saved with Python attributes or as a subclass (torch/_tensor.py __reduce_ex__: func(*args), then
+        # the type and state set on it); DeepSpeed's ZeRO-3 fp32 partitions (fp32_flat_groups) are saved so
+        return lambda func, new_type, args, state: func(*args) if callable(func) else Opaque(func, args)
     if module == "torch._utils" and name == "_rebuild_parameter":
         return lambda data, *rest: data
     if module == "torch._utils" and name == "_rebuild_parameter_with_state":
@@ -271,6 +278,19 @@ def read_meta(path: Path) -> Any:
                 return _MetaUnpickler(f, sizes).load()
         except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as exc:
             raise TorchFileError(f"has an unreadable pickle ({type(exc).__name__}: {exc})") from None
+
+
+def storage_bytes_of(obj: Any) -> int:
+    """The bytes of the distinct storages of the tensors inside a read_meta result (views and tied tensors that
+    share a storage are counted once)."""
+    seen: dict[str, int] = {}
+    total = 0
+    for _, t in tensors(obj):
+        if t.storage:
+            seen[t.storage] = t.storage_bytes
+        else:
+            total += t.storage_bytes
+    return total + sum(seen.values())
 
 
 def tensors(obj: Any, prefix: str = "") -> list[tuple[str, TensorMeta]]:
