@@ -161,6 +161,11 @@ def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool
                             "fix the config so the shape is consistent") from None
 
 
+class HFConfigUnreadable(HFConfigError):
+    """The config file cannot be read as JSON text (missing, unreadable, not UTF-8, invalid JSON): bad input, which
+    the CLI answers with exit 2 (a spec's finding SP006), not a finding about the model."""
+
+
 def hf_config_file(path: Union[str, Path]) -> Path:
     """The config file a `--model` / `hf_config:` path names: the file itself, or `config.json` inside a folder
     (how Hugging Face models are saved). The one resolver of both entry points.
@@ -193,12 +198,17 @@ def load_hf_config(path: Union[str, Path], name: Optional[str] = None, *, model_
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise HFConfigError(None, f"cannot read HF config {str(p)!r}: {exc.strerror or exc}",
-                            "check the path; relative paths in a spec resolve against the spec's folder") from None
+        raise HFConfigUnreadable(None, f"cannot read HF config {str(p)!r}: {exc.strerror or exc}",
+                                 "check the path; relative paths in a spec resolve against the spec's folder") from None
+    except UnicodeDecodeError as exc:
+        raise HFConfigUnreadable(None, f"cannot read HF config {str(p)!r}: not UTF-8 text ({exc.reason} at byte "
+                                 f"{exc.start}): not a JSON config.json",
+                                 "give the model's config.json (a Hugging Face model folder holds one), not a "
+                                 "weights or binary file") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise HFConfigError(None, f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", "fix the JSON") from None
+        raise HFConfigUnreadable(None, f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", "fix the JSON") from None
     if name is None:
         name = p.parent.name if p.stem == "config" and p.parent.name else p.stem
     return shape_from_hf_dict(data, name=name, model_class=model_class, source=source)

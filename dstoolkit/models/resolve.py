@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-from dstoolkit.models.hf import HFConfigError, load_hf_config, shape_from_hf_dict
+from dstoolkit.models.hf import HFConfigError, HFConfigUnreadable, load_hf_config, shape_from_hf_dict
 from dstoolkit.models.presets import get_preset
 from dstoolkit.models.shape import ModelShape, position_table_problem
 from dstoolkit.models.user_module import load_user_model
@@ -81,7 +81,8 @@ def resolve_model(model_spec: ModelSpec, base_dir: Optional[Union[str, Path]] = 
             return load_hf_config(path, model_class=model_spec.model_class)
         except HFConfigError as exc:
             where = f"in {path}: {exc.field}: " if exc.field else ""
-            raise model_spec.error("hf_config", where + exc.problem, exc.fix) from None
+            raise model_spec.error("hf_config", where + exc.problem, exc.fix,
+                                   code="SP006" if isinstance(exc, HFConfigUnreadable) else "SP004") from None
     if form == "module":
         try:
             return load_user_model(model_spec.module, model_spec.module_kwargs, field="model.module",

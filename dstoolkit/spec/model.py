@@ -66,17 +66,18 @@ class ModelSpec(BaseModel):
             return "module"
         return "inline"
 
-    def error(self, field: Optional[Union[str, Loc]], problem: str, fix: str, at_key: bool = False) -> SpecError:
+    def error(self, field: Optional[Union[str, Loc]], problem: str, fix: str, at_key: bool = False,
+              code: str = "SP004") -> SpecError:
         """A `SpecError` located at `model.<field>` in the spec file (when loaded from a file).
 
         Used by `dstoolkit.models.resolve_model` so that a bad preset name, a missing HF field or an unreadable
-        hf_config points at its YAML line.
+        hf_config points at its YAML line (`code` SP006 for a file that cannot be read: exit 2).
         """
         sub: Loc = () if field is None else ((field,) if isinstance(field, str) else tuple(field))
         loc = tuple(self._loc) + sub
         if self._source is not None:
-            return SpecError([self._source.finding(loc, problem, fix, at_key)])
-        return SpecError([SpecFinding("", None, None, _dotted(loc), problem, fix)])
+            return SpecError([self._source.finding(loc, problem, fix, at_key, code=code)])
+        return SpecError([SpecFinding("", None, None, _dotted(loc), problem, fix, code)])
 
     @model_validator(mode="after")
     def _check_module_form(self) -> "ModelSpec":

@@ -109,7 +109,8 @@ def rules_markdown() -> str:
     out += [f"| {code} | {title.replace('|', '/')} |" for code, title in KEY_CODES.items()]
     out += ["", "## Spec codes (SPxxx)", "",
             "Findings on a dstoolkit spec (`dstoolkit validate SPEC.yaml`, and the errors `estimate`, `sweep` and",
-            "`generate` print). SP001 and SP006: the file cannot be read as a spec (exit 2). SP007 is a warning.", "",
+            "`generate` print). SP001 and SP006: the file, or a file it names, cannot be read (exit 2). SP007 is a",
+            "warning.", "",
             "| code | title |", "| --- | --- |"]
     out += [f"| {code} | {title.replace('|', '/')} |" for code, title in SPEC_CODES.items()]
     return "\n".join(out) + "\n"

@@ -52,13 +52,14 @@ SPEC_CODES: dict[str, str] = {
     "SP003": "wrong type or value",
     "SP004": "cross-field rule",
     "SP005": "required field missing",
-    "SP006": "spec file cannot be read",
+    "SP006": "spec file, or a file it names (model.hf_config), cannot be read",
     "SP007": "the spec's layout is estimated not to fit in device memory",
 }
 """Codes of spec findings (dstoolkit.spec.errors raises them; `dstoolkit validate SPEC.yaml` prints them). Layout
 constraints keep their LYxxx code (dstoolkit.layout.constraints)."""
 SPEC_INPUT_CODES = ("SP001", "SP006")
-"""Spec codes that are input errors (the file cannot be read as a spec): the CLI exits 2 for them, as for DS00x."""
+"""Spec codes that are input errors (the file, or the model config it names, cannot be read): the CLI exits 2 for
+them, as for DS00x."""
 
 
 def __getattr__(name: str) -> Any:

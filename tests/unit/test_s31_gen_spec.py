@@ -50,3 +50,20 @@ def test_every_float_field_refuses_inf_by_the_same_rule(tmp_path):
     f, = info.value.findings
     assert f.path == "cluster.host_memory_per_node_gib" and f.line == _line_of(text, "host_memory_per_node_gib")
     assert "=inf is not a finite number" in f.message and f.suggestion == "give a finite number > 0"
+
+
+# finding 10: a non-UTF-8 hf_config gave a bare codec error, and validate exited 1
+
+def test_binary_hf_config_names_file_field_and_fix_and_is_an_input_error(tmp_path, capsys):
+    (tmp_path / "bin.json").write_bytes(b"\x00\x01\x02\xff\xfe")
+    text = TINY.replace("  preset: tiny", "  hf_config: bin.json")
+    spec = _write(tmp_path, text)
+    rc, found = _validate(capsys, spec)
+    assert rc == 2, found
+    f, = found
+    assert (f["path"], f["line"], f["code"]) == ("model.hf_config", _line_of(text, "hf_config"), "SP006")
+    assert "bin.json" in f["message"] and "not UTF-8" in f["message"] and "codec" not in f["message"]
+    assert "config.json" in f["suggestion"]
+    assert main(["estimate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "model.hf_config: cannot read HF config" in err and "codec" not in err
