@@ -153,6 +153,8 @@ def run(args) -> int:
     for o in result.generated:
         for target, why in o.targets_skipped.items():
             print(f"  {o.name}: no {target} files: {why}")
+    for line in warning_lines(result):
+        print(line)
     note = engine_note(spec, requested)
     if note:
         print(f"note: {note}")
@@ -160,6 +162,18 @@ def run(args) -> int:
     for hint in run_hints(result, str(out)):
         print(f"run {hint}")
     return EXIT_OK
+
+
+def warning_lines(result) -> list[str]:
+    """One line per warning `validate_config` found in the written configs (each strategy's summary.md lists them):
+    the strategies it holds for, the code, the pointer, the message and the fix; the same warning once."""
+    seen: dict[tuple, list[str]] = {}
+    for o in result.generated:
+        for f in o.findings:
+            if str(f.severity).lower() == "warning":
+                seen.setdefault((f.code, f.pointer, f.message, f.suggestion), []).append(o.name)
+    return [f"warning[{code}] ({', '.join(names)}) {pointer}: {message}" + (f" ({fix})" if fix else "")
+            for (code, pointer, message, fix), names in seen.items()]
 
 
 def _per_target_json(o) -> dict:

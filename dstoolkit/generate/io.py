@@ -65,19 +65,50 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
         return [spec_finding(str(p), None, None, "<spec>", str(exc), "fix the field it names", "SP004")]
     from dstoolkit.generate.planner import resolve_spec  # the sweep: loads the estimator only for a valid spec
 
+    warnings = schedule_warnings(spec)
     try:
         resolved = resolve_spec(spec, shape, tuple(spec.targets or ()))  # as estimate / generate resolve it
     except ValueError as exc:
         return spec.error(("training",), str(exc), "change the layout fields it names (training.tp / pp / ep / cp / "
-                          "micro_batch) or the cluster").findings
+                          "micro_batch) or the cluster").findings + warnings
     if resolved.fits:
-        return []
+        return warnings
     plan = resolved.plan
     [found] = spec.error(("training",), f"layout tp={plan.tp} pp={plan.pp} dp={plan.dp} ZeRO-{plan.ds.zero_stage} "
                          f"micro batch {plan.ds.micro_batch} is estimated not to fit in "
                          f"{plan.gpu.memory_bytes / 2**30:.0f} GiB per {plan.gpu.name}",
                          f"`dstoolkit estimate {p}` prints the peak by phase and what would make it fit").findings
-    return [dataclasses.replace(found, code="SP007", severity="warning")]
+    return [dataclasses.replace(found, code="SP007", severity="warning"), *warnings]
+
+
+SCHEDULE_SPEC_FIXES = {
+    "/scheduler/params/total_num_steps": "training.train_steps counts the warmup too: make it >= "
+                                         "training.warmup_steps, or shorten the warmup",
+}
+"""The spec's fix for a DS235 problem of the scheduler generate writes, by the problem's pointer (any other keeps
+the rule's own fix)."""
+
+
+def schedule_warnings(spec: Spec) -> list[Finding]:
+    """The DS235 warnings of the LR schedule `generate` writes for `spec` (`ds_json.scheduler_section`, checked by
+    the rule's own `rules_sched.misbehaving`), located at training.warmup_steps: what `dstoolkit validate` of the
+    generated JSON would warn about, said on the spec."""
+    from dstoolkit.dsconfig.rules_sched import misbehaving
+    from dstoolkit.generate.ds_json import scheduler_section
+
+    sched = scheduler_section(spec)
+    if sched is None:
+        return []
+    t = spec.training
+    cfg = {"optimizer": {"params": {"lr": t.lr}}, "scheduler": sched}
+    out = []
+    for problem in misbehaving(sched["type"], sched["params"], cfg):
+        [found] = spec.error(("training", "warmup_steps"),
+                             f"training.warmup_steps={t.warmup_steps}, train_steps={t.train_steps}: the {sched['type']} "
+                             f"scheduler generate writes for them warns (DS235): {problem.message}",
+                             SCHEDULE_SPEC_FIXES.get(problem.pointer, problem.fix)).findings
+        out.append(dataclasses.replace(found, code="DS235", severity="warning"))
+    return out
 
 
 def _loaded(p: Path, targets: Sequence[str] = ()) -> tuple[Spec, ModelShape]:

@@ -67,3 +67,23 @@ def test_binary_hf_config_names_file_field_and_fix_and_is_an_input_error(tmp_pat
     assert main(["estimate", str(spec)]) == 2
     err = capsys.readouterr().err
     assert "model.hf_config: cannot read HF config" in err and "codec" not in err
+
+
+# finding 13: validate of the spec said 0 warnings for warmup_steps > train_steps; generate said nothing on stdout
+
+def test_warmup_longer_than_training_warns_on_the_spec_and_on_generate(tmp_path, capsys):
+    text = TINY + "  warmup_steps: 500\n  train_steps: 100\n"
+    spec = _write(tmp_path, text)
+    rc, found = _validate(capsys, spec)
+    assert rc == 0, found
+    f, = found
+    assert (f["code"], f["severity"], f["path"]) == ("DS235", "warning", "training.warmup_steps")
+    assert f["line"] == _line_of(text, "warmup_steps")
+    assert "total_num_steps=100 < warmup_num_steps=500" in f["message"]
+    assert "training.train_steps" in f["suggestion"]
+    assert main(["generate", str(spec), "--out", str(tmp_path / "g"), "--strategy", "zero1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^warning\[DS235\] \(zero1\) /scheduler/params/total_num_steps: WarmupCosineLR: "
+                     r"total_num_steps=100 < warmup_num_steps=500", out, re.M), out
+    ok = _write(tmp_path, TINY + "  warmup_steps: 10\n  train_steps: 100\n", "ok.yaml")
+    assert _validate(capsys, ok) == (0, [])
