@@ -83,12 +83,29 @@ def _pp_layers(f: LayoutFacts, n: Names):
     return None
 
 
-@constraint("LY006", "pp-zero", "pipeline parallelism allows ZeRO stage 0-1 only", ("zero_stage", "pp"),
+@constraint("LY006", "pp-zero", "pipeline parallelism allows ZeRO stage 0-1 only", ("zero_stage", "pp", "framework"),
             "DeepSpeed's PipelineEngine raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism' "
-            "(deepspeed/runtime/pipe/engine.py).")
+            "(deepspeed/runtime/pipe/engine.py): every engine but Megatron-Core (framework deepspeed or fsdp, or "
+            "unknown). Megatron-Core (the megatron-lm target) has no such rule: it runs ZeRO stages 1 and 2 alike, as "
+            "its distributed optimizer (--use-distributed-optimizer), which Megatron-LM's validate_args takes with any "
+            "--pipeline-model-parallel-size (megatron/training/arguments.py sets no pipeline condition on it), so a "
+            "stage-2 pipeline there is the stage-1 layout of the same degrees, ranked as that; stage 3 is "
+            "Megatron-FSDP (--use-megatron-fsdp), whose v2 raises 'MFSDP v2 does not currently support: ... "
+            "pipeline_model_parallel_size' (megatron/core/distributed/fsdp/mcore_fsdp_adapter.py) and whose v1 with a "
+            "pipeline dstoolkit neither checks nor estimates.")
 def _pp_zero(f: LayoutFacts, n: Names):
     if not known(f.pp, f.zero_stage) or f.pp <= 1 or f.zero_stage < 2:
         return None
+    if f.framework == "megatron" and f.zero_stage == 2:
+        return (f"{n('zero_stage')}=2 with {n('pp')}={f.pp} under Megatron-Core: Megatron-LM runs ZeRO stages 1 and 2 "
+                "alike, as its distributed optimizer (--use-distributed-optimizer, which its validate_args takes with "
+                "any pipeline size), so this is the ZeRO-1 layout of the same degrees, ranked as that",
+                "use ZeRO stage 1 (the same Megatron-LM run), or pp 1")
+    if f.framework == "megatron":
+        return (f"{n('zero_stage')}={f.zero_stage} with {n('pp')}={f.pp} under Megatron-Core: ZeRO-3 is Megatron-FSDP "
+                "(--use-megatron-fsdp) there, whose v2 refuses pipeline_model_parallel_size > 1 "
+                "(mcore_fsdp_adapter.py) and whose v1 with a pipeline dstoolkit neither checks nor estimates",
+                "use ZeRO stage 1 (Megatron-LM's distributed optimizer, which runs with any pp), or pp 1")
     return (f"{n('zero_stage')}={f.zero_stage} is incompatible with {n('pp')}={f.pp}: DeepSpeed's pipeline engine "
             "raises 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
             "use ZeRO stage 1 with pipeline parallelism, or pp 1")

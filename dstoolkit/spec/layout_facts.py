@@ -55,9 +55,11 @@ def raise_layout(facts: LayoutFacts, codes: tuple[str, ...], prefix: Loc, traini
     raise SpecFieldError(prefix + loc, v.message, v.fix, code=v.code)
 
 
-TRAINING_CODES = ("LY012", "LY011", "LY006", "LY018", "LY019", "LY021")
+TRAINING_CODES = ("LY012", "LY011", "LY018", "LY019", "LY021")
 """The layout rules the training section settles alone (`raise_training_layout`); LY019 there only in its
-engine-free part (the engine-reading rules, `ENGINE_RULE_TARGETS`, are the spec's: `raise_spec_layout`)."""
+engine-free part (the engine-reading rules, `ENGINE_RULE_TARGETS`, are the spec's: `raise_spec_layout`; LY006 is
+only that: its reason is the engine's, and an unknown engine is DeepSpeed's for it, as in a DeepSpeed config's own
+check, DS232)."""
 
 
 def raise_training_layout(t: Any) -> None:

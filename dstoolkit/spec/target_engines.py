@@ -33,13 +33,15 @@ def engine_of(targets: Sequence[str]) -> Optional[str]:
 
 
 ENGINE_RULE_TARGETS: dict[str, tuple[str, ...]] = {
+    "LY006": ("deepspeed", "megatron-deepspeed", "megatron-lm"),
     "LY019": tuple(dict.fromkeys(SEQUENCE_SHARDING_TARGETS["ulysses"] + SEQUENCE_SHARDING_TARGETS["cp"])),
     "LY022": ("deepspeed", "megatron-deepspeed", "megatron-lm"),
     "LY023": SEQUENCE_SHARDING_TARGETS["ulysses"],
     "LY024": SEQUENCE_SHARDING_TARGETS["cp"],
 }
 """The layout rules that read the engine (`LayoutFacts.framework`), each with the launchers that run what it is about:
-LY019 the sequence split (the launchers that shard a sequence: Megatron-LM's a2a context parallelism needs 2 x ulysses
+LY006 ZeRO beside a pipeline (the launchers with a pipeline: DeepSpeed's PipelineEngine refuses ZeRO-2/3 there;
+Megatron-Core runs ZeRO-2 as the distributed optimizer of ZeRO-1), LY019 the sequence split (the launchers that shard a sequence: Megatron-LM's a2a context parallelism needs 2 x ulysses
 to divide seq_len, DeepSpeed-Ulysses ulysses), LY022 the pipeline schedule (the launchers with a pipeline: DeepSpeed's
 PipelineEngine for the bundled trainer and Megatron-DeepSpeed, Megatron-Core for Megatron-LM; HF Trainer / Accelerate
 have none), LY023 Ulysses beside Megatron sequence parallelism and LY024 context parallelism (`SEQUENCE_SHARDING_TARGETS`).

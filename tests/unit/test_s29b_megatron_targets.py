@@ -115,7 +115,7 @@ def test_every_rule_that_reads_the_engine_is_asked_per_target():
     from dstoolkit.spec.target_engines import ENGINE_RULE_TARGETS, rule_engines
 
     reading = sorted(code for code, c in CONSTRAINTS.items() if "framework" in c.fields)
-    assert sorted(ENGINE_RULE_TARGETS) == reading == ["LY019", "LY022", "LY023", "LY024"]
+    assert sorted(ENGINE_RULE_TARGETS) == reading == ["LY006", "LY019", "LY022", "LY023", "LY024"]
     assert rule_engines("LY024", ["megatron-deepspeed", "megatron-lm"], "deepspeed") == {"megatron-lm": "megatron"}
     assert rule_engines("LY022", ["hf", "megatron-deepspeed", "megatron-lm"], "megatron") == {
         "megatron-deepspeed": "deepspeed", "megatron-lm": "megatron"}

@@ -87,3 +87,31 @@ def test_warmup_longer_than_training_warns_on_the_spec_and_on_generate(tmp_path,
                      r"total_num_steps=100 < warmup_num_steps=500", out, re.M), out
     ok = _write(tmp_path, TINY + "  warmup_steps: 10\n  train_steps: 100\n", "ok.yaml")
     assert _validate(capsys, ok) == (0, [])
+
+
+# finding 15: the Megatron-Core group dropped ZeRO-2 + PP citing DeepSpeed's pipeline engine
+
+def test_pp_zero_reason_is_the_engines_own(capsys):
+    from dstoolkit.layout import LayoutFacts, first_violation
+
+    deepspeed = first_violation(LayoutFacts(zero_stage=2, pp=2, framework="deepspeed"), ("LY006",))
+    megatron = first_violation(LayoutFacts(zero_stage=2, pp=2, framework="megatron"), ("LY006",))
+    fsdp3 = first_violation(LayoutFacts(zero_stage=3, pp=2, framework="megatron"), ("LY006",))
+    assert "DeepSpeed's pipeline engine" in str(deepspeed)
+    assert "DeepSpeed" not in str(megatron) and "distributed optimizer" in str(megatron) and "ZeRO-1" in str(megatron)
+    assert "Megatron-FSDP" in str(fsdp3) and "DeepSpeed" not in str(fsdp3)
+    # a DeepSpeed config's own check (framework unknown) keeps DeepSpeed's reason
+    assert "DeepSpeed's pipeline engine" in str(first_violation(LayoutFacts(zero_stage=2, pp=2), ("LY006",)))
+    rc = main(["sweep", str(REPO / "ds_configs" / "llama3_8b_1x8_h100.yaml"), "--target", "megatron-lm", "--top", "1"])
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "pp-zero" in ln)
+    assert rc == 0 and "Megatron-Core" in line and "DeepSpeed's pipeline engine" not in line, line
+
+
+def test_spec_for_megatron_lm_gets_megatron_reason(tmp_path):
+    text = (re.sub(r"^  pp: 1", "  pp: 2", TINY, flags=re.M).replace("zero_stage: auto", "zero_stage: 2")
+            + "targets: [megatron-lm]\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path, text))
+    f, = info.value.findings
+    assert f.code == "LY006" and "under Megatron-Core" in f.message and "DeepSpeed" not in f.message
