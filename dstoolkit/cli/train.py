@@ -9,10 +9,14 @@ Exit codes: 0 ok, 1 the run failed, 2 bad input. Torch/DeepSpeed are imported on
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
                                    exit_map)
@@ -74,6 +78,82 @@ def summarize(metrics_path: str, start: int = 0) -> dict:
     }
 
 
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""What `run_forwarding_signals` passes on to the launcher: Ctrl-C and kill / timeout / a scheduler's SIGTERM."""
+REAP_GRACE_S = 30.0
+"""How long processes under the launcher may outlive it after a forwarded signal before they are killed (torchrun's
+agent waits 30 s for its workers after passing a signal on, then SIGKILLs them: torch/distributed/elastic/agent/
+server/api.py `_shutdown` -> `PContext.close`)."""
+
+
+def run_forwarding_signals(cmd: Sequence[str], env: dict, *,
+                           grace_s: float = REAP_GRACE_S) -> tuple[int, Optional[int]]:
+    """Run a launcher to completion, passing SIGINT / SIGTERM on to it and leaving no process behind.
+
+    A signal for this process (`kill`, `timeout`, a scheduler that signals the main PID only, Ctrl-C) is sent to
+    the launcher; torchrun and the deepspeed launcher pass it to the ranks (each in its own session under torchrun:
+    torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py `_popen`) and wait for them.
+    The launcher stays in this process group, where a terminal's Ctrl-C reaches it directly too; a second signal
+    to it only shortens its wait, and whatever was under it when the signal came and outlives it by `grace_s` is
+    killed (`kill_tree`, as `dstoolkit tune` and `dstoolkit bench` stop a trial); /dev/shm buffers of killed ranks
+    are removed. A second signal kills the launcher's tree at once. Outside the main thread (where no handler can
+    be installed) the launcher simply runs.
+
+    Returns:
+        (the launcher's exit code, the first signal received or None).
+    """
+    # the helper `dstoolkit tune` / `bench` stop a trial with (tune/objective.py imports it from there)
+    from dstoolkit.runtime.bench.usercmd import kill_tree
+
+    got: list[int] = []
+    tree: dict[int, Any] = {}  # psutil processes under this one when the signal came: none may outlive the run
+
+    def forward(signum: int, frame: Any) -> None:
+        import psutil
+
+        try:
+            launchers = psutil.Process().children()
+        except psutil.Error:
+            launchers = []
+        if got:  # a second signal: stop waiting
+            for child in launchers:
+                kill_tree(child.pid)
+        for child in launchers:
+            try:
+                tree.update({p.pid: p for p in [child, *child.children(recursive=True)]})
+                if not got:
+                    os.kill(child.pid, signum)
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                pass
+        got.append(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    prev = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS} if main else {}
+    try:
+        rc = subprocess.run(list(cmd), env=env).returncode
+    finally:
+        for s, handler in prev.items():
+            signal.signal(s, handler)
+    if got:
+        import psutil
+
+        from dstoolkit.runtime.train.shm import remove_orphaned_buffers
+
+        _, alive = psutil.wait_procs(list(tree.values()), timeout=grace_s)
+        for p in alive:
+            kill_tree(p.pid)
+        remove_orphaned_buffers()
+    return rc, (got[0] if got else None)
+
+
+def interrupted_line(signum: int, extra: list[str]) -> str:
+    """What `dstoolkit train` says when a signal stopped the run."""
+    name = signal.Signals(signum).name
+    resume = ("; rerun with `-- --resume` (and the same --checkpoint-dir) to continue from its last checkpoint"
+              if "--checkpoint-dir" in extra or any(e.startswith("--checkpoint-dir=") for e in extra) else "")
+    return f"interrupted by {name}: the launcher and its ranks were stopped{resume}"
+
+
 @exit_map("train")
 def run(args) -> int:
     for flag, path in (("--spec", args.spec), ("--config", args.config)):
@@ -102,7 +182,11 @@ def run(args) -> int:
 
     metrics = Path(args.metrics_out)
     start = metrics.stat().st_size if metrics.is_file() else 0  # the trainer appends: summarise this run's lines only
-    rc = subprocess.run(cmd, env=launch_env(args.nproc, args.launcher)).returncode
+    # SIGINT / SIGTERM go to the launcher, which stops the ranks; this command waits for them (never orphans them)
+    rc, got = run_forwarding_signals(cmd, launch_env(args.nproc, args.launcher))
+    if got is not None:
+        print(error_message("train", interrupted_line(got, args.extra)), file=sys.stderr)
+        return 128 + got  # 130 for SIGINT, 143 for SIGTERM (the shell's convention)
     if not metrics.is_file() or metrics.stat().st_size <= start:
         print(error_message("train", f"the run wrote no metrics (exit {rc})"), file=sys.stderr)
         return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS

@@ -12,12 +12,13 @@ The rename is atomic on one filesystem; multi-node runs need a shared filesystem
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from dstoolkit.ckpt.names import DSTOOLKIT_MANIFEST as MANIFEST_NAME  # one name: written here, read by ckpt inspect
 from dstoolkit.common.atomic import atomic_write_text
@@ -81,6 +82,57 @@ class Found:
     """Reasons for each newer checkpoint that was passed over."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (raised on every rank; the message is one line, with the fix)."""
+
+
+LOW_SPACE_BYTES = 64 << 20
+"""Free bytes under which a failed save is put down to a full disk: torch's zip writer reports a short write as
+`[enforce fail at inline_container.cc] unexpected pos`, without errno, so the free space decides (read after the
+failure, before the partial files are removed)."""
+
+
+def _no_space(error: Optional[BaseException]) -> bool:
+    while error is not None:
+        if getattr(error, "errno", None) == errno.ENOSPC or "no space left on device" in str(error).lower():
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def save_failure_message(final: Path, staged: Path, error: Optional[BaseException]) -> str:
+    """The one line for a failed save of checkpoint `final` (staged in `staged`; `error`: this rank's exception, None
+    when another rank's save failed)."""
+    try:
+        usage = shutil.disk_usage(staged.parent if staged.parent.exists() else final.parent)
+    except OSError:
+        usage = None
+    full = _no_space(error) or (usage is not None and usage.free < LOW_SPACE_BYTES)
+    removed = f"the partial save ({staged}) is removed"
+    if full:
+        free = f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB)" if usage else ""
+        return (f"checkpoint {final}: no space left on device{free}; {removed}. Free space, keep fewer checkpoints "
+                "(--keep-checkpoints), or give --checkpoint-dir a folder on a larger disk, then rerun with --resume")
+    why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" \
+        if error is not None else "another rank's save failed"
+    return f"checkpoint {final}: could not be written ({why}); {removed}. Check that --checkpoint-dir is writable"
+
+
+def any_rank_failed(failed: bool) -> bool:
+    """Whether any rank failed (`failed`: this rank's flag): a MAX all-reduce when torch.distributed is up (every
+    rank must call it), else `failed`."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return failed
+    on_gpu = dist.get_backend() == "nccl" and torch.cuda.is_available()
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int32,
+                        device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def check_keep(keep: object) -> None:
     """`keep` (checkpoints kept on disk) must be a whole number >= 1 (`SettingError` names it)."""
     from dstoolkit.runtime.train.spike import check_int
@@ -115,7 +167,8 @@ class CheckpointManager:
         out = [p.name for p in self.root.iterdir() if p.is_dir() and step_of(p.name) is not None]
         return sorted(out, key=lambda t: step_of(t), reverse=True)
 
-    def save(self, engine: Any, step: int, client_state: dict, *, healthy: bool, barrier: Any) -> str:
+    def save(self, engine: Any, step: int, client_state: dict, *, healthy: bool, barrier: Any,
+             agree: Optional[Callable[[bool], bool]] = None) -> str:
         """Write `engine`'s checkpoint for `step` to staging, verify, then rename it into place.
 
         Args:
@@ -124,30 +177,68 @@ class CheckpointManager:
             client_state: trainer state stored with the checkpoint (data position, guard, ...).
             healthy: whether the spike guard considers this state a valid rollback target.
             barrier: callable synchronising all ranks.
+            agree: callable taking this rank's "failed" flag and returning whether any rank failed (default
+                `any_rank_failed`: an all-reduce when a process group is up).
+
+        Raises:
+            CheckpointSaveError: on every rank when the save failed on any (a full disk, an unwritable folder):
+                the staging folder is removed and the message names the checkpoint and, when the disk is full, says
+                so (torch's own message is `inline_container.cc ... unexpected pos`).
         """
+        agree = agree or any_rank_failed
         tag = tag_for(step)
         staging = self.root / ".staging"
         if self.rank == 0:
             shutil.rmtree(staging / tag, ignore_errors=True)
             staging.mkdir(parents=True, exist_ok=True)
         barrier()
-        engine.save_checkpoint(str(staging), tag=tag, client_state=client_state, save_latest=False)
+        error: Optional[BaseException] = None
+        try:
+            engine.save_checkpoint(str(staging), tag=tag, client_state=client_state, save_latest=False)
+        except (OSError, RuntimeError) as exc:  # a write failed (torch.save: RuntimeError; open/makedirs: OSError)
+            error = exc
+            barrier()  # stands in for save_checkpoint's closing dist.barrier(), which the other ranks reach
+        if agree(error is not None):
+            self._abandon(staging / tag, error, barrier)
         barrier()
         if self.rank == 0:
-            write_manifest(staging / tag, {"step": step, "healthy": healthy})
-            final = self.root / tag
-            if final.exists():  # re-saving a step after a rollback: swap the old copy out first
-                trash = self.root / f".trash-{tag}"
-                shutil.rmtree(trash, ignore_errors=True)
-                os.replace(final, trash)
-                os.replace(staging / tag, final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(staging / tag, final)
-            atomic_write_text(self.root / "latest", tag)
-            self._prune()
+            try:
+                self._commit(staging / tag, step, healthy)
+            except OSError as exc:
+                error = exc
+        if agree(error is not None):
+            self._abandon(staging / tag, error, barrier)
         barrier()
         return tag
+
+    def _commit(self, staged: Path, step: int, healthy: bool) -> None:
+        """Rank 0: manifest, rename into place, `latest`, prune."""
+        write_manifest(staged, {"step": step, "healthy": healthy})
+        final = self.root / staged.name
+        if final.exists():  # re-saving a step after a rollback: swap the old copy out first
+            trash = self.root / f".trash-{staged.name}"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.replace(final, trash)
+            os.replace(staged, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staged, final)
+        atomic_write_text(self.root / "latest", staged.name)
+        self._prune()
+
+    def _abandon(self, staged: Path, error: Optional[BaseException], barrier: Any) -> None:
+        """Every rank, once any rank's save failed: the reason (the free space read before the debris goes), rank 0
+        removes the staging folder, then the same error everywhere."""
+        message = save_failure_message(self.root / staged.name, staged, error)
+        barrier()
+        if self.rank == 0:
+            shutil.rmtree(staged, ignore_errors=True)
+            try:
+                staged.parent.rmdir()  # .staging itself, when nothing else is in it
+            except OSError:
+                pass
+        barrier()
+        raise CheckpointSaveError(message) from error
 
     def _prune(self) -> None:
         tags = self.tags()

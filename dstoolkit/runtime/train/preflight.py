@@ -6,17 +6,22 @@ does (`trainer_inputs.read_inputs`, which also checks that --metrics-out, --chec
 written: `trainer_inputs.check_output_paths`), and checks the DeepSpeed config against the number of ranks with
 `dstoolkit validate`'s checks (`validate_config(..., world_size=N)`, as `dstoolkit validate --world-size N`):
 a finding that appears only once the world size is known (the batch triad, DS201) is a config made for another
-number of ranks. No torch import.
+number of ranks. Then the --checkpoint-dir against the run (`resume_check`): a fresh run into a folder that holds
+checkpoints, a --resume from a universal checkpoint, from unfinished saves only, or from a tag saved at another
+ZeRO stage / dp size. No torch import.
 """
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
+from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
 from dstoolkit.validate.engine import validate_config
+from dstoolkit.validate.folder import LAYOUT_FILE, LayoutFileError, read_layouts
 
-__all__ = ["UsageError", "check_launch", "world_size_errors"]
+__all__ = ["UsageError", "check_launch", "world_size_errors", "world_size_refusal"]
 
 
 def world_size_errors(ds_config: dict, world_size: int, source: str = "<config>") -> list:
@@ -38,6 +43,55 @@ def _fitting_world_size(ds_config: dict, source: str, limit: int = 64) -> Option
     return None
 
 
+def model_parallel_layout(config_path: str, spec: Any) -> tuple[int, int, str]:
+    """(tp, pp, where it was read) the config was made for: the generated folder's layout.json entry for it (what
+    `dstoolkit validate` reads), else the spec's training.tp / pp (1 where "auto" or unreadable)."""
+    try:
+        layout = read_layouts(str(Path(config_path).parent)).get(Path(config_path).name)
+    except LayoutFileError:
+        layout = None
+    if layout is not None:
+        return int(layout.tp or 1), int(layout.pp or 1), f"{Path(config_path).parent / LAYOUT_FILE}"
+    training = getattr(spec, "training", None)
+    tp, pp = getattr(training, "tp", 1), getattr(training, "pp", 1)
+    return (tp if isinstance(tp, int) else 1), (pp if isinstance(pp, int) else 1), "the spec's training.tp / pp"
+
+
+def world_size_refusal(first: Any, inputs: Inputs, config_path: str, nproc: int, *, config_flag: str,
+                       nproc_flag: str) -> str:
+    """The refusal of a config whose batch sizes do not fit `nproc` data-parallel ranks (`first`: the first
+    `world_size_errors` finding), naming fixes the launching command has. A config made for tensor / pipeline
+    parallelism (tp x pp > 1) cannot run in the example trainer at any rank count: it is data parallel only (every
+    rank builds the whole model; `builders.build_model_for_run`), so its fixes are another trainer or a tp 1 / pp 1
+    layout, never a rank count."""
+    head = f"{nproc_flag} {nproc} does not fit {config_flag} {config_path}: {first.message} [{first.code}]"
+    tp, pp, where = model_parallel_layout(config_path, inputs.spec)
+    own_trainer = ("run that layout with your own Megatron / DeepSpeed trainer through the generated launch files "
+                   "(launch.sh with TRAIN_MODULE set to it, or `dstoolkit generate --target megatron-lm|megatron-"
+                   "deepspeed`), or generate a strategy with tp 1 and pp 1 (training.tp: 1, training.pp: 1 in the "
+                   "spec) and train that")
+    if tp * pp > 1:
+        return (f"{head}; it was made for tp {tp} x pp {pp} ({where}), and the bundled example trainer is data "
+                f"parallel only (every rank holds the whole model): {own_trainer}")
+    # DS201 checked without a layout may read the config as model parallel and advise `validate`'s --tp / --pp,
+    # which `dstoolkit train` does not have: keep its data-parallel fix, say the rest in the trainer's terms
+    fix = first.suggestion or ""
+    mp_hint = MP_HINT in fix
+    fix = fix.split(MP_HINT)[-1]
+    fits = _fitting_world_size(inputs.ds_config, config_path)
+    made_for = f"its batch sizes fit {fits} data-parallel ranks" if mp_hint else "the ranks it was made for"
+    other = f"{nproc_flag} {fits} ({made_for})" if fits else "a config made for these ranks"
+    note = (f" (if it was made for tensor / pipeline parallelism, the bundled trainer, data parallel only, cannot "
+            f"run it: {own_trainer})") if mp_hint else ""
+    return (f"{head}; {fix + ', ' if fix else ''}or run with {other}{note}. `dstoolkit validate CONFIG "
+            "--world-size N` checks a config for N ranks")
+
+
+MP_HINT = "if this config really runs at tp 1 pp 1, "
+"""Where DS201's suggestion (dsconfig/rules.py, the batch triad) turns from 'pass the layout (--tp / --pp)' to the
+data-parallel fix."""
+
+
 def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = "--deepspeed_config",
                  nproc_flag: str = "--nproc") -> Inputs:
     """Read and check a trainer launch before any rank starts.
@@ -53,7 +107,8 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
     Raises:
         UsageError: a flag the trainer refuses, an unreadable config or spec, an output path that cannot be
             written (a file in the path, a folder for --metrics-out), or a config whose batch sizes do not fit
-            `nproc` ranks (the message names the fix).
+            `nproc` ranks (the message names the fix); a --checkpoint-dir the run must not write into or cannot
+            resume from (`resume_check`).
     """
     parser = build_parser()
 
@@ -74,11 +129,11 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
                          "not a DeepSpeed config object; pass the ds_config.json of a generated folder")
     bad = world_size_errors(inputs.ds_config, nproc, str(args.deepspeed_config))
     if bad:
-        fits = _fitting_world_size(inputs.ds_config, str(args.deepspeed_config))
-        first = bad[0]
-        fix = f"{first.suggestion}, " if first.suggestion else ""
-        other = f"{nproc_flag} {fits} (the ranks it was made for)" if fits else "a config made for these ranks"
-        raise UsageError(f"{nproc_flag} {nproc} does not fit {config_flag} {args.deepspeed_config}: {first.message} "
-                         f"[{first.code}]; {fix}or run with {other}. `dstoolkit validate CONFIG --world-size N` "
-                         "checks a config for N ranks")
+        raise UsageError(world_size_refusal(bad[0], inputs, str(args.deepspeed_config), nproc, config_flag=config_flag,
+                                            nproc_flag=nproc_flag))
+    if args.checkpoint_dir:
+        problem = (resume_refusal(args.checkpoint_dir, inputs.ds_config, nproc, nproc_flag) if args.resume
+                   else fresh_run_refusal(args.checkpoint_dir))
+        if problem:
+            raise UsageError(problem)
     return inputs

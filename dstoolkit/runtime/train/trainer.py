@@ -44,6 +44,7 @@ from dstoolkit.runtime.train.accum import align_window, open_micro_batches
 from dstoolkit.runtime.train.builders import (SyntheticData, add_monitor_backends, build_checkpoint_manager, build_data,
                                               build_engine, build_guard, build_model_for_run, build_monitor,
                                               build_ramp, model_event, write_model_config)
+from dstoolkit.runtime.train.ckpt import CheckpointSaveError
 from dstoolkit.runtime.train.faults import FaultInjector
 from dstoolkit.runtime.train.lr import LrControl
 from dstoolkit.runtime.train.pgroups import init_distributed
@@ -51,6 +52,7 @@ from dstoolkit.runtime.train.run_state import Checkpoints, MetricsWriter, RunSta
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as the shell reports it
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,6 +213,12 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
 def train(args: argparse.Namespace) -> int:
     """Run the training loop (called on every rank)."""
     inputs = read_inputs(args)
+    if args.checkpoint_dir and not args.resume:  # as `dstoolkit train`'s pre-flight: never overwrite another run's
+        from dstoolkit.runtime.train.resume_check import fresh_run_refusal
+
+        problem = fresh_run_refusal(args.checkpoint_dir)
+        if problem:
+            raise UsageError(problem)
 
     import deepspeed.comm as dist
 
@@ -306,6 +314,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UsageError as e:
         print(f"dstoolkit.runtime.train.trainer: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except CheckpointSaveError as e:  # one line on every rank (a full disk: torch says `unexpected pos`); no traceback
+        print(f"dstoolkit.runtime.train.trainer: training failed on rank {os.environ.get('RANK', '0')}: {e}",
+              file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:  # Ctrl-C, passed on by the launcher: the launching command says it, once
+        return EXIT_INTERRUPTED
     except Exception as e:  # a clear one-line reason first, the traceback after for debugging
         import traceback
 

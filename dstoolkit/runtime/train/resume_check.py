@@ -1,0 +1,166 @@
+"""What a --checkpoint-dir holds, checked against the run about to start (no torch): read once by `dstoolkit train`'s
+pre-flight (`preflight.check_launch`, before any rank starts) and again by each rank (a launch.sh or torchrun
+started by hand), so a refused folder is one line and exit 2, never a DeepSpeed traceback per rank.
+
+- A fresh run (no --resume) into a folder that already holds checkpoints would overwrite the tags it shares with them
+  and prune the rest (`CheckpointManager.save` / `_prune`): refused (`fresh_run_refusal`).
+- A --resume from a checkpoint saved at another ZeRO stage or data-parallel size fails inside DeepSpeed 0.19.8:
+  another stage looks for other file names (ZeRO-3 reads zero_pp_rank_*_model_states.pt; runtime/state_dict_factory.py
+  `SDLoaderFactory` then fails `assert len(self.ckpt_list) > 0`), another dp size for stages 1-3 raises in
+  runtime/engine.py `_load_zero_checkpoint` ("used a DP world size of ..."). Stage 0 keeps the whole optimizer in
+  mp_rank_00_model_states.pt, so its dp size may change. Refused before that (`layout_refusal`).
+- A universal checkpoint (`dstoolkit ckpt reshard` output: `latest_universal`, zero/<param>/ folders, no
+  dstoolkit_manifest.json) is not the trainer's own format: refused, naming it (`universal_refusal`).
+- A --resume whose every checkpoint is rejected would start from step 0 as if resumed: refused
+  (`all_rejected_refusal`); a folder with no checkpoint at all starts from step 0.
+The layout is read from the tag's pickled metadata (`dstoolkit.ckpt.torchzip.read_meta`, as `dstoolkit ckpt inspect`
+reads it): the model states' `dp_world_size` and saved ds_config, the first optimizer file's `zero_stage`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from dstoolkit.ckpt import names as N
+from dstoolkit.ckpt.torchzip import Opaque, TorchFileError, read_meta
+
+RESHARD_FIX = ("or `dstoolkit ckpt reshard` it to a universal checkpoint and load that in your own DeepSpeed trainer "
+               "with checkpoint.load_universal true (the bundled trainer resumes only its own checkpoints)")
+
+
+def _step(name: str) -> Optional[int]:
+    m = N.STEP_TAG.match(name)
+    return int(m.group("step")) if m and name.startswith("step_") else None
+
+
+def existing_checkpoints(root: Path | str) -> list[str]:
+    """The trainer's tag folders (step_*, newest first) and pointer files (`latest`, `latest_universal`) in `root`."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    tags = sorted((p.name for p in root.iterdir() if p.is_dir() and _step(p.name) is not None),
+                  key=_step, reverse=True)
+    return tags + [n for n in (N.LATEST, N.LATEST_UNIVERSAL) if (root / n).is_file()]
+
+
+def _listed(names: Sequence[str], limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def fresh_run_refusal(root: Path | str) -> Optional[str]:
+    """Why a run without --resume must not write into `root` (None: it holds no checkpoint)."""
+    found = existing_checkpoints(root)
+    if not found:
+        return None
+    return (f"--checkpoint-dir {root}: already holds checkpoints ({_listed(found)}) and this run has no --resume: "
+            "it would overwrite the tags it saves again and prune the others; add --resume (to continue from them), "
+            "or give a new --checkpoint-dir")
+
+
+@dataclass(frozen=True)
+class SavedLayout:
+    """How a tag was saved: ZeRO stage and data-parallel size (None: not readable), universal format or not."""
+
+    zero_stage: Optional[int]
+    dp: Optional[int]
+    universal: bool = False
+
+
+def _int(v: Any) -> Optional[int]:
+    if isinstance(v, Opaque) and v.args:  # DeepSpeed pickles ZeroStageEnum
+        v = v.args[0]
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _meta(path: Path) -> Any:
+    try:
+        return read_meta(path)
+    except (TorchFileError, OSError):
+        return None
+
+
+def saved_layout(tag_dir: Path | str) -> SavedLayout:
+    """The ZeRO stage and dp size `tag_dir` was saved at, from file names and pickled metadata (never tensors)."""
+    tag_dir = Path(tag_dir)
+    files = sorted(p for p in tag_dir.iterdir() if p.is_file()) if tag_dir.is_dir() else []
+    heads = [p for p in files if N.MODEL_STATES.match(p.name)] or [p for p in files
+                                                                     if N.ZERO3_MODEL_STATES.match(p.name)]
+    stage = dp = None
+    head = _meta(heads[0]) if heads else None
+    if isinstance(head, dict):
+        dp = _int(head.get("dp_world_size"))
+        ds = head.get("ds_config") if isinstance(head.get("ds_config"), dict) else {}
+        zo = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
+        stage = _int(zo.get("stage", 0))
+    optim = [p for p in files if N.OPTIM_STATES.match(p.name)]
+    osd = _meta(optim[0]) if optim else None
+    if isinstance(osd, dict) and isinstance(osd.get("optimizer_state_dict"), dict):
+        saved_stage = _int(osd["optimizer_state_dict"].get("zero_stage"))
+        stage = saved_stage if saved_stage is not None else stage
+    return SavedLayout(stage, dp, universal=(tag_dir / N.UNIVERSAL_ZERO_DIR).is_dir())
+
+
+def config_zero_stage(ds_config: Any) -> Optional[int]:
+    """The ZeRO stage a DeepSpeed config runs (0 when it has no zero_optimization; None when not a whole number)."""
+    zo = ds_config.get("zero_optimization", {}) if isinstance(ds_config, dict) else {}
+    return _int(zo.get("stage", 0)) if isinstance(zo, dict) else None
+
+
+def layout_refusal(root: Path | str, tag: str, saved: SavedLayout, zero_stage: Optional[int], world: int,
+                   nproc_flag: str = "--nproc") -> Optional[str]:
+    """Why `tag` (saved as `saved`) cannot be resumed by a run at ZeRO `zero_stage` on `world` data-parallel ranks
+    (None: it can, or the saved layout is unreadable and DeepSpeed's own check stays)."""
+    stage_differs = None not in (saved.zero_stage, zero_stage) and saved.zero_stage != zero_stage
+    dp_differs = (saved.dp is not None and saved.dp != world and (saved.zero_stage or 0) >= 1)
+    if not (stage_differs or dp_differs):
+        return None
+    runs = []
+    if stage_differs:
+        runs.append(f"ZeRO-{zero_stage}")
+    if dp_differs:
+        runs.append(f"dp {world}")
+    dp_note = f", dp {saved.dp}" if saved.dp is not None else ""
+    return (f"--checkpoint-dir {root}: --resume would load {tag}, saved at ZeRO-{saved.zero_stage}{dp_note}, but this "
+            f"run is {' and '.join(runs)}; DeepSpeed loads a ZeRO checkpoint only at the stage and data-parallel size "
+            f"it was saved at. Resume with a ZeRO-{saved.zero_stage} config"
+            + (f" and {nproc_flag} {saved.dp}" if saved.dp is not None else "") + f", {RESHARD_FIX}")
+
+
+def universal_refusal(root: Path | str) -> Optional[str]:
+    """Why the bundled trainer cannot resume `root`: it holds a universal checkpoint (None: it does not)."""
+    root = Path(root)
+    uni = [t for t in existing_checkpoints(root) if (root / t / N.UNIVERSAL_ZERO_DIR).is_dir()]
+    if not uni and not (root / N.LATEST_UNIVERSAL).is_file():
+        return None
+    what = _listed(uni) if uni else N.LATEST_UNIVERSAL
+    return (f"--checkpoint-dir {root}: holds a DeepSpeed universal checkpoint ({what}: `dstoolkit ckpt reshard` "
+            "output, zero/<param>/ folders, no dstoolkit_manifest.json), which the bundled trainer does not resume "
+            "(it loads only its own step_* checkpoints, at the ZeRO stage and world size they were saved at): load it "
+            "in your own DeepSpeed trainer with checkpoint.load_universal true (engine.load_checkpoint), or --resume "
+            "from the original checkpoint folder with the config and --nproc it was saved with")
+
+
+def all_rejected_refusal(root: Path | str, rejected: Sequence[str]) -> str:
+    """The message for a --resume whose every checkpoint in `root` was rejected (`rejected`: one reason each)."""
+    return (f"--checkpoint-dir {root}: --resume found no checkpoint it can load ({len(rejected)} rejected: "
+            f"{'; '.join(rejected[:3])}{' ...' if len(rejected) > 3 else ''}); check them with `dstoolkit ckpt "
+            "inspect`, or start afresh without --resume in a new --checkpoint-dir")
+
+
+def resume_refusal(root: Path | str, ds_config: Any, world: int, nproc_flag: str = "--nproc") -> Optional[str]:
+    """Pre-flight for --resume (before any rank starts): a universal checkpoint, no tag the trainer saved (none has
+    its manifest), or the newest such tag saved at another ZeRO stage / dp size. None: go ahead (the ranks still
+    verify every file's hash and skip a damaged tag)."""
+    root = Path(root)
+    problem = universal_refusal(root)
+    if problem:
+        return problem
+    tags = [t for t in existing_checkpoints(root) if _step(t) is not None]
+    if not tags:
+        return None
+    own = [t for t in tags if (root / t / N.DSTOOLKIT_MANIFEST).is_file()]
+    if not own:
+        return all_rejected_refusal(root, [f"{t}: {N.DSTOOLKIT_MANIFEST} is missing: the save did not finish (the "
+                                           "trainer writes it last)" for t in tags])
+    return layout_refusal(root, own[0], saved_layout(root / own[0]), config_zero_stage(ds_config), world, nproc_flag)
