@@ -15,16 +15,19 @@ samples with `ramp_samples = ceil(ramp_tokens / seq_len)` (the generator's megat
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from dstoolkit.spec import BatchRampSpec
 
 
-def _check_count(name: str, value: Any, least: int = 1) -> None:
-    """`value` must be a whole number (an int, not a bool or a float: batches are whole sequences) >= `least`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+def _check_count(name: str, value: Any, least: int = 1) -> int:
+    """`value` as an int: it must be a whole number (any integer type, numpy's included; not a bool or a float:
+    batches are whole sequences) >= `least`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ValueError(f"{name}={value!r} must be {'> 0' if least == 1 else f'>= {least}'} (a whole number)")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,11 @@ class BatchRamp:
         self._check_end_reachable()
 
     def _check_positive(self) -> None:
+        # stored as Python ints (frozen: object.__setattr__), so a numpy integer never reaches JSON or the schedule
         for name in ("start_batch", "end_batch", "increment", "ramp_samples", "micro_batch", "dp_size"):
-            _check_count(f"batch_ramp.{name}", getattr(self, name))
+            object.__setattr__(self, name, _check_count(f"batch_ramp.{name}", getattr(self, name)))
         if self.seq_len is not None:
-            _check_count("batch_ramp.seq_len", self.seq_len)
+            object.__setattr__(self, "seq_len", _check_count("batch_ramp.seq_len", self.seq_len))
 
     def _check_end_reachable(self) -> None:
         unit = self.micro_batch * self.dp_size
@@ -99,7 +103,7 @@ class BatchRamp:
         cls, spec: BatchRampSpec, *, global_batch: int, micro_batch: int, dp_size: int, seq_len: int
     ) -> "BatchRamp":
         """Bind a `training.batch_ramp` spec section to a run's micro-batch, dp size and sequence length."""
-        _check_count("seq_len", seq_len)
+        seq_len = _check_count("seq_len", seq_len)
         unit = micro_batch * dp_size
         if spec.kind == "tokens":
             if spec.ramp_tokens is None:
@@ -117,7 +121,7 @@ class BatchRamp:
 
     def batch_at(self, consumed_samples: int) -> int:
         """Global batch for the step that starts after `consumed_samples` samples (rounded to micro x dp)."""
-        _check_count("consumed_samples", consumed_samples, 0)
+        consumed_samples = _check_count("consumed_samples", consumed_samples, 0)
         if consumed_samples > self.ramp_samples:
             raw = self.end_batch
         else:
@@ -129,12 +133,12 @@ class BatchRamp:
         """Token form: global batch after `consumed_tokens` tokens (needs seq_len)."""
         if not self.seq_len:
             raise ValueError("batch_at_tokens needs seq_len; build the ramp with from_spec(..., seq_len=...)")
-        _check_count("consumed_tokens", consumed_tokens, 0)
+        consumed_tokens = _check_count("consumed_tokens", consumed_tokens, 0)
         return self.batch_at(consumed_tokens // self.seq_len)
 
     def schedule(self, num_steps: int) -> list[RampPoint]:
         """Simulate `num_steps` optimizer steps: the batch each one runs with."""
-        _check_count("num_steps", num_steps, 0)
+        num_steps = _check_count("num_steps", num_steps, 0)
         points, consumed = [], 0
         for step in range(num_steps):
             gb = self.batch_at(consumed)

@@ -115,3 +115,16 @@ def test_spec_for_megatron_lm_gets_megatron_reason(tmp_path):
         load_spec(_write(tmp_path, text))
     f, = info.value.findings
     assert f.code == "LY006" and "under Megatron-Core" in f.message and "DeepSpeed" not in f.message
+
+
+# finding 16d: a numpy integer was refused as "must be > 0 (a whole number)"
+
+def test_batch_ramp_takes_numpy_integers_as_ints():
+    np = pytest.importorskip("numpy")
+    from dstoolkit.estimate.batch_ramp import BatchRamp
+
+    ramp = BatchRamp(np.int64(8), np.int32(64), 8, 100, 2, 4)
+    assert type(ramp.start_batch) is int and type(ramp.end_batch) is int
+    assert [p.global_batch for p in ramp.schedule(np.int64(3))] == [8, 8, 16]
+    with pytest.raises(ValueError, match=r"batch_ramp.start_batch=True must be > 0 \(a whole number\)"):
+        BatchRamp(True, 64, 8, 100, 2, 4)
