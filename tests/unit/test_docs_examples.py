@@ -137,3 +137,41 @@ def test_example_runs(where, lang, code, scratch):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=scratch, env=_env())
     out = p.stdout + p.stderr
     assert p.returncode in (0, 1) and "Traceback" not in out, f"{where}: {code}\nexit {p.returncode}\n{out[-3000:]}"
+
+
+def shown_outputs() -> list[tuple[str, list[str], str]]:
+    """(where, commands, shown output) of every README shell block followed at once by a ```text block: the output
+    the README shows for those commands."""
+    out = []
+    found = blocks(REPO / "README.md")
+    for (lang, line, text), (next_lang, _, shown) in zip(found, found[1:]):
+        if lang in SHELL_LANGS and next_lang == "text":
+            out.append((f"README.md:{line}", shell_commands(text), shown))
+    return out
+
+
+def _shown_line_pattern(line: str) -> "re.Pattern[str]":
+    """A shown output line as a pattern: '(...)' stands for an elided parenthesis, the rest is literal."""
+    return re.compile(r"\(.*\)".join(re.escape(part) for part in line.split("(...)")))
+
+
+SHOWN = shown_outputs()
+
+
+@pytest.mark.parametrize("where,cmds,shown", SHOWN, ids=[s[0] for s in SHOWN])
+def test_readme_shows_what_the_commands_print(where, cmds, shown, scratch):
+    """The README's shown outputs are the tool's: every shown line (but '...') is printed by its commands, run in
+    order (before: the llama3 example showed a 59.09 GiB peak the estimator had stopped printing)."""
+    why = next((r for r in map(_skip_reason, cmds) if r), None)
+    if why:
+        pytest.skip(why)
+    printed = ""
+    for cmd in cmds:
+        argv = shlex.split(cmd)
+        if argv[0] == "dstoolkit":
+            argv = [sys.executable, "-m", "dstoolkit", *argv[1:]]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=scratch, env=_env())
+        printed += p.stdout + p.stderr
+    missing = [line for line in shown.splitlines()
+               if line.strip() not in ("", "...") and not _shown_line_pattern(line).search(printed)]
+    assert not missing, f"{where}: shown but not printed now:\n" + "\n".join(missing)
