@@ -42,15 +42,24 @@ def host_memory_text(spec: Spec, est: CandidateEstimate) -> str:
             f"({host_memory_source(spec.cluster)})")
 
 
+def tie_rounded(value: float) -> float:
+    """An estimated figure to STEP_TIME_TIE_DIGITS significant digits: figures equal at that precision tie."""
+    return float(f"{value:.{STEP_TIME_TIE_DIGITS}g}")
+
+
+def simplicity_key(c: Candidate) -> tuple:
+    """Which of two tied layouts is simpler (smaller first): no offload, then the larger micro-batch (fewer
+    micro-steps: "the largest that fits"), the lower ZeRO stage, no ZeRO++, less model parallelism. The one tie rule
+    of `sweep` and of `tune`'s estimate ranking."""
+    return (int(c.offload_optimizer) + int(c.offload_param), -c.micro_batch, c.zero_stage, int(c.zeropp), c.tp * c.pp)
+
+
 def _rank_key(r: Ranked):
-    """Layouts that leave the memory headroom (cluster.memory_headroom_fraction) first; then fastest first. On a tie (equal to STEP_TIME_TIE_DIGITS significant digits) the simpler layout wins:
-    no offload, then the larger micro-batch (fewer micro-steps: "the largest that fits"), the lower ZeRO stage,
-    no ZeRO++, less model parallelism, less memory, and the label for a stable order."""
+    """Layouts that leave the memory headroom (cluster.memory_headroom_fraction) first; then fastest first. On a tie
+    (`tie_rounded`) the simpler layout wins (`simplicity_key`), then less memory, and the label for a stable order."""
     c = r.candidate
-    step = float(f"{r.estimate.step_time_s:.{STEP_TIME_TIE_DIGITS}g}")
-    return (int(not r.estimate.within_headroom), step, int(c.offload_optimizer) + int(c.offload_param),
-            -c.micro_batch, c.zero_stage, int(c.zeropp),
-            c.tp * c.pp, r.estimate.memory_per_rank_bytes, c.label)
+    return (int(not r.estimate.within_headroom), tie_rounded(r.estimate.step_time_s), *simplicity_key(c),
+            r.estimate.memory_per_rank_bytes, c.label)
 
 
 def _gap_text(e0: CandidateEstimate, e: CandidateEstimate) -> str:

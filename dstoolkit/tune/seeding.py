@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from dstoolkit.generate import run_sweep
+from dstoolkit.generate.sweep_explain import simplicity_key, tie_rounded
 from dstoolkit.tune.objective import direction
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s
 
@@ -57,7 +58,9 @@ def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[st
         return []
     if checks is not None:
         ok = [c for c in checks.values() if not c.pruned]
-        ok.sort(key=lambda c: (_rank_key(objective, c, space.spec), c.point.label))
+        # ties (equal to the sweep's precision) go to the simpler layout, as in `sweep` (sweep_explain.simplicity_key)
+        ok.sort(key=lambda c: (tie_rounded(_rank_key(objective, c, space.spec)), simplicity_key(c.point.candidate),
+                               c.point.label))
         return [c.point for c in ok[:top]]
 
     res = run_sweep(space.spec, space.shape, top=max(top * 2, 8), validate=False, advise=False)
