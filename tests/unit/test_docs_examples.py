@@ -98,7 +98,11 @@ def _skip_reason(cmd: str):
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> pathlib.Path:
     """A folder holding the files the examples name."""
-    d = tmp_path_factory.mktemp("docs")
+    return _scratch(tmp_path_factory.mktemp("docs"))
+
+
+def _scratch(d: pathlib.Path) -> pathlib.Path:
+    """Fill `d` with the files the examples name."""
     (d / "ds_configs").symlink_to(REPO / "ds_configs")
     shutil.copy(REPO / "ds_configs" / "generated" / "llama3_8b_1x8_h100" / "zero2" / "ds_config.json",
                 d / "ds_config.json")
@@ -159,9 +163,11 @@ SHOWN = shown_outputs()
 
 
 @pytest.mark.parametrize("where,cmds,shown", SHOWN, ids=[s[0] for s in SHOWN])
-def test_readme_shows_what_the_commands_print(where, cmds, shown, scratch):
+def test_readme_shows_what_the_commands_print(where, cmds, shown, tmp_path):
     """The README's shown outputs are the tool's: every shown line (but '...') is printed by its commands, run in
-    order (before: the llama3 example showed a 59.09 GiB peak the estimator had stopped printing)."""
+    order in a fresh folder (before: the llama3 example showed a 59.09 GiB peak the estimator had stopped
+    printing)."""
+    scratch = _scratch(tmp_path)
     why = next((r for r in map(_skip_reason, cmds) if r), None)
     if why:
         pytest.skip(why)
