@@ -87,9 +87,10 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
     the blocks' linears split as Megatron's, the embedding, the LM head and the logits as DeepSpeed 0.19.8 holds them
     (runtime/engine.py _apply_autotp_partitioning; runplan/autotp.py cites each path). The model's Hugging Face
     tp_plan is `models.tp_plan.tp_plan_of` (none for the user's own module, nor for transformers classes that declare
-    none: GPT-2, OPT, Falcon, BLOOM, ...); a plan or model DeepSpeed cannot shard is refused
-    (`runplan.autotp.tp_plan_refusal`). DeepSpeed builds the config of an AutoTP run without an mpu (deepspeed.initialize; the TP mesh
-    comes later, in the engine's _configure_tensor_parallel_states), so its batch triad counts every rank:
+    none: GPT-2, OPT, Falcon, BLOOM, ...); a plan or model DeepSpeed cannot shard or run sharded is refused
+    (`runplan.autotp.tp_plan_refusal`). DeepSpeed builds the config of an AutoTP run without an mpu
+    (deepspeed.initialize; the TP mesh comes later, in the engine's _configure_tensor_parallel_states), so its batch
+    triad counts every rank:
     train_batch_size = micro batch x accumulation x world / sequence_parallel_size (runtime/config.py), while the
     ranks of one TP group read the same samples. The plan keeps DeepSpeed's micro batch and accumulation over
     dp = world / (autotp x ulysses).
@@ -102,7 +103,8 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
 
     tp = cfg.tensor_parallel.autotp_size
     if cfg.tensor_parallel.partition_config is None and cfg.tensor_parallel.preset_model is None:
-        refusal = tp_plan_refusal(tp_plan_of(shape), tp, f"{config}: tensor_parallel.autotp_size", shape.model_type)
+        refusal = tp_plan_refusal(tp_plan_of(shape), tp, f"{config}: tensor_parallel.autotp_size", shape.model_type,
+                                  alibi=shape.position_encoding == "alibi")
         if refusal:
             raise ValueError(refusal)
     triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,

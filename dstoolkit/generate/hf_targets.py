@@ -72,7 +72,8 @@ def hf_unavailable_reason(cand: Candidate, shape: ModelShape) -> Optional[str]:
     if cand.tp > 1:
         if shape.num_attention_heads % cand.tp:
             return f"AutoTP size {cand.tp} does not divide num_attention_heads={shape.num_attention_heads}"
-        refusal = tp_plan_refusal(tp_plan_of(shape), cand.tp, "tp (tensor_parallel.autotp_size)", shape.model_type)
+        refusal = tp_plan_refusal(tp_plan_of(shape), cand.tp, "tp (tensor_parallel.autotp_size)", shape.model_type,
+                                  alibi=shape.position_encoding == "alibi")
         if refusal:
             return refusal
     if cand.sequence_parallel:

@@ -133,3 +133,19 @@ def test_estimate_takes_a_transformers_model_without_a_plan_down_the_heuristic_p
     # before: taken as a tp_plan model (head split, logits all-gathered); DeepSpeed's heuristic keeps both whole
     assert "tied embedding / LM head (0.000B params) whole on every TP rank" in out.stdout
     assert "transformers declares none for opt" in out.stdout
+
+
+def test_alibi_models_are_refused_under_autotp():
+    # measured on 2 gloo ranks at autotp_size 2: BLOOM and MPT fail at the first forward (the ALiBi tensor has every
+    # head, the sharded attention heads / tp); Falcon (rotary) gives the unsharded loss
+    bloom = shape_from_hf_dict({"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4,
+                                "vocab_size": 128})
+    falcon = shape_from_hf_dict({"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2,
+                                 "num_attention_heads": 4, "vocab_size": 128})
+    assert bloom.position_encoding == "alibi" and falcon.position_encoding != "alibi"
+    reason = hf_unavailable_reason(Candidate(zero_stage=1, tp=2, micro_batch=1), bloom)
+    assert reason.startswith("tp (tensor_parallel.autotp_size)=2: DeepSpeed 0.19.8 AutoTP cannot train this model: its "
+                             "ALiBi bias is built for every attention head")
+    assert hf_unavailable_reason(Candidate(zero_stage=1, tp=1, micro_batch=1), bloom) is None
+    assert hf_unavailable_reason(Candidate(zero_stage=1, tp=2, micro_batch=1), falcon) is None
+    assert tp_plan_refusal((), 2, "x", "bloom", alibi=True).startswith("x=2: DeepSpeed 0.19.8 AutoTP cannot train")
