@@ -99,12 +99,14 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
     from dstoolkit.layout import data_parallel_size, resolve_batch
     from dstoolkit.models.tp_plan import tp_plan_of
     from dstoolkit.runplan import autotp_layout
-    from dstoolkit.runplan.autotp import tp_plan_refusal
+    from dstoolkit.runplan.autotp import shape_tp_refusal
 
     tp = cfg.tensor_parallel.autotp_size
-    if cfg.tensor_parallel.partition_config is None and cfg.tensor_parallel.preset_model is None:
-        refusal = tp_plan_refusal(tp_plan_of(shape), tp, f"{config}: tensor_parallel.autotp_size", shape.model_type,
-                                  alibi=shape.position_encoding == "alibi")
+    # a partition_config / preset_model is applied instead of the model's tp_plan (autotp_layout reads it first)
+    custom = cfg.tensor_parallel.partition_config is not None or cfg.tensor_parallel.preset_model is not None
+    plan = () if custom else tp_plan_of(shape)
+    if not custom:
+        refusal = shape_tp_refusal(shape, plan, tp, f"{config}: tensor_parallel.autotp_size")
         if refusal:
             raise ValueError(refusal)
     triad = resolve_batch(cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
@@ -115,7 +117,7 @@ def autotp_run(ds: dict, cfg, config: str, world: int, ulysses: int, shape) -> t
                train_batch_size=triad.micro_batch * triad.grad_accum * dp)
     compile_cfg = cfg.compile
     layout = autotp_layout(cfg.tensor_parallel, tied=shape.tie_word_embeddings, model_type=shape.model_type,
-                           hf_tp_plan=bool(tp_plan_of(shape)),
+                           hf_tp_plan=bool(plan),
                            deepcompile_autotp=bool(compile_cfg is not None and compile_cfg.deepcompile is True
                                                    and "autotp" in (compile_cfg.passes or ())))
     notes = [

@@ -37,7 +37,7 @@ from dstoolkit.generate.hf_launch import (ACCELERATE_CONFIG, HF_DS_CONFIG, TRAIN
                                           render_hf_launch_sh)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.models.tp_plan import tp_plan_of
-from dstoolkit.runplan.autotp import tp_plan_refusal
+from dstoolkit.runplan.autotp import shape_tp_refusal
 from dstoolkit.spec import Spec
 from dstoolkit.validate import validate_config
 
@@ -72,8 +72,7 @@ def hf_unavailable_reason(cand: Candidate, shape: ModelShape) -> Optional[str]:
     if cand.tp > 1:
         if shape.num_attention_heads % cand.tp:
             return f"AutoTP size {cand.tp} does not divide num_attention_heads={shape.num_attention_heads}"
-        refusal = tp_plan_refusal(tp_plan_of(shape), cand.tp, "tp (tensor_parallel.autotp_size)", shape.model_type,
-                                  alibi=shape.position_encoding == "alibi")
+        refusal = shape_tp_refusal(shape, tp_plan_of(shape), cand.tp, "tp (tensor_parallel.autotp_size)")
         if refusal:
             return refusal
     if cand.sequence_parallel:

@@ -235,3 +235,10 @@ def tp_plan_refusal(tp_plan: tuple[tuple[str, str], ...], autotp_size: int, wher
             "deepspeed.initialize raises ValueError before the first step. Give the config a "
             "tensor_parallel.partition_config for this model (DeepSpeed applies it instead of the tp_plan), or train "
             "without AutoTP (tensor parallel size 1, ZeRO only)")
+
+
+def shape_tp_refusal(shape: Any, tp_plan: tuple[tuple[str, str], ...], autotp_size: int,
+                     where: str) -> Optional[str]:
+    """`tp_plan_refusal` of a model shape (its model_type and ALiBi positions) and its tp_plan
+    (`models.tp_plan.tp_plan_of`): the one call of estimate and the hf / accelerate targets."""
+    return tp_plan_refusal(tp_plan, autotp_size, where, shape.model_type, alibi=shape.position_encoding == "alibi")

@@ -149,3 +149,15 @@ def test_alibi_models_are_refused_under_autotp():
     assert hf_unavailable_reason(Candidate(zero_stage=1, tp=1, micro_batch=1), bloom) is None
     assert hf_unavailable_reason(Candidate(zero_stage=1, tp=2, micro_batch=1), falcon) is None
     assert tp_plan_refusal((), 2, "x", "bloom", alibi=True).startswith("x=2: DeepSpeed 0.19.8 AutoTP cannot train")
+
+
+def test_a_preset_spec_with_autotp_is_validated_without_torch(tmp_path):
+    # the preset's declared plan is read from transformers' source, not by importing it (which imports torch)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: p\nmodel: {preset: llama-3-8b}\ncluster: {nodes: 1, gpus_per_node: 8, gpu: H100-SXM}\n"
+                    "training: {seq_len: 4096, global_batch: 64, micro_batch: 1, precision: bf16, zero_stage: 1, "
+                    "tp: 2}\ntargets: [hf]\n")
+    code = ("import sys; from dstoolkit.cli import main; rc = main(['validate', %r]); "
+            "print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules], rc)" % str(spec))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY [] 0" in out.stdout, out.stdout + out.stderr
