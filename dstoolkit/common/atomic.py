@@ -241,7 +241,8 @@ def check_output_folder(path: PathLike, name: Optional[str] = None) -> None:
         raise UnwritableOutputError(path, Path(path), name)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's file-creation mask (read by setting and restoring it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -272,7 +273,7 @@ def atomic_write_bytes(path: PathLike, data: bytes, name: Optional[str] = None) 
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, target)
     except BaseException as exc:
         if tmp is not None:

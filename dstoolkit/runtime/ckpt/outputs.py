@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.paths import check_output_outside
-from dstoolkit.common.atomic import check_output_folder
+from dstoolkit.common.atomic import check_output_folder, umask
 
 
 def check_new_output_folder(src: Path, out: Path, flag: str, suffix: str) -> None:
@@ -78,14 +78,16 @@ def _size(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:.1f} MiB)"
 
 
-def _is_enospc(exc: BaseException) -> bool:
+def is_enospc(exc: Optional[BaseException]) -> bool:
+    """Whether `exc` or an exception in its chain is ENOSPC: its errno, or the text writers put it in (the OS's
+    "No space left on device", safetensors' SafetensorError "os error 28"). Also the checkpoint saver's test
+    (runtime/train/ckpt.save_failure_message)."""
     seen: set[int] = set()
     e: Optional[BaseException] = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(e) or "os error 28" in str(e):  # safetensors' SafetensorError
+        text = str(e).lower()
+        if getattr(e, "errno", None) == errno.ENOSPC or "no space left on device" in text or "os error 28" in text:
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -121,7 +123,7 @@ def remove_stale_partials(out: Path) -> list[Path]:
     this host by a process that no longer runs. Another host's, or a running process's, are left alone; their
     names differ from `out`, so they never block it. Returns what was removed."""
     out = Path(out)
-    parent = out.parent if str(out.parent) else Path(".")
+    parent = out.parent
     prefix = f".{out.name}{PARTIAL_MARK}"
     removed = []
     try:
@@ -156,7 +158,7 @@ def atomic_output_folder(out: Path, flag: str, needs: int) -> Iterator[Path]:
         CkptError: `out` appeared while the output was written (nothing is overwritten).
     """
     out = Path(out)
-    parent = out.parent if str(out.parent) else Path(".")
+    parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
     for p in remove_stale_partials(out):
         print(f"removed {p}: the temporary folder of an earlier run that was killed before it finished",
@@ -166,10 +168,10 @@ def atomic_output_folder(out: Path, flag: str, needs: int) -> Iterator[Path]:
     try:
         try:
             yield tmp
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the output gets the usual folder mode
+            os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it 0700; the output gets the usual folder mode
         except Exception as exc:
             free = _free_bytes(tmp)  # before the removal frees the space again
-            if _is_enospc(exc) or (free is not None and free < FULL_BELOW_BYTES):
+            if is_enospc(exc) or (free is not None and free < FULL_BELOW_BYTES):
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise OutputSpaceError(out, flag, needs, _free_bytes(parent) or 0) from None
             raise
@@ -180,12 +182,6 @@ def atomic_output_folder(out: Path, flag: str, needs: int) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # ours: made above
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @contextmanager

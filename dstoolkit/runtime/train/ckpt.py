@@ -12,18 +12,18 @@ The rename is atomic on one filesystem; multi-node runs need a shared filesystem
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from dstoolkit.ckpt.names import DSTOOLKIT_MANIFEST as MANIFEST_NAME  # one name: written here, read by ckpt inspect
 from dstoolkit.common.atomic import atomic_write_text
 from dstoolkit.common.filehash import sha256_file
 from dstoolkit.runtime.ckpt.export import CONFIG_NAME  # one name: written here, read by ckpt export (find_config)
+from dstoolkit.runtime.ckpt.outputs import is_enospc
 
 TAG_PREFIX = "step_"
 _ABSENT = object()
@@ -92,14 +92,6 @@ LOW_SPACE_BYTES = 64 << 20
 failure, before the partial files are removed)."""
 
 
-def _no_space(error: Optional[BaseException]) -> bool:
-    while error is not None:
-        if getattr(error, "errno", None) == errno.ENOSPC or "no space left on device" in str(error).lower():
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def save_failure_message(final: Path, staged: Path, error: Optional[BaseException]) -> str:
     """The one line for a failed save of checkpoint `final` (staged in `staged`; `error`: this rank's exception, None
     when another rank's save failed)."""
@@ -107,7 +99,7 @@ def save_failure_message(final: Path, staged: Path, error: Optional[BaseExceptio
         usage = shutil.disk_usage(staged.parent if staged.parent.exists() else final.parent)
     except OSError:
         usage = None
-    full = _no_space(error) or (usage is not None and usage.free < LOW_SPACE_BYTES)
+    full = is_enospc(error) or (usage is not None and usage.free < LOW_SPACE_BYTES)
     removed = f"the partial save ({staged}) is removed"
     if full:
         free = f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB)" if usage else ""
@@ -167,8 +159,7 @@ class CheckpointManager:
         out = [p.name for p in self.root.iterdir() if p.is_dir() and step_of(p.name) is not None]
         return sorted(out, key=lambda t: step_of(t), reverse=True)
 
-    def save(self, engine: Any, step: int, client_state: dict, *, healthy: bool, barrier: Any,
-             agree: Optional[Callable[[bool], bool]] = None) -> str:
+    def save(self, engine: Any, step: int, client_state: dict, *, healthy: bool, barrier: Any) -> str:
         """Write `engine`'s checkpoint for `step` to staging, verify, then rename it into place.
 
         Args:
@@ -176,16 +167,14 @@ class CheckpointManager:
             step: completed optimizer steps (the tag).
             client_state: trainer state stored with the checkpoint (data position, guard, ...).
             healthy: whether the spike guard considers this state a valid rollback target.
-            barrier: callable synchronising all ranks.
-            agree: callable taking this rank's "failed" flag and returning whether any rank failed (default
-                `any_rank_failed`: an all-reduce when a process group is up).
+            barrier: callable synchronising all ranks (whether any rank's save failed: `any_rank_failed`, an
+                all-reduce when a process group is up).
 
         Raises:
             CheckpointSaveError: on every rank when the save failed on any (a full disk, an unwritable folder):
                 the staging folder is removed and the message names the checkpoint and, when the disk is full, says
                 so (torch's own message is `inline_container.cc ... unexpected pos`).
         """
-        agree = agree or any_rank_failed
         tag = tag_for(step)
         staging = self.root / ".staging"
         if self.rank == 0:
@@ -198,7 +187,7 @@ class CheckpointManager:
         except (OSError, RuntimeError) as exc:  # a write failed (torch.save: RuntimeError; open/makedirs: OSError)
             error = exc
             barrier()  # stands in for save_checkpoint's closing dist.barrier(), which the other ranks reach
-        if agree(error is not None):
+        if any_rank_failed(error is not None):
             self._abandon(staging / tag, error, barrier)
         barrier()
         if self.rank == 0:
@@ -206,7 +195,7 @@ class CheckpointManager:
                 self._commit(staging / tag, step, healthy)
             except OSError as exc:
                 error = exc
-        if agree(error is not None):
+        if any_rank_failed(error is not None):
             self._abandon(staging / tag, error, barrier)
         barrier()
         return tag
