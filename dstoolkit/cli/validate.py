@@ -153,13 +153,13 @@ def run(args) -> int:
               "layout", file=sys.stderr)
         return EXIT_INPUT
     not_configs: list[str] = []
+    flags = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node, "tp": args.tp, "pp": args.pp,
+             "num_experts": args.num_experts, "ep_size": args.ep_size}  # the layout a config is checked at
     if in_generated:
         def _read(path):
             with open(path, "rb") as fh:
                 return decode_bytes(fh.read(), path)
 
-        flags = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node, "tp": args.tp, "pp": args.pp,
-                 "num_experts": args.num_experts, "ep_size": args.ep_size}
         folder = validate_generated(in_generated, validate_config, deepspeed_version=version, read_text=_read,
                                     flags=flags)
         findings += folder.findings
@@ -186,9 +186,7 @@ def run(args) -> int:
         if spec_found is not None:
             findings += spec_found
             continue
-        findings += validate_config(text, source=path, world_size=args.world_size, gpus_per_node=args.gpus_per_node,
-                                    tp=args.tp, pp=args.pp, num_experts=args.num_experts, ep_size=args.ep_size,
-                                    mode=args.mode, deepspeed_version=version)
+        findings += validate_config(text, source=path, **flags, mode=args.mode, deepspeed_version=version)
     shown = [f for f in findings if f.severity == "error" or not args.no_warnings]
     n_err = sum(f.severity == "error" for f in findings)
     n_warn = sum(f.severity == "warning" for f in findings)

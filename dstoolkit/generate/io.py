@@ -93,6 +93,7 @@ def schedule_warnings(spec: Spec) -> list[Finding]:
     """The DS235 warnings of the LR schedule `generate` writes for `spec` (`ds_json.scheduler_section`, checked by
     the rule's own `rules_sched.misbehaving`), located at training.warmup_steps: what `dstoolkit validate` of the
     generated JSON would warn about, said on the spec."""
+    from dstoolkit.dsconfig import rules  # noqa: F401 - the registry's order: rules imports every rule module
     from dstoolkit.dsconfig.rules_sched import misbehaving
     from dstoolkit.generate.ds_json import scheduler_section
 

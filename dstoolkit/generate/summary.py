@@ -4,6 +4,8 @@ Deterministic text: no timestamps, no absolute paths, fixed number formats.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from dstoolkit.estimate.flops import flops_per_token
 from dstoolkit.estimate.timeline import is_cpu_device
 from dstoolkit.generate.candidates import Candidate
@@ -210,9 +212,10 @@ def fastest_per_target(result: GenerateResult) -> dict[str, tuple[StrategyOutput
     return out
 
 
-def _bundled_ok(o: StrategyOutput) -> bool:
-    """Whether the folder's launch.sh runs the bundled example trainer (its layout does not split the model)."""
-    return bundled_trainer_problem(o.per_target.get("deepspeed", o.chosen).candidate) is None
+def launch_sh_problem(o: StrategyOutput) -> Optional[str]:
+    """Why the folder's launch.sh cannot run the bundled example trainer (its deepspeed layout splits the model:
+    `launch.bundled_trainer_problem`), or None."""
+    return bundled_trainer_problem(o.per_target.get("deepspeed", o.chosen).candidate)
 
 
 def run_hints(result: GenerateResult, out_dir: str = ".") -> list[str]:
@@ -228,13 +231,13 @@ def run_hints(result: GenerateResult, out_dir: str = ".") -> list[str]:
         return f"{target}{head}, fastest {o.name} ({e.step_time_s:.4g} s/step): {command_line(words, env)}"
 
     for target, (o, script) in fastest.items():
-        why = bundled_trainer_problem(o.per_target.get(target, o.chosen).candidate) if target == "deepspeed" else None
+        why = launch_sh_problem(o) if target == "deepspeed" else None
         if why is None:
             hints.append(line(target, o, script))
             continue
         hints.append(f"{line(target, o, script, env=[('TRAIN_MODULE', 'YOUR.TRAINER.MODULE')])} "
                      f"(launch.sh needs your own trainer: {why}; {MEGATRON_ALTERNATIVE})")
-        dp = [x for x in result.generated if script in x.files and _bundled_ok(x)]
+        dp = [x for x in result.generated if script in x.files and launch_sh_problem(x) is None]
         if dp:
             best = min(dp, key=lambda x: x.per_target.get(target, x.chosen).estimate.step_time_s)
             hints.append(line(target, best, script, head=" with the bundled trainer (data parallel)"))
@@ -243,7 +246,7 @@ def run_hints(result: GenerateResult, out_dir: str = ".") -> list[str]:
 
 def file_note(out: StrategyOutput, name: str) -> str:
     """`FILE_NOTES[name]`, and for a launch.sh the bundled trainer cannot run, what it needs instead."""
-    why = bundled_trainer_problem(out.per_target.get("deepspeed", out.chosen).candidate) if name == "launch.sh" else None
+    why = launch_sh_problem(out) if name == "launch.sh" else None
     if why is None:
         return FILE_NOTES[name]
     return (f"needs your own trainer: {why}. `TRAIN_MODULE=your.module bash launch.sh` (without it, launch.sh stops "
