@@ -24,6 +24,9 @@ from dstoolkit.layout.dims import LayoutError, resolve_batch
 
 # -- batch ------------------------------------------------------------------------------------------------
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+DS201_DP_FIX_LEAD = "if this config really runs at tp 1 pp 1, "
+"""Where DS201's suggestion turns from 'pass the layout (--tp / --pp)' to the data-parallel fix: the trainer's
+pre-flight (runtime/train/preflight.py) keeps only what follows it."""
 
 
 @rule("DS202", "no batch size given")
@@ -83,7 +86,7 @@ def _check_batch_triad(cfg: Mapping, ctx: RuleContext) -> None:
             mp = world // (implied * max(_sp(cfg), 1))
             fix = (f"the batch sizes agree at data-parallel size {implied}, i.e. tp x pp = {mp}: pass the layout "
                    f"(--tp / --pp; `dstoolkit validate` on a generated folder reads it from layout.json); "
-                   f"if this config really runs at tp 1 pp 1, {fix}")
+                   f"{DS201_DP_FIX_LEAD}{fix}")
         raise RuleViolation("/train_batch_size", f"train_batch_size {tb} != train_micro_batch_size_per_gpu {mb} x "
                             f"gradient_accumulation_steps {gas} x {dp_text} = {mb * gas * dp}", fix)
     if mb is not None:

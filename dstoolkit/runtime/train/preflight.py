@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dstoolkit.dsconfig.rules import DS201_DP_FIX_LEAD
 from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
 from dstoolkit.validate.engine import validate_config
@@ -76,8 +77,8 @@ def world_size_refusal(first: Any, inputs: Inputs, config_path: str, nproc: int,
     # DS201 checked without a layout may read the config as model parallel and advise `validate`'s --tp / --pp,
     # which `dstoolkit train` does not have: keep its data-parallel fix, say the rest in the trainer's terms
     fix = first.suggestion or ""
-    mp_hint = MP_HINT in fix
-    fix = fix.split(MP_HINT)[-1]
+    mp_hint = DS201_DP_FIX_LEAD in fix
+    fix = fix.split(DS201_DP_FIX_LEAD)[-1]
     fits = _fitting_world_size(inputs.ds_config, config_path)
     made_for = f"its batch sizes fit {fits} data-parallel ranks" if mp_hint else "the ranks it was made for"
     other = f"{nproc_flag} {fits} ({made_for})" if fits else "a config made for these ranks"
@@ -85,11 +86,6 @@ def world_size_refusal(first: Any, inputs: Inputs, config_path: str, nproc: int,
             f"run it: {own_trainer})") if mp_hint else ""
     return (f"{head}; {fix + ', ' if fix else ''}or run with {other}{note}. `dstoolkit validate CONFIG "
             "--world-size N` checks a config for N ranks")
-
-
-MP_HINT = "if this config really runs at tp 1 pp 1, "
-"""Where DS201's suggestion (dsconfig/rules.py, the batch triad) turns from 'pass the layout (--tp / --pp)' to the
-data-parallel fix."""
 
 
 def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = "--deepspeed_config",
