@@ -42,6 +42,14 @@ def step_of(tag: str) -> Optional[int]:
         return None
 
 
+def step_tags(root: Path) -> list[str]:
+    """The checkpoint tag folders (step_*) in `root`, newest first; [] when `root` is not a folder."""
+    if not root.is_dir():
+        return []
+    out = [p.name for p in root.iterdir() if p.is_dir() and step_of(p.name) is not None]
+    return sorted(out, key=lambda t: step_of(t), reverse=True)
+
+
 def write_manifest(ckpt_dir: Path, meta: dict) -> dict:
     files = {}
     for p in sorted(ckpt_dir.rglob("*")):
@@ -156,8 +164,7 @@ class CheckpointManager:
 
     def tags(self) -> list[str]:
         """Checkpoint tags, newest first."""
-        out = [p.name for p in self.root.iterdir() if p.is_dir() and step_of(p.name) is not None]
-        return sorted(out, key=lambda t: step_of(t), reverse=True)
+        return step_tags(self.root)
 
     def save(self, engine: Any, step: int, client_state: dict, *, healthy: bool, barrier: Any) -> str:
         """Write `engine`'s checkpoint for `step` to staging, verify, then rename it into place.

@@ -24,24 +24,16 @@ from typing import Any, Optional, Sequence
 
 from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.torchzip import Opaque, TorchFileError, read_meta
+from dstoolkit.runtime.train.ckpt import step_tags
 
 RESHARD_FIX = ("or `dstoolkit ckpt reshard` it to a universal checkpoint and load that in your own DeepSpeed trainer "
                "with checkpoint.load_universal true (the bundled trainer resumes only its own checkpoints)")
 
 
-def _step(name: str) -> Optional[int]:
-    m = N.STEP_TAG.match(name)
-    return int(m.group("step")) if m and name.startswith("step_") else None
-
-
 def existing_checkpoints(root: Path | str) -> list[str]:
     """The trainer's tag folders (step_*, newest first) and pointer files (`latest`, `latest_universal`) in `root`."""
     root = Path(root)
-    if not root.is_dir():
-        return []
-    tags = sorted((p.name for p in root.iterdir() if p.is_dir() and _step(p.name) is not None),
-                  key=_step, reverse=True)
-    return tags + [n for n in (N.LATEST, N.LATEST_UNIVERSAL) if (root / n).is_file()]
+    return step_tags(root) + [n for n in (N.LATEST, N.LATEST_UNIVERSAL) if (root / n).is_file()]
 
 
 def _listed(names: Sequence[str], limit: int = 5) -> str:
@@ -60,11 +52,10 @@ def fresh_run_refusal(root: Path | str) -> Optional[str]:
 
 @dataclass(frozen=True)
 class SavedLayout:
-    """How a tag was saved: ZeRO stage and data-parallel size (None: not readable), universal format or not."""
+    """How a tag was saved: ZeRO stage and data-parallel size (None: not readable)."""
 
     zero_stage: Optional[int]
     dp: Optional[int]
-    universal: bool = False
 
 
 def _int(v: Any) -> Optional[int]:
@@ -98,7 +89,7 @@ def saved_layout(tag_dir: Path | str) -> SavedLayout:
     if isinstance(osd, dict) and isinstance(osd.get("optimizer_state_dict"), dict):
         saved_stage = _int(osd["optimizer_state_dict"].get("zero_stage"))
         stage = saved_stage if saved_stage is not None else stage
-    return SavedLayout(stage, dp, universal=(tag_dir / N.UNIVERSAL_ZERO_DIR).is_dir())
+    return SavedLayout(stage, dp)
 
 
 def config_zero_stage(ds_config: Any) -> Optional[int]:
@@ -156,7 +147,7 @@ def resume_refusal(root: Path | str, ds_config: Any, world: int, nproc_flag: str
     problem = universal_refusal(root)
     if problem:
         return problem
-    tags = [t for t in existing_checkpoints(root) if _step(t) is not None]
+    tags = step_tags(root)
     if not tags:
         return None
     own = [t for t in tags if (root / t / N.DSTOOLKIT_MANIFEST).is_file()]
