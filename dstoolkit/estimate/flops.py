@@ -90,8 +90,9 @@ def layer_attention_flops(shape: ModelShape, seq_len: int) -> tuple[tuple[float,
     H, Q = attention_head_dims(shape)
     m = shape.measured
     if m is None or len(m.layers) != L:
-        out_all = tuple(float(ATTENTION_TRAIN_COEFF * H * Q * shape.attention_keys(i, seq_len)) for i in range(L))
-        windowed = sum(shape.attention_keys(i, seq_len) < seq_len for i in range(L))
+        keys = [shape.attention_keys(i, seq_len) for i in range(L)]
+        out_all = tuple(float(ATTENTION_TRAIN_COEFF * H * Q * k) for k in keys)
+        windowed = sum(k < seq_len for k in keys)
         return out_all, f"12·L·H·Q·T over all {L} layers (PaLM App. B)" + (
             f"; {windowed} sliding-window layers at min(T, {shape.sliding_window}) keys" if windowed else "")
     out: list[float] = []

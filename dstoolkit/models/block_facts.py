@@ -167,7 +167,8 @@ def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
     norms = []
     if i_attn is not None:
         qkv_bias = o_bias = False
-        for path, m in layer_modules(i_attn):
+        attn_modules = layer_modules(i_attn)
+        for path, m in attn_modules:
             if "Norm" in type(m).__name__ and "." not in path:
                 norms.append(m)
             if not isinstance(m, nn.Linear) and type(m).__name__ != "Conv1D":
@@ -182,7 +183,7 @@ def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
         has_mlp = any(r["index"] == i_attn and (r["dense_mlp"] or r["routed_experts"]) for r in layers)
         flag = config_value(text_cfg, *_PARALLEL_KEYS)
         facts["parallel_residual"] = flag is True or (flag is None and has_mlp and len(norms) == 1)
-        facts["qk_norm"] = _qk_norm_scope(layer_modules(i_attn), text_cfg)
+        facts["qk_norm"] = _qk_norm_scope(attn_modules, text_cfg)
         layer_mod = modules.get(f"{prefix}.{i_attn}")
         facts["output_norm"] = layer_mod is not None and sublayer_output_norm(layer_mod)
         if norms:
@@ -246,9 +247,6 @@ def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
     return facts
 
 
-_NORM_VARIANTS = {"layernorm_no_bias": "LayerNorm without bias"}
-
-
 def _rope_scaling_of_config(text_cfg: Any):
     """The config object's rope scaling (rope_parameters in transformers 5, rope_scaling before), checked by the
     one parser (shape.rope_scaling_of); per-layer-type parameters (Gemma-3): the full-attention layers'."""
@@ -275,7 +273,7 @@ def arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
     if arch.norm in ("rmsnorm", "layernorm"):
         kw["norm_type"] = arch.norm
     elif arch.norm == "layernorm_no_bias":
-        kw["norm_type"], kw["norm_variant"] = "layernorm", _NORM_VARIANTS[arch.norm]
+        kw["norm_type"], kw["norm_variant"] = "layernorm", "LayerNorm without bias"
     else:
         kw["norm_variant"] = f"norm module {arch.norm}"
     if arch.norm_one_plus_weight:

@@ -175,7 +175,7 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         attention_facts(model, parts, text)
         scan_facts(model, parts)
         linears = linear_groups(model, parts)
-        arch = ArchFacts(**block_facts(model, parts, text, _activation_namer(tf)))
+        arch = ArchFacts(**block_facts(model, parts, text, _activation_namer()))
     except BuildError:
         raise
     except Exception as exc:  # noqa: BLE001 - an unexpected module tree: refuse with the reason, never crash
@@ -196,15 +196,13 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
     )
 
 
-def _activation_namer(tf):
+def _activation_namer():
     """module -> the name transformers' ACT2CLS (transformers/activations.py) gives its class (first match), or
     None for a module that is not an activation."""
-    table = getattr(getattr(tf, "activations", None), "ACT2CLS", None)
-    if table is None:
-        try:
-            from transformers.activations import ACT2CLS as table  # lazy: optional dependency
-        except Exception:  # noqa: BLE001
-            return None
+    try:
+        from transformers.activations import ACT2CLS as table  # lazy: optional dependency
+    except Exception:  # noqa: BLE001
+        return None
     by_class: dict = {}
     for name, entry in table.items():
         cls = entry[0] if isinstance(entry, tuple) else entry

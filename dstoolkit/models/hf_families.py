@@ -149,7 +149,7 @@ def _window(d: dict, default: Optional[int]) -> Optional[int]:
     return w
 
 
-def _windowed(d: dict, kw: dict, window: Optional[int], windowed: Callable[[int], bool]) -> dict:
+def _windowed(kw: dict, window: Optional[int], windowed: Callable[[int], bool]) -> dict:
     # sliding_window / full_attention_layers of the layers `windowed(i)` says the window applies to
     n = kw["num_hidden_layers"]
     full = tuple(i for i in range(n) if not windowed(i))
@@ -163,7 +163,7 @@ def _mistral(d: dict, fam: Family) -> dict:
     kw.update(tie_word_embeddings=_bool(d, "tie_word_embeddings", False))
     # MistralConfig.sliding_window defaults to 4096 (MixtralConfig's to None); modeling_mistral/mixtral pass it to
     # every layer's attention and build create_sliding_window_causal_mask whenever it is not None (transformers 5.x)
-    return _windowed(d, kw, _window(d, 4096 if fam is FAMILIES.get("mistral") else None), lambda i: True)
+    return _windowed(kw, _window(d, 4096 if fam is FAMILIES.get("mistral") else None), lambda i: True)
 
 
 def _qwen_window(d: dict, kw: dict, rule: str) -> dict:
@@ -175,7 +175,7 @@ def _qwen_window(d: dict, kw: dict, rule: str) -> dict:
     first = _int(d, "max_window_layers", 28)
     windowed = {"from": lambda i: i >= first, "even_below": lambda i: (i + 1) % 2 == 1 and i < first,
                 "all": lambda i: True}[rule]
-    return _windowed(d, kw, _window(d, 4096), windowed)
+    return _windowed(kw, _window(d, 4096), windowed)
 
 
 def _mixtral(d: dict, fam: Family) -> dict:
