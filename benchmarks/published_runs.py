@@ -48,17 +48,33 @@ from dstoolkit.runtime.bench.report import write_report  # noqa: E402
 from published_runs_estimate import estimate, evaluate, peak_bf16  # noqa: E402,F401
 from published_runs_loso import run_loso  # noqa: E402
 from published_runs_report import plot, print_console, render_md  # noqa: E402
-from published_runs_specs import SPECS_DIR, TABLE, gpus, load_table, spec_for, write_spec  # noqa: E402,F401
+from published_runs_specs import (SPECS_DIR, TABLE, gpus, is_held_out_table, load_table, repo_relative,  # noqa: E402,F401
+                                  spec_for, specs_dir_for, write_spec)
 from published_runs_summary import summarize_rows  # noqa: E402
 
 BENCH = "published_runs"
 RESULTS_DIR = REPO / "benchmarks" / "results"
 
 
+def summary_of(rows: list[dict], doc: dict) -> dict:
+    """summarize_rows over the result rows; for a held-out table without the thirds split, and with the rows that
+    repeat a fitted row's layout from another container (`repeats`) set apart: the others are new layouts."""
+    if not is_held_out_table(doc):
+        return summarize_rows(rows)
+    summary = summarize_rows(rows, split=False)
+    repeats = {r["id"] for r in doc["runs"] if r.get("repeats")}
+    new = summarize_rows([r for r in rows if r["id"] not in repeats], split=False)
+    summary["repeats"] = sorted(repeats & {r["id"] for r in rows})
+    summary["new_layouts"] = {k: new[k] for k in ("runs", "mape", "spearman_efficiency")}
+    return summary
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=pathlib.Path, default=TABLE)
-    ap.add_argument("--specs-dir", type=pathlib.Path, default=SPECS_DIR, help="where the per-run specs are written")
+    ap.add_argument("--specs-dir", type=pathlib.Path, default=None,
+                    help="where the per-run specs are written (default benchmarks/specs/published/, "
+                         "benchmarks/specs/held_out/ for a held-out table)")
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR, help="results folder")
     ap.add_argument("--tag", default=_dt.datetime.now(_dt.timezone.utc).strftime("%Y%m"),
                     help="suffix of the result files (default: this UTC year and month)")
@@ -71,6 +87,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     doc = load_table(args.table)
+    held = is_held_out_table(doc)
+    specs_dir = args.specs_dir or specs_dir_for(doc)
+    page = dict(table=repo_relative(args.table), specs_dir=repo_relative(specs_dir), held_out=held)
     if args.render_from:
         recs = results_jsonl.read_records(args.render_from)
         runs = [r for r in recs if r.get("bench") == BENCH and r.get("event") is None and "key" in r]
@@ -79,20 +98,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         last = runs[-1]["run_id"]
         rows = [r["result"] for r in runs if r["run_id"] == last]
         png = args.render_from.with_suffix(".png")
-        sys.stdout.write(render_md(rows, summarize_rows(rows), runs[-1]["env"], doc["sources"],
-                                   png.name if png.exists() else None))
+        sys.stdout.write(render_md(rows, summary_of(rows, doc), runs[-1]["env"], doc["sources"],
+                                   png.name if png.exists() else None, **page))
         return 0
 
     runs = [dict(r, _index=i) for i, r in enumerate(doc["runs"]) if args.only is None or args.only in r["id"]]
     if not runs:
         raise SystemExit(f"no run id contains {args.only!r}")
-    specs = {r["id"]: write_spec(r, doc["sources"][r["source"]], args.specs_dir) for r in runs}
+    specs = {r["id"]: write_spec(r, doc["sources"][r["source"]], specs_dir, args.table) for r in runs}
     spec_docs = {r["id"]: spec_for(r) for r in runs}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = dict(zip([r["id"] for r in runs], pool.map(lambda r: estimate(specs[r["id"]]), runs)))
     rows = [evaluate(r, spec_docs[r["id"]], results[r["id"]]) for r in runs]
-    summary = summarize_rows(rows)
-    if args.loso:
+    summary = summary_of(rows, doc)
+    if args.loso and held:
+        print(f"{page['table']} is held out (nothing is fitted on it): no leave-one-source-out")
+    elif args.loso:
         summary["loso"] = run_loso(runs, specs)
 
     env = harness.capture_env(world_size=1, config={"table": doc["runs"] if args.only is None else runs},
@@ -108,7 +129,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     results_jsonl.append_records(jsonl, records)
     results_jsonl.close_run(jsonl, BENCH, env["config_hash"], run_id, summary=summary)
     png = plot(rows, args.out / f"{stem}.png")
-    md = render_md(rows, summary, env, doc["sources"], png.name if png is not None else None)
+    md = render_md(rows, summary, env, doc["sources"], png.name if png is not None else None, **page)
     write_report(args.out / f"{stem}.md", md)
     print_console(rows, summary)
     print(f"\nwrote {jsonl}, {args.out / (stem + '.md')}" + (f", {png}" if png else ""))

@@ -41,16 +41,19 @@ def _mem(r: dict[str, Any]) -> str:
 
 
 def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str, Any], sources: dict[str, Any],
-              png_name: Optional[str] = None) -> str:
+              png_name: Optional[str] = None, table: str = "benchmarks/data/published_runs.yaml",
+              specs_dir: str = "benchmarks/specs/published", held_out: bool = False) -> str:
     s = summary
     lines = [
-        "# Published training runs vs the estimator",
+        "# Held-out published runs vs the estimator" if held_out else "# Published training runs vs the estimator",
         "",
-        f"`benchmarks/published_runs.py` over `benchmarks/data/published_runs.yaml`: {s['runs']} measured runs from "
-        f"{s['sources']} sources, each a spec (`benchmarks/specs/published/`) estimated with `dstoolkit estimate --format json`. "
+        f"`benchmarks/published_runs.py` over `{table}`: {s['runs']} measured runs from "
+        f"{s['sources']} sources, each a spec (`{specs_dir}/`) estimated with `dstoolkit estimate --format json`. "
         "Predicted tokens/s/GPU = tokens per step ÷ step time ÷ GPUs; error = predicted ÷ published − 1. Efficiency = "
         "tokens/s/GPU × the estimator's model FLOPs per token ÷ the GPU's bf16 peak, for both sides. Layouts are the "
-        "closest the spec can express; rows flagged *inexpressible* say what was lost.",
+        "closest the spec can express; rows flagged *inexpressible* say what was lost."
+        + (" **Held out:** no constant was ever fitted on these rows (benchmarks/estimator_fit.py reads "
+           "benchmarks/data/published_runs.yaml alone), so every figure here is out of sample." if held_out else ""),
         "",
         f"_Estimator at commit {str(env.get('git_commit'))[:12]}, {env.get('timestamp_utc')}; python {env.get('python')}._",
         "",
@@ -74,7 +77,11 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
           f"{_f(part['spearman_tokens_per_s'], '{:.3f}')} / {_f(part['spearman_efficiency'], '{:.3f}')} / "
           f"{part['false_ooms']}", f"{part['runs']} runs"]
          for label, part in (("training rows (i % 3 != 2)", (s.get("split") or {}).get("train")),
-                             ("held-out rows (i % 3 == 2)", (s.get("split") or {}).get("held_out"))) if part],
+                             ("held-out rows (i % 3 == 2)", (s.get("split") or {}).get("held_out"))) if part]
+      + ([[f"MAPE / Spearman eff, the {s['new_layouts']['runs']} rows whose layout no fitted row has",
+           f"{_pct(s['new_layouts']['mape']).lstrip('+')} / {_f(s['new_layouts']['spearman_efficiency'], '{:.3f}')}",
+           f"the other {len(s['repeats'])} repeat a published_runs.yaml row's model, GPUs and layout from another "
+           "container (`repeats`)"]] if s.get("new_layouts") else []),
         ["figure", ("value", "r"), "note"])
     if s.get("loso"):
         lines += [""] + fit.render_loso_md(s["loso"], "Leave one source out (every fitted constant refitted without it)")
@@ -110,7 +117,8 @@ def render_md(rows: list[dict[str, Any]], summary: dict[str, Any], env: dict[str
         ["run", ("error", "r"), "estimated step (compute / exposed comm / bubble-free total s)", "inexpressible"])
     far = [r for r in rows if r.get("error") is not None and abs(r["error"]) > FAR_OFF]
     lines += ["", f"## Runs more than {100 * FAR_OFF:.0f}% off ({len(far)})", ""]
-    lines += [f"- `{r['id']}` ({'held out' if r.get('held_out') else 'training'}): {_pct(r['error'])}; "
+    lines += [f"- `{r['id']}`" + ("" if held_out else f" ({'held out' if r.get('held_out') else 'training'})")
+              + f": {_pct(r['error'])}; "
               + ("; ".join(r["inexpressible"]) if r["inexpressible"] else "layout fully expressible")
               for r in sorted(far, key=lambda r: -abs(r["error"]))] or ["None."]
     lines += ["", "## Flags per run", ""]

@@ -15,7 +15,9 @@ FAR_OFF = 0.15
 """Rows more than 15% off are listed with their reason (issue 16 'Done when')."""
 
 
-def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_rows(rows: list[dict[str, Any]], split: bool = True) -> dict[str, Any]:
+    """The table's figures; with `split`, also over its training and held-out thirds apart (not for a table that is
+    held out as a whole, published_runs_specs.HELD_OUT_TABLE)."""
     ok = [r for r in rows if r.get("predicted_tokens_per_s_per_gpu")]
     errs = [abs(r["error"]) for r in ok]
 
@@ -45,7 +47,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "goals": {"mape": GOAL_MAPE, "spearman_efficiency": GOAL_SPEARMAN_EFF, "false_ooms": 0},
         "split": {name: _part(sel) for name, sel in (
             ("train", [r for r in ok if r.get("held_out") is False]),
-            ("held_out", [r for r in ok if r.get("held_out") is True]))},
+            ("held_out", [r for r in ok if r.get("held_out") is True]))} if split else None,
     }
 
 

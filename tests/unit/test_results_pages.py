@@ -91,3 +91,16 @@ def test_no_torch_needed():
     code = "import sys, dstoolkit.runtime.bench.pages, dstoolkit.runtime.bench.result_tables, dstoolkit.runtime.bench.fidelity_table; print('torch' in sys.modules, 'deepspeed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_held_out_row_reads_its_own_result(tmp_path):
+    """The held-out published runs have their own README row, read from their own file (never the fitted table's)."""
+    root = _copy(tmp_path)
+    f = root / pages.RESULTS / "published_runs_held_out_202612.jsonl"
+    recs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    done = [r for r in recs if r.get("event") == "run_done" and r.get("summary")][-1]
+    done["summary"]["mape"], done["summary"]["new_layouts"]["mape"] = 0.123, 0.0456
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    page = pages.render_page((root / "README.md").read_text(encoding="utf-8"), root / "README.md", root)
+    row = next(line for line in page.splitlines() if line.startswith("| throughput on GPU clusters; held out |"))
+    assert "MAPE 12.3% (goal 10%: not met)" in row and "no fitted row has: MAPE 4.6%" in row

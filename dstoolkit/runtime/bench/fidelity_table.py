@@ -241,6 +241,24 @@ def _published_row(res: Results) -> Row:
                f"{g['false_ooms']}: {met})", (f,))
 
 
+def _held_out_row(res: Results) -> Row:
+    f = "published_runs_held_out_202612.jsonl"
+    s = _last_summary(res.jsonl(f))
+    g, nl = s["goals"], s["new_layouts"]
+    met = lambda ok: "met" if ok else "not met"  # noqa: E731
+    return Row("throughput on GPU clusters; held out", f"{s['runs']} published runs no constant was ever fitted on "
+               "(`benchmarks/data/held_out_runs.yaml`: NeMo 24.12's FP8 pretraining table on H100, NeMo 25.02's on "
+               "B200), scored with the shipped constants",
+               f"MAPE {pct(s['mape'], sign=False)} (goal {pct(g['mape'], 0, False)}: {met(s['mape'] <= g['mape'])}), "
+               f"median {pct(s['median_abs_error'], sign=False)}, {s['within_15pct']}/{s['runs']} within ±15%, "
+               f"Spearman tokens/s {s['spearman_tokens_per_s']:.3f}, efficiency Spearman "
+               f"{s['spearman_efficiency']:.3f} (goal {g['spearman_efficiency']}: "
+               f"{met(s['spearman_efficiency'] >= g['spearman_efficiency'])}), {len(s['not_fitting'])} false OOMs; "
+               f"the {nl['runs']} rows whose layout no fitted row has: MAPE {pct(nl['mape'], sign=False)}, efficiency "
+               f"Spearman {nl['spearman_efficiency']:.3f} (the other {len(s['repeats'])} repeat a fitted row's layout "
+               "from another container)", (f,))
+
+
 def _time_mape_text(s: dict, lo: dict) -> str:
     """The step time's own MAPE beside the throughput's (summaries written before it was recorded have none)."""
     if s.get("time_mape_rows") is None or lo.get("time_mape_rows") is None:
@@ -318,7 +336,8 @@ def _megatron_parsers_row(res: Results) -> Row:
 
 FIDELITY_ROWS: tuple[Callable[[Results], Row | list[Row]], ...] = (
     _memory_rows, _peak_memory_row, _step_time_row, _cpu_block_row, _malloc_row, _bench_train_row, _throttle_row,
-    _megatron_ds_row, _megatron_two_host_row, _validate_speed_row, _published_row, _sweeps_row, _small_models_row,
+    _megatron_ds_row, _megatron_two_host_row, _validate_speed_row, _published_row, _held_out_row, _sweeps_row,
+    _small_models_row,
     _megatron_parsers_row)
 
 
