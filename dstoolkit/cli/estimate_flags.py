@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -92,16 +91,7 @@ def plan_from_args(args):
     gpus_per_node_given = args.gpus_per_node is not None
     tp_given = args.tp is not None
     args = _with_flag_defaults(args)
-    try:
-        text = Path(args.config).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"--config {args.config!r}: cannot read ({exc.strerror or exc})") from None
-    try:
-        ds = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{args.config}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(ds, dict):
-        raise ValueError(f"{args.config}: the DeepSpeed config must be a JSON object")
+    text, ds = read_config(args.config)
     if args.world_size <= 0:
         raise ValueError(f"--world-size={args.world_size}: must be > 0")
     if args.seq_len <= 0:  # before RunPlan, whose own check names its field (seq_len=...)
@@ -161,6 +151,28 @@ def plan_from_args(args):
                                            zeropp=view.zeropp_qwz or view.zeropp_qgz), names)
     note = fallback_note(plan)  # a spec's plan gets it from generate.planner.resolve_spec
     return plan, notes + ([note] if note else []), findings
+
+
+def read_config(path: str) -> tuple[str, dict]:
+    """The --config file as `dstoolkit validate` reads it (`validate.parse.decode_bytes` then `parse_text`: UTF-8
+    with or without a BOM, DeepSpeed's hjson subset, comments and trailing commas; YAML, binary, a top level that
+    is not an object refused with validate's own DS00x finding), as (text, data). The text is what
+    validate_config checks, so its DS010 / DS011 notes come out as warnings beside the estimate."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.validate.parse import decode_bytes, parse_text
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ValueError(f"--config {path!r}: cannot read ({exc.strerror or exc})") from None
+    text, problem = decode_bytes(raw, path)
+    if problem is not None:
+        raise ValueError(problem.format_text())
+    parsed = parse_text(text, path)
+    if parsed.fatal:
+        raise ValueError(next(f for f in parsed.findings if f.severity == "error").format_text())
+    return text, parsed.data
 
 
 def _gpu(name: str):
