@@ -12,6 +12,8 @@ Exit codes: 0 ok, 1 the GPU cannot run the recipe (hardware gate), 2 bad input.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, InputError, add_format_flag,
@@ -185,10 +187,18 @@ def run(args) -> int:
 
     plan = plan_from_shape(shape, cfg, gpu=gpu, cuda_version=args.cuda, names=_setting_names(args), **settings)
     plan.notes[:0] = notes
+    rc = EXIT_FINDINGS if plan.hardware_problems else EXIT_OK
     if args.format == "json":
         d = plan.model_dump()
         d["report"]["swapped_params"] = plan.report.swapped_params
-        print(json.dumps(d, indent=2))
+        text = json.dumps(d, indent=2)
     else:
-        print(plan.to_table())
-    return EXIT_FINDINGS if plan.hardware_problems else EXIT_OK
+        text = plan.to_table()
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `fp8 plan ... | head`: the reader left; stop quietly (as `ckpt inspect` does)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        os.close(devnull)
+    return rc
