@@ -56,21 +56,22 @@ def run_precision(flag: Optional[str], cfg, config: str) -> str:
     """The run's precision: the config's (an enabled bf16 / fp16 section, else fp32, as DeepSpeed trains it); a
     --precision must agree with it. fp8 is FP8 GEMMs over bf16 (the spec form writes bf16.enabled for precision
     fp8, generate.ds_json), so --precision fp8 needs the bf16 section."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.fp8.ds_precision import fp8_precision_problem, trained_precision
+
     bf16, key = (cfg.bf16, "bf16") if cfg.bf16 is not None else (cfg.bfloat16, "bfloat16")
-    if bf16 is not None and bf16.enabled is True:
-        runs, section, allowed = "bf16", f"{key}.enabled is true", ("bf16", "fp8")
-    elif cfg.fp16 is not None and cfg.fp16.enabled is True:
-        runs, section, allowed = "fp16", "fp16.enabled is true", ("fp16",)
-    else:
-        runs, section, allowed = "fp32", "neither bf16 nor fp16 is enabled", ("fp32",)
+    runs, section = trained_precision(bf16 is not None and bf16.enabled is True, key,
+                                      cfg.fp16 is not None and cfg.fp16.enabled is True)
+    allowed = ("bf16", "fp8") if runs == "bf16" else (runs,)
     if flag is None:
         return runs
     if flag in allowed:
         return flag
-    if flag == "fp8":
-        fix = (f'enable bf16 in {config} ("bf16": {{"enabled": true}}) for FP8 GEMMs over bf16, or drop --precision '
-               f"(the config's {runs} is estimated)")
-    elif flag == "fp32":
+    if flag == "fp8":  # the rule `fp8 plan --config` refuses the same config by (fp8.ds_precision)
+        problem = fp8_precision_problem(runs, section, config)
+        raise ValueError(f"--precision fp8 contradicts {config}: {problem}, or drop --precision (the config's {runs} "
+                         "is estimated)")
+    if flag == "fp32":
         fix = f"drop --precision (the config's {runs} is estimated), or disable {runs} in {config} for an fp32 run"
     else:
         fix = (f"drop --precision (the config's {runs} is estimated), or enable {flag} in {config}"

@@ -62,21 +62,16 @@ def _load_fp8_config(args, spec_fp8: dict | None):
     data: dict = dict(spec_fp8 or {})
     if args.config:
         path = Path(args.config)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
-        try:
-            # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-            import yaml
-
-            loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except Exception as exc:
-            raise InputError(f"{path}: not valid JSON/YAML: {exc}") from None
+        loaded = _read_settings(path)
         if isinstance(loaded, dict) and isinstance(loaded.get("dstoolkit"), dict) and "fp8" in loaded["dstoolkit"]:
+            _check_ds_precision(loaded, path)
             loaded = loaded["dstoolkit"]["fp8"]
         elif isinstance(loaded, dict) and isinstance(loaded.get("fp8"), dict):
             loaded = loaded["fp8"]
+        elif isinstance(loaded, dict) and _is_deepspeed_config(loaded):
+            raise InputError(f"{path} is a DeepSpeed config without a dstoolkit.fp8 section: add one "
+                             '("dstoolkit": {"fp8": {"recipe": "delayed"}}, fields of Fp8Config), or drop --config '
+                             "and pass --recipe / --fp8-format / --skip-first / --skip-last")
         if not isinstance(loaded, dict):
             raise InputError(f"{path}: expected a mapping of Fp8Config fields (or dstoolkit.fp8 in a DeepSpeed JSON)")
         data.update(loaded)
@@ -98,6 +93,60 @@ def _load_fp8_config(args, spec_fp8: dict | None):
     except ValidationError as exc:
         msgs = "; ".join(pydantic_error_text(e, "fp8.") for e in exc.errors())
         raise InputError(f"invalid FP8 settings: {msgs}") from None
+
+
+def _read_settings(path: Path):
+    """--config's data: a .json as `dstoolkit validate` reads a DeepSpeed JSON (validate.parse: BOM, hjson comments
+    and trailing commas, its DS00x finding when unreadable), anything else as YAML."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.validate.parse import decode_bytes, parse_text
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
+    text, problem = decode_bytes(raw, str(path))
+    if problem is not None:
+        raise InputError(problem.format_text())
+    if path.suffix == ".json":
+        parsed = parse_text(text, str(path))
+        if parsed.fatal:
+            raise InputError(next(f for f in parsed.findings if f.severity == "error").format_text())
+        return parsed.data
+    try:
+        # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+        import yaml
+
+        return yaml.safe_load(text)
+    except Exception as exc:
+        raise InputError(f"{path}: not valid JSON/YAML: {exc}") from None
+
+
+def _is_deepspeed_config(data: dict) -> bool:
+    """Whether a mapping reads as a DeepSpeed JSON (a top-level key of `DeepSpeedConfig` that Fp8Config lacks)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
+    from dstoolkit.dsconfig.fp8 import Fp8Config
+
+    ds_keys = {f.alias or name for name, f in DeepSpeedConfig.model_fields.items()} | set(DeepSpeedConfig.model_fields)
+    return any(k in ds_keys and k not in Fp8Config.model_fields for k in data)
+
+
+def _check_ds_precision(ds: dict, path: Path) -> None:
+    """A DeepSpeed JSON (keys beyond dstoolkit) whose dstoolkit.fp8 asks for FP8 must train bf16: the rule `estimate --precision fp8` refuses
+    the same config by (`fp8.ds_precision`)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.fp8.ds_precision import fp8_precision_problem, trained_precision_of_dict
+
+    section = ds["dstoolkit"]["fp8"]
+    if isinstance(section, dict) and section.get("enabled") is False:
+        return  # FP8 off: nothing runs in FP8, the plan says so layer by layer
+    if not _is_deepspeed_config({k: v for k, v in ds.items() if k != "dstoolkit"}):
+        return  # only the dstoolkit section: a holder of the FP8 settings, no DeepSpeed run to contradict
+    problem = fp8_precision_problem(*trained_precision_of_dict(ds), str(path))
+    if problem:
+        raise InputError(f"dstoolkit.fp8 in {path} asks for FP8 GEMMs, but {problem}, or remove the dstoolkit.fp8 "
+                         "section")
 
 
 def _resolve(args):
