@@ -217,10 +217,11 @@ def _resolve(args):
 
 
 def _setting_names(args) -> dict[str, str]:
-    """How the errors name tp / pp / ep and the layer skips: the flag when one was given, else the spec's field."""
+    """How the errors name tp / pp / ep, seq_len / micro_batch and the layer skips: the flag when one was given, else the spec's field."""
     spec = Path(args.target).suffix in SPEC_SUFFIXES
-    names = {key: f"--{key}" if getattr(args, key) is not None else f"training.{key}" if spec else key
-             for key in ("tp", "pp", "ep")}
+    names = {key: f"--{key.replace('_', '-')}" if getattr(args, key) is not None else f"training.{key}" if spec
+             else f"--{key.replace('_', '-')}" if key in ("seq_len", "micro_batch") else key
+             for key in ("tp", "pp", "ep", "seq_len", "micro_batch")}
     for key, flag in (("skip_first_layers", "--skip-first"), ("skip_last_layers", "--skip-last")):
         if getattr(args, flag[2:].replace("-", "_")) is not None:
             names[key] = flag

@@ -23,6 +23,7 @@ assumption (`FP8_FIXED_OVERHEAD_S`), to be replaced by `benchmarks/gpu/fp8_te_be
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Optional
 
 from pydantic import BaseModel, Field
@@ -194,6 +195,42 @@ PLAN_LAYOUT_CODES = ("LY003", "LY004", "LY005", "LY007", "LY008")
 attention and key/value heads, every pipeline stage has a layer, ep divides the experts of an MoE model)."""
 
 
+TE_FP8_TOKEN_MULTIPLE = 8
+"""Transformer Engine asserts, before every FP8 GEMM of te.Linear / te.LayerNormLinear, that the input's leading dims
+(the tokens of the micro batch) multiply to a multiple of 8 and the last dim to a multiple of 16
+(transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`, called from `_Linear.forward` and
+`_LayerNormLinear.forward`)."""
+
+
+def token_multiple(cfg: Fp8Config) -> int:
+    """Tokens per micro batch must be a multiple of this for the recipe: TE_FP8_TOKEN_MULTIPLE, and for MXFP8 the MX
+    block (`MX_BLOCK`, 32: the columnwise copy the wgrad GEMM reads is scaled per 32 tokens, OCP MX spec v1.0;
+    TE's MXFP8Quantizer.is_quantizable asks the leading dims for a multiple of 32)."""
+    return MX_BLOCK if cfg.recipe == "mxfp8" else TE_FP8_TOKEN_MULTIPLE
+
+
+def token_problem(cfg: Fp8Config, micro_batch: int, seq_len: int,
+                  names: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why micro_batch x seq_len tokens cannot run Transformer Engine's FP8 GEMMs (`token_multiple`), naming the
+    numbers and the nearest seq_len that can; None when they can or FP8 is off. `names` spells micro_batch and
+    seq_len as the caller's input does."""
+    q = token_multiple(cfg)
+    tokens = micro_batch * seq_len
+    if not cfg.enabled or tokens % q == 0:
+        return None
+    n = {"micro_batch": "micro_batch", "seq_len": "seq_len", **(names or {})}
+    step = q // math.gcd(q, micro_batch)  # seq_len multiples of this make micro_batch x seq_len a multiple of q
+    down, up = seq_len // step * step, (seq_len // step + 1) * step
+    near = up if down == 0 or up - seq_len < seq_len - down else down
+    other = down if near == up else up
+    alt = f" (or {other})" if other > 0 else ""
+    why = ("Transformer Engine's FP8 GEMMs need (transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec)"
+           if q == TE_FP8_TOKEN_MULTIPLE else
+           f"fp8.recipe {cfg.recipe!r} needs (its scales cover blocks of {q} tokens, OCP MX spec v1.0)")
+    return (f"{n['micro_batch']}={micro_batch} x {n['seq_len']}={seq_len} = {tokens} tokens per micro-batch is not a "
+            f"multiple of {q}, which {why}: use {n['seq_len']} {near}{alt}")
+
+
 def check_plan_inputs(shape: ModelShape, cfg: Fp8Config, tp: int, pp: int, ep: int,
                       names: Optional[Mapping[str, str]] = None) -> None:
     """Raise ValueError, naming the setting, its value and the fix, when the plan's tp / pp / ep break a layout
@@ -233,13 +270,17 @@ def plan_from_shape(shape: ModelShape, cfg: Optional[Fp8Config] = None, *, gpu: 
         change per rank and any hardware problems.
 
     Raises:
-        ValueError: a setting below 1, tp / pp / ep the model cannot be split by, or layer skips that keep every
-            block in bf16 (`check_plan_inputs`).
+        ValueError: a setting below 1, tp / pp / ep the model cannot be split by, layer skips that keep every
+            block in bf16 (`check_plan_inputs`), or micro_batch x seq_len tokens Transformer Engine's FP8 GEMMs
+            refuse (`token_problem`).
     """
     cfg = cfg or Fp8Config()
     if min(micro_batch, seq_len, tp, pp, ep) < 1:
         raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}, tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     check_plan_inputs(shape, cfg, tp, pp, ep, names)
+    problem = token_problem(cfg, micro_batch, seq_len, names)
+    if problem:
+        raise ValueError(problem)
     m = micro_batch * seq_len
     lins = rank_linears(shape, m, tp, ep)
     n_blocks = shape.num_hidden_layers
