@@ -72,7 +72,11 @@ class DstoolkitSection(DSModel):
 
 
 class DeepSpeedConfig(DSModel):
-    """A DeepSpeed 0.19 config file. Batch triad: train_batch_size = micro_batch * grad_accum * dp_size."""
+    """A DeepSpeed 0.19 config file. Batch triad: train_batch_size = micro_batch * grad_accum * dp_size.
+
+    The sections DeepSpeed's own parser fails on when they are an explicit JSON null (facts.NULL_REFUSED_TOP_LEVEL:
+    zero_optimization, fp16, optimizer, scheduler, ...) are typed without None, so null is a type error here and in
+    the exported schema; an absent key is still None. Optional keys take null as unset, as DeepSpeed does."""
 
     train_batch_size: Optional[PosIntOrAuto] = None
     """Global batch in samples per optimizer step (> 0) = micro * grad_accum * data-parallel size."""
@@ -100,58 +104,58 @@ class DeepSpeedConfig(DSModel):
     """Divide gradients by this before all-reduce, the rest after."""
     gradient_allreduce_op: Literal["mean", "sum", "MEAN", "SUM", "Mean", "Sum"] = "mean"
     """Reduction of data-parallel gradients; 'sum' is not allowed at ZeRO stage 3."""
-    zero_optimization: Optional[Union[ZeroConfig, Bool]] = None
+    zero_optimization: Union[ZeroConfig, Bool] = None
     """ZeRO settings (a bare boolean is the deprecated pre-0.3 form: true = stage 1)."""
-    activation_checkpointing: Optional[ActivationCheckpointingConfig] = None
+    activation_checkpointing: ActivationCheckpointingConfig = None
     """Activation checkpointing (deepspeed.checkpointing)."""
-    comms_logger: Optional[CommsLoggerConfig] = None
+    comms_logger: CommsLoggerConfig = None
     """Collective-call logging."""
-    tensorboard: Optional[TensorBoardConfig] = None
+    tensorboard: TensorBoardConfig = None
     """TensorBoard monitor."""
-    wandb: Optional[WandbConfig] = None
+    wandb: WandbConfig = None
     """Weights & Biases monitor."""
-    csv_monitor: Optional[CSVConfig] = None
+    csv_monitor: CSVConfig = None
     """CSV monitor."""
-    comet: Optional[CometConfig] = None
+    comet: CometConfig = None
     """Comet monitor."""
     gradient_clipping: FloatOrAuto = 1.0
     """Clip the global gradient norm to this (0 disables). HF fills "auto" from --max_grad_norm."""
-    fp16: Optional[FP16Config] = None
+    fp16: FP16Config = None
     """fp16 mixed precision. Exclusive with bf16."""
     bf16: Optional[BF16Config] = None
     """bf16 mixed precision. Exclusive with fp16."""
-    bfloat16: Optional[BF16Config] = Field(None, json_schema_extra=deprecated("bf16"))
+    bfloat16: BF16Config = Field(None, json_schema_extra=deprecated("bf16"))
     """Legacy name of bf16 (read only when bf16 is absent)."""
-    torch_autocast: Optional[TorchAutocastConfig] = None
+    torch_autocast: TorchAutocastConfig = None
     """torch.autocast mixed precision."""
-    optimizer: Optional[OptimizerConfig] = None
+    optimizer: OptimizerConfig = None
     """Optimizer built by DeepSpeed (omit when passing one from code)."""
     zero_allow_untested_optimizer: Bool = False
     """Allow a client optimizer DeepSpeed has not tested with ZeRO."""
     zero_force_ds_cpu_optimizer: Bool = True
     """Require DeepSpeedCPUAdam when offloading the optimizer."""
-    scheduler: Optional[SchedulerConfig] = None
+    scheduler: SchedulerConfig = None
     """LR scheduler built by DeepSpeed."""
-    flops_profiler: Optional[FlopsProfilerConfig] = None
+    flops_profiler: FlopsProfilerConfig = None
     """FLOPs profiler."""
     wall_clock_breakdown: Bool = False
     """Time forward/backward/step separately."""
     memory_breakdown: Bool = False
     """Print memory use per stage."""
-    autotuning: Optional[AutotuningConfig] = None
+    autotuning: AutotuningConfig = None
     """Autotuner settings."""
     use_data_before_expert_parallelism: Bool = False
     """Rank order: data-parallel before expert-parallel."""
-    hybrid_engine: Optional[HybridEngineConfig] = None
+    hybrid_engine: HybridEngineConfig = None
     """RLHF hybrid engine."""
-    pipeline: Optional[PipelineConfig] = None
+    pipeline: PipelineConfig = None
     """Pipeline engine settings."""
-    data_efficiency: Optional[dict[str, Any]] = None
+    data_efficiency: dict[str, Any] = None
     """Data efficiency library (data_sampling incl. curriculum_learning, data_routing incl. random_ltd).
     Contents are not modelled here."""
-    checkpoint: Optional[CheckpointConfig] = None
+    checkpoint: CheckpointConfig = None
     """Checkpoint settings."""
-    data_types: Optional[DataTypesConfig] = None
+    data_types: DataTypesConfig = None
     """Accumulation / parameter / buffer dtypes."""
     aio: Optional[AioConfig] = None
     """Async I/O for NVMe offload."""
@@ -161,19 +165,19 @@ class DeepSpeedConfig(DSModel):
     """DeepSpeed logger level."""
     datastates_ckpt: Optional[Any] = None
     """DataStates-LLM asynchronous checkpointing settings (passed through)."""
-    weight_quantization: Optional[dict[str, Any]] = None
+    weight_quantization: dict[str, Any] = None
     """Weight quantisation for inference (post_init_quant / quantized_initialization)."""
-    compile: Optional[CompileConfig] = None
+    compile: CompileConfig = None
     """DeepCompile settings."""
-    timers: Optional[TimersConfig] = None
+    timers: TimersConfig = None
     """Timers."""
-    tensor_parallel: Optional[TensorParallelConfig] = None
+    tensor_parallel: TensorParallelConfig = None
     """AutoTP training."""
     expert_parallel: Optional[ExpertParallelConfig] = None
     """AutoEP for Hugging Face MoE models."""
     vocabulary_size: Optional[Int] = None
     """Only used for a tensor-core alignment warning."""
-    sequence_parallel_size: Optional[PosInt] = None
+    sequence_parallel_size: PosInt = None
     """Ulysses degree when no mpu is given (HF zero.init path)."""
     dstoolkit: Optional[DstoolkitSection] = None
     """Our section (MoE facts, FP8). Not DeepSpeed's: stripped before DeepSpeed sees the config."""

@@ -306,3 +306,15 @@ OFFLOAD_KEYS = frozenset({"device", "nvme_path", "buffer_count", "buffer_size", 
 def canonical_zero_key(key: str) -> str:
     """Field name for a zero_optimization key (``stage3_max_live_parameters`` -> ``max_live_parameters``)."""
     return ZERO_ALIASES.get(key, key)
+
+
+NULL_REFUSED_TOP_LEVEL = frozenset({
+    "activation_checkpointing", "autotuning", "bfloat16", "checkpoint", "comet", "comms_logger", "compile",
+    "csv_monitor", "data_efficiency", "data_types", "flops_profiler", "fp16", "hybrid_engine", "optimizer", "pipeline",
+    "scheduler", "sequence_parallel_size", "tensor_parallel", "tensorboard", "timers", "torch_autocast", "wandb",
+    "wall_clock_breakdown", "weight_quantization", "zero_optimization"})
+"""Top-level keys whose explicit JSON null DeepSpeed 0.19.8's own config parser (runtime/config.py DeepSpeedConfig)
+fails on, measured one key at a time: it reads the key as present and calls ``Model(**None)``, ``None.get`` /
+``.keys`` / ``.items``, ``None | bool`` or pydantic's model check on it (TypeError / AttributeError /
+ValidationError). The DeepSpeedConfig model makes these non-nullable; bf16, aio, expert_parallel, the batch sizes,
+steps_per_print, log_level and the other Optional keys take null as unset, as DeepSpeed does."""

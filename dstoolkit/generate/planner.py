@@ -237,7 +237,11 @@ def _plan_variant(plan: RunPlan, ds_update=None, **fields) -> Optional[RunPlan]:
         node = cfg
         *parents, leaf = path.split("/")
         for p in parents:
-            node = node.setdefault(p, {})
+            if node.get(p) is None:  # absent, or an explicit null (validate refuses that; never index into it)
+                node[p] = {}
+            elif not isinstance(node[p], dict):  # e.g. the legacy "zero_optimization": true
+                return None
+            node = node[p]
         if value is None:
             node.pop(leaf, None)
         else:

@@ -126,9 +126,9 @@ def check_sections(data: dict, clean: dict, version: str, out: Collector) -> Non
     _check_zero_keys(data, clean, version, out)
     for key, prop in deprecated_keys(None).items():
         new = prop.get("new_param")
-        if isinstance(data.get(key), dict) and new not in data:
+        if isinstance(data.get(key), dict) and data.get(new) is None:  # DeepSpeed reads it when bf16 is absent / null
             out.add("DS106", "warning", f"/{key}", f"section name {key!r} is the legacy spelling", f'rename to "{new}"')
-        elif key in data and new in data:
+        elif key in data and data.get(new) is not None:
             out.add("DS105", "warning", f"/{key}", f"{key!r} is ignored because {new!r} is present",
                     f"delete the {key} section")
 

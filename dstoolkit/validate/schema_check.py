@@ -78,10 +78,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _show(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, (dict, list)):
         return type(value).__name__
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _got(value: Any) -> str:
+    """What a type message says it got: "null", or the JSON type and the value."""
+    return "null" if value is None else f"{json_type(value)} {_show(value)}"
 
 
 class Checker:
@@ -115,8 +122,7 @@ class Checker:
             return [Issue("range", path, f"must be {text}")]
         expected = node.get("type")
         if isinstance(expected, str) and not _type_ok(expected, value):
-            return [Issue("type", path, f"expected {_TYPE_WORDS.get(expected, expected)}, got "
-                          f"{json_type(value)} {_show(value)}")]
+            return [Issue("type", path, f"expected {_TYPE_WORDS.get(expected, expected)}, got {_got(value)}")]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             for key, op, word in (("exclusiveMinimum", lambda v, b: v > b, "greater than"),
                                   ("minimum", lambda v, b: v >= b, "greater than or equal to"),
@@ -166,7 +172,7 @@ class Checker:
             w = f"'{b['const']}'" if "const" in b else _TYPE_WORDS.get(b.get("type", ""), b.get("type", "a value"))
             if w not in words:
                 words.append(w)
-        return [Issue("type", path, f"expected {' or '.join(words)}, got {vt} {_show(value)}")]
+        return [Issue("type", path, f"expected {' or '.join(words)}, got {_got(value)}")]
 
 
 def check_config(data: Any, schema: Optional[dict] = None) -> list[Issue]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from dstoolkit.common.text import did_you_mean
+from dstoolkit.dsconfig.facts import NULL_REFUSED_TOP_LEVEL
 from dstoolkit.validate import schema_check as _schema_check
 from dstoolkit.validate.findings import Collector, pointer_of
 from dstoolkit.validate.keys import TOP_LEVEL_RENAMES
@@ -74,6 +75,14 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> 
     shown = _schema_check._show(node)
     if issue.kind == "range":
         out.add("DS103", "error", ptr, f"{field} = {shown}: {issue.message}", None, at_value=True)
+        return
+    if path == ("bfloat16",) and node is None and clean.get("bf16") is not None:
+        return  # DeepSpeed reads the legacy name only when bf16 is absent or null (precision_config.py)
+    if node is None and len(path) == 1 and path[0] in NULL_REFUSED_TOP_LEVEL:  # a Python None dumped as null
+        section = "object" in issue.message
+        out.add("DS102", "error", ptr, f"{field} = null: {issue.message}; DeepSpeed 0.19.8 does not read an explicit "
+                f"null as a missing key: its config parser fails on it (TypeError / AttributeError / ValidationError)",
+                f"write {'an object' if section else 'a value'} or delete the key", at_value=True)
         return
     message = f"{field} = {shown}: {issue.message}"
     if isinstance(node, str) and node.strip() and node.replace(",", "").replace("_", "").isupper():
