@@ -118,7 +118,8 @@ def plan_from_args(args):
     if autotp:
         names["tp"] = f"{args.config}: tensor_parallel.autotp_size"
     _check_flag_layout(facts, names)
-    findings = _validate(text, args.config, args.world_size, domain, megatron_tp, args.pp, shape, args.ep)
+    findings = _validate(text, args.config, args.world_size, domain, megatron_tp, args.pp, shape, args.ep,
+                         facts.native_moe)
     cfg = config_model(ds, args.world_size, domain, megatron_tp, args.pp)
     # the config's DeepSpeed-Ulysses degree (validate_config checked it against the world and the heads, DS219 /
     # DS226): the layout rules again with it (LY009 ep of the dp it leaves, LY019 seq_len, LY020 kv heads per rank,
@@ -225,12 +226,36 @@ def _flag_facts(args, shape, domain: int, gpus_per_node_given: bool, gpu, tp: in
                         sp=1, cp=1, seq_len=args.seq_len, megatron_sp=args.sequence_parallel,
                         num_heads=shape.num_attention_heads, kv_heads=shape.kv_heads, is_mla=shape.is_mla,
                         num_layers=shape.num_hidden_layers, num_experts=shape.num_experts if shape.is_moe else 0,
-                        framework="deepspeed", pipeline_schedule="1f1b", cpu=gpu.name == "cpu")
+                        framework="deepspeed", pipeline_schedule="1f1b", cpu=gpu.name == "cpu",
+                        native_moe=native_moe_of(shape, args.model, args.model_kwargs))
     node = ("--nvlink-domain-gpus" if args.nvlink_domain_gpus is not None else
             "--gpus-per-node" if gpus_per_node_given else "the default --gpus-per-node")
     names = {"world": "--world-size", "gpus_per_node": node, "tp": "--tp", "pp": "--pp", "ep": "--ep",
              "seq_len": "--seq-len", "megatron_sp": "--sequence-parallel", "cpu": "--gpu"}
     return facts, names
+
+
+NATIVE_MOE_MODULE = "deepspeed_moe"
+"""The attribute deepspeed.moe.layer.MoE keeps its MOELayer under (deepspeed 0.19.8 moe/layer.py
+`self.deepspeed_moe = MOELayer(...)`): a user module whose linear layers sit below it runs DeepSpeed's own MoE."""
+
+
+def native_moe_of(shape, model: str, model_kwargs: Optional[str] = None) -> bool:
+    """Whether the experts of --model are DeepSpeed's own `deepspeed.moe.layer.MoE` (refused at ZeRO-3, LY010 /
+    DS214): a preset's are (dstoolkit.runtime.model builds them with it, fp8.linears names their experts
+    `moe.deepspeed_moe.experts...`); a Hugging Face config.json is a transformers model, whose experts are plain
+    nn.Modules (docs/generate-and-targets.md: HF MoE models get ZeRO-3), whether it was counted analytically or built;
+    the user's module is native only where its linear layers sit below a `deepspeed_moe` attribute
+    (NATIVE_MOE_MODULE)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.models import is_module_ref
+
+    if not shape.is_moe:
+        return True  # no experts: LY010 has nothing to refuse either way
+    if is_module_ref(model) or model_kwargs is not None:
+        linears = shape.measured.linears if shape.measured is not None else ()
+        return any(NATIVE_MOE_MODULE in g.pattern.split(".") for g in linears)
+    return not (Path(model).suffix == ".json" or Path(model).exists())  # as load_shape tells a config from a preset
 
 
 def _check_flag_layout(facts, names: dict) -> None:
@@ -282,13 +307,14 @@ class ConfigInvalid(Exception):
 
 
 def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int, pp: int, shape=None,
-              ep: int = 1) -> list:
+              ep: int = 1, native_moe: bool = True) -> list:
     """`dstoolkit validate`'s engine on the --config text, with the layout and the model as context (strict mode: no
-    "auto"): the model's attention / key-value heads, and for an MoE model its experts and --ep (so DS213 / DS214
-    see the MoE the estimate runs; a dense model leaves them to the config's dstoolkit.moe section, as validate).
+    "auto"): the model's attention / key-value heads, and for a native MoE model (`native_moe_of`) its experts and
+    --ep (so DS213 / DS214 see the MoE the estimate runs; a dense model, or one whose experts are plain modules,
+    leaves them to the config's dstoolkit.moe section, as validate and generate.core for a non-native target).
 
     Returns the warnings; raises `ConfigInvalid` when there is an error."""
-    moe = shape is not None and shape.is_moe
+    moe = shape is not None and shape.is_moe and native_moe
     findings = validate_config(text, source=path, world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
                                num_experts=shape.num_experts if moe else None, ep_size=ep if moe else None,
                                num_heads=shape.num_attention_heads if shape is not None else None,

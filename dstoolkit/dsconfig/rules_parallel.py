@@ -33,9 +33,14 @@ def _check_moe_layout(cfg: Mapping, ctx: RuleContext) -> None:
 @rule("DS214", "native DeepSpeed MoE at ZeRO stage 3")
 def _check_moe_not_stage3(cfg: Mapping, ctx: RuleContext) -> None:
     """Native DeepSpeed MoE (deepspeed.moe.layer.MoE) is refused at ZeRO stage 3: the engine raises 'Native
-    DeepSpeed MoE is not supported with ZeRO Stage 3' at start (measured on 0.19.8; layout constraint LY010)."""
+    DeepSpeed MoE is not supported with ZeRO Stage 3' at start (measured on 0.19.8; layout constraint LY010). The
+    engine looks for `deepspeed.moe.layer.MoE` (and AutoEP) modules only (deepspeed 0.19.8 runtime/engine.py, the
+    named_modules scan before that assert): under --mode hf the config is launched by HF Trainer / Accelerate, whose
+    MoE models (transformers Mixtral, Qwen-MoE, DeepSeek) hold their experts as plain nn.Modules, so no native MoE
+    (LayoutFacts.native_moe False) and stage 3 is allowed."""
     n, _, _ = _moe_facts(cfg, ctx)
-    if n is None or not check_layout(LayoutFacts(zero_stage=zero_stage(cfg), num_experts=n), ("LY010",)):
+    facts = LayoutFacts(zero_stage=zero_stage(cfg), num_experts=n, native_moe=ctx.mode != "hf")
+    if n is None or not check_layout(facts, ("LY010",)):
         return
     raise RuleViolation("/zero_optimization/stage",
                         f"MoE with {n} experts at zero_optimization.stage=3: DeepSpeed raises 'Native DeepSpeed "
