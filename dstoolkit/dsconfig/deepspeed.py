@@ -61,14 +61,18 @@ class DstoolkitSection(DSModel):
 
     @field_validator("fp8", mode="after")
     @classmethod
-    def _check_fp8_section(cls, value: Optional[dict]) -> Any:
+    def _check_fp8_section(cls, value: Optional[dict]) -> Optional[dict]:
+        """Checked against Fp8Config; the field keeps the dict it is typed as (returning the Fp8Config made every
+        model_dump, e.g. the rules' in DeepSpeedConfig, warn 'PydanticSerializationUnexpectedValue' on stderr).
+        Readers that need the model validate the dict themselves (estimate, fp8 plan)."""
         if value is None:
             return None
         try:  # start-up time: the FP8 model is built only when a config has an fp8 section
             from dstoolkit.dsconfig.fp8 import Fp8Config
         except ImportError:  # pragma: no cover - fp8 module missing: accept the dict as is
             return value
-        return Fp8Config.model_validate(value)
+        Fp8Config.model_validate(value)
+        return value
 
 
 class DeepSpeedConfig(DSModel):

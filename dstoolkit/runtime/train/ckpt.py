@@ -100,9 +100,13 @@ LOW_SPACE_BYTES = 64 << 20
 failure, before the partial files are removed)."""
 
 
-def save_failure_message(final: Path, staged: Path, error: Optional[BaseException]) -> str:
+def save_failure_message(final: Path, staged: Path, error: Optional[BaseException], names: Any = None) -> str:
     """The one line for a failed save of checkpoint `final` (staged in `staged`; `error`: this rank's exception, None
-    when another rank's save failed)."""
+    when another rank's save failed). `names`: how the caller names the folder, `keep` and the resume
+    (`resume_check.Names`; default the command line's flags)."""
+    from dstoolkit.runtime.train.resume_check import CLI
+
+    names = names or CLI
     try:
         usage = shutil.disk_usage(staged.parent if staged.parent.exists() else final.parent)
     except OSError:
@@ -112,10 +116,10 @@ def save_failure_message(final: Path, staged: Path, error: Optional[BaseExceptio
     if full:
         free = f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB)" if usage else ""
         return (f"checkpoint {final}: no space left on device{free}; {removed}. Free space, keep fewer checkpoints "
-                "(--keep-checkpoints), or give --checkpoint-dir a folder on a larger disk, then rerun with --resume")
+                f"({names.keep}), or give {names.dir} a folder on a larger disk, then rerun with {names.resume}")
     why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" \
         if error is not None else "another rank's save failed"
-    return f"checkpoint {final}: could not be written ({why}); {removed}. Check that --checkpoint-dir is writable"
+    return f"checkpoint {final}: could not be written ({why}); {removed}. Check that {names.dir} is writable"
 
 
 def any_rank_failed(failed: bool) -> bool:
@@ -155,11 +159,14 @@ class CheckpointManager:
     target and records the offending data positions there, so a resume before the next save neither loads the
     abandoned state nor replays those batches (`rollback_skips`)."""
 
-    def __init__(self, root: os.PathLike | str, *, keep: int = 3, rank: int = 0) -> None:
+    def __init__(self, root: os.PathLike | str, *, keep: int = 3, rank: int = 0, names: Any = None) -> None:
         check_keep(keep)
         self.root = Path(root)
         self.keep = keep
         self.rank = rank
+        self.names = names
+        """How the caller names the folder, `keep` and the resume in messages (`resume_check.Names`; None: the
+        command line's flags)."""
         self.root.mkdir(parents=True, exist_ok=True)
 
     def tags(self) -> list[str]:
@@ -225,7 +232,7 @@ class CheckpointManager:
     def _abandon(self, staged: Path, error: Optional[BaseException], barrier: Any) -> None:
         """Every rank, once any rank's save failed: the reason (the free space read before the debris goes), rank 0
         removes the staging folder, then the same error everywhere."""
-        message = save_failure_message(self.root / staged.name, staged, error)
+        message = save_failure_message(self.root / staged.name, staged, error, self.names)
         barrier()
         if self.rank == 0:
             shutil.rmtree(staged, ignore_errors=True)

@@ -28,6 +28,13 @@ the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
   `save_every` steps through `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename:
   a rank killed mid-save never leaves a checkpoint that `resume` would load).
 
+As `dstoolkit train`, with the same one-line reasons (`dstoolkit.runtime.train.resume_check`, naming Guard's
+parameters): a checkpoint_dir that already holds checkpoints is refused at the first `step` / `save` unless
+`resume()` was called (`CheckpointDirError`: it would overwrite and prune another run's checkpoints), and
+`resume()` refuses a universal checkpoint, a folder whose every checkpoint is rejected, and a checkpoint saved at
+another ZeRO stage or data-parallel size. Bad arguments (numbers, a checkpoint_dir or metrics_path that cannot be
+written) are a `SettingError` from the constructor.
+
 Rank 0 appends one JSON line per optimizer step and per event (spike, rollback, checkpoint, resume, done) to
 `metrics_path`. Every `monitor_every` optimizer steps (0: off) the cross-rank view (`crossrank.StepWindows`): the
 share of the step blocked in collectives (timed hooks installed here: the collectives DeepSpeed looked up at its
@@ -44,6 +51,11 @@ import weakref
 from typing import Any, Optional
 
 from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig, check_int
+
+
+class CheckpointDirError(RuntimeError):
+    """checkpoint_dir cannot be written or resumed by this run (the one-line reason names the folder and the fix;
+    the same refusals as `dstoolkit train`'s, `dstoolkit.runtime.train.resume_check`)."""
 
 
 class Guard:
@@ -64,10 +76,18 @@ class Guard:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.mgr = None
+        self._fresh_refusal: Optional[str] = None
         if checkpoint_dir:
-            from dstoolkit.runtime.train.ckpt import CheckpointManager
+            from dstoolkit.runtime.train.api_checks import check_folder_param, make_folder
+            from dstoolkit.runtime.train.ckpt import CheckpointManager, check_keep
+            from dstoolkit.runtime.train.resume_check import GUARD, fresh_run_refusal
 
-            self.mgr = CheckpointManager(checkpoint_dir, keep=keep, rank=self.rank)
+            check_keep(keep)
+            check_folder_param("Guard", "checkpoint_dir", checkpoint_dir)
+            # another run's checkpoints: refused at the first step or save unless resume() is called (as the trainer)
+            self._fresh_refusal = fresh_run_refusal(checkpoint_dir, GUARD)
+            make_folder("Guard", "checkpoint_dir", checkpoint_dir)
+            self.mgr = CheckpointManager(checkpoint_dir, keep=keep, rank=self.rank, names=GUARD)
         self.save_every = int(save_every or 0)
         self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks, hint="raise Guard(max_rollbacks=...)")
         self.step_count = int(getattr(engine, "global_steps", 0) or 0)
@@ -84,7 +104,11 @@ class Guard:
         self._abandoned = 0
         self._hooked = _hook_lr_cooldown(getattr(engine, "optimizer", None), self.guard.lr_multiplier)
         self._t = time.perf_counter()
-        self._f = open(metrics_path, "a", buffering=1) if metrics_path and self.rank == 0 else None
+        self._f = None
+        if metrics_path and self.rank == 0:
+            from dstoolkit.runtime.train.api_checks import open_append
+
+            self._f = open_append("Guard", "metrics_path", metrics_path)
         self._log = log or (lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True) if self.rank == 0 else None)
         self._windows = None
         if monitor_every:
@@ -94,7 +118,8 @@ class Guard:
 
     # ------------------------------------------------------------------------------------------------------
     def _write(self, obj: dict) -> None:
-        self.events.append(obj) if "event" in obj else None
+        if "event" in obj:
+            self.events.append(obj)
         if self._f is not None:
             self._f.write(json.dumps(obj, default=float) + "\n")
 
@@ -137,12 +162,21 @@ class Guard:
 
     # ------------------------------------------------------------------------------------------------------
     def resume(self) -> Optional[str]:
-        """Continue from the newest intact checkpoint in checkpoint_dir (None: nothing to resume)."""
+        """Continue from the newest intact checkpoint in checkpoint_dir (None: nothing to resume).
+
+        Raises:
+            CheckpointDirError: what the bundled trainer's --resume refuses (`resume_check.pick_resume`): a
+                universal checkpoint, every checkpoint rejected, or the one to load saved at another ZeRO stage or
+                data-parallel size than this engine runs (DeepSpeed would fail inside load_checkpoint).
+        """
         if self.mgr is None:
             return None
-        found = self.mgr.latest_valid()
-        for why in found.rejected:
-            self._log(f"resume: skipping checkpoint: {why}")
+        from dstoolkit.runtime.train.resume_check import GUARD, pick_resume
+
+        found, problem = pick_resume(self.mgr, self.engine, GUARD, lambda m: self._log(m))
+        if problem:
+            raise CheckpointDirError(problem)
+        self._fresh_refusal = None  # resumed (or nothing to resume): this run continues the folder
         if found.tag is None:
             self._write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
             return None
@@ -151,6 +185,13 @@ class Guard:
                      "rejected": found.rejected})
         self._log(f"resumed from {found.tag} (step {self.step_count}, data position {self.data_pos})")
         return found.tag
+
+    def _check_fresh(self) -> None:
+        """A checkpoint_dir that held checkpoints when the guard was built, and no resume(): refused before this
+        run trains or saves (it would overwrite the tags it saves again, prune the others and leave a folder mixing
+        two runs; the bundled trainer refuses the same, `resume_check.fresh_run_refusal`)."""
+        if self._fresh_refusal:
+            raise CheckpointDirError(self._fresh_refusal)
 
     def should_skip_position(self) -> bool:
         """Whether the current data position was marked offending by a rollback (then call `advance()`)."""
@@ -166,6 +207,7 @@ class Guard:
         if not hasattr(loss, "detach"):
             raise TypeError(f"Guard.step(loss): loss must be the loss tensor the engine returned (the guard runs "
                             f"engine.backward on it), got {type(loss).__name__} {loss!r}")
+        self._check_fresh()
         pos = self.data_pos
         target = self.step_count + 1
         if pos in self.skip_positions:  # a batch a rollback marked offending: never again
@@ -269,6 +311,7 @@ class Guard:
         """Write a checkpoint now (atomic; marked healthy when the guard is not cooling down)."""
         if self.mgr is None:
             return None
+        self._check_fresh()
         healthy = self.guard.healthy()
         tag = self.mgr.save(self.engine, self.step_count, self.client_state(), healthy=healthy,
                             barrier=self._barrier)

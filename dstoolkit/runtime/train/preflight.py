@@ -13,11 +13,12 @@ ZeRO stage / dp size. No torch import.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dstoolkit.dsconfig.rules import DS201_DP_FIX_LEAD
-from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
+from dstoolkit.runtime.train.resume_check import CLI, fresh_run_refusal, resume_refusal
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.folder import LAYOUT_FILE, LayoutFileError, read_layouts
@@ -128,8 +129,8 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
         raise UsageError(world_size_refusal(bad[0], inputs, str(args.deepspeed_config), nproc, config_flag=config_flag,
                                             nproc_flag=nproc_flag))
     if args.checkpoint_dir:
-        problem = (resume_refusal(args.checkpoint_dir, inputs.ds_config, nproc, nproc_flag) if args.resume
-                   else fresh_run_refusal(args.checkpoint_dir))
+        problem = (resume_refusal(args.checkpoint_dir, inputs.ds_config, nproc, replace(CLI, nproc=nproc_flag))
+                   if args.resume else fresh_run_refusal(args.checkpoint_dir))
         if problem:
             raise UsageError(problem)
     return inputs

@@ -13,6 +13,9 @@ started by hand), so a refused folder is one line and exit 2, never a DeepSpeed 
   dstoolkit_manifest.json) is not the trainer's own format: refused, naming it (`universal_refusal`).
 - A --resume whose every checkpoint is rejected would start from step 0 as if resumed: refused
   (`all_rejected_refusal`); a folder with no checkpoint at all starts from step 0.
+Each rank's check of the folder it resumes from is `pick_resume`. The same refusals guard a user's own loop
+(`dstoolkit.runtime.train.guard.Guard`): each message names the folder, the resume and the rank count as the caller
+does (`Names`: `CLI` for the command line's flags, `GUARD` for Guard's parameters).
 The layout is read from the tag's pickled metadata (`dstoolkit.ckpt.torchzip.read_meta`, as `dstoolkit ckpt inspect`
 reads it): the model states' `dp_world_size` and saved ds_config, the first optimizer file's `zero_stage`.
 """
@@ -26,8 +29,45 @@ from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.torchzip import Opaque, TorchFileError, read_meta
 from dstoolkit.runtime.train.ckpt import step_tags
 
-RESHARD_FIX = ("or `dstoolkit ckpt reshard` it to a universal checkpoint and load that in your own DeepSpeed trainer "
-               "with checkpoint.load_universal true (the bundled trainer resumes only its own checkpoints)")
+
+
+@dataclass(frozen=True)
+class Names:
+    """How the caller names the checkpoint folder, the resume and the rank count: the refusals below are one text
+    for `dstoolkit train` (`CLI`, its flags) and for a user's own loop (`GUARD`, `Guard`'s parameters)."""
+
+    dir: str = "--checkpoint-dir"
+    """The folder's parameter ("give a new ...")."""
+    at: str = "--checkpoint-dir {root}"
+    """The folder's parameter with its value (`{root}`), at the head of each message."""
+    resume: str = "--resume"
+    """What resumes ("this run has no ...", "... would load")."""
+    add_resume: str = "add --resume"
+    """The resume fix."""
+    nproc: str = "--nproc"
+    """What sets the data-parallel size (followed by the number)."""
+    who: str = "the bundled trainer"
+    """What resumes only its own step_* checkpoints."""
+    keep: str = "--keep-checkpoints"
+    """How many checkpoints are kept (the full-disk fix)."""
+
+    def where(self, root: Path | str) -> str:
+        return self.at.format(root=str(root))
+
+
+CLI = Names()
+GUARD = Names(dir="checkpoint_dir", at="Guard: checkpoint_dir={root!r}", resume="guard.resume()",
+              add_resume="call guard.resume() before the first step", nproc="a world size of", who="Guard.resume()",
+              keep="keep=")
+"""`dstoolkit.runtime.train.guard.Guard`'s names."""
+
+
+def reshard_fix(names: Names = CLI) -> str:
+    return ("or `dstoolkit ckpt reshard` it to a universal checkpoint and load that in your own DeepSpeed trainer "
+            f"with checkpoint.load_universal true ({names.who} resumes only its own checkpoints)")
+
+
+RESHARD_FIX = reshard_fix()
 
 
 def existing_checkpoints(root: Path | str) -> list[str]:
@@ -40,14 +80,14 @@ def _listed(names: Sequence[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def fresh_run_refusal(root: Path | str) -> Optional[str]:
+def fresh_run_refusal(root: Path | str, names: Names = CLI) -> Optional[str]:
     """Why a run without --resume must not write into `root` (None: it holds no checkpoint)."""
     found = existing_checkpoints(root)
     if not found:
         return None
-    return (f"--checkpoint-dir {root}: already holds checkpoints ({_listed(found)}) and this run has no --resume: "
-            "it would overwrite the tags it saves again and prune the others; add --resume (to continue from them), "
-            "or give a new --checkpoint-dir")
+    return (f"{names.where(root)}: already holds checkpoints ({_listed(found)}) and this run has no {names.resume}: "
+            f"it would overwrite the tags it saves again and prune the others; {names.add_resume} (to continue from "
+            f"them), or give a new {names.dir}")
 
 
 @dataclass(frozen=True)
@@ -99,7 +139,7 @@ def config_zero_stage(ds_config: Any) -> Optional[int]:
 
 
 def layout_refusal(root: Path | str, tag: str, saved: SavedLayout, zero_stage: Optional[int], world: int,
-                   nproc_flag: str = "--nproc") -> Optional[str]:
+                   names: Names = CLI) -> Optional[str]:
     """Why `tag` (saved as `saved`) cannot be resumed by a run at ZeRO `zero_stage` on `world` data-parallel ranks
     (None: it can, or the saved layout is unreadable and DeepSpeed's own check stays)."""
     stage_differs = None not in (saved.zero_stage, zero_stage) and saved.zero_stage != zero_stage
@@ -112,34 +152,34 @@ def layout_refusal(root: Path | str, tag: str, saved: SavedLayout, zero_stage: O
     if dp_differs:
         runs.append(f"dp {world}")
     dp_note = f", dp {saved.dp}" if saved.dp is not None else ""
-    return (f"--checkpoint-dir {root}: --resume would load {tag}, saved at ZeRO-{saved.zero_stage}{dp_note}, but this "
+    return (f"{names.where(root)}: {names.resume} would load {tag}, saved at ZeRO-{saved.zero_stage}{dp_note}, but this "
             f"run is {' and '.join(runs)}; DeepSpeed loads a ZeRO checkpoint only at the stage and data-parallel size "
             f"it was saved at. Resume with a ZeRO-{saved.zero_stage} config"
-            + (f" and {nproc_flag} {saved.dp}" if saved.dp is not None else "") + f", {RESHARD_FIX}")
+            + (f" and {names.nproc} {saved.dp}" if saved.dp is not None else "") + f", {reshard_fix(names)}")
 
 
-def universal_refusal(root: Path | str) -> Optional[str]:
+def universal_refusal(root: Path | str, names: Names = CLI) -> Optional[str]:
     """Why the bundled trainer cannot resume `root`: it holds a universal checkpoint (None: it does not)."""
     root = Path(root)
     uni = [t for t in existing_checkpoints(root) if (root / t / N.UNIVERSAL_ZERO_DIR).is_dir()]
     if not uni and not (root / N.LATEST_UNIVERSAL).is_file():
         return None
     what = _listed(uni) if uni else N.LATEST_UNIVERSAL
-    return (f"--checkpoint-dir {root}: holds a DeepSpeed universal checkpoint ({what}: `dstoolkit ckpt reshard` "
-            "output, zero/<param>/ folders, no dstoolkit_manifest.json), which the bundled trainer does not resume "
+    return (f"{names.where(root)}: holds a DeepSpeed universal checkpoint ({what}: `dstoolkit ckpt reshard` "
+            f"output, zero/<param>/ folders, no dstoolkit_manifest.json), which {names.who} does not resume "
             "(it loads only its own step_* checkpoints, at the ZeRO stage and world size they were saved at): load it "
-            "in your own DeepSpeed trainer with checkpoint.load_universal true (engine.load_checkpoint), or --resume "
-            "from the original checkpoint folder with the config and --nproc it was saved with")
+            f"in your own DeepSpeed trainer with checkpoint.load_universal true (engine.load_checkpoint), or "
+            f"{names.resume} from the original checkpoint folder with the config and {names.nproc} it was saved with")
 
 
-def all_rejected_refusal(root: Path | str, rejected: Sequence[str]) -> str:
+def all_rejected_refusal(root: Path | str, rejected: Sequence[str], names: Names = CLI) -> str:
     """The message for a --resume whose every checkpoint in `root` was rejected (`rejected`: one reason each)."""
-    return (f"--checkpoint-dir {root}: --resume found no checkpoint it can load ({len(rejected)} rejected: "
+    return (f"{names.where(root)}: {names.resume} found no checkpoint it can load ({len(rejected)} rejected: "
             f"{'; '.join(rejected[:3])}{' ...' if len(rejected) > 3 else ''}); check them with `dstoolkit ckpt "
-            "inspect`, or start afresh without --resume in a new --checkpoint-dir")
+            f"inspect`, or start afresh without {names.resume} in a new {names.dir}")
 
 
-def resume_refusal(root: Path | str, ds_config: Any, world: int, nproc_flag: str = "--nproc") -> Optional[str]:
+def resume_refusal(root: Path | str, ds_config: Any, world: int, names: Names = CLI) -> Optional[str]:
     """Pre-flight for --resume (before any rank starts): a universal checkpoint, no tag the trainer saved (none has
     its manifest), or the newest such tag saved at another ZeRO stage / dp size. None: go ahead (the ranks still
     verify every file's hash and skip a damaged tag)."""
@@ -154,4 +194,23 @@ def resume_refusal(root: Path | str, ds_config: Any, world: int, nproc_flag: str
     if not own:
         return all_rejected_refusal(root, [f"{t}: {N.DSTOOLKIT_MANIFEST} is missing: the save did not finish (the "
                                            "trainer writes it last)" for t in tags])
-    return layout_refusal(root, own[0], saved_layout(root / own[0]), config_zero_stage(ds_config), world, nproc_flag)
+    return layout_refusal(root, own[0], saved_layout(root / own[0]), config_zero_stage(ds_config), world, names)
+
+
+def pick_resume(mgr: Any, engine: Any, names: Names = CLI, log: Any = lambda m: None) -> tuple[Any, Optional[str]]:
+    """On each rank, with the engine up: the checkpoint a resume loads from `mgr` (a `ckpt.CheckpointManager`; its
+    `latest_valid()`, rejected ones logged) and why it must not (None: load `found.tag`, or start from step 0 when
+    `found.tag` is None) -- a universal checkpoint, every checkpoint rejected, or one saved at another ZeRO stage /
+    dp size than the DeepSpeed `engine` runs. The bundled trainer (`run_state.Checkpoints.resume`) and `Guard.resume`."""
+    problem = universal_refusal(mgr.root, names)
+    if problem:
+        return None, problem
+    found = mgr.latest_valid()
+    for reason in found.rejected:
+        log(f"resume: skipping checkpoint: {reason}")
+    if found.tag is None:
+        return found, all_rejected_refusal(mgr.root, found.rejected, names) if found.rejected else None
+    if not hasattr(engine, "zero_optimization_stage") or getattr(engine, "dp_world_size", None) is None:
+        return found, None  # not a DeepSpeed engine (a test double): its own load says what it cannot read
+    return found, layout_refusal(mgr.root, found.tag, saved_layout(mgr.root / found.tag),
+                                 engine.zero_optimization_stage(), engine.dp_world_size, names)

@@ -97,24 +97,15 @@ class Checkpoints:
         """
         if self.mgr is None:
             return
-        from dstoolkit.runtime.train.resume_check import (all_rejected_refusal, layout_refusal, saved_layout,
-                                                          universal_refusal)
+        from dataclasses import replace
+
+        from dstoolkit.runtime.train.resume_check import CLI, pick_resume
         from dstoolkit.runtime.train.trainer_inputs import UsageError
 
-        problem = universal_refusal(self.mgr.root)
+        found, problem = pick_resume(self.mgr, self.engine, replace(CLI, nproc="a world size of"), self.log)
         if problem:
             raise UsageError(problem)
-        found = self.mgr.latest_valid()
-        for reason in found.rejected:
-            self.log(f"resume: skipping checkpoint: {reason}")
-        if found.tag is None and found.rejected:  # not a fresh start in disguise
-            raise UsageError(all_rejected_refusal(self.mgr.root, found.rejected))
         if found.tag is not None:
-            problem = layout_refusal(self.mgr.root, found.tag, saved_layout(self.mgr.root / found.tag),
-                                     self.engine.zero_optimization_stage(), self.engine.dp_world_size,
-                                     nproc_flag="a world size of")
-            if problem:
-                raise UsageError(problem)
             self._load(found.tag, keep_skips=False)
             self.writer.write({"event": "resume", "tag": found.tag, "step": self.state.step,
                                "data_pos": self.state.data_pos, "rejected": found.rejected})
