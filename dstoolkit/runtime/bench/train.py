@@ -167,25 +167,9 @@ def run_one(target: targets_mod.BenchTarget, *, steps: int, skip_steps: int, wor
             timeout_s: float, calibration, shrink=None) -> dict[str, Any]:
     """Launch one config through the deepspeed launcher and build its record body (`shrink`: the
     `ShrinkSizes` of a shrunk run of the spec's own architecture)."""
-    from dstoolkit.models import resolve_model
-    from dstoolkit.spec import load_spec
+    from dstoolkit.runtime.bench.train_precheck import spec_and_shape
 
-    if target.spec_path is None:
-        raise BenchInputError(f"config {target.name!r}: the trainer needs the model and seq_len; pass --spec SPEC.yaml")
-    spec = load_spec(target.spec_path)
-    shrunk = None
-    if shrink is not None:
-        from dstoolkit.runtime.shrink_run import prepare_shrunk_run
-        from dstoolkit.runtime.shrink_sizes import ShrinkError
-
-        try:
-            shrunk = prepare_shrunk_run(spec, target.spec_path.parent, shrink)
-        except ShrinkError as exc:
-            raise BenchInputError(f"config {target.name!r} (spec {target.spec_path}): --shrink: {exc}") from None
-        shape = shrunk.shape
-        _describe_shrunk_run(spec, shrunk, world_size)
-    else:
-        shape = resolve_model(spec.model, target.spec_path.parent)
+    spec, shape, shrunk = spec_and_shape(target, world_size, shrink)
     run_dir = work_dir / target.name
     run_dir.mkdir(parents=True, exist_ok=True)
     ds_path = run_dir / "ds_config.json"
@@ -315,6 +299,11 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
     with targets_mod.temp_work_dir() as tmp:
         tmp = pathlib.Path(tmp)
         tgts = targets_mod.resolve_targets(list(items), spec, strategies, tmp, world_size, shrink=sizes)
+        if not command:  # before anything is launched: the estimate per rank against this host's RAM share
+            from dstoolkit.runtime.bench.train_precheck import check_targets_fit
+
+            for note in check_targets_fit(tgts, world_size, calibration, shrink=sizes):
+                print(f"# note: {note}; the run and its estimate are at {world_size} ranks", file=sys.stderr)
         cfg = {"bench": BENCH_NAME, "targets": [(t.name, t.ds_config, t.ep_size, str(t.spec_path)) for t in tgts],
                "steps": steps, "skip": skip_steps, "world": world_size,
                "calibration": calibration, "command": list(command or [])}
