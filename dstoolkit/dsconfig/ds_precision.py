@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, WithJsonSchema
+from typing_extensions import Annotated
 
 from dstoolkit.dsconfig.base import Bool, BoolOrAuto, DSModel, Float, Int
 
-from dstoolkit.dsconfig.facts import BF16_ONLY_KEYS, FP16_ONLY_KEYS  # noqa: F401
+from dstoolkit.dsconfig.facts import (BF16_ONLY_KEYS, FLOAT_DTYPE_SPELLINGS, FP16_ONLY_KEYS,  # noqa: F401
+                                      canonical_dtype)
 
 
 class FP16Config(DSModel):
@@ -69,14 +71,24 @@ class TorchAutocastConfig(DSModel):
     """Fully qualified module classes whose params may be cast (e.g. torch.nn.modules.linear.Linear)."""
 
 
+_FLOAT_SPELLINGS = [s for spellings in FLOAT_DTYPE_SPELLINGS.values() for s in spellings]
+FloatDtype = Annotated[Literal["fp32", "float32", "torch.float32", "float", "fp16", "float16", "torch.float16", "half",
+                               "bf16", "bfloat16", "torch.bfloat16"],
+                       AfterValidator(canonical_dtype),
+                       WithJsonSchema({"type": "string", "enum": _FLOAT_SPELLINGS,
+                                       "x-shown-enum": list(FLOAT_DTYPE_SPELLINGS)})]
+"""A floating-point dtype in any spelling DeepSpeed's DtypeEnum takes ("float32", "torch.bfloat16", "half", ...),
+read as its canonical name (fp32 / fp16 / bf16)."""
+
+
 class DataTypesConfig(DSModel):
     """`data_types`: dtypes of gradient accumulation, parameters and buffers."""
 
-    grad_accum_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = None
-    """Dtype of the gradient accumulation buffer (default: the training dtype)."""
-    param_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = None
+    grad_accum_dtype: Optional[FloatDtype] = None
+    """Dtype of the gradient accumulation buffer (default: the training dtype); any DtypeEnum spelling."""
+    param_dtype: Optional[FloatDtype] = None
     """Dtype parameters are cast to (None: keep)."""
-    buffer_dtype: Optional[Literal["fp32", "fp16", "bf16"]] = None
+    buffer_dtype: Optional[FloatDtype] = None
     """Dtype buffers are cast to (None: keep)."""
     keep_in_fp32_modules: Union[Literal["auto"], list[str]] = "auto"
     """Name patterns of modules whose buffers stay fp32 under bf16/fp16 ("auto" or a list)."""

@@ -318,3 +318,23 @@ fails on, measured one key at a time: it reads the key as present and calls ``Mo
 ``.keys`` / ``.items``, ``None | bool`` or pydantic's model check on it (TypeError / AttributeError /
 ValidationError). The DeepSpeedConfig model makes these non-nullable; bf16, aio, expert_parallel, the batch sizes,
 steps_per_print, log_level and the other Optional keys take null as unset, as DeepSpeed does."""
+
+
+FLOAT_DTYPE_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "fp32": ("fp32", "float32", "torch.float32", "float"),
+    "fp16": ("fp16", "float16", "torch.float16", "half"),
+    "bf16": ("bf16", "bfloat16", "torch.bfloat16"),
+}
+"""Canonical name -> every spelling deepspeed 0.19.8's DtypeEnum (runtime/config.py) maps to that torch dtype, exact
+case; the engine resolves data_types.grad_accum_dtype / param_dtype / buffer_dtype through it (engine.py
+get_data_types, _mixed_precision_dtypes), so "float32" and "torch.bfloat16" are as good as "fp32" and "bf16".
+(DtypeEnum's int8 is no floating-point training dtype and is not listed.)"""
+
+
+def canonical_dtype(value: object) -> "str | None":
+    """The canonical name (fp32 / fp16 / bf16) of a DtypeEnum spelling, or None for anything else."""
+    if isinstance(value, str):
+        for name, spellings in FLOAT_DTYPE_SPELLINGS.items():
+            if value in spellings:
+                return name
+    return None

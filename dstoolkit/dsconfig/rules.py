@@ -18,6 +18,7 @@ from typing import Mapping, Optional
 
 from dstoolkit.dsconfig.registry import (RULES, Rule, RuleContext, RuleViolation, as_int, enforce_all,  # noqa: F401
                                          rule, run_rules, section, zero_section, zero_stage)
+from dstoolkit.dsconfig.facts import canonical_dtype
 from dstoolkit.dsconfig.rule_facts import _bf16_section, _dp_size, _enabled, _sp, dp_formula
 from dstoolkit.layout.dims import LayoutError, resolve_batch
 
@@ -135,20 +136,23 @@ def _check_fp16_dynamic_loss_scale(cfg: Mapping, ctx: RuleContext) -> None:
 @rule("DS229", "gradient accumulation dtype other than the model's at ZeRO stage 0")
 def _check_grad_accum_dtype_stage0(cfg: Mapping, ctx: RuleContext) -> None:
     """Without ZeRO (stage 0) DeepSpeed 0.19 accepts data_types.grad_accum_dtype only equal to the model dtype
-    (fp32, or the enabled fp16 / bf16): engine.py _do_optimizer_sanity_check raises NotImplementedError("unsupported
+    (fp32, or the enabled fp16 / bf16), compared as torch dtypes, so any DtypeEnum spelling of it ("float32",
+    "torch.bfloat16") counts as that dtype: engine.py _do_optimizer_sanity_check raises NotImplementedError("unsupported
     mix of model_dtype=... and grad_accum_dtype=...") at initialize. bf16 with fp32 accumulation runs at stage 1
     (BF16_Optimizer), 2 or 3 (measured on 2 gloo ranks: stage 0 raises, stages 1-3 train). Checked for 0.19 only:
     0.16's engine is not installed here to read."""
     if not ctx.deepspeed_version.startswith("0.19") or zero_stage(cfg) != 0:
         return
-    acc = section(cfg, "data_types").get("grad_accum_dtype")
-    if not isinstance(acc, str):
-        return
+    raw = section(cfg, "data_types").get("grad_accum_dtype")
+    acc = canonical_dtype(raw)
+    if acc is None:
+        return  # not a dtype DeepSpeed's DtypeEnum knows: DS103
     bname, bf16 = _bf16_section(cfg)
     model = "bf16" if _enabled(bf16, ctx) else "fp16" if _enabled(section(cfg, "fp16"), ctx) else "fp32"
     if acc != model:
         raise RuleViolation("/data_types/grad_accum_dtype",
-                            f"data_types.grad_accum_dtype={acc!r} with a {model} model at ZeRO stage 0: DeepSpeed "
+                            f"data_types.grad_accum_dtype={raw!r}{'' if raw == acc else f' ({acc})'} with a {model} "
+                            f"model at ZeRO stage 0: DeepSpeed "
                             f"raises NotImplementedError ('unsupported mix of model_dtype and grad_accum_dtype')",
                             f'use "zero_optimization": {{"stage": 1}} (BF16_Optimizer for bf16 + fp32) or remove '
                             f"data_types.grad_accum_dtype")

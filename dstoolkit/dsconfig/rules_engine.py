@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from dstoolkit.dsconfig.facts import canonical_dtype
 from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, as_int, rule, section, zero_section, zero_stage
 from dstoolkit.dsconfig.rule_facts import _bf16_section, _enabled
 
@@ -119,7 +120,7 @@ def _zero12_optimizer(cfg: Mapping, ctx: RuleContext, stage: Optional[int]) -> b
     _, bf16 = _bf16_section(cfg)
     offload = zero_section(cfg).get("offload_optimizer")
     cpu_offload = isinstance(offload, dict) and offload.get("device") == "cpu"
-    acc = section(cfg, "data_types").get("grad_accum_dtype")
+    acc = canonical_dtype(section(cfg, "data_types").get("grad_accum_dtype"))  # "float32" too (DtypeEnum)
     return not (stage == 1 and _enabled(bf16, ctx) and acc == "fp32" and not cpu_offload)
 
 
