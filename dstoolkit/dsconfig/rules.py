@@ -163,9 +163,9 @@ def _check_grad_accum_dtype_stage0(cfg: Mapping, ctx: RuleContext) -> None:
 def _check_offload_param_stage(cfg: Mapping, ctx: RuleContext) -> None:
     """zero_optimization.offload_param (and the deprecated cpu_offload_param) only acts at ZeRO stage 3:
     runtime/zero/stage3.py is its only reader. At stages 0-2 DeepSpeed ignores it silently and the parameters
-    stay on the GPU, so the memory the offload was meant to free is not freed. A warning, like
-    offload_optimizer at stage 0 (DS105): DeepSpeed 0.19.8 starts and trains with it (measured with
-    deepspeed.initialize on 2 gloo ranks at stages 0, 1 and 2; microsoft/DeepSpeed's own
+    stay on the GPU, so the memory the offload was meant to free is not freed. A warning (unlike offload_optimizer
+    at stage 0, DS105, which builds a CPU optimizer for GPU parameters): DeepSpeed 0.19.8 starts and trains with it
+    (measured with deepspeed.initialize on 2 gloo ranks at stages 0, 1 and 2; microsoft/DeepSpeed's own
     tests/hybrid_engine/hybrid_engine_config.json sets it at stage 0)."""
     z = zero_section(cfg)
     op = z.get("offload_param")

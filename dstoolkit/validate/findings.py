@@ -33,7 +33,7 @@ KEY_CODES: dict[str, str] = {
     "DS102": "wrong type",
     "DS103": "value out of range or not allowed",
     "DS104": "key belongs to another section",
-    "DS105": "key ignored at the configured ZeRO stage",
+    "DS105": "key ignored (or, for optimizer offload at stage 0, fatal on GPUs) at the configured ZeRO stage",
     "DS106": "deprecated key",
     "DS107": "section or key removed from DeepSpeed",
     "DS108": "required key missing",

@@ -12,7 +12,9 @@ from dstoolkit.dsconfig import auto as _auto
 from dstoolkit.dsconfig import versions as _versions
 from dstoolkit.dsconfig.facts import (BF16_ONLY_KEYS, FP16_ONLY_KEYS, OFFLOAD_KEYS, STAGE3_ONLY_KEYS,
                                       STAGE12_ONLY_KEYS, ZERO_ALIASES, canonical_zero_key)
+from dstoolkit.dsconfig import rules as _rules  # noqa: F401  (declares the rules in registry order before rules_optim)
 from dstoolkit.dsconfig.registry import zero_stage
+from dstoolkit.dsconfig.rules_optim import optimizer_build
 from dstoolkit.validate import schema_check as _schema_check
 from dstoolkit.validate.findings import Collector, pointer_of
 
@@ -209,8 +211,7 @@ def _check_zero_keys(data: dict, clean: dict, version: str, out: Collector) -> N
             out.add("DS105", "warning", ptr, f"zero_optimization.{k} has no effect at stage 0 (ZeRO disabled)",
                     "set a stage >= 1 or delete the key")
         elif stage == 0 and c in ("offload_optimizer", "cpu_offload") and _offload_on(z[k]):
-            out.add("DS105", "warning", ptr, f"zero_optimization.{k} has no effect at stage 0: optimizer offload "
-                    "needs ZeRO stage 1-3", "set a stage >= 1")
+            _stage0_optimizer_offload(data, k, version, out)
         elif stage in (1, 2) and c in STAGE3_ONLY_KEYS:
             out.add("DS105", "warning", ptr, f"zero_optimization.{k} only acts at stage 3; ignored at stage {stage}",
                     "delete it or set stage 3")
@@ -221,3 +222,40 @@ def _check_zero_keys(data: dict, clean: dict, version: str, out: Collector) -> N
 
 def _offload_on(v: Any) -> bool:
     return v is True or (isinstance(v, dict) and v.get("device") not in (None, "none"))
+
+
+_STAGE0_FIX = 'set "stage": 1 or higher to offload the optimizer, or remove the offload'
+
+
+def _stage0_optimizer_offload(data: dict, k: str, version: str, out: Collector) -> None:
+    """offload_optimizer (or cpu_offload) at ZeRO stage 0. ZeRO is off, so the parameters stay on the accelerator,
+    but engine.py zero_use_cpu_optimizer reads only the offload device, whatever the stage: Adam / AdamW / Lion /
+    Adagrad from the config become DeepSpeedCPUAdam / CPULion / CPUAdagrad (get_optimizer_configuration,
+    _configure_basic_optimizer), whose step asserts "... param is on cuda:0 and must be 'cpu'" (ops/adam/cpu_adam.py)
+    at the first step on GPUs; and an optimizer from code must be one of those unless zero_force_ds_cpu_optimizer
+    is false (ZeRORuntimeException at initialize). Only CPU ranks (gloo), whose parameters are on the CPU already,
+    train. Other optimizer classes (SGD, Lamb, torch_adam) run on the accelerator: the offload does nothing."""
+    ptr = f"/zero_optimization/{k}"
+    where = f"zero_optimization.{k} at stage 0: ZeRO is off, so the parameters stay on the accelerator"
+    opt = data.get("optimizer")
+    if isinstance(opt, dict) and isinstance(opt.get("type"), str):
+        params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+        build = optimizer_build(opt["type"], params, data, version)
+        if build is not None and build.cls.startswith("DeepSpeedCPU"):
+            out.add("DS105", "error", ptr, f"{where}, yet the offload makes DeepSpeed build {build.cls} for "
+                    f"optimizer.type {opt['type']!r} (engine.py zero_use_cpu_optimizer ignores the stage): on GPUs its "
+                    f"first step asserts ('{build.cls.replace('DeepSpeed', '')} param is on cuda:0 and must be "
+                    "'cpu''); only CPU ranks (gloo) train", _STAGE0_FIX)
+            return
+        if build is not None:
+            out.add("DS105", "warning", ptr, f"{where} and {build.cls} runs there: the offload has no effect",
+                    _STAGE0_FIX)
+            return
+    elif opt is None and data.get("zero_force_ds_cpu_optimizer", True) is not False:
+        out.add("DS105", "error", ptr, f"{where}, yet DeepSpeed requires the optimizer from code to be "
+                "DeepSpeedCPUAdam or DeepSpeedCPULion (ZeRORuntimeException at initialize otherwise, "
+                "zero_force_ds_cpu_optimizer), and on GPUs their first step asserts (param is on cuda:0 and must be "
+                "'cpu'); only CPU ranks (gloo) train", _STAGE0_FIX)
+        return
+    out.add("DS105", "warning", ptr, f"zero_optimization.{k} has no effect at stage 0: optimizer offload needs ZeRO "
+            "stage 1-3", "set a stage >= 1")

@@ -190,6 +190,9 @@ def test_extra_rejections_are_at_the_mutated_key(judged):
         ptr = pointer_of(path)
         for f in errors:
             related = f.pointer.startswith(ptr) or ptr.startswith(f.pointer + "/") or f.pointer == ptr
+            # a deleted / changed stage can leave optimizer offload at stage 0: DS105 is the cross-field finding
+            # (DeepSpeedCPUAdam on GPU parameters asserts at the first step, which a config parse cannot see)
+            related = related or (f.code == "DS105" and ptr == "/zero_optimization/stage")
             assert related or f.code.startswith("DS2"), (base, label, ptr, f.code, f.pointer, f.message)
         extra.setdefault(label, 0)
         extra[label] += 1

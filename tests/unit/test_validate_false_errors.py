@@ -86,14 +86,18 @@ def test_stage_string_is_a_warning():
     assert ("DS103", "/zero_optimization/stage") in _errors({**cfg, "zero_optimization": {"stage": "4"}})
 
 
-def test_offload_param_below_stage3_is_a_warning_like_offload_optimizer_at_stage0():
+def test_offload_param_below_stage3_is_a_warning():
     # microsoft/DeepSpeed tests/hybrid_engine/hybrid_engine_config.json (corpus): offload_param at stage 0
     text = (CORPUS / "microsoft__DeepSpeed__tests__hybrid_engine__hybrid_engine_config.json").read_text()
     cfg = json.loads(text)
     assert _errors(text, world_size=16) == []
     assert ("DS204", "/zero_optimization/offload_param") in _warnings(text)
     _deepspeed_accepts(cfg)
+    # offload_optimizer at stage 0 is not alike: DeepSpeed requires a CPU optimizer for GPU parameters (DS105 error,
+    # tests/unit/test_s32_validate_offload_stage0.py); with zero_force_ds_cpu_optimizer false it does nothing
     oo = {**cfg, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}
+    assert [f.severity for f in validate_config(oo) if f.pointer == "/zero_optimization/offload_optimizer"] == ["error"]
+    oo["zero_force_ds_cpu_optimizer"] = False
     assert [f.severity for f in validate_config(oo) if f.pointer == "/zero_optimization/offload_optimizer"] == ["warning"]
     for stage in (1, 2):
         z = {**cfg, "zero_optimization": {"stage": stage, "offload_param": {"device": "cpu"}}}
