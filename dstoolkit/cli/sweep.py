@@ -75,24 +75,47 @@ def _ranked_json(r, spec) -> dict:
                          for f in r.findings]}
 
 
-def _undecided_lines(res, spec, spec_path: str) -> list[str]:
+def _undecided_ranked(res, spec, shape, group) -> list:
+    """Every ranked layout the undecided count looks at: how many lie within the step-time model's error of the best is
+    a property of the estimates, not of --top. `res.ranked` stops at --top; when its last row is still within the
+    error and more layouts fit, the sweep is ranked again without the cut (validated the same way). Only the layouts on
+    #1's side of the memory headroom count: the headroom, not the estimate, ranks the others below."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.estimate.timeline import is_cpu_device
+    from dstoolkit.generate.sweep import run_sweep
+    from dstoolkit.generate.undecided import undecided
+
+    def same_side(rows):
+        return [r for r in rows if r.estimate.within_headroom == rows[0].estimate.within_headroom] if rows else []
+
+    ranked = same_side(list(res.ranked))
+    if not ranked or len(ranked) < len(res.ranked) or res.all_ranked_count <= len(ranked):
+        return ranked
+    u = undecided([r.estimate.step_time_s for r in ranked], is_cpu_device(spec.cluster.gpu_spec))
+    if len(ranked) - 1 not in u.positions:
+        return ranked
+    return same_side(list(run_sweep(spec, shape, top=res.all_ranked_count, targets=group, advise=False).ranked))
+
+
+def _undecided_lines(ranked, spec, spec_path: str, shown: int) -> list[str]:
     """generate.undecided: the ranked layouts within the step-time model's measured error of the best."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.timeline import is_cpu_device
     from dstoolkit.generate.undecided import undecided_lines
 
-    return undecided_lines([r.candidate.label for r in res.ranked], [r.estimate.step_time_s for r in res.ranked],
-                           is_cpu_device(spec.cluster.gpu_spec), spec_path)
+    return undecided_lines([r.candidate.label for r in ranked], [r.estimate.step_time_s for r in ranked],
+                           is_cpu_device(spec.cluster.gpu_spec), spec_path, shown=shown)
 
 
-def _undecided_json(res, spec, spec_path: str) -> dict:
+def _undecided_json(ranked, spec, spec_path: str) -> dict:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.timeline import is_cpu_device
     from dstoolkit.generate.undecided import tune_command, undecided
 
-    u = undecided([r.estimate.step_time_s for r in res.ranked], is_cpu_device(spec.cluster.gpu_spec))
-    return {"positions": [i + 1 for i in u.positions], "error": u.error, "error_source": u.source,
-            "decided": u.decided, "tune_command": None if u.decided else tune_command(spec_path, len(u.positions))}
+    u = undecided([r.estimate.step_time_s for r in ranked], is_cpu_device(spec.cluster.gpu_spec))
+    return {"positions": [i + 1 for i in u.positions], "labels": [ranked[i].candidate.label for i in u.positions],
+            "error": u.error, "error_source": u.source, "decided": u.decided,
+            "tune_command": None if u.decided else tune_command(spec_path, len(u.positions))}
 
 
 def _groups(spec, targets) -> list[tuple]:
@@ -107,7 +130,7 @@ def _groups(spec, targets) -> list[tuple]:
     return [(tuple(g), spec_for_targets(spec, g)) for g in target_groups(targets)]
 
 
-def _group_doc(res, group, engine_spec, plans, spec_path: str, model_name: str) -> dict:
+def _group_doc(res, group, engine_spec, plans, spec_path: str, model_name: str, shape) -> dict:
     """One group's ranking for --format json."""
     nowhere = None
     if res.fits_nowhere is not None:
@@ -123,7 +146,7 @@ def _group_doc(res, group, engine_spec, plans, spec_path: str, model_name: str) 
                    for r, tp in zip(res.ranked, plans)], "winner_reason": res.winner_reason,
         "dropped_by_code": res.dropped_by_code,
         "dropped": [{"label": d.candidate.label, "code": d.code, "reason": d.reason} for d in res.dropped],
-        "fits_nowhere": nowhere, "undecided": _undecided_json(res, engine_spec, spec_path),
+        "fits_nowhere": nowhere, "undecided": _undecided_json(_undecided_ranked(res, engine_spec, shape, group), engine_spec, spec_path),
     }
 
 
@@ -151,7 +174,7 @@ def run(args) -> int:
     gpu = spec.cluster.gpu_spec
     ranked_any = any(res.ranked for _, _, res, _ in sweeps)
     if args.format == "json":
-        groups = [_group_doc(res, g, es, plans, args.spec, shape.name) for g, es, res, plans in sweeps]
+        groups = [_group_doc(res, g, es, plans, args.spec, shape.name, shape) for g, es, res, plans in sweeps]
         doc = {"spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
                # one group: its ranking at the top level too, as before groups existed
                **({k: v for k, v in groups[0].items() if k != "targets"} if len(groups) == 1 else {}),
@@ -176,7 +199,7 @@ def run(args) -> int:
         else:
             print(f"{head}; {counts}" + (f"; estimated under {engine}, the engine of {', '.join(group)}"
                                          if group else ""))
-        _print_ranking(args, engine_spec, res, plans)
+        _print_ranking(args, engine_spec, res, plans, shape, group)
         if several:
             nowhere.append(_print_dropped(args, engine_spec, res, shape.name))
     if targets:
@@ -200,7 +223,7 @@ def _spec_of(sweeps, target):
     return next(es for g, es, _, _ in sweeps if target in g)
 
 
-def _print_ranking(args, spec, res, plans) -> None:
+def _print_ranking(args, spec, res, plans, shape, group) -> None:
     """One group's ranked layouts, its winner and the ties within the step-time model's error."""
     if not res.ranked:
         return
@@ -228,7 +251,8 @@ def _print_ranking(args, spec, res, plans) -> None:
         print(f"{PEAK_ONLY_MARK} {peak_only_caution(worst.estimate)}")
     print()
     print(f"Why #1: {res.winner_reason}")
-    for line in _undecided_lines(res, spec, args.spec):  # ties within the model's measured error (issue 24)
+    # ties within the model's measured error (issue 24), over every fitting layout, not only the --top shown
+    for line in _undecided_lines(_undecided_ranked(res, spec, shape, group), spec, args.spec, len(res.ranked)):
         print(line)
 
 

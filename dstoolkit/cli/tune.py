@@ -183,7 +183,7 @@ def run(args) -> int:
     if args.format == "json":
         print(json.dumps({"out_dir": str(res.out_dir), "resumed": res.resumed, "evaluated": res.evaluated,
                           "stop_reason": res.stop_reason, "space_size": res.space_size, "status_counts": counts,
-                          "best": res.best, "files": res.files}, indent=1, default=str))
+                          "best": res.best, "notes": res.notes, "files": res.files}, indent=1, default=str))
     else:
         unit = "tok/s" if args.objective == "throughput" else "bytes per rank"
         print(f"# dstoolkit tune {args.spec}: {args.mode} mode, objective {args.objective}, seed {args.seed}"
@@ -198,6 +198,8 @@ def run(args) -> int:
                   f"{v:>22}  {note[:110]}")
         if res.best:
             print(f"best: trial #{res.best['number']} {res.best['label']}: {res.best['value']:,.0f} {unit}")
+            for note in res.notes:  # the memory headroom, a shrunk run
+                print(f"  {note}")
         else:
             print("best: none (every trial was pruned or failed; see report.md)")
         print(f"wrote {', '.join(res.files)} in {res.out_dir}")

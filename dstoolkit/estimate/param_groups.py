@@ -107,7 +107,8 @@ def _partition_grad_numels(group: list[int], dp: int) -> list[int]:
 
 
 def fp8_weight_cache_bytes(plan: RunPlan) -> int:
-    """FP8 storage: the cast weight copies Transformer Engine keeps (only for fp8 precision)."""
+    """FP8 storage: the cast weight copies Transformer Engine keeps (only for fp8 precision; with an FP8 selection,
+    RunPlan.fp8_selection, only for the swapped share of each block's weights: a layer kept in bf16 has none)."""
     if plan.precision != "fp8":
         return 0
     layout = param_layout(plan.shape)
@@ -121,5 +122,6 @@ def fp8_weight_cache_bytes(plan: RunPlan) -> int:
             continue
         if p.kind == "expert" and _expert_index(p) >= local_experts:
             continue
-        local += p.numel // plan.tp if plan.tp_splits(p) else p.numel
+        numel = p.numel // plan.tp if plan.tp_splits(p) else p.numel
+        local += numel if plan.fp8_selection is None else int(numel * plan.fp8_share(p.layer))
     return local * FP8_WEIGHT_CACHE_BYTES_PER_PARAM

@@ -4,6 +4,7 @@ memory notes. No torch import.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from dstoolkit.generate.candidates import Candidate
@@ -14,7 +15,10 @@ from dstoolkit.spec import Spec
 from dstoolkit.spec.cluster_fields import host_memory_source, memory_headroom_fraction, memory_headroom_source
 
 
-STEP_TIME_TIE_DIGITS = 3  # step times equal to 3 significant digits tie (estimates are not finer than that)
+STEP_TIME_TIE_TOLERANCE = 0.005
+"""Relative width of a tie: estimated figures in the same bucket of this width on a log scale (`tie_key`) tie, and
+the simpler layout ranks first. The one tie rule of `sweep`'s ranking, of its "same estimated step time" text and of
+`tune`'s estimate ranking (estimates are not finer than that)."""
 
 
 def headroom_note(spec: Spec, first: Ranked, fit: Sequence[Ranked]) -> str:
@@ -42,9 +46,22 @@ def host_memory_text(spec: Spec, est: CandidateEstimate) -> str:
             f"({host_memory_source(spec.cluster)})")
 
 
-def tie_rounded(value: float) -> float:
-    """An estimated figure to STEP_TIME_TIE_DIGITS significant digits: figures equal at that precision tie."""
-    return float(f"{value:.{STEP_TIME_TIE_DIGITS}g}")
+def tie_key(value: float) -> tuple[int, int]:
+    """The tie bucket of an estimated figure: figures whose buckets are equal tie. Buckets are STEP_TIME_TIE_TOLERANCE
+    wide relative to the figure (log scale), so two figures in one bucket differ by less than that fraction; the key
+    orders as the figure does (negative figures, e.g. -tokens/s, included)."""
+    if value == 0 or not math.isfinite(value):
+        return (0, 0) if value == 0 else (2 if value > 0 else -2, 0)
+    b = math.floor(math.log(abs(value)) / math.log1p(STEP_TIME_TIE_TOLERANCE))
+    return (1, b) if value > 0 else (-1, -b)
+
+
+def same_step_time(a: float, b: float) -> bool:
+    """Two estimated step times tie (`tie_key`)."""
+    return tie_key(a) == tie_key(b)
+
+
+TIE_TEXT = f"within the {STEP_TIME_TIE_TOLERANCE * 100:g}% tie rule"
 
 
 def simplicity_key(c: Candidate) -> tuple:
@@ -56,17 +73,32 @@ def simplicity_key(c: Candidate) -> tuple:
 
 def _rank_key(r: Ranked):
     """Layouts that leave the memory headroom (cluster.memory_headroom_fraction) first; then fastest first. On a tie
-    (`tie_rounded`) the simpler layout wins (`simplicity_key`), then less memory, and the label for a stable order."""
+    (`tie_key`) the simpler layout wins (`simplicity_key`), then less memory, and the label for a stable order."""
     c = r.candidate
-    return (int(not r.estimate.within_headroom), tie_rounded(r.estimate.step_time_s), *simplicity_key(c),
+    return (int(not r.estimate.within_headroom), tie_key(r.estimate.step_time_s), *simplicity_key(c),
             r.estimate.memory_per_rank_bytes, c.label)
 
 
 def _gap_text(e0: CandidateEstimate, e: CandidateEstimate) -> str:
     gap = (e.step_time_s / e0.step_time_s - 1) * 100 if e0.step_time_s > 0 else 0.0
-    if abs(gap) < 10 ** (1 - STEP_TIME_TIE_DIGITS) * 100 / 2:
-        return f"same estimated step time as #1 ({e.step_time_s:.4g} s; ties go to the simpler layout)"
+    if same_step_time(e0.step_time_s, e.step_time_s) and e.within_headroom == e0.within_headroom:
+        return (f"same estimated step time as #1 ({e.step_time_s:.4g} s, {TIE_TEXT}; ties go to the simpler "
+                "layout)")
     return f"{gap:+.1f}% step time vs #1 ({e.step_time_s:.4g} s)"
+
+
+def _out_of_order_text(earlier: Sequence[Ranked], r: Ranked) -> str:
+    """Why `r` ranks below a slower layout ranked before it (1-based position in the text): a tie, or the memory
+    headroom; '' when every layout before it is at least as fast."""
+    e = r.estimate
+    for j, q in enumerate(earlier, start=1):
+        if q.estimate.step_time_s <= e.step_time_s:
+            continue
+        if q.estimate.within_headroom and not e.within_headroom:
+            return f"; ranked below #{j}, which leaves the memory headroom and this one does not"
+        return (f"; ties with #{j} ({q.estimate.step_time_s:.4g} s, same estimated step time {TIE_TEXT}: the simpler "
+                "layout ranks first)")
+    return ""
 
 
 def _difference_notes(a: Candidate, b: Candidate) -> list[str]:
@@ -119,7 +151,7 @@ def explain(ranked: list[Ranked], gpu: GpuSpec, all_fit: Sequence[Ranked] = (),
         e = r.estimate
         diff = _difference_notes(first.candidate, r.candidate)
         reason = (f"{_gap_text(e0, e)}, {_gib(e.memory_per_rank_bytes)} per rank"
-                  + (f"; differs by: {', '.join(diff)}" if diff else ""))
+                  + (f"; differs by: {', '.join(diff)}" if diff else "") + _out_of_order_text(ranked[:len(out)], r))
         out.append(Ranked(r.candidate, e, reason=reason, findings=r.findings))
     why = f"{first.candidate.label} wins: {out[0].reason}."
     if len(out) > 1:

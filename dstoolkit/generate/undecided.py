@@ -11,7 +11,7 @@ layouts. No torch import.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 GPU_OUT_OF_SOURCE_ERROR = 0.06
 """Leave-one-source-out throughput MAPE of the GPU step-time model: benchmarks/results/published_runs_202612.jsonl,
@@ -61,19 +61,25 @@ def undecided(step_times_s: Sequence[float], is_cpu: bool) -> Undecided:
 
 
 def tune_command(spec_path: str, n: int, out_dir: str = "tune_undecided") -> str:
-    """The `dstoolkit tune --mode real` command whose first trials are the n best estimated layouts: tune seeds
-    its study with the estimator's ranking (`--seed-trials`, 1-5) and `--budget n` stops after them."""
+    """The `dstoolkit tune --mode real` command whose first trials are the n best estimated layouts, one trial each at
+    the layout's default DeepSpeed settings: tune seeds its study with one point per distinct layout of the
+    estimator's ranking (`tune.seeding.one_per_layout`, `--seed-trials`, 1-5) and `--budget n` stops after them."""
     k = max(1, min(n, MAX_TUNE_SEED_TRIALS))
     return f"dstoolkit tune {spec_path} --mode real --budget {max(1, n)} --seed-trials {k} -o {out_dir}"
 
 
 def undecided_lines(labels: Sequence[str], step_times_s: Sequence[float], is_cpu: bool,
-                    spec_path: str = "SPEC.yaml") -> list[str]:
-    """Text for sweep/generate: which layouts are ties and the tune command; [] when the ranking decides."""
+                    spec_path: str = "SPEC.yaml", shown: Optional[int] = None) -> list[str]:
+    """Text for sweep/generate: which layouts are ties and the tune command; [] when the ranking decides. `labels`
+    and `step_times_s` are every ranked layout; `shown` (the rows printed, sweep's --top) shortens the list of names
+    (the count is always over all of them)."""
     u = undecided(step_times_s, is_cpu)
     if u.decided:
         return []
-    names = ", ".join(f"#{i + 1} {labels[i]}" for i in u.positions)
+    listed = [i for i in u.positions if shown is None or i < shown]
+    names = ", ".join(f"#{i + 1} {labels[i]}" for i in listed)
+    if len(listed) < len(u.positions):
+        names += f" and {len(u.positions) - len(listed)} more below --top {shown}"
     lines = [f"Cannot decide: {len(u.positions)} layouts lie within {100 * u.error:.1f}% of the best estimate "
              f"(the model's measured error: {u.source}): {names}.",
              f"Measure them: {tune_command(spec_path, len(u.positions))}"]

@@ -61,7 +61,10 @@ def estimate_summary(spec, check: PointCheck) -> dict[str, Any]:
         return {}
     return {"step_time_s": est.step_time_s, "tokens_per_s": estimated_tokens_per_s(spec, est),
             "memory_per_rank_bytes": est.memory_per_rank_bytes, "mfu": est.mfu, "fits": est.fits,
-            "host_memory_per_rank_bytes": est.host_memory_per_rank_bytes, "source": est.source}
+            "host_memory_per_rank_bytes": est.host_memory_per_rank_bytes, "source": est.source,
+            # the sweep's own rule (generate.costing: peak + allowance + headroom <= device memory)
+            "within_headroom": est.within_headroom, "headroom_bytes": est.headroom_bytes,
+            "device_memory_bytes": est.device_memory_bytes}
 
 
 def objective_from_estimate(objective: str, est: dict[str, Any]) -> float:

@@ -64,6 +64,8 @@ class TuneResult:
     stop_reason: str
     space_size: int
     files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Lines for stdout and report.md beside the best trial (the memory headroom, a shrunk run)."""
 
 
 def _fingerprint(spec_text: str, opts: TuneOptions) -> str:
@@ -114,12 +116,16 @@ def check_out_dir(out_dir: pathlib.Path) -> None:
 
 def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
     spec = load_spec(opts.spec_path)  # SpecError (a ValueError) names the YAML line, or a missing file / folder
+    user_seq_len = spec.training.seq_len
+    if opts.mode == "real" and opts.shrink:
+        _check_shrink_cluster(spec)  # before the shrink: its message names the cluster to set
     shrunk = _shrunk_run(opts, spec)
     shape = shrunk.shape if shrunk is not None else resolve_spec_model(spec)
     calibration_for_spec(spec)  # an unusable cluster.calibration file: SpecError before any trial
     space = TuneSpace.from_spec(spec, shape, bucket_scales=opts.bucket_scales, tune_overlap=opts.tune_overlap,
                                 data_parallel_only=opts.mode == "real", expert_parallel=shrunk is None)
     space.shrunk = shrunk
+    space.user_seq_len = user_seq_len
     if opts.mode == "real":
         _check_real_mode_possible(spec)
     return spec, space, opts.spec_path.read_text(encoding="utf-8")
@@ -144,18 +150,37 @@ def _shrunk_run(opts: TuneOptions, spec):
     return run
 
 
-def _check_real_mode_possible(spec) -> None:
-    """Real mode launches the spec's world size on this machine: refuse what this machine cannot run."""
-
-    world = spec.cluster.world_size
+def _local_ranks() -> tuple[bool, int]:
+    """(CUDA available, ranks this machine can run: its GPUs, else its CPU cores)."""
     try:
         # optional extra (dstoolkit[train]): torch only where a real trial needs it
         import torch
 
         cuda = torch.cuda.is_available()
-        local = torch.cuda.device_count() if cuda else (os.cpu_count() or 1)
+        return cuda, (torch.cuda.device_count() if cuda else (os.cpu_count() or 1))
     except ImportError:  # pragma: no cover - torch is a dependency
-        cuda, local = False, os.cpu_count() or 1
+        return False, os.cpu_count() or 1
+
+
+def _check_shrink_cluster(spec) -> None:
+    """--shrink trials still run the spec's own ranks (unlike `bench train --shrink`, which fits the batch to its
+    --world-size): refuse a cluster this machine cannot run, naming the cluster to set."""
+    world = spec.cluster.world_size
+    cuda, local = _local_ranks()
+    if spec.cluster.nodes > 1 or world > local:
+        n = min(2, local)
+        raise TuneInputError(
+            f"--shrink: cluster is {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} = {world} ranks, but "
+            f"real mode launches every rank on this machine ({local} {'GPUs' if cuda else 'CPU cores'}); with --shrink, "
+            f"set cluster to nodes: 1, gpus_per_node: {n}, gpu: {'the local GPU' if cuda else 'cpu'} (and a "
+            f"training.global_batch that {n} divides)")
+
+
+def _check_real_mode_possible(spec) -> None:
+    """Real mode launches the spec's world size on this machine: refuse what this machine cannot run."""
+
+    world = spec.cluster.world_size
+    cuda, local = _local_ranks()
     if spec.cluster.nodes > 1 or world > local:
         raise TuneInputError(
             f"cluster: {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} = {world} ranks, but real mode "

@@ -211,12 +211,48 @@ def trial_record(t) -> dict[str, Any]:
             "estimate": ua.get("estimate"), "measured": ua.get("measured"), "wall_s": ua.get("wall_s")}
 
 
+def within_headroom(row: dict[str, Any]) -> bool:
+    """The trial's estimate leaves the spec's memory headroom (cluster.memory_headroom_fraction), by the sweep's rule
+    (`CandidateEstimate.within_headroom`); a record without the field (an older study) counts as leaving it."""
+    return bool((row.get("estimate") or {}).get("within_headroom", True))
+
+
 def collect_result(study, opts: TuneOptions, resumed: bool, stop_reason: str, size: int) -> TuneResult:
+    """The study read back. The best trial is picked among those that leave the memory headroom, as `sweep` ranks
+    them first; only when none does is it picked among the rest (and a note says so)."""
     rows = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     ok = [r for r in rows if r["state"] == "COMPLETE" and r["duplicate_of"] is None]
     best = None
+    pick = max if direction(opts.objective) == "maximize" else min
+
+    def best_of(rs):
+        return pick(rs, key=lambda r: (r["value"], -r["number"]) if pick is max else (r["value"], r["number"]))
+
     if ok:
-        pick = max if direction(opts.objective) == "maximize" else min
-        best = pick(ok, key=lambda r: (r["value"], -r["number"]) if pick is max else (r["value"], r["number"]))
-    return TuneResult(out_dir=opts.out_dir, resumed=resumed, trials=rows, best=best,
-                      evaluated=sum(1 for r in rows if r["counted"]), stop_reason=stop_reason, space_size=size)
+        best = best_of([r for r in ok if within_headroom(r)] or ok)
+    result = TuneResult(out_dir=opts.out_dir, resumed=resumed, trials=rows, best=best,
+                        evaluated=sum(1 for r in rows if r["counted"]), stop_reason=stop_reason, space_size=size)
+    if best is not None:
+        result.notes += headroom_notes(best, best_of(ok), opts)
+    return result
+
+
+def headroom_notes(best: dict[str, Any], best_any: dict[str, Any], opts: TuneOptions) -> list[str]:
+    """What the memory headroom decided, for stdout and report.md: a better trial passed over, or a best that cannot
+    leave the headroom (no evaluated trial does)."""
+    e = best.get("estimate") or {}
+    if not e.get("device_memory_bytes"):
+        return []
+    gib = 2**30
+    pct = 100 * e["headroom_bytes"] / e["device_memory_bytes"]
+    if not within_headroom(best):
+        return [f"caution: {e['memory_per_rank_bytes'] / gib:.1f} GiB of {e['device_memory_bytes'] / gib:.1f} GiB per "
+                f"rank is outside the {pct:.0f}% memory headroom (cluster.memory_headroom_fraction); no evaluated "
+                "trial leaves it"]
+    if best_any is not best:
+        o = best_any.get("estimate") or {}
+        unit = "tok/s" if opts.objective == "throughput" else "bytes per rank"
+        return [f"passed over for the {pct:.0f}% memory headroom (cluster.memory_headroom_fraction): trial "
+                f"#{best_any['number']} {best_any['label']} ({best_any['value']:,.0f} {unit}, "
+                f"{o.get('memory_per_rank_bytes', 0) / gib:.1f} GiB of {o.get('device_memory_bytes', 0) / gib:.1f} GiB)"]
+    return []

@@ -57,6 +57,7 @@ def render_markdown(result, space: TuneSpace, opts, findings: list[str]) -> str:
         if e:
             lines.append(f"- estimate: {e.get('tokens_per_s', 0):,.0f} tok/s, {e.get('step_time_s', 0):.4g} s/step, "
                          f"{e.get('memory_per_rank_bytes', 0) / GiB:.3f} GiB per rank")
+        lines += [f"- {n}" for n in getattr(result, "notes", [])]
         lines.append("- config: `best_ds_config.json` (validate_config and the memory estimate: "
                      + ("no findings" if not findings else f"{len(findings)} non-error finding(s): "
                         + "; ".join(findings[:5])) + "), spec copy `best_spec.yaml`")
@@ -162,9 +163,14 @@ def write_outputs(result, space: TuneSpace, opts) -> list[str]:
         findings = list(chk.warnings)
         atomic_write_text(out / "best_ds_config.json", json.dumps(best_cfg, indent=2) + "\n")
         wrote("best_ds_config.json")
-        spec_text = (f"# {space.spec.name}: the spec with the best tuned layout fixed ({point.label}); "
-                     "written by dstoolkit tune\n"
-                     + yaml.safe_dump(trial_spec_dict(space.spec, point), sort_keys=False))
+        data = trial_spec_dict(space.spec, point)
+        head = f"# {space.spec.name}: the spec with the best tuned layout fixed ({point.label}); written by dstoolkit tune\n"
+        user_seq = getattr(space, "user_seq_len", None)
+        if getattr(space, "shrunk", None) is not None and user_seq is not None:
+            data["training"]["seq_len"] = user_seq  # the spec's own, not the shrunk run's
+            head += (f"# the layout was measured on the model shrunk (--shrink {opts.shrink}) at seq_len "
+                     f"{space.spec.training.seq_len}; this spec keeps the full model and your seq_len {user_seq}\n")
+        spec_text = head + yaml.safe_dump(data, sort_keys=False)
         atomic_write_text(out / "best_spec.yaml", spec_text)
         wrote("best_spec.yaml")
     md = render_markdown(result, space, opts, findings)

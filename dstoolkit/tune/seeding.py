@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from dstoolkit.generate import run_sweep
-from dstoolkit.generate.sweep_explain import simplicity_key, tie_rounded
+from dstoolkit.generate.sweep_explain import simplicity_key, tie_key
 from dstoolkit.tune.objective import direction
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s
 
@@ -45,6 +45,27 @@ def _rank_key(objective: str, check: PointCheck, spec) -> float:
     return -estimated_tokens_per_s(spec, est) if objective == "throughput" else float(est.memory_per_rank_bytes)
 
 
+def _tie_figure(objective: str, check: PointCheck) -> float:
+    """The figure ties are judged on: the estimated step time (throughput: as `sweep` ranks), or memory per rank."""
+    est = check.estimate
+    return est.step_time_s if objective == "throughput" else float(est.memory_per_rank_bytes)
+
+
+def one_per_layout(pool: list[TunePoint], n: int) -> list[TunePoint]:
+    """The first `n` distinct layouts (sweep labels) of an estimator-ranked pool, one point each, at the layout's
+    default DeepSpeed settings (the generated bucket sizes, overlap_comm as generated: on for a GPU space) when that
+    point is in the pool, else the layout's best-ranked point: the seeds measure the layouts `sweep` lists, not
+    overlap / bucket variants of its first one."""
+    by_label: dict[str, list[TunePoint]] = {}
+    for p in pool:
+        by_label.setdefault(p.candidate.label, []).append(p)
+    out = []
+    for variants in list(by_label.values())[:n]:
+        default = [p for p in variants if p.bucket_scale == 1.0 and p.overlap_comm in (None, True)]
+        out.append(default[0] if default else variants[0])
+    return out
+
+
 def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[str, PointCheck]], top: int,
                       world_size: Optional[int] = None,
                       cache: Optional[dict[str, PointCheck]] = None) -> list[TunePoint]:
@@ -58,9 +79,10 @@ def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[st
         return []
     if checks is not None:
         ok = [c for c in checks.values() if not c.pruned]
-        # ties (equal to the sweep's precision) go to the simpler layout, as in `sweep` (sweep_explain.simplicity_key)
-        ok.sort(key=lambda c: (tie_rounded(_rank_key(objective, c, space.spec)), simplicity_key(c.point.candidate),
-                               c.point.label))
+        # as in `sweep`: the points that leave the memory headroom first (the sweep's within_headroom rule), then the
+        # estimate; ties (sweep_explain.tie_key) go to the simpler layout (sweep_explain.simplicity_key)
+        ok.sort(key=lambda c: (int(not c.estimate.within_headroom), tie_key(_tie_figure(objective, c)),
+                               simplicity_key(c.point.candidate), c.point.label))
         return [c.point for c in ok[:top]]
 
     res = run_sweep(space.spec, space.shape, top=max(top * 2, 8), validate=False, advise=False)

@@ -127,6 +127,8 @@ class TuneSpace:
     shrunk: Any = None
     """`dstoolkit.runtime.shrink_run.ShrunkRun` when real trials train the spec's architecture shrunk (`shape` is
     then the shrunk shape)."""
+    user_seq_len: Optional[int] = None
+    """The spec file's training.seq_len (a shrunk run caps `spec`'s); best_spec.yaml keeps it."""
 
     @classmethod
     def from_spec(cls, spec: Spec, shape: ModelShape, *, bucket_scales: tuple[float, ...] = DEFAULT_BUCKET_SCALES,

@@ -31,8 +31,8 @@ from dstoolkit.tune.records import (FINGERPRINT_ATTR, REC_ATTR, STUDY_DB, STUDY_
                                     _known, _outcome_attrs, _rec, collect_result, prepare_out_dir)
 from dstoolkit.tune.report import write_outputs as _write
 from dstoolkit.tune.seeding import (MAX_SEED_TRIALS, _rank_key, default_seed_trials, estimate_band_size,
-                                    estimator_ranking)
-from dstoolkit.tune.space import PointCheck, TunePoint
+                                    estimator_ranking, one_per_layout)
+from dstoolkit.tune.space import PointCheck, TuneInputError, TunePoint
 
 FULL_SCAN_MAX_POINTS = 2000  # spaces up to this size are checked point by point for the seed ranking
 MAX_TRIALS_PER_BUDGET = 20  # cap on all trials (pruned and duplicates included) per unit of budget ...
@@ -83,7 +83,7 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
     if opts.seed_trials is not None:
         n_seed = opts.seed_trials
     else:  # the estimator's ties (within SEED_BAND_FRACTION of its best) are worth real trials first
-        head = [check_cache[p.key] for p in pool[:MAX_SEED_TRIALS + 1]]
+        head = [check_cache[p.key] for p in one_per_layout(pool, MAX_SEED_TRIALS + 1)]  # layouts, not variants
         values = [abs(_rank_key(opts.objective, c, spec)) for c in head]
         n_seed = default_seed_trials(opts.budget, estimate_band_size(values, opts.objective))
     n_startup = opts.startup_trials if opts.startup_trials is not None else n_seed + 2
@@ -99,11 +99,17 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
         study.set_user_attr("mode", opts.mode)
         study.set_user_attr("space", {k: [str(x) for x in v] for k, v in space.dimensions().items()})
         study.set_user_attr("space_size", size)
-        seeds = pool[:n_seed]
+        seeds = one_per_layout(pool, n_seed)
         for p in seeds:
             study.enqueue_trial(space.params_of(p), user_attrs={"seeded_by": "estimator ranking"})
         study.set_user_attr("seeded", [p.label for p in seeds])
     else:
+        started = study.user_attrs.get("seed")
+        if started is not None and started != opts.seed:
+            raise TuneInputError(
+                f"--seed {opts.seed}: the study in {opts.out_dir} was started with --seed {started} and its trials "
+                f"came from that seed; rerun with --seed {started} to resume it, or pass --force (or another --out) "
+                f"for a new study with --seed {opts.seed}")
         closed = _close_interrupted(study, space)
         if closed:
             log.warning("resumed: %d interrupted trial(s) closed as FAIL and queued again", closed)
@@ -196,6 +202,9 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
                 study.tell(trial, state=TrialState.FAIL)
             update(1)
     result = collect_result(study, opts, resumed, stop_reason, size)
+    if space.shrunk is not None and result.best is not None:
+        result.notes.append(f"measured on the model shrunk (--shrink {opts.shrink}) at seq_len {spec.training.seq_len}; "
+                            f"best_spec.yaml keeps the full model and the spec's seq_len {space.user_seq_len}")
     if write_outputs:
         result.files = _write(result, space, opts)
     return result
