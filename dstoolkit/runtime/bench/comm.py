@@ -199,7 +199,7 @@ def measure_row(torch, dist, op: str, size_bytes: int, opts: CommOptions, rank: 
     time_stats = stats.summarize([s * 1e6 for s in samples])
     algbw_samples = [lay.size_bytes / s / 1e9 for s in samples]
     busbw_samples = [a * factor for a in algbw_samples]
-    alg_stats, bus_stats = stats.summarize(algbw_samples), stats.summarize(busbw_samples)
+    bus_stats = stats.summarize(busbw_samples)
     return {
         "op": op,
         "size": lay.size_bytes,
@@ -207,8 +207,9 @@ def measure_row(torch, dist, op: str, size_bytes: int, opts: CommOptions, rank: 
         "count": lay.count,
         "type": DTYPES[opts.dtype][1],
         "time_us": time_stats.median,
-        "algbw": alg_stats.median,
-        "busbw": bus_stats.median,
+        # from the reported median time (nccl-tests: algbw = size / time): with an even --reps the median of per-rep
+        # bandwidths is another pair of reps than the median time, and the columns would not match their header
+        **dict(zip(("algbw", "busbw"), bandwidths(lay.size_bytes, time_stats.median, factor))),
         "#wrong": wrong,
         "busbw_factor": factor,
         "bw_unit": "GB/s (1e9 bytes/s)",
@@ -223,6 +224,13 @@ def measure_row(torch, dist, op: str, size_bytes: int, opts: CommOptions, rank: 
         "backend": opts.backend,
         "dtype": opts.dtype,
     }
+
+
+def bandwidths(size_bytes: int, time_us: float, factor: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes/s) of one row from its reported time (nccl-tests convention: algbw =
+    size / time, busbw = algbw x factor)."""
+    algbw = size_bytes / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
+    return algbw, algbw * factor
 
 
 def row_key(op: str, size: int) -> str:

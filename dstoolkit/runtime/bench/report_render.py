@@ -104,7 +104,7 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
     results_dir = pathlib.Path(results_dir)
     if not results_dir.is_dir():
         raise BenchInputError(f"RESULTS_DIR {str(results_dir)!r} is not a directory; pass the folder holding *.jsonl results")
-    files = sorted({f for pat in pattern.split(",") if pat.strip() for f in results_dir.glob(pat.strip())})
+    files = sorted({f for pat in include_patterns(pattern) for f in results_dir.glob(pat)})
     inputs = [f for f in files if f.suffix == ".jsonl" and f.is_file()]
     got = read_report_input(inputs)
     latest = _latest(got.records)
@@ -149,3 +149,18 @@ def render_report(results_dir: pathlib.Path | str, out: Optional[pathlib.Path | 
         raise
     return ReportResult(markdown_path=md_path, plots=plots, counts={k: len(v) for k, v in by_kind.items()},
                         markdown=text, skipped=got.skipped)
+
+
+def include_patterns(pattern: str) -> list[str]:
+    """--include's globs, each relative to RESULTS_DIR: an absolute one, or one that climbs out with '..', is a
+    BenchInputError naming the flag, the value and the fix."""
+    out = []
+    for pat in (p.strip() for p in pattern.split(",")):
+        if not pat:
+            continue
+        if pathlib.PurePath(pat).is_absolute() or ".." in pathlib.PurePath(pat).parts:
+            name = pathlib.PurePath(pat).name or "*.jsonl"
+            raise BenchInputError(f"--include {pat!r}: patterns are relative to RESULTS_DIR; use {name!r} (and pass the "
+                                  "folder holding those files as RESULTS_DIR)")
+        out.append(pat)
+    return out
