@@ -35,7 +35,7 @@ from dstoolkit.common.atomic import atomic_write_text
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="Bayesian search over the generated config space (real runs or estimates)",
-                              description=__doc__.splitlines()[0])
+                              description=__doc__.splitlines()[0], epilog=EXIT_CODES)
     p.add_argument("spec", metavar="SPEC.yaml", help="a training spec")
     p.add_argument("--budget", type=int, required=True,
                    help="trials to evaluate (real runs or estimates; pruned and repeated points are free)")
@@ -133,8 +133,17 @@ def _scales(text: str) -> tuple[float, ...]:
     return vals
 
 
+EXIT_CODES = ("exit codes: 0 a best config was written; 1 no trial succeeded (every one pruned or failed); 2 bad input "
+              "(a flag, the spec, the output folder); 130 interrupted by Ctrl-C, 143 by SIGTERM (the study stays "
+              "resumable)")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C but answered with 143 (128 + SIGTERM, as `dstoolkit train` does)."""
+
+
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise _Terminated(f"signal {signum}")
 
 
 @exit_map("tune")  # TuneInputError, SpecError (YAML line), model resolution, bad --bucket-scales: exit 2
@@ -168,10 +177,10 @@ def run(args) -> int:
         if command and args.mode != "real":
             raise InputError("a command after `--` is run by real mode only; drop it or use --mode real")
         res = run_study(opts, lookup=command_lookup(opts, command, args.force) if command else None)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"dstoolkit tune: interrupted; rerun the same command to resume the study in {args.out}",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + signal.SIGTERM if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, prev)
