@@ -53,8 +53,8 @@ def make_folder(where: str, name: str, value: Any) -> None:
                                             "write") from None
 
 
-def open_append(where: str, name: str, value: Any) -> Any:
-    """Open the file `value` for appending (a JSON-lines file), after the checks the command line makes."""
+def check_file_param(where: str, name: str, value: Any) -> None:
+    """`value` (a file the helper appends to) must be writable, as the command line checks its --metrics-out."""
     from dstoolkit.common.atomic import check_output_path
 
     text = label(where, name, value)
@@ -62,17 +62,22 @@ def open_append(where: str, name: str, value: Any) -> Any:
         raise SettingError(name, value, "must be a file path (None: no metrics file)", where)
     try:
         check_output_path(value, name=text, append=True)
-        if Path(value).is_dir():  # a link to a folder
-            raise PathSettingError(name, value, f"{text}: is a link to a folder, not a file; give the path of the "
-                                                "JSON-lines file to append to")
+    except OSError as exc:
+        raise PathSettingError(name, value, str(exc)) from None
+    if Path(value).is_dir():  # a link to a folder
+        raise PathSettingError(name, value, f"{text}: is a link to a folder, not a file; give the path of the "
+                                            "JSON-lines file to append to")
+
+
+def open_append(where: str, name: str, value: Any) -> Any:
+    """Open the file `value` for appending (line-buffered), after `check_file_param`; an OS error names it."""
+    check_file_param(where, name, value)
+    try:
         Path(value).parent.mkdir(parents=True, exist_ok=True)
         return open(value, "a", buffering=1)
-    except PathSettingError:
-        raise
     except OSError as exc:
-        msg = str(exc) if str(exc).startswith(text) else \
-            f"{text}: cannot be opened for appending ({exc.strerror or type(exc).__name__})"
-        raise PathSettingError(name, value, msg) from None
+        raise PathSettingError(name, value, f"{label(where, name, value)}: cannot be opened for appending "
+                                            f"({exc.strerror or type(exc).__name__})") from None
 
 
 def check_optional_step(where: str, name: str, value: Any) -> None:
@@ -111,3 +116,21 @@ def load_spec_param(where: str, value: Any, source: str = "spec") -> tuple[Any, 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SettingError(source, value, f"does not load: {first}", where) from exc
 
+
+def callback_args(spec: Any, metrics_path: Any, *, max_rollbacks: Any, cross_rank_every: Any, poison_step: Any,
+                  lr_blowup: Any) -> tuple[Optional[str], Any, Any, Optional[str]]:
+    """`hf.DstoolkitCallback`'s arguments, checked when it is built: (spec path, spec, model shape, metrics path),
+    the paths from the parameters or else DSTOOLKIT_SPEC / DSTOOLKIT_CALLBACK_METRICS."""
+    where = "DstoolkitCallback"
+    check_int("cross_rank_every", cross_rank_every, 0, "optimizer steps between cross-rank views; 0: off",
+              where=where)
+    check_int("max_rollbacks", max_rollbacks, 0, "rollbacks in a row that may fail to clear a spike", where=where)
+    check_optional_step(where, "poison_step", poison_step)
+    check_blowup(where, lr_blowup)
+    spec_path = spec or os.environ.get("DSTOOLKIT_SPEC") or None
+    loaded, shape = load_spec_param(where, spec_path, "spec" if spec else "DSTOOLKIT_SPEC") if spec_path \
+        else (None, None)
+    metrics = metrics_path or os.environ.get("DSTOOLKIT_CALLBACK_METRICS") or None
+    if metrics:
+        check_file_param(where, "metrics_path" if metrics_path else "DSTOOLKIT_CALLBACK_METRICS", metrics)
+    return (os.fspath(spec_path) if spec_path else None), loaded, shape, metrics

@@ -103,8 +103,8 @@ failure, before the partial files are removed)."""
 def save_failure_message(final: Path, staged: Path, error: Optional[BaseException], names: Any = None) -> str:
     """The one line for a failed save of checkpoint `final` (staged in `staged`; `error`: this rank's exception, None
     when another rank's save failed). `names`: how the caller names the folder, `keep` and the resume
-    (`resume_check.Names`; default the command line's flags)."""
-    from dstoolkit.runtime.train.resume_check import CLI
+    (`names.Names`; default the command line's flags)."""
+    from dstoolkit.runtime.train.names import CLI
 
     names = names or CLI
     try:
@@ -165,7 +165,7 @@ class CheckpointManager:
         self.keep = keep
         self.rank = rank
         self.names = names
-        """How the caller names the folder, `keep` and the resume in messages (`resume_check.Names`; None: the
+        """How the caller names the folder, `keep` and the resume in messages (`names.Names`; None: the
         command line's flags)."""
         self.root.mkdir(parents=True, exist_ok=True)
 

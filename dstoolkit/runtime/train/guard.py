@@ -80,7 +80,8 @@ class Guard:
         if checkpoint_dir:
             from dstoolkit.runtime.train.api_checks import check_folder_param, make_folder
             from dstoolkit.runtime.train.ckpt import CheckpointManager, check_keep
-            from dstoolkit.runtime.train.resume_check import GUARD, fresh_run_refusal
+            from dstoolkit.runtime.train.names import GUARD
+            from dstoolkit.runtime.train.resume_check import fresh_run_refusal
 
             check_keep(keep)
             check_folder_param("Guard", "checkpoint_dir", checkpoint_dir)
@@ -171,7 +172,8 @@ class Guard:
         """
         if self.mgr is None:
             return None
-        from dstoolkit.runtime.train.resume_check import GUARD, pick_resume
+        from dstoolkit.runtime.train.names import GUARD
+        from dstoolkit.runtime.train.resume_check import pick_resume
 
         found, problem = pick_resume(self.mgr, self.engine, GUARD, lambda m: self._log(m))
         if problem:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dstoolkit.dsconfig.rules import DS201_DP_FIX_LEAD
-from dstoolkit.runtime.train.resume_check import CLI, fresh_run_refusal, resume_refusal
+from dstoolkit.runtime.train.names import CLI
+from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.folder import LAYOUT_FILE, LayoutFileError, read_layouts

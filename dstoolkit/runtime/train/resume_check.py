@@ -28,38 +28,8 @@ from typing import Any, Optional, Sequence
 from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.torchzip import Opaque, TorchFileError, read_meta
 from dstoolkit.runtime.train.ckpt import step_tags
+from dstoolkit.runtime.train.names import CLI, GUARD, Names  # noqa: F401 - GUARD: the names callers import here
 
-
-
-@dataclass(frozen=True)
-class Names:
-    """How the caller names the checkpoint folder, the resume and the rank count: the refusals below are one text
-    for `dstoolkit train` (`CLI`, its flags) and for a user's own loop (`GUARD`, `Guard`'s parameters)."""
-
-    dir: str = "--checkpoint-dir"
-    """The folder's parameter ("give a new ...")."""
-    at: str = "--checkpoint-dir {root}"
-    """The folder's parameter with its value (`{root}`), at the head of each message."""
-    resume: str = "--resume"
-    """What resumes ("this run has no ...", "... would load")."""
-    add_resume: str = "add --resume"
-    """The resume fix."""
-    nproc: str = "--nproc"
-    """What sets the data-parallel size (followed by the number)."""
-    who: str = "the bundled trainer"
-    """What resumes only its own step_* checkpoints."""
-    keep: str = "--keep-checkpoints"
-    """How many checkpoints are kept (the full-disk fix)."""
-
-    def where(self, root: Path | str) -> str:
-        return self.at.format(root=str(root))
-
-
-CLI = Names()
-GUARD = Names(dir="checkpoint_dir", at="Guard: checkpoint_dir={root!r}", resume="guard.resume()",
-              add_resume="call guard.resume() before the first step", nproc="a world size of", who="Guard.resume()",
-              keep="keep=")
-"""`dstoolkit.runtime.train.guard.Guard`'s names."""
 
 
 def reshard_fix(names: Names = CLI) -> str:

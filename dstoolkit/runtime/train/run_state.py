@@ -99,7 +99,8 @@ class Checkpoints:
             return
         from dataclasses import replace
 
-        from dstoolkit.runtime.train.resume_check import CLI, pick_resume
+        from dstoolkit.runtime.train.names import CLI
+        from dstoolkit.runtime.train.resume_check import pick_resume
         from dstoolkit.runtime.train.trainer_inputs import UsageError
 
         found, problem = pick_resume(self.mgr, self.engine, replace(CLI, nproc="a world size of"), self.log)

@@ -1,0 +1,38 @@
+"""How a caller names the checkpoint folder, the resume and the rank count in the refusals and save failures of
+`dstoolkit.runtime.train.resume_check` and `ckpt`: one text, the names passed in (`CLI`: `dstoolkit train`'s flags;
+`GUARD`: `Guard`'s parameters). It imports nothing of dstoolkit: both of those files read it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Names:
+    """How the caller names the checkpoint folder, the resume and the rank count: the refusals are one text
+    for `dstoolkit train` (`CLI`, its flags) and for a user's own loop (`GUARD`, `Guard`'s parameters)."""
+
+    dir: str = "--checkpoint-dir"
+    """The folder's parameter ("give a new ...")."""
+    at: str = "--checkpoint-dir {root}"
+    """The folder's parameter with its value (`{root}`), at the head of each message."""
+    resume: str = "--resume"
+    """What resumes ("this run has no ...", "... would load")."""
+    add_resume: str = "add --resume"
+    """The resume fix."""
+    nproc: str = "--nproc"
+    """What sets the data-parallel size (followed by the number)."""
+    who: str = "the bundled trainer"
+    """What resumes only its own step_* checkpoints."""
+    keep: str = "--keep-checkpoints"
+    """How many checkpoints are kept (the full-disk fix)."""
+
+    def where(self, root: Path | str) -> str:
+        return self.at.format(root=str(root))
+
+
+CLI = Names()
+GUARD = Names(dir="checkpoint_dir", at="Guard: checkpoint_dir={root!r}", resume="guard.resume()",
+              add_resume="call guard.resume() before the first step", nproc="a world size of", who="Guard.resume()",
+              keep="keep=")
+"""`dstoolkit.runtime.train.guard.Guard`'s names."""
