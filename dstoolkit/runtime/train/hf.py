@@ -49,6 +49,8 @@ from transformers import TrainerCallback
 
 from dstoolkit.runtime.train.ckpt import HF_MARKER as MARKER  # noqa: F401 - the names callers import from here
 from dstoolkit.runtime.train.ckpt import HfCheckpoints as _HfCheckpoints
+from dstoolkit.runtime.train.hf_parts import find_engine as _find_engine
+from dstoolkit.runtime.train.hf_parts import peak_memory as _peak_memory
 from dstoolkit.runtime.train.hfskip import ZeroBatch
 from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig
 
@@ -57,30 +59,12 @@ def last_complete_checkpoint(output_dir: Any) -> Optional[str]:
     """The newest `checkpoint-N` under `output_dir` that HF Trainer finished writing (its trainer_state.json is
     written last), or None. `Trainer.train(resume_from_checkpoint=True)` takes the highest N even when a rank was
     killed in the middle of saving it, and then fails on the missing trainer_state.json; pass this instead."""
+    if not isinstance(output_dir, (str, os.PathLike)):
+        raise TypeError(f"last_complete_checkpoint(output_dir={output_dir!r}): give the Trainer's output_dir, the "
+                        "folder its checkpoint-N folders are in (TrainingArguments.output_dir)")
     root = Path(output_dir)
     done = [d for d in root.glob("checkpoint-*") if d.name.split("-")[-1].isdigit() and (d / "trainer_state.json").is_file()]
     return str(max(done, key=lambda d: int(d.name.split("-")[-1]))) if done else None
-
-
-def _find_engine(model: Any) -> Any:
-    """The DeepSpeedEngine wrapping `model` (the Trainer does not hand it to callbacks)."""
-    import gc
-
-    try:
-        from deepspeed.runtime.engine import DeepSpeedEngine
-    except ImportError:
-        return None
-    import warnings
-
-    with warnings.catch_warnings():  # isinstance on some torch module objects warns (deprecated aliases)
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            try:
-                if isinstance(obj, DeepSpeedEngine) and obj.module is model:
-                    return obj
-            except Exception:
-                continue
-    return None
 
 
 class DstoolkitCallback(TrainerCallback):
@@ -90,6 +74,12 @@ class DstoolkitCallback(TrainerCallback):
                  max_rollbacks: int = 5, metrics_path: Optional[str] = None,
                  poison_step: Optional[int] = None, lr_blowup: Optional[tuple[int, float]] = None,
                  cross_rank_every: int = 10) -> None:
+        from dstoolkit.runtime.train.api_checks import callback_args
+
+        # every argument checked here, not later on every rank (a SettingError); a spec typo is refused here too
+        self.spec_path, self._spec, self._shape, self.metrics_path = callback_args(
+            spec, metrics_path, max_rollbacks=max_rollbacks, cross_rank_every=cross_rank_every,
+            poison_step=poison_step, lr_blowup=lr_blowup)
         from dstoolkit.runtime.rankexit import install_rank_guards
 
         install_rank_guards("dstoolkit callback")  # groups destroyed before exit; JIT-lock waits reported
@@ -103,8 +93,6 @@ class DstoolkitCallback(TrainerCallback):
         self.guard = SpikeGuard(config or SpikeGuardConfig())
         self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks,
                                   hint="raise DstoolkitCallback(max_rollbacks=...)")
-        self.spec_path = spec or os.environ.get("DSTOOLKIT_SPEC") or None
-        self.metrics_path = metrics_path or os.environ.get("DSTOOLKIT_CALLBACK_METRICS") or None
         self.poison_step, self.lr_blowup = poison_step, lr_blowup
         self.events: list[dict] = []
         self.engine = None
@@ -116,6 +104,8 @@ class DstoolkitCallback(TrainerCallback):
         self._steps_window = 0
         self._estimate: Optional[dict] = None
         self._flops_per_token = self._peak = None
+        self._live_params: Optional[int] = None
+        self._seq_checked = False
         self._poisoned = self._blown = False
         self._zero = ZeroBatch()  # a skipped batch's backward adds zeros
         self._state = None
@@ -152,13 +142,14 @@ class DstoolkitCallback(TrainerCallback):
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.metrics_path and self.rank == 0:
-            Path(self.metrics_path).parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.metrics_path, "a")
+            from dstoolkit.runtime.train.api_checks import open_append
+
+            self._f = open_append("DstoolkitCallback", "metrics_path", self.metrics_path)
         self.engine = _find_engine(model)
         self.output_dir = args.output_dir
         model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         model.register_forward_hook(self._post_forward, with_kwargs=True)
-        self._estimate_for_run(args)
+        self._estimate_for_run(model)
         self._t_window = self._t_step = time.perf_counter()
         self._comm0 = self._comm.total_s
         if self.cross_rank_every:
@@ -175,35 +166,43 @@ class DstoolkitCallback(TrainerCallback):
         if self.engine is None:
             self._say("no DeepSpeed engine found: spike skip and the monitor work, rollback does not")
 
-    def _estimate_for_run(self, args) -> None:
-        if not self.spec_path:
+    def _estimate_for_run(self, model: Any) -> None:
+        """The estimate for the spec's model on the engine's config, unless the spec's model is not `model`
+        (`hf_estimate`: its parameter count differs; the batches' sequence length is checked at the first forward)."""
+        if self._spec is None:
             return
-        try:
-            from dstoolkit.models import resolve_model
-            from dstoolkit.runtime.bench.train import estimate_for
-            from dstoolkit.spec import load_spec
+        from dstoolkit.models.params import count_params
+        from dstoolkit.runtime.train import hf_parts as H
 
-            spec = load_spec(Path(self.spec_path))
-            shape = resolve_model(spec.model, Path(self.spec_path).parent)
-            ds = dict(self.engine._config._param_dict) if self.engine is not None else {}
-            # the sections the estimate reads (HF adds e.g. steps_per_print=inf, which the config model refuses)
-            keep = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                    "zero_optimization", "bf16", "fp16", "optimizer", "activation_checkpointing")
-            ds = {k: v for k, v in ds.items() if k in keep}
-            # inside a training rank: never start a machine probe beside the job (cached calibration only)
-            est = estimate_for(spec, shape, ds, self.world, 1, None, probe=False) if ds else None
-            if est and "error" in est:
-                self._say(f"estimate unavailable: {est['error'].splitlines()[0]}")
-            if est and "error" not in est:
-                self._estimate = {k: est.get(k) for k in ("step_time_s", "tokens_per_s", "mfu",
-                                                          "memory_per_rank_bytes", "comm_share")}
-                self._flops_per_token, self._peak = est.get("flops_per_token"), est.get("peak_flops_per_rank")
-            ramp = getattr(spec.training, "batch_ramp", None) or getattr(spec.training, "rampup", None)
-            if ramp:
-                self._say(f"batch ramp {ramp!r} in the spec is NOT applied: the HF Trainer fixes the per-device "
-                          "batch and the accumulation count at train start")
-        except Exception as exc:  # the estimate is an extra; never break training for it
-            self._say(f"estimate unavailable: {type(exc).__name__}: {exc}")
+        self._estimate, self._flops_per_token, self._peak = H.run_estimate(self._spec, self._shape, self.engine,
+                                                                           self.world, self._say)
+        try:
+            spec_params, n = count_params(self._shape).total, H.live_params(model)
+        except Exception:  # noqa: BLE001 - a model without a countable shape: nothing to compare
+            return
+        self._live_params = n
+        if H.params_mismatch(spec_params, n):
+            self._not_this_model(H.mismatch_line(self._shape.name, "has", f"{H.human(spec_params)} parameters",
+                                                 f"model {H.human(n)}"))
+
+    def _not_this_model(self, line: str) -> None:
+        from dstoolkit.runtime.train.hf_parts import live_flops_per_token
+
+        self._estimate = None
+        self._flops_per_token = live_flops_per_token(self._live_params) if self._live_params else None
+        self._write({"event": "spec_mismatch", "line": line})
+        self._say(line)
+
+    def _check_seq(self, x: Any) -> None:
+        """The first training batch's sequence length against the spec's seq_len."""
+        self._seq_checked = True
+        seq = getattr(getattr(self._spec, "training", None), "seq_len", None)
+        if self._estimate is None or not seq or getattr(x, "ndim", 0) < 2 or int(x.shape[-1]) == int(seq):
+            return
+        from dstoolkit.runtime.train.hf_parts import mismatch_line
+
+        self._not_this_model(mismatch_line(self._shape.name, "trains at seq_len", str(seq),
+                                           f"batches hold {int(x.shape[-1])} tokens per sequence"))
 
     def _pre_forward(self, module, a, kw):
         self._zero.disarm()  # a skipped batch's backward is over by the next forward
@@ -214,6 +213,8 @@ class DstoolkitCallback(TrainerCallback):
             x = a[0]
         if x is not None and hasattr(x, "numel"):
             self._tokens += int(x.numel())
+            if not self._seq_checked:
+                self._check_seq(x)
         step = self._state.global_step + 1 if self._state is not None else 0
         if self.lr_blowup and not self._blown and step >= self.lr_blowup[0] and self.engine is not None:
             self._blown = True
@@ -361,7 +362,7 @@ class DstoolkitCallback(TrainerCallback):
         est = self._estimate or {}
         self._say(f"step {state.global_step}: {tps or 0:,.0f} tok/s"
                   + (f" (est {est['tokens_per_s']:,.0f})" if est.get("tokens_per_s") else "")
-                  + (f", MFU {mfu:.2e}" if mfu else "") + (f" (est {est['mfu']:.2e})" if est.get("mfu") else "")
+                  + (f", MFU {mfu:.2e}" if mfu else "") + (" (6N, live model)" if mfu and not est else "") + (f" (est {est['mfu']:.2e})" if est.get("mfu") else "")
                   + (f", peak mem {mem / 2**30:.2f} GiB" if mem else "")
                   + (f" (est {est['memory_per_rank_bytes'] / 2**30:.2f})" if est.get("memory_per_rank_bytes") else "")
                   + (f", comm {comm_share:.0%} measured" if comm_share is not None else "")
@@ -376,17 +377,3 @@ class DstoolkitCallback(TrainerCallback):
             self._f.close()
             self._f = None
         return control
-
-
-def _peak_memory() -> Optional[int]:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return int(torch.cuda.max_memory_allocated())
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    except Exception:
-        return None
-
