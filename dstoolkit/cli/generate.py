@@ -44,7 +44,9 @@ def add_parser(subparsers) -> None:
                    help=f"launcher(s) to write files for (repeatable; default deepspeed): {', '.join(TARGET_NAMES)}")
     p.add_argument("--pretrain-script", default=None, metavar="PATH",
                    help="Megatron targets: path of that project's pretrain_gpt.py written into their launch scripts "
-                        "(default: PRETRAIN must be set when launching)")
+                        "as PRETRAIN's default (default: Megatron-LM/pretrain_gpt.py or Megatron-DeepSpeed/pretrain_gpt.py, "
+                        "relative to where the script is launched); PRETRAIN=... overrides it when launching, and the "
+                        "script stops before starting ranks when it is not a file")
     add_force_flag(p, help="replace DIR if an earlier `dstoolkit generate` wrote it")
     add_model_class_flag(p, spec=True)
     add_format_flag(p)
@@ -70,14 +72,31 @@ def _add_training_plans(args, spec, shape, result) -> dict:
         key = f"{o.name}/summary.md"
         if key in result.files:
             result.files[key] = (result.files[key].rstrip("\n") + "\n\n## Time and cost to train\n\n"
-                                 + "\n".join(f"- {line.strip()}" for line in render_training_plan(tp)) + "\n")
+                                 + "\n".join(f"- {line.strip()}" for line in render_training_plan(tp))
+                                 + f"\n- {files_length_note(spec, tp)}\n")
     return plans
+
+
+def files_length_note(spec, tp) -> str:
+    """What the written files train, beside a --tokens plan: `generate` writes the spec's run length
+    (training.train_steps: Megatron --train-iters, HF max_steps, the LR schedule; launch.sh's STEPS defaults to a
+    smoke run), never the plan's, and says so with the spec change that trains the plan."""
+    from dstoolkit.estimate.training_plan import human_tokens
+    from dstoolkit.generate.launch import DEFAULT_STEPS
+
+    n = spec.training.train_steps
+    now = (f"training.train_steps={n} steps" if n else
+           f"a {DEFAULT_STEPS}-step smoke run (training.train_steps is unset)")
+    return (f"the generated files train {now}, not this plan: to train {human_tokens(tp.tokens_requested)} tokens set "
+            f"training.train_steps: {tp.steps} in the spec and regenerate (Megatron --train-iters, HF max_steps and the "
+            f"LR schedule follow it), and run launch.sh with STEPS={tp.steps}")
 
 
 @exit_map("generate")
 def run(args) -> int:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.generate.core import generate, write_generated
+    from dstoolkit.generate.launch import DEFAULT_STEPS
     from dstoolkit.generate.summary import other_targets, run_hints, shared_targets
     from dstoolkit.generate.targets import engine_note
     from dstoolkit.generate.writer import check_target
@@ -124,8 +143,10 @@ def run(args) -> int:
                            "host_memory_per_rank_bytes": o.chosen.estimate.host_memory_per_rank_bytes,
                            "step_time_s": o.chosen.estimate.step_time_s, "mfu": o.chosen.estimate.mfu,
                            "targets": shared_targets(o), "per_target": _per_target_json(o),
-                           "files": sorted(o.files),
-                           **({"training_plan": plans[o.name].to_json()} if o.name in plans else {})}
+                           "files": sorted(o.files), "no_files": dict(o.targets_skipped),
+                           **({"training_plan": plans[o.name].to_json(),
+                               "files_train_steps": spec.training.train_steps or DEFAULT_STEPS,
+                               "training_plan_note": files_length_note(spec, plans[o.name])} if o.name in plans else {})}
                           for o in result.generated],
             "skipped": [{"strategy": s.name, "reason": s.reason} for s in result.skipped],
         }
@@ -148,6 +169,7 @@ def run(args) -> int:
             tp = plans[o.name]
             print(f"  {'':<{w}}  to train: {tp.steps:,} steps, {tp.wall_days:,.1f} days, {tp.gpu_hours:,.0f} GPU-hours"
                   + (f", cost {tp.cost:,.0f}" if tp.cost is not None else ""))
+            print(f"  {'':<{w}}  note: {files_length_note(spec, tp)}")
     for s in result.skipped:
         print(f"  not generated: {s.name}: {s.reason}")
     for o in result.generated:

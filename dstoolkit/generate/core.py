@@ -21,11 +21,13 @@ from typing import Optional, Sequence, Union
 import yaml
 
 from dstoolkit.generate.candidates import STRATEGIES, StrategyDef, strategy_unavailable_reason
-from dstoolkit.generate.ds_json import build_ds_config
+from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.launch import render_hostfile, render_launch_sh, render_sbatch
 from dstoolkit.generate.hf_targets import HF_TARGETS, hf_targets_for
+from dstoolkit.generate.io import cpu_precision_warnings
 from dstoolkit.generate.megatron import TARGETS as MEGATRON_TARGETS
 from dstoolkit.generate.megatron import megatron_target_files
+from dstoolkit.generate.megatron_lm import CPU_REASON as MEGATRON_LM_CPU_REASON
 from dstoolkit.generate.result import GenerateResult, SkippedStrategy, StrategyOutput
 from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.targets import NATIVE_MOE_TARGETS, is_hf  # noqa: F401  (NATIVE_MOE_TARGETS: re-exported)
@@ -193,6 +195,8 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
         misses: list[SweepResult] = []
         for g in groups:
             why = strategy_unavailable_for(g, strat, is_moe=shape.is_moe)
+            if not why and is_cpu_cluster(spec) and set(g) == {"megatron-lm"}:
+                why = MEGATRON_LM_CPU_REASON  # no sweep for a launcher that cannot run here (megatron_lm_args refuses too)
             if why:
                 out_skipped.update({t: why for t in g})
                 continue
@@ -234,6 +238,7 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
         findings = list(chosen.findings)
         if error_findings(findings):  # run_sweep already dropped these; keep the invariant explicit
             raise RuntimeError(f"internal: {name} config has error findings: {error_findings(findings)}")
+        findings += cpu_precision_warnings(spec)  # the spec's own warnings (validate SPEC.yaml says the same)
         # ds_config.json is the DeepSpeed engine's JSON: written for the layout deepspeed / megatron-deepspeed run (the
         # first group), and for Megatron-LM's when no DeepSpeed-engine target was asked for; not where they were asked
         # and cannot run this strategy (ZeRO-3 of a native MoE model for megatron-lm / hf: DeepSpeed would refuse it).
@@ -261,10 +266,16 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
                 out.targets_skipped.update(extra.skipped)
             hf = [t for t in g if is_hf(t)]
             if hf:
-                extra = hf_targets_for(spec, shape, c, hf, strategy=name)
+                extra = hf_targets_for(spec, shape, c, hf, strategy=name,
+                                       folder=None if out_dir is None else Path(out_dir) / name)
                 folder.update(extra.files)
                 out.targets_skipped.update(extra.skipped)
-        folder[LAYOUT_FILE] = _layout_json(spec, shape, picks, folder)
+        # a target whose files could not be written (megatron / hf refusals above) is no target of this folder: it
+        # stays out of per_target (the table, --format json, layout.json) and keeps its reason in targets_skipped
+        for t in out.targets_skipped:
+            out.per_target.pop(t, None)
+        kept = [([t for t in g if t not in out.targets_skipped], pick, sw) for g, pick, sw in picks]
+        folder[LAYOUT_FILE] = _layout_json(spec, shape, kept, folder)
         out.files = folder
         folder["summary.md"] = render_strategy_summary(spec, shape, out)
         result.generated.append(out)

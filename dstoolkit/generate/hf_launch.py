@@ -5,11 +5,14 @@ the torchrun and ``accelerate launch`` lines, the accelerate config, and the lau
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
+from dstoolkit.generate.shell import node_rank_why, require_set
 from dstoolkit.spec import Spec
 
 HF_DS_CONFIG = "ds_config_hf.json"
@@ -46,8 +49,8 @@ def hf_launch_line(spec: Spec, args: dict, *, script: str = '"$SCRIPT"') -> str:
     user's wins in HfArgumentParser)."""
     flags = training_args_flags({k: v for k, v in args.items() if k != "deepspeed"})
     words = ["torchrun", '"${NODE_ARGS[@]}"', "--nproc_per_node", str(spec.cluster.gpus_per_node), script]
-    if args.get("deepspeed"):
-        words += ["--deepspeed", f'"$HERE/{args["deepspeed"]}"']
+    if args.get("deepspeed"):  # the JSON beside the script, wherever the folder is now (training_args.json's may be
+        words += ["--deepspeed", f'"$HERE/{HF_DS_CONFIG}"']  # an absolute path written at generate time)
     return _words(words + flags + ['"$@"'])
 
 
@@ -57,8 +60,10 @@ def accelerate_config(spec: Spec, cand: Candidate, *, ds_config: str = HF_DS_CON
     On several nodes ``deepspeed_multinode_launcher: standard`` makes accelerate start torchrun on each node
     (accelerate ``utils/launch.py`` ``prepare_deepspeed_cmd_env``): without it accelerate hands DeepSpeed's
     launcher ``--hostfile None`` and every node trains alone. The machine rank and main address come from the
-    launch script (NODE_RANK, MASTER_ADDR), so one file serves every node; the JSON path in it is relative and
-    the launch script passes it by absolute path (``--deepspeed_config_file``).
+    launch script (NODE_RANK, MASTER_ADDR), so one file serves every node. `ds_config` is the JSON's path as
+    written: absolute where `generate` knows the folder (accelerate reads it relative to the directory it is launched
+    from, not to the YAML: accelerate utils/dataclasses.py HfDeepSpeedConfig), relative in committed goldens; the
+    launch script passes the JSON's current path either way (``--deepspeed_config_file``).
     """
     c = spec.cluster
     ds: dict[str, Any] = {"deepspeed_config_file": ds_config, "zero3_init_flag": cand.zero_stage == 3}
@@ -79,12 +84,26 @@ def accelerate_config(spec: Spec, cand: Candidate, *, ds_config: str = HF_DS_CON
     }
 
 
-def accelerate_config_yaml(cfg: dict) -> str:
-    """The accelerate config as YAML text (flat and one nested mapping: written by hand, no yaml import)."""
-    def scalar(v: Any) -> str:
-        return json.dumps(v) if isinstance(v, (bool, int, float)) or v is None else str(v)
+def accelerate_config_comment(ds_config: str) -> list[str]:
+    """The YAML's header: how far its `deepspeed_config_file` reaches (accelerate resolves a relative path against
+    the directory it is launched from)."""
+    if Path(ds_config).is_absolute():
+        return [f"# deepspeed_config_file is this folder's {HF_DS_CONFIG} by absolute path, written by dstoolkit generate:",
+                "# `accelerate launch --config_file` works from any directory. After moving the folder, regenerate it",
+                "# or run launch_accelerate.sh, which passes the JSON's current path."]
+    return [f"# deepspeed_config_file ({ds_config}) is relative to the directory accelerate is launched from: run",
+            "# launch_accelerate.sh (it passes the JSON's path) or `accelerate launch` from this folder; `dstoolkit",
+            "# generate -o DIR` writes it by absolute path."]
 
-    lines = []
+
+def accelerate_config_yaml(cfg: dict) -> str:
+    """The accelerate config as YAML text (flat and one nested mapping: written by hand, no yaml import), after
+    `accelerate_config_comment`."""
+    def scalar(v: Any) -> str:  # a string YAML could read otherwise (a path with ': ' or ' #'): double-quoted
+        plain = isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_./-]+", v) is not None
+        return str(v) if plain else json.dumps(v)
+
+    lines = accelerate_config_comment(str(cfg["deepspeed_config"]["deepspeed_config_file"]))
     for k, v in cfg.items():
         if isinstance(v, dict):
             lines.append(f"{k}:")
@@ -135,10 +154,9 @@ def render_hf_launch_sh(spec: Spec, command: str, notes: list[str], *, name: str
         f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
     ]
     if multi:
-        for var, what_it_is in (("NODE_RANK", f"this node's rank, 0..{nodes - 1}"),
-                                ("MASTER_ADDR", "node 0's address, the same on every node")):
-            lines.append(f'if [ -z "${{{var}:-}}" ]; then echo "$ME: {var} is not set: a {nodes}-node launch runs '
-                         f'this script on every node with {var}=<{what_it_is}>" >&2; exit 2; fi')
+        lines.append(require_set("NODE_RANK", node_rank_why(nodes)))
+        lines.append(require_set("MASTER_ADDR", f"a {nodes}-node launch runs this script on every node with "
+                                 "MASTER_ADDR=<node 0's address, the same on every node>"))
         if torch_style:
             lines.append(f'NODE_ARGS=(--nnodes {nodes} --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" '
                          '--master_port "$MASTER_PORT")')

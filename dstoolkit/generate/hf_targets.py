@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
 from dstoolkit.generate.candidates import Candidate
@@ -219,13 +219,19 @@ def launch_notes(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
     if cand.offload_optimizer:
         notes.append("Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine "
                      "(~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).")
-    notes.append(ULYSSES_NOTE)
+    if cand.ulysses > 1:  # a Ulysses layout only (generate refuses the hf targets for one: targets.py)
+        notes.append(ULYSSES_NOTE)
     return notes
 
 
 def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerate: bool = False,
-                    strategy: str = "") -> dict[str, str]:
+                    strategy: str = "", folder: Union[None, str, Path] = None) -> dict[str, str]:
     """File name -> text for one strategy folder (`hf`; with `accelerate` also the accelerate files).
+
+    `folder` is where the folder will live: training_args.json's ``deepspeed`` and accelerate_config.yaml's
+    ``deepspeed_config_file`` name its ds_config_hf.json by absolute path (HF and accelerate read a relative one
+    against the directory they are launched from); None writes the bare file name (committed goldens). The launch
+    scripts pass the JSON's current path either way.
 
     Raises:
         ValueError: the candidate has no HF form, or the JSON fails ``validate --mode hf`` (a bug here).
@@ -239,7 +245,8 @@ def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerat
     if errors:
         raise ValueError("generated HF DeepSpeed JSON fails validate --mode hf: "
                          + "; ".join(f"{f.code} {f.pointer}: {f.message}" for f in errors))
-    args = training_args(spec, shape, cand)
+    ds_path = HF_DS_CONFIG if folder is None else str(Path(folder).expanduser().resolve() / HF_DS_CONFIG)
+    args = training_args(spec, shape, cand, deepspeed=ds_path)
     notes = launch_notes(spec, shape, cand)
     what = f"strategy {strategy}, " if strategy else ""
     files = {
@@ -250,7 +257,7 @@ def hf_target_files(spec: Spec, shape: ModelShape, cand: Candidate, *, accelerat
     }
     if accelerate:
         acc_args = training_args(spec, shape, cand, deepspeed=None)
-        files[ACCELERATE_CONFIG] = accelerate_config_yaml(accelerate_config(spec, cand))
+        files[ACCELERATE_CONFIG] = accelerate_config_yaml(accelerate_config(spec, cand, ds_config=ds_path))
         files["launch_accelerate.sh"] = render_hf_launch_sh(
             spec, accelerate_launch_line(spec, acc_args), notes, name="launch_accelerate.sh",
             what=what + "accelerate launch with the DeepSpeed plugin (on every node)")
@@ -284,7 +291,8 @@ class HfTargetFiles:
         self.skipped = skipped
 
 
-def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets, *, strategy: str = "") -> HfTargetFiles:
+def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets, *, strategy: str = "",
+                   folder: Union[None, str, Path] = None) -> HfTargetFiles:
     """Files of the requested HF targets (``hf`` and/or ``accelerate``; others ignored) for one strategy folder.
 
     ``accelerate`` includes the hf files (the YAML points at the same ds_config_hf.json). A candidate with no
@@ -297,4 +305,5 @@ def hf_targets_for(spec: Spec, shape: ModelShape, cand: Candidate, targets, *, s
     reason = hf_unavailable_reason(cand, shape)
     if reason:
         return HfTargetFiles({}, {t: reason for t in wanted})
-    return HfTargetFiles(hf_target_files(spec, shape, cand, accelerate="accelerate" in wanted, strategy=strategy), {})
+    return HfTargetFiles(hf_target_files(spec, shape, cand, accelerate="accelerate" in wanted, strategy=strategy,
+                                         folder=folder), {})

@@ -65,7 +65,7 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
         return [spec_finding(str(p), None, None, "<spec>", str(exc), "fix the field it names", "SP004")]
     from dstoolkit.generate.planner import resolve_spec  # the sweep: loads the estimator only for a valid spec
 
-    warnings = schedule_warnings(spec)
+    warnings = spec_warnings(spec)
     try:
         resolved = resolve_spec(spec, shape, tuple(spec.targets or ()))  # as estimate / generate resolve it
     except ValueError as exc:
@@ -79,6 +79,31 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
                          f"{plan.gpu.memory_bytes / 2**30:.0f} GiB per {plan.gpu.name}",
                          f"`dstoolkit estimate {p}` prints the peak by phase and what would make it fit").findings
     return [dataclasses.replace(found, code="SP007", severity="warning"), *warnings]
+
+
+CPU_FP16_PROBLEM = ("training.precision: fp16 with cluster.gpu: cpu runs only on a CPU with mkldnn fp16 support: "
+                    "DeepSpeed's CPU accelerator allows fp16 where torch.ops.mkldnn._is_mkldnn_fp16_supported() is "
+                    "true (AVX512-FP16 / AMX-FP16), and elsewhere every rank stops at start-up with 'Type fp16 is not "
+                    "supported on your device'")
+CPU_FP16_FIX = "set training.precision: bf16 or fp32"
+
+
+def cpu_precision_warnings(spec: Spec) -> list[Finding]:
+    """A warning (SP004, at training.precision) for fp16 on CPU ranks: whether it runs depends on the machine that
+    launches (deepspeed accelerator/cpu_accelerator.py is_fp16_supported), which neither validate nor generate can
+    know, so it is not an error."""
+    from dstoolkit.generate.ds_json import is_cpu_cluster
+
+    if spec.training.precision != "fp16" or not is_cpu_cluster(spec):
+        return []
+    [found] = spec.error(("training", "precision"), CPU_FP16_PROBLEM, CPU_FP16_FIX).findings
+    return [dataclasses.replace(found, severity="warning")]
+
+
+def spec_warnings(spec: Spec) -> list[Finding]:
+    """The warnings a loadable spec gets from `dstoolkit validate SPEC.yaml` besides SP007 (and `generate` prints):
+    `cpu_precision_warnings`, then `schedule_warnings`."""
+    return cpu_precision_warnings(spec) + schedule_warnings(spec)
 
 
 SCHEDULE_SPEC_FIXES = {

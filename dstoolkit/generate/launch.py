@@ -13,7 +13,7 @@ from typing import Optional
 from dstoolkit.common.cpu_env import shell_exports
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
-from dstoolkit.generate.shell import env_default
+from dstoolkit.generate.shell import env_default, node_rank_why, require_set
 from dstoolkit.spec import Spec
 
 TRAIN_MODULE = "dstoolkit.runtime.train.trainer"
@@ -54,11 +54,36 @@ def render_hostfile(spec: Spec) -> str:
     g = spec.cluster.gpus_per_node
     if spec.cluster.nodes == 1:
         return f"localhost slots={g}\n"
-    width = len(str(spec.cluster.nodes - 1))
-    lines = ["# Replace node-NN with your host names (one line per node, slots = ranks per node),",
+    lines = [f"{HOSTFILE_PLACEHOLDER_MARK} (one line per node, slots = ranks per node),",
              "# or run slurm.sbatch, which writes a hostfile from SLURM_JOB_NODELIST."]
-    lines += [f"node-{i:0{width}d} slots={g}" for i in range(spec.cluster.nodes)]
+    lines += [f"{placeholder_host(spec.cluster.nodes, i)} slots={g}" for i in range(spec.cluster.nodes)]
     return "\n".join(lines) + "\n"
+
+
+HOSTFILE_PLACEHOLDER_MARK = "# Replace node-NN with your host names"
+"""The first line of a multi-node hostfile as generated: launch.sh takes a hostfile holding it for unedited."""
+
+
+def placeholder_host(nodes: int, i: int) -> str:
+    """The hostfile's placeholder name of node `i` of `nodes` (node-0, or node-00 from 11 nodes on)."""
+    return f"node-{i:0{len(str(nodes - 1))}d}"
+
+
+def _multi_node_checks(nodes: int) -> list[str]:
+    """launch.sh on several nodes: stop (exit 2, one line) before anything starts when a launch run on every node
+    (torchrun, NO_SSH=1) has no NODE_RANK, and when MASTER_ADDR would be the unedited hostfile's placeholder host
+    (every launcher: the deepspeed launcher would ssh to it, the others rendezvous at it)."""
+    node0 = placeholder_host(nodes, 0)
+    return [
+        'if [ "${LAUNCHER:-deepspeed}" = torchrun ] || [ "${NO_SSH:-0}" != 0 ]; then  # run on every node: which one?',
+        "  " + require_set("NODE_RANK", node_rank_why(nodes), me="launch.sh"),
+        "fi",
+        f'if [ -z "${{MASTER_ADDR:-}}" ] && [ "$(awk \'!/^#/ && NF {{print $1; exit}}\' "$HOSTFILE")" = {node0} ] &&',
+        f'   grep -qF {shlex.quote(HOSTFILE_PLACEHOLDER_MARK)} "$HOSTFILE"; then',
+        f'  echo "launch.sh: MASTER_ADDR is not set and $HOSTFILE still names the placeholder host {node0}: write your '
+        f'host names into it (node 0 first), or set MASTER_ADDR=<node 0\'s address, the same on every node>" >&2; exit 2',
+        "fi",
+    ]
 
 
 def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool) -> str:
@@ -103,6 +128,7 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         *env_default("CKPT_DIR", spec.training.save_dir),
         f'SAVE_EVERY="${{SAVE_EVERY:-{spec.training.save_interval()}}}"',
         'HOSTFILE="${HOSTFILE:-$HERE/hostfile}"',
+        *(_multi_node_checks(nodes) if nodes > 1 else []),
         "MASTER_ADDR=\"${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' \"$HOSTFILE\")}\"",
         f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"',
         f'DIST_TIMEOUT_S="${{DIST_TIMEOUT_S:-{DEFAULT_DIST_TIMEOUT_S}}}"',

@@ -76,6 +76,8 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
         f"# dstoolkit generate: {name} launch, strategy {strategy}. Regenerate instead of editing.",
         "#",
         f"#   PRETRAIN=/path/to/{name}/pretrain_gpt.py bash {LAUNCH_FILE[target]}   # on every node, NODE_RANK=k",
+        "#   (without PRETRAIN: PRETRAIN_DEFAULT below, relative to where you launch unless absolute; the script stops",
+        "#   before starting ranks if it is not a file)",
         "#   DATA_ARGS='--data-path ... --tokenizer-type ... --tokenizer-model ...' is required"
         + (" (MOCK_DATA=1 instead: Megatron-LM's synthetic tokens)" if target == "megatron-lm" else ""),
         "#   extra arguments go to pretrain_gpt.py after the file's (argparse: the last occurrence wins)",
@@ -95,8 +97,16 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
         'NODE_RANK="${NODE_RANK:-0}"',
         'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
         'MASTER_PORT="${MASTER_PORT:-29500}"',
-        'if [[ -z "${DATA_ARGS:-}" ]]; then',
     ]
+    # before the data arguments, the tree check (which reads the tree beside it) and any rank: a PRETRAIN that is not a
+    # file would make every rank fail with "can't open file" and torchrun end with a traceback
+    lines += [
+        'if [[ ! -f "$PRETRAIN" ]]; then',
+        f'    echo "{me}: PRETRAIN=${{PRETRAIN@Q}} is not a file (from $PWD): set PRETRAIN=/path/to/{name}/pretrain_gpt.py '
+        f'(or dstoolkit generate --pretrain-script PATH)" >&2; exit 2',
+        'fi',
+    ]
+    lines.append('if [[ -z "${DATA_ARGS:-}" ]]; then')
     need = f"{me}: DATA_ARGS is not set: DATA_ARGS='--data-path PREFIX --tokenizer-type ... [--tokenizer-model ...]'"
     if target == "megatron-lm":
         lines += [

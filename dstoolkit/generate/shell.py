@@ -19,6 +19,18 @@ def env_default(var: str, value: str) -> list[str]:
     return [f"{var}_DEFAULT={shlex.quote(value)}", f'{var}="${{{var}:-${var}_DEFAULT}}"']
 
 
+def require_set(var: str, why: str, *, me: str = "$ME") -> str:
+    """One line that stops the script (exit 2) before anything starts when `var` is unset or empty, saying
+    ``ME: VAR is not set: WHY`` on stderr. `me` and `why` go inside double quotes: generated text only (no spec
+    value), which may use ``$ME`` / ``$((...))``."""
+    return f'if [ -z "${{{var}:-}}" ]; then echo "{me}: {var} is not set: {why}" >&2; exit 2; fi'
+
+
+def node_rank_why(nodes: int) -> str:
+    """`require_set`'s reason for NODE_RANK in a launch of `nodes` nodes, one wording for every launch script."""
+    return f"a {nodes}-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..{nodes - 1}>"
+
+
 def command_line(words: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> str:
     """A command to print for the user to copy: each word shell-quoted, after `NAME=value` assignments."""
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env), *(shlex.quote(w) for w in words)])

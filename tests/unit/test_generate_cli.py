@@ -215,7 +215,9 @@ def test_targets_write_their_files_with_absolute_config_path(tmp_path, repo_root
     from dstoolkit.generate.megatron import read_args_file
 
     out = tmp_path / "gen"
-    rc = main(["generate", str(repo_root / "ds_configs" / "tiny_cpu.yaml"), "--out", str(out), "--strategy", "zero2",
+    spec = tmp_path / "tiny_gpu.yaml"  # Megatron-LM runs on GPUs only: generate gives a CPU spec no megatron-lm files
+    spec.write_text((repo_root / "ds_configs" / "tiny_cpu.yaml").read_text().replace("gpu: cpu", "gpu: H100-SXM"))
+    rc = main(["generate", str(spec), "--out", str(out), "--strategy", "zero2",
                "--target", "megatron-lm", "--target", "megatron-deepspeed", "--pretrain-script", "/opt/pretrain_gpt.py"])
     assert rc == 0
     folder = out / "zero2"

@@ -274,7 +274,12 @@ def test_launch_scripts_pass_the_file(stem, tmp_path):
     folder.mkdir(parents=True)
     (folder / "ds_config.json").write_text(o.files["ds_config.json"])
     res = write_megatron_targets(folder, spec, shape, o.chosen.candidate,
-                                 pretrain_script={"megatron-lm": "/opt/mlm/pretrain_gpt.py"})
+                                 pretrain_script={"megatron-lm": str(tmp_path / "mlm" / "pretrain_gpt.py")})
+    # the scripts stop on a PRETRAIN that is not a file: Megatron-LM's as given, Megatron-DeepSpeed's default
+    # (relative to where the script is launched, cwd=tmp_path below)
+    for tree in ("mlm", "Megatron-DeepSpeed"):
+        (tmp_path / tree).mkdir()
+        (tmp_path / tree / "pretrain_gpt.py").write_text("")
     assert not res.skipped and set(res.files) == {ARGS_FILE[t] for t in TARGETS} | {LAUNCH_FILE[t] for t in TARGETS}
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -320,7 +325,7 @@ def test_launch_scripts_pass_the_file(stem, tmp_path):
         data = DEFAULT_DATA_ARGS[t].split()
         assert rest[:len(data)] == data
         if t == "megatron-lm":
-            assert pretrain == "/opt/mlm/pretrain_gpt.py" and rest[len(data):] == ["--log-interval", "1"]
+            assert pretrain == str(tmp_path / "mlm" / "pretrain_gpt.py") and rest[len(data):] == ["--log-interval", "1"]
         else:
             assert rest[len(data):] == ["--deepspeed_config", str(folder.resolve() / "ds_config.json"),
                                         "--log-interval", "1"]

@@ -122,10 +122,13 @@ def test_estimate_and_sweep_for_megatron_lm_use_megatron_core(tmp_path):
     assert resolve_spec(spec, shape).plan.framework == "deepspeed"  # no target: the spec's framework
 
 
-def test_a_deepspeed_config_is_not_written_for_a_layout_deepspeed_refuses(repo_root):
+def test_a_deepspeed_config_is_not_written_for_a_layout_deepspeed_refuses(repo_root, tmp_path):
     # tiny-moe at ZeRO-3: DeepSpeed refuses its native MoE there; Megatron-LM (Megatron-FSDP) and HF run it. The
     # folder gets their files and no ds_config.json, which no requested DeepSpeed-engine target could start.
-    spec, shape = load_spec_and_shape(repo_root / "ds_configs" / "tiny_moe_cpu.yaml")
+    # (on GPUs: generate gives a CPU spec no megatron-lm files, Megatron-LM asserts CUDA)
+    gpu = tmp_path / "tiny_moe_gpu.yaml"
+    gpu.write_text((repo_root / "ds_configs" / "tiny_moe_cpu.yaml").read_text().replace("gpu: cpu", "gpu: H100-SXM"))
+    spec, shape = load_spec_and_shape(gpu)
     res = generate(spec, shape, strategies=["zero3"], targets=["deepspeed", "megatron-lm", "hf"])
     (o,) = res.generated
     assert "megatron_lm_args.txt" in o.files and "ds_config_hf.json" in o.files

@@ -114,7 +114,9 @@ def test_pretrain_script_reaches_torchrun_exactly(tmp_path, name):
     script.parent.mkdir()
     script.write_text("print(1)\n")
     out = tmp_path / "g"
-    assert main(["generate", str(REPO / "ds_configs" / "tiny_cpu.yaml"), "--out", str(out), "--strategy", "zero1",
+    gpu = tmp_path / "tiny_gpu.yaml"  # Megatron-LM runs on GPUs only: generate gives a CPU spec no megatron-lm files
+    gpu.write_text(TINY.replace("gpu: cpu", "gpu: H100-SXM"))
+    assert main(["generate", str(gpu), "--out", str(out), "--strategy", "zero1",
                  "--target", "megatron-lm", "--target", "megatron-deepspeed", "--pretrain-script", str(script)]) == 0
     bindir = tmp_path / "bin"
     bindir.mkdir()
