@@ -131,6 +131,8 @@ class ParamTotals:
 
     total: int
     active: int
+    """Parameters one token touches: total less the routed experts it is not sent to and a multimodal model's
+    vision/audio towers (kind "tower": they run on image / audio inputs, not on text tokens)."""
     embedding: int
     lm_head: int
     expert: int
@@ -148,7 +150,8 @@ def param_totals(shape: ModelShape) -> ParamTotals:
     expert = sum(p.numel for p in layout if p.kind == "expert")
     k_frac = (shape.num_experts_per_tok / shape.num_experts) if shape.is_moe else 0.0
     inactive = int(round(expert * (1.0 - k_frac)))
-    active = total - inactive
+    tower = sum(p.numel for p in layout if p.kind == "tower")
+    active = total - inactive - tower
     emb = sum(p.numel for p in layout if p.kind == "embedding")
     head = sum(p.numel for p in layout if p.kind == "lm_head")
     norms = sum(p.numel for p in layout if p.kind == "norm")

@@ -28,7 +28,8 @@ def rank_param_groups(plan: RunPlan, pp_stage: int | None = None) -> list[list[i
     layer), as `deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer` builds them.
     TP shards what `RunPlan.tp_splits` says it splits (Megatron: the matrices and the vocab; DeepSpeed AutoTP:
     the blocks' matrices, the embedding and the LM head as `plan.autotp` says); PP keeps the layers of one stage
-    (the heaviest stage when `pp_stage` is None: embedding on the first, final norm + LM head on the last).
+    (the heaviest stage when `pp_stage` is None: embedding and a multimodal model's towers on the first, final norm +
+    LM head on the last).
     """
     return [list(g) for g in _rank_param_groups(plan.shape, plan.tp, plan.pp, plan.ep, pp_stage,
                                                 pipeline_split(plan.framework), plan.autotp)]
@@ -51,7 +52,7 @@ def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
                 continue
             if p.layer < 0:
                 first, last = st == 0, st == pp - 1
-                if p.kind == "embedding" and not first:
+                if p.kind in ("embedding", "tower") and not first:  # towers feed the first stage's embeddings
                     continue
                 if p.kind in ("lm_head", "norm") and not last:
                     continue

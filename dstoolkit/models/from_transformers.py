@@ -9,7 +9,10 @@ config for the estimator's formulas, and whose `measured` field carries the exac
 torch and transformers are imported inside the functions only (the core must import without them).
 
 - Multimodal configs (`text_config`): the language model is built from the text config and counted; the
-  vision/audio towers and projectors are built too and reported apart (`MeasuredParams.vision_params`).
+  vision/audio towers and projectors are built too and counted in `MeasuredParams.vision_params` (in the total
+  and the model states, not in FLOPs or activations: the note says so).
+- Encoder-decoder models (T5, BART, Whisper: `is_encoder_decoder`) are refused (`ConfigRefused`): the estimator
+  models one decoder-only stack. A causal-LM class of such a family (BartForCausalLM) builds its decoder alone.
 - `quantization_config` is dropped before building (transformers would otherwise try to quantise on load)
   and named in `notes` as ignored: a training run holds the weights unquantised.
 - An unknown `model_type` is refused with transformers' reason; where the config's `architectures` names a
@@ -18,17 +21,15 @@ torch and transformers are imported inside the functions only (the core must imp
 from __future__ import annotations
 
 import json
-import math
 import re
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Optional
 
-from dstoolkit.models.attention_facts import attention_facts, window_fields
-from dstoolkit.models.block_facts import arch_fields, block_facts
+from dstoolkit.models.attention_facts import attention_facts
+from dstoolkit.models.block_facts import block_facts
 from dstoolkit.models.measured import ArchFacts, LayerParams, MeasuredParams
-from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, as_int, buffers_not_counted, classify,
-                                          config_value, is_vision, linear_groups, scan_facts)
-from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
+from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, buffers_not_counted, classify, config_value,
+                                          is_vision, linear_groups, scan_facts)
 from dstoolkit.models.tp_plan import merged_tp_plan
 
 class TransformersUnavailable(RuntimeError):
@@ -75,8 +76,32 @@ def offer_from_architectures(config: dict) -> Optional[str]:
     return None
 
 
+class ConfigRefused(BuildError):
+    """transformers builds the type but refuses these values, or the model is not one the estimator models
+    (encoder-decoder); `field` names the config key where one can be named, `fix` says what to do."""
+
+    def __init__(self, reason: str, field: Optional[str] = None, fix: Optional[str] = None):
+        super().__init__(reason)
+        self.field = field
+        self.fix = fix
+
+
+def _refusal(tf, model_type: Optional[str], exc: BaseException) -> ConfigRefused:
+    """One line from a config class's refusal: the innermost cause's message (transformers 5 wraps a validator's
+    ValueError in huggingface_hub's StrictDataclassClassValidationError), naming the first `key`=value it cites."""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = " ".join(str(root).split())[:300]
+    named = re.search(r"`(\w+)`\s*=", text)
+    field = named.group(1) if named else None
+    return ConfigRefused(f"transformers {tf.__version__} refuses this {model_type!r} config: {type(root).__name__}: "
+                         f"{text}", field, f"fix {field}" if field else "fix the value the message names")
+
+
 def _make_config(tf, config: dict, model_class: Optional[str]):
     d = {k: v for k, v in config.items() if k != "quantization_config"}
+    model_type = d.get("model_type")
     if model_class:
         try:
             cls = getattr(tf, model_class)
@@ -85,17 +110,36 @@ def _make_config(tf, config: dict, model_class: Optional[str]):
         if cls is None or not hasattr(cls, "config_class"):
             raise BuildError(f"transformers {tf.__version__} has no model class {model_class!r}")
         d.pop("model_type", None)
-        return cls, cls.config_class(**d)
-    model_type = d.get("model_type")
+        try:
+            return cls, cls.config_class(**d)
+        except Exception as exc:  # noqa: BLE001 - the class's config rejecting a value
+            raise _refusal(tf, model_type, exc) from None
     try:
         return None, tf.AutoConfig.for_model(**d)
     except (KeyError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "Unrecognized model identifier" not in str(exc):
+            raise _refusal(tf, model_type, exc) from None
         first = str(exc).split(". Should contain")[0].split("\n")[0]
         raise BuildError(f"transformers {tf.__version__} does not know model_type {model_type!r} ({first})",
                          offer_from_architectures(config)) from None
     except Exception as exc:  # noqa: BLE001 - a config class rejecting a value
-        raise BuildError(f"transformers {tf.__version__} rejects this {model_type!r} config: "
-                         f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        raise _refusal(tf, model_type, exc) from None
+
+
+def _encoder_decoder(tf, model_type: Optional[str], built: str) -> ConfigRefused:
+    """The refusal of an encoder-decoder model (T5, BART, Whisper, ...): the estimator models one decoder-only
+    stack (its activations, FLOPs and attention), so an encoder stack, a second length and cross-attention would
+    be silently left out."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal  # lazy
+        decoder = causal.get(model_type) if isinstance(model_type, str) else None
+    except Exception:  # noqa: BLE001
+        decoder = None
+    fix = ("estimate a decoder-only model: any causal LM transformers builds, multimodal ones by their text_config"
+           + (f"; for this model's decoder alone as a causal LM, --model-class {decoder}" if decoder else ""))
+    return ConfigRefused(f"{model_type!r} ({built}) is an encoder-decoder model: not estimated (the estimator models "
+                         "one decoder-only stack; the encoder, source / target lengths and cross-attention would be "
+                         "left out)", "model_type", fix)
 
 
 def _build_on_meta(torch, factory, cfg):
@@ -133,6 +177,9 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
     cls, cfg = _make_config(tf, config, model_class)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     composite = text is not cfg
+    if cls is None and (getattr(cfg, "is_encoder_decoder", False) or getattr(text, "is_encoder_decoder", False)):
+        # before the build: AutoModelForCausalLM would build BART's decoder alone (BartForCausalLM) and count it
+        raise _encoder_decoder(tf, config.get("model_type"), f"{type(cfg).__name__}")
     model = None
     skip_vision = False
     errors: list[str] = []
@@ -142,6 +189,8 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
             skip_vision = True
         except Exception as exc:  # noqa: BLE001
             raise BuildError(f"transformers cannot build {model_class}: {type(exc).__name__}: {str(exc)[:300]}") from None
+        if getattr(model.config, "is_encoder_decoder", False):  # a ForCausalLM class sets it False on its config
+            raise _encoder_decoder(tf, config.get("model_type"), model_class)
     else:
         try:
             model = _build_on_meta(torch, tf.AutoModelForCausalLM.from_config, text)
@@ -163,9 +212,6 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
             model, skip_vision = full, True
         elif full is not None:
             vision = sum(p.numel() for n, p in full.named_parameters() if is_vision(n))
-        notes.append(f"multimodal config ({config.get('model_type')}): the language model is counted from "
-                     f"text_config ({config_value(text, 'model_type')}); vision/audio towers and projectors are reported "
-                     "apart" + ("" if full is not None else " (could not be built, not counted)"))
     if model is None:
         raise BuildError(f"transformers {tf.__version__} cannot build model_type {config.get('model_type')!r}: "
                          + "; ".join(errors), offer_from_architectures(config))
@@ -184,6 +230,10 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
     top = parts["top"]
     if skip_vision:
         vision = top["vision"]
+    blocks = tower_blocks(model if skip_vision else full) if composite and vision else ()
+    if composite:
+        notes.append(_tower_note(config.get("model_type"), config_value(text, "model_type"), vision,
+                                 built=skip_vision or full is not None))
     buffers = buffers_not_counted(model)
     if buffers:
         notes.append(f"{buffers} elements of registered buffers (router score-correction biases and the like) "
@@ -192,8 +242,34 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
         model_class=type(model).__name__, transformers_version=tf.__version__,
         embedding=top["embedding"], lm_head=top["lm_head"], final_norms=top["final_norms"], other=top["other"],
         layers=tuple(LayerParams(**rec) for rec in parts["layers"]), buffers_not_counted=buffers,
-        vision_params=vision, notes=tuple(notes), linears=linears, arch=arch, tp_plan=merged_tp_plan(model),
+        vision_params=vision, vision_blocks=blocks if sum(blocks) == vision else (), notes=tuple(notes), linears=linears, arch=arch, tp_plan=merged_tp_plan(model),
     )
+
+
+def tower_blocks(model) -> tuple[int, ...]:
+    """Parameters of a multimodal model's towers and projectors per block (a numbered child such as
+    `model.visual.blocks.3`, or the parameter itself), in registration order: how DeepSpeed's flat buffers see them
+    (a block straddles a ZeRO partition whole, never the whole tower)."""
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if is_vision(name):
+            m = re.match(r"(.*?\.\d+)\.", name)
+            key = m.group(1) if m else name
+            out[key] = out.get(key, 0) + p.numel()
+    return tuple(out.values())
+
+
+def _tower_note(model_type, text_type, vision: int, *, built: bool) -> str:
+    """The assumption line of a multimodal config: what of its towers is counted and what is not."""
+    head = f"multimodal config ({model_type}): the language model is read from text_config ({text_type}); "
+    if not built:
+        return head + ("the vision/audio towers and projectors could not be built: their parameters, memory and "
+                       "FLOPs are not counted")
+    return head + (f"the vision/audio towers and projectors ({vision:,} params) are counted in weights, gradients "
+                   "and optimizer states (transformers builds them trainable and HF Trainer optimizes them; frozen "
+                   "towers would hold less), not in activations or FLOPs (those depend on the images / audio per "
+                   "sample, which the estimate does not take); --seq-len counts the language model's tokens, "
+                   "image tokens included")
 
 
 def _activation_namer():
@@ -242,107 +318,6 @@ def text_config_of(config: dict, model_class: Optional[str] = None):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
-    """ModelShape keyword arguments for the estimator's formulas, from the (text) config and the measurement.
-
-    Widths that the config names differently per family (or not at all) are derived from the measured
-    counts: the dense FFN width from the dense-MLP parameters of a dense layer, the expert width from one
-    routed expert, the shared-expert width from a layer's shared experts. They are effective widths (what a
-    gated FFN of that many parameters would have); the exact counts stay in `measured`.
-    """
-    h = as_int(config_value(text_cfg, "hidden_size", "n_embd", "d_model", "dim"))
-    if h is None:
-        raise BuildError("the config has no hidden_size (nor n_embd / d_model)")
-    heads = as_int(config_value(text_cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")) or 1
-    if config_value(text_cfg, "multi_query") is True:
-        kv = 1
-    else:
-        kv_raw = config_value(text_cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
-                      "n_kv_heads")
-        if isinstance(kv_raw, list) and kv_raw and all(isinstance(x, int) and x > 0 for x in kv_raw):
-            kv_raw = math.gcd(*kv_raw)  # per-layer KV heads: what every layer can be split by
-        if kv_raw == 0 and not isinstance(kv_raw, bool):
-            raise BuildError("num_key_value_heads=0: attention needs at least one key/value head (give a divisor of "
-                             "num_attention_heads, or null for multi-head attention)")
-        kv = as_int(kv_raw)
-    head_dim = as_int(config_value(text_cfg, "head_dim", "attention_head_dim", "kv_channels"))
-    if head_dim is None:
-        head_dim = max(1, h // heads)
-    if kv is None or heads % kv:
-        kv = heads
-    vocab = as_int(config_value(text_cfg, "vocab_size", "padded_vocab_size")) or max(1, m.embedding // h)
-
-    arch = m.arch or ArchFacts()
-
-    def width_of(measured_each: int, named: Optional[int], gated_default: bool,
-                 built: Optional[int] = None) -> tuple[int, bool]:
-        # The FFN width the config names (or the built down projection reads) when the measured parameters agree
-        # with it (biases aside), else the width a gated (3 matrices) or plain (2 matrices) FFN of that many
-        # parameters would have; gated_default: what the built FFN is (block_facts), True when unknown.
-        for width in (named, built):
-            if width:
-                for gated_try in (True, False):
-                    w = 3 if gated_try else 2
-                    if abs(measured_each - w * h * width) <= 0.01 * measured_each:
-                        return width, gated_try
-        w = 3 if gated_default else 2
-        return max(1, measured_each // (w * h)), gated_default
-
-    dense = [l.dense_mlp for l in m.layers if l.dense_mlp]
-    inter_cfg = as_int(config_value(text_cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"))
-    built_gated = True if arch.mlp_gated is None else arch.mlp_gated
-    if dense:
-        inter, gated = width_of(max(dense), inter_cfg, built_gated, arch.mlp_width)
-    else:
-        inter, gated = inter_cfg or 4 * h, True
-    # the key transformers' family reads for ACT2FN, else the activation module the built FFN holds (block_facts)
-    act = config_value(text_cfg, *ACTIVATION_KEYS) or arch.activation
-    kw: dict = dict(
-        hidden_size=h, num_hidden_layers=len(m.layers), num_attention_heads=heads, num_key_value_heads=kv,
-        head_dim=head_dim, intermediate_size=max(1, inter), vocab_size=vocab, tie_word_embeddings=m.lm_head == 0,
-        mlp_gated=gated, max_position_embeddings=as_int(config_value(text_cfg, "max_position_embeddings", "n_positions")),
-        hidden_act=str(act or "silu"),
-    )
-    kw.update(arch_fields(text_cfg, arch, head_dim))
-    kw.update(window_fields(text_cfg, m))
-    if config_value(text_cfg, "attention_bias") is True:
-        kw["attention_bias"] = True
-    # the attention dropout the config trains with (transformers' per-family defaults: GPT-2 attn_pdrop 0.1,
-    # Bloom / Llama-style attention_dropout 0.0); models.hf refuses a value that is not a probability, naming its
-    # key, before the build
-    drop = config_value(text_cfg, *ATTENTION_DROPOUT_KEYS)
-    if drop is not None:
-        kw["attention_dropout"] = dropout_probability(drop)
-    qkv_width = (heads + 2 * kv) * head_dim
-    if any(g.role == "attention" and g.layers and g.in_features == h and g.out_features == qkv_width
-           for g in m.linear_layers()):
-        kw["qkv_fused"] = True  # one projection makes q, k and v (GPT-NeoX query_key_value, Falcon, Phi-3 qkv_proj)
-    moe = [l for l in m.layers if l.is_moe]
-    if moe:
-        each = max(l.expert_params_each for l in moe)
-        named = as_int(config_value(text_cfg, "moe_intermediate_size", "expert_intermediate_size"))
-        if named is None and not dense:
-            named = inter_cfg  # Mixtral / GPT-OSS name the expert width intermediate_size
-        ie, gated_e = width_of(each, named, gated)
-        kw.update(num_experts=max(l.num_experts for l in moe), num_experts_per_tok=max(l.experts_per_tok for l in moe),
-                  moe_intermediate_size=ie, mlp_gated=gated_e,
-                  mlp_only_layers=tuple(l.index for l in m.layers if not l.is_moe))
-        norm_topk = config_value(text_cfg, "norm_topk_prob")
-        if isinstance(norm_topk, bool):  # the family's config default when the file leaves it out
-            kw["norm_topk_prob"] = norm_topk
-        shared = max(l.shared_experts for l in moe)
-        if shared:
-            kw["shared_expert_intermediate_size"] = max(1, shared // ((3 if gated_e else 2) * h))
-            kw["shared_expert_gate"] = arch.shared_expert_gate
-    mla = {k: as_int(config_value(text_cfg, k)) for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
-    if all(mla.values()):
-        kw.update(mla, q_lora_rank=as_int(config_value(text_cfg, "q_lora_rank")), head_dim=None, num_key_value_heads=None)
-        kw.pop("rotary_fraction", None)  # MLA turns its own qk_rope_head_dim channels, not a share of a head
-    return kw
-
-
-ACTIVATION_KEYS = ("hidden_act", "activation_function", "activation", "hidden_activation")
-"""The keys transformers' families name the FFN activation by (Llama-style, GPT-2, Falcon, Gemma)."""
 def linear_layers(config: dict, model_class: Optional[str] = None) -> list[dict]:
     """The matmul weights of the language model as transformers builds it, grouped by name pattern.
 

@@ -15,8 +15,9 @@ from typing import Optional, Union
 from pydantic import ValidationError
 
 from dstoolkit.models import from_transformers as _tf
-from dstoolkit.models.hf_families import FAMILIES, HFConfigError, check_unknown_keys, dropout
+from dstoolkit.models.hf_families import FAMILIES, HFConfigError, check_rotary_dim, check_unknown_keys, dropout
 from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, ModelShape
+from dstoolkit.models.shape_fields import shape_fields
 
 __all__ = ["FAMILIES", "HFConfigError", "hf_config_file", "load_hf_config", "shape_from_hf_dict", "shape_from_transformers"]
 
@@ -75,12 +76,14 @@ def shape_from_transformers(config: dict, name: Optional[str] = None, *,
                 dropout(d, key, 0.0)
     try:
         measured = _tf.measure_config(clean, model_class)
-        kwargs = _tf.shape_fields(_tf.text_config_of(clean, model_class), measured)
+        kwargs = shape_fields(_tf.text_config_of(clean, model_class), measured)
     except _tf.TransformersUnavailable as exc:
         raise HFConfigError("model_type", f"model_type {model_type!r} has no hand-written reader and the "
                             f"transformers model source is unavailable ({exc})",
                             "pip install 'dstoolkit[hf]' (then any type transformers builds is accepted), or use "
                             f"one of: {', '.join(FAMILIES)}") from None
+    except _tf.ConfigRefused as exc:
+        raise HFConfigError(exc.field, exc.reason, exc.fix) from None
     except _tf.BuildError as exc:
         raise HFConfigError("model_class" if model_class else "model_type",
                             f"unsupported model_type {model_type!r}: {exc.reason}",
@@ -150,6 +153,7 @@ def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool
     if strict:
         check_unknown_keys(config, fam)
     kwargs = fam.build(config, fam)
+    check_rotary_dim(config, kwargs)
     display = name or config.get("name") or config.get("_name_or_path") or model_type
     try:
         return ModelShape(name=str(display), model_type=model_type, **kwargs)

@@ -102,6 +102,43 @@ def rope_scaling(d: dict) -> Any:
     return None
 
 
+def _partial_rotary_factor(d: dict) -> float:
+    """The share of a head RoPE turns: partial_rotary_factor at the top or in rope_parameters / rope_scaling
+    (transformers 5 moves it there); 1.0 when absent or not a number."""
+    for where in (d, d.get("rope_parameters"), d.get("rope_scaling")):
+        v = where.get("partial_rotary_factor") if isinstance(where, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
+    return 1.0
+
+
+def check_rotary_dim(d: dict, kw: dict) -> None:
+    """Refuse an odd rotary dimension, as transformers 5 does when it makes the config (modeling_rope_utils
+    validate_rope: 'RoPE requires an even rotary dimension' for head_dim > 4, odd, fully rotated; DeepSeek's
+    config sets head_dim = qk_rope_head_dim). A head_dim derived from hidden_size / num_attention_heads is
+    held to the same rule: RoPE's cos/sin tables are 2 x ceil(d / 2) wide and do not broadcast over an odd
+    head. Learned-position families (GPT-2) have no rotary embedding."""
+    if kw.get("learned_positions"):
+        return
+    if kw.get("qk_rope_head_dim"):
+        dim, field, given = kw["qk_rope_head_dim"], "qk_rope_head_dim", True
+    elif kw.get("head_dim"):
+        dim, field, given = kw["head_dim"], "head_dim", True
+    else:
+        h, heads = kw.get("hidden_size"), kw.get("num_attention_heads")
+        if not h or not heads:
+            return
+        dim, field, given = h // heads, "head_dim", False
+    factor = _partial_rotary_factor(d)
+    if dim <= 4 or dim % 2 == 0 or int(dim * factor) != dim:
+        return
+    what = (f"{dim}" if given else
+            f"hidden_size / num_attention_heads = {kw['hidden_size']} / {kw['num_attention_heads']} = {dim}")
+    raise HFConfigError(field, f"{what} is odd and fully rotated: RoPE needs an even rotary dimension (transformers "
+                        "refuses the config: 'RoPE requires an even rotary dimension')",
+                        f"give {field} an even value" + ("" if given else " (set head_dim, or change hidden_size)"))
+
+
 def _dense_common(d: dict) -> dict:
     heads = _int(d, "num_attention_heads")
     kv_heads_value(d.get("num_key_value_heads"))

@@ -227,7 +227,12 @@ class MeasuredParams(_Frozen):
     buffers_not_counted: int = 0
     """Non-rotary buffers transformers registers (e.g. DeepSeek-V3's e_score_correction_bias): not parameters."""
     vision_params: int = 0
-    """Vision/audio towers and projectors of a multimodal checkpoint, reported apart (not in total)."""
+    """Vision/audio towers and projectors of a multimodal checkpoint: in `total` and the layout (they hold
+    weights, gradients and optimizer states: transformers builds them trainable and HF Trainer optimizes every
+    parameter that requires grad), not in `active` (a text token does not pass through them), outside the layers."""
+    vision_blocks: tuple[int, ...] = ()
+    """`vision_params` per tower block in registration order (`from_transformers.tower_blocks`); () when not
+    read (the layout then holds the towers as one entry)."""
     notes: tuple[str, ...] = ()
     """What the count did with the config (text_config used, quantization_config ignored, ...)."""
     linears: tuple["LinearGroup", ...] = ()
@@ -277,7 +282,8 @@ class MeasuredParams(_Frozen):
 
     @property
     def total(self) -> int:
-        return self.embedding + self.lm_head + self.final_norms + self.other + sum(l.total for l in self.layers)
+        return (self.embedding + self.lm_head + self.final_norms + self.other + self.vision_params
+                + sum(l.total for l in self.layers))
 
     @property
     def active(self) -> int:
@@ -310,7 +316,8 @@ class ParamEntry:
     numel: int
     """Elements."""
     kind: str
-    """embedding | lm_head | attention | dense_mlp | expert | shared_expert | router | norm | other."""
+    """embedding | lm_head | attention | dense_mlp | expert | shared_expert | router | norm | other | tower
+    (a multimodal model's vision/audio towers and projectors)."""
     layer: int
     """Block index, -1 for embedding / final norm / lm_head."""
     tp_split: bool
@@ -327,12 +334,18 @@ _KIND = {"attention": "attention", "dense_mlp": "dense_mlp", "shared_experts": "
 
 @lru_cache(maxsize=64)
 def measured_layout(measured: MeasuredParams) -> tuple[ParamEntry, ...]:
-    """The measured counts as an ordered parameter layout (embedding, layers, final norm, lm_head).
+    """The measured counts as an ordered parameter layout (vision/audio towers, embedding, layers, final norm,
+    lm_head).
 
     One entry per (layer, role), and one per routed expert, in module registration order as far as DeepSpeed's
-    partitioning cares (a layer's parameters stay together). The sum of numel equals `measured.total`.
+    partitioning cares (a layer's parameters stay together). A multimodal model's towers and projectors are entries
+    of kind "tower" (layer -1, not TP-split), one per tower block (`vision_blocks`), first as transformers
+    registers them (Qwen3-VL `visual`, LLaVA `vision_tower`). The sum of numel equals `measured.total`.
     """
-    out: list[ParamEntry] = [ParamEntry("embed_tokens.weight", measured.embedding, "embedding", -1, True)]
+    out: list[ParamEntry] = [ParamEntry(f"vision_tower.{i}.weight", n, "tower", -1, False)
+                             for i, n in enumerate(measured.vision_blocks or
+                                                   ((measured.vision_params,) if measured.vision_params else ()))]
+    out.append(ParamEntry("embed_tokens.weight", measured.embedding, "embedding", -1, True))
     if measured.other:
         out.append(ParamEntry("other.weight", measured.other, "other", -1, False))
     for layer in measured.layers:

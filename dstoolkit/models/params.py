@@ -26,7 +26,8 @@ class ParamCount(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     total: int
-    """Every parameter (embedding + lm_head + attention + dense_mlp + routed_experts + shared_experts + router + norms)."""
+    """Every parameter (embedding + lm_head + attention + dense_mlp + routed_experts + shared_experts + router + norms
+    + other + tower)."""
     active: int
     """Parameters a token touches: total - routed_experts + num_experts_per_tok experts per MoE layer."""
     embedding: int
@@ -52,6 +53,9 @@ class ParamCount(BaseModel):
     """MoE layers counted."""
     other: int = 0
     """Parameters outside every role above (learned scalars, per-layer extras); transformers-measured shapes only."""
+    tower: int = 0
+    """A multimodal model's vision/audio towers and projectors (`MeasuredParams.vision_params`): in total, not in
+    active; transformers-measured shapes only."""
     source: str = "analytic"
     """analytic (this module's formulas) or transformers (meta-device build, `ModelShape.measured`)."""
 
@@ -63,8 +67,8 @@ class ParamCount(BaseModel):
     @property
     def non_embedding(self) -> int:
         """total minus the input embedding (and learned positions) and the untied lm_head: Kaplan et al.'s N,
-        and the "non-embedding" figure Qwen model cards publish."""
-        return self.total - self.embedding - self.lm_head
+        and the "non-embedding" figure Qwen model cards publish (a multimodal model's towers left out)."""
+        return self.total - self.embedding - self.lm_head - self.tower
 
     @property
     def active_non_embedding(self) -> int:
@@ -124,7 +128,7 @@ def count_measured(m: MeasuredParams) -> ParamCount:
         attention=roles["attention"], dense_mlp=roles["dense_mlp"], routed_experts=roles["routed_experts"],
         shared_experts=roles["shared_experts"], router=roles["router"], norms=roles["norms"],
         expert_params_each=max((l.expert_params_each for l in m.layers), default=0),
-        num_moe_layers=m.num_moe_layers, other=roles["other"], source="transformers",
+        num_moe_layers=m.num_moe_layers, other=roles["other"], tower=m.vision_params, source="transformers",
     )
 
 

@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 from pydantic import ValidationError
 
 from dstoolkit.models.flop_count import attention_flop_mapping
-from dstoolkit.models.from_transformers import shape_fields
+from dstoolkit.models.shape_fields import shape_fields
 from dstoolkit.models.measured import LayerParams, MeasuredParams, TracedFlops
 from dstoolkit.models.module_tree import BuildError, classify, find_layers, linear_groups
 from dstoolkit.models.shape import ModelShape
@@ -246,6 +246,10 @@ def _load_cached(ref: str, kwargs_json: str, field: str, kwargs_field: str, sear
     kwargs = json.loads(kwargs_json)
     model, device, notes = build_user_module(ref, kwargs, field=field, kwargs_field=kwargs_field,
                                              search_dirs=search_dirs)
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
+        raise UserModelError(field, ref, f"it builds {type(model).__name__}, an encoder-decoder model: not estimated "
+                             "(the estimator models one decoder-only stack; the encoder, source / target lengths and "
+                             "cross-attention would be left out)", "give a decoder-only model")
     measured, widths, emb = measure_user_module(model, ref, kwargs)
     traced, why_not = trace_user_flops(model, emb, device)
     notes += list(measured.notes)
