@@ -95,10 +95,10 @@ def _print(text: str) -> None:
     print(text.encode(enc, "backslashreplace").decode(enc, "replace"))
 
 
-def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
-    """Expand directories (recursively, *.json, sorted); return (files, problems)."""
+def collect_files(paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Expand directories (recursively, *.json, sorted); return (files, problems as (path, message))."""
     files: list[str] = []
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []
     for path in paths:
         if os.path.isdir(path):
             found = []
@@ -109,12 +109,12 @@ def collect_files(paths: list[str]) -> tuple[list[str], list[str]]:
                           if (n.endswith(CONFIG_GLOB_SUFFIX) and not n.endswith(".schema.json"))
                           or (generated and n in CONFIG_KINDS)]
             if not found:
-                problems.append(f"{path}: directory contains no *.json config files")
+                problems.append((path, "directory contains no *.json config files"))
             files += found
         elif os.path.exists(path):
             files.append(path)
         else:
-            problems.append(f"{path}: no such file or directory")
+            problems.append((path, "no such file or directory"))
     return files, problems
 
 
@@ -141,9 +141,12 @@ def run(args) -> int:
         print(f"dstoolkit validate: {exc}", file=sys.stderr)
         return EXIT_INPUT
     files, problems = collect_files(args.paths)
-    for msg in problems:
-        print(f"dstoolkit validate: error: {msg}", file=sys.stderr)
+    for path, msg in problems:
+        print(f"dstoolkit validate: error: {path}: {msg}", file=sys.stderr)
     findings: list[Finding] = []
+    if args.format == "json":  # a CI step reading the JSON sees the path that failed, as for an unreadable file
+        findings += [Finding(file=path, pointer="", severity="error", code="DS008", message=msg)
+                     for path, msg in problems]
     in_generated = [f for f in files if generated_root(f) is not None]
     files_plain = [f for f in files if f not in set(in_generated)]
     conflict = _layout_flag_conflict(args, in_generated)
@@ -186,7 +189,8 @@ def run(args) -> int:
         if spec_found is not None:
             findings += spec_found
             continue
-        findings += validate_config(text, source=path, **flags, mode=args.mode, deepspeed_version=version)
+        findings += validate_config(text, source=path, **flags, mode=args.mode, deepspeed_version=version,
+                                    ep_needs_experts=True)
     shown = [f for f in findings if f.severity == "error" or not args.no_warnings]
     n_err = sum(f.severity == "error" for f in findings)
     n_warn = sum(f.severity == "warning" for f in findings)

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, StrictBool
 from typing_extensions import Annotated
 
 from dstoolkit.common.model import Auto, StrictModel  # noqa: F401  (Auto re-exported: the HF placeholder here)
+from dstoolkit.dsconfig.facts import FLOAT_INT_LIMIT, FLOAT_INT_TOO_BIG
 
 
 class DSModel(StrictModel):
@@ -39,8 +40,10 @@ def _strict_int(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError(f"expected an integer, got boolean {str(value).lower()}")
     if isinstance(value, float):
-        if math.isfinite(value) and value == int(value):
+        if math.isfinite(value) and value == int(value) and abs(value) < FLOAT_INT_LIMIT:
             return int(value)
+        if math.isfinite(value) and value == int(value):
+            raise ValueError(f"expected an integer, got {value!r}: {FLOAT_INT_TOO_BIG}")
         raise ValueError(f"expected an integer, got {value!r}")
     if not isinstance(value, int):
         raise ValueError(f"expected an integer, got {type(value).__name__} {value!r}")

@@ -338,3 +338,10 @@ def canonical_dtype(value: object) -> "str | None":
             if value in spellings:
                 return name
     return None
+
+
+FLOAT_INT_LIMIT = 2.0**63
+"""An integral float reads as an integer only below this magnitude: pydantic (DeepSpeed's config models) refuses
+larger ones ('exceeded maximum size', int_parsing_size), -2**63 included."""
+FLOAT_INT_TOO_BIG = ("a float this large (|value| >= 2**63, about 9.2e18) is no int64: DeepSpeed's pydantic "
+                     "sections refuse it (int_parsing_size), and no count or size needs it")

@@ -23,7 +23,8 @@ def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_si
                     gpus_per_node: Optional[int] = None, tp: int = 1, pp: int = 1,
                     num_experts: Optional[int] = None, ep_size: Optional[int] = None,
                     mode: Literal["strict", "hf"] = "strict", deepspeed_version: str = "0.19",
-                    num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None) -> list[Finding]:
+                    num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
+                    ep_needs_experts: bool = False) -> list[Finding]:
     """Validate a DeepSpeed config and return every finding (never raises).
 
     Args:
@@ -36,20 +37,22 @@ def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_si
         mode: "strict" reports every "auto"; "hf" accepts "auto" where HF Trainer/Accelerate fill it.
         deepspeed_version: "0.19" (default) or "0.16" (also "0.19.8" style).
         num_heads, num_kv_heads: the model's attention / key-value heads (AutoTP and Ulysses head rules).
+        ep_needs_experts: report an ep_size > 1 given without num_experts (and without dstoolkit.moe.num_experts)
+            as DS009 (`dstoolkit validate --ep-size` without --num-experts); otherwise such an ep_size is unused.
 
     Returns:
         Findings sorted by position. Errors mean DeepSpeed would fail or silently misbehave.
     """
     try:
         return _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode,
-                         deepspeed_version, num_heads, num_kv_heads)
+                         deepspeed_version, num_heads, num_kv_heads, ep_needs_experts)
     except Exception as exc:  # the contract is "never raises": report instead
         return [Finding(file=source, pointer="", severity="error", code="DS009",
                         message=f"validator could not check this input ({type(exc).__name__}: {exc})"[:500])]
 
 
 def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode, version,
-              num_heads=None, num_kv_heads=None) -> list[Finding]:
+              num_heads=None, num_kv_heads=None, ep_needs_experts=False) -> list[Finding]:
     parsed: Optional[ParseResult] = None
     if isinstance(cfg, (bytes, bytearray)):
         cfg = bytes(cfg).decode("utf-8", errors="replace")
@@ -81,6 +84,13 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
     ctx = RuleContext(world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
                              num_experts=num_experts, ep_size=ep_size, mode=mode, deepspeed_version=version,
                              num_heads=num_heads, num_kv_heads=num_kv_heads)
+    moe = data.get("dstoolkit", {}).get("moe") if isinstance(data.get("dstoolkit"), dict) else None
+    if ep_needs_experts and ep_size is not None and ep_size > 1 and num_experts is None and not (
+            isinstance(moe, dict) and moe.get("num_experts") is not None):
+        # the expert-parallel rules (DS213, LY008 / LY009) need the experts: without them --ep-size is silently unused
+        out.add("DS009", "error", "", f"--ep-size {ep_size} (ep_size) without --num-experts (num_experts), and the "
+                "config has no dstoolkit.moe.num_experts: there are no experts to shard, so the expert-parallel "
+                "checks cannot run", "give --num-experts N (or a dstoolkit.moe section), or drop --ep-size")
     clean = copy.deepcopy(data)
     check_auto(data, clean, mode, out)
     check_sections(data, clean, version, out)

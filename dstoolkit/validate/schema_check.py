@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from dstoolkit.dsconfig.facts import FLOAT_INT_LIMIT
+
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dsconfig",
                            "deepspeed_config.schema.json")
 """Package copy of ds_configs/schema/deepspeed_config.schema.json (written by `dstoolkit schema`)."""
@@ -58,7 +60,8 @@ def json_type(value: Any) -> str:
     if isinstance(value, int):
         return "integer"
     if isinstance(value, float):
-        return "integer" if value == value and abs(value) != float("inf") and value == int(value) else "number"
+        # pydantic (DeepSpeed's config models) reads an integral float as an int only below 2**63 (int_parsing_size)
+        return "integer" if value == value and abs(value) < FLOAT_INT_LIMIT and value == int(value) else "number"
     if isinstance(value, str):
         return "string"
     if isinstance(value, list):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from dstoolkit.common.text import did_you_mean
-from dstoolkit.dsconfig.facts import NULL_REFUSED_TOP_LEVEL
+from dstoolkit.dsconfig.facts import FLOAT_INT_TOO_BIG, NULL_REFUSED_TOP_LEVEL
 from dstoolkit.validate import schema_check as _schema_check
 from dstoolkit.validate.findings import Collector, pointer_of
 from dstoolkit.validate.keys import TOP_LEVEL_RENAMES
@@ -58,12 +58,20 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> 
             return
         section = ".".join(str(p) for p in path[:-1]) or "the top level"
         message = f"unknown key {key!r} in {section}"
-        if len(path) == 1:
-            message += "; DeepSpeed ignores unknown top-level keys silently"
-        if path[0] == "zero_optimization" and len(path) == 2:
-            message += "; DeepSpeed refuses the config"
         hint = did_you_mean(key, issue.choices, cutoff=0.72)
         suggestion = f"did you mean {hint!r}?" if hint else None
+        if len(path) == 1:
+            # DeepSpeed 0.19.8 reads only the keys it knows and ignores the rest (runtime/config.py): a near-miss
+            # of a known key is a setting silently lost (error); anything else is most likely another tool's
+            # section (MS-AMP's msamp, a launcher's key) and is left to the user (warning)
+            message += "; DeepSpeed ignores unknown top-level keys silently"
+            if hint is None:
+                out.add("DS101", "warning", ptr, message, "fine if another tool reads it (e.g. MS-AMP's 'msamp'); "
+                        "otherwise check its name: DeepSpeed never applies it")
+                return
+            message += f", so the {hint!r} setting it was meant to be is not applied"
+        if path[0] == "zero_optimization" and len(path) == 2:
+            message += "; DeepSpeed refuses the config"
         if not suggestion and path[0] == "compile":
             suggestion = "the torch.compile backend is set in code (engine.compile(backend=...)), not in the config"
         out.add("DS101", "error", ptr, message, suggestion)
@@ -85,6 +93,10 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> 
                 f"write {'an object' if section else 'a value'} or delete the key", at_value=True)
         return
     message = f"{field} = {shown}: {issue.message}"
+    if isinstance(node, float) and node.is_integer() and "integer" in issue.message:
+        out.add("DS102", "error", ptr, f"{message}: {FLOAT_INT_TOO_BIG}",
+                "write a value below 9.2e18 (what DeepSpeed's int64 fields hold)", at_value=True)
+        return
     if isinstance(node, str) and node.strip() and node.replace(",", "").replace("_", "").isupper():
         message += " (an unfilled template placeholder?)"
     out.add("DS102", "error", ptr, message, _type_hint(node), at_value=True)

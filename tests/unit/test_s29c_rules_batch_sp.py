@@ -47,7 +47,7 @@ def test_sequence_parallel_size_written_as_a_float_is_taken_as_deepspeed_takes_i
     text = json.dumps({**T1, "sequence_parallel_size": "4"})
     assert found(text, ("DS201", "DS102"), world_size=32, tp=2) == [
         ("DS102", "/sequence_parallel_size",
-         "sequence_parallel_size = '4': expected an integer or null, got string '4'",
+         "sequence_parallel_size = '4': expected an integer, got string '4'",
          "write the number without quotes: 4")]
     assert [c for c, *_ in found({**T1, "sequence_parallel_size": 3}, ("DS226",), world_size=32)] == ["DS226"]
     assert [c for c, *_ in found({**T1, "sequence_parallel_size": 3.0}, ("DS226",), world_size=32)] == ["DS226"]
