@@ -129,7 +129,7 @@ def plan_from_args(args):
     names["sp"] = f"{args.config}: sequence_parallel_size"
     _check_flag_layout(facts, names)
     precision = run_precision(args.precision, cfg, args.config)
-    _check_fp8_hardware(precision, ds, args.config, gpu)
+    fp8_cfg = _check_fp8_hardware(precision, ds, args.config, gpu)
     notes: list[str] = []
     autotp_layout = None  # Megatron tensor parallelism (the plan's autotp)
     if autotp:
@@ -141,6 +141,8 @@ def plan_from_args(args):
                    flash_attention=args.flash_attention, sequence_parallel=args.sequence_parallel,
                    precision=precision, calibration=calibration_of(args.calibration, args.gpu, precision),
                    autotp=autotp_layout)
+    if fp8_cfg is not None:  # the layers `fp8 plan` would swap, refused where it refuses
+        plan = _with_fp8_selection(plan, fp8_cfg)
     # the rules that cross a flag with the config's ZeRO stage or ZeRO++ (LY006 pp-zero, LY014 zeropp-cpu); the
     # config's own rules (offload, ZeRO++ stage, hpZ partition DS207 / DS221, batch triad, MoE at ZeRO-3) are
     # validate_config's, checked above. ZeRO++ here is qwZ / qgZ, the parts that run DeepSpeed's quantizer kernels:
@@ -269,20 +271,36 @@ def _check_flag_layout(facts, names: dict) -> None:
         raise ValueError(f"{v.message} ({v.fix}; layout rule {v.code}, `dstoolkit validate --explain {v.code}`)")
 
 
-def _check_fp8_hardware(precision: str, ds: dict, config: str, gpu) -> None:
+def _with_fp8_selection(plan, cfg):
+    """The plan with the FP8 layer selection `dstoolkit fp8 plan` makes for its model, layout and micro batch
+    (`fp8.selection.fp8_selection`: skipped layers stay bf16 for time and memory); a selection `fp8 plan` refuses
+    (skips that leave no block in FP8, tokens per micro-batch Transformer Engine refuses) is refused with its
+    message."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.fp8.selection import fp8_selection
+
+    names = {"micro_batch": "train_micro_batch_size_per_gpu", "seq_len": "--seq-len"}
+    sel = fp8_selection(plan.shape, cfg, micro_batch=plan.ds.micro_batch, seq_len=plan.seq_len, tp=plan.tp,
+                        pp=plan.pp, ep=plan.ep, names=names)
+    return plan.model_copy(update={"fp8_selection": sel})
+
+
+def _check_fp8_hardware(precision: str, ds: dict, config: str, gpu):
     """--precision fp8 on a GPU whose tensor cores cannot run the FP8 recipe (`dsconfig.fp8.check_fp8_hardware`,
     the check the spec's training.precision fp8 runs; the recipe: the config's dstoolkit.fp8 section, else
-    Transformer Engine's default)."""
+    Transformer Engine's default). Returns that `Fp8Config` (None unless precision fp8)."""
     if precision != "fp8":
-        return
+        return None
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 
     section = (ds.get("dstoolkit") or {}).get("fp8") if isinstance(ds.get("dstoolkit"), dict) else None
-    problems = check_fp8_hardware(Fp8Config.model_validate(section or {}), gpu)
+    cfg = Fp8Config.model_validate(section or {})
+    problems = check_fp8_hardware(cfg, gpu)
     if problems:
         where = f" (the recipe of {config}: dstoolkit.fp8)" if section else ""
         raise ValueError(f"--precision fp8 with --gpu {gpu.name}{where}: {'; '.join(problems)}")
+    return cfg
 
 
 def _nvlink_domain(domain: Optional[int], gpus_per_node: int, gpu) -> int:

@@ -66,11 +66,15 @@ def _is_cpu(plan: RunPlan) -> bool:
     return is_cpu_device(plan.gpu)
 
 
-def _act_bytes(plan: RunPlan) -> tuple[int, int]:
-    """(activation element bytes, GEMM-input element bytes). fp8 stores GEMM inputs in fp8 (1 byte)."""
+def _act_bytes(plan: RunPlan, layer: int | None = -1) -> tuple[int, float]:
+    """(activation element bytes, GEMM-input element bytes). fp8 stores GEMM inputs in fp8 (1 byte); with an FP8
+    selection (RunPlan.fp8_selection) only the swapped share of block `layer`'s (None: the LM head's; -1: any
+    block, as a plan without a selection) GEMM inputs, the rest in the activation dtype."""
     p = 4 if plan.precision == "fp32" else 2
-    pl = 1 if plan.precision == "fp8" else p
-    return p, pl
+    if plan.precision != "fp8":
+        return p, p
+    share = 1.0 if plan.fp8_selection is None or layer == -1 else plan.fp8_share(layer)
+    return p, 1 if share == 1.0 else p - (p - 1) * share
 
 
 def eager_score_bytes(plan: RunPlan, micro_batch: float) -> float:
@@ -104,7 +108,7 @@ def layer_activation_bytes(plan: RunPlan, layer_index: int, micro_batch: int) ->
     h, a, d = shape.hidden_size, shape.num_attention_heads, shape.head_size
     t = plan.tp
     sp_div = t if plan.sequence_parallel else 1
-    p, pl = _act_bytes(plan)
+    p, pl = _act_bytes(plan, layer_index)
     shards = plan.cp * plan.ulysses  # each rank keeps its 1/(cp·ulysses) of the sequence
     tok = s * b / shards
     impl = plan.attention_kind

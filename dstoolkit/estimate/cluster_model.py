@@ -19,7 +19,8 @@ from dstoolkit.estimate.moe_activations import moe_capacity
 from dstoolkit.estimate import host_cost
 from dstoolkit.estimate.attention_core import eager_core, windowed_core_keys
 from dstoolkit.estimate.dtype_bytes import param_bytes
-from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY, LinearSeconds, gemm_rate, linear_s, projection_s
+from dstoolkit.estimate.gemm import (SMS_BY_COMPUTE_CAPABILITY, LinearSeconds, gemm_rate, linear_s, precision_factor,
+                                     projection_s)
 from dstoolkit.estimate.layout import param_layout
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.runplan import RunPlan
@@ -288,6 +289,14 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
     h = shape.hidden_size
     w = layer_weights(shape, i)
     prec = plan.precision
+    # the FP8 selection (RunPlan.fp8_selection, `fp8 plan`'s rule): a block whose linears stay partly or wholly bf16
+    # runs its GEMMs at the bf16 rate, the swapped share at the FP8 one (gemm.precision_factor is a rate factor, so
+    # the block's GEMM seconds blend linearly in the swapped share of its weights)
+    share = plan.fp8_share(i)
+    gemm_scale = 1.0
+    if prec == "fp8" and share < 1.0:
+        prec = "bf16"
+        gemm_scale = (1.0 - share) + share / precision_factor("fp8", gpu)
     recompute = 1.0
     if plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)[i]:
         recompute = 4.0 / 3.0  # one more forward (2N of 6N): docs/anchors.md, "Full recompute"
@@ -334,6 +343,7 @@ def layer_compute_s(plan: RunPlan, i: int, tok: float, saved_bytes: float, mem_b
         # torchtitan op-level SAC re-runs every second matmul's forward (2 FLOPs per weight and token) in backward
         # and keeps the SDPA output, so the attention core is not recomputed (activations.op_sac_layer_bytes)
         s += 2 * op_sac_recomputed_weights(plan, i) * tok / gemm_rate(gpu, prec, tok, h / t, h)
+    s *= gemm_scale  # everything above is GEMM time
     # attention core: 12·H·Q·S per token (PaLM App. B) over the full sequence (a sliding window's band), each rank
     # its tok queries
     from dstoolkit.estimate.flops import attention_head_dims

@@ -57,10 +57,10 @@ def pipeline_compute_s(plan: RunPlan, layer_s: Callable[[int, float], float], he
 
     shape, ds = plan.shape, plan.ds
     ckpt = plan.checkpoint.checkpointed_layers(shape.num_hidden_layers)
-    per_kind: dict[tuple[bool, bool], tuple[float, float]] = {}
+    per_kind: dict[tuple[bool, bool, float], tuple[float, float]] = {}
 
     def one(i: int) -> tuple[float, float]:
-        key = (shape.is_moe_layer(i), ckpt[i])
+        key = (shape.is_moe_layer(i), ckpt[i], plan.fp8_share(i))  # fp8_share: RunPlan.fp8_selection, per block
         if key not in per_kind:
             per_kind[key] = (layer_s(i, layer_activation_bytes(plan, i, ds.micro_batch).full),
                              host_s(i) if host_s is not None else 0.0)

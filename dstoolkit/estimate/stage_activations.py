@@ -90,7 +90,7 @@ def activation_bytes(plan: RunPlan, micro_batch: int | None = None, stage: str =
             saved += la.full - la.attention_core
         else:
             saved += la.full
-    p, pl = _act_bytes(plan)
+    p, pl = _act_bytes(plan, None)  # pl: the LM head's input
     tok = plan.seq_len * mb / (plan.cp * plan.ulysses)
     h, v = shape.hidden_size, shape.vocab_size
     emb_loss = 0.0 if last else INDEX_BYTES * tok  # embedding backward keeps the ids (the first stage's)

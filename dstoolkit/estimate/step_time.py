@@ -222,7 +222,10 @@ def gpu_compute_s(plan: RunPlan, mem_bw: float) -> float:
     # Megatron-Core keeps the output layer out of FP8: it is Megatron's own ColumnParallelLinear, not a Transformer
     # Engine module, and the FP8 context wraps the transformer layers only (transformer_block.py); torchtitan's
     # Float8 converter takes every nn.Linear not in filter_fqns (default: none), the LM head included
-    head_prec = "bf16" if plan.precision == "fp8" and plan.framework == "megatron" else plan.precision
+    # A plan with an FP8 selection (RunPlan.fp8_selection) runs the head as `fp8 plan` selects it (its default
+    # excludes '*lm_head*')
+    head_bf16 = plan.framework == "megatron" or (plan.fp8_selection is not None and not plan.fp8_selection.lm_head)
+    head_prec = "bf16" if plan.precision == "fp8" and head_bf16 else plan.precision
     # split over tp, or whole on every rank where DeepSpeed AutoTP keeps the head whole (RunPlan.lm_head_gemm_shards)
     shards = plan.lm_head_gemm_shards
     one = linear_s(plan.gpu, head_prec, v * h * tok / shards, tok, v / shards, h)

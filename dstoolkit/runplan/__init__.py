@@ -9,7 +9,7 @@ with the embedding, the LM head and the logits, and `tp_splits` whether TP split
 """
 from dstoolkit.runplan.autotp import AutoTp, autotp_layout, tp_splits
 from dstoolkit.runplan.dsview import DsView, read_ds_config
-from dstoolkit.runplan.plan import Precision, RunPlan, plan_from_spec
+from dstoolkit.runplan.plan import Fp8Selection, Precision, RunPlan, plan_from_spec
 
-__all__ = ["AutoTp", "DsView", "Precision", "RunPlan", "autotp_layout", "plan_from_spec", "read_ds_config",
+__all__ = ["AutoTp", "DsView", "Fp8Selection", "Precision", "RunPlan", "autotp_layout", "plan_from_spec", "read_ds_config",
            "tp_splits"]

@@ -25,6 +25,19 @@ from dstoolkit.spec.checkpoint import CheckpointPolicy
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 
 
+class Fp8Selection(BaseModel):
+    """Which linear layers an fp8 run swaps, from the FP8 plan's own selection (`dstoolkit.fp8.report.decide_linear`
+    on the rank's linear layers, `fp8.selection.fp8_selection`): a skipped layer stays bf16, with no FP8 GEMM
+    speed-up and no FP8 weight cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    blocks: tuple[float, ...]
+    """Per transformer block, the share of its linear weights (K x N summed) the selection swaps to FP8."""
+    lm_head: bool = False
+    """Whether the LM head runs in FP8 (the default selection excludes it: Fp8LayerSelection.exclude '*lm_head*')."""
+
+
 class RunPlan(BaseModel):
     """One run to estimate."""
 
@@ -104,6 +117,22 @@ class RunPlan(BaseModel):
     DeepSpeed AutoTP's (tensor_parallel.autotp_size), which splits the blocks' linears as Megatron's and holds the
     embedding, the LM head and the logits as this says (runplan.autotp.autotp_layout); no sequence parallelism,
     no pipeline."""
+    fp8_selection: Optional[Fp8Selection] = None
+    """With precision fp8: which linear layers run in FP8, as `dstoolkit fp8 plan` selects them
+    (`fp8.selection.fp8_selection`: the config's dstoolkit.fp8 layer rules); None: every block's GEMMs (the LM head
+    as `estimate.step_time` decides by framework)."""
+
+    def fp8_share(self, layer: Optional[int]) -> float:
+        """Share of block `layer`'s linear weights (None: the LM head) whose GEMMs run in FP8: 0 unless precision
+        fp8; 1 without a selection (blocks; the head by framework, step_time)."""
+        if self.precision != "fp8":
+            return 0.0
+        sel = self.fp8_selection
+        if sel is None:
+            return 1.0
+        if layer is None:
+            return 1.0 if sel.lm_head else 0.0
+        return sel.blocks[layer] if 0 <= layer < len(sel.blocks) else 1.0
 
     def tp_splits(self, entry: ParamEntry) -> bool:
         """Whether this plan's tensor parallelism splits the parameter entry over its tp ranks

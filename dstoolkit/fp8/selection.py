@@ -1,0 +1,44 @@
+"""The FP8 layer selection of `dstoolkit fp8 plan`, as the estimator reads it (`runplan.Fp8Selection`): per block
+the share of its linear weights that run in FP8, and whether the LM head does. No torch import.
+
+The rule is the plan's own: the rank's linear layers (`fp8.linears.rank_linears`) each decided by
+`fp8.report.decide_linear` (skip_first / skip_last_layers, include / exclude patterns, minimum and aligned dims), after
+the plan's input checks (`fp8.plan.check_plan_inputs`: layout, skips that leave no block in FP8;
+`fp8.plan.token_problem`: tokens per micro-batch Transformer Engine refuses), which raise the plan's own messages.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from dstoolkit.dsconfig.fp8 import Fp8Config
+from dstoolkit.fp8.linears import rank_linears
+from dstoolkit.fp8.plan import check_plan_inputs, token_problem
+from dstoolkit.fp8.report import decide_linear
+from dstoolkit.models.shape import ModelShape
+from dstoolkit.runplan.plan import Fp8Selection
+
+
+def fp8_selection(shape: ModelShape, cfg: Fp8Config, *, micro_batch: int, seq_len: int, tp: int = 1, pp: int = 1,
+                  ep: int = 1, names: Optional[Mapping[str, str]] = None) -> Fp8Selection:
+    """The selection `fp8 plan` makes for this model and layout (see the module docstring).
+
+    Raises:
+        ValueError: what `fp8 plan` refuses for the same settings, with its message.
+    """
+    check_plan_inputs(shape, cfg, tp, pp, ep, names)
+    problem = token_problem(cfg, micro_batch, seq_len, names)
+    if problem:
+        raise ValueError(problem)
+    n_blocks = shape.num_hidden_layers
+    swapped = [0] * n_blocks
+    total = [0] * n_blocks
+    head = False
+    for lin in rank_linears(shape, micro_batch * seq_len, tp, ep):
+        fp8 = decide_linear(cfg, lin.name, lin.k, lin.n, n_blocks) is None
+        layer = lin.input_key[0]
+        if isinstance(layer, int) and 0 <= layer < n_blocks:
+            total[layer] += lin.k * lin.n
+            swapped[layer] += lin.k * lin.n if fp8 else 0
+        elif "lm_head" in lin.name or "output_layer" in lin.name:
+            head = head or fp8
+    return Fp8Selection(blocks=tuple(s / t if t else 0.0 for s, t in zip(swapped, total)), lm_head=head)
