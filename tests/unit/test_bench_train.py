@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from dstoolkit.runtime.bench import train, train_report
+from dstoolkit.runtime.bench import train, train_estimate, train_report
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.cli import main
 
@@ -73,14 +73,14 @@ def test_calibration_reads_per_clock_files_with_per_precision_rates(tmp_path):
                            "cpu": {"matmul_flops_per_s_bf16": 9e10}}}
     path = tmp_path / "calibration_cpu_x.json"
     path.write_text(json.dumps(cal))
-    raw = train.load_calibration(str(path))
-    c = train.calibration_for(raw, "bf16")
+    raw = train_estimate.load_calibration(str(path))
+    c = train_estimate.calibration_for(raw, "bf16")
     assert (c.matmul_flops_per_s, c.matmul_flops_per_s_large, c.comm_busbw_bytes_per_s) == (2e10, 3e10, 1e9)
-    assert train.calibration_for(raw, "fp32").matmul_flops_per_s == 4e10
-    assert train.load_calibration(None) is None
+    assert train_estimate.calibration_for(raw, "fp32").matmul_flops_per_s == 4e10
+    assert train_estimate.load_calibration(None) is None
     path.write_text("{")
     with pytest.raises(BenchInputError, match="cannot read calibration JSON"):
-        train.load_calibration(str(path))
+        train_estimate.load_calibration(str(path))
 
 
 def test_bench_tune_and_hf_callback_estimate_through_one_path(monkeypatch, repo_root):
@@ -98,13 +98,13 @@ def test_bench_tune_and_hf_callback_estimate_through_one_path(monkeypatch, repo_
     space = TuneSpace.from_spec(spec, shape, data_parallel_only=True)
     checked = [c for c in (space.check(p) for p in space.points()) if not c.pruned][:4]
     assert checked
-    assert train.load_calibration("auto") is None and train.load_calibration(None) is None
+    assert train_estimate.load_calibration("auto") is None and train_estimate.load_calibration(None) is None
     for chk in checked:
         tune = estimated_tokens_per_s(spec, chk.estimate)
-        bench = train.estimate_for(spec, shape, chk.ds_config, 2, 1, train.load_calibration("auto"))
+        bench = train_estimate.estimate_for(spec, shape, chk.ds_config, 2, 1, train_estimate.load_calibration("auto"))
         assert bench["tokens_per_s"] == pytest.approx(tune, rel=1e-9), chk.point.label
         assert bench["calibration_source"].startswith("reference calibration")
-    nominal = train.estimate_for(spec, shape, checked[0].ds_config, 2, 1, train.load_calibration("none"))
+    nominal = train_estimate.estimate_for(spec, shape, checked[0].ds_config, 2, 1, train_estimate.load_calibration("none"))
     assert nominal["calibration_source"] == "nominal hardware-table rates" and not nominal["calibrated"]
 
 

@@ -15,7 +15,7 @@ GiB = 2**30
 
 def spec_and_shape(target, world_size: int, shrink=None) -> tuple[Any, Any, Any]:
     """(spec, model shape, ShrunkRun or None) of what `target` trains on `world_size` ranks; with `shrink` the
-    spec describes the shrunk run (`train._describe_shrunk_run`)."""
+    spec describes the shrunk run (`train_estimate._describe_shrunk_run`)."""
     from dstoolkit.models import resolve_model
     from dstoolkit.spec import load_spec
 
@@ -24,7 +24,7 @@ def spec_and_shape(target, world_size: int, shrink=None) -> tuple[Any, Any, Any]
     spec = load_spec(target.spec_path)
     if shrink is None:
         return spec, resolve_model(spec.model, target.spec_path.parent), None
-    from dstoolkit.runtime.bench.train import _describe_shrunk_run
+    from dstoolkit.runtime.bench.train_estimate import _describe_shrunk_run
     from dstoolkit.runtime.shrink_run import prepare_shrunk_run
     from dstoolkit.runtime.shrink_sizes import ShrinkError
 
@@ -43,7 +43,7 @@ def host_ram_bytes() -> int:
 
 def cluster_mismatch(spec, world_size: int, cuda: bool) -> Optional[str]:
     """'spec X describes 1 x 8 H100-SXM (8 ranks); bench train runs 2 CPU ranks here' when they differ, else None."""
-    from dstoolkit.runtime.bench.train import get_gpu_name
+    from dstoolkit.runtime.bench.train_estimate import get_gpu_name
 
     gpu = get_gpu_name(spec)
     kind = "GPU" if cuda else "CPU"
@@ -76,7 +76,7 @@ def check_targets_fit(tgts, world_size: int, calibration, shrink=None, host_byte
     """Refuse (BenchInputError, exit 2), before anything is launched, a config whose estimate per rank exceeds this
     host's RAM share when the ranks run on CPU. Returns the notes to print (the spec's cluster differs from the ranks
     the bench runs), one per spec."""
-    from dstoolkit.runtime.bench.train import estimate_for
+    from dstoolkit.runtime.bench.train_estimate import estimate_for
     from dstoolkit.runtime.bench.usercmd import resolve_user_config
 
     if cuda is None:

@@ -52,7 +52,7 @@ def run_estimate(spec: Any, shape: Any, engine: Any, world: int, say: Any) -> tu
     """(the estimate's figures, FLOPs per token, peak FLOP/s per rank) for `spec`'s model on the engine's DeepSpeed
     config; (None, None, None) when it cannot be had (said in one line: the estimate is an extra)."""
     try:
-        from dstoolkit.runtime.bench.train import estimate_for
+        from dstoolkit.runtime.bench.train_estimate import estimate_for
 
         ds = dict(engine._config._param_dict) if engine is not None else {}
         ds = {k: v for k, v in ds.items() if k in DS_KEYS}
