@@ -2,6 +2,8 @@
 # dstoolkit generate: Megatron-LM launch, strategy zero2. Regenerate instead of editing.
 #
 #   PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py bash launch_megatron_lm.sh   # on every node, NODE_RANK=k
+#   (without PRETRAIN: PRETRAIN_DEFAULT below, relative to where you launch unless absolute; the script stops
+#   before starting ranks if it is not a file)
 #   DATA_ARGS='--data-path ... --tokenizer-type ... --tokenizer-model ...' is required (MOCK_DATA=1 instead: Megatron-LM's synthetic tokens)
 #   extra arguments go to pretrain_gpt.py after the file's (argparse: the last occurrence wins)
 # The arguments are read one per line into an array (mapfile), so no value is split or re-quoted.
@@ -18,6 +20,9 @@ fi
 NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-localhost}"
 MASTER_PORT="${MASTER_PORT:-29500}"
+if [[ ! -f "$PRETRAIN" ]]; then
+    echo "launch_megatron_lm.sh: PRETRAIN=${PRETRAIN@Q} is not a file (from $PWD): set PRETRAIN=/path/to/Megatron-LM/pretrain_gpt.py (or dstoolkit generate --pretrain-script PATH)" >&2; exit 2
+fi
 if [[ -z "${DATA_ARGS:-}" ]]; then
     if [[ "${MOCK_DATA:-0}" == 1 ]]; then
         echo "launch_megatron_lm.sh: MOCK_DATA=1: training on Megatron-LM synthetic tokens (--mock-data), not on a dataset" >&2

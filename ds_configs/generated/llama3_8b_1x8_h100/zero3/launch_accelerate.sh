@@ -6,7 +6,6 @@
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: AutoTP: tensor_parallel.autotp_size=2; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 4.
-# NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_accelerate.sh

@@ -36,6 +36,13 @@ CKPT_DIR_DEFAULT=checkpoints
 CKPT_DIR="${CKPT_DIR:-$CKPT_DIR_DEFAULT}"
 SAVE_EVERY="${SAVE_EVERY:-1000}"
 HOSTFILE="${HOSTFILE:-$HERE/hostfile}"
+if [ "${LAUNCHER:-deepspeed}" = torchrun ] || [ "${NO_SSH:-0}" != 0 ]; then  # run on every node: which one?
+  if [ -z "${NODE_RANK:-}" ]; then echo "launch.sh: NODE_RANK is not set: a 2-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..1>" >&2; exit 2; fi
+fi
+if [ -z "${MASTER_ADDR:-}" ] && [ "$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")" = node-0 ] &&
+   grep -qF '# Replace node-NN with your host names' "$HOSTFILE"; then
+  echo "launch.sh: MASTER_ADDR is not set and $HOSTFILE still names the placeholder host node-0: write your host names into it (node 0 first), or set MASTER_ADDR=<node 0's address, the same on every node>" >&2; exit 2
+fi
 MASTER_ADDR="${MASTER_ADDR:-$(awk '!/^#/ && NF {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 DIST_TIMEOUT_S="${DIST_TIMEOUT_S:-600}"

@@ -8,7 +8,6 @@
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: AutoTP: tensor_parallel.autotp_size=2; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 8.
 # NOTE: Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine (~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).
-# NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_hf.sh

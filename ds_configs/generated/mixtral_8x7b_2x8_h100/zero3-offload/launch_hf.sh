@@ -9,7 +9,6 @@
 # NOTE: HF MoE model at ZeRO-3: experts are replicated plain modules (not deepspeed.moe). Make the MoE block a ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = [transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; set_z3_leaf_modules(model, [MixtralSparseMoeBlock])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).
 # NOTE: AutoTP: tensor_parallel.autotp_size=2; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 8.
 # NOTE: Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine (~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).
-# NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_hf.sh

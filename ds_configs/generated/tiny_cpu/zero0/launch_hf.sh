@@ -5,7 +5,6 @@
 #   DRY_RUN=1 bash launch_hf.sh YOUR_TRAIN.py   # print the command instead of running it
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
-# NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_hf.sh

@@ -6,7 +6,6 @@
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine (~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).
-# NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_accelerate.sh

@@ -6,7 +6,6 @@
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: HF MoE model at ZeRO-3: experts are replicated plain modules (not deepspeed.moe). Make the MoE block a ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = [transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; set_z3_leaf_modules(model, [MixtralSparseMoeBlock])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).
-# NOTE: Ulysses sequence parallelism is not generated for HF: sequence_parallel_size in the JSON only changes DeepSpeed's batch arithmetic; the script itself must register deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF and pass its mpu to deepspeed.initialize, which HF Trainer does not do
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_accelerate.sh
