@@ -114,8 +114,12 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
     if out.per_target:
         same = shared_targets(out)
         rest = "; the other targets: Layout per target below" if len(same) < len(out.per_target) else ""
-        lines += [f"For {', '.join(same)}, under {engine_name(same)}, the engine "
-                  f"{'its' if len(same) == 1 else 'their'} files run{rest}.", ""]
+        if same:
+            lines += [f"For {', '.join(same)}, under {engine_name(same)}, the engine "
+                      f"{'its' if len(same) == 1 else 'their'} files run{rest}.", ""]
+        else:  # every target that got files runs a layout of its own engine (the others were skipped)
+            lines += ["No target's files run this layout: each target's own layout and figures are under Layout "
+                      "per target below.", ""]
     if note := engine_note(spec, list(out.per_target)):
         lines += [f"Note: {_md(note)}.", ""]
     lines += ["| quantity | value |", "|---|---|"]
