@@ -15,7 +15,7 @@ from dstoolkit.generate.candidates import Candidate, StrategyDef
 from dstoolkit.generate.costing import EstimateInputError, estimate_candidate, estimator_source, usable_device_bytes
 from dstoolkit.generate.ds_json import build_ds_config, param_split
 from dstoolkit.generate.rules import RuleViolation, check_candidate
-from dstoolkit.generate.sweep_explain import _gib, _rank_key, explain, headroom_note, host_memory_text
+from dstoolkit.generate.sweep_explain import _gib, explain, headroom_note, host_memory_text, rank
 from dstoolkit.generate.sweep_result import Dropped, FitsNowhere, Ranked, SweepResult
 from dstoolkit.generate.targets import native_moe as target_native_moe
 from dstoolkit.generate.targets import spec_for_targets, unavailable_for_all
@@ -176,7 +176,7 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
     gpu = spec.cluster.gpu_spec
     fit, dropped, estimates, considered = _estimate_all(
         spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native_moe, targets)
-    fit.sort(key=_rank_key)
+    fit = rank(fit)
     chosen: list[Ranked] = []
     for r in fit:
         if len(chosen) >= top:
@@ -214,7 +214,7 @@ def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, targets: Sequence[s
     spec = spec_for_targets(spec, targets)  # enumerated and estimated as the targets run it, as run_sweep does
     native = native and spec.training.framework == "deepspeed"
     fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native, targets)
-    return min(fit, key=_rank_key) if fit else None
+    return rank(fit)[0] if fit else None
 
 
 def _variant(spec: Spec, *, training: Optional[dict] = None, cluster: Optional[dict] = None) -> Optional[Spec]:

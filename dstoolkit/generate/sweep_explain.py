@@ -4,7 +4,6 @@ memory notes. No torch import.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 from dstoolkit.generate.candidates import Candidate
@@ -16,9 +15,9 @@ from dstoolkit.spec.cluster_fields import host_memory_source, memory_headroom_fr
 
 
 STEP_TIME_TIE_TOLERANCE = 0.005
-"""Relative width of a tie: estimated figures in the same bucket of this width on a log scale (`tie_key`) tie, and
-the simpler layout ranks first. The one tie rule of `sweep`'s ranking, of its "same estimated step time" text and of
-`tune`'s estimate ranking (estimates are not finer than that)."""
+"""Relative width of a tie: sorted by the figure, a tie group's leader (its smallest figure) ties every figure up to
+leader x (1 + this) (`tie_groups`), and the simpler layout ranks first. The one tie rule of `sweep`'s ranking, of its
+"same estimated step time" text and of `tune`'s estimate ranking (estimates are not finer than that)."""
 
 
 def headroom_note(spec: Spec, first: Ranked, fit: Sequence[Ranked]) -> str:
@@ -46,19 +45,39 @@ def host_memory_text(spec: Spec, est: CandidateEstimate) -> str:
             f"({host_memory_source(spec.cluster)})")
 
 
-def tie_key(value: float) -> tuple[int, int]:
-    """The tie bucket of an estimated figure: figures whose buckets are equal tie. Buckets are STEP_TIME_TIE_TOLERANCE
-    wide relative to the figure (log scale), so two figures in one bucket differ by less than that fraction; the key
-    orders as the figure does (negative figures, e.g. -tokens/s, included)."""
-    if value == 0 or not math.isfinite(value):
-        return (0, 0) if value == 0 else (2 if value > 0 else -2, 0)
-    b = math.floor(math.log(abs(value)) / math.log1p(STEP_TIME_TIE_TOLERANCE))
-    return (1, b) if value > 0 else (-1, -b)
-
-
 def same_step_time(a: float, b: float) -> bool:
-    """Two estimated step times tie (`tie_key`)."""
-    return tie_key(a) == tie_key(b)
+    """Two estimated figures (> 0) tie: the larger is at most the smaller x (1 + STEP_TIME_TIE_TOLERANCE). The pairwise
+    test of `tie_groups`."""
+    lo, hi = min(a, b), max(a, b)
+    return hi <= lo * (1.0 + STEP_TIME_TIE_TOLERANCE)
+
+
+def tie_groups(values: Sequence[float]) -> list[int]:
+    """The tie group of each figure (same order as `values`): sorted ascending, a new group starts at the first figure
+    that does not tie its group's leader (`same_step_time`), so ties are judged against a leader, never against a fixed
+    bucket edge. Group indices order as the figures do."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    groups = [0] * len(values)
+    g, leader = -1, None
+    for i in order:
+        if leader is None or not same_step_time(leader, values[i]):
+            g, leader = g + 1, values[i]
+        groups[i] = g
+    return groups
+
+
+def tie_ranked(items: Sequence, side, figure, rest) -> list:
+    """`items` ranked by (side, tie group of figure within the side, rest): side(x) first (e.g. outside the memory
+    headroom), then the tie group (`tie_groups`, lower figure first), then rest(x) (the simpler layout first)."""
+    by_side: dict = {}
+    for x in items:
+        by_side.setdefault(side(x), []).append(x)
+    out = []
+    for s in sorted(by_side):
+        xs = by_side[s]
+        groups = tie_groups([figure(x) for x in xs])
+        out += [x for _, x in sorted(zip(groups, xs), key=lambda gx: (gx[0], rest(gx[1])))]
+    return out
 
 
 TIE_TEXT = f"within the {STEP_TIME_TIE_TOLERANCE * 100:g}% tie rule"
@@ -71,12 +90,16 @@ def simplicity_key(c: Candidate) -> tuple:
     return (int(c.offload_optimizer) + int(c.offload_param), -c.micro_batch, c.zero_stage, int(c.zeropp), c.tp * c.pp)
 
 
-def _rank_key(r: Ranked):
-    """Layouts that leave the memory headroom (cluster.memory_headroom_fraction) first; then fastest first. On a tie
-    (`tie_key`) the simpler layout wins (`simplicity_key`), then less memory, and the label for a stable order."""
+def _tail_key(r: Ranked) -> tuple:
     c = r.candidate
-    return (int(not r.estimate.within_headroom), tie_key(r.estimate.step_time_s), *simplicity_key(c),
-            r.estimate.memory_per_rank_bytes, c.label)
+    return (*simplicity_key(c), r.estimate.memory_per_rank_bytes, c.label)
+
+
+def rank(rows: Sequence[Ranked]) -> list[Ranked]:
+    """Layouts that leave the memory headroom (cluster.memory_headroom_fraction) first; then fastest first. Within a tie
+    group (`tie_groups`) the simpler layout wins (`simplicity_key`), then less memory, and the label for a stable
+    order."""
+    return tie_ranked(rows, lambda r: int(not r.estimate.within_headroom), lambda r: r.estimate.step_time_s, _tail_key)
 
 
 def _gap_text(e0: CandidateEstimate, e: CandidateEstimate) -> str:
@@ -96,8 +119,9 @@ def _out_of_order_text(earlier: Sequence[Ranked], r: Ranked) -> str:
             continue
         if q.estimate.within_headroom and not e.within_headroom:
             return f"; ranked below #{j}, which leaves the memory headroom and this one does not"
-        return (f"; ties with #{j} ({q.estimate.step_time_s:.4g} s, same estimated step time {TIE_TEXT}: the simpler "
-                "layout ranks first)")
+        if same_step_time(q.estimate.step_time_s, e.step_time_s):
+            return (f"; ties with #{j} ({q.estimate.step_time_s:.4g} s, same estimated step time {TIE_TEXT}: the "
+                    "simpler layout ranks first)")
     return ""
 
 
@@ -165,7 +189,7 @@ def explain(ranked: list[Ranked], gpu: GpuSpec, all_fit: Sequence[Ranked] = (),
         if not lower:
             why += f" No lower ZeRO stage fits in {_gib(e0.device_memory_bytes)}."
         else:
-            best_lower = min(lower, key=_rank_key)
+            best_lower = rank(lower)[0]
             why += (f" The best lower-stage layout ({best_lower.candidate.label}) fits too: "
                     f"{_gap_text(e0, best_lower.estimate)}.")
     return out, why

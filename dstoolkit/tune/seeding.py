@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from dstoolkit.generate import run_sweep
-from dstoolkit.generate.sweep_explain import simplicity_key, tie_key
+from dstoolkit.generate.sweep_explain import simplicity_key, tie_ranked
 from dstoolkit.tune.objective import direction
 from dstoolkit.tune.space import PointCheck, TunePoint, TuneSpace, estimated_tokens_per_s
 
@@ -80,9 +80,10 @@ def estimator_ranking(space: TuneSpace, objective: str, checks: Optional[dict[st
     if checks is not None:
         ok = [c for c in checks.values() if not c.pruned]
         # as in `sweep`: the points that leave the memory headroom first (the sweep's within_headroom rule), then the
-        # estimate; ties (sweep_explain.tie_key) go to the simpler layout (sweep_explain.simplicity_key)
-        ok.sort(key=lambda c: (int(not c.estimate.within_headroom), tie_key(_tie_figure(objective, c)),
-                               simplicity_key(c.point.candidate), c.point.label))
+        # estimate; ties (sweep_explain.tie_groups: within the tolerance of the group's leader) go to the simpler
+        # layout (sweep_explain.simplicity_key)
+        ok = tie_ranked(ok, lambda c: int(not c.estimate.within_headroom), lambda c: _tie_figure(objective, c),
+                        lambda c: (simplicity_key(c.point.candidate), c.point.label))
         return [c.point for c in ok[:top]]
 
     res = run_sweep(space.spec, space.shape, top=max(top * 2, 8), validate=False, advise=False)

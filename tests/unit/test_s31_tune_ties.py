@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from dstoolkit.generate.candidates import Candidate
-from dstoolkit.generate.sweep_explain import simplicity_key, tie_key
+from dstoolkit.generate.sweep_explain import simplicity_key, tie_groups
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def test_simplicity_orders_offload_micro_batch_stage_and_model_parallelism():
     assert simplicity_key(plain) < simplicity_key(Candidate(zero_stage=1, micro_batch=2))
     assert simplicity_key(plain) < simplicity_key(Candidate(zero_stage=2, micro_batch=4))
     assert simplicity_key(plain) < simplicity_key(Candidate(zero_stage=1, micro_batch=4, tp=2))
-    assert tie_key(9777.4) == tie_key(9781.0) != tie_key(9830.0)  # one relative-tolerance rule (0.5% buckets)
+    assert tie_groups([9777.4, 9781.0, 9830.0]) == [0, 0, 1]  # one relative-tolerance rule (0.5% of the leader)
 
 
 def test_tune_estimate_mode_picks_the_simpler_of_tied_layouts(tmp_path):
