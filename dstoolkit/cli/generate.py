@@ -177,7 +177,8 @@ def run(args) -> int:
             print(f"  {o.name}: no {target} files: {why}")
     for line in warning_lines(result):
         print(line)
-    note = engine_note(spec, requested)
+    # only the targets that got files: a skipped one's engine decides nothing here
+    note = engine_note(spec, [t for t in requested if any(t in o.per_target for o in result.generated)])
     if note:
         print(f"note: {note}")
     print(f"details: {out / 'summary.md'}")

@@ -30,7 +30,7 @@ from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import UnsupportedTarget
 from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args, tree_check_lines
 from dstoolkit.generate.megatron_lm import megatron_lm_args, uses_megatron_fsdp
-from dstoolkit.generate.shell import env_default
+from dstoolkit.generate.shell import env_default, node_rank_why, require_set
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -91,7 +91,7 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
     me = LAUNCH_FILE[target]
     lines += [
         'if [[ "$NNODES" -gt 1 ]]; then  # one job over the nodes: each node must say who it is and where rank 0 is',
-        f'    [[ -n "${{NODE_RANK:-}}" ]] || {{ echo "{me}: NODE_RANK is not set: run on each node with NODE_RANK=0..$((NNODES - 1)) and MASTER_ADDR=<node 0 address>" >&2; exit 2; }}',
+        "    " + require_set("NODE_RANK", node_rank_why("$NNODES"), me=me),
         f'    [[ -n "${{MASTER_ADDR:-}}" ]] || {{ echo "{me}: MASTER_ADDR is not set: the address of node 0, the same on every node" >&2; exit 2; }}',
         'fi',
         'NODE_RANK="${NODE_RANK:-0}"',

@@ -26,9 +26,11 @@ def require_set(var: str, why: str, *, me: str = "$ME") -> str:
     return f'if [ -z "${{{var}:-}}" ]; then echo "{me}: {var} is not set: {why}" >&2; exit 2; fi'
 
 
-def node_rank_why(nodes: int) -> str:
-    """`require_set`'s reason for NODE_RANK in a launch of `nodes` nodes, one wording for every launch script."""
-    return f"a {nodes}-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..{nodes - 1}>"
+def node_rank_why(nodes) -> str:
+    """`require_set`'s reason for NODE_RANK in a launch of `nodes` nodes, one wording for every launch script:
+    `nodes` a number, or a shell variable such as "$NNODES" where the script reads the node count at run time."""
+    last = nodes - 1 if isinstance(nodes, int) else f"$(({str(nodes).lstrip('$')} - 1))"
+    return f"a {nodes}-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..{last}>"
 
 
 def command_line(words: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> str:
