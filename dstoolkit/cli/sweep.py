@@ -110,12 +110,15 @@ def _undecided_lines(ranked, spec, spec_path: str, shown: int) -> list[str]:
 def _undecided_json(ranked, spec, spec_path: str) -> dict:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.timeline import is_cpu_device
-    from dstoolkit.generate.undecided import tune_command, undecided
+    from dstoolkit.generate.undecided import split_measurable, tune_command, undecided
 
     u = undecided([r.estimate.step_time_s for r in ranked], is_cpu_device(spec.cluster.gpu_spec))
+    ok, other = split_measurable([r.candidate.label for r in ranked], u.positions)
     return {"positions": [i + 1 for i in u.positions], "labels": [ranked[i].candidate.label for i in u.positions],
             "error": u.error, "error_source": u.source, "decided": u.decided,
-            "tune_command": None if u.decided else tune_command(spec_path, len(u.positions))}
+            # tune --mode real runs data-parallel layouts only: the command measures those, the others are named
+            "tune_positions": [i + 1 for i in ok], "not_measurable_by_tune": [ranked[i].candidate.label for i in other],
+            "tune_command": None if u.decided or not ok else tune_command(spec_path, len(ok))}
 
 
 def _groups(spec, targets) -> list[tuple]:

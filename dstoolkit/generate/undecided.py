@@ -1,6 +1,7 @@
 """Say when the ranking cannot decide (issue 24, item 5): the ranked layouts whose estimated step time lies within
 the step-time model's measured error of the best one are ties for the estimator, and only a measurement orders
-them. `sweep` and `generate` mark them and print the `dstoolkit tune --mode real` command that measures just them.
+them. `sweep` and `generate` mark them and print the `dstoolkit tune --mode real` command that measures just the ones
+real mode can run (data parallel: tp = pp = 1), naming the others as not measurable by tune.
 
 The error is measured, never chosen: on GPUs the leave-one-source-out throughput MAPE of benchmarks/published_runs.py
 (every fitted constant refitted without the source it predicts), on CPU ranks the calibrated model's MAPE against
@@ -10,6 +11,7 @@ layouts. No torch import.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -68,22 +70,54 @@ def tune_command(spec_path: str, n: int, out_dir: str = "tune_undecided") -> str
     return f"dstoolkit tune {spec_path} --mode real --budget {max(1, n)} --seed-trials {k} -o {out_dir}"
 
 
+REAL_MODE_LIMIT = ("not measurable by tune (TP/PP > 1: `tune --mode real` runs the example trainer, which is data "
+                   "parallel only)")
+
+
+def real_mode_runnable(label: str) -> bool:
+    """Whether `dstoolkit tune --mode real` can run a layout (its sweep label): real mode's space is data parallel
+    only (tune.space, data_parallel_only: tp = pp = 1)."""
+    tp = re.search(r"\btp(\d+)\b", label)
+    pp = re.search(r"\bpp(\d+)\b", label)
+    return (tp is None or tp.group(1) == "1") and (pp is None or pp.group(1) == "1")
+
+
+def split_measurable(labels: Sequence[str], positions: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(positions tune's real mode can measure, positions it cannot: TP/PP > 1), each in ranked order."""
+    ok = [i for i in positions if real_mode_runnable(labels[i])]
+    return ok, [i for i in positions if i not in ok]
+
+
+def _names(labels: Sequence[str], positions: Sequence[int], shown: Optional[int]) -> str:
+    listed = [i for i in positions if shown is None or i < shown]
+    names = ", ".join(f"#{i + 1} {labels[i]}" for i in listed)
+    if len(listed) < len(positions):
+        names += (" and " if names else "") + f"{len(positions) - len(listed)} more below --top {shown}"
+    return names
+
+
 def undecided_lines(labels: Sequence[str], step_times_s: Sequence[float], is_cpu: bool,
                     spec_path: str = "SPEC.yaml", shown: Optional[int] = None) -> list[str]:
-    """Text for sweep/generate: which layouts are ties and the tune command; [] when the ranking decides. `labels`
-    and `step_times_s` are every ranked layout; `shown` (the rows printed, sweep's --top) shortens the list of names
-    (the count is always over all of them)."""
+    """Text for sweep/generate: which layouts are ties and the tune command that measures the ones real mode can run
+    (`split_measurable`; the others are named as not measurable by tune); [] when the ranking decides. `labels` and
+    `step_times_s` are every ranked layout; `shown` (the rows printed, sweep's --top) shortens the lists of names (the
+    counts are always over all of them)."""
     u = undecided(step_times_s, is_cpu)
     if u.decided:
         return []
-    listed = [i for i in u.positions if shown is None or i < shown]
-    names = ", ".join(f"#{i + 1} {labels[i]}" for i in listed)
-    if len(listed) < len(u.positions):
-        names += f" and {len(u.positions) - len(listed)} more below --top {shown}"
+    ok, other = split_measurable(labels, u.positions)
     lines = [f"Cannot decide: {len(u.positions)} layouts lie within {100 * u.error:.1f}% of the best estimate "
-             f"(the model's measured error: {u.source}): {names}.",
-             f"Measure them: {tune_command(spec_path, len(u.positions))}"]
-    if len(u.positions) > MAX_TUNE_SEED_TRIALS:
+             f"(the model's measured error: {u.source}): {_names(labels, u.positions, shown)}."]
+    if not ok:
+        return lines + [f"None of them is measurable by `dstoolkit tune --mode real`: all are {REAL_MODE_LIMIT}; "
+                        "measure them with runs of their generated configs."]
+    if other:
+        lines += [f"Measure the {len(ok)} that tune's real mode runs ({_names(labels, ok, shown)}): "
+                  f"{tune_command(spec_path, len(ok))}",
+                  f"The other {len(other)} are {REAL_MODE_LIMIT}: {_names(labels, other, shown)}."]
+    else:
+        lines.append(f"Measure them: {tune_command(spec_path, len(ok))}")
+    if len(ok) > MAX_TUNE_SEED_TRIALS:
         lines.append(f"(tune seeds at most {MAX_TUNE_SEED_TRIALS} estimator-ranked points; the rest of the budget "
                      "is its own search)")
     return lines

@@ -45,6 +45,24 @@ log = logging.getLogger("dstoolkit.tune")
 
 
 
+def seed_plan(opts: TuneOptions, spec, space, world: int):
+    """(checks of a full scan or None, every check made, the estimator-ranked pool, how many of its layouts seed the
+    study): the seeds are `one_per_layout(pool, n_seed)`."""
+    checks: Optional[dict[str, PointCheck]] = None
+    if space.size <= FULL_SCAN_MAX_POINTS:
+        checks = {p.key: space.check(p, world_size=world) for p in space.points()}
+    pool_size = len(checks) if checks is not None else max(20, POOL_PER_BUDGET * opts.budget)
+    check_cache: dict[str, PointCheck] = dict(checks or {})
+    pool = estimator_ranking(space, opts.objective, checks, pool_size, world_size=world, cache=check_cache)
+    if opts.seed_trials is not None:
+        n_seed = opts.seed_trials
+    else:  # the estimator's ties (within SEED_BAND_FRACTION of its best) are worth real trials first
+        head = [check_cache[p.key] for p in one_per_layout(pool, MAX_SEED_TRIALS + 1)]  # layouts, not variants
+        values = [abs(_rank_key(opts.objective, c, spec)) for c in head]
+        n_seed = default_seed_trials(opts.budget, estimate_band_size(values, opts.objective))
+    return checks, check_cache, pool, n_seed
+
+
 def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointCheck], TrialOutcome]] = None,
               ranks: Optional[int] = None, write_outputs: bool = True) -> TuneResult:
     """Run (or resume) a tuning study.
@@ -74,18 +92,7 @@ def run_study(opts: TuneOptions, *, lookup: Optional[Callable[[TunePoint, PointC
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     world = ranks or spec.cluster.world_size
     size = space.size
-    checks: Optional[dict[str, PointCheck]] = None
-    if size <= FULL_SCAN_MAX_POINTS:
-        checks = {p.key: space.check(p, world_size=world) for p in space.points()}
-    pool_size = len(checks) if checks is not None else max(20, POOL_PER_BUDGET * opts.budget)
-    check_cache: dict[str, PointCheck] = dict(checks or {})
-    pool = estimator_ranking(space, opts.objective, checks, pool_size, world_size=world, cache=check_cache)
-    if opts.seed_trials is not None:
-        n_seed = opts.seed_trials
-    else:  # the estimator's ties (within SEED_BAND_FRACTION of its best) are worth real trials first
-        head = [check_cache[p.key] for p in one_per_layout(pool, MAX_SEED_TRIALS + 1)]  # layouts, not variants
-        values = [abs(_rank_key(opts.objective, c, spec)) for c in head]
-        n_seed = default_seed_trials(opts.budget, estimate_band_size(values, opts.objective))
+    checks, check_cache, pool, n_seed = seed_plan(opts, spec, space, world)
     n_startup = opts.startup_trials if opts.startup_trials is not None else n_seed + 2
     sampler = optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=n_startup, multivariate=True, group=True)
     storage = f"sqlite:///{(opts.out_dir / STUDY_DB).resolve()}"
