@@ -78,7 +78,7 @@ def _ranked_json(r, spec) -> dict:
 def _undecided_ranked(res, spec, shape, group) -> list:
     """Every ranked layout the undecided count looks at: how many lie within the step-time model's error of the best is
     a property of the estimates, not of --top. `res.ranked` stops at --top; when its last row is still within the
-    error and more layouts fit, the sweep is ranked again without the cut (validated the same way). Only the layouts on
+    error and more layouts fit, the sweep is ranked again without the cut (not validated: only the step times count). Only the layouts on
     #1's side of the memory headroom count: the headroom, not the estimate, ranks the others below."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.timeline import is_cpu_device
@@ -94,7 +94,10 @@ def _undecided_ranked(res, spec, shape, group) -> list:
     u = undecided([r.estimate.step_time_s for r in ranked], is_cpu_device(spec.cluster.gpu_spec))
     if len(ranked) - 1 not in u.positions:
         return ranked
-    return same_side(list(run_sweep(spec, shape, top=res.all_ranked_count, targets=group, advise=False).ranked))
+    # only the step times count: not validated (review s32 #14: validating every fitting layout cost hundreds of
+    # validate_config runs per group)
+    return same_side(list(run_sweep(spec, shape, top=res.all_ranked_count, targets=group, advise=False,
+                                    validate=False).ranked))
 
 
 def _undecided_lines(ranked, spec, spec_path: str, shown: int) -> list[str]:
