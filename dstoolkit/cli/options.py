@@ -2,7 +2,7 @@
 
 * Exit codes: ``EXIT_OK`` (0) ok, ``EXIT_FINDINGS`` (1) the command ran and found problems (errors in a
   config, nothing fits, a failed run), ``EXIT_INPUT`` (2) usage or input error. argparse itself exits 2 on
-  usage errors; ``EXIT_INTERRUPTED`` (130) is Ctrl-C / SIGTERM.
+  usage errors; ``EXIT_INTERRUPTED`` (130) is Ctrl-C, ``EXIT_TERMINATED`` (143) SIGTERM (``exit_for_signal``).
 * ``exit_map(verb)`` wraps a verb's ``run(args)``: input problems (``InputError`` and every other
   ``ValueError`` - ``SpecError``, ``SpecLoadError``, ``TuneInputError``, ``BenchInputError``, pydantic's
   ``ValidationError`` ... -, ``OSError``, a missing optional package, an existing output folder) become one
@@ -24,6 +24,14 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+"""128 + SIGTERM (15), the shell's convention: `tune` and `train` stopped by SIGTERM (kill, a scheduler)."""
+
+
+def exit_for_signal(signum: int) -> int:
+    """The exit code of a command stopped by a signal: 128 + its number (SIGINT -> EXIT_INTERRUPTED, SIGTERM ->
+    EXIT_TERMINATED)."""
+    return 128 + int(signum)
 
 # ----------------------------------------------------------------------------------------------------------
 # Errors -> exit codes

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
-                                   exit_map)
+                                   exit_for_signal, exit_map)
 from dstoolkit.common.paths import input_file_problem
 
 
@@ -186,7 +186,7 @@ def run(args) -> int:
     rc, got = run_forwarding_signals(cmd, launch_env(args.nproc, args.launcher))
     if got is not None:
         print(error_message("train", interrupted_line(got, args.extra)), file=sys.stderr)
-        return 128 + got  # 130 for SIGINT, 143 for SIGTERM (the shell's convention)
+        return exit_for_signal(got)  # EXIT_INTERRUPTED for SIGINT, EXIT_TERMINATED for SIGTERM
     if not metrics.is_file() or metrics.stat().st_size <= start:
         print(error_message("train", f"the run wrote no metrics (exit {rc})"), file=sys.stderr)
         return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS

@@ -27,8 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, InputError, add_force_flag,
-                                   add_format_flag, add_model_class_flag, add_out_flag, exit_map)
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, InputError,
+                                   add_force_flag, add_format_flag, add_model_class_flag, add_out_flag, exit_map)
 from dstoolkit.cli.spec_override import spec_file_with
 from dstoolkit.common.atomic import atomic_write_text
 
@@ -134,12 +134,12 @@ def _scales(text: str) -> tuple[float, ...]:
 
 
 EXIT_CODES = ("exit codes: 0 a best config was written; 1 no trial succeeded (every one pruned or failed); 2 bad input "
-              "(a flag, the spec, the output folder); 130 interrupted by Ctrl-C, 143 by SIGTERM (the study stays "
-              "resumable)")
+              f"(a flag, the spec, the output folder); {EXIT_INTERRUPTED} interrupted by Ctrl-C, {EXIT_TERMINATED} by "
+              "SIGTERM (the study stays resumable)")
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C but answered with 143 (128 + SIGTERM, as `dstoolkit train` does)."""
+    """SIGTERM, handled like Ctrl-C but answered with EXIT_TERMINATED (as `dstoolkit train` does)."""
 
 
 def _raise_interrupt(signum, frame):
@@ -180,7 +180,7 @@ def run(args) -> int:
     except KeyboardInterrupt as exc:
         print(f"dstoolkit tune: interrupted; rerun the same command to resume the study in {args.out}",
               file=sys.stderr)
-        return 128 + signal.SIGTERM if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+        return EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, prev)

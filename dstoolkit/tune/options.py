@@ -118,7 +118,7 @@ def _load_space(opts: TuneOptions) -> tuple[Any, TuneSpace, str]:
     spec = load_spec(opts.spec_path)  # SpecError (a ValueError) names the YAML line, or a missing file / folder
     user_seq_len = spec.training.seq_len
     if opts.mode == "real" and opts.shrink:
-        _check_shrink_cluster(spec)  # before the shrink: its message names the cluster to set
+        _check_ranks(spec, shrink=True)  # before the shrink: its message names the cluster to set
     shrunk = _shrunk_run(opts, spec)
     shape = shrunk.shape if shrunk is not None else resolve_spec_model(spec)
     calibration_for_spec(spec)  # an unusable cluster.calibration file: SpecError before any trial
@@ -162,30 +162,27 @@ def _local_ranks() -> tuple[bool, int]:
         return False, os.cpu_count() or 1
 
 
-def _check_shrink_cluster(spec) -> None:
-    """--shrink trials still run the spec's own ranks (unlike `bench train --shrink`, which fits the batch to its
-    --world-size): refuse a cluster this machine cannot run, naming the cluster to set."""
+def _check_ranks(spec, shrink: bool) -> None:
+    """Real mode launches every rank of the spec on this machine (--shrink trials too, unlike `bench train --shrink`,
+    which fits the batch to its --world-size): refuse a cluster this machine cannot run. One check; only the advice
+    differs: with --shrink (checked before the shrink), the cluster to set; else --mode estimate."""
     world = spec.cluster.world_size
     cuda, local = _local_ranks()
-    if spec.cluster.nodes > 1 or world > local:
+    if spec.cluster.nodes <= 1 and world <= local:
+        return
+    stem = (f"cluster: {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} = {world} ranks, but real mode "
+            f"launches every rank on this machine ({local} {'GPUs' if cuda else 'CPU cores'}); ")
+    if shrink:
         n = min(2, local)
-        raise TuneInputError(
-            f"--shrink: cluster is {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} = {world} ranks, but "
-            f"real mode launches every rank on this machine ({local} {'GPUs' if cuda else 'CPU cores'}); with --shrink, "
-            f"set cluster to nodes: 1, gpus_per_node: {n}, gpu: {'the local GPU' if cuda else 'cpu'} (and a "
-            f"training.global_batch that {n} divides)")
+        raise TuneInputError(f"--shrink: {stem}with --shrink, set cluster to nodes: 1, gpus_per_node: {n}, gpu: "
+                             f"{'the local GPU' if cuda else 'cpu'} (and a training.global_batch that {n} divides)")
+    raise TuneInputError(f"{stem}use --mode estimate for clusters you cannot reach")
 
 
 def _check_real_mode_possible(spec) -> None:
     """Real mode launches the spec's world size on this machine: refuse what this machine cannot run."""
-
-    world = spec.cluster.world_size
-    cuda, local = _local_ranks()
-    if spec.cluster.nodes > 1 or world > local:
-        raise TuneInputError(
-            f"cluster: {spec.cluster.nodes} node(s) x {spec.cluster.gpus_per_node} = {world} ranks, but real mode "
-            f"launches every rank on this machine ({local} {'GPUs' if cuda else 'CPU cores'}); "
-            "use --mode estimate for clusters you cannot reach")
+    _check_ranks(spec, shrink=False)
+    cuda, _ = _local_ranks()
     is_cpu = isinstance(spec.cluster.gpu, str) and spec.cluster.gpu.lower() == "cpu"
     if not cuda and not is_cpu:
         raise TuneInputError(

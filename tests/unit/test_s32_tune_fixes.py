@@ -84,7 +84,7 @@ def test_shrink_on_multi_rank_spec_names_the_cluster(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(TuneInputError) as exc:
         _load_space(opts)
-    assert str(exc.value) == ("--shrink: cluster is 2 node(s) x 8 = 16 ranks, but real mode launches every rank on this "
+    assert str(exc.value) == ("--shrink: cluster: 2 node(s) x 8 = 16 ranks, but real mode launches every rank on this "
                               "machine (2 CPU cores); with --shrink, set cluster to nodes: 1, gpus_per_node: 2, gpu: "
                               "cpu (and a training.global_batch that 2 divides)")
 
