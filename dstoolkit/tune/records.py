@@ -219,7 +219,9 @@ def within_headroom(row: dict[str, Any]) -> bool:
 
 def collect_result(study, opts: TuneOptions, resumed: bool, stop_reason: str, size: int) -> TuneResult:
     """The study read back. The best trial is picked among those that leave the memory headroom, as `sweep` ranks
-    them first; only when none does is it picked among the rest (and a note says so)."""
+    them first; only when none does is it picked among the rest (and a note says so). A trial whose record has no
+    `within_headroom` (an older study, a trial with no estimate) counts as leaving it. Under --shrink there is no
+    headroom pick (the estimates are the shrunk model's)."""
     rows = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     ok = [r for r in rows if r["state"] == "COMPLETE" and r["duplicate_of"] is None]
     best = None
@@ -228,11 +230,14 @@ def collect_result(study, opts: TuneOptions, resumed: bool, stop_reason: str, si
     def best_of(rs):
         return pick(rs, key=lambda r: (r["value"], -r["number"]) if pick is max else (r["value"], r["number"]))
 
+    # --shrink: the estimates describe the shrunk model the trials train, not the layout best_spec.yaml writes for
+    # the spec's own model, so they cannot say whether that layout leaves the headroom: no headroom pick
+    judge = not opts.shrink
     if ok:
-        best = best_of([r for r in ok if within_headroom(r)] or ok)
+        best = best_of([r for r in ok if within_headroom(r)] or ok) if judge else best_of(ok)
     result = TuneResult(out_dir=opts.out_dir, resumed=resumed, trials=rows, best=best,
                         evaluated=sum(1 for r in rows if r["counted"]), stop_reason=stop_reason, space_size=size)
-    if best is not None:
+    if best is not None and judge:
         result.notes += headroom_notes(best, best_of(ok), opts)
     return result
 

@@ -40,6 +40,16 @@ def estimate_band_size(values: list[float], objective: str) -> int:
     return sum(1 for v in values if v <= best * (1 + SEED_BAND_FRACTION))
 
 
+def seed_band_size(head: list[PointCheck], objective: str, spec) -> int:
+    """`estimate_band_size` over the estimator-ranked checks `head` (one per layout, best first) on #1's side of the
+    memory headroom: the ranking puts the other side last, so a point there (however good its estimate) neither sets
+    the band's best nor counts in it."""
+    if not head:
+        return 0
+    side = [c for c in head if c.estimate.within_headroom == head[0].estimate.within_headroom]
+    return estimate_band_size([abs(_rank_key(objective, c, spec)) for c in side], objective)
+
+
 def _rank_key(objective: str, check: PointCheck, spec) -> float:
     est = check.estimate
     return -estimated_tokens_per_s(spec, est) if objective == "throughput" else float(est.memory_per_rank_bytes)

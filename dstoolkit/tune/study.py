@@ -30,8 +30,8 @@ from dstoolkit.tune.options import TuneOptions, TuneResult, _fingerprint, _load_
 from dstoolkit.tune.records import (FINGERPRINT_ATTR, REC_ATTR, STUDY_DB, STUDY_NAME, TRIALS_DIR, _close_interrupted,
                                     _known, _outcome_attrs, _rec, collect_result, prepare_out_dir)
 from dstoolkit.tune.report import write_outputs as _write
-from dstoolkit.tune.seeding import (MAX_SEED_TRIALS, _rank_key, default_seed_trials, estimate_band_size,
-                                    estimator_ranking, one_per_layout)
+from dstoolkit.tune.seeding import (MAX_SEED_TRIALS, default_seed_trials, estimator_ranking, one_per_layout,
+                                    seed_band_size)
 from dstoolkit.tune.space import PointCheck, TuneInputError, TunePoint
 
 FULL_SCAN_MAX_POINTS = 2000  # spaces up to this size are checked point by point for the seed ranking
@@ -58,8 +58,7 @@ def seed_plan(opts: TuneOptions, spec, space, world: int):
         n_seed = opts.seed_trials
     else:  # the estimator's ties (within SEED_BAND_FRACTION of its best) are worth real trials first
         head = [check_cache[p.key] for p in one_per_layout(pool, MAX_SEED_TRIALS + 1)]  # layouts, not variants
-        values = [abs(_rank_key(opts.objective, c, spec)) for c in head]
-        n_seed = default_seed_trials(opts.budget, estimate_band_size(values, opts.objective))
+        n_seed = default_seed_trials(opts.budget, seed_band_size(head, opts.objective, spec))
     return checks, check_cache, pool, n_seed
 
 
