@@ -119,7 +119,7 @@ def plan_from_args(args):
         names["tp"] = f"{args.config}: tensor_parallel.autotp_size"
     _check_flag_layout(facts, names)
     findings = _validate(text, args.config, args.world_size, domain, megatron_tp, args.pp, shape, args.ep,
-                         facts.native_moe)
+                         facts.native_moe, cpu=facts.cpu)
     cfg = config_model(ds, args.world_size, domain, megatron_tp, args.pp)
     # the config's DeepSpeed-Ulysses degree (validate_config checked it against the world and the heads, DS219 /
     # DS226): the layout rules again with it (LY009 ep of the dp it leaves, LY019 seq_len, LY020 kv heads per rank,
@@ -325,7 +325,7 @@ class ConfigInvalid(Exception):
 
 
 def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int, pp: int, shape=None,
-              ep: int = 1, native_moe: bool = True) -> list:
+              ep: int = 1, native_moe: bool = True, cpu: bool = False) -> list:
     """`dstoolkit validate`'s engine on the --config text, with the layout and the model as context (strict mode: no
     "auto"): the model's attention / key-value heads, and for a native MoE model (`native_moe_of`) its experts and
     --ep (so DS213 / DS214 see the MoE the estimate runs; a dense model, or one whose experts are plain modules,
@@ -336,7 +336,7 @@ def _validate(text: str, path: str, world_size: int, gpus_per_node: int, tp: int
     findings = validate_config(text, source=path, world_size=world_size, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
                                num_experts=shape.num_experts if moe else None, ep_size=ep if moe else None,
                                num_heads=shape.num_attention_heads if shape is not None else None,
-                               num_kv_heads=shape.kv_heads if shape is not None else None, mode="strict")
+                               num_kv_heads=shape.kv_heads if shape is not None else None, mode="strict", cpu=cpu)
     if any(f.severity == "error" for f in findings):
         raise ConfigInvalid(path, findings)
     return findings

@@ -24,7 +24,7 @@ def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_si
                     num_experts: Optional[int] = None, ep_size: Optional[int] = None,
                     mode: Literal["strict", "hf"] = "strict", deepspeed_version: str = "0.19",
                     num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
-                    ep_needs_experts: bool = False) -> list[Finding]:
+                    ep_needs_experts: bool = False, cpu: bool = False) -> list[Finding]:
     """Validate a DeepSpeed config and return every finding (never raises).
 
     Args:
@@ -39,20 +39,22 @@ def validate_config(cfg: Union[dict, str], *, source: str = "<config>", world_si
         num_heads, num_kv_heads: the model's attention / key-value heads (AutoTP and Ulysses head rules).
         ep_needs_experts: report an ep_size > 1 given without num_experts (and without dstoolkit.moe.num_experts)
             as DS009 (`dstoolkit validate --ep-size` without --num-experts); otherwise such an ep_size is unused.
+        cpu: the ranks are known to be CPU (gloo): `estimate --gpu cpu`, `bench` on CPU ranks. A finding that fails
+            only on GPUs (DS105 optimizer offload at stage 0) is then a warning; unknown (False) keeps it an error.
 
     Returns:
         Findings sorted by position. Errors mean DeepSpeed would fail or silently misbehave.
     """
     try:
         return _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode,
-                         deepspeed_version, num_heads, num_kv_heads, ep_needs_experts)
+                         deepspeed_version, num_heads, num_kv_heads, ep_needs_experts, cpu)
     except Exception as exc:  # the contract is "never raises": report instead
         return [Finding(file=source, pointer="", severity="error", code="DS009",
                         message=f"validator could not check this input ({type(exc).__name__}: {exc})"[:500])]
 
 
 def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_size, mode, version,
-              num_heads=None, num_kv_heads=None, ep_needs_experts=False) -> list[Finding]:
+              num_heads=None, num_kv_heads=None, ep_needs_experts=False, cpu=False) -> list[Finding]:
     parsed: Optional[ParseResult] = None
     if isinstance(cfg, (bytes, bytearray)):
         cfg = bytes(cfg).decode("utf-8", errors="replace")
@@ -93,7 +95,7 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
                 "checks cannot run", "give --num-experts N (or a dstoolkit.moe section), or drop --ep-size")
     clean = copy.deepcopy(data)
     check_auto(data, clean, mode, out)
-    check_sections(data, clean, version, out)
+    check_sections(data, clean, version, out, cpu)
     check_schema(clean, version, out)
     for v in run_rules(data, ctx):
         out.add(v.code, v.severity, v.pointer, v.message, v.suggestion)

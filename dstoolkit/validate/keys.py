@@ -87,7 +87,8 @@ def check_auto(data: dict, clean: dict, mode: str, out: Collector) -> None:
         _delete(clean, path)
 
 
-def check_sections(data: dict, clean: dict, version: str, out: Collector) -> None:
+def check_sections(data: dict, clean: dict, version: str, out: Collector, cpu: bool = False) -> None:
+    """Section-level key checks. `cpu`: the ranks are known to be CPU (gloo), where some GPU-only failures train."""
     removed = _versions.removed_top_level(version)
     for key in list(data):
         if key in removed:
@@ -125,7 +126,7 @@ def check_sections(data: dict, clean: dict, version: str, out: Collector) -> Non
                     "DeepSpeed 0.19 ignores it", "fine to keep; strict JSON tools accept it")
             clean.pop(key, None)
     _check_precision_sections(data, clean, version, out)
-    _check_zero_keys(data, clean, version, out)
+    _check_zero_keys(data, clean, version, out, cpu)
     for key, prop in deprecated_keys(None).items():
         new = prop.get("new_param")
         if isinstance(data.get(key), dict) and data.get(new) is None:  # DeepSpeed reads it when bf16 is absent / null
@@ -163,7 +164,7 @@ def _check_precision_sections(data: dict, clean: dict, version: str, out: Collec
                 clean["fp16"].pop(k, None)
 
 
-def _check_zero_keys(data: dict, clean: dict, version: str, out: Collector) -> None:
+def _check_zero_keys(data: dict, clean: dict, version: str, out: Collector, cpu: bool = False) -> None:
     z = data.get("zero_optimization")
     if isinstance(z, bool):
         out.add("DS106", "warning", "/zero_optimization", f"zero_optimization: {str(z).lower()} is the deprecated "
@@ -211,7 +212,7 @@ def _check_zero_keys(data: dict, clean: dict, version: str, out: Collector) -> N
             out.add("DS105", "warning", ptr, f"zero_optimization.{k} has no effect at stage 0 (ZeRO disabled)",
                     "set a stage >= 1 or delete the key")
         elif stage == 0 and c in ("offload_optimizer", "cpu_offload") and _offload_on(z[k]):
-            _stage0_optimizer_offload(data, k, version, out)
+            _stage0_optimizer_offload(data, k, version, out, cpu)
         elif stage in (1, 2) and c in STAGE3_ONLY_KEYS:
             out.add("DS105", "warning", ptr, f"zero_optimization.{k} only acts at stage 3; ignored at stage {stage}",
                     "delete it or set stage 3")
@@ -227,35 +228,38 @@ def _offload_on(v: Any) -> bool:
 _STAGE0_FIX = 'set "stage": 1 or higher to offload the optimizer, or remove the offload'
 
 
-def _stage0_optimizer_offload(data: dict, k: str, version: str, out: Collector) -> None:
+def _stage0_optimizer_offload(data: dict, k: str, version: str, out: Collector, cpu: bool = False) -> None:
     """offload_optimizer (or cpu_offload) at ZeRO stage 0. ZeRO is off, so the parameters stay on the accelerator,
     but engine.py zero_use_cpu_optimizer reads only the offload device, whatever the stage: Adam / AdamW / Lion /
     Adagrad from the config become DeepSpeedCPUAdam / CPULion / CPUAdagrad (get_optimizer_configuration,
     _configure_basic_optimizer), whose step asserts "... param is on cuda:0 and must be 'cpu'" (ops/adam/cpu_adam.py)
     at the first step on GPUs; and an optimizer from code must be one of those unless zero_force_ds_cpu_optimizer
     is false (ZeRORuntimeException at initialize). Only CPU ranks (gloo), whose parameters are on the CPU already,
-    train. Other optimizer classes (SGD, Lamb, torch_adam) run on the accelerator: the offload does nothing."""
+    train: with `cpu` (the caller knows the ranks are CPU) those findings are warnings. Other optimizer classes
+    (SGD, Lamb, torch_adam) run on the accelerator: the offload does nothing."""
     ptr = f"/zero_optimization/{k}"
     where = f"zero_optimization.{k} at stage 0: ZeRO is off, so the parameters stay on the accelerator"
+    severity = "warning" if cpu else "error"
+    trains = "; these ranks are CPU (gloo), where it trains" if cpu else "; only CPU ranks (gloo) train"
     opt = data.get("optimizer")
     if isinstance(opt, dict) and isinstance(opt.get("type"), str):
         params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
         build = optimizer_build(opt["type"], params, data, version)
         if build is not None and build.cls.startswith("DeepSpeedCPU"):
-            out.add("DS105", "error", ptr, f"{where}, yet the offload makes DeepSpeed build {build.cls} for "
+            out.add("DS105", severity, ptr, f"{where}, yet the offload makes DeepSpeed build {build.cls} for "
                     f"optimizer.type {opt['type']!r} (engine.py zero_use_cpu_optimizer ignores the stage): on GPUs its "
                     f"first step asserts ('{build.cls.replace('DeepSpeed', '')} param is on cuda:0 and must be "
-                    "'cpu''); only CPU ranks (gloo) train", _STAGE0_FIX)
+                    f"'cpu''){trains}", _STAGE0_FIX)
             return
         if build is not None:
             out.add("DS105", "warning", ptr, f"{where} and {build.cls} runs there: the offload has no effect",
                     _STAGE0_FIX)
             return
     elif opt is None and data.get("zero_force_ds_cpu_optimizer", True) is not False:
-        out.add("DS105", "error", ptr, f"{where}, yet DeepSpeed requires the optimizer from code to be "
+        out.add("DS105", severity, ptr, f"{where}, yet DeepSpeed requires the optimizer from code to be "
                 "DeepSpeedCPUAdam or DeepSpeedCPULion (ZeRORuntimeException at initialize otherwise, "
                 "zero_force_ds_cpu_optimizer), and on GPUs their first step asserts (param is on cuda:0 and must be "
-                "'cpu'); only CPU ranks (gloo) train", _STAGE0_FIX)
+                f"'cpu'){trains}", _STAGE0_FIX)
         return
     out.add("DS105", "warning", ptr, f"zero_optimization.{k} has no effect at stage 0: optimizer offload needs ZeRO "
             "stage 1-3", "set a stage >= 1")

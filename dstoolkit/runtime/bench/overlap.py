@@ -148,7 +148,7 @@ def run_overlap(target: str, *, model: Optional[str], strategies: Optional[list[
     check_world_size(backend, world_size)
     with targets_mod.temp_work_dir() as tmp:
         tmp = pathlib.Path(tmp)
-        tgts = targets_mod.resolve_targets([target], None, strategies, tmp, world_size)
+        tgts = targets_mod.resolve_targets([target], None, strategies, tmp, world_size, cpu=backend == "gloo")
         shapes, seqs, nparams = {}, {}, {}
         for t in tgts:
             shape, spec = targets_mod.shape_for(t, model)

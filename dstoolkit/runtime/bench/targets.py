@@ -44,9 +44,10 @@ class BenchTarget:
 
 
 def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[str] = None, ep_size: int = 1,
-                       fix: Optional[str] = None) -> None:
+                       fix: Optional[str] = None, cpu: bool = False) -> None:
     """Refuse a config that `dstoolkit validate` rejects (errors only; warnings pass). `fix` replaces the default
-    advice (run `dstoolkit validate` on the file), e.g. for a config generated into a temporary folder.
+    advice (run `dstoolkit validate` on the file), e.g. for a config generated into a temporary folder. `cpu`: the
+    ranks are CPU (gloo), so a finding that fails only on GPUs (DS105 optimizer offload at stage 0) is a warning.
 
     Falls back to DeepSpeed's own `DeepSpeedConfig` when the schema validator is unavailable.
     """
@@ -62,6 +63,8 @@ def validate_ds_config(ds: dict, name: str, world_size: int, source: Optional[st
         kwargs: dict[str, Any] = {"source": source or name, "world_size": world_size, "mode": mode}
         if ep_size > 1:
             kwargs["ep_size"] = ep_size
+        if cpu:
+            kwargs["cpu"] = True
         try:
             findings = validate_config(ds, **kwargs)
         except TypeError:
@@ -163,7 +166,7 @@ def targets_from_folder(folder: pathlib.Path, spec_path: Optional[pathlib.Path],
 
 
 def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[list[str]], work_dir: pathlib.Path,
-                    world_size: int, shrink: Any = None) -> list[BenchTarget]:
+                    world_size: int, shrink: Any = None, cpu: bool = False) -> list[BenchTarget]:
     """Expand CLI targets into validated `BenchTarget`s.
 
     Args:
@@ -175,6 +178,7 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
         shrink: `dstoolkit.runtime.shrink_sizes.ShrinkSizes` of a shrunk run: each config's batch is fitted to
             `world_size` ranks at the shrink's micro-batch / accumulation caps (`fit_batch`), and expert
             parallelism runs as 1 (the transformers experts are plain modules), before validation.
+        cpu: the ranks run on CPU (gloo): validation knows it (`validate_ds_config`).
     """
     spec_path = pathlib.Path(spec).resolve() if spec else None
     problem = input_file_problem(spec_path) if spec_path is not None else None
@@ -221,7 +225,7 @@ def resolve_targets(items: list[str], spec: Optional[str], strategies: Optional[
     for t in targets:
         validate_ds_config(t.ds_config, t.name, world_size,
                            source=str(t.ds_config_path) if t.ds_config_path else None, ep_size=t.ep_size,
-                           fix=generated_fix(t, world_size) if t.generated else None)
+                           fix=generated_fix(t, world_size) if t.generated else None, cpu=cpu)
     return targets
 
 

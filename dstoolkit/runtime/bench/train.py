@@ -200,7 +200,8 @@ def run_train(items: Sequence[str], *, spec: Optional[str], strategies: Optional
     calibration = load_calibration(calibration_path)
     with targets_mod.temp_work_dir() as tmp:
         tmp = pathlib.Path(tmp)
-        tgts = targets_mod.resolve_targets(list(items), spec, strategies, tmp, world_size, shrink=sizes)
+        tgts = targets_mod.resolve_targets(list(items), spec, strategies, tmp, world_size, shrink=sizes,
+                                            cpu=backend == "gloo")
         if not command:  # before anything is launched: the estimate per rank against this host's RAM share
             from dstoolkit.runtime.bench.train_precheck import check_targets_fit
 
