@@ -49,6 +49,7 @@ from transformers import TrainerCallback
 
 from dstoolkit.runtime.train.ckpt import HF_MARKER as MARKER  # noqa: F401 - the names callers import from here
 from dstoolkit.runtime.train.ckpt import HfCheckpoints as _HfCheckpoints
+from dstoolkit.runtime.train.hf_parts import batch_tokens as _batch_tokens
 from dstoolkit.runtime.train.hf_parts import find_engine as _find_engine
 from dstoolkit.runtime.train.hf_parts import peak_memory as _peak_memory
 from dstoolkit.runtime.train.hfskip import ZeroBatch
@@ -193,28 +194,31 @@ class DstoolkitCallback(TrainerCallback):
         self._write({"event": "spec_mismatch", "line": line})
         self._say(line)
 
-    def _check_seq(self, x: Any) -> None:
-        """The first training batch's sequence length against the spec's seq_len."""
-        self._seq_checked = True
+    def _check_seq(self, ids: Any, mask: Any) -> None:
+        """A training batch's tokens per sequence against the spec's seq_len: a mismatch only when a sequence is
+        longer (padding to the batch's longest sequence makes shorter batches normal). Checked on every batch until
+        one is longer; only a batch padded beyond seq_len costs a look at its attention mask (`longest_sequence`)."""
         seq = getattr(getattr(self._spec, "training", None), "seq_len", None)
-        if self._estimate is None or not seq or getattr(x, "ndim", 0) < 2 or int(x.shape[-1]) == int(seq):
+        if self._estimate is None or not seq:
+            self._seq_checked = True
             return
-        from dstoolkit.runtime.train.hf_parts import mismatch_line
+        from dstoolkit.runtime.train.hf_parts import longest_sequence, mismatch_line
 
+        longest = longest_sequence(ids, mask, int(seq))
+        if longest is None:
+            return
+        self._seq_checked = True
         self._not_this_model(mismatch_line(self._shape.name, "trains at seq_len", str(seq),
-                                           f"batches hold {int(x.shape[-1])} tokens per sequence"))
+                                           f"batches hold {longest} tokens per sequence"))
 
     def _pre_forward(self, module, a, kw):
         self._zero.disarm()  # a skipped batch's backward is over by the next forward
         if not module.training:
             return None
-        x = kw.get("input_ids") if kw else None
-        if x is None and a:
-            x = a[0]
-        if x is not None and hasattr(x, "numel"):
-            self._tokens += int(x.numel())
-            if not self._seq_checked:
-                self._check_seq(x)
+        ids, mask, count = _batch_tokens(module, a, kw)
+        self._tokens += count
+        if not self._seq_checked and (ids is not None or mask is not None):
+            self._check_seq(ids, mask)
         step = self._state.global_step + 1 if self._state is not None else 0
         if self.lr_blowup and not self._blown and step >= self.lr_blowup[0] and self.engine is not None:
             self._blown = True

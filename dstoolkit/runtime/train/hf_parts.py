@@ -1,10 +1,10 @@
 """`DstoolkitCallback`'s pieces: the DeepSpeed engine it finds, the peak memory it reports, and the estimate beside
 its measured figures, and the check that the spec describes the model the
 Trainer trains: the estimate (tokens/s, MFU, memory, comm share) and the MFU's FLOPs per token come from the spec's
-model at the spec's seq_len. When the live model's parameter count or the batches' sequence length differ from the
-spec's, those figures would look authoritative and be wrong (a 0.1M-parameter script under a 3.95M-parameter spec
-showed 30x its MFU): one line says so, the estimate is not shown, and MFU counts 6 x the live model's parameters per
-token (`live_flops_per_token`)."""
+model at the spec's seq_len. When the live model's parameter count differs from the spec's, or a batch's sequence
+is longer than its seq_len, those figures would look authoritative and be wrong (a 0.1M-parameter script under a
+3.95M-parameter spec showed 30x its MFU): one line says so, the estimate is not shown, and MFU counts 6 x the live
+model's parameters per token (`live_flops_per_token`)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -46,6 +46,46 @@ def mismatch_line(name: str, what: str, spec_value: str, live_value: str) -> str
     return (f"spec model {name} {what} {spec_value}, the Trainer's {live_value}: the estimate is not shown and MFU "
             "counts 6 x the Trainer model's parameters per token (pass the spec of this model and seq_len for the "
             "estimate)")
+
+
+def batch_tokens(module: Any, args: tuple, kwargs: Optional[dict]) -> tuple[Any, Any, int]:
+    """(input_ids, attention_mask, token positions) of one forward. Positional arguments are matched to the names
+    of `module.forward`: a vision model's first argument is pixel_values ([B, C, H, W]), and inputs_embeds
+    ([B, S, H]) is not tokens either. The positions are input_ids' elements, else the mask's, else inputs_embeds'
+    [B, S]; 0 when the forward has none of them."""
+    kw = dict(kwargs or {})
+    if args:
+        import inspect
+
+        try:
+            kw = {**inspect.signature(getattr(module, "forward", module)).bind_partial(*args).arguments, **kw}
+        except (TypeError, ValueError):  # no signature, or more positional arguments than it names
+            pass
+    ids, mask, embeds = (kw.get(k) for k in ("input_ids", "attention_mask", "inputs_embeds"))
+    ids = ids if getattr(ids, "ndim", 0) >= 1 else None
+    mask = mask if getattr(mask, "ndim", 0) >= 1 else None
+    if ids is not None:
+        count = int(ids.numel())
+    elif mask is not None:
+        count = int(mask.numel())
+    elif getattr(embeds, "ndim", 0) >= 2:
+        count = int(embeds[..., 0].numel())
+    else:
+        count = 0
+    return ids, mask, count
+
+
+def longest_sequence(ids: Any, mask: Any, seq_len: int) -> Optional[int]:
+    """The tokens of the batch's longest sequence when it exceeds `seq_len`, else None. A batch padded to at most
+    `seq_len` (its last dimension) is not longer whatever its mask; one padded beyond counts its attention mask's
+    ones (a 0/1 mask of the same length), so padding alone is never a mismatch."""
+    padded = ids if ids is not None and ids.ndim >= 2 else mask if mask is not None and mask.ndim >= 2 else None
+    if padded is None or int(padded.shape[-1]) <= seq_len:
+        return None
+    longest = int(padded.shape[-1])
+    if mask is not None and mask.ndim >= 2 and int(mask.shape[-1]) == longest:
+        longest = int(mask.sum(-1).max())
+    return longest if longest > seq_len else None
 
 
 def run_estimate(spec: Any, shape: Any, engine: Any, world: int, say: Any) -> tuple[Optional[dict], Any, Any]:
