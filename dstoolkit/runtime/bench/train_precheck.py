@@ -36,9 +36,43 @@ def spec_and_shape(target, world_size: int, shrink=None) -> tuple[Any, Any, Any]
     return spec, shrunk.shape, shrunk
 
 
-def host_ram_bytes() -> int:
+CGROUP_LIMITS = (("cgroup v2", "/sys/fs/cgroup/memory.max"),
+                 ("cgroup v1", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+"""Where a container's (Slurm, Kubernetes, docker) memory limit is read: above it the kernel kills the job."""
+
+UNLIMITED = 2**60
+"""A limit at or above this is 'no limit' (cgroup v1 writes 9223372036854771712, v2 the word max)."""
+
+
+def physical_ram_bytes() -> int:
     """This machine's physical memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_ram(limits=None, physical: Optional[int] = None) -> tuple[int, Optional[str]]:
+    """(bytes, where they come from) of the memory this job may use: the physical RAM, or a cgroup memory limit
+    below it ('cgroup v2 memory limit in /sys/fs/cgroup/memory.max (physical RAM 23.0 GiB)'; None for physical RAM).
+    `limits`: (name, path) pairs to read (default `CGROUP_LIMITS`); an absent or unreadable file, 'max' and
+    unlimited values are skipped."""
+    ram = physical if physical is not None else physical_ram_bytes()
+    best, source = ram, None
+    for name, path in (CGROUP_LIMITS if limits is None else limits):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if not text.isdigit():  # 'max' (v2: no limit) or anything unexpected
+            continue
+        value = int(text)
+        if 0 < value < min(best, UNLIMITED):
+            best, source = value, f"{name} memory limit in {path} (physical RAM {ram / GiB:.1f} GiB)"
+    return best, source
+
+
+def host_ram_bytes() -> int:
+    """The memory this job may use: physical RAM, or a container's cgroup limit below it (`host_ram`)."""
+    return host_ram()[0]
 
 
 def cluster_mismatch(spec, world_size: int, cuda: bool) -> Optional[str]:
@@ -55,9 +89,10 @@ def cluster_mismatch(spec, world_size: int, cuda: bool) -> Optional[str]:
 
 
 def memory_problem(spec, shape, est: Optional[dict], world_size: int, host_bytes: int,
-                   shrunk: bool) -> Optional[str]:
+                   shrunk: bool, host_source: Optional[str] = None) -> Optional[str]:
     """Why a config must not start on CPU ranks: the estimated memory per rank exceeds this host's RAM share (host RAM
-    / ranks); None when it fits or when there is no estimate."""
+    / ranks); None when it fits or when there is no estimate. `host_source` names a cgroup limit that set
+    `host_bytes` (`host_ram`)."""
     if not est or "error" in est or not est.get("memory_per_rank_bytes"):
         return None
     per_rank = int(est["memory_per_rank_bytes"])
@@ -66,9 +101,11 @@ def memory_problem(spec, shape, est: Optional[dict], world_size: int, host_bytes
         return None
     fix = ("a smaller --shrink (e.g. fewer layers or a smaller hidden size)" if shrunk else
            "--shrink auto with an hf_config model, or a smaller spec (a CPU spec such as ds_configs/tiny_cpu.yaml)")
+    limit = f"; {host_bytes / GiB:.1f} GiB is the {host_source}" if host_source else ""
     return (f"spec {spec.name} trains {shape.name} at seq_len {spec.training.seq_len}: the estimate needs "
             f"~{per_rank / GiB:.1f} GiB per rank > this host's RAM share {share / GiB:.1f} GiB "
-            f"({host_bytes / GiB:.1f} GiB / {world_size} ranks); not launched (it would be killed for memory): use {fix}")
+            f"({host_bytes / GiB:.1f} GiB / {world_size} ranks{limit}); not launched (it would be killed for memory): "
+            f"use {fix}")
 
 
 def check_targets_fit(tgts, world_size: int, calibration, shrink=None, host_bytes: Optional[int] = None,
@@ -83,7 +120,7 @@ def check_targets_fit(tgts, world_size: int, calibration, shrink=None, host_byte
         import torch
 
         cuda = torch.cuda.is_available()
-    host = host_bytes if host_bytes is not None else host_ram_bytes()
+    host, source = (host_bytes, None) if host_bytes is not None else host_ram()
     notes: dict[str, str] = {}
     for t in tgts:
         if t.spec_path is None:
@@ -98,7 +135,7 @@ def check_targets_fit(tgts, world_size: int, calibration, shrink=None, host_byte
         resolved, _ = resolve_user_config(t.ds_config, command=[], spec=spec, world_size=world_size,
                                           hidden_size=getattr(shape, "hidden_size", None))
         problem = memory_problem(spec, shape, estimate_for(spec, shape, resolved, world_size, t.ep_size, calibration),
-                                 world_size, host, shrunk is not None)
+                                 world_size, host, shrunk is not None, source)
         if problem:
             mismatch = notes.get(str(t.spec_path))
             raise BenchInputError(f"config {t.name!r}: {problem}" + (f" ({mismatch})" if mismatch else ""))
