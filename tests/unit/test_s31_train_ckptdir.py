@@ -203,7 +203,7 @@ def test_disk_full_save_removes_staging_and_says_no_space(tmp_path, monkeypatch)
     assert str(info.value) == (
         f"checkpoint {tmp_path / 'ck' / 'step_00000002'}: no space left on device (0.0 MiB free of 2.0 MiB); the "
         f"partial save ({tmp_path / 'ck' / '.staging' / 'step_00000002'}) is removed. Free space, keep fewer "
-        "checkpoints (--keep-checkpoints), or give --checkpoint-dir a folder on a larger disk, then rerun with "
+        "checkpoints (a lower --keep-checkpoints), or give --checkpoint-dir a folder on a larger disk, then rerun with "
         "--resume")
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == []
 

@@ -210,5 +210,5 @@ def test_full_disk_message_names_guards_parameters(tmp_path, monkeypatch):
     ck = tmp_path / "ck"
     assert str(info.value) == (  # before: "(--keep-checkpoints), or give --checkpoint-dir ..., rerun with --resume"
         f"checkpoint {ck / 'step_00000005'}: no space left on device (0.0 MiB free of 0.2 MiB); the partial save "
-        f"({ck / '.staging' / 'step_00000005'}) is removed. Free space, keep fewer checkpoints (keep=), or give "
+        f"({ck / '.staging' / 'step_00000005'}) is removed. Free space, keep fewer checkpoints (a lower Guard(keep=...)), or give "
         "checkpoint_dir a folder on a larger disk, then rerun with guard.resume()")

@@ -116,7 +116,7 @@ def save_failure_message(final: Path, staged: Path, error: Optional[BaseExceptio
     if full:
         free = f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB)" if usage else ""
         return (f"checkpoint {final}: no space left on device{free}; {removed}. Free space, keep fewer checkpoints "
-                f"({names.keep}), or give {names.dir} a folder on a larger disk, then rerun with {names.resume}")
+                f"(a lower {names.keep}), or give {names.dir} a folder on a larger disk, then rerun with {names.resume}")
     why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" \
         if error is not None else "another rank's save failed"
     return f"checkpoint {final}: could not be written ({why}); {removed}. Check that {names.dir} is writable"

@@ -25,7 +25,7 @@ class Names:
     who: str = "the bundled trainer"
     """What resumes only its own step_* checkpoints."""
     keep: str = "--keep-checkpoints"
-    """How many checkpoints are kept (the full-disk fix)."""
+    """What sets how many checkpoints are kept (the full-disk fix: "keep fewer checkpoints (a lower ...)")."""
 
     def where(self, root: Path | str) -> str:
         return self.at.format(root=str(root))
@@ -34,5 +34,5 @@ class Names:
 CLI = Names()
 GUARD = Names(dir="checkpoint_dir", at="Guard: checkpoint_dir={root!r}", resume="guard.resume()",
               add_resume="call guard.resume() before the first step", nproc="a world size of", who="Guard.resume()",
-              keep="keep=")
+              keep="Guard(keep=...)")
 """`dstoolkit.runtime.train.guard.Guard`'s names."""

@@ -31,7 +31,6 @@ from dstoolkit.runtime.train.ckpt import step_tags
 from dstoolkit.runtime.train.names import CLI, GUARD, Names  # noqa: F401 - GUARD: the names callers import here
 
 
-
 def reshard_fix(names: Names = CLI) -> str:
     return ("or `dstoolkit ckpt reshard` it to a universal checkpoint and load that in your own DeepSpeed trainer "
             f"with checkpoint.load_universal true ({names.who} resumes only its own checkpoints)")
