@@ -17,6 +17,19 @@ def config_model(ds: dict, world: int, gpus_per_node: int, tp: int, pp: int):
                                                        "gpus_per_node": gpus_per_node})
 
 
+def without_ignored_keys(ds: dict, findings) -> dict:
+    """`ds` without the top-level keys validate_config reported only as DS101 warnings (`findings`: its warnings):
+    keys DeepSpeed 0.19.8 ignores (runtime/config.py reads the keys it knows), such as MS-AMP's `msamp`, that are not
+    a near-miss of a known key (those are DS101 errors). The config model forbids unknown keys, so `estimate
+    --config` estimates the config DeepSpeed trains, beside validate's warning, where it would otherwise fail on a
+    file `dstoolkit validate` passes."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.validate.findings import pointer_of
+
+    ignored = {f.pointer for f in findings if f.code == "DS101" and f.severity == "warning"}
+    return {k: v for k, v in ds.items() if pointer_of((k,)) not in ignored}
+
+
 def autotp_size(ds: dict) -> Optional[int]:
     """The config's DeepSpeed AutoTP degree (tensor_parallel.autotp_size, read by the validated model's
     `TensorParallelConfig`; None when unset or <= 1, which shard nothing). Read before validate_config, which needs

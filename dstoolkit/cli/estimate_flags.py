@@ -15,7 +15,8 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
-from dstoolkit.cli.estimate_config import autotp_run, autotp_size, config_model, run_precision, tp_degree
+from dstoolkit.cli.estimate_config import (autotp_run, autotp_size, config_model, run_precision, tp_degree,
+                                           without_ignored_keys)
 from dstoolkit.cli.options import checkpoint_policy
 from dstoolkit.validate.engine import validate_config
 
@@ -120,6 +121,7 @@ def plan_from_args(args):
     _check_flag_layout(facts, names)
     findings = _validate(text, args.config, args.world_size, domain, megatron_tp, args.pp, shape, args.ep,
                          facts.native_moe, cpu=facts.cpu)
+    ds = without_ignored_keys(ds, findings)  # what validate passes with a DS101 warning, DeepSpeed ignores
     cfg = config_model(ds, args.world_size, domain, megatron_tp, args.pp)
     # the config's DeepSpeed-Ulysses degree (validate_config checked it against the world and the heads, DS219 /
     # DS226): the layout rules again with it (LY009 ep of the dp it leaves, LY019 seq_len, LY020 kv heads per rank,
@@ -157,25 +159,16 @@ def plan_from_args(args):
 
 
 def read_config(path: str) -> tuple[str, dict]:
-    """The --config file as `dstoolkit validate` reads it (`validate.parse.decode_bytes` then `parse_text`: UTF-8
-    with or without a BOM, DeepSpeed's hjson subset, comments and trailing commas; YAML, binary, a top level that
-    is not an object refused with validate's own DS00x finding), as (text, data). The text is what
+    """The --config file as `dstoolkit validate` reads it (`validate.config_file.read_config_file`: YAML, binary, a
+    top level that is not an object refused with validate's own DS00x finding), as (text, data). The text is what
     validate_config checks, so its DS010 / DS011 notes come out as warnings beside the estimate."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.validate.parse import decode_bytes, parse_text
+    from dstoolkit.validate.config_file import read_config_file
 
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        return read_config_file(path)
     except OSError as exc:
         raise ValueError(f"--config {path!r}: cannot read ({exc.strerror or exc})") from None
-    text, problem = decode_bytes(raw, path)
-    if problem is not None:
-        raise ValueError(problem.format_text())
-    parsed = parse_text(text, path)
-    if parsed.fatal:
-        raise ValueError(next(f for f in parsed.findings if f.severity == "error").format_text())
-    return text, parsed.data
 
 
 def _gpu(name: str):
@@ -288,7 +281,7 @@ def _with_fp8_selection(plan, cfg):
 def _check_fp8_hardware(precision: str, ds: dict, config: str, gpu):
     """--precision fp8 on a GPU whose tensor cores cannot run the FP8 recipe (`dsconfig.fp8.check_fp8_hardware`,
     the check the spec's training.precision fp8 runs; the recipe: the config's dstoolkit.fp8 section, else
-    Transformer Engine's default). Returns that `Fp8Config` (None unless precision fp8)."""
+    Transformer Engine's default), or with that section disabled. Returns that `Fp8Config` (None unless fp8)."""
     if precision != "fp8":
         return None
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
@@ -296,6 +289,9 @@ def _check_fp8_hardware(precision: str, ds: dict, config: str, gpu):
 
     section = (ds.get("dstoolkit") or {}).get("fp8") if isinstance(ds.get("dstoolkit"), dict) else None
     cfg = Fp8Config.model_validate(section or {})
+    if not cfg.enabled:  # no layer in FP8: the bf16 run, which an fp8 estimate would report as FP8
+        raise ValueError(f"--precision fp8 with {config}: dstoolkit.fp8.enabled is false, so no layer runs in FP8: "
+                         "drop --precision fp8, or enable dstoolkit.fp8")
     problems = check_fp8_hardware(cfg, gpu)
     if problems:
         where = f" (the recipe of {config}: dstoolkit.fp8)" if section else ""

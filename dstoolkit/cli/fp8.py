@@ -63,6 +63,9 @@ def _load_fp8_config(args, spec_fp8: dict | None):
     if args.config:
         path = Path(args.config)
         loaded = _read_settings(path)
+        if isinstance(loaded, dict) and "fp8" in loaded and _is_deepspeed_config(loaded):
+            raise InputError(f"{path} is a DeepSpeed config with a top-level 'fp8' section, which neither DeepSpeed "
+                             'nor dstoolkit reads there: move it under dstoolkit.fp8 ("dstoolkit": {"fp8": {...}})')
         if isinstance(loaded, dict) and isinstance(loaded.get("dstoolkit"), dict) and "fp8" in loaded["dstoolkit"]:
             _check_ds_precision(loaded, path)
             loaded = loaded["dstoolkit"]["fp8"]
@@ -96,23 +99,22 @@ def _load_fp8_config(args, spec_fp8: dict | None):
 
 
 def _read_settings(path: Path):
-    """--config's data: a .json as `dstoolkit validate` reads a DeepSpeed JSON (validate.parse: BOM, hjson comments
-    and trailing commas, its DS00x finding when unreadable), anything else as YAML."""
+    """--config's data: a .json as `dstoolkit validate` reads a DeepSpeed JSON (`validate.config_file`: BOM, hjson
+    comments and trailing commas, its DS00x finding when unreadable), anything else as YAML."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.validate.parse import decode_bytes, parse_text
+    from dstoolkit.validate.config_file import read_config_file
+    from dstoolkit.validate.parse import decode_bytes
 
     try:
-        raw = path.read_bytes()
+        if path.suffix == ".json":
+            return read_config_file(str(path))[1]
+        text, problem = decode_bytes(path.read_bytes(), str(path))
     except OSError as exc:
         raise InputError(f"{path}: cannot read FP8 config: {exc.strerror or exc}") from None
-    text, problem = decode_bytes(raw, str(path))
+    except ValueError as exc:  # validate's finding
+        raise InputError(str(exc)) from None
     if problem is not None:
         raise InputError(problem.format_text())
-    if path.suffix == ".json":
-        parsed = parse_text(text, str(path))
-        if parsed.fatal:
-            raise InputError(next(f for f in parsed.findings if f.severity == "error").format_text())
-        return parsed.data
     try:
         # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
         import yaml

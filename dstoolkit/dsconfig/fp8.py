@@ -24,8 +24,9 @@ Facts used below (checked against the sources named):
 from __future__ import annotations
 
 import fnmatch
+import math
 import warnings
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -297,3 +298,39 @@ def warn_megatron_defaults(cfg: Fp8Config) -> None:
     """Emit `to_megatron_args` warnings through the warnings module (for callers that print nothing)."""
     for line in cfg.to_megatron_args().warnings:
         warnings.warn(line, stacklevel=2)
+
+
+TE_FP8_TOKEN_MULTIPLE = 8
+"""Transformer Engine asserts, before every FP8 GEMM of te.Linear / te.LayerNormLinear, that the input's leading dims
+(the tokens of the micro batch) multiply to a multiple of 8 and the last dim to a multiple of 16
+(transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`, called from `_Linear.forward` and
+`_LayerNormLinear.forward`)."""
+
+
+def token_multiple(cfg: Fp8Config) -> int:
+    """Tokens per micro batch must be a multiple of this for the recipe: TE_FP8_TOKEN_MULTIPLE, and for MXFP8 the MX
+    block (`MX_BLOCK`, 32: the columnwise copy the wgrad GEMM reads is scaled per 32 tokens, OCP MX spec v1.0;
+    TE's MXFP8Quantizer.is_quantizable asks the leading dims for a multiple of 32)."""
+    return MX_BLOCK if cfg.recipe == "mxfp8" else TE_FP8_TOKEN_MULTIPLE
+
+
+def token_problem(cfg: Fp8Config, micro_batch: int, seq_len: int,
+                  names: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why micro_batch x seq_len tokens cannot run Transformer Engine's FP8 GEMMs (`token_multiple`), naming the
+    numbers and the nearest seq_len that can; None when they can or FP8 is off. `names` spells micro_batch and
+    seq_len as the caller's input does."""
+    q = token_multiple(cfg)
+    tokens = micro_batch * seq_len
+    if not cfg.enabled or tokens % q == 0:
+        return None
+    n = {"micro_batch": "micro_batch", "seq_len": "seq_len", **(names or {})}
+    step = q // math.gcd(q, micro_batch)  # seq_len multiples of this make micro_batch x seq_len a multiple of q
+    down, up = seq_len // step * step, (seq_len // step + 1) * step
+    near = up if down == 0 or up - seq_len < seq_len - down else down
+    other = down if near == up else up
+    alt = f" (or {other})" if other > 0 else ""
+    why = ("Transformer Engine's FP8 GEMMs need (transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec)"
+           if q == TE_FP8_TOKEN_MULTIPLE else
+           f"fp8.recipe {cfg.recipe!r} needs (its scales cover blocks of {q} tokens, OCP MX spec v1.0)")
+    return (f"{n['micro_batch']}={micro_batch} x {n['seq_len']}={seq_len} = {tokens} tokens per micro-batch is not a "
+            f"multiple of {q}, which {why}: use {n['seq_len']} {near}{alt}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 
-
 def trained_precision(bf16_enabled: bool, bf16_key: str, fp16_enabled: bool) -> tuple[str, str]:
     """(the precision DeepSpeed trains, the config fact that says so): an enabled bf16 (or its alias bfloat16)
     section, else an enabled fp16 section, else fp32."""

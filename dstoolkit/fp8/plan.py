@@ -23,7 +23,6 @@ assumption (`FP8_FIXED_OVERHEAD_S`), to be replaced by `benchmarks/gpu/fp8_te_be
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping, Optional
 
 from pydantic import BaseModel, Field
@@ -32,7 +31,9 @@ from dstoolkit.fp8.linears import RankLinear, from_built_model, rank_linears
 from dstoolkit.fp8.report import SkipEntry, SwapEntry, SwapReport, decide_linear, layer_skip_problem
 from dstoolkit.layout import LayoutFacts, first_violation
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.dsconfig.fp8 import MX_BLOCK, Fp8Config, check_fp8_hardware
+# the token rule lives with Fp8Config so a spec checks it at load (spec sits below fp8); re-exported here
+from dstoolkit.dsconfig.fp8 import (MX_BLOCK, TE_FP8_TOKEN_MULTIPLE, Fp8Config, check_fp8_hardware,  # noqa: F401
+                                    token_multiple, token_problem)
 from dstoolkit.hardware.table import GpuSpec
 
 BF16_BYTES = 2
@@ -193,42 +194,6 @@ def _range(idx: list[int]) -> str:
 PLAN_LAYOUT_CODES = ("LY003", "LY004", "LY005", "LY007", "LY008")
 """The layout constraints a plan's tp / pp / ep must meet against the model (dstoolkit.layout: tp divides the
 attention and key/value heads, every pipeline stage has a layer, ep divides the experts of an MoE model)."""
-
-
-TE_FP8_TOKEN_MULTIPLE = 8
-"""Transformer Engine asserts, before every FP8 GEMM of te.Linear / te.LayerNormLinear, that the input's leading dims
-(the tokens of the micro batch) multiply to a multiple of 8 and the last dim to a multiple of 16
-(transformer_engine/pytorch/utils.py `assert_dim_for_fp8_exec`, called from `_Linear.forward` and
-`_LayerNormLinear.forward`)."""
-
-
-def token_multiple(cfg: Fp8Config) -> int:
-    """Tokens per micro batch must be a multiple of this for the recipe: TE_FP8_TOKEN_MULTIPLE, and for MXFP8 the MX
-    block (`MX_BLOCK`, 32: the columnwise copy the wgrad GEMM reads is scaled per 32 tokens, OCP MX spec v1.0;
-    TE's MXFP8Quantizer.is_quantizable asks the leading dims for a multiple of 32)."""
-    return MX_BLOCK if cfg.recipe == "mxfp8" else TE_FP8_TOKEN_MULTIPLE
-
-
-def token_problem(cfg: Fp8Config, micro_batch: int, seq_len: int,
-                  names: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """Why micro_batch x seq_len tokens cannot run Transformer Engine's FP8 GEMMs (`token_multiple`), naming the
-    numbers and the nearest seq_len that can; None when they can or FP8 is off. `names` spells micro_batch and
-    seq_len as the caller's input does."""
-    q = token_multiple(cfg)
-    tokens = micro_batch * seq_len
-    if not cfg.enabled or tokens % q == 0:
-        return None
-    n = {"micro_batch": "micro_batch", "seq_len": "seq_len", **(names or {})}
-    step = q // math.gcd(q, micro_batch)  # seq_len multiples of this make micro_batch x seq_len a multiple of q
-    down, up = seq_len // step * step, (seq_len // step + 1) * step
-    near = up if down == 0 or up - seq_len < seq_len - down else down
-    other = down if near == up else up
-    alt = f" (or {other})" if other > 0 else ""
-    why = ("Transformer Engine's FP8 GEMMs need (transformer_engine/pytorch/utils.py assert_dim_for_fp8_exec)"
-           if q == TE_FP8_TOKEN_MULTIPLE else
-           f"fp8.recipe {cfg.recipe!r} needs (its scales cover blocks of {q} tokens, OCP MX spec v1.0)")
-    return (f"{n['micro_batch']}={micro_batch} x {n['seq_len']}={seq_len} = {tokens} tokens per micro-batch is not a "
-            f"multiple of {q}, which {why}: use {n['seq_len']} {near}{alt}")
 
 
 def check_plan_inputs(shape: ModelShape, cfg: Fp8Config, tp: int, pp: int, ep: int,

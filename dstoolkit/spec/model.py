@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dstoolkit.common.model import Auto, StrictModel as _Strict  # the one strict base and "auto"
-from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
+from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware, token_problem
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 from dstoolkit.spec.cluster import ClusterSpec
 from dstoolkit.spec.cluster_fields import ClusterModelFields, check_engine_fields
@@ -386,6 +386,12 @@ class Spec(_Strict):
         problems = check_fp8_hardware(cfg, gpu, self.cluster.cuda_version)
         if problems:
             raise SpecFieldError(("training", "fp8"), "; ".join(problems), "pick a recipe this GPU runs, or another GPU")
+        t = self.training  # micro_batch "auto" is picked later, by the planner
+        problem = None if t.micro_batch == "auto" else token_problem(
+            cfg, t.micro_batch, t.seq_len, {"micro_batch": "training.micro_batch", "seq_len": "training.seq_len"})
+        if problem:
+            what, _, near = problem.rpartition(": use ")
+            raise SpecFieldError(("training", "seq_len"), what, f"use {near}, or precision bf16")
         return self
 
 

@@ -65,6 +65,10 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> 
             # of a known key is a setting silently lost (error); anything else is most likely another tool's
             # section (MS-AMP's msamp, a launcher's key) and is left to the user (warning)
             message += "; DeepSpeed ignores unknown top-level keys silently"
+            if key == "fp8":  # dstoolkit's FP8 settings (fp8 plan / estimate --config) sit in the dstoolkit section
+                out.add("DS101", "warning", ptr, message, "dstoolkit reads FP8 settings only from dstoolkit.fp8: move "
+                        'it under dstoolkit.fp8 ("dstoolkit": {"fp8": {...}})')
+                return
             if hint is None:
                 out.add("DS101", "warning", ptr, message, "fine if another tool reads it (e.g. MS-AMP's 'msamp'); "
                         "otherwise check its name: DeepSpeed never applies it")
