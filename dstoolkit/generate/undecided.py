@@ -109,8 +109,9 @@ def undecided_lines(labels: Sequence[str], step_times_s: Sequence[float], is_cpu
     lines = [f"Cannot decide: {len(u.positions)} layouts lie within {100 * u.error:.1f}% of the best estimate "
              f"(the model's measured error: {u.source}): {_names(labels, u.positions, shown)}."]
     if not ok:
-        return lines + [f"None of them is measurable by `dstoolkit tune --mode real`: all are {REAL_MODE_LIMIT}; "
-                        "measure them with runs of their generated configs."]
+        return lines + ["None of them is measurable by `dstoolkit tune --mode real`: all have TP/PP > 1, and real mode "
+                        "runs the example trainer, which is data parallel only; measure them with runs of their "
+                        "generated configs."]
     if other:
         lines += [f"Measure the {len(ok)} that tune's real mode runs ({_names(labels, ok, shown)}): "
                   f"{tune_command(spec_path, len(ok))}",
