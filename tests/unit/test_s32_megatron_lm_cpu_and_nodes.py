@@ -36,8 +36,10 @@ def test_spec_with_only_megatron_lm_on_cpu_is_refused_at_cluster_gpu(cpu_spec, t
     load_spec_and_shape(cpu_spec, ["megatron-lm", "megatron-deepspeed"])  # another target gets files: no refusal
 
 
-def test_sweep_and_generate_refuse_it(cpu_spec, tmp_path, capsys):
+def test_sweep_estimate_and_generate_refuse_it(cpu_spec, tmp_path, capsys):
     assert main(["sweep", str(cpu_spec), "--target", "megatron-lm"]) == 2
+    assert "Megatron-LM does not run on CPU ranks" in capsys.readouterr().err
+    assert main(["estimate", str(cpu_spec), "--target", "megatron-lm"]) == 2
     assert "Megatron-LM does not run on CPU ranks" in capsys.readouterr().err
     assert main(["generate", str(cpu_spec), "--target", "megatron-lm", "-o", str(tmp_path / "g")]) == 2
     assert not (tmp_path / "g").exists()
