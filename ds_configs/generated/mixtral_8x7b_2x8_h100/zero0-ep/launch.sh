@@ -24,7 +24,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUN_NAME=mixtral_8x7b_2x8_h100
 NNODES=2
 NPROC_PER_NODE=8
-NEEDS_OWN_TRAINER='TRAIN_MODULE must name your own trainer module: layout zero0 tp1 pp2 ep8 mb1 ckpt=full has pp 2, and the bundled example trainer (dstoolkit.runtime.train.trainer) is data parallel only (DeepSpeed would stop at start-up on its batch check); TRAIN_MODULE=your.module bash launch.sh (it gets the arguments of TRAIN_ARGS), or launch_megatron_deepspeed.sh / launch_megatron_lm.sh, which build those groups (dstoolkit generate --target megatron-deepspeed / megatron-lm)'
+NEEDS_OWN_TRAINER='TRAIN_MODULE must name your own trainer module: layout zero0 tp1 pp2 ep8 mb2 ckpt=full has pp 2, and the bundled example trainer (dstoolkit.runtime.train.trainer) is data parallel only (DeepSpeed would stop at start-up on its batch check); TRAIN_MODULE=your.module bash launch.sh (it gets the arguments of TRAIN_ARGS), or launch_megatron_deepspeed.sh / launch_megatron_lm.sh, which build those groups (dstoolkit generate --target megatron-deepspeed / megatron-lm)'
 TRAIN_MODULE="${TRAIN_MODULE:-}"
 if [ -z "$TRAIN_MODULE" ] || [ "$TRAIN_MODULE" = dstoolkit.runtime.train.trainer ]; then
   echo "launch.sh: $NEEDS_OWN_TRAINER" >&2; exit 2

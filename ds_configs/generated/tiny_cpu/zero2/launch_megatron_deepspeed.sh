@@ -14,7 +14,7 @@ PRETRAIN="${PRETRAIN:-$PRETRAIN_DEFAULT}"
 NNODES="${NNODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-2}"
 if [[ "$NNODES" -gt 1 ]]; then  # one job over the nodes: each node must say who it is and where rank 0 is
-    [[ -n "${NODE_RANK:-}" ]] || { echo "launch_megatron_deepspeed.sh: NODE_RANK is not set: run on each node with NODE_RANK=0..$((NNODES - 1)) and MASTER_ADDR=<node 0 address>" >&2; exit 2; }
+    if [ -z "${NODE_RANK:-}" ]; then echo "launch_megatron_deepspeed.sh: NODE_RANK is not set: a $NNODES-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..$((NNODES - 1))>" >&2; exit 2; fi
     [[ -n "${MASTER_ADDR:-}" ]] || { echo "launch_megatron_deepspeed.sh: MASTER_ADDR is not set: the address of node 0, the same on every node" >&2; exit 2; }
 fi
 NODE_RANK="${NODE_RANK:-0}"
