@@ -279,7 +279,8 @@ def test_ulysses_all_to_all_runs_on_cpu_but_is_not_generated_for_hf(tmp_path):
     assert "ULYSSES (1, 8, 4, 16) True" in proc.stdout
     spec, shape = _spec(tmp_path / "s", LLAMA)
     files = hf_target_files(spec, shape, Candidate(zero_stage=1, micro_batch=2))
-    assert ULYSSES_NOTE in files["launch_hf.sh"]
+    assert ULYSSES_NOTE not in files["launch_hf.sh"]  # the note only where the layout has Ulysses (f7961ec)
+    assert ULYSSES_NOTE in hf_target_files(spec, shape, Candidate(zero_stage=1, micro_batch=2, ulysses=2))["launch_hf.sh"]
     bad = [f.code for f in validate_config({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 3},
                                            world_size=2, num_heads=4) if f.severity == "error"]
     assert "DS226" in bad
