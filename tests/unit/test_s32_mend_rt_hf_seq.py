@@ -2,7 +2,6 @@
 mask's ones of a batch padded beyond seq_len), a mismatch only for a batch longer than the spec's seq_len (padding
 to the batch's longest sequence makes shorter batches normal), and pixel_values / inputs_embeds are never tokens."""
 import types
-from pathlib import Path
 
 import pytest
 
@@ -12,15 +11,7 @@ pytest.importorskip("transformers")
 from dstoolkit.runtime.train import hf  # noqa: E402
 from dstoolkit.runtime.train.hf_parts import batch_tokens, longest_sequence  # noqa: E402
 
-SPEC = Path(__file__).resolve().parents[2] / "ds_configs" / "tiny_cpu.yaml"  # the tiny preset, seq_len 128
-
-
-class Engine:
-    def __init__(self):
-        self._config = types.SimpleNamespace(_param_dict={
-            "train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}})
-        self.optimizer = types.SimpleNamespace(param_groups=[{"lr": 1e-3}])
+from tests.unit.hf_callback_fakes import SPEC, Engine, tiny_params  # noqa: E402
 
 
 class TextNet(torch.nn.Module):
@@ -37,17 +28,10 @@ class VisionNet(TextNet):
         return {"loss": self.w[:1].sum() + 1.0}
 
 
-def _params():
-    from dstoolkit.models import get_preset
-    from dstoolkit.models.params import count_params
-
-    return count_params(get_preset("tiny")).total
-
-
 def _begin(monkeypatch, tmp_path, cls):
     monkeypatch.setattr(hf, "_find_engine", lambda model: Engine())
     cb = hf.DstoolkitCallback(spec=str(SPEC), cross_rank_every=0)
-    m = cls(_params())
+    m = cls(tiny_params())
     cb.on_train_begin(types.SimpleNamespace(output_dir=str(tmp_path)), types.SimpleNamespace(global_step=0), None,
                       model=m)
     if cb._estimate is None:

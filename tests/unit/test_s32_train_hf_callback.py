@@ -2,7 +2,6 @@
 are not shown from a spec whose model is not the Trainer's (parameter count, batch sequence length), and every
 argument is checked when the callback is built, naming the parameter."""
 import types
-from pathlib import Path
 
 import pytest
 
@@ -12,17 +11,7 @@ pytest.importorskip("transformers")
 from dstoolkit.runtime.train import hf  # noqa: E402
 from dstoolkit.runtime.train.spike import SettingError  # noqa: E402
 
-SPEC = Path(__file__).resolve().parents[2] / "ds_configs" / "tiny_cpu.yaml"  # the tiny preset, seq_len 128
-
-
-class Engine:
-    """What the callback reads of DeepSpeed's engine for the estimate."""
-
-    def __init__(self):
-        self._config = types.SimpleNamespace(_param_dict={
-            "train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}})
-        self.optimizer = types.SimpleNamespace(param_groups=[{"lr": 1e-3}])
+from tests.unit.hf_callback_fakes import SPEC, Engine, tiny_params  # noqa: E402
 
 
 class Net(torch.nn.Module):
@@ -32,13 +21,6 @@ class Net(torch.nn.Module):
 
     def forward(self, input_ids=None, labels=None):
         return {"loss": self.w[:1].sum() + 1.0}
-
-
-def _tiny_params():
-    from dstoolkit.models import get_preset
-    from dstoolkit.models.params import count_params
-
-    return count_params(get_preset("tiny")).total
 
 
 def _begin(monkeypatch, tmp_path, n):
@@ -72,7 +54,7 @@ def test_spec_of_another_model_shows_no_estimate(monkeypatch, tmp_path, capsys):
 
 
 def test_spec_of_this_model_keeps_the_estimate(monkeypatch, tmp_path, capsys):
-    cb, m, state, args = _begin(monkeypatch, tmp_path, _tiny_params())
+    cb, m, state, args = _begin(monkeypatch, tmp_path, tiny_params())
     if cb._estimate is None:
         pytest.skip("no estimate on this machine (no cached calibration)")
     line = _log_line(cb, m, state, args, 128, capsys)
@@ -80,13 +62,13 @@ def test_spec_of_this_model_keeps_the_estimate(monkeypatch, tmp_path, capsys):
 
 
 def test_batches_longer_than_seq_len_drop_the_estimate(monkeypatch, tmp_path, capsys):
-    cb, m, state, args = _begin(monkeypatch, tmp_path, _tiny_params())
+    cb, m, state, args = _begin(monkeypatch, tmp_path, tiny_params())
     if cb._estimate is None:
         pytest.skip("no estimate on this machine (no cached calibration)")
     line = _log_line(cb, m, state, args, 256, capsys)  # shorter batches are padding (test_s32_mend_rt_hf_seq.py)
     assert ("[dstoolkit] spec model tiny trains at seq_len 128, the Trainer's batches hold 256 tokens per sequence: "
             "the estimate is not shown") in line
-    assert "(est " not in line and cb._flops_per_token == 6 * _tiny_params()
+    assert "(est " not in line and cb._flops_per_token == 6 * tiny_params()
 
 
 @pytest.mark.parametrize("kw, want", [
