@@ -117,8 +117,7 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
     from dstoolkit.generate.io import refuse_megatron_lm_on_cpu
 
     spec = load_spec(path, targets=target or ())  # --target: the run's targets for the spec's engine rules
-    if list(spec.targets) == ["megatron-lm"]:
-        refuse_megatron_lm_on_cpu(spec, from_flag=bool(target))  # as every verb that loads the spec
+    refuse_megatron_lm_on_cpu(spec, from_flag=bool(target))  # as every verb that loads the spec
     apply_model_class(spec, model_class, path)  # --model-class: as the spec's model.model_class
     if calibration_arg is not None:  # --calibration overrides cluster.calibration (a path relative to the cwd)
         spec.cluster.calibration = _checked_calibration(calibration_arg, spec)

@@ -140,25 +140,25 @@ def schedule_warnings(spec: Spec) -> list[Finding]:
 def refuse_megatron_lm_on_cpu(spec: Spec, from_flag: bool) -> None:
     """A spec whose only target is megatron-lm on a CPU cluster: nothing could be generated, ranked or estimated for
     a launcher that cannot start there (megatron_lm.CPU_REASON, the reason generate gives when other targets get
-    files beside it), so every verb that loads the spec refuses it at cluster.gpu."""
+    files beside it), so every verb that loads the spec refuses it at cluster.gpu. Nothing to do for other targets."""
+    if list(spec.targets) != ["megatron-lm"]:
+        return
     from dstoolkit.generate.ds_json import is_cpu_cluster
-    from dstoolkit.generate.megatron_lm import CPU_REASON
+    from dstoolkit.generate.megatron_lm import CPU_PROBLEM
 
     if is_cpu_cluster(spec):
-        problem = CPU_REASON.split("; use ", 1)[0]
         if from_flag:
             where, fix = "--target megatron-lm", "use --target megatron-deepspeed or deepspeed on CPU"
         else:
             where, fix = "targets: [megatron-lm]", "set targets: [megatron-deepspeed] or [deepspeed] on CPU"
-        raise spec.error(("cluster", "gpu"), f"{where} on this cluster: {problem}", f"{fix}, or a GPU in cluster.gpu")
+        raise spec.error(("cluster", "gpu"), f"{where} on this cluster: {CPU_PROBLEM}", f"{fix}, or a GPU in cluster.gpu")
 
 
 def _loaded(p: Path, targets: Sequence[str] = ()) -> tuple[Spec, ModelShape]:
     """`load_spec`, `resolve_spec_model` and a check that its calibration file (if any) is usable; SpecError (a
     ValueError) or OSError as they come."""
     spec = load_spec(p, targets=targets)
-    if list(spec.targets) == ["megatron-lm"]:
-        refuse_megatron_lm_on_cpu(spec, from_flag=bool(targets))
+    refuse_megatron_lm_on_cpu(spec, from_flag=bool(targets))
     shape = resolve_spec_model(spec)
     calibration_for_spec(spec)  # cluster.calibration: a missing/unusable file is the spec's error
     return spec, shape

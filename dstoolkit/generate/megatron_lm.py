@@ -27,10 +27,10 @@ def _precision_lm(spec: Spec) -> list[str]:
     return []
 
 
-CPU_REASON = ("Megatron-LM does not run on CPU ranks (cluster.gpu: cpu): initialize_megatron asserts "
-              "torch.cuda.is_available() ('Megatron requires CUDA.', megatron/training/initialize.py at d98e8a64) and "
-              "its layers allocate on torch.cuda.current_device(); use --target megatron-deepspeed or deepspeed on CPU, "
-              "or a GPU in cluster.gpu")
+CPU_PROBLEM = ("Megatron-LM does not run on CPU ranks (cluster.gpu: cpu): initialize_megatron asserts "
+               "torch.cuda.is_available() ('Megatron requires CUDA.', megatron/training/initialize.py at d98e8a64) and "
+               "its layers allocate on torch.cuda.current_device()")
+CPU_REASON = f"{CPU_PROBLEM}; use --target megatron-deepspeed or deepspeed on CPU, or a GPU in cluster.gpu"
 """Why `generate` writes no Megatron-LM files for a CPU cluster (README's two-host run stops on that assertion).
 `megatron_lm_args` itself still spells a CPU spec's arguments (the parser checks, Megatron-Core unit runs on CPU)."""
 
