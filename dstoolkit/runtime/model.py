@@ -246,12 +246,10 @@ class TinyTransformer(nn.Module):
         """Callable(fn, *args) used for checkpointed blocks; None means torch.utils.checkpoint (non-reentrant)."""
 
     def _run_block(self, i: int, block: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
-        if self.checkpointed[i] and torch.is_grad_enabled():
-            if self.checkpoint_fn is not None:
-                return self.checkpoint_fn(block, x)
-            from torch.utils.checkpoint import checkpoint
+        if self.checkpointed[i]:
+            from dstoolkit.runtime.train.checkpointing import recompute_call
 
-            return checkpoint(block, x, use_reentrant=False)
+            return recompute_call(self.checkpoint_fn, block, x)
         return block(x)
 
     def forward(self, input_ids: Tensor, labels: Tensor) -> Tensor:

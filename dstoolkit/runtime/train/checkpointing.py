@@ -84,6 +84,22 @@ def apply_checkpoint_policy(model: nn.Module, policy: CheckpointPolicy, *, backe
     return flags
 
 
+def recompute_call(checkpoint_fn, f, *args, **kwargs):
+    """`f(*args, **kwargs)` with its activations recomputed in backward while autograd records (as is under no_grad):
+    through `checkpoint_fn` (`deepspeed.checkpointing.checkpoint(function, *args)`, positional arguments only) or,
+    when None, `torch.utils.checkpoint.checkpoint` non-reentrant. The one recompute call of the bundled model's blocks
+    and of `apply_checkpoint_policy`'s wrapped blocks."""
+    if not torch.is_grad_enabled():
+        return f(*args, **kwargs)
+    if checkpoint_fn is not None:
+        import functools
+
+        return checkpoint_fn(functools.partial(f, **kwargs) if kwargs else f, *args)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(f, *args, use_reentrant=False, **kwargs)
+
+
 class _Recompute:
     """A block's forward, run under the checkpoint call while autograd records (its activations recomputed in
     backward); as is under no_grad."""
@@ -94,15 +110,7 @@ class _Recompute:
         """The forward the block instance itself held before (None: its class's)."""
 
     def __call__(self, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            return self.forward(*args, **kwargs)
-        if self.fn is not None:  # deepspeed.checkpointing.checkpoint(function, *args): no keyword arguments
-            import functools
-
-            return self.fn(functools.partial(self.forward, **kwargs) if kwargs else self.forward, *args)
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+        return recompute_call(self.fn, self.forward, *args, **kwargs)
 
 
 def _reads_flags(model: nn.Module) -> bool:
