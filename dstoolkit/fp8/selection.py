@@ -1,4 +1,4 @@
-"""The FP8 layer selection of `dstoolkit fp8 plan`, as the estimator reads it (`runplan.Fp8Selection`): per block
+"""The FP8 layer selection of `dstoolkit fp8 plan`, as the estimator reads it (`Fp8Selection`, a `runplan.RunPlan` field): per block
 the share of its linear weights that run in FP8, and whether the LM head does. No torch import.
 
 The rule is the plan's own: the rank's linear layers (`fp8.linears.rank_linears`) each decided by
@@ -10,12 +10,26 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from pydantic import BaseModel, ConfigDict
+
 from dstoolkit.dsconfig.fp8 import Fp8Config
 from dstoolkit.fp8.linears import rank_linears
 from dstoolkit.fp8.plan import check_plan_inputs, token_problem
 from dstoolkit.fp8.report import decide_linear
 from dstoolkit.models.shape import ModelShape
-from dstoolkit.runplan.plan import Fp8Selection
+
+
+class Fp8Selection(BaseModel):
+    """Which linear layers an fp8 run swaps, from the FP8 plan's own selection (`dstoolkit.fp8.report.decide_linear`
+    on the rank's linear layers, `fp8.selection.fp8_selection`): a skipped layer stays bf16, with no FP8 GEMM
+    speed-up and no FP8 weight cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    blocks: tuple[float, ...]
+    """Per transformer block, the share of its linear weights (K x N summed) the selection swaps to FP8."""
+    lm_head: bool = False
+    """Whether the LM head runs in FP8 (the default selection excludes it: Fp8LayerSelection.exclude '*lm_head*')."""
 
 
 def fp8_selection(shape: ModelShape, cfg: Fp8Config, *, micro_batch: int, seq_len: int, tp: int = 1, pp: int = 1,

@@ -17,25 +17,13 @@ from dstoolkit.layout.ulysses_heads import ulysses_impl
 from dstoolkit.models.measured import ParamEntry
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan.autotp import AutoTp, tp_splits
+from dstoolkit.fp8.selection import Fp8Selection, fp8_selection
 from dstoolkit.runplan.dsview import DsView, read_ds_config
 from dstoolkit.spec import Spec
 from dstoolkit.spec.cluster_fields import AttentionImpl, LossImpl
 from dstoolkit.spec.checkpoint import CheckpointPolicy
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
-
-
-class Fp8Selection(BaseModel):
-    """Which linear layers an fp8 run swaps, from the FP8 plan's own selection (`dstoolkit.fp8.report.decide_linear`
-    on the rank's linear layers, `fp8.selection.fp8_selection`): a skipped layer stays bf16, with no FP8 GEMM
-    speed-up and no FP8 weight cache."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    blocks: tuple[float, ...]
-    """Per transformer block, the share of its linear weights (K x N summed) the selection swaps to FP8."""
-    lm_head: bool = False
-    """Whether the LM head runs in FP8 (the default selection excludes it: Fp8LayerSelection.exclude '*lm_head*')."""
 
 
 class RunPlan(BaseModel):
@@ -304,6 +292,7 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         ds_config = _sequence_sharded_batch(ds_config, spec, shards, deg(tp, t.tp) * deg(pp, t.pp),
                                             world_size or spec.cluster.world_size)
     return RunPlan(
+        fp8_selection=_spec_fp8_selection(spec, ds_config, shape, deg(tp, t.tp), deg(pp, t.pp), deg(ep, t.ep)),
         shape=shape,
         ds_config=ds_config,
         world_size=world_size or spec.cluster.world_size,
@@ -333,6 +322,32 @@ def plan_from_spec(spec: Spec, ds_config: dict, shape: ModelShape, *, tp: Option
         attention_impl=t.attention_impl,
         loss_impl=t.loss_impl,
     )
+
+
+_SPEC_FP8_NAMES = {"micro_batch": "training.micro_batch", "seq_len": "training.seq_len", "tp": "training.tp",
+                   "pp": "training.pp", "ep": "training.ep",
+                   "skip_first_layers": "training.fp8.layers.skip_first_layers",
+                   "skip_last_layers": "training.fp8.layers.skip_last_layers"}
+"""How the FP8 selection's errors name the spec's fields."""
+
+
+def _spec_fp8_selection(spec: Spec, ds_config: dict, shape: ModelShape, tp: int, pp: int,
+                        ep: int) -> Optional[Fp8Selection]:
+    """The FP8 layer selection of a DeepSpeed-framework fp8 spec: dstoolkit's own Transformer Engine swap runs it
+    (`runtime.fp8.convert` with the spec's training.fp8, which `generate` writes as the JSON's dstoolkit.fp8), so
+    the layers it keeps in bf16 (the LM head by default, fp8.layers skips and patterns) are priced in bf16, as
+    `estimate --config` on the generated JSON prices them. None for Megatron and FSDP, which pick their own FP8
+    layers (the LM head by framework, `estimate.step_time`), and without fp8.
+
+    Raises:
+        ValueError: a selection `fp8 plan` refuses (skips that leave no block, tokens per micro batch Transformer
+            Engine refuses), in the spec's field names."""
+    t = spec.training
+    if t.precision != "fp8" or t.framework != "deepspeed":
+        return None
+    micro = ds_config.get("train_micro_batch_size_per_gpu")
+    return fp8_selection(shape, t.fp8_config(), micro_batch=int(micro) if isinstance(micro, int) else 1,
+                         seq_len=t.seq_len, tp=tp, pp=pp, ep=ep, names=_SPEC_FP8_NAMES)
 
 
 def _sequence_sharded_batch(ds_config: dict, spec: Spec, shards: int, model_ranks: int, world: int) -> dict:
