@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.paths import check_output_outside
-from dstoolkit.common.atomic import check_output_folder, umask
+from dstoolkit.common.atomic import OutputWriteError, check_output_folder, umask
 
 
 def check_new_output_folder(src: Path, out: Path, flag: str, suffix: str) -> None:
@@ -140,6 +140,13 @@ def remove_stale_partials(out: Path) -> list[Path]:
     return removed
 
 
+def _inside(filename: object, folder: Path) -> bool:
+    """Whether an OSError's `filename` is `folder` or a path in it."""
+    if not isinstance(filename, (str, os.PathLike)):
+        return False
+    return Path(filename) == folder or Path(filename).is_relative_to(folder)
+
+
 @contextmanager
 def atomic_output_folder(out: Path, flag: str, needs: int) -> Iterator[Path]:
     """Write a new output folder all or nothing: yields a temporary folder beside `out` (same parent, so the final
@@ -156,15 +163,21 @@ def atomic_output_folder(out: Path, flag: str, needs: int) -> Iterator[Path]:
         OutputSpaceError: the write failed and the filesystem is full (ENOSPC anywhere in the exception chain,
             or less than `FULL_BELOW_BYTES` free after the failure).
         CkptError: `out` appeared while the output was written (nothing is overwritten).
+        OutputWriteError: the folder cannot be made or written although the checks passed (/proc, /sys as root):
+            the shared wording (`dstoolkit.common.atomic`), naming `flag` and `out`, the OS's reason and the fix,
+            never the temporary folder.
     """
     out = Path(out)
     parent = out.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    for p in remove_stale_partials(out):
-        print(f"removed {p}: the temporary folder of an earlier run that was killed before it finished",
-              file=sys.stderr)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{PARTIAL_MARK}{socket.gethostname()}-{os.getpid()}-",
-                                dir=parent))
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for p in remove_stale_partials(out):
+            print(f"removed {p}: the temporary folder of an earlier run that was killed before it finished",
+                  file=sys.stderr)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{PARTIAL_MARK}{socket.gethostname()}-{os.getpid()}-",
+                                    dir=parent))
+    except OSError as exc:  # a filesystem the checks pass but that makes no folder (/proc, /sys): name the user's
+        raise OutputWriteError(out, exc, f"{flag} {out}") from None  # path, not the temporary one
     try:
         try:
             yield tmp
@@ -174,6 +187,8 @@ def atomic_output_folder(out: Path, flag: str, needs: int) -> Iterator[Path]:
             if is_enospc(exc) or (free is not None and free < FULL_BELOW_BYTES):
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise OutputSpaceError(out, flag, needs, _free_bytes(parent) or 0) from None
+            if isinstance(exc, OSError) and _inside(getattr(exc, "filename", None), tmp):
+                raise OutputWriteError(out, exc, f"{flag} {out}") from None  # the output, not its temporary name
             raise
         if os.path.lexists(out):  # os.rename would replace an empty folder silently
             raise CkptError(str(out), "appeared while it was being written", f"give {flag} a new folder "
