@@ -26,6 +26,11 @@ _PARALLEL_KEYS = ("use_parallel_residual", "parallel_attn", "parallel_residual")
 """Config flags for attention and MLP reading the same input (GPT-NeoX, Falcon, StableLM)."""
 
 
+SCORE_BIAS = "e_score_correction_bias"
+"""The name transformers gives a router's per-expert score-correction bias (DeepseekV3TopkRouter, GLM-4-MoE, ...:
+a buffer in transformers 5)."""
+
+
 def _has_bias(mod) -> bool:
     return getattr(mod, "bias", None) is not None and hasattr(mod.bias, "shape")
 
@@ -35,7 +40,10 @@ def _norm_kind(mod) -> str:
     if "RMS" in name or "Rms" in name:
         return "rmsnorm"
     if "LayerNorm" in name:
-        return "layernorm" if _has_bias(mod) else "layernorm_no_bias"
+        if _has_bias(mod):
+            return "layernorm"
+        weight = getattr(mod, "weight", None)
+        return "layernorm_no_bias" if hasattr(weight, "shape") else "layernorm_no_params"
     return name
 
 
@@ -150,6 +158,8 @@ def block_facts(model, parts: dict, text_cfg, act_name=None) -> dict:
     in_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     facts["lm_head_bias"] = head is not None and _has_bias(head)
+    tensors = [n for n, _ in model.named_buffers()] + [n for n, _ in model.named_parameters()]
+    facts["router_score_bias"] = any(n.startswith(prefix + ".") and n.endswith(SCORE_BIAS) for n in tensors)
 
     def layer_modules(i: int):
         here = f"{prefix}.{i}."
@@ -262,6 +272,11 @@ def _rope_scaling_of_config(text_cfg: Any):
     return None
 
 
+NORM_VARIANTS = {"layernorm_no_bias": "LayerNorm without bias",
+                 "layernorm_no_params": "LayerNorm without weight or bias (non-parametric)"}
+"""How ModelShape.norm_variant words the LayerNorms `_norm_kind` tells apart from plain LayerNorm."""
+
+
 def arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
     """ModelShape fields of what the blocks are made of (block_facts of the built model): norm, biases, positions,
     rotary share, residual wiring, embedding norm, head bias."""
@@ -272,8 +287,8 @@ def arch_fields(text_cfg: Any, arch: ArchFacts, head_dim: int) -> dict:
                     rope_scaling=_rope_scaling_of_config(text_cfg))
     if arch.norm in ("rmsnorm", "layernorm"):
         kw["norm_type"] = arch.norm
-    elif arch.norm == "layernorm_no_bias":
-        kw["norm_type"], kw["norm_variant"] = "layernorm", "LayerNorm without bias"
+    elif arch.norm in NORM_VARIANTS:
+        kw["norm_type"], kw["norm_variant"] = "layernorm", NORM_VARIANTS[arch.norm]
     else:
         kw["norm_variant"] = f"norm module {arch.norm}"
     if arch.norm_one_plus_weight:

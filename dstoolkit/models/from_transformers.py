@@ -11,8 +11,10 @@ torch and transformers are imported inside the functions only (the core must imp
 - Multimodal configs (`text_config`): the language model is built from the text config and counted; the
   vision/audio towers and projectors are built too and counted in `MeasuredParams.vision_params` (in the total
   and the model states, not in FLOPs or activations: the note says so).
-- Encoder-decoder models (T5, BART, Whisper: `is_encoder_decoder`) are refused (`ConfigRefused`): the estimator
-  models one decoder-only stack. A causal-LM class of such a family (BartForCausalLM) builds its decoder alone.
+- Models that are not one decoder-only stack are refused (`refusals.not_decoder_only`, `ConfigRefused`):
+  encoder-decoders (T5, BART, Whisper: `is_encoder_decoder`; a causal-LM class of such a family, BartForCausalLM,
+  builds its decoder alone) and bidirectional encoders (BERT, RoBERTa: a masked-LM family without is_decoder);
+  so are types with no causal LM at all (CLIP, ViT: `refusals.not_a_language_model`).
 - `quantization_config` is dropped before building (transformers would otherwise try to quantise on load)
   and named in `notes` as ignored: a training run holds the weights unquantised.
 - An unknown `model_type` is refused with transformers' reason; where the config's `architectures` names a
@@ -28,6 +30,8 @@ from typing import Optional
 from dstoolkit.models.attention_facts import attention_facts
 from dstoolkit.models.block_facts import block_facts
 from dstoolkit.models.measured import ArchFacts, LayerParams, MeasuredParams
+from dstoolkit.models.refusals import (ConfigRefused, causal_lm_class, config_refusal, not_a_language_model,
+                                       not_decoder_only)
 from dstoolkit.models.module_tree import (MODEL_TOPK_KEYS, BuildError, buffers_not_counted, classify, config_value,
                                           is_vision, linear_groups, scan_facts)
 from dstoolkit.models.tp_plan import merged_tp_plan
@@ -76,29 +80,6 @@ def offer_from_architectures(config: dict) -> Optional[str]:
     return None
 
 
-class ConfigRefused(BuildError):
-    """transformers builds the type but refuses these values, or the model is not one the estimator models
-    (encoder-decoder); `field` names the config key where one can be named, `fix` says what to do."""
-
-    def __init__(self, reason: str, field: Optional[str] = None, fix: Optional[str] = None):
-        super().__init__(reason)
-        self.field = field
-        self.fix = fix
-
-
-def _refusal(tf, model_type: Optional[str], exc: BaseException) -> ConfigRefused:
-    """One line from a config class's refusal: the innermost cause's message (transformers 5 wraps a validator's
-    ValueError in huggingface_hub's StrictDataclassClassValidationError), naming the first `key`=value it cites."""
-    root = exc
-    while root.__cause__ is not None:
-        root = root.__cause__
-    text = " ".join(str(root).split())[:300]
-    named = re.search(r"`(\w+)`\s*=", text)
-    field = named.group(1) if named else None
-    return ConfigRefused(f"transformers {tf.__version__} refuses this {model_type!r} config: {type(root).__name__}: "
-                         f"{text}", field, f"fix {field}" if field else "fix the value the message names")
-
-
 def _make_config(tf, config: dict, model_class: Optional[str]):
     d = {k: v for k, v in config.items() if k != "quantization_config"}
     model_type = d.get("model_type")
@@ -113,33 +94,17 @@ def _make_config(tf, config: dict, model_class: Optional[str]):
         try:
             return cls, cls.config_class(**d)
         except Exception as exc:  # noqa: BLE001 - the class's config rejecting a value
-            raise _refusal(tf, model_type, exc) from None
+            raise config_refusal(tf, model_type, exc) from None
     try:
         return None, tf.AutoConfig.for_model(**d)
     except (KeyError, ValueError) as exc:
         if isinstance(exc, ValueError) and "Unrecognized model identifier" not in str(exc):
-            raise _refusal(tf, model_type, exc) from None
+            raise config_refusal(tf, model_type, exc) from None
         first = str(exc).split(". Should contain")[0].split("\n")[0]
         raise BuildError(f"transformers {tf.__version__} does not know model_type {model_type!r} ({first})",
                          offer_from_architectures(config)) from None
     except Exception as exc:  # noqa: BLE001 - a config class rejecting a value
-        raise _refusal(tf, model_type, exc) from None
-
-
-def _encoder_decoder(tf, model_type: Optional[str], built: str) -> ConfigRefused:
-    """The refusal of an encoder-decoder model (T5, BART, Whisper, ...): the estimator models one decoder-only
-    stack (its activations, FLOPs and attention), so an encoder stack, a second length and cross-attention would
-    be silently left out."""
-    try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal  # lazy
-        decoder = causal.get(model_type) if isinstance(model_type, str) else None
-    except Exception:  # noqa: BLE001
-        decoder = None
-    fix = ("estimate a decoder-only model: any causal LM transformers builds, multimodal ones by their text_config"
-           + (f"; for this model's decoder alone as a causal LM, --model-class {decoder}" if decoder else ""))
-    return ConfigRefused(f"{model_type!r} ({built}) is an encoder-decoder model: not estimated (the estimator models "
-                         "one decoder-only stack; the encoder, source / target lengths and cross-attention would be "
-                         "left out)", "model_type", fix)
+        raise config_refusal(tf, model_type, exc) from None
 
 
 def _build_on_meta(torch, factory, cfg):
@@ -177,9 +142,11 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
     cls, cfg = _make_config(tf, config, model_class)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     composite = text is not cfg
-    if cls is None and (getattr(cfg, "is_encoder_decoder", False) or getattr(text, "is_encoder_decoder", False)):
-        # before the build: AutoModelForCausalLM would build BART's decoder alone (BartForCausalLM) and count it
-        raise _encoder_decoder(tf, config.get("model_type"), f"{type(cfg).__name__}")
+    refused = not_decoder_only(config.get("model_type"), cfg, text, model_class or type(cfg).__name__)
+    if refused is not None and (cls is None or not getattr(cfg, "is_encoder_decoder", False)):
+        # before the build: AutoModelForCausalLM would build BART's decoder alone (BartForCausalLM) and count it,
+        # BERT's encoder as BertLMHeadModel; a --model-class ForCausalLM of an encoder-decoder family is its decoder
+        raise refused
     model = None
     skip_vision = False
     errors: list[str] = []
@@ -189,8 +156,9 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
             skip_vision = True
         except Exception as exc:  # noqa: BLE001
             raise BuildError(f"transformers cannot build {model_class}: {type(exc).__name__}: {str(exc)[:300]}") from None
-        if getattr(model.config, "is_encoder_decoder", False):  # a ForCausalLM class sets it False on its config
-            raise _encoder_decoder(tf, config.get("model_type"), model_class)
+        refused = not_decoder_only(config.get("model_type"), model.config, model.config, model_class)
+        if refused is not None:  # a ForCausalLM class sets is_encoder_decoder False on its config
+            raise refused
     else:
         try:
             model = _build_on_meta(torch, tf.AutoModelForCausalLM.from_config, text)
@@ -198,20 +166,25 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
             errors.append(f"AutoModelForCausalLM: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     vision = 0
     if composite:
-        full = None
+        full, full_by = None, None
         for auto in ("AutoModelForImageTextToText", "AutoModelForCausalLM", "AutoModel"):
             factory = getattr(tf, auto, None)
             if factory is None:
                 continue
             try:
                 full = _build_on_meta(torch, factory.from_config, cfg)
+                full_by = auto
                 break
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"{auto}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        if model is None and full_by == "AutoModel":  # only a head-less build (CLIP's dual encoder)
+            raise not_a_language_model(tf, config.get("model_type"), cfg, type(full).__name__)
         if model is None and full is not None:
             model, skip_vision = full, True
         elif full is not None:
             vision = sum(p.numel() for n, p in full.named_parameters() if is_vision(n))
+    if model is None and all("Unrecognized configuration class" in e for e in errors):
+        raise not_a_language_model(tf, config.get("model_type"), cfg, None)  # no auto class builds it (ViT)
     if model is None:
         raise BuildError(f"transformers {tf.__version__} cannot build model_type {config.get('model_type')!r}: "
                          + "; ".join(errors), offer_from_architectures(config))
@@ -234,9 +207,10 @@ def _measure_inner(torch, tf, config: dict, model_class: Optional[str]) -> Measu
     if composite:
         notes.append(_tower_note(config.get("model_type"), config_value(text, "model_type"), vision,
                                  built=skip_vision or full is not None))
-    buffers = buffers_not_counted(model)
+    by_name = buffers_not_counted(model)
+    buffers = sum(by_name.values())
     if buffers:
-        notes.append(f"{buffers} elements of registered buffers (router score-correction biases and the like) "
+        notes.append(f"{buffers} elements of registered buffers ({', '.join(f'{n}: {k}' for n, k in by_name.items())}) "
                      "are not parameters and are not counted")
     return MeasuredParams(
         model_class=type(model).__name__, transformers_version=tf.__version__,

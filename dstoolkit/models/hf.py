@@ -15,7 +15,8 @@ from typing import Optional, Union
 from pydantic import ValidationError
 
 from dstoolkit.models import from_transformers as _tf
-from dstoolkit.models.hf_families import FAMILIES, HFConfigError, check_rotary_dim, check_unknown_keys, dropout
+from dstoolkit.models.hf_families import FAMILIES, MISSING, HFConfigError, check_rotary_dim, dropout
+from dstoolkit.models.hf_keys import check_unknown_keys
 from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, ModelShape
 from dstoolkit.models.shape_fields import shape_fields
 
@@ -152,7 +153,14 @@ def shape_from_hf_dict(config: dict, name: Optional[str] = None, *, strict: bool
                             else f"supported: {', '.join(FAMILIES)}")
     if strict:
         check_unknown_keys(config, fam)
-    kwargs = fam.build(config, fam)
+    try:
+        kwargs = fam.read(config)
+    except HFConfigError as exc:
+        if exc.problem != MISSING:
+            raise
+        cls = _tf.offer_from_architectures(config) or _tf.causal_lm_class(model_type) or "<its transformers class>"
+        raise HFConfigError(exc.field, exc.problem, f"{exc.fix}; or let transformers read the config, with its "
+                            f"defaults: --model-class {cls} (spec: model_class: {cls})") from None
     check_rotary_dim(config, kwargs)
     display = name or config.get("name") or config.get("_name_or_path") or model_type
     try:

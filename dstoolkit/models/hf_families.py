@@ -1,7 +1,7 @@
 """The hand-written Hugging Face config readers (split from models.hf): one config mapping of a known `model_type`
 into ModelShape keyword arguments, exact and fast (no torch, no transformers: the sweep calls the estimator
-thousands of times), and the strict check of an inline spec's keys. models.hf picks between these readers and
-transformers.
+thousands of times). models.hf picks between these readers and transformers; models.hf_keys holds the strict
+check of an inline spec's keys.
 
 The analytic `model_type`s and the fields each needs are listed in `FAMILIES`. Optional fields take the
 defaults of the corresponding `transformers` config class (e.g. `num_key_value_heads` defaults to
@@ -11,7 +11,6 @@ Qwen2 and Qwen2-MoE always have q/k/v biases, GPT-2 always has biases and LayerN
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -28,25 +27,6 @@ class HFConfigError(ValueError):
         super().__init__(f"{field + ': ' if field else ''}{problem} ({fix})")
 
 
-# Keys found in real config.json files that do not change the parameter count (accepted everywhere, so that
-# a strict inline spec can still say e.g. `rope_theta:`; typos of the fields we read are still reported).
-_IGNORED_KEYS = frozenset({
-    "_name_or_path", "architectures", "auto_map", "torch_dtype", "transformers_version", "bos_token_id",
-    "eos_token_id", "pad_token_id", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
-    "rope_theta", "rope_scaling", "rope_parameters", "rope_type", "use_cache", "attention_dropout", "hidden_dropout",
-    "sliding_window", "use_sliding_window", "max_window_layers", "pretraining_tp", "output_router_logits",
-    "router_aux_loss_coef", "router_jitter_noise", "aux_loss_alpha", "seq_aux", "norm_topk_prob",
-    "routed_scaling_factor", "scoring_func", "n_group", "topk_group", "ep_size", "quantization_config",
-    "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
-    "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn",
-    "scale_attn_by_inverse_layer_idx", "n_ctx", "task_specific_params", "use_mla", "name", "dtype",
-    "max_position_embeddings", "hidden_act", "activation_function", "qkv_bias", "moe_layer_freq",
-    "num_nextn_predict_layers", "topk_method", "model_type", "tie_word_embeddings", "head_dim",
-    "attention_bias", "mlp_bias", "decoder_sparse_step", "mlp_only_layers", "first_k_dense_replace",
-    "num_key_value_heads",
-})
-
-
 @dataclass(frozen=True)
 class Family:
     """How one `model_type` maps to a ModelShape."""
@@ -57,11 +37,35 @@ class Family:
     """Turns the config dict into ModelShape keyword arguments."""
     optional: tuple[str, ...] = ()
     """Keys read when present (defaults from transformers)."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """(key, other spelling) pairs: the config class's `attribute_map` (transformers 5.x), under which transformers
+    reads either name as the same field and saves the mapped one (Qwen3MoeConfig saves num_experts as
+    num_local_experts, GPT2Config's hidden_size is n_embd). `build` reads `key`."""
+
+    def read(self, d: dict) -> dict:
+        """ModelShape keyword arguments of config `d`, each alias read as its key.
+
+        Raises:
+            HFConfigError: a key and its alias both given with different values, or `build`'s errors."""
+        d = dict(d)
+        for key, other in self.aliases:
+            if other not in d:
+                continue
+            if key in d and d[key] != d[other]:
+                raise HFConfigError(other, f"{other}={d[other]!r} and {key}={d[key]!r} name the same field "
+                                    "(transformers' attribute_map) with different values",
+                                    f"keep one of {key!r} and {other!r}")
+            d.setdefault(key, d[other])
+        return self.build(d, self)
+
+
+MISSING = "required field is missing"
+"""The problem text of a missing required key (models.hf adds the transformers-build workaround to its fix)."""
 
 
 def _get(d: dict, key: str) -> Any:
     if key not in d:
-        raise HFConfigError(key, "required field is missing", f"add {key!r}")
+        raise HFConfigError(key, MISSING, f"add {key!r}")
     return d[key]
 
 
@@ -302,7 +306,10 @@ def _deepseek(d: dict, fam: Family) -> dict:
             moe_intermediate_size=_int(d, "moe_intermediate_size"),
             num_shared_experts=_int(d, "n_shared_experts", allow_none=True) or 0,
             first_k_dense_replace=_int(d, "first_k_dense_replace"),
-            moe_layer_freq=_int(d, "moe_layer_freq"),
+            # transformers 5.x has no moe_layer_freq (DeepseekV2/V3DecoderLayer: MoE on every layer from
+            # first_k_dense_replace on) and leaves it out of the configs it writes; DeepSeek's own modelling code
+            # reads it as "every moe_layer_freq-th layer" (its released configs say 1: the same layers)
+            moe_layer_freq=_int(d, "moe_layer_freq", 1),
             router_score_correction_bias=topk_method == "noaux_tc",
             # DeepseekV2Config.norm_topk_prob defaults to False, DeepseekV3Config's to True (transformers 5.x)
             norm_topk_prob=_bool(d, "norm_topk_prob", v3),
@@ -311,24 +318,18 @@ def _deepseek(d: dict, fam: Family) -> dict:
 
 
 def _gpt2(d: dict, fam: Family) -> dict:
-    # GPT2Config names (n_embd, n_layer, n_head, n_positions, n_inner); GPT2Model always has biases on
-    # c_attn/c_proj/c_fc, LayerNorm with bias, learned positions, and ties lm_head to wte by default.
-    def pick(name: str, alias: str) -> int:
-        if name in d:
-            return _int(d, name)
-        if alias in d:
-            return _int(d, alias)
-        raise HFConfigError(name, "required field is missing", f"add {name!r}")
-
-    h = pick("n_embd", "hidden_size")
+    # GPT2Config names (n_embd, n_layer, n_head, n_positions, n_inner; the Llama-style names are its attribute_map
+    # aliases, Family.read); GPT2Model always has biases on c_attn/c_proj/c_fc, LayerNorm with bias, learned
+    # positions, and ties lm_head to wte by default.
+    h = _int(d, "n_embd")
     inner = d.get("n_inner")
     return dict(
         hidden_size=h,
-        num_hidden_layers=pick("n_layer", "num_hidden_layers"),
-        num_attention_heads=pick("n_head", "num_attention_heads"),
+        num_hidden_layers=_int(d, "n_layer"),
+        num_attention_heads=_int(d, "n_head"),
         intermediate_size=_int(d, "n_inner") if inner is not None else 4 * h,
         vocab_size=_int(d, "vocab_size"),
-        max_position_embeddings=pick("n_positions", "max_position_embeddings"),
+        max_position_embeddings=_int(d, "n_positions"),
         learned_positions=True,
         tie_word_embeddings=_bool(d, "tie_word_embeddings", True),
         attention_bias=True, o_proj_bias=True, mlp_bias=True, mlp_gated=False, norm_type="layernorm", qkv_fused=True,
@@ -345,7 +346,8 @@ FAMILIES: dict[str, Family] = {
     "llama": Family(_DENSE, _llama, ("num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias")),
     "mistral": Family(_DENSE, _mistral, ("num_key_value_heads", "head_dim", "tie_word_embeddings")),
     "mixtral": Family(_DENSE + ("num_local_experts", "num_experts_per_tok"), _mixtral,
-                      ("num_key_value_heads", "head_dim", "tie_word_embeddings")),
+                      ("num_key_value_heads", "head_dim", "tie_word_embeddings"),
+                      (("num_local_experts", "num_experts"),)),
     "qwen2": Family(_DENSE, _qwen2, ("num_key_value_heads", "tie_word_embeddings")),
     "qwen2_moe": Family(_DENSE + ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                   "shared_expert_intermediate_size"), _qwen2_moe,
@@ -353,37 +355,18 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(_DENSE + ("head_dim",), _qwen3, ("num_key_value_heads", "tie_word_embeddings", "attention_bias")),
     "qwen3_moe": Family(_DENSE + ("head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size"),
                         _qwen3_moe, ("num_key_value_heads", "tie_word_embeddings", "attention_bias",
-                                     "decoder_sparse_step", "mlp_only_layers")),
-    "deepseek_v2": Family(_DENSE + _MLA + _DEEPSEEK_MOE + ("first_k_dense_replace", "moe_layer_freq"), _deepseek,
-                          ("tie_word_embeddings", "attention_bias", "topk_method")),
-    "deepseek_v3": Family(_DENSE + _MLA + _DEEPSEEK_MOE + ("first_k_dense_replace", "moe_layer_freq"), _deepseek,
-                          ("tie_word_embeddings", "attention_bias", "topk_method", "num_nextn_predict_layers")),
-    "gpt2": Family(("vocab_size",), _gpt2, ("n_embd", "n_layer", "n_head", "n_positions", "n_inner",
-                                           "tie_word_embeddings", "activation_function")),
+                                     "decoder_sparse_step", "mlp_only_layers"),
+                        (("num_experts", "num_local_experts"),)),
+    "deepseek_v2": Family(_DENSE + _MLA + _DEEPSEEK_MOE + ("first_k_dense_replace",), _deepseek,
+                          ("tie_word_embeddings", "attention_bias", "topk_method", "moe_layer_freq"),
+                          (("n_routed_experts", "num_experts"),)),
+    "deepseek_v3": Family(_DENSE + _MLA + _DEEPSEEK_MOE + ("first_k_dense_replace",), _deepseek,
+                          ("tie_word_embeddings", "attention_bias", "topk_method", "num_nextn_predict_layers",
+                           "moe_layer_freq"),
+                          (("n_routed_experts", "num_local_experts"), ("num_nextn_predict_layers", "num_mtp_layers"))),
+    "gpt2": Family(("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"), _gpt2,
+                   ("n_inner", "tie_word_embeddings", "activation_function"),
+                   (("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"),
+                    ("n_positions", "max_position_embeddings"))),
 }
 """Supported HF model types. DeepSeek's MoE keys may be null (n_routed_experts: null makes a dense model)."""
-
-_GPT2_ALIASES = frozenset({"n_embd", "n_layer", "n_head", "n_positions", "n_inner", "hidden_size",
-                           "num_hidden_layers", "num_attention_heads"})
-
-
-def _known_keys(fam: Family) -> set[str]:
-    return set(fam.required) | set(fam.optional) | set(_IGNORED_KEYS) | (_GPT2_ALIASES if fam.build is _gpt2 else set())
-
-
-def check_unknown_keys(d: dict, fam: Family) -> None:
-    """Refuse a key `fam` neither reads nor knows to be irrelevant, with a did-you-mean. Only for strict (inline
-    spec) use: a real config.json carries many keys we need not read."""
-    known = _known_keys(fam)
-    all_fields = set().union(*(set(f.required) | set(f.optional) for f in FAMILIES.values()))
-    for key in d:
-        if key in known:
-            continue
-        guess = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
-        if guess:
-            raise HFConfigError(key, "unknown field", f"did you mean {guess[0]!r}?")
-        if key in all_fields:
-            raise HFConfigError(key, f"not a field of model_type {d.get('model_type')!r}",
-                                "remove it, or pick the model_type that has it")
-        raise HFConfigError(key, "unknown field", f"remove it (fields read for {d.get('model_type')!r}: "
-                            f"{', '.join(list(fam.required) + list(fam.optional))})")

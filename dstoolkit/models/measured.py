@@ -169,8 +169,8 @@ class ArchFacts(_Frozen):
     model or refuse it, naming the property."""
 
     norm: str = "rmsnorm"
-    """rmsnorm (weight only) | layernorm (weight and bias) | layernorm_no_bias (LayerNorm(bias=False), OLMo) |
-    the norm module's class name when it is neither."""
+    """rmsnorm (weight only) | layernorm (weight and bias) | layernorm_no_bias (LayerNorm(bias=False)) |
+    layernorm_no_params (neither weight nor bias: OLMo-1's OlmoLayerNorm) | the norm module's class name otherwise."""
     norm_one_plus_weight: bool = False
     """The norm scales by (1 + weight) (Gemma's RMSNorm), not by weight."""
     qkv_bias: bool = False
@@ -207,6 +207,9 @@ class ArchFacts(_Frozen):
     shared_expert_gate: bool = False
     """The shared expert's output is scaled by a learned sigmoid gate (Qwen2-MoE shared_expert_gate, a
     1-output linear among the shared-expert parameters)."""
+    router_score_bias: bool = False
+    """A layer's router holds a per-expert score-correction bias (e_score_correction_bias, a buffer in transformers
+    5: DeepSeek-V3's auxiliary-loss-free balancing), added to the scores before the top-k."""
 
 
 class MeasuredParams(_Frozen):

@@ -351,7 +351,13 @@ def linear_groups(model, parts: dict, *, head=None, hidden: Optional[int] = None
                  for g in groups.values())
 
 
-def buffers_not_counted(model) -> int:
-    return sum(b.numel() for name, b in model.named_buffers()
-               if not any(k in name for k in ("inv_freq", "rotary", "rope", "cos_cached", "sin_cached", "causal_mask",
-                                              "position_ids", "masked_bias", "bias_mask", "embed_scale")))
+def buffers_not_counted(model) -> dict[str, int]:
+    """Elements of the registered buffers that hold model state (not rotary tables, masks or index ranges), by the
+    buffer's own name (`e_score_correction_bias`, BERT's `token_type_ids`): not parameters, so not counted."""
+    out: dict[str, int] = {}
+    for name, b in model.named_buffers():
+        if not any(k in name for k in ("inv_freq", "rotary", "rope", "cos_cached", "sin_cached", "causal_mask",
+                                       "position_ids", "masked_bias", "bias_mask", "embed_scale")):
+            leaf = name.rsplit(".", 1)[-1]
+            out[leaf] = out.get(leaf, 0) + b.numel()
+    return out

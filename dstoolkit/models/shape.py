@@ -83,8 +83,9 @@ class ModelShape(BaseModel):
     """A norm on the attention or MLP output before its residual add (post- or sandwich-norm blocks: OLMo-2,
     Gemma-2/3, GLM-4); False: the pre-norm block (a norm on the sublayer input only)."""
     norm_variant: Optional[str] = None
-    """A norm norm_type does not describe: "LayerNorm without bias" (OLMo), "scales by (1 + weight)" (Gemma), or
-    the norm module's class name; None: a plain RMSNorm / LayerNorm."""
+    """A norm norm_type does not describe: "LayerNorm without bias", "LayerNorm without weight or bias
+    (non-parametric)" (OLMo-1), "scales by (1 + weight)" (Gemma), or the norm module's class name; None: a plain
+    RMSNorm / LayerNorm (block_facts.NORM_VARIANTS)."""
     lm_head_bias: bool = False
     """The untied output head has a bias (Phi-2)."""
     qkv_fused: bool = False
@@ -128,7 +129,10 @@ class ModelShape(BaseModel):
     """Qwen-MoE: layer indices that use a dense FFN (intermediate_size) instead of MoE; the reader also
     lists here the layers that `decoder_sparse_step` > 1 leaves dense."""
     router_score_correction_bias: bool = False
-    """DeepSeek-V3 (topk_method noaux_tc): the router also holds `e_score_correction_bias`, one per routed expert."""
+    """DeepSeek-V3 routing (topk_method noaux_tc): sigmoid expert scores, and the router also holds
+    `e_score_correction_bias`, one per routed expert, added to the scores before the top-k (Megatron-LM
+    --moe-router-score-function sigmoid --moe-router-enable-expert-bias). A transformers build sets it when a router
+    holds that tensor and the config's scoring_func is sigmoid or absent (shape_fields)."""
     num_nextn_predict_layers: int = Field(default=0, ge=0)
     """DeepSeek-V3 multi-token-prediction modules in the checkpoint; recorded, EXCLUDED from parameter counts."""
 

@@ -99,6 +99,11 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
         kw.update(num_experts=max(l.num_experts for l in moe), num_experts_per_tok=max(l.experts_per_tok for l in moe),
                   moe_intermediate_size=ie, mlp_gated=gated_e,
                   mlp_only_layers=tuple(l.index for l in m.layers if not l.is_moe))
+        # transformers' routers that hold e_score_correction_bias score with sigmoid (DeepseekV3TopkRouter,
+        # Glm4MoeTopkRouter: no scoring_func key); DeepSeek's own configs also say scoring_func: sigmoid
+        scoring = config_value(text_cfg, "scoring_func")
+        if arch.router_score_bias and scoring in (None, "sigmoid"):
+            kw["router_score_correction_bias"] = True
         norm_topk = config_value(text_cfg, "norm_topk_prob")
         if isinstance(norm_topk, bool):  # the family's config default when the file leaves it out
             kw["norm_topk_prob"] = norm_topk

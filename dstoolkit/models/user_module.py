@@ -38,6 +38,7 @@ from dstoolkit.models.flop_count import attention_flop_mapping
 from dstoolkit.models.shape_fields import shape_fields
 from dstoolkit.models.measured import LayerParams, MeasuredParams, TracedFlops
 from dstoolkit.models.module_tree import BuildError, classify, find_layers, linear_groups
+from dstoolkit.models.refusals import decoder_only_problem
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.models.user_module_build import UserModelError, build_user_module, parse_kwargs
 
@@ -246,10 +247,10 @@ def _load_cached(ref: str, kwargs_json: str, field: str, kwargs_field: str, sear
     kwargs = json.loads(kwargs_json)
     model, device, notes = build_user_module(ref, kwargs, field=field, kwargs_field=kwargs_field,
                                              search_dirs=search_dirs)
-    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
-        raise UserModelError(field, ref, f"it builds {type(model).__name__}, an encoder-decoder model: not estimated "
-                             "(the estimator models one decoder-only stack; the encoder, source / target lengths and "
-                             "cross-attention would be left out)", "give a decoder-only model")
+    mcfg = getattr(model, "config", None)
+    refused = None if mcfg is None else decoder_only_problem(mcfg, mcfg)
+    if refused is not None:
+        raise UserModelError(field, ref, f"it builds {type(model).__name__}, {refused[0]}", "give a decoder-only model")
     measured, widths, emb = measure_user_module(model, ref, kwargs)
     traced, why_not = trace_user_flops(model, emb, device)
     notes += list(measured.notes)

@@ -220,7 +220,8 @@ def test_inline_typo_did_you_mean_at_key(tmp_path):
 
 def test_inline_missing_field_named(tmp_path):
     spec = load_spec(write(tmp_path, INLINE.replace("  vocab_size: 2048\n", "")))
-    with pytest.raises(SpecError, match=r"spec.yaml:1:1: model.vocab_size: required field is missing \(add 'vocab_size'\)"):
+    with pytest.raises(SpecError, match=r"spec.yaml:1:1: model.vocab_size: required field is missing \(add 'vocab_size'; or let "
+                                         r"transformers read the config, with its defaults: --model-class MixtralForCausalLM"):
         resolve_model(spec.model, spec.base_dir)
 
 
