@@ -65,6 +65,14 @@ class CheckpointInfo:
     complete: bool = True
     problems: list[Problem] = field(default_factory=list)
     manifest_verified: Optional[bool] = None
+    manifest_problem: Optional[str] = None
+    """What stopped the manifest check, in a few words, when `manifest_verified` is False: the manifest is missing,
+    not valid JSON, damaged or empty, or how many listed files are missing, of another size or fail their SHA-256
+    (each file is named in `problems`)."""
+    resume_tag: Optional[str] = None
+    """For the dstoolkit trainer's --checkpoint-dir: the tag `dstoolkit train --resume` would load (the trainer's
+    own choice, the newest intact tag, whatever `latest` names); None for other formats or when none is loadable.
+    Set by `dstoolkit ckpt inspect` (the choice is the runtime's), not by `inspect_checkpoint`."""
     deepspeed_version: Optional[str] = None
     notes: list[str] = field(default_factory=list)
 

@@ -61,6 +61,13 @@ def _read_latest(root: Path, name: str, tags: list[str]) -> Optional[str]:
     return tag
 
 
+def _trainer_wrapper(root: Path, tags: list[str]) -> str:
+    """"dstoolkit-trainer" when `root` is the project trainer's --checkpoint-dir (a tag there has its manifest),
+    else ''. Every tag of such a folder is then held to the trainer's rule (`manifest.verify_manifest`: no
+    manifest, the save did not finish), as `dstoolkit train --resume` holds it."""
+    return "dstoolkit-trainer" if any((root / t / N.DSTOOLKIT_MANIFEST).is_file() for t in tags) else ""
+
+
 def _resolve(path: Path) -> tuple[Path, str, str, list[str], list[str]]:
     """resolve(), plus the notes on how the tag was chosen."""
     path = Path(path)
@@ -71,16 +78,15 @@ def _resolve(path: Path) -> tuple[Path, str, str, list[str], list[str]]:
         raise CkptError(str(path), "is a file, not a checkpoint folder",
                         f"give its folder ({path.parent}) or the checkpoint root above it")
     if _is_tag_dir(path):
-        return path.parent, path.name, "", _tags_in(path.parent), []
+        tags = _tags_in(path.parent)
+        return path.parent, path.name, _trainer_wrapper(path.parent, tags), tags, []
     hf = sorted((p for p in path.iterdir() if p.is_dir() and N.HF_CHECKPOINT_DIR.match(p.name)),
                 key=lambda p: int(N.HF_CHECKPOINT_DIR.match(p.name).group("step")), reverse=True)
     if hf and not (path / N.LATEST).is_file():  # an HF Trainer output_dir: its newest checkpoint-N
         root, tag, _, _, notes = _resolve(hf[0])
         return root, tag, "hf-trainer", [p.name for p in hf], notes
-    wrapper = "hf-trainer" if (path / N.HF_TRAINER_STATE).is_file() else ""
     tags = _tags_in(path)
-    if not wrapper and any((path / t / N.DSTOOLKIT_MANIFEST).is_file() for t in tags):
-        wrapper = "dstoolkit-trainer"
+    wrapper = "hf-trainer" if (path / N.HF_TRAINER_STATE).is_file() else _trainer_wrapper(path, tags)
     empty: list[str] = []
     for pointer in (N.LATEST_UNIVERSAL, N.LATEST):
         tag = _read_latest(path, pointer, tags)
@@ -154,7 +160,10 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     tag_dir = root / tag
     files = sorted(p for p in tag_dir.iterdir() if p.is_file())
     universal = (tag_dir / N.UNIVERSAL_ZERO_DIR).is_dir()
-    info = CheckpointInfo(root=root, tag_dir=tag_dir, format="", tag=tag, step=_step_of(tag), tags=tags)
+    # the format is the wrapper's until the tag's own kind is known: verify_manifest holds a trainer tag to the
+    # trainer's rule (its manifest must be there), the rule `dstoolkit train --resume` applies (runtime/train/ckpt.py
+    # `verify`)
+    info = CheckpointInfo(root=root, tag_dir=tag_dir, format=wrapper, tag=tag, step=_step_of(tag), tags=tags)
     late_notes = list(resolve_notes)
     if wrapper == "hf-trainer":
         info.step = _step_of(root.name) if _step_of(root.name) is not None else info.step

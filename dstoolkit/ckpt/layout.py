@@ -41,7 +41,8 @@ def parse_target(text: str) -> Target:
     """`world=1,zero=3,tp=1,pp=1,ep=1` -> Target.
 
     Raises:
-        CkptError: an empty list, an unknown key, a key given twice, or a value that is not a positive integer.
+        CkptError: an empty list, an unknown key, a key given twice, or a value that is not a positive integer
+            (zero=0 is parsed: `check_target` refuses it, naming the stages a universal checkpoint loads into).
     """
     keys = [f.name for f in fields(Target)]
     values: dict[str, int] = {}
@@ -59,8 +60,10 @@ def parse_target(text: str) -> Target:
             raise CkptError("--to", f"{part!r} is not KEY=N with KEY one of {', '.join(keys)}",
                             "write e.g. --to world=1,zero=3")
         raw = raw.strip()
-        if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-            raise CkptError("--to", f"{key}={raw!r} is not a positive integer", f"give {key}=N with N >= 1")
+        least = 0 if key == "zero" else 1  # zero=0 is a stage: check_target says why a universal load cannot be it
+        if not raw.isascii() or not raw.isdigit() or int(raw) < least:
+            raise CkptError("--to", f"{key}={raw!r} is not a positive integer",
+                            "give zero=1, 2 or 3" if key == "zero" else f"give {key}=N with N >= 1")
         if key in values:
             raise CkptError("--to", f"{key} is given twice ({key}={values[key]} and {key}={int(raw)})",
                             f"give {key} once")

@@ -20,13 +20,14 @@ def verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
         if info.format == "dstoolkit-trainer":
             info.problems.append(Problem(str(mpath), "is missing: the save did not finish (the trainer writes it "
                                          "last)"))
+            info.manifest_verified, info.manifest_problem = False, f"{N.DSTOOLKIT_MANIFEST} is missing"
         return
     fix = "re-save the checkpoint (the trainer writes the manifest last, from the files on disk)"
     try:
         manifest = json.loads(mpath.read_bytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         info.problems.append(Problem(str(mpath), f"is not valid JSON ({str(exc).splitlines()[0][:120]}): {fix}"))
-        info.manifest_verified = False
+        info.manifest_verified, info.manifest_problem = False, f"{N.DSTOOLKIT_MANIFEST} is not valid JSON"
         return
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
@@ -37,36 +38,49 @@ def verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
         else:
             what = "it has no \"files\" object"
         info.problems.append(Problem(str(mpath), f"is damaged: {what}, not {{file name: {MANIFEST_RECORD}}}; {fix}"))
-        info.manifest_verified = False
+        info.manifest_verified, info.manifest_problem = False, f"{N.DSTOOLKIT_MANIFEST} is damaged"
         return
     if not files:
         info.problems.append(Problem(str(mpath), f"lists no files; {fix}"))
-        info.manifest_verified = False
+        info.manifest_verified, info.manifest_problem = False, f"{N.DSTOOLKIT_MANIFEST} lists no files"
         return
-    ok = True
+    counts = {"damaged": 0, "missing": 0, "size": 0, "sha": 0}
     for rel, rec in sorted(files.items()):
         parts = Path(rel).parts
         if not rel or Path(rel).is_absolute() or ".." in parts:
             info.problems.append(Problem(str(mpath), f"is damaged: it lists {rel!r}, which is not a file inside the "
                                          f"tag folder; {fix}"))
-            ok = False
+            counts["damaged"] += 1
             continue
         if (not isinstance(rec, dict) or not isinstance(rec.get("bytes"), int) or isinstance(rec.get("bytes"), bool)
                 or not isinstance(rec.get("sha256"), str)):
             info.problems.append(Problem(str(mpath), f"is damaged: the record of {rel!r} is {json.dumps(rec)[:80]}, "
                                          f"not {MANIFEST_RECORD}; {fix}"))
-            ok = False
+            counts["damaged"] += 1
             continue
         p = tag_dir / rel
         if not p.is_file():
             info.problems.append(Problem(str(p), "is missing (listed in the manifest)"))
-            ok = False
+            counts["missing"] += 1
         elif p.stat().st_size != rec["bytes"]:
             info.problems.append(Problem(str(p), f"is {p.stat().st_size} bytes, the manifest says {rec['bytes']} "
                                          "(truncated)" if p.stat().st_size < rec["bytes"] else
                                          f"is {p.stat().st_size} bytes, the manifest says {rec['bytes']}"))
-            ok = False
+            counts["size"] += 1
         elif sha256_file(p) != rec["sha256"]:
             info.problems.append(Problem(str(p), "does not match its SHA-256 in the manifest (corrupted)"))
-            ok = False
-    info.manifest_verified = ok
+            counts["sha"] += 1
+    info.manifest_verified = not any(counts.values())
+    info.manifest_problem = _summary(counts) if any(counts.values()) else None
+
+
+def _summary(counts: dict[str, int]) -> str:
+    """The header's few words for what the manifest check found (`verify_manifest`'s counts)."""
+    def n(k: int, what: str) -> str:
+        return f"{k} file{'s' if k != 1 else ''} {what}"
+
+    parts = [text for key, text in (("damaged", f"{counts['damaged']} damaged record(s) in {N.DSTOOLKIT_MANIFEST}"),
+                                    ("missing", n(counts["missing"], "missing")),
+                                    ("size", n(counts["size"], "of another size than listed")),
+                                    ("sha", n(counts["sha"], "failing SHA-256"))) if counts[key]]
+    return ", ".join(parts)

@@ -217,6 +217,46 @@ def _read_legacy(path: Path, *, want_object: bool) -> tuple[Any, int]:
     return (obj if want_object else None), payload
 
 
+_EOCD = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_EOCD_BYTES = 22  # the end-of-central-directory record without its comment (PKWARE APPNOTE 4.3.16)
+
+
+def _zip_end(path: Path, size: int, chunk: int = 1 << 20) -> Optional[int]:
+    """Where a zip archive's end record stops when bytes follow it, further back than zipfile looks (its last
+    64 KiB): the offset just past the record, or None when the file holds none (it was cut short). A record counts
+    when its central directory ends where the record starts, or a zip64 locator precedes it (torch's writer adds
+    the zip64 records), so tensor bytes that happen to spell the signature are not taken. Read backwards, only for a file zipfile refused."""
+    with open(path, "rb") as f:
+        pos = size
+        tail = b""
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            buf = f.read(pos - start) + tail
+            at = buf.rfind(_EOCD)
+            while at >= 0:
+                rec = buf[at:at + _EOCD_BYTES]
+                if len(rec) == _EOCD_BYTES:
+                    cd_size, cd_offset, comment = struct.unpack("<IIH", rec[12:22])
+                    here = start + at
+                    if cd_offset + cd_size == here or (here >= 20 and _read_at(f, here - 20, 4) == _ZIP64_LOCATOR):
+                        end = here + _EOCD_BYTES + comment
+                        return end if end < size else None
+                at = buf.rfind(_EOCD, 0, at)
+            tail = buf[:_EOCD_BYTES]
+            pos = start
+    return None
+
+
+def _read_at(f: Any, offset: int, n: int) -> bytes:
+    here = f.tell()
+    f.seek(offset)
+    data = f.read(n)
+    f.seek(here)
+    return data
+
+
 def check_archive(path: Path, *, crc: bool = True) -> Optional[str]:
     """None when `path` is an intact torch.save file, else what is wrong with it (one line).
 
@@ -250,6 +290,10 @@ def check_archive(path: Path, *, crc: bool = True) -> Optional[str]:
         with open(path, "rb") as f:
             head = f.read(4)
         if head == b"PK\x03\x04":
+            end = _zip_end(path, size)
+            if end is not None:
+                return (f"has {size - end} bytes after its zip end record (at byte {end} of {size}): the file grew "
+                        "after the save (bytes appended, or extended by truncate or a copy)")
             return f"is truncated ({size} bytes, no zip end record): the save did not finish or the copy was cut"
         return "is not a torch.save file (neither a zip archive nor torch's legacy pickle format)"
     except (OSError, EOFError, ValueError) as exc:  # zipfile on a cut-off member

@@ -56,7 +56,8 @@ def render(info) -> str:
     if info.shared_bytes:
         lines.append(f"    shared   {info.shared_bytes:>12}  (written once: model states / experts)")
     if info.manifest_verified is not None:
-        lines.append(f"  manifest     SHA-256 {'verified' if info.manifest_verified else 'MISMATCH'}")
+        lines.append("  manifest     " + ("SHA-256 verified" if info.manifest_verified else
+                                         f"NOT VERIFIED: {info.manifest_problem or 'see the problems below'}"))
     for n in info.notes[1 if info.format == "hf-trainer" else 0:]:
         lines.append(f"  note         {n}")
     if info.complete:
@@ -68,9 +69,41 @@ def render(info) -> str:
     return "\n".join(lines)
 
 
+def add_resume_choice(info) -> None:
+    """For the dstoolkit trainer's --checkpoint-dir: set `info.resume_tag` to the tag `dstoolkit train --resume`
+    would load, and say so in a note when it is not the tag inspected (`latest` names an older one; the newest is
+    incomplete and the trainer falls back) or when it would load none. The choice is the trainer's own
+    (`resume_check.pick_resume` over `CheckpointManager.latest_valid`), asked read-only, never restated here."""
+    from dstoolkit.runtime.train.ckpt import CheckpointManager
+    from dstoolkit.runtime.train.resume_check import pick_resume
+
+    found, refusal = pick_resume(CheckpointManager(info.root), engine=None)  # no engine: the layout is the run's
+    tag = found.tag if found is not None else None
+    info.resume_tag = tag
+    if tag is None:
+        info.notes.append(f"`dstoolkit train --resume` would load no checkpoint from here: {refusal}" if refusal
+                          else "`dstoolkit train --resume` would start from step 0 (no checkpoint here)")
+        return
+    if tag == info.tag:
+        return
+    skipped = [("{}: the problems below".format(info.tag) if r.split(":", 1)[0] == info.tag else r)
+               for r in found.rejected]
+    latest = info.root / "latest"
+    try:
+        named = latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        named = None
+    why = (f"it skips what is not intact ({'; '.join(skipped)})" if skipped else
+           "the newest intact tag" + (f"; the trainer does not follow {latest}, which names {info.tag}"
+                                      if named == info.tag else ""))
+    info.notes.append(f"`dstoolkit train --resume` would load {tag} (step {found.step}), not {info.tag}: {why}")
+
+
 @exit_map("ckpt inspect")
 def run(args) -> int:
     info = inspect_checkpoint(args.dir, crc=not args.no_crc)
+    if info.format == "dstoolkit-trainer":
+        add_resume_choice(info)
     rc = EXIT_OK if info.complete else EXIT_FINDINGS
     try:
         print(json.dumps(info.as_dict(), indent=1) if args.format == "json" else render(info))
