@@ -308,6 +308,12 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         late_notes.append(f"{len(legacy)} file(s) in torch's legacy (non-zip) format ({legacy[0]}"
                           f"{', ...' if len(legacy) > 1 else ''}): torch.load reads them; they carry no checksums, "
                           "so only their structure and length were checked")
+    links = _hard_links([p for _, ps in sorted(owned.items()) for p in sorted(ps)] + all_files)
+    for link, first in links.items():
+        late_notes.append(f"{link.relative_to(tag_dir)} is a hard link to {first.relative_to(tag_dir)} (one file "
+                          "under two names): its bytes are counted once, under the second name")
+    all_files = [p for p in all_files if p not in links]
+    owned = {k: kept for k, ps in owned.items() if (kept := [p for p in ps if p not in links])}
     owned_set = {p for ps in owned.values() for p in ps}
     info.ranks = [RankFiles(i, tuple(p.name for p in sorted(ps)), sum(p.stat().st_size for p in ps))
                   for i, (_, ps) in enumerate(sorted(owned.items()))]
@@ -335,6 +341,21 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     info.problems = _merge_problems(info.problems)
     info.complete = not info.problems
     return info
+
+
+def _hard_links(paths: list[Path]) -> dict[Path, Path]:
+    """{later name: first name} for the paths that are the same file (device and inode) as an earlier one: `ckpt
+    reshard` gives a universal checkpoint's model states both names by a hard link (runtime/ckpt/reshard.py
+    `MODEL_STATES_NAMES`), and a copy made with `cp -al` links every file; the bytes are on disk once."""
+    seen: dict[tuple[int, int], Path] = {}
+    out: dict[Path, Path] = {}
+    for p in paths:
+        st = p.stat()
+        key = (st.st_dev, st.st_ino)
+        if key in seen and seen[key] != p:
+            out[p] = seen[key]
+        seen.setdefault(key, p)
+    return out
 
 
 def _model_file_optimizer_dtypes(opt: Any, info: CheckpointInfo) -> None:

@@ -93,8 +93,9 @@ def test_whole_universal_checkpoint_is_complete(tmp_path):
     os.link(tag / "mp_rank_00_model_states.pt", tag / "zero_pp_rank_0_mp_rank_00_model_states.pt")
     info = inspect_checkpoint(tmp_path / "u")
     assert "3 parameters under zero/ (layout-free: resumable at any dp / ZeRO stage)" in info.notes
-    # every file of zero/ counted once: the tag's files and zero/ only
-    on_disk = sum(p.stat().st_size for p in (tmp_path / "u" / TAG).rglob("*") if p.is_file())
+    # every file of zero/ counted once: the tag's files and zero/ only, the hard-linked model states once (s33)
+    on_disk = sum({(st.st_dev, st.st_ino): st.st_size for p in (tmp_path / "u" / TAG).rglob("*") if p.is_file()
+                   for st in [p.stat()]}.values())
     assert info.total_bytes == on_disk
     assert info.model_state_bytes + info.optimizer_state_bytes + info.other_bytes == info.total_bytes
 

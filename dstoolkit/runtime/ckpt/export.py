@@ -23,6 +23,7 @@ from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.torchzip import is_legacy
 from dstoolkit.runtime.ckpt.outputs import atomic_output_folder, check_new_output_folder
+from dstoolkit.runtime.ckpt.quiet import quiet_tool
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -169,9 +170,10 @@ def consolidated_state_dict(info: CheckpointInfo) -> tuple[dict, str]:
     import torch
 
     if info.zero_stage and info.zero_stage >= 1:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils import zero_to_fp32
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(info.root), tag=info.tag), ZERO_MASTER
+        with quiet_tool(zero_to_fp32):  # its "Processing zero checkpoint ..." lines and shard bar, not ours
+            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(info.root), tag=info.tag), ZERO_MASTER
     path = info.tag_dir / "mp_rank_00_model_states.pt"
     states = torch.load(path, map_location="cpu", weights_only=False)
     sd = states["module"]

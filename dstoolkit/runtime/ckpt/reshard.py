@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import math
 import shutil
 from argparse import Namespace
@@ -20,6 +19,7 @@ from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.layout import Target, check_target
 from dstoolkit.runtime.ckpt.outputs import atomic_output_folder, check_new_output_folder
+from dstoolkit.runtime.ckpt.quiet import quiet_tool
 
 
 UNIVERSAL_PEAK_PER_OPTIMIZER_BYTE = 2.5
@@ -132,7 +132,7 @@ def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet
         src: the checkpoint (any folder `dstoolkit.ckpt.inspect_checkpoint` resolves to one DeepSpeed tag).
         out: a folder that must not exist yet (nothing is overwritten).
         target: the layout the universal checkpoint will be resumed at; refused early when it cannot be.
-        quiet: swallow ds_to_universal's progress prints.
+        quiet: without ds_to_universal's prints and tqdm bars (`quiet_tool`; its errors still raise).
 
     Returns:
         The inspection of the source checkpoint.
@@ -167,9 +167,8 @@ def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet
         dest = tmp / info.tag
         args = Namespace(input_folder=str(info.tag_dir), output_folder=str(dest), num_extract_workers=1,
                          num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
-        sink = io.StringIO()
         try:
-            with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+            with quiet_tool(ds_to_universal) if quiet else contextlib.nullcontext():
                 ds_to_universal.main(args)
         except Exception as exc:  # noqa: BLE001 - DeepSpeed's converter failing: one line; a full disk is
             # atomic_output_folder's to say (OutputSpaceError), which is why the cause is kept
