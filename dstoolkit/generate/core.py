@@ -103,19 +103,21 @@ def _spec_copy(spec: Spec) -> tuple[dict[str, str], str]:
 
 
 def _layout_json(spec: Spec, shape: ModelShape, picks, folder: dict) -> str:
-    """LAYOUT_FILE: the layout each config file of the folder was generated for (`dstoolkit validate DIR` reads it):
-    ds_config.json is the first non-HF group's (`generate` builds it from picks[0]), ds_config_hf.json the HF group's."""
+    """LAYOUT_FILE: the layout each config file of the folder was generated for (`dstoolkit validate DIR` reads it).
+
+    `picks`: (the group as resolved, the targets of it that kept their files, the pick) per resolved group, first
+    group first. ds_config.json is built from the first group's layout (`generate`), whatever its targets kept;
+    ds_config_hf.json and accelerate_config.yaml from the HF group's. Which group a file belongs to is read from the
+    group as resolved, never from the targets that kept files: a group whose every target was refused keeps none,
+    and `all(...)` over no targets would claim the HF files for it (s33 finding 6)."""
     files: dict = {}
-    for g, pick, _ in picks:
+    for i, (group, kept, pick) in enumerate(picks):
         c = pick.candidate
-        per = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "label": c.label, "targets": list(g),
-               "num_experts": shape.num_experts if shape.is_moe and target_native_moe(g) else None}
-        names = ["ds_config_hf.json"] if all(is_hf(t) for t in g) else ["ds_config.json"]
-        for n in names:
-            if n in folder:
-                files.setdefault(n, per)
-        if "accelerate_config.yaml" in folder and all(is_hf(t) for t in g):
-            files["accelerate_config.yaml"] = per
+        per = {"tp": c.tp, "pp": c.pp, "ep": c.ep, "label": c.label, "targets": list(kept),
+               "num_experts": shape.num_experts if shape.is_moe and target_native_moe(group) else None}
+        hf_group = all(is_hf(t) for t in group)
+        names = ["ds_config_hf.json", "accelerate_config.yaml"] if hf_group else ["ds_config.json"] if i == 0 else []
+        files.update({n: per for n in names if n in folder})
     doc = {"world_size": spec.cluster.world_size, "gpus_per_node": spec.cluster.gpus_per_node,
            "nodes": spec.cluster.nodes, "files": files}
     return json.dumps(doc, indent=2) + "\n"
@@ -274,7 +276,7 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
         # stays out of per_target (the table, --format json, layout.json) and keeps its reason in targets_skipped
         for t in out.targets_skipped:
             out.per_target.pop(t, None)
-        kept = [([t for t in g if t not in out.targets_skipped], pick, sw) for g, pick, sw in picks]
+        kept = [(g, [t for t in g if t not in out.targets_skipped], pick) for g, pick, _ in picks]
         folder[LAYOUT_FILE] = _layout_json(spec, shape, kept, folder)
         out.files = folder
         folder["summary.md"] = render_strategy_summary(spec, shape, out)
