@@ -21,6 +21,7 @@ from dstoolkit.estimate.memory import (
 )
 from dstoolkit.estimate.stage_activations import activation_bytes
 from dstoolkit.estimate.step_time import peak_flops, step_time
+from dstoolkit.estimate.te_userbuffers import tp_overlap_buffer_bytes
 from dstoolkit.estimate.timeline import allowance_source, device_allowance_bytes, is_cpu_device, memory_timeline
 from dstoolkit.runplan import RunPlan
 
@@ -80,7 +81,8 @@ class MemoryBreakdown(_Frozen):
     (`timeline`). The five parts are each at their own maximum; their sum is `sum_of_parts_bytes`, an upper bound."""
 
     params: int
-    """Working (model-dtype) parameters, incl. ZeRO flat-buffer padding; stage 3: partition + persistent."""
+    """Working (model-dtype) parameters, incl. ZeRO flat-buffer padding; stage 3: partition + persistent, + the
+    ZeRO++ hpZ secondary partition (`hpz_secondary_params`)."""
     grads: int
     """Gradient bytes at their peak (end of backward for stage 0/1, the step for stage 2/3)."""
     optimizer: int
@@ -88,7 +90,8 @@ class MemoryBreakdown(_Frozen):
     activations: int
     """Saved activations + the transient of one recomputed block."""
     buffers: int
-    """Reduce/all-gather buckets, stage-3 live parameters, offload staging, fp8 weight cache."""
+    """Reduce/all-gather buckets, stage-3 live parameters, offload staging, fp8 weight cache, TP comm-overlap
+    userbuffers (`tp_overlap_buffers`)."""
     temporaries: int = 0
     """The largest short-lived temporary of a step on the device: the inner optimizer's (per implementation,
     `optimizer_impl`), the ZeRO-1/2 gradient norm's fp64 copy, or the loss's logits copies (step_temporaries.py,
@@ -125,6 +128,10 @@ class MemoryBreakdown(_Frozen):
     activations_saved: int
     activations_recompute_transient: int
     fp8_weight_cache: int
+    hpz_secondary_params: int = 0
+    """ZeRO++ hpZ secondary parameter partition on the device at the step (zero_states._hpz_secondary)."""
+    tp_overlap_buffers: int = 0
+    """Transformer Engine TP comm-overlap userbuffers (te_userbuffers.tp_overlap_buffer_bytes), in every phase."""
     optimizer_path: str
     """DeepSpeed class holding the states: basic | fp16_fused | fp16_unfused | bf16_optimizer | zero12 | zero3."""
 
@@ -206,7 +213,8 @@ class Estimate(_Frozen):
                     "grads_at_step": m.grads_at_step, "grads_backward_peak": m.grads_backward_peak,
                     "model_states_at_step": m.model_states_at_step, "activations_saved": m.activations_saved,
                     "activations_recompute_transient": m.activations_recompute_transient,
-                    "fp8_weight_cache": m.fp8_weight_cache, "optimizer_path": m.optimizer_path,
+                    "fp8_weight_cache": m.fp8_weight_cache, "hpz_secondary_params": m.hpz_secondary_params,
+                    "tp_overlap_buffers": m.tp_overlap_buffers, "optimizer_path": m.optimizer_path,
                 },
             },
             "host_memory_per_rank_bytes": self.host_memory_per_rank_bytes,
@@ -241,7 +249,8 @@ def stage_timelines(plan: RunPlan, ms, fp8_cache: int) -> dict:
     # modelled with DeepSpeed's classes as a stand-in whose step transients their own buffers do not have; the term
     # waits for their own gradient buffers to be modelled (Megatron allocates its grad buffer up front).
     kw = dict(zero_stage=ds.zero_stage, offload_optimizer=bool(ds.offload_optimizer), fp8_cache=fp8_cache,
-              accumulating=ds.grad_accum > 1 and plan.framework == "deepspeed")
+              accumulating=ds.grad_accum > 1 and plan.framework == "deepspeed",
+              tp_overlap_buffers=tp_overlap_buffer_bytes(plan))
     act = activation_bytes(plan)
     # stage_activations.py: embedding_and_loss = the ids the embedding keeps (8 bytes/token) + at pp = 1 the final norm,
     # LM head and loss tensors, which backward frees before it reaches the last block
@@ -272,13 +281,14 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     per_rank = sum(sum(g) for g in groups)
     ms = deepspeed_model_states(plan, rank=rank)
     fp8_cache = fp8_weight_cache_bytes(plan)
+    ub = tp_overlap_buffer_bytes(plan)
     timelines = stage_timelines(plan, ms, fp8_cache)
     stage = max(timelines, key=lambda k: timelines[k][1].peak_bytes)  # ties: the first stage
     act, tl = timelines[stage]
     grads = max(ms.grads_at_step, ms.grads_backward_peak, ms.grads_step_transient_peak)
     optimizer = ms.master_params + ms.optimizer_states
     activations = int(act.peak)
-    buffers = ms.persistent_buffers + ms.transient_buffers + fp8_cache
+    buffers = ms.persistent_buffers + ms.transient_buffers + fp8_cache + ub
     peak = tl.peak_phase
     total = tl.peak_bytes
     allowance = device_allowance_bytes(plan.gpu, total)
@@ -289,7 +299,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         peak_bytes=total, peak_phase=peak.name, peak_with_host_bytes=tl.peak_with_host_bytes,
         sum_of_parts_bytes=tl.sum_of_parts_bytes)
     memory = MemoryBreakdown(
-        params=ms.params, grads=grads, optimizer=optimizer, activations=activations, buffers=buffers, total=total,
+        params=ms.params + ms.hpz_secondary_params, grads=grads, optimizer=optimizer, activations=activations, buffers=buffers, total=total,
         peak_phase=peak.name, peak_pipeline_stage=stage, peak_alive=peak.alive(0.01),
         sum_of_parts_bytes=tl.sum_of_parts_bytes,
         allowance_bytes=allowance, allowance_source=allowance_source(plan.gpu), required_bytes=total + allowance,
@@ -297,8 +307,8 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         master_params=ms.master_params, optimizer_states=ms.optimizer_states, grads_at_step=ms.grads_at_step,
         grads_backward_peak=ms.grads_backward_peak, model_states_at_step=ms.device_at_step,
         activations_saved=int(act.saved), activations_recompute_transient=int(act.recompute_transient),
-        fp8_weight_cache=fp8_cache, optimizer_path=ms.optimizer_path,
-        temporaries=int(max(ms.optimizer_temporaries, ms.grad_norm_temporaries, act.loss_forward_transient,
+        fp8_weight_cache=fp8_cache, hpz_secondary_params=ms.hpz_secondary_params, tp_overlap_buffers=ub,
+        optimizer_path=ms.optimizer_path, temporaries=int(max(ms.optimizer_temporaries, ms.grad_norm_temporaries, act.loss_forward_transient,
                             act.loss_backward_transient)),
         optimizer_temporaries=ms.optimizer_temporaries, optimizer_impl=ms.optimizer_impl,
     )

@@ -46,6 +46,16 @@ class ModelStates:
     the parameters gathered around the running module, plus the persistent small ones)."""
     gathered_forward_end: int = 0
     """Stage 3: parameters still gathered at the end of forward (kept for reuse in backward)."""
+    hpz_secondary_params: int = 0
+    """ZeRO++ hpZ: the secondary partition of every parameter (model dtype, 1/hpz of each padded parameter) on the
+    device, alive at the optimizer step (zero_states._hpz_secondary); 0 without hpZ or under offload_param."""
+    hpz_secondary_backward: int = 0
+    """The part of hpz_secondary_params alive at the end of backward: the parameters that are not ds_persist."""
+    hpz_secondary_forward_end: int = 0
+    """The part alive at the end of forward: hpz_secondary_backward less the parameters still gathered for reuse
+    (their secondary is made when backward releases them); all of it when accumulating (earlier micro steps')."""
+    host_hpz_secondary_params: int = 0
+    """The hpZ secondary partition in host RAM (offload_param: partition_parameters.py remote_device)."""
     host_params: int = 0
     host_master_params: int = 0
     host_optimizer_states: int = 0
@@ -66,11 +76,13 @@ class ModelStates:
     @property
     def device_at_step(self) -> int:
         """Device model-state bytes alive during the optimizer step (what the fidelity benchmark measures)."""
-        return self.params + self.master_params + self.optimizer_states + self.grads_at_step + self.persistent_buffers
+        return (self.params + self.master_params + self.optimizer_states + self.grads_at_step + self.persistent_buffers
+                + self.hpz_secondary_params)
 
     @property
     def host_total(self) -> int:
-        return self.host_params + self.host_master_params + self.host_optimizer_states + self.host_grads + self.host_buffers
+        return (self.host_params + self.host_master_params + self.host_optimizer_states + self.host_grads
+                + self.host_buffers + self.host_hpz_secondary_params)
 
     @property
     def all_at_step(self) -> int:

@@ -41,6 +41,10 @@ decides *which of them coexist*. Steady state (step >= 2: Adam's moments are cre
 * ``offload_step`` - optimizer offload: the CPU optimizer steps host-resident fp32 partitions while the device
   holds only the working weights and its staging buffer (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
 
+Two terms cut across the phases: Transformer Engine's TP comm-overlap userbuffers (te_userbuffers.py) are held in
+every phase; ZeRO++ hpZ's secondary parameter partition (zero_states._hpz_secondary) grows as forward and backward
+release parameters and is whole at the step, after which DeepSpeed drops it.
+
 Host (offload) terms are listed in every phase with ``where="host"``; they persist across the step.
 `sum_of_parts_bytes` (each category at its own maximum, the pre-issue-#15 "total") is kept as an upper bound.
 
@@ -149,6 +153,11 @@ S_LOSS_BWD = "stage_activations.py loss_backward_transient: log_softmax backward
 S_OPT_TMP = "step_temporaries.py: the inner optimizer's temporaries per implementation (torch/optim/adam.py _single_tensor_adam: 2 fp32 copies of the largest stepped tensor, e.g. ZeRO-1/2's flat partition; _multi_tensor_adam: 1 copy of a group; fused / DeepSpeed FusedAdam / DeepSpeedCPUAdam: none)"
 S_NORM = "stage_1_and_2.py get_grad_norm_direct: fp64 copy (zero/utils.py get_norm_dtype) of the largest partition gradient, with grads_in_partition alive"
 S_PIPE = "stage_activations.py deepspeed_pipe_logits: the last stage's pipe buffers keep the logits of its last 2 micro batches (pipe/engine.py _exec_backward_pass returns before releasing them)"
+S_HPZ = ("ZeRO++ hpZ (arXiv 2306.10209 §3.2) secondary partition: partition_parameters.py _partition_param_sec "
+         "(_aligned_size // num_ranks_in_param_group, model dtype), made as params are partitioned, dropped after "
+         "each step (stage3.py _post_step -> invalidate_secondary_tensor)")
+S_UB = ("Transformer Engine TP comm-overlap userbuffers (te_userbuffers.py: transformer_engine/pytorch/module/base.py "
+        "initialize_ub), allocated at start-up and held")
 S_HOST = "offload: host fp32 master + moments + fp32 grad partition + staging (stage_1_and_2.py / stage3.py offload_optimizer)"
 
 
@@ -157,7 +166,8 @@ def _t(name: str, n: float, src: str, where: str = "device") -> Term:
 
 
 def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_cache: int = 0,
-                    head_activations: float = 0.0, accumulating: bool = False) -> Timeline:
+                    head_activations: float = 0.0, accumulating: bool = False,
+                    tp_overlap_buffers: int = 0) -> Timeline:
     """Phases of one steady-state training step on one rank (see the module docstring).
 
     Args:
@@ -170,6 +180,8 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
             backward, so not alive while a checkpointed block re-runs).
         accumulating: the step runs several micro steps: the forward and backward phases are those of the last
             one, with the gradients the earlier ones left (`ModelStates.grads_between_micro_steps`).
+        tp_overlap_buffers: Transformer Engine's TP comm-overlap userbuffers (te_userbuffers.py), bytes, alive in
+            every phase.
 
     Returns:
         The Timeline; `peak_bytes` is the max over phases, `sum_of_parts_bytes` the old additive total.
@@ -183,61 +195,75 @@ def memory_timeline(ms, act, *, zero_stage: int, offload_optimizer: bool, fp8_ca
         base.append(_t("grad_partition_buffer", grad_buf, S_GRAD_BUF))
     if fp8_cache:
         base.append(_t("fp8_weight_cache", fp8_cache, S_FP8))
+    if tp_overlap_buffers:
+        base.append(_t("tp_overlap_userbuffers", tp_overlap_buffers, S_UB))
     if getattr(act, "pipe_buffers", 0):
         base.append(_t("pipe_buffers", act.pipe_buffers, S_PIPE))
     host = [_t(n, v, S_HOST, "host") for n, v in (
         ("host_params", ms.host_params), ("host_master_params", ms.host_master_params),
         ("host_optimizer_states", ms.host_optimizer_states), ("host_grads", ms.host_grads),
         ("host_buffers", ms.host_buffers)) if v]
+    if getattr(ms, "host_hpz_secondary_params", 0):
+        host.append(_t("host_hpz_secondary_params", ms.host_hpz_secondary_params, S_HPZ, "host"))
+
+    def hpz(n: int) -> list:
+        """The hpZ secondary partition alive in a phase (`n` bytes; nothing without hpZ)."""
+        return [_t("hpz_secondary_params", n, S_HPZ)] if n else []
+    hpz_fwd = hpz(getattr(ms, "hpz_secondary_forward_end", 0))
+    hpz_bwd = hpz(getattr(ms, "hpz_secondary_backward", 0))
+    hpz_step = hpz(getattr(ms, "hpz_secondary_params", 0))
     gathered = [_t("gathered_stage3_params", ms.transient_buffers, S_GATHER)] if zero_stage == 3 else []
     kept = [_t("gathered_stage3_params", max(ms.gathered_forward_end, ms.transient_buffers), S_KEPT)] \
         if zero_stage == 3 else []
     saved = _t("activations_saved", act.saved, S_ACT)
     between = getattr(ms, "grads_between_micro_steps", 0) if accumulating else 0
     acc = [_t("grads_accumulated", between, S_GRADS_ACC)] if between else []
-    phases = [Phase("forward_end", tuple(base + [saved] + acc + kept + host))]
+    phases = [Phase("forward_end", tuple(base + [saved] + acc + kept + hpz_fwd + host))]
     loss_fwd = getattr(act, "loss_forward_transient", 0.0)
     if loss_fwd > 0:
         phases.append(Phase("forward_loss", tuple(base + [saved, _t("loss_temporaries", loss_fwd, S_LOSS_FWD)]
-                                                  + acc + kept + host)))
+                                                  + acc + kept + hpz_fwd + host)))
     loss_bwd = getattr(act, "loss_backward_transient", 0.0)
     if loss_bwd > 0:
         phases.append(Phase("backward_loss", tuple(base + [saved, _t("loss_temporaries", loss_bwd, S_LOSS_BWD)]
-                                                   + acc + kept + host)))
+                                                   + acc + kept + hpz_fwd + host)))
     buckets = [] if zero_stage == 3 else [_t("reduce_buckets", ms.transient_buffers, S_BUCKETS)]
     # the last block's backward: head/loss activations freed, the head's gradients (and stage 1/2 buckets) exist
     start = base + [_t("activations_saved", max(0.0, act.saved - head_activations), S_ACT),
                     _t("grads", max(ms.grads_backward_start, between), S_GRADS_START)] + \
-        (buckets if zero_stage in (1, 2) else []) + kept
+        (buckets if zero_stage in (1, 2) else []) + kept + hpz_fwd
     phases.append(Phase("backward_start", tuple(start + host)))
     if act.recompute_transient > 0:
         phases.append(Phase("backward_recompute", tuple(
             start + [_t("recompute_block", act.recompute_transient, S_RECOMP)] + host)))
     grads_bwd = max(0, ms.grads_backward_peak - grad_buf)
     phases.append(Phase("backward_end", tuple(
-        base + [_t("grads", grads_bwd, S_GRADS_BWD)] + buckets + gathered + host)))
+        base + [_t("grads", grads_bwd, S_GRADS_BWD)] + buckets + gathered + hpz_bwd + host)))
     grads_step = max(0, ms.grads_at_step - grad_buf)
     norm_tmp = getattr(ms, "grad_norm_temporaries", 0)
     if norm_tmp:
         phases.append(Phase("grad_norm", tuple(base + [_t("grads", ms.grads_at_norm, S_GRADS_BWD),
-                                                      _t("grad_norm_temporaries", norm_tmp, S_NORM)] + host)))
+                                                      _t("grad_norm_temporaries", norm_tmp, S_NORM)] + hpz_step
+                                               + host)))
     opt_src = f"{IMPLEMENTATIONS.get(getattr(ms, 'optimizer_impl', ''), 'inner optimizer')}: {S_OPT_TMP}"
     opt_tmp = [_t("optimizer_temporaries", ms.optimizer_temporaries, opt_src)] \
         if getattr(ms, "optimizer_temporaries", 0) else []
     phases.append(Phase("optimizer_step", tuple(
-        base + [_t("grads_at_step", grads_step, S_GRADS_STEP)] + opt_tmp + host)))
+        base + [_t("grads_at_step", grads_step, S_GRADS_STEP)] + opt_tmp + hpz_step + host)))
     if ms.grads_step_transient_peak > ms.grads_at_step:
         phases.append(Phase("optimizer_step_cast", tuple(
-            base + [_t("grads_cast", ms.grads_step_transient_peak - grad_buf, S_CAST)] + host)))
+            base + [_t("grads_cast", ms.grads_step_transient_peak - grad_buf, S_CAST)] + hpz_step + host)))
     if offload_optimizer:
         dev = [t for t in base if t.name in ("params", "persistent_buffers", "fp8_weight_cache",
-                                             "grad_partition_buffer", "pipe_buffers")]
+                                             "grad_partition_buffer", "pipe_buffers", "tp_overlap_userbuffers")]
+        dev += hpz_step
         host_tmp = [_t("host_optimizer_temporaries", ms.host_optimizer_temporaries, opt_src, "host")] \
             if getattr(ms, "host_optimizer_temporaries", 0) else []
         phases.append(Phase("offload_step", tuple(dev + host + host_tmp)))
     grads_max = max(ms.grads_at_step, ms.grads_backward_peak, ms.grads_step_transient_peak)
     sum_parts = (ms.params + grads_max + ms.master_params + ms.optimizer_states + int(act.peak)
-                 + ms.persistent_buffers + ms.transient_buffers + fp8_cache
+                 + ms.persistent_buffers + ms.transient_buffers + fp8_cache + tp_overlap_buffers
+                 + getattr(ms, "hpz_secondary_params", 0)
                  + max(getattr(ms, "optimizer_temporaries", 0), norm_tmp, loss_fwd, loss_bwd))  # step temporaries
     return Timeline(tuple(phases), int(sum_parts))
 

@@ -153,5 +153,50 @@ def zero3_states(plan: RunPlan, ms: ModelStates, groups: list[list[int]], group_
     # partitioned_param_coordinator.py __params_to_release: a param recurring within stage3_max_reuse_distance (R)
     # elements of the trace is not released; at forward position x it recurs after ~2(P - x): the last R/2 stay.
     reuse = _stage3_max_reuse_distance(plan)
-    ms.gathered_forward_end = (persist_numel + int(max(live, min(total_local - persist_numel, reuse // 2)))) * pb
+    kept_numel = int(max(live, min(total_local - persist_numel, reuse // 2)))
+    ms.gathered_forward_end = (persist_numel + kept_numel) * pb
+    _hpz_secondary(plan, ms, groups, group_dp, pb, kept_numel)
     return ms
+
+
+def hpz_group_size(plan: RunPlan) -> int:
+    """Ranks one ZeRO++ hpZ secondary partition is split over: zero_hpz_partition_size, at most the world size
+    (utils/groups.py _create_zero_param_parallel_group: min(group_size, world_size)); 1 without hpZ."""
+    hpz = plan.ds.zeropp_hpz
+    return min(hpz, plan.world_size) if hpz > 1 and plan.ds.zero_stage == 3 else 1
+
+
+def _hpz_secondary(plan: RunPlan, ms: ModelStates, groups: list[list[int]], group_dp: list[int], pb: int,
+                   kept_numel: int) -> None:
+    """ZeRO++ hpZ (Wang et al. 2023, arXiv 2306.10209 §3.2): a secondary copy of the parameters partitioned over the
+    hpZ group, from which backward gathers inside the node. DeepSpeed 0.19.8, runtime/zero/partition_parameters.py:
+    whenever zero_hpz_partition_size > 1 (Init.__init__ builds zero_param_process_group, ~l.1118), `_partition`
+    (~l.1765) calls `_partition_param_sec` (~l.1900) for every parameter it partitions, which allocates
+    `torch.empty(_aligned_size(param) // num_ranks_in_param_group, dtype=param.dtype, device=self.remote_device)`
+    (the model dtype; the host under offload_param; also when the hpZ group is the whole dp group, as a second copy
+    of the primary partition). stage3.py `_post_step` (~l.2846) -> `invalidate_secondary_tensor` (~l.755) drops
+    them all after every optimizer step, so within a step they exist for the parameters partitioned so far:
+    forward's releases (partitioned_param_coordinator.py __release_param, not the ds_persist ones nor those kept
+    for reuse in backward), then backward's, then at step() `_partition_all_parameters` the persistent ones too.
+    With gradient accumulation the secondaries of the earlier micro steps stay until the step. qwZ and qgZ
+    allocate nothing that persists (their int8 gather buffer and scales, partition_parameters.py
+    _all_gather_coalesced, and stage3.py all_to_all_quant_reduce, live only while the collective runs)."""
+    hpz = hpz_group_size(plan)
+    if hpz <= 1:
+        return
+    ds = plan.ds
+    persist = other = 0
+    for g, dp in zip(groups, group_dp):
+        for n in g:
+            sec = _padded(n, dp) // hpz  # _aligned_size pads to the partition world size, // num_ranks_in_param_group
+            if n <= ds.param_persistence_threshold:
+                persist += sec
+            else:
+                other += sec
+    kept = min(other, kept_numel // hpz) if ds.grad_accum == 1 else 0
+    if ds.offload_param:
+        ms.host_hpz_secondary_params = (persist + other) * pb
+        return
+    ms.hpz_secondary_params = (persist + other) * pb
+    ms.hpz_secondary_backward = other * pb
+    ms.hpz_secondary_forward_end = (other - kept) * pb

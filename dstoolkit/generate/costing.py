@@ -14,6 +14,8 @@ from typing import Optional
 
 from dstoolkit.estimate import estimate_run
 from dstoolkit.estimate.core import upper_bound_exceeds
+from dstoolkit.estimate.te_userbuffers import TE_TP_OVERLAP_USERBUFFERS  # noqa: F401 - re-exported
+from dstoolkit.estimate.te_userbuffers import tp_overlap_buffer_bytes as estimate_tp_overlap_buffer_bytes
 from dstoolkit.estimate.timeline import GPU_CONTEXT_BYTES, allowance_source, is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
@@ -74,7 +76,7 @@ class CandidateEstimate:
     """Kept free beyond the peak: CUDA context + NCCL + fragmentation on GPUs, 0 on CPU ranks."""
     tp_overlap_buffer_bytes: int = 0
     """Transformer Engine userbuffers for TP comm overlap (training.tp_comm_overlap, tp > 1), included in
-    memory_per_rank_bytes (`tp_overlap_buffer_bytes`)."""
+    memory_per_rank_bytes by the estimator's timeline (`dstoolkit.estimate.te_userbuffers`)."""
     host_memory_per_node_bytes: int = 0
     """Host bytes of one node: host_memory_per_rank_bytes x ranks per node."""
     host_memory_node_capacity_bytes: int = 0
@@ -87,24 +89,11 @@ class CandidateEstimate:
     """peak + allowance + headroom <= device memory: the ranking prefers these layouts."""
 
 
-TE_TP_OVERLAP_USERBUFFERS = 10
-"""Userbuffers Transformer Engine allocates for TP comm overlap, one per overlapped GEMM (4 ring-exchange
-all-gathers qkv/fc1 fprop and proj/fc2 dgrad, 2 pipelined reduce-scatters proj/fc2 fprop, 4 bulk
-qkv/fc1 dgrad and wgrad: transformer_engine/pytorch/module/base.py initialize_ub), each of the shape
-Megatron-LM passes, [seq_length x micro_batch / cp, hidden] (megatron/training/initialize.py
-_initialize_tp_communicators), in the activation dtype (1 byte for the fp8 all-gather buffers)."""
-TE_CUBLAS_WORKSPACE_BYTES = 3 * 32 * 2**20
-"""TE repeats its 32 MiB Hopper cuBLAS workspace for its 3 overlap streams (initialize_ub, _NUM_MAX_UB_STREAMS)."""
-
-
 def tp_overlap_buffer_bytes(spec: Spec, shape: ModelShape, cand: Candidate) -> int:
-    """Device bytes of the TP comm-overlap userbuffers (0 unless training.tp_comm_overlap and tp > 1)."""
-    t = spec.training
-    if not t.tp_comm_overlap or cand.tp <= 1:
-        return 0
-    elem = 4 if t.precision == "fp32" else 2
-    rows = t.seq_len * cand.micro_batch // max(1, t.cp)
-    return TE_TP_OVERLAP_USERBUFFERS * rows * shape.hidden_size * elem + TE_CUBLAS_WORKSPACE_BYTES
+    """Device bytes of the TP comm-overlap userbuffers for one candidate: the estimator's own term
+    (`dstoolkit.estimate.te_userbuffers`, counted in every phase of `estimate_run`'s timeline, so already in
+    `CandidateEstimate.memory_per_rank_bytes`), for its plan."""
+    return estimate_tp_overlap_buffer_bytes(run_plan_for(spec, shape, cand))
 
 
 def layers_per_stage(num_layers: int, pp: int) -> int:
@@ -184,10 +173,8 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         raise EstimateInputError(" ".join(str(exc).split())) from None
     mem = est.memory
     breakdown = {k: int(getattr(mem, k)) for k in ("params", "grads", "optimizer", "activations", "buffers")}
-    ub = tp_overlap_buffer_bytes(spec, shape, cand)
-    if ub:
-        breakdown["buffers"] += ub  # allocated once at start-up and held: on top of every phase's peak
-    peak = int(mem.total) + ub
+    ub = int(mem.tp_overlap_buffers)  # in mem.total and mem.buffers already (estimate.te_userbuffers)
+    peak = int(mem.total)
     host_rank = int(est.host_memory_per_rank_bytes)
     host_node = host_rank * spec.cluster.gpus_per_node
     host_cap = host_memory_per_node_bytes(spec.cluster)
