@@ -1,18 +1,19 @@
 """What both Megatron targets share (`dstoolkit.generate.megatron_lm`, `dstoolkit.generate.megatron_deepspeed`): the
-model's own training constants Megatron would otherwise default (`model_constants`), the batch ramp in samples
-(`ramp_plan`), and the flags both spell the same way (dims, vocab, recompute, train length, optimizer, batch, CPU
-kernels, checkpoint saving). `UnsupportedTarget`: what a target cannot express. No torch import.
+batch ramp in samples (`ramp_plan`) and the flags both spell the same way (dims, vocab, recompute, train length,
+optimizer, batch, CPU kernels, checkpoint saving). The model's constants and what Megatron cannot build
+(`model_constants`, `model_gaps`, `UnsupportedTarget`) live in `dstoolkit.generate.megatron_model` and are
+re-exported here. No torch import.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import (ADAM_BETAS, ADAM_EPS, COSINE_MIN_RATIO, GRADIENT_CLIPPING, WEIGHT_DECAY,
                                         is_cpu_cluster)
+from dstoolkit.generate.megatron_model import (ModelConstants, UnsupportedTarget,  # noqa: F401 (re-exported)
+                                               architecture_gaps, model_constants, model_gaps)
 from dstoolkit.layout import ParallelDims, ramp_increment, stage_layers
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -23,122 +24,6 @@ DEFAULT_TRAIN_ITERS = 20
 
 
 MAX_VOCAB_DIVISOR = 128  # Megatron's default --make-vocab-size-divisible-by
-
-
-class UnsupportedTarget(ValueError):
-    """The target cannot express this model or layout; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class ModelConstants:
-    """The model's own training constants that Megatron would otherwise default (and so change the model)."""
-
-    rope_theta: float
-    norm_eps: float
-    init_std: float
-    attention_dropout: float = 0.0
-    hidden_dropout: float = 0.0
-    moe_aux_loss_coeff: float = 0.01
-    moe_topk_scaling_factor: Optional[float] = None
-    """DeepSeek routed_scaling_factor: routed expert outputs are scaled by it."""
-    moe_router_num_groups: Optional[int] = None
-    """DeepSeek n_group: experts are routed in groups (node-limited routing)."""
-    moe_router_group_topk: Optional[int] = None
-    """DeepSeek topk_group: groups each token may use."""
-    source: str = ""
-
-
-# Published config.json values of the bundled presets (Hugging Face hub configs / papers).
-_PRESET_CONSTANTS: dict[str, ModelConstants] = {
-    # Meta Llama 3 / 3.1 config.json: rope_theta 500000, rms_norm_eps 1e-5, initializer_range 0.02.
-    "llama-3-8b": ModelConstants(500000.0, 1e-5, 0.02, source="Llama 3 config.json"),
-    "llama-3-70b": ModelConstants(500000.0, 1e-5, 0.02, source="Llama 3 config.json"),
-    "llama-3.1-405b": ModelConstants(500000.0, 1e-5, 0.02, source="Llama 3.1 config.json"),
-    # Mixtral-8x7B config.json: rope_theta 1e6, rms_norm_eps 1e-5, router_aux_loss_coef 0.02.
-    "mixtral-8x7b": ModelConstants(1e6, 1e-5, 0.02, moe_aux_loss_coeff=0.02, source="Mixtral-8x7B config.json"),
-    # DeepSeek-V3 config.json: rope_theta 10000, rms_norm_eps 1e-6, initializer_range 0.006; the paper's
-    # sequence-wise balance loss alpha = 1e-4 (arXiv 2412.19437 §4.2).
-    "deepseek-v3": ModelConstants(10000.0, 1e-6, 0.006, moe_aux_loss_coeff=1e-4, moe_topk_scaling_factor=2.5,
-                                  moe_router_num_groups=8, moe_router_group_topk=4, source="DeepSeek-V3 config.json"),
-    # dstoolkit's tiny models (dstoolkit/runtime/model.py: ROPE_THETA, RMS_NORM_EPS, INIT_STD, MOE_AUX_LOSS_COEF).
-    "tiny": ModelConstants(10000.0, 1e-5, 0.02, source="dstoolkit tiny model"),
-    "tiny-moe": ModelConstants(10000.0, 1e-5, 0.02, moe_aux_loss_coeff=0.01, source="dstoolkit tiny model"),
-}
-
-
-# transformers config-class defaults per model_type (used when neither a preset nor the config gives a value).
-_FAMILY_DEFAULTS: dict[str, ModelConstants] = {
-    "llama": ModelConstants(10000.0, 1e-6, 0.02, source="transformers LlamaConfig defaults"),
-    "mistral": ModelConstants(10000.0, 1e-6, 0.02, source="transformers MistralConfig defaults"),
-    "mixtral": ModelConstants(1e6, 1e-5, 0.02, moe_aux_loss_coeff=0.001, source="transformers MixtralConfig defaults"),
-    "qwen2": ModelConstants(10000.0, 1e-6, 0.02, source="transformers Qwen2Config defaults"),
-    "qwen2_moe": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=0.001, source="transformers Qwen2MoeConfig defaults"),
-    "qwen3": ModelConstants(10000.0, 1e-6, 0.02, source="transformers Qwen3Config defaults"),
-    "qwen3_moe": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=0.001, source="transformers Qwen3MoeConfig defaults"),
-    "deepseek_v2": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=0.001, source="transformers DeepseekV2Config defaults"),
-    "deepseek_v3": ModelConstants(10000.0, 1e-6, 0.02, moe_aux_loss_coeff=1e-4, source="transformers DeepseekV3Config defaults"),
-    "gpt2": ModelConstants(10000.0, 1e-5, 0.02, attention_dropout=0.1, hidden_dropout=0.1,
-                           source="transformers GPT2Config defaults (attn_pdrop, resid_pdrop 0.1: the model the "
-                                  "estimate and the Hugging Face targets train)"),
-}
-
-
-_CONFIG_KEYS = {"rope_theta": ("rope_theta",), "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
-                "init_std": ("initializer_range",), "hidden_dropout": ("hidden_dropout", "resid_pdrop"),
-                "moe_aux_loss_coeff": ("router_aux_loss_coef", "aux_loss_alpha"),
-                "moe_topk_scaling_factor": ("routed_scaling_factor",), "moe_router_num_groups": ("n_group",),
-                "moe_router_group_topk": ("topk_group",)}
-
-
-_INT_FIELDS = ("moe_router_num_groups", "moe_router_group_topk")
-
-
-def _hf_config_dict(spec: Spec) -> dict[str, Any]:
-    """The model's Hugging Face fields as the spec gives them (hf_config file or inline), or {} for a preset."""
-    m = spec.model
-    if m.form == "inline":
-        return dict(m.inline)
-    if m.form == "hf_config" and m.hf_config:
-        p = Path(m.hf_config).expanduser()
-        if not p.is_absolute():
-            p = spec.base_dir / p
-        if p.is_dir():
-            p = p / "config.json"
-        try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-    return {}
-
-
-def model_constants(spec: Spec, shape: ModelShape) -> ModelConstants:
-    """RoPE base, norm epsilon, init std, dropout and aux-loss coefficient of the spec's model.
-
-    The config's own values win (hf_config / inline fields), then the bundled preset's published values, then
-    the transformers defaults of the model_type (dropout: 0, but GPT-2's 0.1; the attention dropout is the one
-    ModelShape.attention_dropout reads, which the estimate charges).
-    """
-    base = _PRESET_CONSTANTS.get(spec.model.preset or "", None) if spec.model.form == "preset" else None
-    if base is None:
-        base = _FAMILY_DEFAULTS.get(shape.model_type, ModelConstants(10000.0, 1e-5, 0.02, source="generic defaults"))
-    d = _hf_config_dict(spec)
-    vals = {k: getattr(base, k) for k in ("rope_theta", "norm_eps", "init_std", "attention_dropout",
-                                          "hidden_dropout", "moe_aux_loss_coeff", "moe_topk_scaling_factor",
-                                          "moe_router_num_groups", "moe_router_group_topk")}
-    used = []
-    for field, keys in _CONFIG_KEYS.items():
-        for k in keys:
-            if isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool):
-                vals[field] = int(d[k]) if field in _INT_FIELDS else float(d[k])
-                used.append(k)
-                break
-    # the attention dropout has one owner: the model shape (models.hf_families: the config's attention_dropout /
-    # attn_pdrop, else its family's transformers default), which the estimate charges too
-    if shape.attention_dropout != vals["attention_dropout"]:
-        vals["attention_dropout"] = float(shape.attention_dropout)
-        used.append("attention dropout of the model shape")
-    src = base.source + (f"; from the config: {', '.join(used)}" if used else "")
-    return ModelConstants(source=src, **vals)
 
 
 def _num(x: float) -> str:
@@ -280,9 +165,6 @@ def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candid
             "--init-method-std", repr(k.init_std),
             "--vocab-size", str(shape.vocab_size if vocab_flag is None else vocab_flag),
             "--make-vocab-size-divisible-by", str(vocab_divisor(shape.vocab_size, cand.tp))]
-    gaps = architecture_gaps(shape)
-    if gaps:
-        raise UnsupportedTarget(f"cannot express {'; '.join(gaps)}")
     if shape.mlp_gated:
         if shape.hidden_act not in ("silu", "swish"):
             raise UnsupportedTarget(f"gated MLP with {shape.hidden_act!r}: only SwiGLU (silu) has a Megatron flag")
@@ -294,34 +176,6 @@ def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candid
     if not shape.tie_word_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     return out
-
-
-def architecture_gaps(shape: ModelShape) -> list[str]:
-    """What neither Megatron target's GPT model can build, named with the shape's value (checked against the
-    parsers benchmarks/megatron_parsers.py runs: Megatron-LM megatron/training/arguments.py + TransformerConfig,
-    Megatron-DeepSpeed megatron/arguments.py): neither has a parallel attention+MLP block, a norm after the
-    embedding or on a sublayer's output, a bias on the output head, ALiBi, or a norm other than plain LayerNorm /
-    RMSNorm."""
-    gaps = []
-    if shape.parallel_residual:
-        gaps.append("a parallel attention + MLP block (parallel_residual: both read the block input; Megatron's "
-                    "blocks run attention then MLP)")
-    if shape.embedding_norm:
-        gaps.append("a LayerNorm after the token embedding (embedding_norm)")
-    if shape.qk_norm and shape.qk_norm_scope == "projection":
-        gaps.append("q/k norms over the whole q / k projection (qk_norm_scope 'projection'; Megatron-LM's "
-                    "--qk-layernorm norms each head)")
-    if shape.output_norm:
-        gaps.append("a norm on the attention / MLP output before the residual add (output_norm: a post- or "
-                    "sandwich-norm block; Megatron's blocks norm the sublayer input only)")
-    if shape.lm_head_bias:
-        gaps.append("a bias on the output head (lm_head_bias)")
-    if not shape.learned_positions and shape.position_encoding == "alibi":
-        gaps.append("ALiBi attention biases (position_encoding 'alibi'; no ALiBi position type)")
-    if shape.norm_variant is not None:
-        gaps.append(f"a {shape.norm_type} that {shape.norm_variant}" if shape.norm_variant.startswith("scales")
-                    else f"a norm that is not plain LayerNorm / RMSNorm ({shape.norm_variant})")
-    return gaps
 
 
 def windows_below(shape: ModelShape, seq_len: int) -> dict[int, int]:

@@ -11,8 +11,8 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
-                                               architecture_gaps, bias_words, dynamic_rope_is_plain,
-                                               model_constants, window_words, windows_below)
+                                               bias_words, dynamic_rope_is_plain, model_constants, model_gaps,
+                                               window_words, windows_below)
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -26,15 +26,16 @@ def megatron_deepspeed_args(spec: Spec, shape: ModelShape, cand: Candidate, *, d
             goldens); the launch script passes the absolute path at run time in both cases.
 
     Raises:
-        UnsupportedTarget: what Megatron-DeepSpeed's GPT model cannot build (multi-latent attention, shared
-            experts, biases on some linears only, rope scaling, QK-norm, expert width != dense width, FP8, a sliding
-            attention window below seq_len: it has no window flag) or a pipelined ZeRO-2/3.
+        UnsupportedTarget: what Megatron-DeepSpeed's GPT model cannot build (the model's `model_gaps`,
+            multi-latent attention, shared experts, biases on some linears only, rope scaling, QK-norm, expert
+            width != dense width, FP8, a sliding attention window below seq_len: it has no window flag) or a
+            pipelined ZeRO-2/3.
         ValueError: ds_config_path is neither absolute nor the bare ``ds_config.json``.
     """
     if not Path(ds_config_path).is_absolute() and str(ds_config_path) != "ds_config.json":
         raise ValueError(f"--deepspeed_config must be an absolute path, got {str(ds_config_path)!r}")
     t = "megatron-deepspeed"
-    missing = architecture_gaps(shape)
+    missing = model_gaps(spec, shape)
     if shape.is_mla:
         missing.append("multi-latent attention (no MLA in its GPT model)")
     if shape.num_shared_experts or shape.shared_expert_intermediate_size:

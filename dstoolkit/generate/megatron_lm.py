@@ -9,8 +9,8 @@ from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import (ModelConstants, UnsupportedTarget, _batch, _checkpoint_saving,
                                                _common_model, _cpu_kernels, _optimizer, _recompute, _train_length,
-                                               bias_words, dynamic_rope_is_plain, model_constants, window_words,
-                                               windows_below)
+                                               bias_words, dynamic_rope_is_plain, model_constants, model_gaps,
+                                               window_words, windows_below)
 from dstoolkit.layout import megatron_split
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
@@ -49,9 +49,12 @@ def megatron_lm_args(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str
     --optimizer-cpu-offload (needs the distributed optimizer and the precision-aware optimizer).
 
     Raises:
-        UnsupportedTarget: what Megatron-LM cannot express (an optimizer it lacks, a non-SwiGLU gated MLP, a
-            sliding window on some layers only: `_window_lm`).
+        UnsupportedTarget: what Megatron-LM cannot express (the model's `model_gaps`, an optimizer it lacks, a
+            non-SwiGLU gated MLP, a sliding window on some layers only: `_window_lm`).
     """
+    gaps = model_gaps(spec, shape)
+    if gaps:
+        raise UnsupportedTarget(f"cannot express {'; '.join(gaps)}")
     k = model_constants(spec, shape)
     out = ["--tensor-model-parallel-size", str(cand.tp), "--pipeline-model-parallel-size", str(cand.pp)]
     split = megatron_split(shape.num_hidden_layers, cand.pp)
