@@ -21,6 +21,9 @@ from typing import Any, Optional, Sequence
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
                                    exit_for_signal, exit_map)
 from dstoolkit.common.paths import input_file_problem
+# how long processes under the launcher may outlive it after a forwarded signal: one value for `dstoolkit train` and
+# the generated launch scripts, declared with the shell rule (generate/shell.py `run_forwarding_signals_lines`)
+from dstoolkit.generate.shell import REAP_GRACE_S
 
 
 def add_parser(subparsers) -> None:
@@ -80,10 +83,6 @@ def summarize(metrics_path: str, start: int = 0) -> dict:
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """What `run_forwarding_signals` passes on to the launcher: Ctrl-C and kill / timeout / a scheduler's SIGTERM."""
-REAP_GRACE_S = 30.0
-"""How long processes under the launcher may outlive it after a forwarded signal before they are killed (torchrun's
-agent waits 30 s for its workers after passing a signal on, then SIGKILLs them: torch/distributed/elastic/agent/
-server/api.py `_shutdown` -> `PContext.close`)."""
 
 
 def run_forwarding_signals(cmd: Sequence[str], env: dict, *,

@@ -13,7 +13,7 @@ from typing import Optional
 from dstoolkit.common.cpu_env import shell_exports
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
-from dstoolkit.generate.shell import env_default, node_rank_why, require_set
+from dstoolkit.generate.shell import env_default, node_rank_why, require_set, run_forwarding_signals_lines
 from dstoolkit.spec import Spec
 
 TRAIN_MODULE = "dstoolkit.runtime.train.trainer"
@@ -105,6 +105,7 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         "# Checkpoints go to CKPT_DIR (the spec's training.save_dir, relative to where you launch) every",
         "# SAVE_EVERY steps (training.save_interval_steps). Restart after a failure: relaunch the same command",
         "# with --resume added (on every node): it continues from the newest intact checkpoint.",
+        "# SIGTERM / Ctrl-C to this script stops the launcher and every rank it started (exit 143 / 130).",
         "#",
         "# Overrides (environment): STEPS, SEED, METRICS_OUT, CKPT_DIR, SAVE_EVERY, HOSTFILE, MASTER_ADDR, MASTER_PORT,",
         "# NODE_RANK,",
@@ -173,7 +174,7 @@ def render_launch_sh(spec: Spec, cand: Candidate, *, strategy: str, is_moe: bool
         "# (one line naming it) or wait on a live build, saying so (dstoolkit/runtime/jitlock.py).",
         '"${PYTHON:-python}" -m dstoolkit.runtime.jitlock --who launch.sh ||',
         '  echo "launch.sh: torch-extension lock check failed or a build still holds its lock (see above)" >&2',
-        'exec "${CMD[@]}"',
+        *run_forwarding_signals_lines("CMD", me="launch.sh"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -36,3 +36,59 @@ def node_rank_why(nodes) -> str:
 def command_line(words: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> str:
     """A command to print for the user to copy: each word shell-quoted, after `NAME=value` assignments."""
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env), *(shlex.quote(w) for w in words)])
+
+
+REAP_GRACE_S = 30
+"""How long processes under a launcher may outlive it after a forwarded SIGINT / SIGTERM before they are killed
+(torchrun's agent waits 30 s for its workers after passing a signal on, then SIGKILLs them: torch/distributed/
+elastic/agent/server/api.py `_shutdown` -> `PContext.close`). `dstoolkit train` (cli/train.py
+`run_forwarding_signals`) and every generated launch script (`run_forwarding_signals_lines`) use it."""
+
+
+def run_forwarding_signals_lines(cmd_var: str = "CMD", *, me: str = "launch.sh") -> list[str]:
+    """Shell lines that run the command in the array `cmd_var` until it ends, stopping the whole job on TERM / INT.
+
+    The rule `dstoolkit train` follows (cli/train.py `run_forwarding_signals`), in bash: the launcher runs as a job
+    of its own (`set -m`: its own process group, so a signal for the script reaches every process the launcher
+    started in it), never `exec`ed: the deepspeed runner exits on SIGTERM without stopping its
+    `deepspeed.launcher.launch` child, whose ranks then train on, re-parented to init. On TERM / INT the script
+    notes every process under the launcher, passes the signal to the launcher's group (torchrun and
+    `deepspeed.launcher.launch` stop their ranks; torchrun's are in sessions of their own, out of the group), waits
+    for the launcher, gives what is left `REAP_GRACE_S` seconds, SIGKILLs it, says one line and exits 128 + the
+    signal's number (130 INT, 143 TERM; torchrun itself exits 1). A second signal kills what is left at once.
+    Otherwise the script exits with the launcher's code.
+    """
+    return [
+        "# Run the launcher as a job of its own (its own process group), not exec'ed: on TERM / INT every process",
+        "# under it is stopped (the deepspeed runner alone exits on SIGTERM and leaves its ranks training), then",
+        f"# {me} exits 143 (TERM) / 130 (INT). Processes still alive {REAP_GRACE_S} s after the launcher are killed.",
+        "job_tree() {  # the pids under $1, itself included (from ps)",
+        "  ps -A -o pid= -o ppid= | awk -v root=\"$1\" '{p[$1] = $2} END {t[root] = 1; n = 1; while (n) {n = 0;",
+        "    for (c in p) if (!(c in t) && (p[c] in t)) {t[c] = 1; n = 1}} for (c in t) print c}'",
+        "}",
+        "stop_job() {  # $1: the signal's name, $2: the exit code; a second TERM / INT kills what is left at once",
+        '  STOP_RC="$2"; if [ -z "$LAUNCHER_PID" ]; then exit "$STOP_RC"; fi',
+        '  STOP_TREE="$(job_tree "$LAUNCHER_PID")"',
+        f"  trap 'kill -KILL -- -\"$LAUNCHER_PID\" $STOP_TREE 2>/dev/null; echo \"{me}: killed the launcher and "
+        "its ranks\" >&2; exit \"$STOP_RC\"' TERM INT",
+        '  kill -"$1" -- -"$LAUNCHER_PID" 2>/dev/null || kill -"$1" "$LAUNCHER_PID" 2>/dev/null || true',
+        '  wait "$LAUNCHER_PID" 2>/dev/null || true',
+        '  local t pid left',
+        f"  for ((t = 0; t < {REAP_GRACE_S}; t++)); do",
+        '    left=""; for pid in $STOP_TREE; do if kill -0 "$pid" 2>/dev/null; then left="$left $pid"; fi; done',
+        '    if [ -z "$left" ]; then break; fi; sleep 1',
+        "  done",
+        '  if [ -n "$left" ]; then kill -KILL $left 2>/dev/null || true; fi',
+        f'  echo "{me}: interrupted by SIG$1: the launcher and its ranks were stopped" >&2',
+        '  exit "$STOP_RC"',
+        "}",
+        'LAUNCHER_PID=""',
+        "trap 'stop_job TERM 143' TERM",
+        "trap 'stop_job INT 130' INT",
+        "set -m",
+        f'"${{{cmd_var}[@]}}" &',
+        "LAUNCHER_PID=$!",
+        "set +m",
+        'RC=0; wait "$LAUNCHER_PID" || RC=$?',
+        'exit "$RC"',
+    ]
