@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,21 @@ class RunState:
                 "tokens": self.tokens, "skip_positions": sorted(self.skip_positions)}
 
 
+def finite_or_none(obj: Any) -> Any:
+    """`obj` with every NaN / Inf float (at any depth) replaced by None: JSON has no NaN (`json.dumps` would write
+    the bare word `NaN`, which no strict JSON reader takes), so a metrics line says null instead."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 class MetricsWriter:
-    """Rank 0 appends one JSON object per line and flushes (so a killed run keeps what it wrote)."""
+    """Rank 0 appends one JSON object per line and flushes (so a killed run keeps what it wrote). A non-finite
+    number (a NaN loss, no loss at all) is written as null (`finite_or_none`): every line is strict JSON."""
 
     def __init__(self, path: str, enabled: bool) -> None:
         self.enabled = enabled
@@ -42,7 +56,8 @@ class MetricsWriter:
 
     def write(self, obj: dict) -> None:
         if self.f is not None:
-            self.f.write(json.dumps(obj, default=float) + "\n")
+            plain = json.loads(json.dumps(obj, default=float))  # tensors / numpy scalars -> float (NaN kept), then
+            self.f.write(json.dumps(finite_or_none(plain), allow_nan=False) + "\n")  # NaN / Inf -> null
             self.f.flush()
 
     def close(self) -> None:
@@ -64,6 +79,8 @@ class Checkpoints:
                                   hint="raise --max-rollbacks or inspect the data")
         self.abandoned = 0
         """Micro-batches of an open accumulation window the last load threw away (their gradients included)."""
+        self.saved_step: Any = None
+        """The step the folder's newest checkpoint of this run holds (saved or loaded); None: none yet."""
 
     def client_state(self) -> dict:
         return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
@@ -81,6 +98,7 @@ class Checkpoints:
         if path is None or cs is None or "dstoolkit" not in cs:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
         run, state = cs["dstoolkit"]["run"], self.state
+        self.saved_step = run["step"]
         skips = set(state.skip_positions) if keep_skips else set()
         state.step, state.data_pos = run["step"], run["data_pos"]
         state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
@@ -143,9 +161,22 @@ class Checkpoints:
         return True
 
     def maybe_save(self, every: int, barrier) -> None:
+        """Save every `every` steps (--save-every)."""
         if self.mgr is None or not every or self.state.step % every != 0:
             return
+        self._save(barrier)
+
+    def save_final(self, barrier) -> None:
+        """At the end of a run that trained to its last step: save that step unless it is saved already, so a run
+        shorter than --save-every (launch.sh's defaults) still leaves a checkpoint for --resume, as
+        `training.save_interval_steps` promises. Not called after a failure or a spike-guard abort (they raise)."""
+        if self.mgr is None or self.state.step <= 0 or self.saved_step == self.state.step:
+            return
+        self._save(barrier)
+
+    def _save(self, barrier) -> None:
         healthy = self.guard.healthy()
         tag = self.mgr.save(self.engine, self.state.step, self.client_state(), healthy=healthy, barrier=barrier)
         self.writer.write({"event": "checkpoint", "tag": tag, "step": self.state.step,
                            "data_pos": self.state.data_pos, "healthy": self.guard.healthy()})
+        self.saved_step = self.state.step

@@ -21,6 +21,10 @@ checkpoints, and have rank 0 append JSON lines to --metrics-out:
              "peak_rss_bytes", "lr", "cpu_time_s" (rank 0's process CPU seconds in the step), ...}
   events    {"event": "spike"|"rollback"|"checkpoint"|"resume"|"monitor"|"inject", ...}
   at the end {"event": "done", "steps", "final_loss", "world_size", "shm_buffers_unlinked"}
+Every line is strict JSON: a NaN / Inf (a non-finite loss; final_loss of a run that trained no step) is null.
+With --checkpoint-dir the last step is saved at the end unless --save-every saved it already (a run shorter than
+--save-every still leaves a checkpoint for --resume). A --resume whose checkpoint is already at --steps or beyond
+says so in one line ("step_N is already at step N >= --steps M: nothing to train") and exits 0.
 Exit code: 0 ok, 1 training failure, 2 bad input; the message says what and why.
 
 Fault-injection flags (--inject-poison, --inject-lr-blowup, --kill-at-step) exist to prove the guard and
@@ -44,7 +48,7 @@ from dstoolkit.runtime.train.accum import align_window, open_micro_batches
 from dstoolkit.runtime.train.builders import (SyntheticData, add_monitor_backends, build_checkpoint_manager, build_data,
                                               build_engine, build_guard, build_model_for_run, build_monitor,
                                               build_ramp, model_event, write_model_config)
-from dstoolkit.runtime.train.ckpt import CheckpointSaveError
+from dstoolkit.runtime.train.ckpt import CheckpointSaveError, tag_for
 from dstoolkit.runtime.train.faults import FaultInjector
 from dstoolkit.runtime.train.lr import LrControl
 from dstoolkit.runtime.train.pgroups import init_distributed
@@ -228,6 +232,9 @@ def train(args: argparse.Namespace) -> int:
     engine, state, guard, writer = run.engine, run.state, run.guard, run.writer
     if args.resume:
         run.ckpt.resume()
+        if state.step >= args.steps:  # exit 0: the run asked for is done (the metrics' "done" says steps N, loss null)
+            run.log(f"{tag_for(state.step)} is already at step {state.step} >= --steps {args.steps}: nothing to train "
+                    f"(raise --steps to train on)")
     bar = None
     if run.rank == 0 and args.progress:
         from tqdm import tqdm
@@ -299,6 +306,7 @@ def train(args: argparse.Namespace) -> int:
         run.faults.maybe_kill(state.step, run.rank)
     if bar is not None:
         bar.close()
+    run.ckpt.save_final(barrier=dist.barrier)  # a run shorter than --save-every still saves once, at its end
     writer.write({"event": "done", "steps": state.step, "final_loss": last_loss, "world_size": run.world,
                   "data_pos": state.data_pos, "shm_buffers_unlinked": len(shm_unlinked)})
     writer.close()
