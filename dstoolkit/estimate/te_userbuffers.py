@@ -12,7 +12,11 @@ TE_TP_OVERLAP_USERBUFFERS = 10
 all-gathers qkv/fc1 fprop and proj/fc2 dgrad, 2 pipelined reduce-scatters proj/fc2 fprop, 4 bulk
 qkv/fc1 dgrad and wgrad: transformer_engine/pytorch/module/base.py initialize_ub), each of the shape
 Megatron-LM passes, [seq_length x micro_batch / cp, hidden] (megatron/training/initialize.py
-_initialize_tp_communicators), in the activation dtype (1 byte for the fp8 all-gather buffers)."""
+_initialize_tp_communicators), in the activation dtype except the all-gather ones under FP8."""
+TE_TP_OVERLAP_FP8_BUFFERS = 4
+"""Of those, the all-gather buffers (layers_all_gather_overlap: qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) are
+uint8 under FP8 (initialize_ub: `fp8_buf = name in layers_all_gather_overlap`, `buffer_dtype = torch.uint8 if
+(use_fp8 and fp8_buf) else dtype`): 1 byte per element."""
 TE_CUBLAS_WORKSPACE_BYTES = 3 * 32 * 2**20
 """TE repeats its 32 MiB Hopper cuBLAS workspace for its 3 overlap streams (initialize_ub, _NUM_MAX_UB_STREAMS)."""
 
@@ -23,8 +27,10 @@ def tp_overlap_buffer_bytes(plan: RunPlan) -> int:
     if not plan.tp_comm_overlap or plan.tp <= 1:
         return 0
     elem = 4 if plan.precision == "fp32" else 2
+    fp8 = TE_TP_OVERLAP_FP8_BUFFERS if plan.precision == "fp8" else 0
     rows = plan.seq_len * plan.ds.micro_batch // max(1, plan.cp)
-    return TE_TP_OVERLAP_USERBUFFERS * rows * plan.shape.hidden_size * elem + TE_CUBLAS_WORKSPACE_BYTES
+    per_elem_bytes = (TE_TP_OVERLAP_USERBUFFERS - fp8) * elem + fp8 * 1
+    return rows * plan.shape.hidden_size * per_elem_bytes + TE_CUBLAS_WORKSPACE_BYTES
 
 
-__all__ = ["TE_TP_OVERLAP_USERBUFFERS", "TE_CUBLAS_WORKSPACE_BYTES", "tp_overlap_buffer_bytes"]
+__all__ = ["TE_TP_OVERLAP_USERBUFFERS", "TE_TP_OVERLAP_FP8_BUFFERS", "TE_CUBLAS_WORKSPACE_BYTES", "tp_overlap_buffer_bytes"]

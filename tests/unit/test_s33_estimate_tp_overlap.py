@@ -73,3 +73,20 @@ def test_estimate_run_counts_the_userbuffers_once():
     ub = tp_overlap_buffer_bytes(plan)
     assert ub > 0 and est.memory.tp_overlap_buffers == ub
     assert estimate_candidate(spec, shape, cand, gpu).memory_per_rank_bytes == est.memory.total
+
+
+def test_fp8_all_gather_userbuffers_are_one_byte():
+    """Under FP8 Transformer Engine allocates the 4 all-gather userbuffers as uint8 (initialize_ub: fp8_buf for
+    layers_all_gather_overlap) and the other 6 in the activation dtype."""
+    from dstoolkit.estimate.te_userbuffers import TE_CUBLAS_WORKSPACE_BYTES, tp_overlap_buffer_bytes
+    from dstoolkit.hardware.table import get_gpu
+    from dstoolkit.models import get_preset
+    from dstoolkit.runplan import RunPlan
+
+    base = dict(shape=get_preset("llama-3-8b"), world_size=8, gpus_per_node=8, gpu=get_gpu("H100-SXM"),
+                seq_len=4096, tp=2, sequence_parallel=True, tp_comm_overlap=True, framework="megatron",
+                ds_config={"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+                           "zero_optimization": {"stage": 1}})
+    rows_x_hidden = 4096 * 2 * 4096
+    assert tp_overlap_buffer_bytes(RunPlan(**base, precision="bf16")) == 10 * 2 * rows_x_hidden + TE_CUBLAS_WORKSPACE_BYTES
+    assert tp_overlap_buffer_bytes(RunPlan(**base, precision="fp8")) == (6 * 2 + 4 * 1) * rows_x_hidden + TE_CUBLAS_WORKSPACE_BYTES
