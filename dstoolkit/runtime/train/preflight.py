@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 from dstoolkit.dsconfig.rules import DS201_DP_FIX_LEAD
 from dstoolkit.runtime.train.names import CLI
 from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
+from dstoolkit.runtime.train.writer_lock import live_writer_refusal
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.folder import LAYOUT_FILE, LayoutFileError, read_layouts
@@ -105,8 +106,8 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
     Raises:
         UsageError: a flag the trainer refuses, an unreadable config or spec, an output path that cannot be
             written (a file in the path, a folder for --metrics-out), or a config whose batch sizes do not fit
-            `nproc` ranks (the message names the fix); a --checkpoint-dir the run must not write into or cannot
-            resume from (`resume_check`).
+            `nproc` ranks (the message names the fix); a --checkpoint-dir the run must not write into (another live
+            run's writer lock: `writer_lock`) or cannot resume from (`resume_check`).
     """
     parser = build_parser()
 
@@ -130,7 +131,7 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
         raise UsageError(world_size_refusal(bad[0], inputs, str(args.deepspeed_config), nproc, config_flag=config_flag,
                                             nproc_flag=nproc_flag))
     if args.checkpoint_dir:
-        problem = (resume_refusal(args.checkpoint_dir, inputs.ds_config, nproc, replace(CLI, nproc=nproc_flag))
+        problem = live_writer_refusal(args.checkpoint_dir) or (resume_refusal(args.checkpoint_dir, inputs.ds_config, nproc, replace(CLI, nproc=nproc_flag))
                    if args.resume else fresh_run_refusal(args.checkpoint_dir))
         if problem:
             raise UsageError(problem)

@@ -84,6 +84,8 @@ class Run:
     writer: MetricsWriter
     state: RunState
     log: Any
+    lock: Any = None
+    """The --checkpoint-dir writer lock global rank 0 holds (`writer_lock`; None elsewhere or without one)."""
 
     def global_mean(self, value: float) -> float:
         import deepspeed.comm as dist
@@ -187,6 +189,7 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
     if on_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     spec, shape, ds_config = inputs.spec, inputs.shape, inputs.ds_config
+    lock = take_writer_lock(args, rank)
 
     model = build_model_for_run(args, spec, shape, world, shrunk=inputs.shrunk)
     mgr = build_checkpoint_manager(args, rank)
@@ -210,8 +213,27 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
     run = Run(args=args, rank=rank, world=world, on_cuda=on_cuda, shape=shape, seq_len=seq_len, engine=engine,
               data=build_data(args, shape, engine, seq_len, rank), ramp=ramp, lr=lr, guard=guard,
               monitor=monitor, ckpt=Checkpoints(mgr, args, engine, state, guard, writer, log),
-              faults=FaultInjector(args, inputs.blowups, writer), writer=writer, state=state, log=log)
+              faults=FaultInjector(args, inputs.blowups, writer), writer=writer, state=state, log=log, lock=lock)
     return run, shm_unlinked
+
+
+def take_writer_lock(args: argparse.Namespace, rank: int) -> Any:
+    """Global rank 0 takes the --checkpoint-dir writer lock before anything is written there; every rank learns the
+    outcome (a broadcast), so a folder another live run writes into is one UsageError on every rank, exit 2."""
+    if not args.checkpoint_dir:
+        return None
+    import deepspeed.comm as dist
+
+    from dstoolkit.runtime.train.writer_lock import take
+
+    lock, problem = (take(args.checkpoint_dir, note=lambda m: print(f"[dstoolkit.runtime.train] {m}",
+                                                                    file=sys.stderr, flush=True))
+                     if rank == 0 else (None, None))
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise UsageError(box[0])
+    return lock
 
 
 def train(args: argparse.Namespace) -> int:
@@ -307,6 +329,8 @@ def train(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     run.ckpt.save_final(barrier=dist.barrier)  # a run shorter than --save-every still saves once, at its end
+    if run.lock is not None:
+        run.lock.release()  # (a failure releases it at exit)
     writer.write({"event": "done", "steps": state.step, "final_loss": last_loss, "world_size": run.world,
                   "data_pos": state.data_pos, "shm_buffers_unlinked": len(shm_unlinked)})
     writer.close()
