@@ -228,6 +228,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
         if Path(metrics).is_dir():  # a link to a folder: appended to, not replaced, so refused as well
             raise UsageError(f"--metrics-out {metrics}: is a link to a folder, not a file; give the path of the "
                              "JSON-lines file to append to (a file inside it, or a new name)")
+        probe_folder_creation(Path(metrics).parent, f"--metrics-out {metrics}")
         for flag, dest in OUTPUT_FOLDER_FLAGS:
             folder = getattr(args, dest, None)
             if not folder:
@@ -236,8 +237,33 @@ def check_output_paths(args: argparse.Namespace) -> None:
             if Path(folder).exists() and not Path(folder).is_dir():
                 raise UsageError(f"{flag} {folder}: is a file, not a folder; give a new or existing folder to write "
                                  "into (or move the file away)")
+            probe_folder_creation(Path(folder), f"{flag} {folder}")
     except OSError as e:  # FileInPathError, OutputIsFolderError: their text names the flag, the part and the fix
         raise UsageError(str(e)) from None
+
+
+def probe_folder_creation(folder: Path, name: str) -> None:
+    """Create `folder` (and what is missing above it) the way the ranks will, then remove what this created: a
+    folder that cannot be made (/proc/x, a read-only place) is a UsageError naming `name` (flag and value) here,
+    before any rank starts, not a FileNotFoundError traceback per rank."""
+    missing = []
+    p = folder.absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    if not missing:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{name}: cannot create the folder {missing[-1]} ({e.strerror or e}); give a path where "
+                         "you can create folders") from None
+    finally:
+        for made in missing:  # deepest first; only empty folders this probe made
+            try:
+                made.rmdir()
+            except OSError:
+                break
 
 
 def read_shrink(args: argparse.Namespace, spec: Any) -> Any:
