@@ -21,9 +21,6 @@ from typing import Any, Optional, Sequence
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
                                    exit_for_signal, exit_map)
 from dstoolkit.common.paths import input_file_problem
-# how long processes under the launcher may outlive it after a forwarded signal: one value for `dstoolkit train` and
-# the generated launch scripts, declared with the shell rule (generate/shell.py `run_forwarding_signals_lines`)
-from dstoolkit.generate.shell import REAP_GRACE_S
 
 
 def add_parser(subparsers) -> None:
@@ -86,14 +83,15 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def run_forwarding_signals(cmd: Sequence[str], env: dict, *,
-                           grace_s: float = REAP_GRACE_S) -> tuple[int, Optional[int]]:
+                           grace_s: Optional[float] = None) -> tuple[int, Optional[int]]:
     """Run a launcher to completion, passing SIGINT / SIGTERM on to it and leaving no process behind.
 
     A signal for this process (`kill`, `timeout`, a scheduler that signals the main PID only, Ctrl-C) is sent to
     the launcher; torchrun and the deepspeed launcher pass it to the ranks (each in its own session under torchrun:
     torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py `_popen`) and wait for them.
     The launcher stays in this process group, where a terminal's Ctrl-C reaches it directly too; a second signal
-    to it only shortens its wait, and whatever was under it when the signal came and outlives it by `grace_s` is
+    to it only shortens its wait, and whatever was under it when the signal came and outlives it by `grace_s`
+    (default: `REAP_GRACE_S`, the generated launch scripts' value) is
     killed (`kill_tree`, as `dstoolkit tune` and `dstoolkit bench` stop a trial); /dev/shm buffers of killed ranks
     are removed. A second signal kills the launcher's tree at once. Outside the main thread (where no handler can
     be installed) the launcher simply runs.
@@ -103,6 +101,14 @@ def run_forwarding_signals(cmd: Sequence[str], env: dict, *,
     """
     # the helper `dstoolkit tune` / `bench` stop a trial with (tune/objective.py imports it from there)
     from dstoolkit.runtime.bench.usercmd import kill_tree
+
+    if grace_s is None:
+        # start-up time: `dstoolkit --help` imports every verb module; dstoolkit.generate loads when the verb runs.
+        # How long processes under the launcher may outlive it after a forwarded signal: one value for `dstoolkit
+        # train` and the generated launch scripts, declared with the shell rule (generate/shell.py)
+        from dstoolkit.generate.shell import REAP_GRACE_S
+
+        grace_s = REAP_GRACE_S
 
     got: list[int] = []
     tree: dict[int, Any] = {}  # psutil processes under this one when the signal came: none may outlive the run
