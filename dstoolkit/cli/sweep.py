@@ -175,18 +175,25 @@ def run(args) -> int:
     for group, engine_spec in _groups(spec, targets):
         res = run_sweep(spec, shape, top=args.top, targets=group)
         sweeps.append((group, engine_spec, res, _training_plans(args, engine_spec, shape, res.ranked)))
-    per_target = {t: run_sweep(spec, shape, top=1, targets=(t,), advise=False).winner
+    per_target = {t: run_sweep(spec, shape, top=1, targets=(t,), advise=False)
                   for t in targets} if len(targets) > 1 else {}
+    # generate's rule (targets.target_refusal): a target that runs no layout of the spec (a model it cannot build) is
+    # not estimated, with its reason, and left out of the rankings
+    not_estimated = _not_estimated(spec, shape, sweeps, per_target)
+    per_target = {t: res.winner for t, res in per_target.items() if t not in not_estimated}
     gpu = spec.cluster.gpu_spec
     ranked_any = any(res.ranked for _, _, res, _ in sweeps)
     if args.format == "json":
-        groups = [_group_doc(res, g, es, plans, args.spec, shape.name, shape) for g, es, res, plans in sweeps]
+        groups = [{**_group_doc(res, g, es, plans, args.spec, shape.name, shape),
+                   "not_estimated": {t: why for t, why in not_estimated.items() if t in g}}
+                  for g, es, res, plans in sweeps]
         doc = {"spec": spec.name, "model": shape.name, "world_size": spec.cluster.world_size, "gpu": gpu.name,
                # one group: its ranking at the top level too, as before groups existed
                **({k: v for k, v in groups[0].items() if k != "targets"} if len(groups) == 1 else {}),
                "targets": list(targets), "groups": groups,
                "best_per_target": {t: (None if r is None else _ranked_json(r, _spec_of(sweeps, t)))
-                                   for t, r in per_target.items()}}
+                                   for t, r in per_target.items()},
+               "not_estimated": not_estimated}
         print(json.dumps(doc, indent=2))
         return EXIT_OK if ranked_any else EXIT_FINDINGS
     head = f"{spec.name}: {shape.name} on {spec.cluster.describe(gpu.name)}"
@@ -199,29 +206,57 @@ def run(args) -> int:
         counts = (f"{res.considered} candidates, {res.all_ranked_count} fit, {len(res.dropped)} dropped "
                   f"(estimates: {res.estimator})")
         engine = ENGINE_NAMES[engine_spec.training.framework]
+        refused = [t for t in group if t in not_estimated]
+        if group and len(refused) == len(group):  # no target of the group runs the model: no ranking to show
+            lead = "\n== " if several else f"{head}: --target "
+            print("\n".join(f"{lead}{t}: not estimated: {not_estimated[t]}" for t in refused))
+            continue
         if several:
             print()
             print(f"== {', '.join(group)}: estimated under {engine}; {counts}")
         else:
             print(f"{head}; {counts}" + (f"; estimated under {engine}, the engine of {', '.join(group)}"
                                          if group else ""))
+        for t in refused:
+            print(f"   --target {t}: not estimated (not in this ranking): {not_estimated[t]}")
         _print_ranking(args, engine_spec, res, plans, shape, group)
         if several:
             nowhere.append(_print_dropped(args, engine_spec, res, shape.name))
     if targets:
         print()
         print(f"Targets: {', '.join(targets)} (layouts none of them runs are dropped as 'target')")
-    for t, r in per_target.items():
-        print(f"  best for {t}: " + ("nothing fits" if r is None else
-              f"{r.candidate.label}, {r.estimate.step_time_s:.4g} s/step, "
-              f"{r.estimate.memory_per_rank_bytes / GiB:.1f} GiB/rank"))
-    if not several:
+    for t in targets if len(targets) > 1 else ():
+        r = per_target.get(t)
+        print(f"  best for {t}: " + (f"not estimated: {not_estimated[t]}" if t in not_estimated else
+                                     "nothing fits" if r is None else
+                                     f"{r.candidate.label}, {r.estimate.step_time_s:.4g} s/step, "
+                                     f"{r.estimate.memory_per_rank_bytes / GiB:.1f} GiB/rank"))
+    none_runs = bool(targets) and set(targets) <= set(not_estimated)
+    if not several and not none_runs:
         nowhere.append(_print_dropped(args, sweeps[0][1], sweeps[0][2], shape.name))
     if not ranked_any:
-        if not any(nowhere):
+        if none_runs:
+            print(f"\nno requested target runs this spec (generate writes no files for them either): ask one that "
+                  "does" + (", e.g. --target deepspeed" if "deepspeed" not in targets else ""))
+        elif not any(nowhere):
             print("\nno candidate passed validation (see the dropped reasons above)")
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _not_estimated(spec, shape, sweeps, per_target) -> dict[str, str]:
+    """{target: reason} for each requested target that runs no layout of the spec (`targets.refused_everywhere` on
+    its own sweep, else on its group's when it is the group's only target)."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.targets import reason_without_target, refused_everywhere
+
+    out = {}
+    for group, _, res, _ in sweeps:
+        for t in group:
+            own = per_target.get(t, res if len(group) == 1 else None)
+            if own is not None and (why := refused_everywhere(t, own, spec, shape)):
+                out[t] = reason_without_target(t, why)
+    return out
 
 
 def _spec_of(sweeps, target):

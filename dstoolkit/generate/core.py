@@ -33,7 +33,8 @@ from dstoolkit.generate.summary import render_index, render_strategy_summary
 from dstoolkit.generate.targets import NATIVE_MOE_TARGETS, is_hf  # noqa: F401  (NATIVE_MOE_TARGETS: re-exported)
 from dstoolkit.generate.targets import native_moe as target_native_moe
 from dstoolkit.generate.targets import miss_reason as _miss_reason
-from dstoolkit.generate.targets import strategy_unavailable_for, target_groups, target_unavailable_reason
+from dstoolkit.generate.targets import (reason_without_target, refused_everywhere, strategy_unavailable_for,
+                                        target_groups, target_refusal)
 from dstoolkit.generate.sweep import error_findings, run_sweep
 from dstoolkit.generate.sweep_result import Ranked, SweepResult
 from dstoolkit.generate.writer import write_tree_atomic
@@ -204,14 +205,16 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
                 continue
             chosen, sweep = _resolve(spec, shape, strat, g)
             if chosen is None:
-                misses.append(sweep)
-                out_skipped.update({t: _miss_reason(t, sweep, shape) for t in g})
+                out_skipped.update({t: _miss_reason(t, sweep, shape, spec) for t in g})
+                if not all(refused_everywhere(t, sweep, spec, shape) for t in g):
+                    misses.append(sweep)  # a layout was tried and failed (not a model the targets cannot build)
                 continue
             # the group's layout runs on at least one of its targets (sweep: unavailable_for_all); the others
-            # get no files for it, each with its own reason (a ulysses layout: megatron files, no deepspeed ones)
+            # get no files for it, each with its own reason (a ulysses layout: megatron files, no deepspeed ones; a
+            # model Megatron-DeepSpeed cannot build): target_refusal, the rule estimate and sweep ask too
             runnable = []
             for t in g:
-                why = target_unavailable_reason(t, chosen.candidate, shape)
+                why = target_refusal(t, spec, shape, chosen.candidate)
                 if why:
                     out_skipped[t] = why
                 else:
@@ -220,7 +223,8 @@ def generate(spec: Spec, shape: ModelShape, strategies: Optional[Sequence[str]] 
                 picks.append((runnable, chosen, sweep))
         if not picks:
             if not misses:
-                result.skipped.append(SkippedStrategy(name, "; ".join(f"{t}: {w}" for t, w in out_skipped.items())))
+                result.skipped.append(SkippedStrategy(name, "; ".join(f"{t}: {reason_without_target(t, w)}"
+                                                                      for t, w in out_skipped.items())))
                 continue
             sweep = misses[0]
             nowhere = sweep.fits_nowhere.message(spec, spec.cluster.gpu_spec, shape.name) if sweep.fits_nowhere else None

@@ -32,8 +32,8 @@ from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
 from dstoolkit.generate.sweep_result import SweepResult
-from dstoolkit.generate.targets import (engine_note, miss_reason, spec_for_targets, target_groups,
-                                        target_unavailable_reason)
+from dstoolkit.generate.targets import (engine_note, miss_reason, reason_without_target, refused_everywhere,
+                                        spec_for_targets, target_groups, target_refusal)
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan
@@ -142,30 +142,51 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
     groups = [tuple(g) for g in target_groups(targets)] or [()]
     done: list[Resolution] = []
     refused: dict[str, str] = {}
+    everywhere: set[str] = set()  # targets that run no layout of the spec (refused_everywhere)
     for g in groups:
         try:
             r = _resolve_group(spec, shape, g)
         except _NoLayout as exc:
-            if len(groups) == 1:
+            # a target that runs none of the layouts (a model Megatron cannot build) is refused with its reason
+            # (targets.target_refusal, the rule generate asks); a group that only lacks a fitting layout is an error
+            whys = {t: refused_everywhere(t, exc.sweep, spec, shape) for t in g}
+            if len(groups) == 1 and not all(whys.values()):
                 raise ValueError(str(exc)) from None
-            refused.update({t: miss_reason(t, exc.sweep, shape) for t in g})
+            refused.update({t: reason_without_target(t, whys[t] or miss_reason(t, exc.sweep, shape, spec)) for t in g})
+            everywhere.update(t for t in g if whys[t])
             continue
         # the group's layout runs on at least one of its targets (the sweep drops the rest); the others cannot run it
         for t in g:
-            if (why := target_unavailable_reason(t, r.candidate, shape)) is not None:
-                refused[t] = why
+            if (why := target_refusal(t, spec, shape, r.candidate)) is not None:
+                refused[t] = _refused_at(spec, shape, t, r.candidate.label, reason_without_target(t, why))
         r.targets = [t for t in g if t not in refused]
         done.append(r)
+    if not done and set(refused) <= everywhere:
+        raise ValueError(f"{spec.name} is not estimated for any requested target: "
+                         + "; ".join(f"--target {t}: {why}" for t, why in refused.items())
+                         + " (generate writes no files for them either: ask a target that runs this spec"
+                         + (", e.g. --target deepspeed)" if "deepspeed" not in refused else ")"))
     if not done:
         raise ValueError(f"no valid layout for {spec.name} on any requested target: "
                          + "; ".join(f"{t}: {why}" for t, why in refused.items()))
     main = next((r for r in done if r.fits), done[0])
     main.others = [r for r in done if r is not main]
-    main.refused = refused
+    main.refused = {t: refused[t] for t in targets if t in refused}  # in the order asked
     if len(groups) > 1 or refused:
         lead, *rest = _targets_notes(main)
         main.assumptions = [lead, *main.assumptions, *rest]
     return main
+
+
+def _refused_at(spec: Spec, shape: ModelShape, target: str, label: str, why: str) -> str:
+    """Why `target` has no figures when it cannot run its group's layout (`label`): its reason alone where it runs
+    no layout of the spec (a model it cannot build: a sweep for it alone drops every layout as 'target', cheaply,
+    before any estimate), else the reason for this layout and where its own layouts are ranked."""
+    alone = run_sweep(spec, shape, top=1, validate=False, advise=False, targets=(target,))
+    if refused_everywhere(target, alone, spec, shape):
+        return why
+    return (f"it cannot run {label}, the layout of its group: {why}; `dstoolkit estimate --target {target}` "
+            "estimates the layouts it runs")
 
 
 def _engine_name(r: Resolution) -> str:

@@ -95,10 +95,11 @@ def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec)
 
 
 def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[Candidate], native_moe: bool = True,
-                  targets: Sequence[str] = ()):
-    """Rules, then a model-state lower bound, then the estimator. Within one layout (everything but the
-    micro-batch) memory grows with the micro-batch, so once a micro-batch does not fit, larger ones are
-    dropped without estimating them."""
+                  targets: Sequence[str] = (), target_spec: Optional[Spec] = None):
+    """The targets' refusals, then rules, then a model-state lower bound, then the estimator. Within one layout
+    (everything but the micro-batch) memory grows with the micro-batch, so once a micro-batch does not fit, larger
+    ones are dropped without estimating them. `target_spec`: the spec as written, which `targets.target_refusal`
+    asks the launchers' builders with (as `generate` does); `spec` is the engine's copy (`spec_for_targets`)."""
     fit, dropped, estimates, considered = [], [], [], 0
     too_big: dict = {}  # layout key -> (smallest micro-batch that did not fit, its bytes)
     usable = usable_device_bytes(gpu)
@@ -106,8 +107,9 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
     for cand in ordered:
         considered += 1
         # the launchers first: a layout none of them runs is dropped naming the one that does (a cp layout for the
-        # deepspeed target: megatron-lm), not by a rule of the engine they pinned (LY024's "framework: megatron")
-        no_target = unavailable_for_all(targets, cand, shape)
+        # deepspeed target: megatron-lm), not by a rule of the engine they pinned (LY024's "framework: megatron"); a
+        # model a target cannot build drops every layout with that reason (generate writes no files for it either)
+        no_target = unavailable_for_all(targets, target_spec or spec, shape, cand)
         if no_target is not None:
             dropped.append(Dropped(cand, "target", no_target))
             continue
@@ -169,13 +171,14 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
     # DeepSpeed's refusal of its own MoE layer at ZeRO-3 binds where DeepSpeed runs the model; Megatron-Core
     # (Megatron FSDP shards the experts over the expert-data-parallel group) and PyTorch FSDP run their own MoE blocks.
     # The targets' engine is the framework the layouts are checked and estimated under (spec_for_targets).
+    written = spec  # what the launchers' builders read (targets.target_refusal), as generate passes it
     if targets:
         native_moe = target_native_moe(targets)
         spec = spec_for_targets(spec, targets)
     native_moe = native_moe and spec.training.framework == "deepspeed"
     gpu = spec.cluster.gpu_spec
     fit, dropped, estimates, considered = _estimate_all(
-        spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native_moe, targets)
+        spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native_moe, targets, written)
     fit = rank(fit)
     chosen: list[Ranked] = []
     for r in fit:
@@ -211,9 +214,10 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
 def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, targets: Sequence[str] = ()) -> Optional[Ranked]:
     gpu = spec.cluster.gpu_spec
     native = target_native_moe(targets) if targets else True
-    spec = spec_for_targets(spec, targets)  # enumerated and estimated as the targets run it, as run_sweep does
+    written, spec = spec, spec_for_targets(spec, targets)  # enumerated and estimated as the targets run it (run_sweep)
     native = native and spec.training.framework == "deepspeed"
-    fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native, targets)
+    fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native, targets,
+                                 written)
     return rank(fit)[0] if fit else None
 
 

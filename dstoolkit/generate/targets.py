@@ -9,6 +9,11 @@
   ``PipelineModule``), no AutoEP (DeepSpeed 0.19.8 against transformers 5), no Megatron sequence parallelism;
   experts are plain modules, so ZeRO-3 is open to an HF MoE model (`hf_targets.hf_unavailable_reason`).
 
+`target_refusal` is the one rule for whether a target can run a layout of a spec: `generate` writes no files for a
+target it refuses, and the sweep (so `sweep`, `estimate SPEC` and `tune`) drops the layouts none of the asked targets
+runs, so a model a Megatron target cannot build (`megatron_common.architecture_gaps` and the argument builders' other
+refusals) gets "not estimated" for it, never figures.
+
 Each target's layout is estimated under the engine its files run (`TARGET_ENGINE`: Megatron-LM is Megatron-Core, the
 others DeepSpeed's engine), whatever `training.framework` says (`spec_for_targets`); `generate` resolves each strategy
 once per `target_groups` group.
@@ -20,6 +25,9 @@ from typing import Optional, Sequence
 from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
 from dstoolkit.generate.candidates import Candidate, strategy_unavailable_reason
 from dstoolkit.generate.hf_targets import HF_TARGETS, hf_unavailable_reason
+from dstoolkit.generate.megatron_common import UnsupportedTarget
+from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args
+from dstoolkit.generate.megatron_lm import megatron_lm_args
 from dstoolkit.generate.sweep_result import SweepResult
 from dstoolkit.layout.ulysses_heads import (IMPL_LAUNCHER, one_of, ulysses_degrees, ulysses_heads_fix,
                                            ulysses_heads_problem)
@@ -140,27 +148,74 @@ def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -
     return why
 
 
-def miss_reason(target: str, sweep: SweepResult, shape: ModelShape) -> str:
-    """Why `target` got no layout from a sweep of its group: its own reason where every layout was one it cannot run (a
-    ulysses layout for deepspeed names the launchers that split sequences), else the sweep's counts and first drop."""
-    if sweep.dropped and all(d.code == "target" for d in sweep.dropped):
-        why = target_unavailable_reason(target, sweep.dropped[0].candidate, shape)
-        if why:
-            return why
+_MEGATRON_ARGS = {
+    "megatron-lm": megatron_lm_args,
+    # the bare name: the path is only written into the words, never read (`megatron_deepspeed_args`)
+    "megatron-deepspeed": lambda spec, shape, cand: megatron_deepspeed_args(spec, shape, cand,
+                                                                            ds_config_path="ds_config.json"),
+}
+
+
+def target_refusal(target: str, spec: Spec, shape: ModelShape, cand: Candidate) -> Optional[str]:
+    """Why `target` cannot run this layout of this spec (`generate` writes no files for it, with this reason), or
+    None.
+
+    The layout rules of `target_unavailable_reason`, then, for a Megatron target, what its argument builder
+    (`megatron_lm_args` / `megatron_deepspeed_args`) refuses with `UnsupportedTarget`: the architecture it cannot
+    build (`megatron_common.architecture_gaps`: a parallel attention + MLP block, ALiBi, a post-norm block, ...), a
+    rope scaling or window it has no flag for, or a layout it cannot run. The builder is asked, never a copy of
+    its conditions, so generate, the sweep and estimate refuse the same targets for the same reasons.
+
+    Args:
+        spec: The spec as the user wrote it (the builders read it as `generate` passes it, not the engine's copy).
+    """
+    why = target_unavailable_reason(target, cand, shape)
+    if why is None and target in _MEGATRON_ARGS:
+        try:
+            _MEGATRON_ARGS[target](spec, shape, cand)
+        except UnsupportedTarget as exc:
+            why = str(exc)
+    return why
+
+
+def reason_without_target(target: str, why: str) -> str:
+    """A refusal without the 'X: ' some builders' messages start with, for a line that names the target itself
+    (estimate and sweep's `--target X: not estimated: <reason>`, docs/generate-and-targets.md)."""
+    return why.removeprefix(f"{target}: ")
+
+
+def refused_everywhere(target: str, sweep: SweepResult, spec: Spec, shape: ModelShape) -> Optional[str]:
+    """`target`'s own reason when a sweep of its group ranked nothing because no layout was one it runs (every drop
+    code "target"): the model, not a layout, is what it cannot run; else None (a layout it runs was dropped for
+    another reason: memory, a structural rule)."""
+    if sweep.ranked or not sweep.dropped or any(d.code != "target" for d in sweep.dropped):
+        return None
+    return target_refusal(target, spec, shape, sweep.dropped[0].candidate)
+
+
+def miss_reason(target: str, sweep: SweepResult, shape: ModelShape, spec: Spec) -> str:
+    """Why `target` got no layout from a sweep of its group: its own reason where every layout was one it cannot run
+    (`refused_everywhere`: a ulysses layout for deepspeed names the launchers that split sequences; a model Megatron
+    cannot build names what it lacks), else the sweep's counts and first drop."""
+    why = refused_everywhere(target, sweep, spec, shape)
+    if why:
+        return why
     reason = "no layout of this strategy fits" if sweep.fits_nowhere else "no valid layout"
     codes = ", ".join(f"{k}: {v}" for k, v in sweep.dropped_by_code.items())
     first = f"; e.g. {sweep.dropped[0].candidate.label}: {sweep.dropped[0].reason}" if sweep.dropped else ""
     return f"{reason} for {target} ({sweep.considered} tried; dropped by {codes}{first})"
 
 
-def unavailable_for_all(targets: Sequence[str], cand: Candidate, shape: ModelShape) -> Optional[str]:
-    """A reason when none of `targets` can run the layout (the first target's reason), else None."""
-    if not targets:
-        return None
-    reasons = [target_unavailable_reason(t, cand, shape) for t in targets]
-    if all(r is not None for r in reasons):
-        return f"{targets[0]}: {reasons[0]}"
-    return None
+def unavailable_for_all(targets: Sequence[str], spec: Spec, shape: ModelShape, cand: Candidate) -> Optional[str]:
+    """A reason when none of `targets` can run the layout (`target_refusal`; the first target's reason, named), else
+    None. Stops at the first target that runs it."""
+    first = None
+    for t in targets:
+        why = target_refusal(t, spec, shape, cand)
+        if why is None:
+            return None
+        first = first or f"{t}: {why}"
+    return first
 
 
 def strategy_unavailable_for(targets: Sequence[str], strategy, *, is_moe: bool) -> Optional[str]:

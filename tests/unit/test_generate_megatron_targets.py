@@ -684,5 +684,6 @@ def test_each_target_gets_files_only_for_a_layout_it_runs(tmp_path, capsys):
     assert main(["generate", str(il), "-o", str(tmp_path / "il"), "--strategy", "zero1",
                  "--target", "megatron-lm"]) == 1
     captured = capsys.readouterr()
-    assert "zero1: no megatron-lm files: megatron-lm: virtual_stages=3" in captured.err
-    assert "no strategy has files for megatron-lm" in captured.err
+    # the sweep drops the layouts Megatron-LM refuses (targets.target_refusal, s33): the strategy is not generated
+    assert "zero1: megatron-lm: virtual_stages=3" in captured.err
+    assert "no configuration written for u" in captured.err
