@@ -72,10 +72,12 @@ def build_model_for_run(args: argparse.Namespace, spec: Any, shape: Any, world: 
 
     if shrunk is not None:
         return build_shrunk_model(args, spec, shrunk)
-    ep_size = args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
+    from dstoolkit.runtime.train.trainer_inputs import ep_size_of
+
+    ep_size = ep_size_of(args, spec, shape)
     if shape.is_moe and world % ep_size != 0:
         raise UsageError(f"--ep-size={ep_size} must divide the world size {world}")
-    model = build_model(shape, ep_size=ep_size if shape.is_moe else 1, seed=args.seed)
+    model = build_model(shape, ep_size=ep_size, seed=args.seed)
     apply_checkpoint_policy(model, policy_from_spec(spec.training), backend=args.checkpoint_backend)
     return model
 

@@ -24,6 +24,7 @@ from dstoolkit.common.atomic import atomic_write_text
 from dstoolkit.common.filehash import sha256_file
 from dstoolkit.runtime.ckpt.export import CONFIG_NAME  # one name: written here, read by ckpt export (find_config)
 from dstoolkit.runtime.ckpt.outputs import is_enospc
+from dstoolkit.runtime.train.run_match import MANIFEST_KEY as RUN_KEY, manifest_run
 
 TAG_PREFIX = "step_"
 _ABSENT = object()
@@ -191,6 +192,8 @@ class CheckpointManager:
         """
         tag = tag_for(step)
         staging = self.root / ".staging"
+        # precision, ep size and parameters, what a resume compares before loading (resume_check.run_refusal)
+        run = manifest_run(engine)
         if self.rank == 0:
             shutil.rmtree(staging / tag, ignore_errors=True)
             staging.mkdir(parents=True, exist_ok=True)
@@ -206,7 +209,7 @@ class CheckpointManager:
         barrier()
         if self.rank == 0:
             try:
-                self._commit(staging / tag, step, healthy)
+                self._commit(staging / tag, step, healthy, run)
             except OSError as exc:
                 error = exc
         if any_rank_failed(error is not None):
@@ -214,9 +217,9 @@ class CheckpointManager:
         barrier()
         return tag
 
-    def _commit(self, staged: Path, step: int, healthy: bool) -> None:
-        """Rank 0: manifest, rename into place, `latest`, prune."""
-        write_manifest(staged, {"step": step, "healthy": healthy})
+    def _commit(self, staged: Path, step: int, healthy: bool, run: Optional[dict] = None) -> None:
+        """Rank 0: manifest (with `run`, `run_match.manifest_run`, when known), rename into place, `latest`, prune."""
+        write_manifest(staged, {"step": step, "healthy": healthy, **({RUN_KEY: run} if run is not None else {})})
         final = self.root / staged.name
         if final.exists():  # re-saving a step after a rollback: swap the old copy out first
             trash = self.root / f".trash-{staged.name}"

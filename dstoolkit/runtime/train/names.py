@@ -26,6 +26,11 @@ class Names:
     """What resumes only its own step_* checkpoints."""
     keep: str = "--keep-checkpoints"
     """What sets how many checkpoints are kept (the full-disk fix: "keep fewer checkpoints (a lower ...)")."""
+    ep: str = "the trainer's --ep-size {ep} (or training.ep: {ep} in the spec)"
+    """What sets the expert-parallel size (`{ep}`: the saved one): "Resume with ..."."""
+    model: str = ("Resume with the spec (and --shrink, or not) it was saved with, or give this run a new "
+                  "--checkpoint-dir")
+    """The fix for a checkpoint of another model."""
 
     def where(self, root: Path | str) -> str:
         return self.at.format(root=str(root))
@@ -34,5 +39,6 @@ class Names:
 CLI = Names()
 GUARD = Names(dir="checkpoint_dir", at="Guard: checkpoint_dir={root!r}", resume="guard.resume()",
               add_resume="call guard.resume() before the first step", nproc="a world size of", who="Guard.resume()",
-              keep="Guard(keep=...)")
+              keep="Guard(keep=...)", ep="a model whose deepspeed.moe.layer.MoE layers have ep_size={ep}",
+              model="Resume with the model it was saved from, or give Guard a new checkpoint_dir")
 """`dstoolkit.runtime.train.guard.Guard`'s names."""

@@ -21,7 +21,7 @@ from dstoolkit.dsconfig.rules import DS201_DP_FIX_LEAD
 from dstoolkit.runtime.train.names import CLI
 from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
 from dstoolkit.runtime.train.writer_lock import live_writer_refusal
-from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
+from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, ep_size_of, read_inputs
 from dstoolkit.validate.engine import validate_config
 from dstoolkit.validate.folder import LAYOUT_FILE, LayoutFileError, read_layouts
 
@@ -131,7 +131,9 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
         raise UsageError(world_size_refusal(bad[0], inputs, str(args.deepspeed_config), nproc, config_flag=config_flag,
                                             nproc_flag=nproc_flag))
     if args.checkpoint_dir:
-        problem = live_writer_refusal(args.checkpoint_dir) or (resume_refusal(args.checkpoint_dir, inputs.ds_config, nproc, replace(CLI, nproc=nproc_flag))
+        ep = ep_size_of(args, inputs.spec, inputs.shape, inputs.shrunk)
+        problem = live_writer_refusal(args.checkpoint_dir) or (resume_refusal(args.checkpoint_dir, inputs.ds_config,
+                                                                              nproc, replace(CLI, nproc=nproc_flag), ep)
                    if args.resume else fresh_run_refusal(args.checkpoint_dir))
         if problem:
             raise UsageError(problem)

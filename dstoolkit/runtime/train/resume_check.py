@@ -9,6 +9,9 @@ started by hand), so a refused folder is one line and exit 2, never a DeepSpeed 
   `SDLoaderFactory` then fails `assert len(self.ckpt_list) > 0`), another dp size for stages 1-3 raises in
   runtime/engine.py `_load_zero_checkpoint` ("used a DP world size of ..."). Stage 0 keeps the whole optimizer in
   mp_rank_00_model_states.pt, so its dp size may change. Refused before that (`layout_refusal`).
+- A --resume from a checkpoint saved in bf16 by a run that is not (or the reverse), at another expert-parallel size,
+  or of another model (parameter names / shapes) fails inside DeepSpeed too (`run_match` says where): refused before
+  that (`run_refusal`; the pre-flight, which builds no model, checks the precision only).
 - A universal checkpoint (`dstoolkit ckpt reshard` output: `latest_universal`, zero/<param>/ folders, no
   dstoolkit_manifest.json) is not the trainer's own format: refused, naming it (`universal_refusal`).
 - A --resume whose every checkpoint is rejected would start from step 0 as if resumed: refused
@@ -17,7 +20,8 @@ Each rank's check of the folder it resumes from is `pick_resume`. The same refus
 (`dstoolkit.runtime.train.guard.Guard`): each message names the folder, the resume and the rank count as the caller
 does (`Names`: `CLI` for the command line's flags, `GUARD` for Guard's parameters).
 The layout is read from the tag's pickled metadata (`dstoolkit.ckpt.torchzip.read_meta`, as `dstoolkit ckpt inspect`
-reads it): the model states' `dp_world_size` and saved ds_config, the first optimizer file's `zero_stage`.
+reads it): the model states' `dp_world_size` and saved ds_config, the first optimizer file's `zero_stage`; the
+precision, ep size and parameters from the manifest's "run" (`run_match`), else from those files.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ from typing import Any, Optional, Sequence
 
 from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.torchzip import Opaque, TorchFileError, read_meta
-from dstoolkit.runtime.train.ckpt import step_tags
+from dstoolkit.runtime.train import run_match
+from dstoolkit.runtime.train.ckpt import read_manifest, step_tags
 from dstoolkit.runtime.train.names import CLI, GUARD, Names  # noqa: F401 - GUARD: the names callers import here
 
 
@@ -61,10 +66,11 @@ def fresh_run_refusal(root: Path | str, names: Names = CLI) -> Optional[str]:
 
 @dataclass(frozen=True)
 class SavedLayout:
-    """How a tag was saved: ZeRO stage and data-parallel size (None: not readable)."""
+    """How a tag was saved: ZeRO stage and data-parallel size (None: not readable), precision, ep size and model."""
 
     zero_stage: Optional[int]
     dp: Optional[int]
+    run: run_match.RunMatch = run_match.RunMatch()
 
 
 def _int(v: Any) -> Optional[int]:
@@ -81,7 +87,8 @@ def _meta(path: Path) -> Any:
 
 
 def saved_layout(tag_dir: Path | str) -> SavedLayout:
-    """The ZeRO stage and dp size `tag_dir` was saved at, from file names and pickled metadata (never tensors)."""
+    """The ZeRO stage and dp size `tag_dir` was saved at, from file names and pickled metadata (never tensors), and
+    its precision, ep size and parameters (the manifest's "run", else the same metadata: `run_match.from_meta`)."""
     tag_dir = Path(tag_dir)
     files = sorted(p for p in tag_dir.iterdir() if p.is_file()) if tag_dir.is_dir() else []
     heads = [p for p in files if N.MODEL_STATES.match(p.name)] or [p for p in files
@@ -98,7 +105,13 @@ def saved_layout(tag_dir: Path | str) -> SavedLayout:
     if isinstance(osd, dict) and isinstance(osd.get("optimizer_state_dict"), dict):
         saved_stage = _int(osd["optimizer_state_dict"].get("zero_stage"))
         stage = saved_stage if saved_stage is not None else stage
-    return SavedLayout(stage, dp)
+    try:
+        run = run_match.from_manifest(read_manifest(tag_dir))
+    except (OSError, ValueError):
+        run = None
+    if run is None:
+        run = run_match.from_meta(head, bf16_files=any(N.OPTIM_STATES.match(p.name)["bf16"] for p in optim))
+    return SavedLayout(stage, dp, run)
 
 
 def config_zero_stage(ds_config: Any) -> Optional[int]:
@@ -148,10 +161,12 @@ def all_rejected_refusal(root: Path | str, rejected: Sequence[str], names: Names
             f"inspect`, or start afresh without {names.resume} in a new {names.dir}")
 
 
-def resume_refusal(root: Path | str, ds_config: Any, world: int, names: Names = CLI) -> Optional[str]:
+def resume_refusal(root: Path | str, ds_config: Any, world: int, names: Names = CLI,
+                   ep: Optional[int] = None) -> Optional[str]:
     """Pre-flight for --resume (before any rank starts): a universal checkpoint, no tag the trainer saved (none has
-    its manifest), or the newest such tag saved at another ZeRO stage / dp size. None: go ahead (the ranks still
-    verify every file's hash and skip a damaged tag)."""
+    its manifest), or the newest such tag saved at another ZeRO stage / dp size, in another precision or (`ep`:
+    the run's expert-parallel size, None: not compared) at another ep size. None: go ahead (the ranks still verify
+    every file's hash, skip a damaged tag and compare the model's parameters)."""
     root = Path(root)
     problem = universal_refusal(root)
     if problem:
@@ -163,14 +178,25 @@ def resume_refusal(root: Path | str, ds_config: Any, world: int, names: Names = 
     if not own:
         return all_rejected_refusal(root, [f"{t}: {N.DSTOOLKIT_MANIFEST} is missing: the save did not finish (the "
                                            "trainer writes it last)" for t in tags])
-    return layout_refusal(root, own[0], saved_layout(root / own[0]), config_zero_stage(ds_config), world, names)
+    saved = saved_layout(root / own[0])
+    return (layout_refusal(root, own[0], saved, config_zero_stage(ds_config), world, names)
+            or run_refusal(root, own[0], saved, run_match.RunMatch(precision=run_match.precision_of(ds_config), ep=ep),
+                           names))
+
+
+def run_refusal(root: Path | str, tag: str, saved: SavedLayout, current: run_match.RunMatch,
+                names: Names = CLI) -> Optional[str]:
+    """Why `tag` cannot be resumed by a run that trains `current` (another precision, ep size or model; None: it
+    can, as far as both are known): `run_match.run_refusal` in the caller's names."""
+    return run_match.run_refusal(names.where(root), names.resume, tag, saved.run, current, names.ep, names.model)
 
 
 def pick_resume(mgr: Any, engine: Any, names: Names = CLI, log: Any = lambda m: None) -> tuple[Any, Optional[str]]:
     """On each rank, with the engine up: the checkpoint a resume loads from `mgr` (a `ckpt.CheckpointManager`; its
     `latest_valid()`, rejected ones logged) and why it must not (None: load `found.tag`, or start from step 0 when
     `found.tag` is None) -- a universal checkpoint, every checkpoint rejected, or one saved at another ZeRO stage /
-    dp size than the DeepSpeed `engine` runs. The bundled trainer (`run_state.Checkpoints.resume`) and `Guard.resume`."""
+    dp size than the DeepSpeed `engine` runs, or in another precision, at another ep size or of another model
+    (`run_refusal`). The bundled trainer (`run_state.Checkpoints.resume`) and `Guard.resume`."""
     problem = universal_refusal(mgr.root, names)
     if problem:
         return None, problem
@@ -181,5 +207,8 @@ def pick_resume(mgr: Any, engine: Any, names: Names = CLI, log: Any = lambda m: 
         return found, all_rejected_refusal(mgr.root, found.rejected, names) if found.rejected else None
     if not hasattr(engine, "zero_optimization_stage") or getattr(engine, "dp_world_size", None) is None:
         return found, None  # not a DeepSpeed engine (a test double): its own load says what it cannot read
-    return found, layout_refusal(mgr.root, found.tag, saved_layout(mgr.root / found.tag),
-                                 engine.zero_optimization_stage(), engine.dp_world_size, names)
+    saved = saved_layout(mgr.root / found.tag)
+    current = run_match.of_engine(engine)
+    return found, (layout_refusal(mgr.root, found.tag, saved, engine.zero_optimization_stage(), engine.dp_world_size,
+                                  names)
+                   or (run_refusal(mgr.root, found.tag, saved, current, names) if current is not None else None))

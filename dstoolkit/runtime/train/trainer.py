@@ -193,7 +193,6 @@ def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
 
     model = build_model_for_run(args, spec, shape, world, shrunk=inputs.shrunk)
     mgr = build_checkpoint_manager(args, rank)
-    write_model_config(mgr, model)  # --shrink: config.json beside the tags, what `dstoolkit ckpt export` reads
     add_monitor_backends(ds_config, args.monitor_dir)
     engine, optimizer, lr_sched = build_engine(model, ds_config, spec)
     seq_len = spec.training.seq_len
@@ -254,9 +253,12 @@ def train(args: argparse.Namespace) -> int:
     engine, state, guard, writer = run.engine, run.state, run.guard, run.writer
     if args.resume:
         run.ckpt.resume()
-        if state.step >= args.steps:  # exit 0: the run asked for is done (the metrics' "done" says steps N, loss null)
-            run.log(f"{tag_for(state.step)} is already at step {state.step} >= --steps {args.steps}: nothing to train "
-                    f"(raise --steps to train on)")
+    # --shrink: config.json beside the tags, what `dstoolkit ckpt export` reads; only once the resume loaded (or this
+    # run starts afresh), so a refused resume leaves no config.json of this model beside another model's tags
+    write_model_config(run.ckpt.mgr, engine.module)
+    if args.resume and state.step >= args.steps:  # exit 0: the run asked for is done ("done": steps N, loss null)
+        run.log(f"{tag_for(state.step)} is already at step {state.step} >= --steps {args.steps}: nothing to train "
+                f"(raise --steps to train on)")
     bar = None
     if run.rank == 0 and args.progress:
         from tqdm import tqdm

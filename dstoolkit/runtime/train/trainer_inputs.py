@@ -151,6 +151,15 @@ class Inputs:
     """`dstoolkit.runtime.shrink_run.ShrunkRun` with --shrink (then `shape` is the shrunk shape), else None."""
 
 
+def ep_size_of(args: argparse.Namespace, spec: Any, shape: Any, shrunk: Any = None) -> int:
+    """The expert-parallel size the run builds its model at: --ep-size, else the spec's training.ep; 1 without
+    native MoE layers (a dense model, or --shrink: its experts are plain modules). `builders.build_model_for_run`
+    builds at it; the resume pre-flight compares it (`resume_check.resume_refusal`)."""
+    if shrunk is not None or not shape.is_moe:
+        return 1
+    return args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
+
+
 def read_inputs(args: argparse.Namespace) -> Inputs:
     """Check the flags and read the DeepSpeed JSON and the spec; every problem is a UsageError (exit 2)."""
     if args.steps <= 0:
