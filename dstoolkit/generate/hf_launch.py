@@ -12,7 +12,7 @@ from typing import Any
 
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import is_cpu_cluster
-from dstoolkit.generate.shell import node_rank_why, require_set
+from dstoolkit.generate.shell import node_rank_why, require_set, run_forwarding_signals_lines
 from dstoolkit.spec import Spec
 
 HF_DS_CONFIG = "ds_config_hf.json"
@@ -168,6 +168,6 @@ def render_hf_launch_sh(spec: Spec, command: str, notes: list[str], *, name: str
     lines += [
         f"CMD=({command})",
         'if [ -n "${DRY_RUN:-}" ]; then printf \'%q \' "${CMD[@]}"; echo; exit 0; fi',
-        'exec "${CMD[@]}"',
+        *run_forwarding_signals_lines("CMD", me=name),
     ]
     return "\n".join(lines) + "\n"

@@ -30,7 +30,7 @@ from dstoolkit.generate.ds_json import is_cpu_cluster
 from dstoolkit.generate.megatron_common import UnsupportedTarget
 from dstoolkit.generate.megatron_deepspeed import megatron_deepspeed_args, tree_check_lines
 from dstoolkit.generate.megatron_lm import megatron_lm_args, uses_megatron_fsdp
-from dstoolkit.generate.shell import env_default, node_rank_why, require_set
+from dstoolkit.generate.shell import env_default, node_rank_why, require_set, run_forwarding_signals_lines
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec
 
@@ -139,9 +139,10 @@ def render_launch_script(spec: Spec, cand: Candidate, target: str, *, strategy: 
     if target == "megatron-deepspeed":
         extra = ' --deepspeed_config "$HERE/ds_config.json"'  # absolute at run time, wherever the folder moved
     lines += [
-        'exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE" \\',
-        '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-        f'    "$PRETRAIN" "${{ARGS[@]}}" "${{DATA[@]}}"{extra} "$@"',
+        'CMD=(torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE"',
+        '     --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"',
+        f'     "$PRETRAIN" "${{ARGS[@]}}" "${{DATA[@]}}"{extra} "$@")',
+        *run_forwarding_signals_lines("CMD", me=me),
     ]
     return "\n".join(lines) + "\n"
 
