@@ -24,8 +24,10 @@ A spec's "auto" fields are resolved by the sweep (`dstoolkit.generate.planner.re
 beside it. No torch import. `--target` (repeatable; default: the spec's `targets`) resolves "auto" among the layouts
 that launcher runs (`dstoolkit sweep --target`).
 
-A run that does not fit (device memory, or host memory per node with offload) prints what would make it fit (the
-sweep's advice for a spec, `planner.fit_advice` for --config), no MFU, and exits 1.
+A run that does not fit (device memory, or host memory per node with offload: `generate.costing.fit_verdict`, the
+sweep's own test) prints why and what would make it fit (the sweep's advice for a spec, `planner.fit_advice` for
+--config), no MFU, and exits 1. Host RAM per node is the spec's cluster.host_memory_per_node_gib, else the default
+for the GPU; the --config form has no flag for it and applies that default, saying so.
 
 --tokens adds the time and cost to train that many tokens (`dstoolkit.estimate.training_plan`; the spec's
 batch_ramp counted step by step). JSON: a `training_plan` object with the stable fields tokens_requested,
@@ -51,7 +53,7 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calib
                                    add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
                                    add_target_flag, add_training_plan_flags, add_world_flags,
                                    exit_map, input_error, positive_int, targets_of, validation_error_text)
-from dstoolkit.cli.estimate_flags import FLAG_FORM_ONLY, ConfigInvalid, plan_from_args, refuse_layout_flags
+from dstoolkit.cli.estimate_flags import FLAG_FORM_ONLY, ConfigInvalid, FlagCluster, plan_from_args, refuse_layout_flags
 from dstoolkit.cli.estimate_text import (GiB, engine_optimizer, offload_notes, offload_placement, pipeline_split_line,
                                          render_findings, render_table)
 from dstoolkit.cli.spec_override import apply_model_class
@@ -131,7 +133,7 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
         from dstoolkit.generate.sweep import what_would_fit
 
         advice = what_would_fit(spec, shape, None, targets)
-    return resolved.plan, resolved.assumptions, label, spec.training.batch_ramp, advice
+    return resolved.plan, resolved.assumptions, label, spec.training.batch_ramp, advice, spec.cluster
 
 
 def _checked_calibration(value: str, spec) -> str:
@@ -187,6 +189,7 @@ def run(args) -> int:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate import estimate_run
     from dstoolkit.estimate.flops import plan_flops_per_token
+    from dstoolkit.generate.costing import fit_verdict
 
     findings: list = []
     try:
@@ -194,22 +197,26 @@ def run(args) -> int:
             if args.config or args.model or args.model_kwargs:
                 return _err("give either SPEC.yaml or --config/--model/--world-size, not both")
             refuse_layout_flags(args)
-            plan, assumptions, cal_label, ramp, advice = _plan_from_spec(args.spec, args.calibration, args.model_class,
-                                                                         args.target)
+            plan, assumptions, cal_label, ramp, advice, cluster = _plan_from_spec(
+                args.spec, args.calibration, args.model_class, args.target)
         else:
             plan, assumptions, findings = plan_from_args(args)
             ramp = advice = None
+            cluster = FlagCluster(plan)  # no flag sets host RAM: the default for --gpu (FlagCluster says so)
             cal_label = _calibration_label(args.calibration, plan.gpu.name)
         # what the model reader decided (text_config used, vision tower apart, quantization_config ignored)
         assumptions = list(assumptions) + [f"model: {n}" for n in plan.shape.notes]
         offload = offload_placement(plan)  # what is offloaded where (the header, JSON `offload`)
         assumptions += offload_notes(offload)
         est = estimate_run(plan)
-        if not est.fits and advice is None:
+        # the sweep's fit test (generate.costing.fit_verdict): the device peak AND the node's offloaded states
+        verdict = fit_verdict(est.memory.total, plan.gpu, est.host_memory_per_rank_bytes, plan.gpus_per_node, cluster,
+                              "" if args.spec else FlagCluster.SOURCE_NOTE)
+        if not verdict.fits and advice is None:
             # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
             from dstoolkit.generate.planner import fit_advice
 
-            advice = fit_advice(plan)
+            advice = fit_advice(plan, cluster)
         fpt = plan_flops_per_token(plan)  # which FLOPs accounting the estimate used
         train_plan = training_plan_from_args(args, plan, ramp)  # --tokens / --gpu-hour-price, or None
         # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
@@ -240,16 +247,21 @@ def run(args) -> int:
         out["checkpoint_bytes"] = ckpt_bytes.to_json()  # dstoolkit.estimate.checkpoint_bytes
         if plan.pp > 1:  # the split the estimate assumed (pipeline_split_line)
             out["pipeline_stage_layers"] = list(stage_split)
+        out["fits"] = verdict.fits  # device and host RAM (est.to_json's own is the device test alone)
+        out["device_fits"] = verdict.device_fits
+        out["host_memory"] = {"per_node_bytes": verdict.host_node_bytes,
+                              "node_capacity_bytes": verdict.host_capacity_bytes, "capacity_source": verdict.host_source,
+                              "fits": verdict.host_fits}
         out["flops_path"] = {"path": fpt.path, "detail": fpt.detail, "dense_per_token": fpt.dense,
                              "attention_per_token": fpt.attention}
         if train_plan is not None:
             out["training_plan"] = train_plan.to_json()
-        if not est.fits:
+        if not verdict.fits:
             out["mfu"] = None  # a run that cannot run has no utilisation
             out["what_would_fit"] = advice or []
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join([render_table(plan, est, assumptions), *pipeline_split_line(plan, stage_split),
+        print("\n".join([render_table(plan, est, assumptions, verdict), *pipeline_split_line(plan, stage_split),
                          f"FLOPs path: {fpt.path}: {fpt.detail}", f"step time from {cal_label}",
                          *render_findings(findings)]))
         print(render_checkpoint_bytes(ckpt_bytes))
@@ -258,10 +270,12 @@ def run(args) -> int:
             from dstoolkit.estimate.training_plan import render_training_plan
 
             print("\n".join(["", *render_training_plan(train_plan)]))
-        if not est.fits:
+        if not verdict.fits:
+            if not verdict.host_fits:
+                print("\ndoes not fit: " + verdict.host_reason(plan.gpus_per_node))
             print("\ndoes not fit: " + ("what would make it fit:" if advice else
                                         "nothing tried here makes it fit (ZeRO-3, offload, recompute, micro-batch 1, "
                                         "more GPUs)"))
             for a in advice or []:
                 print(f"  - {a}")
-    return EXIT_OK if est.fits else EXIT_FINDINGS
+    return EXIT_OK if verdict.fits else EXIT_FINDINGS

@@ -357,3 +357,15 @@ def calibration_error(exc: Exception) -> ValueError:
            "give a calibration JSON written by benchmarks/step_time_fidelity.py, or --calibration none for the "
            "hardware table's nominal rates")
     return ValueError(f"--calibration: {text} ({fix})")
+
+
+class FlagCluster:
+    """The cluster facts `generate.costing.fit_verdict` reads, for the --config form: no flag sets a node's host RAM,
+    so it is the default for --gpu (`spec.cluster_fields.host_memory_per_node_bytes`); `SOURCE_NOTE` says so."""
+
+    SOURCE_NOTE = "; the --config form has no flag for it: a spec's cluster.host_memory_per_node_gib sets it"
+    host_memory_per_node_gib = None  # no flag: the default of spec.cluster_fields applies
+
+    def __init__(self, plan):
+        self.gpu_spec = plan.gpu
+        self.gpus_per_node = plan.gpus_per_node

@@ -150,7 +150,8 @@ def _optimizer_note(eng: dict) -> str:
     return f"{eng['engine']} {eng['optimizer']}, counted as {eng['counted_as']}"
 
 
-def render_table(plan, est, assumptions: list[str]) -> str:
+def render_table(plan, est, assumptions: list[str], verdict) -> str:
+    """The text report of one estimate; `verdict` is its `generate.costing.fit_verdict` (device and host RAM)."""
     from dstoolkit.estimate.core import upper_bound_exceeds
     from dstoolkit.estimate.timeline import is_cpu_device
 
@@ -197,6 +198,9 @@ def render_table(plan, est, assumptions: list[str]) -> str:
                  f" (peak + allowance = {m.required_bytes / GiB:.2f} GiB)"
                  f"   ({_optimizer_note(eng)}; ZeRO paper view for this stage: "
                  f"{est.paper_view.stage_bytes / GiB:.2f} GiB model states)")
+    if est.host_memory_per_rank_bytes or not verdict.host_fits:
+        lines.append(f"host RAM per node: {verdict.host_node_bytes / GiB:.2f} GiB of {verdict.host_capacity_bytes / GiB:.1f}"
+                     f" GiB: {'fits' if verdict.host_fits else 'NO'} ({verdict.host_source})")
     if est.fits and not is_cpu_device(plan.gpu) and upper_bound_exceeds(m.sum_of_parts_bytes, m.allowance_bytes,
                                                                         plan.gpu.memory_bytes):
         lines.append(f"caution: the sum of parts + allowance ({(m.sum_of_parts_bytes + m.allowance_bytes) / GiB:.2f} "
@@ -213,5 +217,5 @@ def render_table(plan, est, assumptions: list[str]) -> str:
                   f"(of {st.comm_total_s:.4g}, overlap eta={st.overlap_efficiency}) + optimizer {st.optimizer_s:.4g} "
                   f"+ memory-bound {st.memory_s:.4g} "
                   f"+ offload {st.offload_s:.4g} + overhead {st.overhead_s:.4g}",
-              f"MFU {est.mfu:.1%}" if est.fits else "MFU: none (the run does not fit, so it cannot run)"]
+              f"MFU {est.mfu:.1%}" if verdict.fits else "MFU: none (the run does not fit, so it cannot run)"]
     return "\n".join(lines)

@@ -143,6 +143,8 @@ def _group_doc(res, group, engine_spec, plans, spec_path: str, model_name: str, 
         nowhere = {"needed_per_gpu_bytes": res.fits_nowhere.needed_per_gpu_bytes,
                    "device_memory_bytes": res.fits_nowhere.device_memory_bytes,
                    "least_memory_layout": res.fits_nowhere.least_memory_label,
+                   "host_needed_per_node_bytes": res.fits_nowhere.host_needed_per_node_bytes,  # None: the GPU limits
+                   "host_capacity_bytes": res.fits_nowhere.host_capacity_bytes or None,
                    "suggestions": res.fits_nowhere.suggestions,
                    "message": res.fits_nowhere.message(engine_spec, engine_spec.cluster.gpu_spec, model_name)}
     return {

@@ -24,7 +24,7 @@ from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan, plan_from_spec
 from dstoolkit.spec import Spec
-from dstoolkit.spec.cluster_fields import host_memory_per_node_bytes, memory_headroom_fraction
+from dstoolkit.spec.cluster_fields import host_memory_per_node_bytes, host_memory_source, memory_headroom_fraction
 
 GiB = 2**30
 
@@ -36,6 +36,50 @@ def usable_device_bytes(gpu: GpuSpec) -> int:
     if is_cpu_device(gpu):
         return int(gpu.memory_bytes)
     return max(0, int(gpu.memory_bytes - GPU_CONTEXT_BYTES))
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    """Whether one layout fits: its device peak on one GPU AND its offloaded states on one node's host RAM. The one
+    fit test `estimate_candidate` (sweep, generate) and `dstoolkit estimate` (spec and --config forms) apply."""
+
+    device_fits: bool
+    """peak <= usable_device_bytes(gpu) (peak + allowance <= device memory)."""
+    host_node_bytes: int
+    """Offloaded bytes of one node: host bytes per rank x ranks per node."""
+    host_capacity_bytes: int
+    """Host RAM of one node (`dstoolkit.spec.cluster_fields.host_memory_per_node_bytes`)."""
+    host_source: str
+    """Where host_capacity_bytes comes from (a spec field, or the default and what would set it)."""
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_node_bytes <= self.host_capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.device_fits and self.host_fits
+
+    def host_reason(self, ranks_per_node: int) -> str:
+        """'host RAM X GiB per node > Y GiB' with the figures behind it and the fix (empty when host RAM fits)."""
+        if self.host_fits:
+            return ""
+        return (f"host RAM {self.host_node_bytes / GiB:.1f} GiB per node ({self.host_node_bytes / ranks_per_node / GiB:.1f}"
+                f" GiB of offloaded states per rank x {ranks_per_node} ranks) > {self.host_capacity_bytes / GiB:.1f} GiB"
+                f" ({self.host_source}); fix: offload less (training.offload / the offload_optimizer and offload_param "
+                "devices), spread the states over more nodes, or set cluster.host_memory_per_node_gib to the nodes' "
+                "real host RAM if it is larger")
+
+
+def fit_verdict(peak_bytes: int, gpu: GpuSpec, host_per_rank_bytes: int, ranks_per_node: int, cluster,
+                source_note: str = "") -> FitVerdict:
+    """The fit test of one layout (`FitVerdict`): `peak_bytes` against `usable_device_bytes(gpu)`, the node's
+    offloaded states (`host_per_rank_bytes` x `ranks_per_node`) against `cluster`'s host RAM
+    (`host_memory_per_node_bytes`: its host_memory_per_node_gib, else the default for its gpu; `source_note` is
+    added to where that figure comes from)."""
+    return FitVerdict(device_fits=int(peak_bytes) <= usable_device_bytes(gpu),
+                      host_node_bytes=int(host_per_rank_bytes) * int(ranks_per_node),
+                      host_capacity_bytes=host_memory_per_node_bytes(cluster), host_source=host_memory_source(cluster) + source_note)
 
 
 def allowance_text(gpu: GpuSpec) -> str:
@@ -61,7 +105,8 @@ class CandidateEstimate:
     mfu: float
     """Model FLOPs utilisation: useful FLOPs / (step time x world x peak)."""
     fits: bool
-    """Whether peak + allowance <= device memory (equivalently memory_per_rank_bytes <= usable_device_bytes)."""
+    """Whether peak + allowance <= device memory (memory_per_rank_bytes <= usable_device_bytes) AND the node's
+    offloaded states fit its host RAM (`fit_verdict`, the test `dstoolkit estimate` applies too)."""
     source: str
     """Which estimator produced the numbers."""
     extras: dict = field(default_factory=dict)
@@ -83,6 +128,10 @@ class CandidateEstimate:
     """Host RAM of one node (`dstoolkit.spec.cluster_fields.host_memory_per_node_bytes`)."""
     host_fits: bool = True
     """host_memory_per_node_bytes <= host_memory_node_capacity_bytes (part of `fits`)."""
+    device_fits: bool = True
+    """memory_per_rank_bytes <= usable_device_bytes (the other part of `fits`; `fit_verdict`)."""
+    host_source: str = ""
+    """Where host_memory_node_capacity_bytes comes from (`spec.cluster_fields.host_memory_source`)."""
     headroom_bytes: int = 0
     """Device bytes a pick should leave free (cluster.memory_headroom_fraction x device memory)."""
     within_headroom: bool = True
@@ -157,7 +206,7 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
         ds_config: The DeepSpeed JSON for `cand` (built with `build_ds_config` when None).
 
     Returns:
-        A `CandidateEstimate`; `fits` is peak + allowance <= device memory.
+        A `CandidateEstimate`; `fits` is `fit_verdict`: peak + allowance <= device memory and host RAM per node.
 
     Raises:
         EstimateInputError: The estimator refused the combination (message says why).
@@ -176,16 +225,15 @@ def estimate_candidate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuS
     ub = int(mem.tp_overlap_buffers)  # in mem.total and mem.buffers already (estimate.te_userbuffers)
     peak = int(mem.total)
     host_rank = int(est.host_memory_per_rank_bytes)
-    host_node = host_rank * spec.cluster.gpus_per_node
-    host_cap = host_memory_per_node_bytes(spec.cluster)
+    verdict = fit_verdict(peak, gpu, host_rank, spec.cluster.gpus_per_node, spec.cluster)
     headroom = int(memory_headroom_fraction(spec.cluster) * gpu.memory_bytes)
-    device_fits = peak <= usable_device_bytes(gpu)
     return CandidateEstimate(
         memory_per_rank_bytes=peak, memory_breakdown_bytes=breakdown,
         host_memory_per_rank_bytes=host_rank, device_memory_bytes=int(gpu.memory_bytes),
-        step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=device_fits and host_node <= host_cap,
-        tp_overlap_buffer_bytes=ub, host_memory_per_node_bytes=host_node, host_memory_node_capacity_bytes=host_cap,
-        host_fits=host_node <= host_cap, headroom_bytes=headroom,
+        step_time_s=float(est.step_time_s), mfu=float(est.mfu), fits=verdict.fits,
+        tp_overlap_buffer_bytes=ub, host_memory_per_node_bytes=verdict.host_node_bytes,
+        host_memory_node_capacity_bytes=verdict.host_capacity_bytes, host_fits=verdict.host_fits,
+        headroom_bytes=headroom, device_fits=verdict.device_fits, host_source=verdict.host_source,
         within_headroom=peak + headroom <= usable_device_bytes(gpu),
         source=estimator_source(spec),
         extras={"flops_per_step": float(est.flops_per_step), "comm_bytes_per_step": dict(est.comm_bytes_per_step)},

@@ -27,7 +27,8 @@ from dstoolkit.estimate.megatron_softmax import fallback_note
 from dstoolkit.generate.candidate_grid import MICRO_BATCH_CHOICES, checkpoint_choices, enumerate_candidates, zero_modes
 from dstoolkit.generate.candidates import Candidate, StrategyDef
 from dstoolkit.generate.costing import (CandidateEstimate, EstimateInputError,
-                                        estimate_candidate as _estimate_candidate, run_plan_for, usable_device_bytes)
+                                        estimate_candidate as _estimate_candidate, fit_verdict, run_plan_for,
+                                        usable_device_bytes)
 from dstoolkit.generate.ds_json import build_ds_config, is_cpu_cluster
 from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
@@ -240,8 +241,14 @@ def _resolve_group(spec: Spec, shape: ModelShape, targets: tuple[str, ...]) -> R
         notes.append(softmax_note)
     if not fits:
         gpu = spec.cluster.gpu_spec
-        notes.append(f"nothing fits in {gpu.memory_bytes / GiB:.0f} GiB "
-                     f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable): showing the smallest-memory candidate")
+        nowhere = res.fits_nowhere
+        if nowhere is not None and nowhere.host_limited:
+            notes.append(f"nothing fits: the layouts that fit in {gpu.memory_bytes / GiB:.0f} GiB need more host RAM "
+                         f"per node than {nowhere.host_capacity_bytes / GiB:.1f} GiB ({nowhere.host_source}): showing "
+                         "the one that needs the least host RAM")
+        else:
+            notes.append(f"nothing fits in {gpu.memory_bytes / GiB:.0f} GiB "
+                         f"({usable_device_bytes(gpu) / GiB:.1f} GiB usable): showing the smallest-memory candidate")
     return Resolution(candidate=cand, ds_config=cfg, plan=plan, fits=fits, sweep=res, assumptions=notes,
                       targets=list(targets))
 
@@ -273,21 +280,27 @@ def _plan_variant(plan: RunPlan, ds_update=None, **fields) -> Optional[RunPlan]:
         return None
 
 
-def _fits(plan: Optional[RunPlan]):
+def _fits(plan: Optional[RunPlan], cluster=None):
+    """The plan's estimate when it fits (`costing.fit_verdict`: the device peak, and host RAM per node against
+    `cluster`'s when given), else None."""
     if plan is None:
         return None
     try:
         e = estimate_run(plan)
     except ValueError:
         return None
-    return e if e.fits else None
+    if cluster is None:
+        return e if e.fits else None
+    v = fit_verdict(e.memory.total, plan.gpu, e.host_memory_per_rank_bytes, plan.gpus_per_node, cluster)
+    return e if v.fits else None
 
 
-def fit_advice(plan: RunPlan) -> list[str]:
+def fit_advice(plan: RunPlan, cluster=None) -> list[str]:
     """What would make a plan that does not fit fit, each with the peak it reaches: single changes first (a higher
     ZeRO stage, CPU offload, full recompute, micro-batch 1), then, when none is enough, those changes together, then
     more GPUs at the same global batch (with them). What `dstoolkit estimate --config` prints for a config that does
-    not fit (a spec gets the sweep's advice, `sweep.what_would_fit`)."""
+    not fit (a spec gets the sweep's advice, `sweep.what_would_fit`). `cluster`: whose host RAM per node the
+    variants must fit too (`costing.fit_verdict`; None: the device alone)."""
 
     ds = plan.ds
     tb = ds.micro_batch * ds.grad_accum * plan.dp
@@ -305,7 +318,7 @@ def fit_advice(plan: RunPlan) -> list[str]:
                       {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": tb // plan.dp}, {}))
     out: list[str] = []
     for text, upd, fields in steps:
-        e = _fits(_plan_variant(plan, upd, **fields))
+        e = _fits(_plan_variant(plan, upd, **fields), cluster)
         if e is not None:
             out.append(f"{text}: peaks at {e.memory.total / GiB:.1f} GiB per rank")
     base, base_text = plan, ""
@@ -318,7 +331,7 @@ def fit_advice(plan: RunPlan) -> list[str]:
             fields_all.update(fields)
             texts.append(text)
             v = _plan_variant(plan, upd_all, **fields_all)
-            e = _fits(v)
+            e = _fits(v, cluster)
             if e is not None:
                 out.append(f"together: {'; '.join(texts)}: peaks at {e.memory.total / GiB:.1f} GiB per rank")
                 break
@@ -329,7 +342,8 @@ def fit_advice(plan: RunPlan) -> list[str]:
     while scale <= MAX_WORLD_SCALE:
         world, dp = plan.world_size * scale, plan.dp * scale
         if tb % (micro * dp) == 0:
-            e = _fits(_plan_variant(base, {"gradient_accumulation_steps": tb // (micro * dp)}, world_size=world))
+            e = _fits(_plan_variant(base, {"gradient_accumulation_steps": tb // (micro * dp)}, world_size=world),
+                      cluster)
             if e is not None:
                 out.append(f"more GPUs: world size {world} at the same global batch {tb} (gradient_accumulation_steps: "
                            f"{tb // (micro * dp)}){base_text}: peaks at {e.memory.total / GiB:.1f} GiB per rank")

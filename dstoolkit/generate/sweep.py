@@ -125,7 +125,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
             continue
         lb = model_state_lower_bound_bytes(spec, shape, cand)
         if lb > usable:
-            estimates.append((cand, lb))
+            estimates.append((cand, lb, None))
             dropped.append(Dropped(cand, "memory", f"model states alone need at least {_gib(lb)} per rank > "
                                                    f"{_gib(usable)} usable on {gpu.name}"))
             continue
@@ -134,7 +134,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
         except EstimateInputError as exc:
             dropped.append(Dropped(cand, "estimate", str(exc)))
             continue
-        estimates.append((cand, est.memory_per_rank_bytes))
+        estimates.append((cand, est.memory_per_rank_bytes, est))
         if not est.host_fits:
             dropped.append(Dropped(cand, "host-memory", host_memory_text(spec, est)))
             continue
@@ -203,12 +203,27 @@ def run_sweep(spec: Spec, shape: ModelShape, *, top: int = 3, strategy: Optional
         by_code[d.code] = by_code.get(d.code, 0) + 1
     result.dropped_by_code = dict(sorted(by_code.items(), key=lambda kv: (-kv[1], kv[0])))
     if not fit and estimates:
-        least = min(estimates, key=lambda ce: ce[1])
-        result.fits_nowhere = FitsNowhere(
-            needed_per_gpu_bytes=int(least[1]), device_memory_bytes=int(gpu.memory_bytes),
-            least_memory_label=least[0].label, least_memory_candidate=least[0],
-            suggestions=what_would_fit(spec, shape, strategy, targets) if advise else [])
+        result.fits_nowhere = _fits_nowhere(estimates, gpu)
+        if advise:
+            result.fits_nowhere.suggestions = what_would_fit(spec, shape, strategy, targets)
     return result
+
+
+def _fits_nowhere(estimates: list, gpu: GpuSpec) -> FitsNowhere:
+    """What limits a sweep where nothing fits. Host RAM when some layout fits one GPU but not the node's host RAM
+    (then the one needing the least host RAM per node is named), else the device: the least memory-hungry layout."""
+    host_bound = [e for _, _, e in estimates if e is not None and e.device_fits and not e.host_fits]
+    if host_bound:
+        e = min(host_bound, key=lambda x: x.host_memory_per_node_bytes)
+        cand = next(c for c, _, x in estimates if x is e)
+        return FitsNowhere(needed_per_gpu_bytes=int(e.memory_per_rank_bytes), device_memory_bytes=int(gpu.memory_bytes),
+                           least_memory_label=cand.label, least_memory_candidate=cand, suggestions=[],
+                           host_needed_per_node_bytes=int(e.host_memory_per_node_bytes),
+                           host_capacity_bytes=int(e.host_memory_node_capacity_bytes),
+                           host_source=e.host_source)
+    cand, need, _ = min(estimates, key=lambda ce: ce[1])
+    return FitsNowhere(needed_per_gpu_bytes=int(need), device_memory_bytes=int(gpu.memory_bytes),
+                       least_memory_label=cand.label, least_memory_candidate=cand, suggestions=[])
 
 
 def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, targets: Sequence[str] = ()) -> Optional[Ranked]:
