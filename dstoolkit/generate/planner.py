@@ -151,7 +151,7 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
             # a target that runs none of the layouts (a model Megatron cannot build) is refused with its reason
             # (targets.target_refusal, the rule generate asks); a group that only lacks a fitting layout is an error
             whys = {t: refused_everywhere(t, exc.sweep, spec, shape) for t in g}
-            if len(groups) == 1 and not all(whys.values()):
+            if len(groups) == 1 and not (g and all(whys.values())):  # no target asked: the sweep's own reason
                 raise ValueError(str(exc)) from None
             refused.update({t: reason_without_target(t, whys[t] or miss_reason(t, exc.sweep, shape, spec)) for t in g})
             everywhere.update(t for t in g if whys[t])
