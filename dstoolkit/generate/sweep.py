@@ -47,7 +47,8 @@ def error_findings(findings: Sequence) -> list:
 def zero_model_state_bytes(dense_params: float, expert_params: float, *, dp: int, ep: int, zero_stage: int,
                            offload_optimizer: bool = False, offload_param: bool = False,
                            weight_bytes: int = 2, optimizer_bytes: int = 12, bound: bool = False) -> float:
-    """Device bytes of weights + gradients + optimizer states per rank, with gradients always partitioned.
+    """Device bytes of weights + gradients + optimizer states per rank, with gradients always partitioned (none on
+    the device under optimizer offload at stages 2-3).
 
     ZeRO §3.1 accounting (2 + 2 + K=12 bytes per parameter in mixed precision), except that gradients are
     counted partitioned at every stage >= 1, as DeepSpeed's stage 1 shares stage 2's code and partitions them
@@ -61,7 +62,12 @@ def zero_model_state_bytes(dense_params: float, expert_params: float, *, dp: int
     partitioned = dense_params / dp + expert_params / edp
     full = dense_params + expert_params
     weights = 0.0 if offload_param else weight_bytes * (partitioned if zero_stage >= 3 else full)
-    grads = weight_bytes * (partitioned if (zero_stage >= 1 or bound) else full)
+    # ZeRO-Offload / ZeRO-Infinity at stages 2 and 3: each gradient partition is copied to the host as it is reduced
+    # (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu, stage3.py partition_grads ->
+    # fp32_grad_partitions on the offload device), so no partition stays on the device; stage 1 keeps the full
+    # gradients until the accumulation boundary (estimate.zero_states.zero12_states), at least the partition
+    grads_on_device = not (offload_optimizer and zero_stage >= 2)
+    grads = 0.0 if not grads_on_device else weight_bytes * (partitioned if (zero_stage >= 1 or bound) else full)
     optim = 0.0 if offload_optimizer else optimizer_bytes * (partitioned if (zero_stage >= 1 or bound) else full)
     return weights + grads + optim
 
