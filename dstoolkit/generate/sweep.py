@@ -84,6 +84,17 @@ def model_state_lower_bound_bytes(spec: Spec, shape: ModelShape, cand: Candidate
         weight_bytes=4 if fp32 else 2, optimizer_bytes=8 if fp32 else 12, bound=True))
 
 
+def accumulation_saturated(spec: Spec, cand: Candidate) -> bool:
+    """Whether every memory term of the estimator that depends on gradient accumulation (ga) is at its ceiling for
+    `cand`, so that at a fixed layout its memory can only grow with the micro-batch from here down to micro-batch 1:
+    the gradients kept between micro steps (estimate.timeline, ga > 1), the micro batches in flight on a pipeline's
+    first stage (estimate.stage_activations: min(pp, ga), DualPipe min(pp + 1, ga)), the last stage's pipe buffers
+    (min(DEEPSPEED_LAST_STAGE_PIPE_BUFFERS = 2, ga)) and interleaved chunks (min((v - 1) pp + 1, ga v)). All are
+    constant once ga >= max(2, pp + 1); below that a larger micro-batch (fewer micro steps) can need LESS memory
+    (no accumulated gradients at ga 1; fewer micro batches in flight), so it must be estimated, not assumed."""
+    return cand.grad_accum(spec.cluster.world_size, spec.training.global_batch) >= max(2, cand.pp + 1)
+
+
 _ESTIMATE_MEMO: dict = {}
 
 
@@ -103,8 +114,9 @@ def _memo_estimate(spec: Spec, shape: ModelShape, cand: Candidate, gpu: GpuSpec)
 def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[Candidate], native_moe: bool = True,
                   targets: Sequence[str] = (), target_spec: Optional[Spec] = None):
     """The targets' refusals, then rules, then a model-state lower bound, then the estimator. Within one layout
-    (everything but the micro-batch) memory grows with the micro-batch, so once a micro-batch does not fit, larger
-    ones are dropped without estimating them. `target_spec`: the spec as written, which `targets.target_refusal`
+    (everything but the micro-batch) memory grows with the micro-batch while gradient accumulation is saturated
+    (`accumulation_saturated`), so once a micro-batch does not fit, a larger one is dropped without estimating it
+    when it is saturated; one that is not (fewer micro steps: memory may fall) is estimated. `target_spec`: the spec as written, which `targets.target_refusal`
     asks the launchers' builders with (as `generate` does); `spec` is the engine's copy (`spec_for_targets`)."""
     fit, dropped, estimates, considered = [], [], [], 0
     too_big: dict = {}  # layout key -> (smallest micro-batch that did not fit, its bytes)
@@ -124,7 +136,7 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
             dropped.append(Dropped(cand, v.code, v.message))
             continue
         layout = cand.model_dump_json(exclude={"micro_batch"})
-        if layout in too_big:
+        if layout in too_big and accumulation_saturated(spec, cand):
             mb, need = too_big[layout]
             dropped.append(Dropped(cand, "memory", f"micro-batch {mb} of the same layout already needs "
                                                    f"{_gib(need)} per rank > {_gib(usable)} usable"))
