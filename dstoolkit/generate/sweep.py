@@ -244,13 +244,16 @@ def _fits_nowhere(estimates: list, gpu: GpuSpec) -> FitsNowhere:
                        least_memory_label=cand.label, least_memory_candidate=cand, suggestions=[])
 
 
-def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, targets: Sequence[str] = ()) -> Optional[Ranked]:
+def _fits_somewhere(spec: Spec, shape: ModelShape, strategy, targets: Sequence[str] = (),
+                    uses=None) -> Optional[Ranked]:
+    """The best layout of `spec` that fits (None: none does); `uses(candidate)`: only among the layouts it accepts."""
     gpu = spec.cluster.gpu_spec
     native = target_native_moe(targets) if targets else True
     written, spec = spec, spec_for_targets(spec, targets)  # enumerated and estimated as the targets run it (run_sweep)
     native = native and spec.training.framework == "deepspeed"
     fit, _, _, _ = _estimate_all(spec, shape, gpu, enumerate_candidates(spec, shape, strategy), native, targets,
                                  written)
+    fit = [r for r in fit if uses is None or uses(r.candidate)]
     return rank(fit)[0] if fit else None
 
 
@@ -270,9 +273,14 @@ def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef
     out: list[str] = []
     t = spec.training
     tries: list[tuple[str, dict]] = []
+    uses: dict[str, object] = {}  # a try's text -> which layouts its example may be (one that uses the change)
     if strategy is None:
         if not t.offload:
-            tries.append(("allow CPU offload (training.offload: true)", {"offload": True, "zero_stage": "auto"}))
+            # offload needs ZeRO 1-3: the stage is left to the sweep too, and the text names it when it changes
+            changed = "training.offload: true" + (", training.zero_stage: auto" if t.zero_stage != "auto" else "")
+            text = f"allow CPU offload ({changed})"
+            tries.append((text, {"offload": True, "zero_stage": "auto"}))
+            uses[text] = lambda c: c.offload_optimizer  # an offload layout, not one the stage change alone allows
         if t.zero_stage != "auto":
             tries.append(("let the sweep choose the ZeRO stage (training.zero_stage: auto)", {"zero_stage": "auto"}))
     if t.tp != "auto" or t.pp != "auto":
@@ -286,7 +294,7 @@ def what_would_fit(spec: Spec, shape: ModelShape, strategy: Optional[StrategyDef
         v = _variant(spec, training=upd)
         if v is None:
             continue
-        best = _fits_somewhere(v, shape, strategy, targets)
+        best = _fits_somewhere(v, shape, strategy, targets, uses.get(text))
         if best is not None:
             out.append(f"{text}: e.g. {best.candidate.label} peaks at {_gib(best.estimate.memory_per_rank_bytes)} per GPU")
     scale = 2
