@@ -46,7 +46,9 @@ def test_cli_model_class(capsys):
     assert main(base + ["--model-class", "DeepseekV3ForCausalLM"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["params"]["total"] > 1.0e12
-    assert out["mfu"] is None and out["what_would_fit"]
+    # no advice: every variant that fits the 2 CPU ranks offloads ~13 TB of states to the same host RAM, over it
+    # (generate.costing.fit_verdict, s33 estimator finding 1); the old advice offered exactly that
+    assert out["mfu"] is None and out["what_would_fit"] == [] and out["host_memory"]["node_capacity_bytes"] > 0
     assert main(["estimate", "--config", str(TINY_DS), "--model", "tiny", "--model-class", "X", "--world-size", "2",
                  "--gpu", "cpu", "--seq-len", "128"]) == 2
     assert "needs an HF config.json" in capsys.readouterr().err
