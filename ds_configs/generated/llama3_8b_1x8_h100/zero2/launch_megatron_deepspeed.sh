@@ -33,6 +33,37 @@ if [[ -f "$TRANSFORMER" ]] && grep -qF -- 'each_hidden_size = mixed_x_layer.shap
 fi
 mapfile -t ARGS < "$HERE/megatron_deepspeed_args.txt"
 read -r -a DATA <<< "$DATA_ARGS"
-exec torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE" \
-    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-    "$PRETRAIN" "${ARGS[@]}" "${DATA[@]}" --deepspeed_config "$HERE/ds_config.json" "$@"
+CMD=(torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE"
+     --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"
+     "$PRETRAIN" "${ARGS[@]}" "${DATA[@]}" --deepspeed_config "$HERE/ds_config.json" "$@")
+# Run the launcher as a job of its own (its own process group), not exec'ed: on TERM / INT every process
+# under it is stopped (the deepspeed runner alone exits on SIGTERM and leaves its ranks training), then
+# launch_megatron_deepspeed.sh exits 143 (TERM) / 130 (INT). Processes still alive 30 s after the launcher are killed.
+job_tree() {  # the pids under $1, itself included (from ps)
+  ps -A -o pid= -o ppid= | awk -v root="$1" '{p[$1] = $2} END {t[root] = 1; n = 1; while (n) {n = 0;
+    for (c in p) if (!(c in t) && (p[c] in t)) {t[c] = 1; n = 1}} for (c in t) print c}'
+}
+stop_job() {  # $1: the signal's name, $2: the exit code; a second TERM / INT kills what is left at once
+  STOP_RC="$2"; if [ -z "$LAUNCHER_PID" ]; then exit "$STOP_RC"; fi
+  STOP_TREE="$(job_tree "$LAUNCHER_PID")"
+  trap 'kill -KILL -- -"$LAUNCHER_PID" $STOP_TREE 2>/dev/null; echo "launch_megatron_deepspeed.sh: killed the launcher and its ranks" >&2; exit "$STOP_RC"' TERM INT
+  kill -"$1" -- -"$LAUNCHER_PID" 2>/dev/null || kill -"$1" "$LAUNCHER_PID" 2>/dev/null || true
+  wait "$LAUNCHER_PID" 2>/dev/null || true
+  local t pid left
+  for ((t = 0; t < 30; t++)); do
+    left=""; for pid in $STOP_TREE; do if kill -0 "$pid" 2>/dev/null; then left="$left $pid"; fi; done
+    if [ -z "$left" ]; then break; fi; sleep 1
+  done
+  if [ -n "$left" ]; then kill -KILL $left 2>/dev/null || true; fi
+  echo "launch_megatron_deepspeed.sh: interrupted by SIG$1: the launcher and its ranks were stopped" >&2
+  exit "$STOP_RC"
+}
+LAUNCHER_PID=""
+trap 'stop_job TERM 143' TERM
+trap 'stop_job INT 130' INT
+set -m
+"${CMD[@]}" &
+LAUNCHER_PID=$!
+set +m
+RC=0; wait "$LAUNCHER_PID" || RC=$?
+exit "$RC"

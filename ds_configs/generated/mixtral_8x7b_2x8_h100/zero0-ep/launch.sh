@@ -10,6 +10,7 @@
 # Checkpoints go to CKPT_DIR (the spec's training.save_dir, relative to where you launch) every
 # SAVE_EVERY steps (training.save_interval_steps). Restart after a failure: relaunch the same command
 # with --resume added (on every node): it continues from the newest intact checkpoint.
+# SIGTERM / Ctrl-C to this script stops the launcher and every rank it started (exit 143 / 130).
 #
 # Overrides (environment): STEPS, SEED, METRICS_OUT, CKPT_DIR, SAVE_EVERY, HOSTFILE, MASTER_ADDR, MASTER_PORT,
 # NODE_RANK,
@@ -71,4 +72,34 @@ if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 # (one line naming it) or wait on a live build, saying so (dstoolkit/runtime/jitlock.py).
 "${PYTHON:-python}" -m dstoolkit.runtime.jitlock --who launch.sh ||
   echo "launch.sh: torch-extension lock check failed or a build still holds its lock (see above)" >&2
-exec "${CMD[@]}"
+# Run the launcher as a job of its own (its own process group), not exec'ed: on TERM / INT every process
+# under it is stopped (the deepspeed runner alone exits on SIGTERM and leaves its ranks training), then
+# launch.sh exits 143 (TERM) / 130 (INT). Processes still alive 30 s after the launcher are killed.
+job_tree() {  # the pids under $1, itself included (from ps)
+  ps -A -o pid= -o ppid= | awk -v root="$1" '{p[$1] = $2} END {t[root] = 1; n = 1; while (n) {n = 0;
+    for (c in p) if (!(c in t) && (p[c] in t)) {t[c] = 1; n = 1}} for (c in t) print c}'
+}
+stop_job() {  # $1: the signal's name, $2: the exit code; a second TERM / INT kills what is left at once
+  STOP_RC="$2"; if [ -z "$LAUNCHER_PID" ]; then exit "$STOP_RC"; fi
+  STOP_TREE="$(job_tree "$LAUNCHER_PID")"
+  trap 'kill -KILL -- -"$LAUNCHER_PID" $STOP_TREE 2>/dev/null; echo "launch.sh: killed the launcher and its ranks" >&2; exit "$STOP_RC"' TERM INT
+  kill -"$1" -- -"$LAUNCHER_PID" 2>/dev/null || kill -"$1" "$LAUNCHER_PID" 2>/dev/null || true
+  wait "$LAUNCHER_PID" 2>/dev/null || true
+  local t pid left
+  for ((t = 0; t < 30; t++)); do
+    left=""; for pid in $STOP_TREE; do if kill -0 "$pid" 2>/dev/null; then left="$left $pid"; fi; done
+    if [ -z "$left" ]; then break; fi; sleep 1
+  done
+  if [ -n "$left" ]; then kill -KILL $left 2>/dev/null || true; fi
+  echo "launch.sh: interrupted by SIG$1: the launcher and its ranks were stopped" >&2
+  exit "$STOP_RC"
+}
+LAUNCHER_PID=""
+trap 'stop_job TERM 143' TERM
+trap 'stop_job INT 130' INT
+set -m
+"${CMD[@]}" &
+LAUNCHER_PID=$!
+set +m
+RC=0; wait "$LAUNCHER_PID" || RC=$?
+exit "$RC"

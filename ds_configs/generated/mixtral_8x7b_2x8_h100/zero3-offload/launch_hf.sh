@@ -20,4 +20,34 @@ if [ -z "${MASTER_ADDR:-}" ]; then echo "$ME: MASTER_ADDR is not set: a 2-node l
 NODE_ARGS=(--nnodes 2 --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 CMD=(torchrun "${NODE_ARGS[@]}" --nproc_per_node 8 "$SCRIPT" --deepspeed "$HERE/ds_config_hf.json" --output_dir checkpoints --per_device_train_batch_size 32 --gradient_accumulation_steps 1 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
-exec "${CMD[@]}"
+# Run the launcher as a job of its own (its own process group), not exec'ed: on TERM / INT every process
+# under it is stopped (the deepspeed runner alone exits on SIGTERM and leaves its ranks training), then
+# launch_hf.sh exits 143 (TERM) / 130 (INT). Processes still alive 30 s after the launcher are killed.
+job_tree() {  # the pids under $1, itself included (from ps)
+  ps -A -o pid= -o ppid= | awk -v root="$1" '{p[$1] = $2} END {t[root] = 1; n = 1; while (n) {n = 0;
+    for (c in p) if (!(c in t) && (p[c] in t)) {t[c] = 1; n = 1}} for (c in t) print c}'
+}
+stop_job() {  # $1: the signal's name, $2: the exit code; a second TERM / INT kills what is left at once
+  STOP_RC="$2"; if [ -z "$LAUNCHER_PID" ]; then exit "$STOP_RC"; fi
+  STOP_TREE="$(job_tree "$LAUNCHER_PID")"
+  trap 'kill -KILL -- -"$LAUNCHER_PID" $STOP_TREE 2>/dev/null; echo "launch_hf.sh: killed the launcher and its ranks" >&2; exit "$STOP_RC"' TERM INT
+  kill -"$1" -- -"$LAUNCHER_PID" 2>/dev/null || kill -"$1" "$LAUNCHER_PID" 2>/dev/null || true
+  wait "$LAUNCHER_PID" 2>/dev/null || true
+  local t pid left
+  for ((t = 0; t < 30; t++)); do
+    left=""; for pid in $STOP_TREE; do if kill -0 "$pid" 2>/dev/null; then left="$left $pid"; fi; done
+    if [ -z "$left" ]; then break; fi; sleep 1
+  done
+  if [ -n "$left" ]; then kill -KILL $left 2>/dev/null || true; fi
+  echo "launch_hf.sh: interrupted by SIG$1: the launcher and its ranks were stopped" >&2
+  exit "$STOP_RC"
+}
+LAUNCHER_PID=""
+trap 'stop_job TERM 143' TERM
+trap 'stop_job INT 130' INT
+set -m
+"${CMD[@]}" &
+LAUNCHER_PID=$!
+set +m
+RC=0; wait "$LAUNCHER_PID" || RC=$?
+exit "$RC"
