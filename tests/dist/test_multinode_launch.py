@@ -44,7 +44,9 @@ def test_generated_launches_on_two_hosts_equal_single_host(two_hosts, generated,
     ref_metrics = tmp_path / "single.jsonl"
     # a 2-node launch.sh under torchrun needs NODE_RANK (f7961ec); only the trainer part of its argv is used here
     argv = scenarios.launch_dry_run(sdir, {"LAUNCHER": "torchrun", "METRICS_OUT": str(ref_metrics), "STEPS": str(STEPS),
-                                           "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
+                                           "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                                               # the trainer saves its last step: its own folder, not the cwd's
+                                               "CKPT_DIR": str(tmp_path / "checkpoints_single")})
     script = argv[argv.index("-m"):] + scenarios.trainer_extra()
     res = jobs.run_single_host(4, script, tmp_path, "single", 300)
     assert res.ok, res.tail()

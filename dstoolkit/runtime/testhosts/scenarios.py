@@ -163,7 +163,9 @@ def node_commands(hosts: TestHosts, strategy_dir: pathlib.Path, launcher: str, m
     for k in range(2):
         e = {"LAUNCHER": launcher, "NODE_RANK": str(k), "MASTER_ADDR": hosts.addrs[0],
                "MASTER_PORT": str(jobs.MASTER_PORT), "METRICS_OUT": str(metrics), "STEPS": str(steps),
-               "NO_SSH": "1", "CKPT_DIR": str(metrics.parent / "checkpoints")}  # not the cwd: the test's own folder
+               # not the cwd: the test's own folder, one per run (the trainer saves its last step, and a second
+               # run into the same folder without --resume is refused)
+               "NO_SSH": "1", "CKPT_DIR": str(metrics.parent / f"checkpoints_{metrics.stem}")}
         if hostfile is not None:
             e["HOSTFILE"] = str(hostfile)
         e.update(env or {})
