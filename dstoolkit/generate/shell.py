@@ -86,7 +86,10 @@ def run_forwarding_signals_lines(cmd_var: str = "CMD", *, me: str = "launch.sh")
         "trap 'stop_job TERM 143' TERM",
         "trap 'stop_job INT 130' INT",
         "set -m",
-        f'"${{{cmd_var}[@]}}" &',
+        # stdin from /dev/null, as bash gives a background job without job control: under `set -m` the job is out
+        # of the terminal's foreground group, and a read from the terminal (ssh / pdsh of a multi-node launcher, a
+        # breakpoint in a rank) would stop it with SIGTTIN and hang the launch
+        f'"${{{cmd_var}[@]}}" </dev/null &',
         "LAUNCHER_PID=$!",
         "set +m",
         'RC=0; wait "$LAUNCHER_PID" || RC=$?',

@@ -191,8 +191,9 @@ def build_monitor(args: argparse.Namespace, spec: Any, shape: Any, engine: Any, 
     import torch
 
     from dstoolkit.runtime.train.monitor import Monitor
+    from dstoolkit.runtime.train.run_match import engine_precision
 
-    precision = "bf16" if engine.bfloat16_enabled() else ("fp16" if engine.fp16_enabled() else "fp32")
+    precision = engine_precision(engine)
     peak, label = (args.peak_flops, "--peak-flops") if args.peak_flops else monitor_peak(spec, on_cuda, precision)
     from dstoolkit.runtime.train.crossrank import PROBE_BYTES, CrossRank
     from dstoolkit.runtime.train.monitor import estimated_comm_share

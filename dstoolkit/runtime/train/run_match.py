@@ -28,6 +28,11 @@ class RunMatch:
     precision: Optional[str] = None
     ep: Optional[int] = None
     params: Optional[dict[str, tuple[int, ...]]] = None
+    frozen: frozenset[str] = frozenset()
+    """A live model's parameters that do not train (requires_grad False)."""
+    frozen_unlisted: bool = False
+    """A saved list that may leave frozen parameters out: DeepSpeed's param_shapes holds the optimizer's (trainable)
+    parameters, and frozen_param_shapes is saved only where ZeRO partitions gradients (stage 2 / 3)."""
 
 
 def _shape(v: Any) -> Optional[tuple[int, ...]]:
@@ -87,9 +92,10 @@ def from_meta(head: Any, bf16_files: bool) -> RunMatch:
     if bf16_files:
         precision = "bf16"
     params = _params(head.get("param_shapes")) if head.get("param_shapes") is not None else None
-    if params is not None and isinstance(head.get("frozen_param_shapes"), dict):
+    listed = isinstance(head.get("frozen_param_shapes"), dict)
+    if params is not None and listed:
         params.update(_params(head["frozen_param_shapes"]) or {})
-    return RunMatch(precision, local_experts_ep(params, head.get("num_experts")), params)
+    return RunMatch(precision, local_experts_ep(params, head.get("num_experts")), params, frozen_unlisted=not listed)
 
 
 def from_manifest(manifest: Any) -> Optional[RunMatch]:
@@ -106,17 +112,23 @@ def from_manifest(manifest: Any) -> Optional[RunMatch]:
                     ep if isinstance(ep, int) and not isinstance(ep, bool) and ep >= 1 else None, parsed)
 
 
+def engine_precision(engine: Any) -> str:
+    """"bf16" / "fp16" / "fp32": what a DeepSpeed engine computes in."""
+    return "bf16" if engine.bfloat16_enabled() else ("fp16" if engine.fp16_enabled() else "fp32")
+
+
 def of_engine(engine: Any) -> Optional[RunMatch]:
     """What a DeepSpeed engine trains (None: not an engine, e.g. a test double)."""
     module = getattr(engine, "module", None)
     if module is None or not hasattr(module, "named_parameters") or not hasattr(engine, "bfloat16_enabled"):
         return None
-    precision = "bf16" if engine.bfloat16_enabled() else ("fp16" if engine.fp16_enabled() else "fp32")
+    precision = engine_precision(engine)
     # ZeRO-3 partitions a parameter; ds_shape is its full shape (what DeepSpeed's param_shapes records)
     params = {n: tuple(int(d) for d in getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()}
+    frozen = frozenset(n for n, p in module.named_parameters() if not getattr(p, "requires_grad", True))
     ep = max((int(m.ep_size) for m in module.modules() if type(m).__name__ == "MoE"
               and isinstance(getattr(m, "ep_size", None), int)), default=1)  # deepspeed.moe.layer.MoE
-    return RunMatch(precision, ep, params)
+    return RunMatch(precision, ep, params, frozen)
 
 
 def manifest_run(engine: Any) -> Optional[dict]:
@@ -127,13 +139,15 @@ def manifest_run(engine: Any) -> Optional[dict]:
     return {"precision": run.precision, "ep_size": run.ep, "params": [[n, list(s)] for n, s in run.params.items()]}
 
 
-def _first_param_difference(saved: dict, current: dict) -> Optional[str]:
+def _first_param_difference(saved: dict, current: dict, unlisted: frozenset = frozenset()) -> Optional[str]:
+    """The first parameter the two lists disagree on; `unlisted`: this run's parameters the saved list may leave out
+    (frozen ones, `RunMatch.frozen_unlisted`)."""
     for name, shape in saved.items():
         if name not in current:
             return f"parameter {name} {list(shape)} is not in this run's model"
         if current[name] != shape:
             return f"parameter {name} is {list(shape)} there and {list(current[name])} in this run's model"
-    extra = next((n for n in current if n not in saved), None)
+    extra = next((n for n in current if n not in saved and n not in unlisted), None)
     return f"this run's parameter {extra} {list(current[extra])} is not in it" if extra else None
 
 
@@ -147,14 +161,16 @@ def run_refusal(where: str, resume: str, tag: str, saved: RunMatch, current: Run
             and "bf16" in (saved.precision, current.precision):
         return (f"{head}, saved in {saved.precision}, but this run is {current.precision}; DeepSpeed's bf16 optimizer "
                 f"saves other files (bf16_zero_pp_rank_*) and loads only its own. Resume with "
-                f"{'bf16.enabled true' if saved.precision == 'bf16' else 'bf16.enabled false'} in the DeepSpeed config, "
-                "or reshard to universal: `dstoolkit ckpt reshard`, a universal checkpoint loads across precision")
+                f"{'bf16.enabled true' if saved.precision == 'bf16' else 'bf16.enabled false'} in the DeepSpeed config "
+                "(`dstoolkit ckpt reshard` makes a universal copy, which loads across precision in a DeepSpeed loop "
+                "of your own with load_universal_checkpoint; this resume does not load universal checkpoints)")
     if None not in (saved.ep, current.ep) and saved.ep != current.ep:
         return (f"{head}, saved at expert-parallel size {saved.ep}, but this run's is {current.ep}; DeepSpeed loads "
                 f"a MoE checkpoint only at the ep size it was saved at (each rank saved its own experts). "
                 f"Resume with {ep_fix.format(ep=saved.ep)}")
     if saved.params is not None and current.params is not None:
-        diff = _first_param_difference(saved.params, current.params)
+        diff = _first_param_difference(saved.params, current.params,
+                                       current.frozen if saved.frozen_unlisted else frozenset())
         if diff:
             return (f"{head}, saved from another model: {diff} ({len(saved.params)} parameters saved, "
                     f"{len(current.params)} in this run). {model_fix}")

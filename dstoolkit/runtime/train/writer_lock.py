@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -60,8 +61,12 @@ class Holder:
         return f"pid {self.pid} on host {self.host}, since {when}"
 
     def is_gone(self) -> bool:
-        """True when the holder is known to have ended: same host, and its pid dead or now another process."""
-        if self.host != socket.gethostname() or not isinstance(self.pid, int):
+        """True when the holder is known to have ended: same host, and its pid dead or now another process; or a
+        file naming no pid or host (`take` writes the whole record before the lock appears, so such a file is
+        damaged, not a run starting)."""
+        if not isinstance(self.pid, int) or not self.host:
+            return True
+        if self.host != socket.gethostname():
             return False
         if not _alive(self.pid):
             return True
@@ -113,6 +118,29 @@ class WriterLock:
             pass
 
 
+def _release_on_sigterm(lock: WriterLock) -> None:
+    """Release `lock` when SIGTERM ends this process: atexit does not run on a signal, and SIGTERM is how
+    launch.sh, `dstoolkit train`, torchrun and Slurm stop a job; a lock left behind on a host that does not run the
+    next attempt (a requeue elsewhere) would refuse every later run. Chains to the handler before it (the default
+    one: the process still ends by SIGTERM); not installed where TERM is ignored or off the main thread."""
+    prev = signal.getsignal(signal.SIGTERM)
+    if prev is signal.SIG_IGN:
+        return
+
+    def on_term(signum, frame):
+        lock.release()
+        if callable(prev):
+            prev(signum, frame)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        pass
+
+
 def take(root: Path | str, flag: str = "--checkpoint-dir", note=print) -> tuple[Optional[WriterLock], Optional[str]]:
     """Take `root`'s writer lock for this process: (the lock, None), or (None, the refusal) when a live run holds
     it. A stale lock is replaced, saying so through `note`. The lock is released at exit too."""
@@ -121,9 +149,37 @@ def take(root: Path | str, flag: str = "--checkpoint-dir", note=print) -> tuple[
     path = root / WRITER_LOCK
     token = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid()),
                         "taken": time.time()})
-    for _ in range(3):  # a stale lock removed, then created again (another run may race for it: O_EXCL decides)
+    # the record is written to a file of this process's own, then linked in place: the lock appears whole or not
+    # at all (os.link fails on an existing lock, as O_EXCL would)
+    tmp = root / f"{WRITER_LOCK}.{socket.gethostname()}.{os.getpid()}.tmp"
+    tmp.write_text(token)
+    try:
+        return _take_linked(root, path, tmp, token, flag, note)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _link_or_create(tmp: Path, path: Path, token: str) -> None:
+    """Link `tmp` to `path`; where the file system has no hard links, create `path` exclusively and write it.
+
+    Raises:
+        FileExistsError: `path` exists.
+    """
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (some FUSE / object-store mounts)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token)
+
+
+def _take_linked(root: Path, path: Path, tmp: Path, token: str, flag: str,
+                 note) -> tuple[Optional[WriterLock], Optional[str]]:
+    for _ in range(3):  # a stale lock removed, then linked again (another run may race for it: os.link decides)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            _link_or_create(tmp, path, token)
         except FileExistsError:
             problem = live_writer_refusal(root, flag)
             if problem:
@@ -136,9 +192,8 @@ def take(root: Path | str, flag: str = "--checkpoint-dir", note=print) -> tuple[
             except FileNotFoundError:
                 pass
             continue
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token)
         lock = WriterLock(path, token)
         atexit.register(lock.release)
+        _release_on_sigterm(lock)
         return lock, None
     return None, f"{flag} {root}: could not take the writer lock {path} (another run keeps taking it); retry"
