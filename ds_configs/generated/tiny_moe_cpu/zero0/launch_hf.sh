@@ -40,7 +40,7 @@ LAUNCHER_PID=""
 trap 'stop_job TERM 143' TERM
 trap 'stop_job INT 130' INT
 set -m
-"${CMD[@]}" &
+"${CMD[@]}" </dev/null &
 LAUNCHER_PID=$!
 set +m
 RC=0; wait "$LAUNCHER_PID" || RC=$?
