@@ -17,8 +17,10 @@ from typing import Any, Optional
 from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.info import CheckpointInfo, Problem, RankFiles, load_meta
+from dstoolkit.ckpt.inspect_files import (dtype_of, hard_links, merge_problems, model_file_optimizer_dtypes,
+                                           optimizer_bytes_in_model_files)
 from dstoolkit.ckpt.manifest import verify_manifest
-from dstoolkit.ckpt.torchzip import Opaque, TensorMeta, check_archive, is_legacy, storage_bytes_of, tensors
+from dstoolkit.ckpt.torchzip import Opaque, check_archive, is_legacy, tensors
 from dstoolkit.ckpt.universal import check_universal
 
 
@@ -137,11 +139,6 @@ def _bf16_names(optim: dict, ds_config: dict) -> bool:
     return isinstance(sec, dict) and sec.get("enabled") is True
 
 
-def _dtype_of(items: list[tuple[str, TensorMeta]]) -> Optional[str]:
-    kinds = sorted({t.dtype for _, t in items if t.numel or t.storage_bytes})
-    return "+".join(kinds) if kinds else (items[0][1].dtype if items else None)
-
-
 def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     """Inspect the checkpoint at `path` (see the module docstring for what `path` may be).
 
@@ -207,10 +204,10 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
             info.num_experts = [ne]
         module = head.get("module")
         if isinstance(module, dict):
-            info.dtypes["model"] = _dtype_of(tensors(module)) or "?"
+            info.dtypes["model"] = dtype_of(tensors(module)) or "?"
         if head.get("optimizer") is not None:
             info.optimizer_states = True
-            _model_file_optimizer_dtypes(head["optimizer"], info)
+            model_file_optimizer_dtypes(head["optimizer"], info)
         zo = ds_config.get("zero_optimization") or {}
         info.zero_stage = zo.get("stage", 0) if isinstance(zo.get("stage", 0), int) else None
         off = zo.get("offload_optimizer") or {}
@@ -229,10 +226,10 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
             base = o.get("base_optimizer_state") or o.get("optimizer_state_dict") or {}
             state_t = [t for t in tensors(base.get("state") if isinstance(base, dict) else base)
                        if not t[0].endswith("step")]
-            info.dtypes["optimizer"] = _dtype_of(state_t) or info.dtypes.get("optimizer", "?")
+            info.dtypes["optimizer"] = dtype_of(state_t) or info.dtypes.get("optimizer", "?")
             master = o.get("single_partition_of_fp32_groups") or o.get("fp32_flat_groups")
             if master is not None:
-                info.dtypes["master"] = _dtype_of(tensors(master)) or "?"
+                info.dtypes["master"] = dtype_of(tensors(master)) or "?"
             groups = base.get("param_groups") if isinstance(base, dict) else None
             for g in groups or []:
                 name = g.get("name") if isinstance(g, dict) else None
@@ -249,7 +246,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         if pipe and "model" not in info.dtypes:
             lay = load_meta(pipe[0], info) if str(pipe[0]) not in bad else None
             if isinstance(lay, dict):
-                info.dtypes["model"] = _dtype_of(tensors(lay)) or "?"
+                info.dtypes["model"] = dtype_of(tensors(lay)) or "?"
     elif info.num_experts:
         info.format = "deepspeed-moe"
     else:
@@ -308,7 +305,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         late_notes.append(f"{len(legacy)} file(s) in torch's legacy (non-zip) format ({legacy[0]}"
                           f"{', ...' if len(legacy) > 1 else ''}): torch.load reads them; they carry no checksums, "
                           "so only their structure and length were checked")
-    links = _hard_links([p for _, ps in sorted(owned.items()) for p in sorted(ps)] + all_files)
+    links = hard_links([p for _, ps in sorted(owned.items()) for p in sorted(ps)] + all_files)
     for link, first in links.items():
         late_notes.append(f"{link.relative_to(tag_dir)} is a hard link to {first.relative_to(tag_dir)} (one file "
                           "under two names): its bytes are counted once, under the second name")
@@ -325,7 +322,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     info.optimizer_state_bytes = sum(p.stat().st_size for p in all_files if p in opt_files)
     info.model_state_bytes = sum(p.stat().st_size for p in all_files
                                  if p not in opt_files and p.suffix == ".pt")
-    inside = _optimizer_bytes_in_model_files(model_files, head, bad, info) if not optim and not universal else 0
+    inside = optimizer_bytes_in_model_files(model_files, head, bad, info) if not optim and not universal else 0
     if inside:
         info.optimizer_state_bytes += inside
         info.model_state_bytes -= inside
@@ -338,70 +335,6 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         info.notes.append("ZeRO-3: the weights live in the fp32 partitions of the *_optim_states.pt files "
                           "(the model-states files hold placeholders)")
     info.notes.extend(late_notes)
-    info.problems = _merge_problems(info.problems)
+    info.problems = merge_problems(info.problems)
     info.complete = not info.problems
     return info
-
-
-def _hard_links(paths: list[Path]) -> dict[Path, Path]:
-    """{later name: first name} for the paths that are the same file (device and inode) as an earlier one: `ckpt
-    reshard` gives a universal checkpoint's model states both names by a hard link (runtime/ckpt/reshard.py
-    `MODEL_STATES_NAMES`), and a copy made with `cp -al` links every file; the bytes are on disk once."""
-    seen: dict[tuple[int, int], Path] = {}
-    out: dict[Path, Path] = {}
-    for p in paths:
-        st = p.stat()
-        key = (st.st_dev, st.st_ino)
-        if key in seen and seen[key] != p:
-            out[p] = seen[key]
-        seen.setdefault(key, p)
-    return out
-
-
-def _model_file_optimizer_dtypes(opt: Any, info: CheckpointInfo) -> None:
-    """dtypes of the optimizer a model-states file holds (ZeRO-0): the moments (`optimizer` dtype) and, for a
-    bf16/fp16 run, the fp32 master copies DeepSpeed's wrapper saves beside them (runtime/fp16/unfused_optimizer.py
-    `fp32_groups`, fused_optimizer.py `fp32_groups_flat`, runtime/bf16_optimizer.py
-    `single_partition_of_fp32_groups`)."""
-    base = opt.get("optimizer_state_dict") if isinstance(opt, dict) else None
-    base = base if isinstance(base, dict) else opt
-    state = base.get("state") if isinstance(base, dict) and "state" in base else base
-    moments = [t for t in tensors(state) if not t[0].endswith("step")]
-    info.dtypes["optimizer"] = _dtype_of(moments) or _dtype_of(tensors(opt)) or "?"
-    if isinstance(opt, dict):
-        master = next((opt[k] for k in ("fp32_groups", "fp32_groups_flat", "single_partition_of_fp32_groups")
-                       if opt.get(k) is not None), None)
-        if master is not None:
-            info.dtypes["master"] = _dtype_of(tensors(master)) or "?"
-
-
-def _optimizer_bytes_in_model_files(model_files: list[Path], head: Any, bad: set[str],
-                                    info: CheckpointInfo) -> int:
-    """Bytes of the optimizer tensors inside the mp_rank_*_model_states.pt files (ZeRO-0 saves the whole optimizer
-    there, under `optimizer`; at stage >= 1 it is None and the *_optim_states.pt partitions hold it): their
-    distinct storages, read from the pickled metadata."""
-    total = 0
-    for i, p in enumerate(model_files):
-        meta = head if i == 0 else (load_meta(p, info) if str(p) not in bad else None)
-        if isinstance(meta, dict) and meta.get("optimizer") is not None:
-            total += storage_bytes_of(meta["optimizer"])
-    return total
-
-
-def _merge_problems(problems: list[Problem]) -> list[Problem]:
-    """One Problem per file (the checks overlap: the manifest and the layout both see a missing rank file)."""
-    by_file: dict[str, list[str]] = {}
-    for p in problems:
-        texts = by_file.setdefault(p.file, [])
-        if p.problem not in texts:
-            texts.append(p.problem)
-    out = []
-    for file, texts in by_file.items():
-        missing = [t[len("is missing ("):-1] for t in texts if t.startswith("is missing (") and t.endswith(")")]
-        rest = [t for t in texts if not (t.startswith("is missing (") and t.endswith(")"))]
-        if missing:
-            rest.insert(0, f"is missing ({'; '.join(missing)})")
-        out.append(Problem(file, "; ".join(rest)))
-    return out
-
-
