@@ -34,7 +34,7 @@ from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
 from dstoolkit.generate.sweep_result import SweepResult
 from dstoolkit.generate.targets import (engine_note, miss_reason, reason_without_target, refused_everywhere,
-                                        spec_for_targets, target_groups, target_refusal)
+                                        spec_for_targets, target_groups, target_refusal, target_unavailable_reason)
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan
@@ -123,6 +123,17 @@ def _chosen(spec: Spec, cand: Candidate) -> list[str]:
     return out
 
 
+def _deepspeed_runs(spec, shape: ModelShape, refused: dict) -> bool:
+    """Whether --target deepspeed (not asked, so not in `refused`) runs the spec's layout as far as the target rules
+    say (`target_unavailable_reason`: it refuses only sequence splits it has no launcher for): the advice a refusal
+    of every asked target gives."""
+    if "deepspeed" in refused:
+        return False
+    t = spec.training
+    probe = Candidate(zero_stage=1, micro_batch=1, tp=t.tp if isinstance(t.tp, int) else 1, cp=t.cp, ulysses=t.ulysses)
+    return target_unavailable_reason("deepspeed", probe, shape) is None
+
+
 def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
     """Resolve a spec's "auto" fields with the sweep (`run_sweep`, validated like `dstoolkit generate`) and
     build the winner's DeepSpeed JSON and `RunPlan`.
@@ -166,7 +177,7 @@ def resolve_spec(spec: Spec, shape: ModelShape, targets=()) -> Resolution:
         raise ValueError(f"{spec.name} is not estimated for any requested target: "
                          + "; ".join(f"--target {t}: {why}" for t, why in refused.items())
                          + " (generate writes no files for them either: ask a target that runs this spec"
-                         + (", e.g. --target deepspeed)" if "deepspeed" not in refused else ")"))
+                         + (", e.g. --target deepspeed)" if _deepspeed_runs(spec, shape, refused) else ")"))
     if not done:
         raise ValueError(f"no valid layout for {spec.name} on any requested target: "
                          + "; ".join(f"{t}: {why}" for t, why in refused.items()))
