@@ -299,7 +299,8 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         peak_bytes=total, peak_phase=peak.name, peak_with_host_bytes=tl.peak_with_host_bytes,
         sum_of_parts_bytes=tl.sum_of_parts_bytes)
     memory = MemoryBreakdown(
-        params=ms.params + ms.hpz_secondary_params, grads=grads, optimizer=optimizer, activations=activations, buffers=buffers, total=total,
+        params=ms.params + ms.hpz_secondary_params, grads=grads, optimizer=optimizer, activations=activations,
+        buffers=buffers, total=total,
         peak_phase=peak.name, peak_pipeline_stage=stage, peak_alive=peak.alive(0.01),
         sum_of_parts_bytes=tl.sum_of_parts_bytes,
         allowance_bytes=allowance, allowance_source=allowance_source(plan.gpu), required_bytes=total + allowance,
@@ -308,7 +309,8 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         grads_backward_peak=ms.grads_backward_peak, model_states_at_step=ms.device_at_step,
         activations_saved=int(act.saved), activations_recompute_transient=int(act.recompute_transient),
         fp8_weight_cache=fp8_cache, hpz_secondary_params=ms.hpz_secondary_params, tp_overlap_buffers=ub,
-        optimizer_path=ms.optimizer_path, temporaries=int(max(ms.optimizer_temporaries, ms.grad_norm_temporaries, act.loss_forward_transient,
+        optimizer_path=ms.optimizer_path,
+        temporaries=int(max(ms.optimizer_temporaries, ms.grad_norm_temporaries, act.loss_forward_transient,
                             act.loss_backward_transient)),
         optimizer_temporaries=ms.optimizer_temporaries, optimizer_impl=ms.optimizer_impl,
     )

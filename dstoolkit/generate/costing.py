@@ -14,8 +14,6 @@ from typing import Optional
 
 from dstoolkit.estimate import estimate_run
 from dstoolkit.estimate.core import upper_bound_exceeds
-from dstoolkit.estimate.te_userbuffers import TE_TP_OVERLAP_USERBUFFERS  # noqa: F401 - re-exported
-from dstoolkit.estimate.te_userbuffers import tp_overlap_buffer_bytes as estimate_tp_overlap_buffer_bytes
 from dstoolkit.estimate.timeline import GPU_CONTEXT_BYTES, allowance_source, is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
@@ -79,7 +77,8 @@ def fit_verdict(peak_bytes: int, gpu: GpuSpec, host_per_rank_bytes: int, ranks_p
     added to where that figure comes from)."""
     return FitVerdict(device_fits=int(peak_bytes) <= usable_device_bytes(gpu),
                       host_node_bytes=int(host_per_rank_bytes) * int(ranks_per_node),
-                      host_capacity_bytes=host_memory_per_node_bytes(cluster), host_source=host_memory_source(cluster) + source_note)
+                      host_capacity_bytes=host_memory_per_node_bytes(cluster),
+                      host_source=host_memory_source(cluster) + source_note)
 
 
 def allowance_text(gpu: GpuSpec) -> str:
@@ -136,13 +135,6 @@ class CandidateEstimate:
     """Device bytes a pick should leave free (cluster.memory_headroom_fraction x device memory)."""
     within_headroom: bool = True
     """peak + allowance + headroom <= device memory: the ranking prefers these layouts."""
-
-
-def tp_overlap_buffer_bytes(spec: Spec, shape: ModelShape, cand: Candidate) -> int:
-    """Device bytes of the TP comm-overlap userbuffers for one candidate: the estimator's own term
-    (`dstoolkit.estimate.te_userbuffers`, counted in every phase of `estimate_run`'s timeline, so already in
-    `CandidateEstimate.memory_per_rank_bytes`), for its plan."""
-    return estimate_tp_overlap_buffer_bytes(run_plan_for(spec, shape, cand))
 
 
 def layers_per_stage(num_layers: int, pp: int) -> int:

@@ -116,8 +116,9 @@ def _estimate_all(spec: Spec, shape: ModelShape, gpu: GpuSpec, cands: Iterable[C
     """The targets' refusals, then rules, then a model-state lower bound, then the estimator. Within one layout
     (everything but the micro-batch) memory grows with the micro-batch while gradient accumulation is saturated
     (`accumulation_saturated`), so once a micro-batch does not fit, a larger one is dropped without estimating it
-    when it is saturated; one that is not (fewer micro steps: memory may fall) is estimated. `target_spec`: the spec as written, which `targets.target_refusal`
-    asks the launchers' builders with (as `generate` does); `spec` is the engine's copy (`spec_for_targets`)."""
+    when it is saturated; one that is not (fewer micro steps: memory may fall) is estimated. `target_spec`: the spec
+    as written, which `targets.target_refusal` asks the launchers' builders with (as `generate` does); `spec` is the
+    engine's copy (`spec_for_targets`)."""
     fit, dropped, estimates, considered = [], [], [], 0
     too_big: dict = {}  # layout key -> (smallest micro-batch that did not fit, its bytes)
     usable = usable_device_bytes(gpu)

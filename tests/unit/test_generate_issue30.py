@@ -290,7 +290,8 @@ def test_ranking_prefers_a_layout_within_the_memory_headroom():
 
 
 def test_tp_overlap_buffers_are_counted():
-    from dstoolkit.generate.costing import TE_TP_OVERLAP_USERBUFFERS, tp_overlap_buffer_bytes
+    from dstoolkit.estimate.te_userbuffers import TE_TP_OVERLAP_USERBUFFERS, tp_overlap_buffer_bytes
+    from dstoolkit.generate.costing import run_plan_for
     from dstoolkit.generate.planner import estimate_candidate
 
     spec, shape = load_spec_and_shape(DS_CONFIGS / "llama3_8b_1x8_h100.yaml")
@@ -300,7 +301,7 @@ def test_tp_overlap_buffers_are_counted():
     off = estimate_candidate(spec, shape, cand)
     spec.training.tp_comm_overlap = True
     on = estimate_candidate(spec, shape, cand)
-    ub = tp_overlap_buffer_bytes(spec, shape, cand)
+    ub = tp_overlap_buffer_bytes(run_plan_for(spec, shape, cand))  # the estimator's term for this candidate
     assert ub >= TE_TP_OVERLAP_USERBUFFERS * spec.training.seq_len * shape.hidden_size * 2
     assert on.memory_per_rank_bytes - off.memory_per_rank_bytes == ub == on.tp_overlap_buffer_bytes
 

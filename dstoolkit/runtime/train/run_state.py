@@ -56,8 +56,9 @@ class MetricsWriter:
 
     def write(self, obj: dict) -> None:
         if self.f is not None:
-            plain = json.loads(json.dumps(obj, default=float))  # tensors / numpy scalars -> float (NaN kept), then
-            self.f.write(json.dumps(finite_or_none(plain), allow_nan=False) + "\n")  # NaN / Inf -> null
+            # NaN / Inf -> null, also from a tensor / numpy scalar (json.dumps hands those to `default`)
+            self.f.write(json.dumps(finite_or_none(obj), default=lambda v: finite_or_none(float(v)),
+                                    allow_nan=False) + "\n")
             self.f.flush()
 
     def close(self) -> None:
