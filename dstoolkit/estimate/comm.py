@@ -259,10 +259,13 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         one = DEEPSPEED_ZERO3_ONE_RING and plan.framework == "deepspeed"
         add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2,
             param_overlap, c, hidden, per_node=dp_lay.ranks_per_node, one_ring=one)
-        # hpZ: the backward gather reads the secondary partition inside the node (ZeRO++ §3.2)
+        # hpZ: backward gathers the secondary partition over its group of consecutive DP ranks (ZeRO++ §3.2;
+        # DeepSpeed groups._create_zero_param_parallel_group): across nodes where it is larger than a node's
+        bwd_n = min(ds.zeropp_hpz, dp) if hpz else dp
+        bwd_lay = group_layout(plan.world_size, plan.gpus_per_node, bwd_n, stride) if hpz else dp_lay
         add("zero3_param_all_gather_bwd", "all_gather", dense * (fwd_bytes if not hpz else pb) * ga,
-            ds.zeropp_hpz if hpz else dp, False if hpz else dp_cross, calls // 2, param_overlap, c, hidden,
-            per_node=dp_lay.ranks_per_node, one_ring=one)
+            bwd_n, bwd_lay.cross_node, calls // 2, param_overlap, bwd_lay.concurrent_groups, hidden,
+            per_node=bwd_lay.ranks_per_node, one_ring=one)
         add("zero3_grad_reduce_scatter" if not ds.zeropp_qgz else "zeropp_qgz_all_to_all",
             "reduce_scatter" if not ds.zeropp_qgz else "all_to_all", dense * grad_bytes * ga, dp, dp_cross,
             ga * (nlayers if per_layer else math.ceil(dense / bucket)),
@@ -368,7 +371,6 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
 def largest_gathered_module_numel(plan: RunPlan) -> int:
     """Elements of the largest parameter tensor inside the blocks on one TP rank (the unit a ZeRO-3 gather
     fetches: DeepSpeed gathers each submodule's parameters before it runs)."""
-
     return max((e.numel // (plan.tp if e.tp_split else 1) for e in param_layout(plan.shape) if e.layer >= 0),
                default=1)
 

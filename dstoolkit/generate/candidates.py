@@ -122,7 +122,8 @@ STRATEGIES: dict[str, StrategyDef] = {s.name: s for s in (
     StrategyDef("zero3-offload", 3, offload_optimizer=True, offload_param=True,
                 description="ZeRO-3 with optimizer states and parameters in host memory"),
     StrategyDef("zero++", 3, zeropp=True,
-                description="ZeRO-3 with qwZ int8 weight gathers, hpZ intra-node partition, qgZ int4 gradients"),
+                description=("ZeRO-3 with qwZ int8 weight gathers, qgZ int4 gradients and, where the data-parallel "
+                             "group spans nodes, hpZ intra-node partition")),
     StrategyDef("zero0-ep", 0, expert_parallel=True,
                 description="plain data parallel with experts sharded over an expert-parallel group"),
     StrategyDef("zero1-ep", 1, expert_parallel=True,

@@ -35,6 +35,7 @@ from dstoolkit.generate.ds_json import (ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING,
 from dstoolkit.generate.hf_launch import (ACCELERATE_CONFIG, HF_DS_CONFIG, TRAINING_ARGS, accelerate_config,
                                           accelerate_config_yaml, accelerate_launch_line, hf_launch_line,
                                           render_hf_launch_sh)
+from dstoolkit.generate.rules import hpz_partition_size
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.models.tp_plan import tp_plan_of
 from dstoolkit.runplan.autotp import shape_tp_refusal
@@ -149,7 +150,7 @@ def build_hf_ds_config(spec: Spec, shape: ModelShape, cand: Candidate) -> dict:
         z["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
     if cand.zeropp:
         z.update({"zero_quantized_weights": True, "zero_quantized_gradients": True,
-                  "zero_hpz_partition_size": spec.cluster.nvlink_domain})
+                  "zero_hpz_partition_size": hpz_partition_size(spec, cand)})
     cfg["zero_optimization"] = z
     if cand.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": cand.tp}

@@ -78,7 +78,7 @@ def render_strategy_summary(spec: Spec, shape: ModelShape, out: StrategyOutput) 
     rows = [
         ("ZeRO stage", str(cand.zero_stage), out.strategy.description),
         ("offload", cand.offload_label, "strategy " + out.name),
-        ("ZeRO++", "qwZ + hpZ + qgZ" if cand.zeropp else "off", "strategy " + out.name),
+        ("ZeRO++", _zeropp_label(out.ds_config) if cand.zeropp else "off", "strategy " + out.name),
         ("tensor parallel", str(cand.tp), _why_field(spec, "tp", cand.tp, auto_note)),
         ("pipeline parallel", str(cand.pp), _why_field(spec, "pp", cand.pp, auto_note)),
     ]
@@ -339,3 +339,12 @@ def _fits_text(est, spec) -> str:
         return ("yes by the peak; caution: the sum of parts + allowance is over the device, and a caching allocator "
                 "that keeps each phase's blocks can hold that much")
     return "yes"
+
+
+def _zeropp_label(ds_config: dict) -> str:
+    """What the generated ZeRO++ section turns on: hpZ only where its secondary partition is more than one rank
+    (layout.dims.hpz_partition: off when the data-parallel group fits in one node)."""
+    hpz = int(ds_config.get("zero_optimization", {}).get("zero_hpz_partition_size") or 1)
+    if hpz > 1:
+        return f"qwZ + hpZ ({hpz} ranks per secondary partition) + qgZ"
+    return "qwZ + qgZ (hpZ off: the data-parallel group fits in one node)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dstoolkit.layout.dims import LayoutError, stage_layers
+from dstoolkit.layout.dims import LayoutError, hpz_partition, stage_layers
 from dstoolkit.layout.registry import LayoutFacts, Names, constraint, known
 
 
@@ -199,12 +199,13 @@ def _zeropp_cpu(f: LayoutFacts, n: Names):
 
 
 @constraint("LY015", "zeropp-hpz", "hpZ partition must divide dp", ("zeropp", "gpus_per_node", "tp"),
-            "The hpZ secondary partition (gpus_per_node / tp ranks, capped at dp) must tile the data-parallel group.")
+            "The hpZ secondary partition (gpus_per_node / tp ranks where the data-parallel group spans nodes, "
+            "layout.dims.hpz_partition) must tile the data-parallel group.")
 def _zeropp_hpz(f: LayoutFacts, n: Names):
     dp = f.dp
     if not f.zeropp or not known(dp, f.tp):
         return None
-    hpz = max(1, min((f.gpus_per_node or f.world) // f.tp, dp))
+    hpz = hpz_partition(f.gpus_per_node, f.world, f.tp, dp)
     if dp % hpz:
         return f"hpZ partition {hpz} does not divide dp={dp}", "choose tp so gpus_per_node / tp divides dp"
     return None

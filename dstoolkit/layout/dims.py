@@ -86,10 +86,19 @@ class ParallelDims:
         return math.ceil(self.world / self.gpus_per_node) if self.gpus_per_node else 1
 
     def hpz_partition_size(self) -> int:
-        """ZeRO++ hpZ secondary partition: the data-parallel ranks of one node, gpus_per_node / tp, capped at dp
-        (ZeRO++ paper §3.2: the secondary copy is partitioned inside a node)."""
-        per_node = (self.gpus_per_node or self.world) // self.tp
-        return max(1, min(per_node, self.dp))
+        """ZeRO++ hpZ secondary partition (hpz_partition)."""
+        return hpz_partition(self.gpus_per_node, self.world, self.tp, self.dp)
+
+
+def hpz_partition(gpus_per_node: Optional[int], world: int, tp: int, dp: int) -> int:
+    """ZeRO++ hpZ secondary partition size: the data-parallel ranks of one node (gpus_per_node / tp) when the
+    data-parallel group spans nodes (ZeRO++ paper §3.2: the secondary copy is partitioned inside a node so that
+    backward's all-gather stays on the node's links), else 1 (off). A data-parallel group that fits in one node
+    gains nothing from it: DeepSpeed still builds the secondary partition for any zero_hpz_partition_size > 1
+    (partition_parameters.py Init.__init__: zero_param_process_group, secondary size tensor_size //
+    num_ranks_in_param_group), a second copy of the primary one when the two groups are the same ranks."""
+    per_node = max(1, (gpus_per_node or world) // tp)
+    return per_node if dp > per_node else 1
 
 
 @dataclass(frozen=True)
