@@ -217,5 +217,15 @@ def render_table(plan, est, assumptions: list[str], verdict) -> str:
                   f"(of {st.comm_total_s:.4g}, overlap eta={st.overlap_efficiency}) + optimizer {st.optimizer_s:.4g} "
                   f"+ memory-bound {st.memory_s:.4g} "
                   f"+ offload {st.offload_s:.4g} + overhead {st.overhead_s:.4g}",
-              f"MFU {est.mfu:.1%}" if verdict.fits else "MFU: none (the run does not fit, so it cannot run)"]
+              _mfu_line(plan, est) if verdict.fits else "MFU: none (the run does not fit, so it cannot run)"]
     return "\n".join(lines)
+
+
+def _mfu_line(plan, est) -> str:
+    """MFU with the peak it divides by; an fp8 run's over the fp8 peak also over the bf16 one (published MFU is
+    quoted both ways: DeepSeek-V3 and NeMo's fp8 tables against different peaks)."""
+    line = f"MFU {est.mfu:.1%} of {est.mfu_peak_flops_per_gpu / 1e12:,.4g} TFLOP/s per rank, the {est.mfu_peak}"
+    bf16 = plan.gpu.peak_bf16_flops
+    if plan.precision == "fp8" and bf16 and est.mfu_peak_flops_per_gpu != bf16:
+        line += f"; {est.mfu * est.mfu_peak_flops_per_gpu / bf16:.1%} of the bf16 peak ({bf16 / 1e12:,.4g} TFLOP/s)"
+    return line

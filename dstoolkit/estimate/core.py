@@ -20,9 +20,10 @@ from dstoolkit.estimate.memory import (
     zero_group_sizes,
 )
 from dstoolkit.estimate.stage_activations import activation_bytes
-from dstoolkit.estimate.step_time import peak_flops, step_time
+from dstoolkit.estimate.step_time import step_time
 from dstoolkit.estimate.te_userbuffers import tp_overlap_buffer_bytes
 from dstoolkit.estimate.timeline import allowance_source, device_allowance_bytes, is_cpu_device, memory_timeline
+from dstoolkit.hardware.calibration import peak_flops_per_rank
 from dstoolkit.runplan import RunPlan
 
 
@@ -180,7 +181,11 @@ class Estimate(_Frozen):
     step_time_s: float
     step_time: StepTimeOut
     mfu: float
-    """Model FLOPs utilisation: tokens/s x (6N + 12LHQT) / (peak x GPUs)."""
+    """Model FLOPs utilisation: tokens/s x (6N + 12LHQT) / (peak x GPUs), peak = mfu_peak_flops_per_gpu."""
+    mfu_peak_flops_per_gpu: float = 0.0
+    """The MFU denominator per GPU (peak_flops_per_rank: the fp8 peak for fp8 runs where the GPU has one)."""
+    mfu_peak: str = ""
+    """What that peak is (hardware.calibration.peak_flops_per_rank), e.g. "H800 fp8 peak (hardware table)"."""
     hfu: float
     """Hardware FLOPs utilisation: as MFU, counting the recomputed forward too."""
     fits: bool
@@ -227,6 +232,8 @@ class Estimate(_Frozen):
             "step_time_s": self.step_time_s,
             "step_time_breakdown_s": self.step_time.model_dump(),
             "mfu": self.mfu,
+            "mfu_peak_flops_per_gpu": self.mfu_peak_flops_per_gpu,
+            "mfu_peak": self.mfu_peak,
             "hfu": self.hfu,
             "fits": self.fits,
             "gpu_memory_bytes": self.gpu_memory_bytes,
@@ -328,6 +335,7 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
     st = step_time(plan, fpt, comm, part, tokens_per_replica, local_numel=per_rank)
     step_s = st.total_s
     achieved_tokens_per_s = tps / step_s if step_s > 0 else 0.0
+    peak, peak_what = peak_flops_per_rank(plan.gpu, plan.precision, plan.calibration)  # step_time.peak_flops
     paper = paper_model_states(per_rank, plan.dp, ds.zero_stage)
     return Estimate(
         params=ParamCounts(total=totals.total, active=totals.active, per_rank=per_rank),
@@ -343,8 +351,9 @@ def estimate_run(plan: RunPlan, *, rank: Optional[int] = None) -> Estimate:
         step_time=StepTimeOut(**{k: getattr(st, k) for k in ("compute_s", "comm_total_s", "comm_exposed_s",
                                                               "optimizer_s", "memory_s", "offload_s", "overhead_s",
                                                               "overlap_efficiency")}, total_s=step_s),
-        mfu=mfu(achieved_tokens_per_s, fpt.model, peak_flops(plan), plan.world_size),
-        hfu=mfu(achieved_tokens_per_s, fpt.executed(executed_attention), peak_flops(plan), plan.world_size),
+        mfu=mfu(achieved_tokens_per_s, fpt.model, peak, plan.world_size),
+        mfu_peak_flops_per_gpu=peak, mfu_peak=peak_what,
+        hfu=mfu(achieved_tokens_per_s, fpt.executed(executed_attention), peak, plan.world_size),
         fits=total + allowance <= plan.gpu.memory_bytes,
         gpu_memory_bytes=plan.gpu.memory_bytes,
         paper_view=PaperViewOut(psi=paper.psi, dp=paper.dp, baseline_bytes=paper.baseline_bytes,
