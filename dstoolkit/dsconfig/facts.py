@@ -94,6 +94,10 @@ class OptimizerBuild(NamedTuple):
     """True when the class is in ZeRO's list of tested optimizers (deepspeed 0.19.8 runtime/zero/utils.py
     ZERO_SUPPORTED_OPTIMIZERS, compared by exact type): the engine refuses any other at ZeRO stage 1-3 unless
     zero_allow_untested_optimizer is set (rule DS236)."""
+    amsgrad_raises: bool = False
+    """True when it takes amsgrad but raises RuntimeError on amsgrad true (rule DS210): FusedAdam
+    (ops/adam/fused_adam.py __init__: 'FusedAdam does not support the AMSGrad variant.') and DeepSpeedCPUAdam
+    (ops/adam/cpu_adam.py add_param_group). FusedLamb does too; that is DS233's (rules_optim_values._lamb_extra)."""
 
 
 _MUP = "mup/optim.py process_param_groups"
@@ -103,11 +107,11 @@ OPTIMIZER_BUILDS: dict[str, dict[str, OptimizerBuild]] = {
     **{t: {"device": OptimizerBuild("FusedAdam", frozenset({"lr", "bias_correction", "betas", "eps", "weight_decay",
                                                            "amsgrad", "set_grad_none"}) | ADAM_ENGINE_KEYS,
                                     "without optimizer offload or torch_adam", source="ops/adam/fused_adam.py",
-                                    zero_tested=True),
+                                    zero_tested=True, amsgrad_raises=True),
            "offload": OptimizerBuild("DeepSpeedCPUAdam", frozenset({"lr", "bias_correction", "betas", "eps",
                                                                    "weight_decay", "amsgrad"}) | ADAM_ENGINE_KEYS,
                                      "with the optimizer offloaded to cpu / nvme", source="ops/adam/cpu_adam.py",
-                                     zero_tested=True),
+                                     zero_tested=True, amsgrad_raises=True),
            "torch_adam": OptimizerBuild("torch.optim.AdamW", _TORCH_ADAMW | ADAM_ENGINE_KEYS, "with torch_adam true",
                                         source="torch/optim/adamw.py", zero_tested=True),
            "torch_adam_l2": OptimizerBuild("torch.optim.Adam", _TORCH_ADAM | ADAM_ENGINE_KEYS,
@@ -345,3 +349,18 @@ FLOAT_INT_LIMIT = 2.0**63
 larger ones ('exceeded maximum size', int_parsing_size), -2**63 included."""
 FLOAT_INT_TOO_BIG = ("a float this large (|value| >= 2**63, about 9.2e18) is no int64: DeepSpeed's pydantic "
                      "sections refuse it (int_parsing_size), and no count or size needs it")
+
+
+LAX_BOOL_SECTIONS = frozenset({"zero_optimization", "fp16", "bf16", "bfloat16", "tensorboard", "wandb", "csv_monitor",
+                               "comet", "comms_logger", "compile", "hybrid_engine"})
+"""Top-level sections DeepSpeed 0.19.8 reads through its pydantic models (DeepSpeedConfigModel: runtime/zero/config.py
+DeepSpeedZeroConfig and its offload / zenflow / leaf_module sub-models, runtime/precision_config.py, monitor/config.py,
+comm/config.py, compile/config.py, runtime/config.py HybridEngineConfig), whose lax bool fields convert a quoted
+boolean: measured with DeepSpeedConfig, "false" in fp16.enabled, offload_optimizer.pin_memory, overlap_comm,
+tensorboard / wandb / comms_logger / hybrid_engine enabled or compile.deepcompile reads as False. Elsewhere
+DeepSpeed reads the raw value (get_scalar_param): "false" in wall_clock_breakdown raises TypeError, in
+prescale_gradients or activation_checkpointing it stays a truthy string."""
+LAX_BOOL_STRINGS: dict[str, bool] = {**dict.fromkeys(("true", "1", "on", "t", "y", "yes"), True),
+                                     **dict.fromkeys(("false", "0", "off", "f", "n", "no"), False)}
+"""The strings pydantic's lax bool reads as a boolean, compared lower-cased and unstripped (pydantic-core bool
+parsing: "TRUE" and "1" read as True, " true" is refused)."""

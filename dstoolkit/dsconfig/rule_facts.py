@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from dstoolkit.dsconfig.facts import LAX_BOOL_STRINGS
 from dstoolkit.dsconfig.registry import RuleContext, as_int, section
 from dstoolkit.layout.constraints import LayoutFacts
 from dstoolkit.layout.dims import data_parallel_size
@@ -22,6 +23,8 @@ def _enabled(sec: dict, ctx: RuleContext) -> bool:
     if v == "auto":
         # 0.16 read `enabled` with get_scalar_param, so "auto" is truthy there; 0.19's pydantic drops it.
         return ctx.deepspeed_version.startswith("0.16") and ctx.mode == "strict"
+    if isinstance(v, str) and ctx.mode == "strict" and ctx.deepspeed_version.startswith("0.19"):
+        return LAX_BOOL_STRINGS.get(v.lower()) is True  # 0.19's pydantic reads "true" as True (DS102 warns)
     return v is True
 
 

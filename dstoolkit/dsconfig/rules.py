@@ -18,9 +18,9 @@ from typing import Mapping, Optional
 
 from dstoolkit.dsconfig.registry import (RULES, Rule, RuleContext, RuleViolation, as_int, enforce_all,  # noqa: F401
                                          rule, run_rules, section, zero_section, zero_stage)
-from dstoolkit.dsconfig.facts import canonical_dtype
+from dstoolkit.dsconfig.facts import LAX_BOOL_STRINGS, canonical_dtype
 from dstoolkit.dsconfig.rule_facts import _bf16_section, _dp_size, _enabled, _sp, dp_formula
-from dstoolkit.layout.dims import LayoutError, resolve_batch
+from dstoolkit.layout.dims import LayoutError, hpz_partition, resolve_batch
 
 
 # -- batch ------------------------------------------------------------------------------------------------
@@ -131,6 +131,34 @@ def _check_fp16_dynamic_loss_scale(cfg: Mapping, ctx: RuleContext) -> None:
             raise RuleViolation(f"/fp16/{name}", f"fp16.{name}={v} must be > 0 when dynamic loss scaling "
                                 "is on (fp16.enabled true, fp16.loss_scale 0); DeepSpeed refuses it",
                                 f"use the default ({1000 if name == 'loss_scale_window' else 1})")
+
+
+@rule("DS246", "fp16.auto_cast with fp16 off", severity="warning")
+def _check_fp16_auto_cast_without_fp16(cfg: Mapping, ctx: RuleContext) -> None:
+    """fp16.auto_cast acts whether or not fp16 is enabled: DeepSpeed 0.19.8 reads it on its own
+    (runtime/engine.py fp16_auto_cast returns float16_config.auto_cast) and _forward_prologue casts every
+    floating-point positional input of engine(...) to fp16 when it is true (_cast_inputs_half), so a bf16 or fp32
+    model gets fp16 inputs: measured on a 1-rank gloo engine, engine(x) raises 'mat1 and mat2 must have the same
+    dtype, but got Half and BFloat16' (or Half and Float); a model that casts its inputs back passes them through
+    fp16's range (+-65504: larger values become inf). Keyword arguments are not cast, so HF Trainer
+    (model(**inputs)) is spared. fp16.enabled "auto" is off in strict mode (DeepSpeed drops "auto") and, under HF,
+    off unless it runs with --fp16 (InternVL's configs ship this and train with --bf16). A warning. Checked for
+    0.19 only: 0.16's engine is not installed here to read."""
+    fp16 = section(cfg, "fp16")
+    if not ctx.deepspeed_version.startswith("0.19") or fp16.get("auto_cast") is not True:
+        return
+    enabled = fp16.get("enabled", False)
+    if enabled is True or (isinstance(enabled, str) and LAX_BOOL_STRINGS.get(enabled.lower()) is True):
+        return  # fp16 on ("true" too: DeepSpeed's pydantic reads it so)
+    if enabled == "auto":
+        state = '"auto", which is false unless HF runs with --fp16' if ctx.mode == "hf" else '"auto" (dropped: false)'
+    else:
+        state = str(enabled).lower() if isinstance(enabled, bool) else repr(enabled)
+    raise RuleViolation("/fp16/auto_cast", f"fp16.auto_cast=true with fp16.enabled {state}: DeepSpeed acts on "
+                        "auto_cast whatever fp16.enabled says, so every floating-point positional input to "
+                        "engine(...) becomes fp16 while the model runs in bf16 / fp32 ('mat1 and mat2 must have the "
+                        "same dtype', or values beyond +-65504 become inf); keyword inputs are not cast",
+                        'delete "auto_cast" (or set it false) unless you train in fp16')
 
 
 @rule("DS229", "gradient accumulation dtype other than the model's at ZeRO stage 0")
@@ -261,24 +289,36 @@ def _check_hpz_divides_world(cfg: Mapping, ctx: RuleContext) -> None:
 def _check_hpz_clamped_or_cross_node(cfg: Mapping, ctx: RuleContext) -> None:
     """A zero_hpz_partition_size larger than the world size is not an error: DeepSpeed 0.19.8 clamps the hpZ
     group to the world size (groups.py: min(group_size, world_size); measured: hpZ 8 on 2 gloo ranks builds a
-    group of 2 and trains). The secondary partition is then the whole world, which is what a single node
-    wants. Separately, the point of hpZ is to keep the secondary partition inside one node: a size that does
-    not divide --gpus-per-node makes the groups span nodes (DeepSpeed does not check it; it runs, with the
-    backward all-gather crossing the inter-node link)."""
+    group of 2 and trains). The secondary partition is then the whole world: on one node that saves no
+    inter-node traffic, and DeepSpeed still keeps it as a second copy of the primary one. Separately, the point of hpZ is to keep the secondary partition inside one node, and DeepSpeed builds
+    its groups from consecutive global ranks (utils/groups.py _create_zero_param_parallel_group: ranks
+    i * size .. (i + 1) * size - 1): on more than one node (world size > --gpus-per-node), a group size that does
+    not divide --gpus-per-node, the whole world included, makes the groups span nodes (DeepSpeed does not check
+    it; it runs, with the backward all-gather crossing the inter-node link). The fix suggested is the value
+    generate writes (layout.dims.hpz_partition: the node's data-parallel ranks, or 1, hpZ off, where the
+    data-parallel group fits in one node)."""
     hpz = _hpz(cfg)
     if hpz is None:
         return
-    if ctx.world_size is not None and hpz > ctx.world_size:
+    world, per_node = ctx.world_size, ctx.gpus_per_node
+    eff = min(hpz, world) if world is not None else hpz
+    clamp = (f"zero_hpz_partition_size={hpz} is larger than the world size {world}; DeepSpeed clamps the hpZ "
+             f"group to {world} ranks") if world is not None and hpz > world else None
+    if per_node is not None and per_node % eff and (world is None or world > per_node):
+        dp = _dp_size(cfg, ctx)
+        fix = hpz_partition(per_node, world, max(ctx.tp, 1), dp) if world is not None and dp is not None else per_node
+        what = f'use "zero_hpz_partition_size": {fix}' + (" (hpZ off: the data-parallel group fits in one node)"
+                                                           if fix == 1 else "")
         raise RuleViolation("/zero_optimization/zero_hpz_partition_size",
-                            f"zero_hpz_partition_size={hpz} is larger than the world size {ctx.world_size}; DeepSpeed "
-                            f"clamps the hpZ group to {ctx.world_size} ranks",
-                            f'fine on one node; "zero_hpz_partition_size": {ctx.world_size} says what runs')
-    eff = min(hpz, ctx.world_size) if ctx.world_size is not None else hpz
-    if ctx.gpus_per_node is not None and ctx.gpus_per_node % eff and eff != ctx.world_size:
-        raise RuleViolation("/zero_optimization/zero_hpz_partition_size",
-                            f"zero_hpz_partition_size={hpz} does not divide --gpus-per-node {ctx.gpus_per_node}; the "
-                            "secondary partition groups span nodes (DeepSpeed runs it, without hpZ's benefit)",
-                            f'use "zero_hpz_partition_size": {ctx.gpus_per_node}')
+                            (f"{clamp}, which" if clamp else f"zero_hpz_partition_size={hpz}") + f" does not divide "
+                            f"--gpus-per-node {per_node}; the secondary partition groups ({eff} consecutive ranks) "
+                            "span nodes (DeepSpeed runs it, without hpZ's benefit)", what)
+    if clamp:
+        one_node = per_node is not None and world <= per_node
+        raise RuleViolation("/zero_optimization/zero_hpz_partition_size", clamp,
+                            f'"zero_hpz_partition_size": {world} says what runs' + (
+                                "; on one node hpZ saves no inter-node traffic, and 1 (off) saves its second copy"
+                                if one_node else "; fine on one node (pass --gpus-per-node to check the nodes)"))
 
 
 # The optimizer and scheduler rules (DS209-DS212, and the value rules DS230-DS231) are declared in rules_optim;

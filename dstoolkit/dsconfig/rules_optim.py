@@ -116,7 +116,9 @@ def _check_optimizer_params(cfg: Mapping, ctx: RuleContext) -> None:
     MuAdamW and MuSGD pass the keys on to torch.optim.Adam / AdamW / SGD and fail with KeyError('lr') without an lr
     (mup/optim.py process_param_groups reads kwargs['lr'] for the parameters the engine passes, which set none).
     max_grad_norm is refused by the engine itself (ValueError: gradient clipping is the top-level
-    gradient_clipping key)."""
+    gradient_clipping key). "amsgrad": true, valid for torch's AdamW, makes FusedAdam raise RuntimeError in its
+    constructor (ops/adam/fused_adam.py) and DeepSpeedCPUAdam in add_param_group (ops/adam/cpu_adam.py), so the
+    job dies before it trains (measured on a 1-rank gloo engine); with torch_adam it runs."""
     opt = section(cfg, "optimizer")
     params = opt.get("params", {})
     if not isinstance(params, dict):
@@ -138,6 +140,11 @@ def _check_optimizer_params(cfg: Mapping, ctx: RuleContext) -> None:
                             "for the model's parameters, which set none of their own)",
                             f'add "{missing[0]}" to optimizer.params (e.g. 1e-3)')
     unknown = [k for k in params if k not in build.keywords]
+    if not unknown and build.amsgrad_raises and params.get("amsgrad") is True:
+        raise RuleViolation("/optimizer/params/amsgrad", f"optimizer.params.amsgrad=true: {build.cls} (what {name} "
+                            f"builds {build.when}) raises RuntimeError ('{build.cls} does not support the AMSGrad "
+                            f"variant.', {build.source}) before the first step",
+                            'remove "amsgrad", or set "torch_adam": true (torch.optim.AdamW / Adam run AMSGrad)')
     if not unknown:
         return
     k = unknown[0]

@@ -96,7 +96,7 @@ def _validate(cfg, source, world_size, gpus_per_node, tp, pp, num_experts, ep_si
     clean = copy.deepcopy(data)
     check_auto(data, clean, mode, out)
     check_sections(data, clean, version, out, cpu)
-    check_schema(clean, version, out)
+    check_schema(clean, version, out, mode)
     for v in run_rules(data, ctx):
         out.add(v.code, v.severity, v.pointer, v.message, v.suggestion)
     return sorted(out.findings, key=lambda f: (f.line or 0, f.column or 0, f.code))

@@ -29,6 +29,14 @@ TOP_LEVEL_RENAMES: dict[str, str] = {
     "lr_scheduler": "scheduler",
     "optim": "optimizer",
     "amp_config": "fp16 / bf16",
+    # HF TrainingArguments / Megatron names for DeepSpeed settings (a did-you-mean would pick the wrong key:
+    # per_device_train_batch_size is closest to train_batch_size, the global batch)
+    "per_device_train_batch_size": "train_micro_batch_size_per_gpu",
+    "micro_batch_size": "train_micro_batch_size_per_gpu",
+    "global_batch_size": "train_batch_size",
+    "max_grad_norm": "gradient_clipping",
+    "learning_rate": "optimizer.params.lr",
+    "warmup_steps": "scheduler.params.warmup_num_steps",
 }
 
 OPTIMIZER_PARAM_NAMES = {"lr", "betas", "eps", "weight_decay", "momentum", "bias_correction", "amsgrad"}
@@ -62,13 +70,49 @@ def _delete(root: Any, path: tuple) -> None:
         node.pop(path[-1], None)
 
 
+def zero_auto_default(path: tuple) -> Optional[int]:
+    """DeepSpeed's default for a zero_optimization size / threshold / count key written "auto", or None for any
+    other pointer. DeepSpeed 0.19.8 drops every "auto" before its pydantic ZeRO config sees it
+    (runtime/config_utils.py DeepSpeedConfigModel.__init__: ``v != "auto"``), so the field's default applies; for these
+    integer knobs the default is a working value (measured with DeepSpeedConfig: sub_group_size "auto" reads as
+    1000000000). `stage` is excluded: "auto" there silently turns ZeRO off. Defaults from the committed schema
+    (our ZeroConfig mirrors DeepSpeedZeroConfig's)."""
+    if len(path) != 2 or path[0] != "zero_optimization" or path[1] == "stage":
+        return None
+    prop = _schema_check.load_schema()["$defs"]["ZeroConfig"]["properties"].get(str(path[1]), {})
+    default = prop.get("default") if isinstance(prop, dict) else None
+    return default if isinstance(default, int) and not isinstance(default, bool) else None
+
+
+def _accelerate_refuses(path: tuple) -> str:
+    """Why HF mode refuses an "auto" nothing fills: Accelerate walks the config's nested dicts and raises for every
+    "auto" left (accelerate utils/dataclasses.py DeepSpeedPlugin.fill_match, called by Accelerator._prepare_deepspeed
+    with the model, as HF Trainer does; measured with accelerate 1.15: "`zero_optimization.sub_group_size` not found
+    in kwargs"). An "auto" inside a list is not walked: DeepSpeed then gets it."""
+    if any(isinstance(p, int) for p in path):
+        return "DeepSpeed gets it as written and fails on it or drops it"
+    dotted = ".".join(str(p) for p in path)
+    return f"Accelerate raises ValueError ('`{dotted}` not found in kwargs') when HF Trainer prepares the model"
+
+
 def check_auto(data: dict, clean: dict, mode: str, out: Collector) -> None:
+    """"auto" values. strict (DeepSpeed reads the file itself): an error where DeepSpeed fails on it or drops it
+    for a default that changes what runs; a warning naming the default on zero_optimization's size / threshold keys
+    (`zero_auto_default`), which run as written (OpenRLHF's configs). hf: accepted where HF Trainer / Accelerate
+    fill it, an error elsewhere (`_accelerate_refuses`)."""
     for path in _auto.find_auto(data):
         ptr = pointer_of(path)
         if ptr in _auto.DEEPSPEED_OWN_AUTO:
             continue  # DeepSpeed's own "auto" (e.g. pipeline.stages, its default): valid in every mode
         filler = _auto.HF_AUTO_FILLERS.get(ptr)
-        if mode == "strict":
+        default = zero_auto_default(path)
+        if mode == "strict" and default is not None:
+            out.add("DS110", "warning", ptr, f'"auto" at {ptr}: DeepSpeed drops it and uses its default {default} '
+                    "(runtime/config_utils.py DeepSpeedConfigModel)"
+                    + (f"; only HF fills it ({filler})" if filler else ""),
+                    f'write "{path[1]}": {default} to say what runs, or validate with --mode hf if HF launches '
+                    "this config", at_value=True)
+        elif mode == "strict":
             who = f"filled by {filler}" if filler else "filled by nothing (HF does not fill this key)"
             out.add("DS110", "error", ptr, f'"auto" at {ptr} is {who}; DeepSpeed itself '
                     + ("drops it and uses the default" if path[0] in ("zero_optimization", "fp16", "bf16")
@@ -82,7 +126,8 @@ def check_auto(data: dict, clean: dict, mode: str, out: Collector) -> None:
                 if alias.get(str(path[1])) in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
                     hint = f"HF fills only the spelling {alias[str(path[1])]!r}"
             out.add("DS111", "error", ptr, f'"auto" at {ptr}: HF Trainer/Accelerate do not fill this key, so '
-                    "DeepSpeed drops it (default applies) or fails on it", hint or "write the value", at_value=True)
+                    + _accelerate_refuses(path), hint or "write the value" + (
+                        f" (DeepSpeed's default is {default})" if default is not None else ""), at_value=True)
         # Reported above: keep "auto" out of the type check so it is not reported twice.
         _delete(clean, path)
 

@@ -4,23 +4,26 @@ committed JSON Schema (no pydantic on this path), plus the FP8 sub-section throu
 """
 from __future__ import annotations
 
+import difflib
 from typing import Any, Optional
 
 from dstoolkit.common.text import did_you_mean
-from dstoolkit.dsconfig.facts import FLOAT_INT_TOO_BIG, NULL_REFUSED_TOP_LEVEL
+from dstoolkit.dsconfig.facts import (FLOAT_INT_TOO_BIG, LAX_BOOL_SECTIONS, LAX_BOOL_STRINGS,
+                                      NULL_REFUSED_TOP_LEVEL)
 from dstoolkit.validate import schema_check as _schema_check
 from dstoolkit.validate.findings import Collector, pointer_of
 from dstoolkit.validate.keys import TOP_LEVEL_RENAMES
 
 
-def check_schema(clean: dict, version: str, out: Collector) -> None:
-    """Unknown keys, types and ranges, against the committed JSON Schema (no pydantic on this path)."""
+def check_schema(clean: dict, version: str, out: Collector, mode: str = "strict") -> None:
+    """Unknown keys, types and ranges, against the committed JSON Schema (no pydantic on this path). `mode`: who
+    reads the file (validate_config's), for the quoted booleans HF reads itself (`_quoted_bool`)."""
     fp8 = None
     ds = clean.get("dstoolkit")
     if isinstance(ds, dict) and "fp8" in ds:
         fp8 = ds.pop("fp8")  # Fp8Config has cross-field validators: checked with pydantic below
     for issue in _schema_check.check_config(clean):
-        _report_issue(clean, issue, out)
+        _report_issue(clean, issue, out, mode)
     if fp8 is not None:
         _check_fp8(fp8, out)
 
@@ -48,7 +51,7 @@ def _check_fp8(fp8: Any, out: Collector) -> None:
             out.add(code, "error", pointer_of(path), f"dstoolkit.fp8: {msg}", None)
 
 
-def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> None:
+def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector, mode: str = "strict") -> None:
     path = issue.path
     ptr = pointer_of(path)
     field = ".".join(str(p) for p in path) or "config"
@@ -69,9 +72,10 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> 
                 out.add("DS101", "warning", ptr, message, "dstoolkit reads FP8 settings only from dstoolkit.fp8: move "
                         'it under dstoolkit.fp8 ("dstoolkit": {"fp8": {...}})')
                 return
-            if hint is None:
+            if hint is None or not close_typo(key, hint):
                 out.add("DS101", "warning", ptr, message, "fine if another tool reads it (e.g. MS-AMP's 'msamp'); "
-                        "otherwise check its name: DeepSpeed never applies it")
+                        "otherwise check its name: DeepSpeed never applies it"
+                        + (f" (the nearest DeepSpeed key is {hint!r})" if hint else ""))
                 return
             message += f", so the {hint!r} setting it was meant to be is not applied"
         if path[0] == "zero_optimization" and len(path) == 2:
@@ -97,13 +101,54 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector) -> 
                 f"write {'an object' if section else 'a value'} or delete the key", at_value=True)
         return
     message = f"{field} = {shown}: {issue.message}"
+    if _quoted_bool(path, node, issue, mode):
+        value = str(LAX_BOOL_STRINGS[node.lower()]).lower()
+        out.add("DS102", "warning", ptr, f"{field} = {shown}: a quoted boolean; DeepSpeed's pydantic config reads it "
+                f"as {value} (lax bool)", f"write the boolean without quotes: {value}", at_value=True)
+        return
     if isinstance(node, float) and node.is_integer() and "integer" in issue.message:
         out.add("DS102", "error", ptr, f"{message}: {FLOAT_INT_TOO_BIG}",
                 "write a value below 9.2e18 (what DeepSpeed's int64 fields hold)", at_value=True)
         return
+    if mode == "hf" and tuple(path) in HF_READS_RAW and isinstance(node, str) and node.lower() in LAX_BOOL_STRINGS:
+        message += ("; DeepSpeed would read it as a boolean, but HF reads this flag itself (a mismatch for "
+                    "HfTrainerDeepSpeedConfig.fill_match, true for is_true)")
     if isinstance(node, str) and node.strip() and node.replace(",", "").replace("_", "").isupper():
         message += " (an unfilled template placeholder?)"
     out.add("DS102", "error", ptr, message, _type_hint(node), at_value=True)
+
+
+TYPO_RATIO = 0.85
+"""difflib ratio from which an unknown top-level key is a misspelling of the known one (a letter or two off:
+gradient_cliping, steps_per_prints, zero_optimisation)."""
+
+
+def close_typo(key: str, hint: str) -> bool:
+    """Whether an unknown top-level `key` is surely `hint` mistyped (an error: the setting is lost), not just the
+    nearest name (a warning: it may be another tool's key). Sure: the same letters or words (did_you_mean's own first
+    tries), a ratio of at least `TYPO_RATIO`, or an abbreviation whose every word starts a word of `hint`, in order
+    (grad_accum_steps, gradient_clip, train_micro_batch_size). Not: io_parallel -> tensor_parallel,
+    checkpoint-factor -> checkpoint (found as DeepSpeed keys' nearest names in microsoft/DeepSpeed and gpt-neox
+    configs)."""
+    k, h = key.lower().replace("-", "_"), hint.lower()
+    if sorted(k.split("_")) == sorted(h.split("_")) or difflib.SequenceMatcher(None, k, h).ratio() >= TYPO_RATIO:
+        return True
+    words = iter(h.split("_"))
+    return all(w and any(c.startswith(w) for c in words) for w in k.split("_"))
+
+
+HF_READS_RAW = frozenset({("fp16", "enabled"), ("bf16", "enabled"), ("bfloat16", "enabled")})
+"""Flags HF reads from the file itself: transformers' HfTrainerDeepSpeedConfig.fill_match reports "false" != False
+as a mismatch (ValueError), and HfDeepSpeedConfig.is_true / accelerate's state.py take bool("false"), true."""
+
+
+def _quoted_bool(path: tuple, node: Any, issue: "_schema_check.Issue", mode: str) -> bool:
+    """A quoted boolean ("false", "True", "1"...) where a boolean is expected, in a section DeepSpeed reads through
+    its lax pydantic models (facts.LAX_BOOL_SECTIONS): DeepSpeed does what the user meant, a warning. Not in hf mode
+    for the flags HF reads itself (`HF_READS_RAW`), and not in sections DeepSpeed reads raw."""
+    return (isinstance(node, str) and node.lower() in LAX_BOOL_STRINGS and issue.message.startswith("expected a "
+            "boolean") and bool(path) and path[0] in LAX_BOOL_SECTIONS
+            and not (mode == "hf" and tuple(path[:2]) in HF_READS_RAW and len(path) == 2))
 
 
 def _node_at(root: Any, path: tuple) -> Any:

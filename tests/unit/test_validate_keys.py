@@ -121,8 +121,10 @@ def test_legacy_aliases_accepted_both_spellings():
 def test_auto_strict_names_who_fills_it():
     [f] = find({**BASE, "gradient_accumulation_steps": "auto"}, "DS110")
     assert "HF gradient_accumulation_steps" in f.message
-    [f] = find({**BASE, "zero_optimization": {"stage": 2, "allgather_bucket_size": "auto"}}, "DS110")
-    assert "nothing" in f.message
+    # a zero_optimization size key ("allgather_bucket_size") is a warning naming DeepSpeed's default since s34
+    # (test_s34_validate_auto); a flag DeepSpeed drops for a stage-dependent default stays an error
+    [f] = find({**BASE, "zero_optimization": {"stage": 2, "overlap_comm": "auto"}}, "DS110")
+    assert "nothing" in f.message and f.severity == "error"
 
 
 def test_auto_hf_mode_only_where_hf_fills():
