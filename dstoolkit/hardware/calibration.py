@@ -297,8 +297,33 @@ def path_label(path: Optional[pathlib.Path]) -> str:
 
 
 def calibration_label(spec) -> str:
-    """How estimates of `spec` are calibrated, for summaries (`path_label` of `calibration_path_for`)."""
-    return path_label(calibration_path_for(spec))
+    """How estimates of `spec` are calibrated, for summaries (`path_label` of `calibration_path_for`), with
+    `oversubscribed_note` where this machine's calibration is applied to more ranks per node than it has cores."""
+    path = calibration_path_for(spec)
+    label = path_label(path)
+    if path is not None and path.parent == machine.cache_dir():
+        label += oversubscribed_note(spec.cluster.gpus_per_node, _recorded_cores(path))
+    return label
+
+
+def _recorded_cores(path: pathlib.Path) -> Optional[int]:
+    """The usable cores a machine calibration file records (its `machine.cores`, `machine_key`)."""
+    try:
+        return int(json.loads(path.read_text(encoding="utf-8"))["machine"]["cores"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def oversubscribed_note(ranks_per_node: int, cores: Optional[int]) -> str:
+    """What a machine calibration's per-rank rates mean when a spec puts more CPU ranks on one node than the
+    calibrated machine has cores: the probe measured ranks that each had a core of their own (PROBE_RANKS side by
+    side), so the rates hold on hosts with a core per rank, not on the calibrated machine itself (its ranks would
+    share its cores: ~ranks / cores slower each). Empty when every rank has a core."""
+    if not cores or ranks_per_node <= cores:
+        return ""
+    return (f" (measured with a core per rank; this machine has {cores} cores, so {ranks_per_node} ranks per node "
+            f"would share them here, ~{ranks_per_node / cores:.0f}x slower per rank: the step time holds on hosts "
+            f"with at least {ranks_per_node} cores)")
 
 
 def peak_flops_per_rank(gpu: GpuSpec, precision: str, calibration: Optional[Calibration]) -> tuple[float, str]:
