@@ -174,6 +174,11 @@ def run(args) -> int:
     cmd = launch_command(args)
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.preflight import UsageError, check_launch
+    from dstoolkit.runtime.train.trainer_inputs import metrics_out_problem
+
+    problem = metrics_out_problem(args.metrics_out, {"--config": args.config, "--spec": args.spec})  # this
+    if problem:  # command's flag names; every rank asks the same with the trainer's (trainer_inputs.check_output_paths)
+        raise InputError(problem)
 
     try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc): once, here,
         check_launch(trainer_args(args), args.nproc, config_flag="--config")  # and before --dry-run prints it

@@ -7,11 +7,11 @@ report or plot without --force; a failed write leaves none of the files this run
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 from typing import Any, Optional
 
 from dstoolkit.common.atomic import check_output_path
+from dstoolkit.common.paths import same_file
 from dstoolkit.runtime.bench.harness import BenchInputError
 from dstoolkit.runtime.bench.report import (_comm_overhead_section, _comm_section, _overlap_section, _latest,
                                             _train_section, write_report)
@@ -46,13 +46,6 @@ def planned_plots(md_path: pathlib.Path, by_kind: dict[str, list[dict[str, Any]]
     return out
 
 
-def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
 def check_outputs(md_path: pathlib.Path, plots: list[pathlib.Path], inputs: list[pathlib.Path], force: bool,
                   out_given: bool, given: Optional[str] = None) -> None:
     """Refuse (BenchInputError, naming -o and the fix) an output that is a folder, is or would become a
@@ -67,7 +60,7 @@ def check_outputs(md_path: pathlib.Path, plots: list[pathlib.Path], inputs: list
     for p in plots:  # beside the report: a plot path that is a folder is refused before anything is written
         check_output_path(p)
     for f in inputs:
-        if _same_file(md_path, f):
+        if same_file(md_path, f):
             raise BenchInputError(f"{flag}: is the results file {f}, which the report reads (results are never "
                                   "overwritten, --force included); pick another name, e.g. -o "
                                   f"{f.parent / 'report.md'}")

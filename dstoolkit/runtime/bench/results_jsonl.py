@@ -12,7 +12,7 @@ import os
 import pathlib
 import sys
 import uuid
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 #: Version of the record layout written by this module; bump when a field changes meaning.
 RECORD_SCHEMA_VERSION = 1
@@ -133,9 +133,19 @@ def is_bench_record(rec: Any) -> bool:
 
 def results_file_problem(path: pathlib.Path | str, records: Optional[Records] = None) -> Optional[str]:
     """Why records must not be appended to the existing file `path`, or None (no file, an empty one, or JSON Lines
-    holding at least one bench record: lines that are not records there, such as a last line cut off by an
-    interrupted write, are tolerated as `read_records` reports them). `records`: `read_records(path)` when the
-    caller has it already."""
+    holding at least one bench record): `jsonl_append_problem` for dstoolkit bench records. `records`:
+    `read_records(path)` when the caller has it already."""
+    return jsonl_append_problem(path, is_bench_record, "dstoolkit bench record", 'no "bench" field', records)
+
+
+def jsonl_append_problem(path: pathlib.Path | str, is_record: Callable[[Any], bool], record_name: str, mark: str,
+                         records: Optional[Records] = None) -> Optional[str]:
+    """Why JSON Lines of `record_name` records must not be appended to the existing file `path`, or None: no file, an
+    empty one, or JSON Lines holding at least one record `is_record` accepts (lines that are not records there, such
+    as a last line cut off by an interrupted write, are tolerated as `read_records` reports them). Otherwise the
+    lines appended would spoil the file: one JSON document over several lines (a config), text (a YAML spec, notes),
+    or another tool's JSON Lines (`mark`: what their records lack). The one rule of every file this project appends
+    records to (bench --out, the trainer's --metrics-out)."""
     path = pathlib.Path(path)
     if not path.is_file():
         return None
@@ -149,16 +159,16 @@ def results_file_problem(path: pathlib.Path | str, records: Optional[Records] = 
         except json.JSONDecodeError:
             pass  # JSON Lines (or not JSON at all): one record per line, below
         else:
-            return (f"it is one JSON document over {len(lines)} lines, not JSON Lines of dstoolkit bench records; a "
+            return (f"it is one JSON document over {len(lines)} lines, not JSON Lines of {record_name}s; a "
                     "record appended would make it invalid JSON")
     records = read_records(path) if records is None else records
-    if any(is_bench_record(r) for r in records):
+    if any(is_record(r) for r in records):
         return None
     if records.bad_lines:
         first = records.bad_lines[0]
-        return (f"none of its {len(lines)} line(s) is a dstoolkit bench record ({len(records.bad_lines)} of them not a "
+        return (f"none of its {len(lines)} line(s) is a {record_name} ({len(records.bad_lines)} of them not a "
                 f"JSON object; the first, line {first.line}: {first.reason}); records appended would mix with it")
-    return (f"none of its {len(records)} JSON record(s) is a dstoolkit bench record (no \"bench\" field); records "
+    return (f"none of its {len(records)} JSON record(s) is a {record_name} ({mark}); records "
             "appended would mix with another tool's data")
 
 

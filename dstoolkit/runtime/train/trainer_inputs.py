@@ -9,9 +9,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from dstoolkit.common.paths import input_file_problem
+from dstoolkit.common.paths import input_file_problem, same_file
 
 
 TRAINER_DESCRIPTION = "Example DeepSpeed trainer: TinyTransformer on synthetic data, with every training helper wired in."
@@ -237,6 +237,9 @@ def check_output_paths(args: argparse.Namespace) -> None:
         if Path(metrics).is_dir():  # a link to a folder: appended to, not replaced, so refused as well
             raise UsageError(f"--metrics-out {metrics}: is a link to a folder, not a file; give the path of the "
                              "JSON-lines file to append to (a file inside it, or a new name)")
+        problem = metrics_out_problem(metrics, {"--deepspeed_config": args.deepspeed_config, "--spec": args.spec})
+        if problem:
+            raise UsageError(problem)
         probe_folder_creation(Path(metrics).parent, f"--metrics-out {metrics}")
         for flag, dest in OUTPUT_FOLDER_FLAGS:
             folder = getattr(args, dest, None)
@@ -249,6 +252,43 @@ def check_output_paths(args: argparse.Namespace) -> None:
             probe_folder_creation(Path(folder), f"{flag} {folder}")
     except OSError as e:  # FileInPathError, OutputIsFolderError: their text names the flag, the part and the fix
         raise UsageError(str(e)) from None
+
+
+def is_metrics_record(rec: Any) -> bool:
+    """A line the example trainer writes to --metrics-out (`run_state.MetricsWriter`, from `trainer.py`): an event
+    (``{"event": "model" | "spike" | "checkpoint" | ... | "done", ...}``) or a step (``{"step", "loss",
+    "step_time_s", "tokens_per_s", ...}``, what `dstoolkit train`'s summary reads); a bench record is not one."""
+    return (isinstance(rec, dict) and "bench" not in rec
+            and (isinstance(rec.get("event"), str) or "step_time_s" in rec))
+
+
+def metrics_out_problem(metrics: str, inputs: dict[str, str]) -> Optional[str]:
+    """Why the run must not append its metrics to `metrics` (--metrics-out), the whole message naming the flag and
+    the fix, or None. `inputs`: {flag: path} of the command's input files, as the caller's command line names them.
+    Refused: the same file as an input (after links, or a hard link: `same_file`), whatever it holds; an existing
+    file that is not JSON Lines of the trainer's metrics (`results_jsonl.jsonl_append_problem`, the rule `bench
+    --out` applies to its records): a config, a spec, notes. Rank 0 appends (`MetricsWriter`), so either would be
+    spoilt, and `dstoolkit train`'s summary covers only the lines this run appended. A new or empty file, or an
+    earlier run's metrics (a resume; a last line cut off by a killed run is tolerated), is accepted."""
+    from dstoolkit.runtime.bench.results_jsonl import jsonl_append_problem
+
+    if not str(metrics).strip() or Path(metrics).is_dir():
+        return None  # `check_output_paths` says what is wrong with the path itself
+    folder = Path(metrics).parent
+    other = folder / "train_metrics.jsonl"
+    if other.exists() or same_file(other, metrics):
+        other = folder / f"{Path(metrics).stem}_metrics.jsonl"
+    for flag, path in inputs.items():
+        if path and same_file(metrics, path):
+            return (f"--metrics-out {metrics}: is the same file as {flag} {path}, an input of this run; the run "
+                    f"appends its metrics there and would spoil it; nothing was written: give another file, e.g. "
+                    f"--metrics-out {other}")
+    problem = jsonl_append_problem(metrics, is_metrics_record, "dstoolkit train metrics record",
+                                   'no "event" or "step_time_s" field')
+    if problem:
+        return (f"--metrics-out {metrics}: {problem}; nothing was written: give a new file to append the metrics "
+                f"to (or the metrics file of an earlier run), e.g. --metrics-out {other}")
+    return None
 
 
 def probe_folder_creation(folder: Path, name: str) -> None:
