@@ -16,9 +16,9 @@ Facts used below (checked against the sources named):
   `--fp8-recipe {tensorwise,delayed,mxfp8,blockwise}` (default delayed), `--fp8-margin` 0,
   `--fp8-amax-history-len` 1, `--fp8-amax-compute-algo` most_recent, `--first-last-layers-bf16`,
   `--num-layers-at-start-in-bf16` 1, `--num-layers-at-end-in-bf16` 1.
-- TE hardware checks (transformer_engine/pytorch fp8 support functions): FP8 needs compute capability 8.9+
-  (and CUDA 12.1+ on Ada, sm_89); block scaling needs 9.0+ and CUDA >= 12.9; MXFP8 needs 10.0+ and is
-  refused on 12.0+ (consumer Blackwell) "yet".
+- TE hardware checks (transformer_engine/pytorch fp8 support functions): FP8 needs compute capability 8.9+;
+  block scaling needs 9.0+ and CUDA >= 12.9; MXFP8 needs 10.0+ and is refused on 12.0+ (consumer Blackwell)
+  "yet". TE 2.x needs CUDA 12.1+, 12.8+ on Blackwell (its installation prerequisites; `min_cuda`).
 - TE's quantisation alignment (`get_align_size_for_quantization`): 16 elements, 32 for MXFP8.
 """
 from __future__ import annotations
@@ -62,10 +62,19 @@ TE_RECIPE_CLASS = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling
 _MIN_CC = {"delayed": (8, 9), "current": (8, 9), "block": (9, 0), "mxfp8": (10, 0)}
 # TE refuses MXFP8 on 12.0+ architectures ("not supported on 12.0+ architectures yet").
 _MXFP8_REFUSED_FROM_CC = (12, 0)
-# TE _compute_fp8_block_scaling_support: CUDA >= 12.9.
+# Lowest CUDA per recipe and architecture (`min_cuda`):
+# - every recipe: 12.1. Transformer Engine 2.x, where the current / block / mxfp8 recipes are (what `dstoolkit[te]`
+#   installs), lists "CUDA 12.1+ (12.8+ for Blackwell support)" as its prerequisite (TE user guide, Installation,
+#   releases 2.0 - 2.11: https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/installation.html);
+#   on Ada (sm_89) TE's own runtime check asks 12.1 too (transformer_engine/pytorch check_fp8_support: "Cuda
+#   version 12.1 or higher required for FP8 execution on Ada"). FP8 types and GEMMs first came with CUDA 11.8.
+# - Blackwell (sm_100+): 12.8, the same prerequisite's "12.8+ for Blackwell support" (CUDA 12.8 is the first
+#   toolkit that builds sm_100 / sm_120 code).
+# - block: 12.9 (TE check_fp8_block_scaling_support: "FP8 block scaled GEMM requires Hopper and CUDA >= 12.9").
+_FP8_MIN_CUDA = (12, 1)
+_BLACKWELL_CC = (10, 0)
+_BLACKWELL_MIN_CUDA = (12, 8)
 _BLOCK_MIN_CUDA = (12, 9)
-# TE _compute_fp8_support: CUDA >= 12.1 for FP8 on Ada (sm_89).
-_ADA_MIN_CUDA = (12, 1)
 
 
 class Fp8LayerSelection(StrictModel):
@@ -285,13 +294,24 @@ def check_fp8_hardware(cfg: Fp8Config, gpu: GpuSpec, cuda_version: Optional[str]
         problems.append(f"fp8.recipe='mxfp8' is refused by Transformer Engine on {cc_s} ({gpu.name!r}, 12.0+ "
                         "architectures): use recipe 'current'")
     if cuda_version is not None:
-        cuda = parse_version(cuda_version)
-        if cfg.recipe == "block" and cuda < _BLOCK_MIN_CUDA:
-            problems.append(f"fp8.recipe='block' needs CUDA >= 12.9 but CUDA is {cuda_version}: upgrade CUDA "
-                            "or use recipe 'delayed'/'current'")
-        if cc == (8, 9) and cuda < _ADA_MIN_CUDA:
-            problems.append(f"FP8 on Ada ({gpu.name!r}, sm_89) needs CUDA >= 12.1 but CUDA is {cuda_version}")
+        need_cuda, why = min_cuda(cfg.recipe, cc)
+        if parse_version(cuda_version) < need_cuda:
+            alt = (" or use recipe 'delayed'/'current'" if cfg.recipe == "block" and parse_version(cuda_version)
+                   >= min_cuda("current", cc)[0] else "")
+            problems.append(f"fp8.recipe={cfg.recipe!r} needs CUDA >= {need_cuda[0]}.{need_cuda[1]} but CUDA is "
+                            f"{cuda_version} ({gpu.name!r}, {cc_s}: {why}): upgrade CUDA{alt}")
     return problems
+
+
+def min_cuda(recipe: str, cc: tuple[int, int]) -> tuple[tuple[int, int], str]:
+    """The lowest CUDA (major, minor) Transformer Engine runs `recipe` with on compute capability `cc`, and why (the
+    strictest of the floors above `_FP8_MIN_CUDA`: every recipe, Blackwell, block scaling)."""
+    floors = [(_FP8_MIN_CUDA, "Transformer Engine's FP8 needs CUDA 12.1+")]
+    if cc >= _BLACKWELL_CC:
+        floors.append((_BLACKWELL_MIN_CUDA, "Transformer Engine needs CUDA 12.8+ for Blackwell"))
+    if recipe == "block":
+        floors.append((_BLOCK_MIN_CUDA, "Transformer Engine's FP8 block-scaled GEMM needs CUDA 12.9+"))
+    return max(floors, key=lambda f: f[0])
 
 
 def warn_megatron_defaults(cfg: Fp8Config) -> None:
