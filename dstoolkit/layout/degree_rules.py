@@ -19,8 +19,11 @@ def _mp_divides_world(f: LayoutFacts, n: Names):
     sp = f" * {n('sp')}" if f.sp != 1 else ""
     sp_v = f" * {f.sp}" if f.sp != 1 else ""
     prod = f.tp * f.pp * f.sp
+    # point at a degree that does not divide the world on its own, else at the last one above 1
+    degrees = [(k, getattr(f, k)) for k in ("tp", "pp", "sp") if getattr(f, k) != 1]
+    blame = next((k for k, v in degrees if f.world % v), degrees[-1][0] if degrees else "tp")
     return (f"{n('tp')} * {n('pp')}{sp} = {f.tp} * {f.pp}{sp_v} = {prod} does not divide the world size {f.world}",
-            "pick degrees whose product divides the world size")
+            "pick degrees whose product divides the world size", blame)
 
 
 @constraint("LY002", "tp-node", "a TP group fills part of one node or whole nodes", ("tp", "gpus_per_node"),

@@ -128,7 +128,10 @@ class Finding:
         if self.line is not None:
             loc += f":{self.line}:{self.column or 1}"
         where = f" at {self.pointer}" if self.pointer and self.line is None else ""
-        text = f"{loc}: {self.severity}[{self.code}]: {self.message}{where}"
+        # a spec finding names its field as the other verbs print it (`__str__`), unless the message already does
+        field = f"{self.path}: " if self.path and not self.path.startswith("<") and self.path not in self.message \
+            else ""
+        text = f"{loc}: {self.severity}[{self.code}]: {field}{self.message}{where}"
         if self.suggestion:
             text += f" ({self.suggestion})"
         return text
