@@ -82,7 +82,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-experts", type=_positive_int, help="MoE experts per layer (overrides dstoolkit.moe)")
     p.add_argument("--ep-size", type=_positive_int, help="expert-parallel size (overrides dstoolkit.moe)")
     p.add_argument("--mode", choices=("strict", "hf"), default="strict",
-                   help='strict: "auto" is reported, an error unless DeepSpeed drops it for a working default (docs/validate.md); hf: accept "auto" where HF Trainer/Accelerate fill it')
+                   help='strict: "auto" is reported, an error unless DeepSpeed drops it for a working default '
+                        '(docs/validate.md); hf: accept "auto" where HF Trainer/Accelerate fill it')
     add_deepspeed_version_flag(p)
     add_format_flag(p)
     p.add_argument("--no-warnings", action="store_true", help="print errors only")
