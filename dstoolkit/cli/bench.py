@@ -79,7 +79,8 @@ def add_parser(subparsers) -> None:
     add_world_flags(t, gpus_per_node=False, default=2, aliases=("--num-gpus",),
                     world_help="ranks per config through the deepspeed launcher (default 2)")
     t.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
-    add_calibration_flag(t, auto=True,
+    # bench's loader (runtime/bench/train_estimate.load_calibration) takes a file, auto or none
+    add_calibration_flag(t, words=(),
                          help="measured rates for the estimate (dstoolkit.estimate.Calibration JSON); 'auto' "
                               "(default): the spec's own calibration, as estimate and tune use it (this machine's "
                               "for gpu: cpu); 'none': the hardware table")

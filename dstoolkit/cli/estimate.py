@@ -91,7 +91,7 @@ def add_parser(subparsers) -> None:
     add_calibration_flag(p,
                          help="measured rates for the step time: a benchmarks/step_time_fidelity.py calibration "
                               "file, 'reference' (the packaged measurement, --gpu cpu only), 'machine' (this "
-                              "machine's probed CPU, --gpu cpu only) or 'none'; default: the spec's "
+                              "machine's probed CPU, --gpu cpu only) or 'none'; 'auto' (default): the spec's "
                               "cluster.calibration, else DSTOOLKIT_CALIBRATION, else 'machine' for --gpu cpu, else "
                               "none (the hardware table's nominal rates)")
     add_training_plan_flags(p)

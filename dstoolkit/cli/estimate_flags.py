@@ -354,8 +354,8 @@ def calibration_error(exc: Exception) -> ValueError:
     the spec form alike; a file that is there but incomplete already says which fields it needs)."""
     text = str(exc)
     fix = ("--calibration none for the hardware table's nominal rates" if "step_time_fidelity" in text else
-           "give a calibration JSON written by benchmarks/step_time_fidelity.py, or --calibration none for the "
-           "hardware table's nominal rates")
+           "give a calibration JSON written by benchmarks/step_time_fidelity.py, 'auto' (the spec's own), "
+           "'reference' or 'machine' (--gpu cpu), or --calibration none for the hardware table's nominal rates")
     return ValueError(f"--calibration: {text} ({fix})")
 
 

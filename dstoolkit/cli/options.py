@@ -265,11 +265,26 @@ def add_deepspeed_version_flag(p: argparse.ArgumentParser) -> None:
                    help=f"DeepSpeed release to check against: {DEFAULT_DEEPSPEED_VERSION} (default) or 0.16")
 
 
-def add_calibration_flag(p: argparse.ArgumentParser, *, auto: bool = False, help: str = "") -> None:
-    """``--calibration FILE.json|none`` (measured rates for step-time estimates; ``none``: the hardware
-    table's nominal rates). With ``auto=True`` the verb also knows ``auto`` and it is the default."""
-    metavar = "FILE.json|auto|reference|machine|none" if auto else "FILE.json|reference|machine|none"
-    p.add_argument("--calibration", metavar=metavar, default="auto" if auto else None,
+CALIBRATION_AUTO = "auto"
+"""--calibration's word for the verb's default: the spec's own calibration (cluster.calibration, else
+DSTOOLKIT_CALIBRATION, else this machine's for gpu: cpu, else the hardware table's nominal rates:
+`dstoolkit.hardware.calibration.calibration_path` given no value)."""
+
+
+def calibration_arg(text: str) -> Optional[str]:
+    """--calibration's value, one parser for every verb: None for 'auto' (any case; `CALIBRATION_AUTO`: what the
+    flag left out means), else the text as given (a calibration file, or a word `dstoolkit.hardware.calibration`
+    reads: none / reference / machine)."""
+    return None if str(text).strip().lower() == CALIBRATION_AUTO else text
+
+
+def add_calibration_flag(p: argparse.ArgumentParser, *, words: Sequence[str] = ("reference", "machine"),
+                         help: str = "") -> None:
+    """``--calibration FILE.json|auto|...|none`` (measured rates for step-time estimates; ``auto``, the default: the
+    spec's own calibration; ``none``: the hardware table's nominal rates), read by `calibration_arg`. `words`: the
+    other words the verb takes."""
+    metavar = "|".join(("FILE.json", CALIBRATION_AUTO, *words, "none"))
+    p.add_argument("--calibration", metavar=metavar, type=calibration_arg, default=None,
                    help=help or "measured rates for the step-time estimate (a calibration JSON), or none")
 
 

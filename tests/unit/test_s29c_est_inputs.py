@@ -40,7 +40,8 @@ def test_calibration_beside_a_spec_names_the_flag(tmp_path, capsys, monkeypatch)
         "hardware table's nominal rates)")
     assert _error(capsys, "spec.yaml", "--calibration", "missing.json") == (
         f"--calibration: {tmp_path / 'missing.json'}: no such calibration file (give a calibration JSON written by "
-        "benchmarks/step_time_fidelity.py, or --calibration none for the hardware table's nominal rates)")
+        "benchmarks/step_time_fidelity.py, 'auto' (the spec's own), 'reference' or 'machine' (--gpu cpu), or "
+        "--calibration none for the hardware table's nominal rates)")
     # words stay words, as in the flag form
     rc, out, err = _run(capsys, "spec.yaml", "--calibration", "none", "--format", "json")
     assert rc == 0, err
