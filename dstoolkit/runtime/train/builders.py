@@ -163,7 +163,11 @@ def build_checkpoint_manager(args: argparse.Namespace, rank: int) -> Any:
     """Atomic, verified checkpoints under --checkpoint-dir (None without one)."""
     from dstoolkit.runtime.train.ckpt import CheckpointManager
 
-    return CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank) if args.checkpoint_dir else None
+    if not args.checkpoint_dir:
+        return None
+    mgr = CheckpointManager(args.checkpoint_dir, keep=args.keep_checkpoints, rank=rank)
+    mgr.clear_staging()  # a save killed mid-way left partial files there (the writer lock is this run's: setup)
+    return mgr
 
 
 def model_config_json(model: Any) -> Optional[str]:

@@ -5,7 +5,9 @@ Layout under the checkpoint root:
     latest                    DeepSpeed's own pointer file (written atomically, for `load_checkpoint(root)`)
     config.json               the transformers model's HF config (a --shrink run), where `dstoolkit ckpt export` and
                               `reshard` look for it (`CheckpointManager.write_model_config`)
-    .staging/                 where a checkpoint is written before it is renamed into place
+    zero_to_fp32.py           DeepSpeed's recovery scripts (`RECOVERY_SCRIPTS`), where DeepSpeed puts them: the save dir
+    .staging/                 where a checkpoint is written before it is renamed into place (emptied by the next save
+                              and when a run takes the folder: `CheckpointManager.clear_staging`)
 A checkpoint counts only when its manifest exists and every file matches its recorded size and SHA-256,
 so a rank killed mid-save, a truncated file or flipped bytes make `latest_valid` fall back to the previous one.
 The rename is atomic on one filesystem; multi-node runs need a shared filesystem for the checkpoint root.
@@ -27,6 +29,10 @@ from dstoolkit.runtime.ckpt.outputs import is_enospc
 from dstoolkit.runtime.train.run_match import MANIFEST_KEY as RUN_KEY, manifest_run
 
 TAG_PREFIX = "step_"
+STAGING = ".staging"
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+"""What DeepSpeed copies into the folder it saves to beside the tag, ZeRO checkpoints only (deepspeed/runtime/
+engine.py `_save_zero_checkpoint` -> `_copy_recovery_script(save_path)`): moved from .staging to the root."""
 _ABSENT = object()
 
 
@@ -191,11 +197,11 @@ class CheckpointManager:
                 so (torch's own message is `inline_container.cc ... unexpected pos`).
         """
         tag = tag_for(step)
-        staging = self.root / ".staging"
+        staging = self.root / STAGING
         # precision, ep size and parameters, what a resume compares before loading (resume_check.run_refusal)
         run = manifest_run(engine)
         if self.rank == 0:
-            shutil.rmtree(staging / tag, ignore_errors=True)
+            self.clear_staging()
             staging.mkdir(parents=True, exist_ok=True)
         barrier()
         error: Optional[BaseException] = None
@@ -229,8 +235,26 @@ class CheckpointManager:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(staged, final)
+        for script in RECOVERY_SCRIPTS:  # `python <root>/zero_to_fp32.py <root> out`, as DeepSpeed lays it out
+            if (staged.parent / script).is_file():
+                os.replace(staged.parent / script, self.root / script)
+        try:
+            staged.parent.rmdir()
+        except OSError:
+            pass
         atomic_write_text(self.root / "latest", staged.name)
         self._prune()
+
+    def clear_staging(self) -> list[str]:
+        """Rank 0: remove what a save killed mid-way (SIGTERM, a lost node) left in .staging -- partial tags no resume
+        loads, possibly GBs -- and .staging itself. Call only while this run holds the folder (its writer lock):
+        before each save, and when a run takes the folder. Returns the names removed."""
+        staging = self.root / STAGING
+        if self.rank != 0 or not staging.is_dir():
+            return []
+        names = sorted(p.name for p in staging.iterdir())
+        shutil.rmtree(staging, ignore_errors=True)
+        return names
 
     def _abandon(self, staged: Path, error: Optional[BaseException], barrier: Any) -> None:
         """Every rank, once any rank's save failed: the reason (the free space read before the debris goes), rank 0

@@ -97,11 +97,16 @@ class Bottleneck:
     """compute: every rank of its host is slow (a throttled / shared host), not this rank alone."""
     windows: int = 1
     """Monitor windows in a row this culprit has stood out in (`Persistence`)."""
+    input_measured: bool = True
+    """False where the loop could not time its input wait (`StepWindows.step` without input_s): a slow data
+    loader then shows as compute, and the line says so instead of naming input 0 ms."""
 
     def line(self, step: int) -> str:
         what = {"compute": "compute-bound host" if self.whole_host else
                 "compute-bound rank (its host's other ranks are not slow)", "input": "input-bound rank",
                 "link": "slow link / collective wait"}[self.kind]
+        if self.kind == "compute" and not self.input_measured:
+            what += " or its input (input wait not measured: waiting for data counts as compute)"
         who = (f"host {self.host} (node {self.node})" if self.kind == "link"
                else f"rank {self.rank} on host {self.host} (node {self.node})")
         if self.kind == "link":
@@ -139,13 +144,15 @@ def unmeasured(r: RankWindow) -> bool:
 
 
 def diagnose(ranks: Sequence[RankWindow], *, noise: float = NOISE_FRACTION, link_noise: float = LINK_NOISE_FRACTION,
-             min_comm_share: float = MIN_COMM_SHARE, probe_bytes: int = PROBE_BYTES) -> Optional[Bottleneck]:
+             min_comm_share: float = MIN_COMM_SHARE, probe_bytes: int = PROBE_BYTES,
+             input_measured: bool = True) -> Optional[Bottleneck]:
     """The bottleneck of one window, or None when nothing stands out beyond the noise thresholds. Ranks with a NaN
-    timing (`unmeasured`) are left out of the comparison, and the evidence names them."""
+    timing (`unmeasured`) are left out of the comparison, and the evidence names them. `input_measured` False: the
+    input wait was not timed (its zeros are no measurement; `Bottleneck.input_measured`)."""
     left_out = [r.rank for r in ranks if unmeasured(r)]
     if left_out:
         found = diagnose([r for r in ranks if not unmeasured(r)], noise=noise, link_noise=link_noise,
-                         min_comm_share=min_comm_share, probe_bytes=probe_bytes)
+                         min_comm_share=min_comm_share, probe_bytes=probe_bytes, input_measured=input_measured)
         if found is None:
             return None
         return replace(found, evidence=f"{found.evidence}; rank(s) {', '.join(map(str, left_out))} left out: "
@@ -169,10 +176,12 @@ def diagnose(ranks: Sequence[RankWindow], *, noise: float = NOISE_FRACTION, link
         same_host = [r for r in ranks if r.node == slow.node]
         host_compute = statistics.mean(r.compute_s for r in same_host)
         whole = all(r.compute_s + r.input_s > (1 + noise) * med_own_others(ranks, r) for r in same_host)
+        inp = f"input {_ms(slow.input_s)}" if input_measured else "input wait not measured (counted as compute)"
         return Bottleneck("compute", slow.rank, slow.node, slow.host, excess * 100,
                           f"compute {_ms(slow.compute_s)}/step vs median {_ms(med_compute)} (its host's "
-                          f"{len(same_host)} rank(s): {_ms(host_compute)}); input {_ms(slow.input_s)}; the other "
-                          f"ranks wait {_ms(others_wait)}/step in collectives", whole_host=whole)
+                          f"{len(same_host)} rank(s): {_ms(host_compute)}); {inp}; the other "
+                          f"ranks wait {_ms(others_wait)}/step in collectives", whole_host=whole,
+                          input_measured=input_measured)
     probes = [r for r in ranks if r.probe_s is not None and r.probe_from_node is not None]
     if not probes or med_step <= 0 or med_comm / med_step < min_comm_share:
         return None
@@ -330,10 +339,10 @@ class CrossRank:
                                   probe_from_node=None if v[5] < 0 else (self.nodes[r] - 1) % self.n_nodes))
         return out
 
-    def diagnose(self, ranks: Sequence[RankWindow]) -> Optional[Bottleneck]:
+    def diagnose(self, ranks: Sequence[RankWindow], input_measured: bool = True) -> Optional[Bottleneck]:
         """This window's bottleneck once its culprit has persisted (`Persistence`); call once per window."""
         return self.persistence(diagnose(ranks, noise=self.noise, link_noise=self.link_noise,
-                                         probe_bytes=self.probe_bytes or PROBE_BYTES))
+                                         probe_bytes=self.probe_bytes or PROBE_BYTES, input_measured=input_measured))
 
 
 class StepWindows:
@@ -353,26 +362,32 @@ class StepWindows:
         self._comm0 = self.timer.total_s
         self._steps: list[tuple[float, float]] = []
         self._first = True
+        self._input_measured = True
 
-    def step(self, step: int, step_s: float, input_s: float = 0.0, mem_bytes: float = 0.0) -> Optional[dict]:
+    def step(self, step: int, step_s: float, input_s: Optional[float] = None,
+             mem_bytes: float = 0.0) -> Optional[dict]:
+        """`input_s`: the step's input wait where the loop times it; None: not measured (in any step of a window:
+        the window's input counts as compute and its bottleneck line says so, `Bottleneck.input_measured`)."""
         now_comm = self.timer.total_s
         if self._first:
             self._first, self._comm0 = False, now_comm
             return None
-        self._steps.append((step_s, input_s))
+        self._input_measured = self._input_measured and input_s is not None
+        self._steps.append((step_s, input_s or 0.0))
         if len(self._steps) < self.every:
             return None
         n = len(self._steps)
         wall = sum(s for s, _ in self._steps)
         comm = now_comm - self._comm0
         inp = sum(i for _, i in self._steps)
+        measured, self._input_measured = self._input_measured, True
         self._steps, self._comm0 = [], now_comm
         rec: dict = {"event": "cross_rank", "step": step, "steps": n, "step_time_s": wall / n,
-                     "comm_share": comm / wall if wall > 0 else None, "ranks": None, "bottleneck": None,
-                     "bottleneck_line": None}
+                     "comm_share": comm / wall if wall > 0 else None, "input_measured": measured, "ranks": None,
+                     "bottleneck": None, "bottleneck_line": None}
         if self.cross is not None:
             ranks = self.cross.exchange(wall / n, comm / n, inp / n, mem_bytes)
-            found = self.cross.diagnose(ranks)
+            found = self.cross.diagnose(ranks, input_measured=measured)
             rec.update(ranks=[r.as_dict() for r in ranks], bottleneck=None if found is None else found.as_dict(),
                        bottleneck_line=None if found is None else found.line(step))
         return rec

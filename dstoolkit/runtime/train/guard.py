@@ -8,7 +8,8 @@
         loss = engine(x, y)
         guard.step(loss)                         # instead of engine.backward(loss); engine.step()
 
-or ``with Guard(engine, ...) as guard:`` (a final checkpoint and a "done" line on a clean exit).
+or ``with Guard(engine, ...) as guard:`` (on a clean exit the last step is checkpointed unless saved already,
+whatever save_every, as `dstoolkit train`; then a "done" line and the writer lock given back).
 
 `step(loss)` takes the mean loss over the data-parallel ranks (one all-reduce of a scalar, so every rank decides
 the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
@@ -24,7 +25,9 @@ the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
   progress when a loss spikes, from the next after a grad-norm spike or a rollback): only while the optimizer
   steps (torch optimizer step hooks; else around `engine.step`), so a scheduler that sets or decays the LR keeps
   its schedule and the checkpoints hold the unscaled LR;
-* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`) and saves every
+* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`; where DeepSpeed reports
+  none -- ZeRO-0 fp32 with a torch optimizer -- the norm of the `.grad`s just before the step: `gradnorm`; where
+  neither is known it says once that grad-norm detection is off) and saves every
   `save_every` steps through `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename:
   a rank killed mid-save never leaves a checkpoint that `resume` would load).
 
@@ -32,30 +35,34 @@ As `dstoolkit train`, with the same one-line reasons (`dstoolkit.runtime.train.r
 parameters): a checkpoint_dir that already holds checkpoints is refused at the first `step` / `save` unless
 `resume()` was called (`CheckpointDirError`: it would overwrite and prune another run's checkpoints), and
 `resume()` refuses a universal checkpoint, a folder whose every checkpoint is rejected, and a checkpoint saved at
-another ZeRO stage or data-parallel size. Bad arguments (numbers, a checkpoint_dir or metrics_path that cannot be
-written) are a `SettingError` from the constructor.
+another ZeRO stage or data-parallel size. Global rank 0 takes checkpoint_dir's writer lock (`writer_lock`, the
+trainer's: a second live run on the folder is a `CheckpointDirError`; released by `close()`, at exit and on
+SIGTERM). Bad arguments (numbers, a checkpoint_dir or metrics_path that cannot be written, save_every or a
+'rollback' action without checkpoint_dir: `names.Names.missing_dir`, the trainer's rule) are a `SettingError` from
+the constructor. A step's first micro-batch re-aligns DeepSpeed's accumulation count (`accum.align_window`), so a
+batch ramp's new count (`BatchRamp.apply`, `engine.set_train_batch_size`) starts with that step.
 
-Rank 0 appends one JSON line per optimizer step and per event (spike, rollback, checkpoint, resume, done) to
-`metrics_path`. Every `monitor_every` optimizer steps (0: off) the cross-rank view (`crossrank.StepWindows`): the
-share of the step blocked in collectives (timed hooks installed here: the collectives DeepSpeed looked up at its
-init, all_gather_into_tensor / reduce_scatter_tensor, are not seen) and, with several ranks, one gather of each
-rank's step, compute and collective wait, naming a rank or host that stands out ("cross_rank" line; the guard
-does not see input wait, which counts as compute here). The guard's and the position state travel in every checkpoint's client_state.
+Rank 0 appends one strict-JSON line (NaN / Inf as null: `run_state.MetricsWriter`) per optimizer step and per
+event (spike, rollback, checkpoint, resume, done) to `metrics_path`. Every `monitor_every` optimizer steps (0: off)
+the cross-rank view (`crossrank.StepWindows`): the share of the step blocked in collectives (timed hooks installed
+here: the collectives DeepSpeed looked up at its init, all_gather_into_tensor / reduce_scatter_tensor, are not
+seen) and, with several ranks, one gather of each rank's step, compute, collective and input wait, naming a rank or
+host that stands out ("cross_rank" line). Input wait is what `step(loss, input_wait_s=...)` reports; without it
+the line says "input wait not measured" and a slow data loader counts as compute. The guard's and the position
+state travel in every checkpoint's client_state.
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
-import weakref
 from typing import Any, Optional
 
-from dstoolkit.runtime.train.spike import Rollback, SpikeGuard, SpikeGuardConfig, check_int
+from dstoolkit.runtime.train.accum import align_window
+from dstoolkit.runtime.train.gradnorm import NO_NORM_LINE, step_with_norm, weights_finite
+from dstoolkit.runtime.train.guard_parts import (CheckpointDirError, check_seconds, default_log, hook_lr_cooldown,
+                                                 peak_memory_bytes, release_lock, take_lock)
+from dstoolkit.runtime.train.spike import Rollback, SettingError, SpikeGuard, SpikeGuardConfig, check_int
 
-
-class CheckpointDirError(RuntimeError):
-    """checkpoint_dir cannot be written or resumed by this run (the one-line reason names the folder and the fix;
-    the same refusals as `dstoolkit train`'s, `dstoolkit.runtime.train.resume_check`)."""
+__all__ = ["CheckpointDirError", "Guard", "guard"]
 
 
 class Guard:
@@ -71,24 +78,39 @@ class Guard:
         install_exit_guard()  # the process groups destroyed before the interpreter exits (rankexit)
         for name, value in (("save_every", save_every or 0), ("monitor_every", monitor_every or 0)):
             check_int(name, value, 0, "optimizer steps; 0: off", where="Guard")
+        from dstoolkit.runtime.train.names import GUARD
+
         self.engine = engine
         self.guard = SpikeGuard(config or SpikeGuardConfig())
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.mgr = None
         self._fresh_refusal: Optional[str] = None
+        self._lock: Optional[str] = None
+        self._saved_step: Optional[int] = None
+        self._norm_off_said = False
+        self._log = log or default_log(self.rank)
+        cfg = self.guard.config
+        asked = ([f"save_every={save_every}"] if save_every else []) + [
+            f"{k}='rollback'" for k in ("on_loss_spike", "on_nonfinite", "on_grad_norm_spike")
+            if getattr(cfg, k) == "rollback"]
+        problem = None if checkpoint_dir else GUARD.missing_dir(asked)  # the rule `dstoolkit train` applies
+        if problem:
+            raise SettingError("checkpoint_dir", checkpoint_dir, f"but {problem}", where="Guard")
         if checkpoint_dir:
             from dstoolkit.runtime.train.api_checks import check_folder_param, make_folder
             from dstoolkit.runtime.train.ckpt import CheckpointManager, check_keep
-            from dstoolkit.runtime.train.names import GUARD
             from dstoolkit.runtime.train.resume_check import fresh_run_refusal
 
             check_keep(keep)
             check_folder_param("Guard", "checkpoint_dir", checkpoint_dir)
+            make_folder("Guard", "checkpoint_dir", checkpoint_dir)
+            # one writer per folder, as `dstoolkit train` (writer_lock): before anything is read or written there
+            self._lock = take_lock(checkpoint_dir, self.rank, self.world, self._log)
             # another run's checkpoints: refused at the first step or save unless resume() is called (as the trainer)
             self._fresh_refusal = fresh_run_refusal(checkpoint_dir, GUARD)
-            make_folder("Guard", "checkpoint_dir", checkpoint_dir)
             self.mgr = CheckpointManager(checkpoint_dir, keep=keep, rank=self.rank, names=GUARD)
+            self.mgr.clear_staging()  # a save killed mid-way (SIGTERM) left its partial files there
         self.save_every = int(save_every or 0)
         self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks, hint="raise Guard(max_rollbacks=...)")
         self.step_count = int(getattr(engine, "global_steps", 0) or 0)
@@ -103,14 +125,17 @@ class Guard:
         self._lr_used: Optional[float] = None
         self._mult_used = 1.0
         self._abandoned = 0
-        self._hooked = _hook_lr_cooldown(getattr(engine, "optimizer", None), self.guard.lr_multiplier)
+        self._grad_norm: Optional[float] = None
+        self._hooked = hook_lr_cooldown(getattr(engine, "optimizer", None), self.guard.lr_multiplier)
         self._t = time.perf_counter()
+        self._input_s: Optional[float] = 0.0
         self._f = None
         if metrics_path and self.rank == 0:
             from dstoolkit.runtime.train.api_checks import open_append
+            from dstoolkit.runtime.train.run_state import MetricsWriter
 
-            self._f = open_append("Guard", "metrics_path", metrics_path)
-        self._log = log or (lambda m: print(f"[guard] {m}", file=sys.stderr, flush=True) if self.rank == 0 else None)
+            # strict JSON, NaN / Inf as null: the trainer's writer (run_state.MetricsWriter)
+            self._f = MetricsWriter(metrics_path, True, file=open_append("Guard", "metrics_path", metrics_path))
         self._windows = None
         if monitor_every:
             from dstoolkit.runtime.train.crossrank import CrossRank, StepWindows
@@ -122,7 +147,7 @@ class Guard:
         if "event" in obj:
             self.events.append(obj)
         if self._f is not None:
-            self._f.write(json.dumps(obj, default=float) + "\n")
+            self._f.write(obj)
 
     def _mean(self, value: float) -> float:
         if self.world == 1:
@@ -148,7 +173,7 @@ class Guard:
     def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> None:
         """Load `tag`; a rollback mid-accumulation first closes the open window with `open_loss` (DeepSpeed's load
         keeps the accumulated gradients and the micro-step count: `dstoolkit.runtime.train.accum`)."""
-        from dstoolkit.runtime.train.accum import align_window, close_window
+        from dstoolkit.runtime.train.accum import close_window
 
         self._abandoned = close_window(self.engine, open_loss)
         path, cs = self.engine.load_checkpoint(str(self.mgr.root), tag=tag)
@@ -157,6 +182,7 @@ class Guard:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag} from {self.mgr.root}")
         st = cs["dstoolkit_guard"]
         self.step_count, self.data_pos = int(st["step"]), int(st["data_pos"])
+        self._saved_step = self.step_count
         self.skip_positions = ((self.skip_positions if keep_skips else set()) | set(st["skip_positions"])
                                | self.mgr.rollback_skips(tag))
         self.guard.load_state_dict(st["guard"])
@@ -203,12 +229,17 @@ class Guard:
         """Move past a data position without training on it."""
         self.data_pos += 1
 
-    def step(self, loss: Any) -> str:
+    def step(self, loss: Any, input_wait_s: Optional[float] = None) -> str:
         """Judge `loss` (this rank's micro-batch loss tensor) and train on it, skip it or roll back (see the module
-        docstring). Returns "trained", "skipped" or "rolled_back"."""
+        docstring). `input_wait_s`: the seconds this micro-batch waited for its data, where your loop times it (the
+        cross-rank view then tells an input-bound rank from a compute-bound one; None: not measured). Returns
+        "trained", "skipped" or "rolled_back"."""
         if not hasattr(loss, "detach"):
             raise TypeError(f"Guard.step(loss): loss must be the loss tensor the engine returned (the guard runs "
                             f"engine.backward on it), got {type(loss).__name__} {loss!r}")
+        if input_wait_s is not None:
+            check_seconds(input_wait_s)
+        self._input_s = None if input_wait_s is None or self._input_s is None else self._input_s + input_wait_s
         self._check_fresh()
         pos = self.data_pos
         target = self.step_count + 1
@@ -228,6 +259,8 @@ class Guard:
             if d.action in ("skip", "rollback"):
                 self.data_pos += 1
                 return "skipped"
+        if not self._step_positions:  # a step's first micro-batch starts DeepSpeed's window (a batch ramp: accum)
+            align_window(self.engine)
         before = self.engine.global_steps
         self.engine.backward(loss)
         self._optimizer_step()
@@ -248,7 +281,7 @@ class Guard:
         for g, lr in saved:
             g["lr"] = lr * m
         try:
-            self.engine.step()
+            self._grad_norm = step_with_norm(self.engine)  # the engine's, else measured before the step (gradnorm)
         finally:
             for g, lr in saved:
                 if g["lr"] == lr * m:
@@ -260,24 +293,24 @@ class Guard:
         loss = sum(self._step_losses) / len(self._step_losses)
         positions = self._incidents + self._step_positions
         self._step_losses, self._step_positions, self._incidents = [], [], []
-        try:
-            gn = self.engine.get_global_grad_norm()
-            gn = float(gn) if gn is not None else None
-        except Exception:
-            gn = None
+        gn = self._grad_norm
+        if gn is None and not self._norm_off_said:
+            self._norm_off_said = True
+            self._write({"event": "grad_norm_off", "step": self.step_count, "reason": NO_NORM_LINE})
+            self._log(NO_NORM_LINE)
         self.guard.end_step()  # the update just taken counts for the cool-down, then the grad norm is judged
         d = self.guard.observe_step(loss, gn, self.step_count)
         self._write({"step": self.step_count, "loss": loss, "grad_norm": gn, "lr": self._lr_used,
                      "data_pos": self.data_pos, "step_time_s": now - self._t, "lr_multiplier": self._mult_used})
         if self._windows is not None:
-            rec = self._windows.step(self.step_count, now - self._t, mem_bytes=_peak_memory_bytes())
+            rec = self._windows.step(self.step_count, now - self._t, self._input_s, mem_bytes=peak_memory_bytes())
             if rec is not None:
                 self._write(rec)
-                self._log(f"step {self.step_count}: comm {rec['comm_share']:.0%} of the step blocked in collectives"
-                          " (measured)")
+                self._log(f"step {self.step_count}: comm {rec['comm_share']:.0%} of rank {self.rank}'s step blocked in "
+                          "collectives (measured; waiting for a slower rank counts here)")
                 if rec["bottleneck_line"]:
                     self._log(rec["bottleneck_line"])
-        self._t = now
+        self._t, self._input_s = now, 0.0
         if d.kind != "ok":
             self._write({"event": "spike", "step": self.step_count, "data_pos": self.data_pos - 1, **d.as_dict()})
             self._log(f"step {self.step_count}: {d.kind} -> {d.action}: {d.reason}")
@@ -310,29 +343,38 @@ class Guard:
         return True
 
     def save(self) -> Optional[str]:
-        """Write a checkpoint now (atomic; marked healthy when the guard is not cooling down)."""
+        """Write a checkpoint now (atomic; marked healthy -- a rollback target -- when the guard is not cooling down
+        and every weight is finite, `gradnorm.weights_finite`). None without a checkpoint_dir."""
         if self.mgr is None:
             return None
         self._check_fresh()
-        healthy = self.guard.healthy()
+        finite = weights_finite(self.engine)
+        if not finite:
+            self._log(f"step {self.step_count}: the weights hold NaN/Inf: this checkpoint is no rollback target")
+        healthy = self.guard.healthy() and finite
         tag = self.mgr.save(self.engine, self.step_count, self.client_state(), healthy=healthy,
                             barrier=self._barrier)
         self._write({"event": "checkpoint", "tag": tag, "step": self.step_count, "data_pos": self.data_pos,
                      "healthy": healthy})
+        self._saved_step = self.step_count
         return tag
 
     def close(self) -> None:
+        """The "done" line; the metrics file closed and checkpoint_dir's writer lock given back."""
         self._write({"event": "done", "step": self.step_count, "data_pos": self.data_pos,
                      "rollbacks": self.rollbacks.done})
         if self._f is not None:
             self._f.close()
             self._f = None
+        release_lock(self._lock)
+        self._lock = None
 
     def __enter__(self) -> "Guard":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.mgr is not None and self.save_every and self.step_count % self.save_every:
+        # a clean exit saves the last step unless saved already, whatever save_every (as the trainer's save_final)
+        if exc_type is None and self.mgr is not None and self.step_count > 0 and self._saved_step != self.step_count:
             self.save()
         self.close()
 
@@ -340,54 +382,3 @@ class Guard:
 def guard(engine: Any, **kwargs: Any) -> Guard:
     """`with dstoolkit.runtime.train.guard.guard(engine, ...) as g:` -- the same as `Guard(engine, ...)`."""
     return Guard(engine, **kwargs)
-
-
-def _hook_lr_cooldown(optimizer: Any, multiplier: Any) -> bool:
-    """Scale the LR of every update by `multiplier()` through the step pre/post hooks of the torch optimizer
-    inside `optimizer` (DeepSpeed's ZeRO / bf16 wrappers hold it as `.optimizer`): scaled while it steps, put
-    back right after, before a scheduler runs. False when there is no torch optimizer to hook."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - DeepSpeed needs torch
-        return False
-    for _ in range(4):
-        if isinstance(optimizer, torch.optim.Optimizer):
-            break
-        optimizer = getattr(optimizer, "optimizer", None)
-    else:
-        return False
-    saved: list = []
-
-    def pre(opt, args, kwargs):
-        m = multiplier()
-        if m != 1.0:
-            saved[:] = [(g, g["lr"]) for g in opt.param_groups]
-            for g, lr in saved:
-                g["lr"] = lr * m
-
-    def post(opt, args, kwargs):
-        for g, lr in saved:
-            g["lr"] = lr
-        saved.clear()
-
-    for handle in _HOOKS.pop(optimizer, ()):  # a later Guard on the same engine replaces the earlier one's hooks
-        handle.remove()
-    _HOOKS[optimizer] = (optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post))
-    return True
-
-
-_HOOKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-"""The cool-down hooks on each torch optimizer (one Guard's at a time: two would scale the LR twice)."""
-
-
-def _peak_memory_bytes() -> float:
-    import resource
-
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return float(torch.cuda.max_memory_allocated())
-    except Exception:  # noqa: BLE001 - memory is an extra of the record
-        pass
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

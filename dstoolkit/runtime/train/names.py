@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,18 @@ class Names:
 
     def where(self, root: Path | str) -> str:
         return self.at.format(root=str(root))
+
+    def missing_dir(self, asked: list[str]) -> Optional[str]:
+        """The refusal of settings that write or load checkpoints (`asked`: each as the caller names it, e.g.
+        "--save-every 5", "save_every=5", "--resume", a rollback action) when no checkpoint folder is given; None
+        when nothing is asked. One rule for `dstoolkit train` and `Guard`: without a folder nothing is ever saved,
+        so every rollback would find no target and a resume nothing to load."""
+        if not asked:
+            return None
+        one = len(asked) == 1
+        return (f"{' / '.join(asked)} need{'s' if one else ''} {self.dir}: without one no checkpoint is ever saved, "
+                f"so every rollback finds no target and a resume nothing to load; give {self.dir}, or drop "
+                f"{'it' if one else 'them'}")
 
 
 CLI = Names()

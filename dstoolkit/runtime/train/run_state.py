@@ -47,10 +47,11 @@ class MetricsWriter:
     """Rank 0 appends one JSON object per line and flushes (so a killed run keeps what it wrote). A non-finite
     number (a NaN loss, no loss at all) is written as null (`finite_or_none`): every line is strict JSON."""
 
-    def __init__(self, path: str, enabled: bool) -> None:
+    def __init__(self, path: str, enabled: bool, file: Any = None) -> None:
+        """`file`: an already opened text file to append to (`Guard` checks and opens its metrics_path itself)."""
         self.enabled = enabled
-        self.f = None
-        if enabled:
+        self.f = file if enabled else None
+        if enabled and file is None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.f = open(path, "a", buffering=1)
 
@@ -176,8 +177,11 @@ class Checkpoints:
         self._save(barrier)
 
     def _save(self, barrier) -> None:
-        healthy = self.guard.healthy()
+        from dstoolkit.runtime.train.gradnorm import weights_finite
+
+        # a rollback target only when the guard is calm and no weight is NaN / Inf
+        healthy = self.guard.healthy() and weights_finite(self.engine)
         tag = self.mgr.save(self.engine, self.state.step, self.client_state(), healthy=healthy, barrier=barrier)
         self.writer.write({"event": "checkpoint", "tag": tag, "step": self.state.step,
-                           "data_pos": self.state.data_pos, "healthy": self.guard.healthy()})
+                           "data_pos": self.state.data_pos, "healthy": healthy})
         self.saved_step = self.state.step

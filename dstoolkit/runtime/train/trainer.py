@@ -45,6 +45,7 @@ from typing import Any, Optional
 
 from dstoolkit.runtime.rankexit import end_ranks, install_rank_guards
 from dstoolkit.runtime.train.accum import align_window, open_micro_batches
+from dstoolkit.runtime.train.gradnorm import NO_NORM_LINE, step_with_norm
 from dstoolkit.runtime.train.builders import (SyntheticData, add_monitor_backends, build_checkpoint_manager, build_data,
                                               build_engine, build_guard, build_model_for_run, build_monitor,
                                               build_ramp, model_event, write_model_config)
@@ -86,6 +87,8 @@ class Run:
     log: Any
     lock: Any = None
     """The --checkpoint-dir writer lock global rank 0 holds (`writer_lock`; None elsewhere or without one)."""
+    norm_off_said: bool = False
+    """Whether the run said that grad-norm detection is off (`gradnorm.NO_NORM_LINE`, once)."""
 
     def global_mean(self, value: float) -> float:
         import deepspeed.comm as dist
@@ -108,6 +111,8 @@ class Accumulated:
     mult: float
     positions: list[int]
     rolled_back: bool = False
+    grad_norm: Optional[float] = None
+    """The update's gradient norm: DeepSpeed's, else measured before the step (`gradnorm.step_with_norm`)."""
 
 
 def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accumulated:
@@ -120,7 +125,7 @@ def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accum
     accepted: list[float] = []
     positions: list[int] = []
     incidents: list[int] = []
-    input_wait = 0.0
+    input_wait, grad_norm = 0.0, None
     other = mult / guard.lr_multiplier()  # the injected blow-up's part of the multiplier
     while len(accepted) < gas:
         pos = state.data_pos
@@ -163,7 +168,7 @@ def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accum
                 lr = run.lr.set(new_mult if run.lr.own_schedule else new_mult / mult)
                 mult = new_mult
         run.engine.backward(loss)
-        run.engine.step()
+        grad_norm = step_with_norm(run.engine)  # ZeRO-0 fp32: DeepSpeed reports None (gradnorm)
         accepted.append(gl)
         positions.append(pos)
         state.data_pos += 1
@@ -172,7 +177,7 @@ def accumulate(run: Run, target: int, gas: int, lr: float, mult: float) -> Accum
         raise RuntimeError(f"step {target}: DeepSpeed's gradient-accumulation window is out of phase with the "
                            f"trainer's steps ({left} of {gas} micro-batches still open after the step's last one); "
                            "report this with the metrics file")
-    return Accumulated(accepted, input_wait, lr, mult, sorted(positions + incidents))
+    return Accumulated(accepted, input_wait, lr, mult, sorted(positions + incidents), grad_norm=grad_norm)
 
 
 def setup(args: argparse.Namespace, inputs: Inputs) -> tuple[Run, list[str]]:
@@ -293,8 +298,10 @@ def train(args: argparse.Namespace) -> int:
         state.consumed_samples += gb
         state.tokens += gb * run.seq_len
         step_loss = last_loss = sum(micro.losses) / len(micro.losses)
-        grad_norm = engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
+        grad_norm = micro.grad_norm
+        if grad_norm is None and args.spike_guard and not run.norm_off_said:
+            run.norm_off_said = True
+            run.log(NO_NORM_LINE)
         guard.end_step()  # the update just taken counts for the cool-down, then its grad norm is judged
         if args.spike_guard:
             d = guard.observe_step(step_loss, grad_norm, target)
