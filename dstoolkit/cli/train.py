@@ -45,10 +45,28 @@ def launch_command(args) -> list[str]:
     return _cmd(trainer_args(args), nproc=args.nproc, launcher=args.launcher)
 
 
+VERB_OWNED = {"--deepspeed_config": "--config", "--deepspeed-config": "--config", "--spec": "--spec",
+              "--steps": "--steps", "--metrics-out": "--metrics-out"}
+"""Trainer flags `trainer_args` sets from this verb's own flags (trainer flag -> the verb's). Given again after
+`--` the rank takes the last value while the verb checks, summarises and reads the first (a run that wrote its
+metrics elsewhere ended 'the run wrote no metrics', exit 1)."""
+
+
 def trainer_args(args) -> list[str]:
     """The example trainer's own command line for these flags."""
     return ["--deepspeed_config", args.config, "--spec", args.spec, "--steps", str(args.steps),
             "--metrics-out", args.metrics_out, *args.extra]
+
+
+def verb_owned_problem(extra: list[str]) -> Optional[str]:
+    """A flag after `--` that this verb sets itself (VERB_OWNED), or None."""
+    for item in extra:
+        flag = item.split("=", 1)[0]
+        if flag in VERB_OWNED:
+            own = VERB_OWNED[flag]
+            return (f"{item} after `--`: dstoolkit train sets the trainer's {flag} from its own {own} (and reads the "
+                    f"run from it); give it before `--`: dstoolkit train {own} VALUE ...")
+    return None
 
 
 def summarize(metrics_path: str, start: int = 0) -> dict:
@@ -168,6 +186,9 @@ def run(args) -> int:
     for flag, value in (("--steps", args.steps), ("--nproc", args.nproc)):
         if value <= 0:
             raise InputError(f"{flag}={value} must be > 0")
+    owned = verb_owned_problem(args.extra)
+    if owned:
+        raise InputError(owned)
     if Path(args.config).suffix.lower() in (".yaml", ".yml") and Path(args.spec).suffix.lower() == ".json":
         raise InputError(f"--config {args.config} is YAML and --spec {args.spec} is JSON: swapped? --spec takes the "
                          "spec YAML, --config the DeepSpeed JSON")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dstoolkit.common.paths import input_file_problem, same_file
+from dstoolkit.runtime.train.names import CLI
 
 
 TRAINER_DESCRIPTION = "Example DeepSpeed trainer: TinyTransformer on synthetic data, with every training helper wired in."
@@ -166,8 +167,12 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         raise UsageError(f"--steps={args.steps} must be > 0")
     if args.save_every < 0:
         raise UsageError(f"--save-every={args.save_every} must be >= 0")
-    if (args.save_every or args.resume or args.spike_action == "rollback") and not args.checkpoint_dir:
-        raise UsageError("--save-every / --resume / --spike-action rollback need --checkpoint-dir")
+    if not args.checkpoint_dir:  # one rule with Guard (names.Names.missing_dir)
+        asked = ([f"--save-every {args.save_every}"] if args.save_every else []) + (
+            ["--resume"] if args.resume else []) + (["--spike-action rollback"] if args.spike_action == "rollback" else [])
+        problem = CLI.missing_dir(asked)
+        if problem:
+            raise UsageError(problem)
     cfg_path = Path(args.deepspeed_config)
     problem = input_file_problem(cfg_path)
     if problem:
