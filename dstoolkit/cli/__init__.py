@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from typing import Sequence
 
@@ -58,6 +59,33 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `dstoolkit` command. Output piped into a reader that stops early (`dstoolkit sweep ... | head -1`) ends
+    the command quietly with exit 0, as CPython's sysconfig CLI does (gh-110786): the BrokenPipeError is caught
+    here, at the entry point, with stdout flushed inside the try and then pointed at /dev/null so that the flush
+    at exit does not fail again (https://docs.python.org/3/library/signal.html#note-on-sigpipe; that note's
+    example exits 1, which `set -o pipefail` reads as a failure of a command that did its work)."""
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a reader that went away is seen here, not at interpreter exit
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null: what is still buffered for stdout is dropped at exit, not raised."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # a stdout without a descriptor (an embedding caller's, a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
     only = argv[0] if argv and argv[0] in VERBS else None
     parser = build_parser(only)

@@ -100,6 +100,8 @@ def exit_code_for(verb: str, exc: BaseException,
     `failures`: exception types that mean "the command ran and failed" for this verb (exit ``EXIT_FINDINGS``,
     ``dstoolkit VERB: failed: MESSAGE``), e.g. RuntimeError from a benchmark's ranks.
     """
+    if isinstance(exc, BrokenPipeError):
+        return None  # stdout's reader went away (`| head`): the entry point (`dstoolkit.cli.main`) ends quietly
     if failures and isinstance(exc, failures):
         return EXIT_FINDINGS, f"dstoolkit {verb}: failed: {exc}"
     if _is_instance(exc, _VERBATIM):
