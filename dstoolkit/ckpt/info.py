@@ -16,6 +16,8 @@ class Problem:
 
     file: str
     problem: str
+    fix: str = ""
+    """What to do about this file when it is not "pick an older tag or re-save" (`incomplete_fix`); '' otherwise."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class CheckpointInfo:
     scheduler: bool = False
     offload: Optional[str] = None
     """The ds_config's offload_optimizer device when the run offloaded (files are the same)."""
+    offload_param: Optional[str] = None
+    """The ds_config's offload_param device (ZeRO-3 parameter offload) when the run offloaded (files are the same)."""
     ranks: list[RankFiles] = field(default_factory=list)
     shared_bytes: int = 0
     """Bytes of files no single rank owns (model states written by rank 0 under ZeRO 0-2, expert files, universal)."""
@@ -88,3 +92,12 @@ def load_meta(path: Path, info: CheckpointInfo) -> Optional[Any]:
     except TorchFileError as exc:
         info.problems.append(Problem(str(path), str(exc)))
         return None
+
+
+def incomplete_fix(info: CheckpointInfo, verb: str) -> str:
+    """The advice `ckpt export` / `ckpt reshard` give when `info` is incomplete, from its first problem (the one they
+    name): that problem's own fix (a leftover rank file: move it away), else re-save or pick an older tag."""
+    first = info.problems[0] if info.problems else None
+    if first is not None and first.fix:
+        return first.fix
+    return (f"{verb} a complete checkpoint: pick an older tag (`dstoolkit ckpt inspect` lists them) or re-save it")

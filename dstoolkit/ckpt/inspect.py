@@ -17,8 +17,8 @@ from typing import Any, Optional
 from dstoolkit.ckpt import names as N
 from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.info import CheckpointInfo, Problem, RankFiles, load_meta
-from dstoolkit.ckpt.inspect_files import (dtype_of, hard_links, merge_problems, model_file_optimizer_dtypes,
-                                           optimizer_bytes_in_model_files)
+from dstoolkit.ckpt.inspect_files import (dtype_of, hard_links, leftover_rank_files, merge_problems,
+                                           model_file_optimizer_dtypes, optimizer_bytes_in_model_files)
 from dstoolkit.ckpt.manifest import verify_manifest
 from dstoolkit.ckpt.torchzip import Opaque, check_archive, is_legacy, tensors
 from dstoolkit.ckpt.universal import check_universal
@@ -70,6 +70,24 @@ def _trainer_wrapper(root: Path, tags: list[str]) -> str:
     return "dstoolkit-trainer" if any((root / t / N.DSTOOLKIT_MANIFEST).is_file() for t in tags) else ""
 
 
+def _two_pointers(root: Path, named: dict[str, str]) -> CkptError:
+    """The refusal for a folder whose `latest_universal` and `latest` name different tags (a run that loaded a
+    universal checkpoint and saved into the same folder). Which one DeepSpeed 0.19.8 loads depends on the loading
+    run's config, not on the folder: engine.load_checkpoint(root) reads latest_universal when checkpoint.load_universal
+    is true, else latest (runtime/engine.py:4428), and `dstoolkit train --resume` loads neither
+    (`resume_check.universal_refusal`). So no tag is picked for the user."""
+    def what(pointer: str) -> str:
+        tag = named[pointer]
+        kind = "a universal checkpoint" if (root / tag / N.UNIVERSAL_ZERO_DIR).is_dir() else "a ZeRO checkpoint"
+        step = _step_of(tag)
+        return f"{pointer} -> {tag} ({kind}{'' if step is None else f', step {step}'})"
+
+    return CkptError(str(root), f"holds two pointers naming different tags: {what(N.LATEST_UNIVERSAL)}, "
+                     f"{what(N.LATEST)}; DeepSpeed's engine.load_checkpoint reads latest_universal with "
+                     "checkpoint.load_universal true and latest without it (runtime/engine.py:4428)",
+                     f"give the tag folder you mean: {root / named[N.LATEST]} or {root / named[N.LATEST_UNIVERSAL]}")
+
+
 def _resolve(path: Path) -> tuple[Path, str, str, list[str], list[str]]:
     """resolve(), plus the notes on how the tag was chosen."""
     path = Path(path)
@@ -90,6 +108,7 @@ def _resolve(path: Path) -> tuple[Path, str, str, list[str], list[str]]:
     tags = _tags_in(path)
     wrapper = "hf-trainer" if (path / N.HF_TRAINER_STATE).is_file() else _trainer_wrapper(path, tags)
     empty: list[str] = []
+    named: dict[str, str] = {}
     for pointer in (N.LATEST_UNIVERSAL, N.LATEST):
         tag = _read_latest(path, pointer, tags)
         if tag == "":
@@ -99,7 +118,11 @@ def _resolve(path: Path) -> tuple[Path, str, str, list[str], list[str]]:
                 raise CkptError(str(path / pointer), f"names tag {tag!r} but {path / tag} does not exist",
                                 f"pick an existing tag folder ({', '.join(tags) or 'none found'}), or rewrite "
                                 f"{pointer} to name one")
-            return path, tag, wrapper, tags, []
+            named[pointer] = tag
+    if len(set(named.values())) > 1:
+        raise _two_pointers(path, named)
+    if named:
+        return path, next(iter(named.values())), wrapper, tags, []
     if tags:
         pointer = N.LATEST_UNIVERSAL if (path / tags[0] / N.UNIVERSAL_ZERO_DIR).is_dir() else N.LATEST
         why = (f"{path / pointer} is empty" if pointer in empty else
@@ -213,6 +236,11 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         off = zo.get("offload_optimizer") or {}
         if isinstance(off, dict) and off.get("device") not in (None, "none"):
             info.offload = str(off.get("device"))
+        off = zo.get("offload_param") or {}
+        if isinstance(off, dict) and off.get("device") not in (None, "none"):
+            info.offload_param = str(off.get("device"))
+            late_notes.append(f"parameter offload to {info.offload_param} (zero_optimization.offload_param of the "
+                              "saved config): the files are the same as without it")
 
     first_optim = optim[min(optim)] if optim else None
     if first_optim is not None and str(first_optim) not in bad:
@@ -273,6 +301,8 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
                 if info.zero_stage == 3 and (r, m) not in z3_model:
                     info.problems.append(Problem(str(tag_dir / f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"),
                                                  f"is missing (rank {r} of dp {n_opt})"))
+        if expect_dp:
+            leftover_rank_files(tag_dir, expect_dp, optim, z3_model if info.zero_stage == 3 else {}, info)
         if mp > 1 and len(mps) < mp and not pipe:
             info.notes.append(f"model-parallel size {mp} but optimizer files for mp ranks {mps} only")
     if info.num_experts:

@@ -62,15 +62,37 @@ def optimizer_bytes_in_model_files(model_files: list[Path], head: Any, bad: set[
 def merge_problems(problems: list[Problem]) -> list[Problem]:
     """One Problem per file (the checks overlap: the manifest and the layout both see a missing rank file)."""
     by_file: dict[str, list[str]] = {}
+    fixes: dict[str, str] = {}
     for p in problems:
         texts = by_file.setdefault(p.file, [])
         if p.problem not in texts:
             texts.append(p.problem)
+        if p.fix:
+            fixes.setdefault(p.file, p.fix)
     out = []
     for file, texts in by_file.items():
         missing = [t[len("is missing ("):-1] for t in texts if t.startswith("is missing (") and t.endswith(")")]
         rest = [t for t in texts if not (t.startswith("is missing (") and t.endswith(")"))]
         if missing:
             rest.insert(0, f"is missing ({'; '.join(missing)})")
-        out.append(Problem(file, "; ".join(rest)))
+        out.append(Problem(file, "; ".join(rest), fixes.get(file, "")))
     return out
+
+
+def leftover_rank_files(tag_dir: Path, dp: int, optim: dict[tuple[int, int], Path],
+                        z3_model: dict[tuple[int, int], Path], info: CheckpointInfo) -> None:
+    """A Problem for each per-rank file of a data-parallel rank >= `dp` (the model states' dp_world_size): DeepSpeed
+    0.19.8 writes ranks 0..dp-1 only (runtime/engine.py `_get_zero_ckpt_name`, `_get_ckpt_name`) and removes
+    nothing, so such a file is left over from an earlier save of the same tag at a larger world size.
+    engine.load_checkpoint at dp opens ranks 0..dp-1 by name (engine.py `_get_all_zero_checkpoint_names`) and never
+    sees it, but zero_to_fp32 (`ckpt export`; utils/zero_to_fp32.py `get_optim_files`) and ds_to_universal
+    (`ckpt reshard`; checkpoint/ds_to_universal.py `_get_optim_files`) glob every *_optim_states.pt /
+    *_model_states.pt and fail on it."""
+    wrote = "rank 0" if dp == 1 else f"ranks 0-{dp - 1}"
+    for (r, _), p in sorted(list(optim.items()) + list(z3_model.items())):
+        if r >= dp:
+            info.problems.append(Problem(
+                str(p), f"is left over from an earlier save: rank {r} is outside dp={dp} (the model states' "
+                f"dp_world_size; this save wrote {wrote}); DeepSpeed's load_checkpoint at dp={dp} skips it, but "
+                "zero_to_fp32 (export) and ds_to_universal (reshard) read every rank file in the folder and fail",
+                f"move {p.name} (and any other rank >= {dp}) out of {tag_dir}: it belongs to an older save"))

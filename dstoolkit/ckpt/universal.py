@@ -22,6 +22,24 @@ def _param_names(head: Any) -> tuple[Optional[list[str]], list[str]]:
     return names, [str(k) for k in frozen] if isinstance(frozen, dict) else []
 
 
+def _int_step_note(zdir: Path, opt_sd: Any, with_step: list[str], info: CheckpointInfo) -> None:
+    """A note when the Adam step is stored as a number, not a tensor: a universal checkpoint of an offload run
+    (DeepSpeedCPUAdam keeps an int) written by DeepSpeed's ds_to_universal itself or by `ckpt reshard` before it
+    stored the step as a tensor (runtime/ckpt/reshard.py `adam_step_for_any_optimizer`, which says why)."""
+    steps = []
+    if with_step:
+        steps.append(load_meta(zdir / with_step[0] / "step.pt", info))
+    osd = opt_sd.get("optimizer_state_dict") if isinstance(opt_sd, dict) else None
+    state = osd.get("state") if isinstance(osd, dict) else None
+    if isinstance(state, dict) and isinstance(state.get(0), dict):
+        steps.append(state[0].get("step"))
+    if any(isinstance(s, (int, float)) and not isinstance(s, bool) for s in steps):
+        info.notes.append("the Adam step is stored as a Python number (an optimizer-offload run's DeepSpeedCPUAdam), "
+                          "not a tensor: it resumes with offload_optimizer only; torch's Adam/AdamW (torch_adam) "
+                          "fails at its first step ('state_steps ... singleton tensors'): re-run `dstoolkit ckpt "
+                          "reshard` on the source checkpoint, which stores it as a tensor")
+
+
 def check_universal(zdir: Path, head: Any, info: CheckpointInfo, *, crc: bool) -> None:
     """What DeepSpeed 0.19.8's universal loaders read: zero/optimizer_state.pt (both assert it:
     runtime/base_optimizer.py:333-337 for ZeRO-1/2, runtime/zero/stage3.py:3655-3658 for ZeRO-3), and per parameter
@@ -89,6 +107,7 @@ def check_universal(zdir: Path, head: Any, info: CheckpointInfo, *, crc: bool) -
         info.notes.append("no zero/<parameter>/step.pt: a ZeRO-1/2 resume restarts Adam's step count "
                           "(checkpoint/universal_checkpoint.py:248-254); ZeRO-3 reads the step from "
                           "optimizer_state.pt")
+    _int_step_note(zdir, opt_sd, [n for n in present if n in trained and "step.pt" in present[n]], info)
     tag_dir = zdir.parent
     restricted = any("resumable at ZeRO" in n for n in info.notes)
     for have, other, stages in (("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt", "1/2"),

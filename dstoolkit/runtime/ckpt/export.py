@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dstoolkit.ckpt.errors import CkptError
+from dstoolkit.ckpt.info import incomplete_fix
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.torchzip import is_legacy
 from dstoolkit.runtime.ckpt.outputs import atomic_output_folder, check_new_output_folder
@@ -266,8 +267,7 @@ def export_hf(src: Path, out: Path, *, config: Optional[Path] = None, dtype: str
     check_new_output_folder(Path(src), out, "--hf", "_hf")
     info = inspect_checkpoint(src)
     if not info.complete:
-        raise CkptError(info.problems[0].file, info.problems[0].problem,
-                        "export a complete checkpoint: pick an older tag, or re-save it")
+        raise CkptError(info.problems[0].file, info.problems[0].problem, incomplete_fix(info, "export"))
     if (info.tag_dir / "zero").is_dir():
         raise CkptError(str(info.tag_dir), "is a universal checkpoint",
                         "export the ZeRO checkpoint it was made from (zero_to_fp32 reads ZeRO partitions)")

@@ -13,9 +13,10 @@ import math
 import shutil
 from argparse import Namespace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from dstoolkit.ckpt.errors import CkptError
+from dstoolkit.ckpt.info import incomplete_fix
 from dstoolkit.ckpt.inspect import CheckpointInfo, inspect_checkpoint
 from dstoolkit.ckpt.layout import Target, check_target
 from dstoolkit.runtime.ckpt.outputs import atomic_output_folder, check_new_output_folder
@@ -66,6 +67,38 @@ def _model_states_under_both_names(dest: Path) -> None:
                 shutil.copy2(dest / have[0], dest / name)
 
 
+def adam_step_for_any_optimizer(step: Any) -> Any:
+    """The Adam step count in the one form every DeepSpeed 0.19.8 Adam accepts after a universal load: a 0-dim
+    float32 CPU tensor (anything that is not a number or a one-element tensor is returned unchanged).
+
+    The universal loaders hand the saved value to the optimizer as it is (checkpoint/universal_checkpoint.py:248-254
+    -> runtime/base_optimizer.py:372 for ZeRO-1/2; runtime/zero/stage3.py:3664,3680 for ZeRO-3). The optimizers
+    disagree on its type:
+    - torch.optim.Adam / AdamW (what "torch_adam": true builds, runtime/engine.py:2382, neither fused nor capturable)
+      keep `torch.tensor(0.0, dtype=_get_scalar_dtype())` on the CPU (torch 2.13 optim/adam.py `_init_group`) and
+      refuse anything else at their first step ("`state_steps` argument must contain a list of singleton tensors");
+    - DeepSpeedCPUAdam (ops/adam/cpu_adam.py:155-170, every offload_optimizer run) and FusedAdam
+      (ops/adam/fused_adam.py:153-192) keep a Python int, add 1 in place and pass it to their C++ kernels, which
+      take a 0-dim tensor through its __int__ as well (a universal checkpoint of a torch-Adam run resumes with
+      offload: ZeRO-1 -> ZeRO-2 offload, bit-exact).
+    So an offload run's int step is stored as a tensor; float32 holds every step count below 2**24 exactly."""
+    import torch
+
+    if isinstance(step, bool) or not isinstance(step, (int, float, torch.Tensor)):
+        return step
+    if isinstance(step, torch.Tensor):
+        if step.numel() != 1:
+            return step
+        step = step.item()
+    return torch.tensor(float(step), dtype=torch.float32)
+
+
+def _rewrite_step_file(path: Path) -> None:
+    import torch
+
+    torch.save(adam_step_for_any_optimizer(torch.load(path, map_location="cpu", weights_only=False)), path)
+
+
 def _optimizer_state_for_every_stage(dest: Path) -> None:
     """Make zero/optimizer_state.pt and the per-parameter step readable by the ZeRO-1/2 and the ZeRO-3 loader.
 
@@ -76,7 +109,9 @@ def _optimizer_state_for_every_stage(dest: Path) -> None:
     - from ZeRO-3 (ds_to_universal.py:1016-1022) the step is only in `optimizer_state_dict`, never in step.pt, and
       the ZeRO-1/2 loader takes the step from step.pt (checkpoint/universal_checkpoint.py:248-254,
       runtime/base_optimizer.py:361-373): Adam would restart its step count (bias correction) silently.
-    Both facts are added from the checkpoint's own values; nothing else changes.
+    Both facts are added from the checkpoint's own values, and the step is stored in the form every Adam takes
+    (`adam_step_for_any_optimizer`: an offload run's int step made torch Adam fail at its first step); nothing
+    else changes.
     """
     import torch
 
@@ -86,6 +121,8 @@ def _optimizer_state_for_every_stage(dest: Path) -> None:
     params = sorted(p for p in zero.iterdir() if p.is_dir())
     if "optimizer_state_dict" not in sd:
         steps = [p / "step.pt" for p in params if (p / "step.pt").is_file()]
+        for f in steps:
+            _rewrite_step_file(f)
         if steps:
             step = torch.load(steps[0], map_location="cpu", weights_only=False)
             sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": sd["param_groups"]}
@@ -94,6 +131,9 @@ def _optimizer_state_for_every_stage(dest: Path) -> None:
     from deepspeed.checkpoint.constants import CAT_DIM, PARAM
 
     state = sd["optimizer_state_dict"].get("state") or {}
+    for entry in state.values():
+        if isinstance(entry, dict) and "step" in entry:
+            entry["step"] = adam_step_for_any_optimizer(entry["step"])
     step = (state.get(0) or {}).get("step")
     # ZeRO-3's merge (ds_to_universal.py:543-550 `merge_zero3_slices`) saves each state as a bare flat tensor;
     # the ZeRO-1/2 loader indexes it as {"param": tensor shaped like the parameter} (universal_checkpoint.py:257)
@@ -106,6 +146,8 @@ def _optimizer_state_for_every_stage(dest: Path) -> None:
     for p in params:
         if step is not None and not (p / "step.pt").is_file():
             torch.save(step, p / "step.pt")
+        elif (p / "step.pt").is_file():
+            _rewrite_step_file(p / "step.pt")
         for key in ("fp32", "exp_avg", "exp_avg_sq"):
             f = p / f"{key}.pt"
             if not f.is_file():
@@ -121,7 +163,7 @@ def _optimizer_state_for_every_stage(dest: Path) -> None:
         import deepspeed
 
         sd["ds_version"] = deepspeed.__version__
-        torch.save(sd, path)
+    torch.save(sd, path)
 
 
 def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet: bool = True) -> CheckpointInfo:
@@ -150,9 +192,7 @@ def to_universal(src: Path, out: Path, *, target: Optional[Target] = None, quiet
         raise CkptError(str(src), "is already a universal checkpoint",
                         "resume from it directly with \"checkpoint\": {\"load_universal\": true}")
     if not info.complete:
-        raise CkptError(info.problems[0].file, info.problems[0].problem,
-                        "reshard a complete checkpoint: pick an older tag (`dstoolkit ckpt inspect` lists them) "
-                        "or re-save it")
+        raise CkptError(info.problems[0].file, info.problems[0].problem, incomplete_fix(info, "reshard"))
     if info.zero_stage is None or info.zero_stage < 1:
         raise CkptError(str(info.tag_dir), f"ZeRO stage {info.zero_stage}: ds_to_universal converts ZeRO-1/2/3 "
                         "checkpoints only (it reads the *_optim_states.pt partitions)",
