@@ -65,7 +65,7 @@ def render(info) -> str:
     else:
         lines.append(f"  complete     NO ({len(info.problems)} problem(s))")
         for p in info.problems:
-            lines.append(f"    {p.file}: {p.problem}")
+            lines.append(f"    {p.file}: {p.problem}" + (f" ({p.fix})" if p.fix else ""))
     return "\n".join(lines)
 
 

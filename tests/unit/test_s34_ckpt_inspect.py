@@ -136,3 +136,14 @@ def test_parameter_offload_is_reported(tmp_path):
                       zero={"offload_param": {"device": "none"}})
     info = inspect_checkpoint(plain)
     assert info.offload_param is None and not any("parameter offload" in n for n in info.notes)
+
+
+def test_inspect_screen_shows_the_fix_of_a_leftover(tmp_path, capsys):
+    from dstoolkit.cli import main
+
+    tag = _zero_tag(tmp_path / "ck" / "global_step3", stage=2, dp=1, ranks=range(2))
+    (tmp_path / "ck" / "latest").write_text("global_step3")
+    assert main(["ckpt", "inspect", str(tmp_path / "ck")]) == 1
+    out = capsys.readouterr().out
+    name = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    assert f"(move {name} (and any other rank >= 1) out of {tag}: it belongs to an older save)" in out
