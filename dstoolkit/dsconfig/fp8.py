@@ -306,9 +306,10 @@ def check_fp8_hardware(cfg: Fp8Config, gpu: GpuSpec, cuda_version: Optional[str]
 def min_cuda(recipe: str, cc: tuple[int, int]) -> tuple[tuple[int, int], str]:
     """The lowest CUDA (major, minor) Transformer Engine runs `recipe` with on compute capability `cc`, and why (the
     strictest of the floors above `_FP8_MIN_CUDA`: every recipe, Blackwell, block scaling)."""
-    floors = [(_FP8_MIN_CUDA, "Transformer Engine's FP8 needs CUDA 12.1+")]
+    floors = [(_FP8_MIN_CUDA, "Transformer Engine 2.x (what the [te] extra installs) needs CUDA 12.1+; TE 1.x, which "
+                              "ran FP8 on Hopper from CUDA 11.8, is not supported here")]
     if cc >= _BLACKWELL_CC:
-        floors.append((_BLACKWELL_MIN_CUDA, "Transformer Engine needs CUDA 12.8+ for Blackwell"))
+        floors.append((_BLACKWELL_MIN_CUDA, "Transformer Engine 2.x needs CUDA 12.8+ for Blackwell"))
     if recipe == "block":
         floors.append((_BLOCK_MIN_CUDA, "Transformer Engine's FP8 block-scaled GEMM needs CUDA 12.9+"))
     return max(floors, key=lambda f: f[0])

@@ -7,6 +7,8 @@ config; the CLI exits 2), ``DS01x`` syntax notes, ``DS1xx`` per-key findings, ``
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Optional
 
@@ -129,8 +131,8 @@ class Finding:
             loc += f":{self.line}:{self.column or 1}"
         where = f" at {self.pointer}" if self.pointer and self.line is None else ""
         # a spec finding names its field as the other verbs print it (`__str__`), unless the message already does
-        field = f"{self.path}: " if self.path and not self.path.startswith("<") and self.path not in self.message \
-            else ""
+        named = self.path and re.search(rf"(?<![\w.]){re.escape(self.path)}(?![\w.])", self.message)
+        field = f"{self.path}: " if self.path and not self.path.startswith("<") and not named else ""
         text = f"{loc}: {self.severity}[{self.code}]: {field}{self.message}{where}"
         if self.suggestion:
             text += f" ({self.suggestion})"

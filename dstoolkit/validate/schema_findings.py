@@ -23,7 +23,7 @@ def check_schema(clean: dict, version: str, out: Collector, mode: str = "strict"
     if isinstance(ds, dict) and "fp8" in ds:
         fp8 = ds.pop("fp8")  # Fp8Config has cross-field validators: checked with pydantic below
     for issue in _schema_check.check_config(clean):
-        _report_issue(clean, issue, out, mode)
+        _report_issue(clean, issue, out, mode, version)
     if fp8 is not None:
         _check_fp8(fp8, out)
 
@@ -51,7 +51,8 @@ def _check_fp8(fp8: Any, out: Collector) -> None:
             out.add(code, "error", pointer_of(path), f"dstoolkit.fp8: {msg}", None)
 
 
-def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector, mode: str = "strict") -> None:
+def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector, mode: str = "strict",
+                  version: str = "0.19") -> None:
     path = issue.path
     ptr = pointer_of(path)
     field = ".".join(str(p) for p in path) or "config"
@@ -101,7 +102,7 @@ def _report_issue(clean: dict, issue: "_schema_check.Issue", out: Collector, mod
                 f"write {'an object' if section else 'a value'} or delete the key", at_value=True)
         return
     message = f"{field} = {shown}: {issue.message}"
-    if _quoted_bool(path, node, issue, mode):
+    if _quoted_bool(path, node, issue, mode, version):
         value = str(LAX_BOOL_STRINGS[node.lower()]).lower()
         out.add("DS102", "warning", ptr, f"{field} = {shown}: a quoted boolean; DeepSpeed's pydantic config reads it "
                 f"as {value} (lax bool)", f"write the boolean without quotes: {value}", at_value=True)
@@ -142,11 +143,14 @@ HF_READS_RAW = frozenset({("fp16", "enabled"), ("bf16", "enabled"), ("bfloat16",
 as a mismatch (ValueError), and HfDeepSpeedConfig.is_true / accelerate's state.py take bool("false"), true."""
 
 
-def _quoted_bool(path: tuple, node: Any, issue: "_schema_check.Issue", mode: str) -> bool:
+def _quoted_bool(path: tuple, node: Any, issue: "_schema_check.Issue", mode: str, version: str = "0.19") -> bool:
     """A quoted boolean ("false", "True", "1"...) where a boolean is expected, in a section DeepSpeed reads through
-    its lax pydantic models (facts.LAX_BOOL_SECTIONS): DeepSpeed does what the user meant, a warning. Not in hf mode
-    for the flags HF reads itself (`HF_READS_RAW`), and not in sections DeepSpeed reads raw."""
-    return (isinstance(node, str) and node.lower() in LAX_BOOL_STRINGS and issue.message.startswith("expected a "
+    its lax pydantic models (facts.LAX_BOOL_SECTIONS): DeepSpeed does what the user meant, a warning. Measured on
+    0.19.8 only: 0.16 read fp16 / bf16 with get_scalar_param, where any non-empty string is truthy ("false" turns
+    it on), so there it stays an error. Not in hf mode for the flags HF reads itself (`HF_READS_RAW`), and not in
+    sections DeepSpeed reads raw."""
+    return (version.startswith("0.19") and isinstance(node, str) and node.lower() in LAX_BOOL_STRINGS
+            and issue.message.startswith("expected a "
             "boolean") and bool(path) and path[0] in LAX_BOOL_SECTIONS
             and not (mode == "hf" and tuple(path[:2]) in HF_READS_RAW and len(path) == 2))
 

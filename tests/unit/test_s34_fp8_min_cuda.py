@@ -8,8 +8,9 @@ from dstoolkit.cli import main
 from dstoolkit.dsconfig.fp8 import Fp8Config, check_fp8_hardware
 from dstoolkit.hardware.table import get_gpu
 
-TE = "Transformer Engine's FP8 needs CUDA 12.1+"
-BW = "Transformer Engine needs CUDA 12.8+ for Blackwell"
+TE = ("Transformer Engine 2.x (what the [te] extra installs) needs CUDA 12.1+; TE 1.x, which ran FP8 on Hopper from "
+      "CUDA 11.8, is not supported here")
+BW = "Transformer Engine 2.x needs CUDA 12.8+ for Blackwell"
 BLOCK = "Transformer Engine's FP8 block-scaled GEMM needs CUDA 12.9+"
 
 

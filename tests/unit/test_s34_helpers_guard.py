@@ -312,3 +312,26 @@ def test_step_with_norm_only_at_the_boundary_and_prefers_the_engines_norm():
     e2 = DSFake(module=torch.nn.Linear(1, 1), norm=0.5, optimizer=opt)
     e2.backward(None)
     assert step_with_norm(e2) == 0.5
+
+
+# s34 review mends: (3) a Guard whose constructor failed after taking the writer lock kept the folder locked for the
+# life of the process; (4) leaving `with Guard(...)` saved a checkpoint although the Guard never stepped
+def test_a_guard_that_fails_to_start_gives_the_lock_back(tmp_path):
+    ck = tmp_path / "ck"
+    under_a_file = tmp_path / "f.txt"
+    under_a_file.write_text("x")
+    with pytest.raises(Exception):
+        Guard(DSFake(), **_quiet(checkpoint_dir=str(ck), metrics_path=str(under_a_file / "m.jsonl")))
+    assert not (ck / WRITER_LOCK).exists()
+
+
+def test_leaving_a_guard_that_never_stepped_saves_nothing(tmp_path):
+    ck = tmp_path / "ck"
+    eng = DSFake()
+    eng.global_steps = 5
+    with Guard(eng, **_quiet(checkpoint_dir=str(ck))):
+        pass
+    assert sorted(p.name for p in ck.iterdir()) == []
+    with Guard(eng, **_quiet(checkpoint_dir=str(ck))) as g:  # one step after it: that step is saved on exit
+        _train(g, 6)
+    assert any(p.name.startswith("step_") for p in ck.iterdir())

@@ -97,6 +97,18 @@ class Guard:
         problem = None if checkpoint_dir else GUARD.missing_dir(asked)  # the rule `dstoolkit train` applies
         if problem:
             raise SettingError("checkpoint_dir", checkpoint_dir, f"but {problem}", where="Guard")
+        try:
+            self._open(checkpoint_dir, keep, save_every, max_rollbacks, metrics_path, monitor_every)
+        except BaseException:
+            release_lock(self._lock)  # a Guard that failed to start holds no folder locked
+            self._lock = None
+            raise
+
+    def _open(self, checkpoint_dir: Optional[str], keep: int, save_every: int, max_rollbacks: int,
+              metrics_path: Optional[str], monitor_every: int) -> None:
+        """The folder (its writer lock first), the counters, the metrics file and the monitor (`__init__`)."""
+        from dstoolkit.runtime.train.names import GUARD
+
         if checkpoint_dir:
             from dstoolkit.runtime.train.api_checks import check_folder_param, make_folder
             from dstoolkit.runtime.train.ckpt import CheckpointManager, check_keep
@@ -113,8 +125,9 @@ class Guard:
             self.mgr.clear_staging()  # a save killed mid-way (SIGTERM) left its partial files there
         self.save_every = int(save_every or 0)
         self.rollbacks = Rollback(self.guard, max_rollbacks=max_rollbacks, hint="raise Guard(max_rollbacks=...)")
-        self.step_count = int(getattr(engine, "global_steps", 0) or 0)
+        self.step_count = int(getattr(self.engine, "global_steps", 0) or 0)
         """Optimizer steps completed (survives rollback and resume)."""
+        self._saved_step = self.step_count  # the engine's steps before this Guard are not its to save on exit
         self.data_pos = 0
         """Micro-batches consumed; index your data with it so a rollback/resume replays the same stream."""
         self.skip_positions: set[int] = set()
@@ -126,7 +139,7 @@ class Guard:
         self._mult_used = 1.0
         self._abandoned = 0
         self._grad_norm: Optional[float] = None
-        self._hooked = hook_lr_cooldown(getattr(engine, "optimizer", None), self.guard.lr_multiplier)
+        self._hooked = hook_lr_cooldown(getattr(self.engine, "optimizer", None), self.guard.lr_multiplier)
         self._t = time.perf_counter()
         self._input_s: Optional[float] = 0.0
         self._f = None

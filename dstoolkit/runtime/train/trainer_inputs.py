@@ -28,7 +28,9 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dstoolkit.runtime.train.trainer", description=TRAINER_DESCRIPTION)
+    # no abbreviations: `dstoolkit train -- --metrics X` would set --metrics-out behind cli.train.VERB_OWNED's back
+    p = argparse.ArgumentParser(prog="dstoolkit.runtime.train.trainer", description=TRAINER_DESCRIPTION,
+                                allow_abbrev=False)
     p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config", required=True,
                    help="DeepSpeed JSON (batch triad, ZeRO, precision, optimizer, monitors)")
     p.add_argument("--spec", required=True, help="spec YAML: model, training.seq_len, checkpoint policy, ramp")
