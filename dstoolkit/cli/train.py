@@ -45,11 +45,10 @@ def launch_command(args) -> list[str]:
     return _cmd(trainer_args(args), nproc=args.nproc, launcher=args.launcher)
 
 
-VERB_OWNED = {"--deepspeed_config": "--config", "--deepspeed-config": "--config", "--spec": "--spec",
-              "--steps": "--steps", "--metrics-out": "--metrics-out"}
-"""Trainer flags `trainer_args` sets from this verb's own flags (trainer flag -> the verb's). Given again after
-`--` the rank takes the last value while the verb checks, summarises and reads the first (a run that wrote its
-metrics elsewhere ended 'the run wrote no metrics', exit 1)."""
+VERB_OWNED = {"deepspeed_config": "--config", "spec": "--spec", "steps": "--steps", "metrics_out": "--metrics-out"}
+"""The trainer's settings `trainer_args` fills from this verb's own flags (the trainer parser's dest -> the verb's
+flag). Given again after `--` the rank takes the last value while the verb checks, summarises and reads the first (a
+run that wrote its metrics elsewhere ended 'the run wrote no metrics', exit 1)."""
 
 
 def trainer_args(args) -> list[str]:
@@ -59,11 +58,17 @@ def trainer_args(args) -> list[str]:
 
 
 def verb_owned_problem(extra: list[str]) -> Optional[str]:
-    """A flag after `--` that this verb sets itself (VERB_OWNED), or None."""
+    """A flag after `--` that this verb sets itself (VERB_OWNED, by the trainer parser's own option strings), or
+    None."""
+    # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
+    from dstoolkit.runtime.train.trainer_inputs import build_parser
+
+    owned = {opt: VERB_OWNED[a.dest] for a in build_parser()._actions if a.dest in VERB_OWNED
+             for opt in a.option_strings}
     for item in extra:
         flag = item.split("=", 1)[0]
-        if flag in VERB_OWNED:
-            own = VERB_OWNED[flag]
+        if flag in owned:
+            own = owned[flag]
             return (f"{item} after `--`: dstoolkit train sets the trainer's {flag} from its own {own} (and reads the "
                     f"run from it); give it before `--`: dstoolkit train {own} VALUE ...")
     return None
