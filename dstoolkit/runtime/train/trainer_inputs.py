@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -247,16 +249,18 @@ def check_output_paths(args: argparse.Namespace) -> None:
         problem = metrics_out_problem(metrics, {"--deepspeed_config": args.deepspeed_config, "--spec": args.spec})
         if problem:
             raise UsageError(problem)
-        probe_folder_creation(Path(metrics).parent, f"--metrics-out {metrics}")
+        if os.environ.get("RANK", "0") == "0":  # one rank probes (see the output folders below)
+            probe_folder_creation(Path(metrics).parent, f"--metrics-out {metrics}")
         for flag, dest in OUTPUT_FOLDER_FLAGS:
             folder = getattr(args, dest, None)
             if not folder:
                 continue
             check_output_parents(folder, name=f"{flag} {folder}")
-            if Path(folder).exists() and not Path(folder).is_dir():
+            if _is_non_folder(Path(folder)):
                 raise UsageError(f"{flag} {folder}: is a file, not a folder; give a new or existing folder to write "
                                  "into (or move the file away)")
-            probe_folder_creation(Path(folder), f"{flag} {folder}")
+            if os.environ.get("RANK", "0") == "0":  # one rank probes: another's probe removes what it made meanwhile
+                probe_folder_creation(Path(folder), f"{flag} {folder}")
     except OSError as e:  # FileInPathError, OutputIsFolderError: their text names the flag, the part and the fix
         raise UsageError(str(e)) from None
 
@@ -296,6 +300,16 @@ def metrics_out_problem(metrics: str, inputs: dict[str, str]) -> Optional[str]:
         return (f"--metrics-out {metrics}: {problem}; nothing was written: give a new file to append the metrics "
                 f"to (or the metrics file of an earlier run), e.g. --metrics-out {other}")
     return None
+
+
+def _is_non_folder(path: Path) -> bool:
+    """`path` exists and is not a folder, from one stat: exists() then is_dir() saw rank 0's probe folder vanish
+    between the two calls on rank 1 and called it a file (a fresh-clone CI run refused `--checkpoint-dir checkpoints`
+    in an empty folder)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def probe_folder_creation(folder: Path, name: str) -> None:
