@@ -27,6 +27,7 @@ from dstoolkit.estimate.layout import param_layout
 from dstoolkit.estimate.memory import optimizer_path, param_bytes, rank_param_groups, zero_group_sizes
 from dstoolkit.estimate.pipeline_stages import moe_layers_per_stage
 from dstoolkit.estimate.timeline import is_cpu_device
+from dstoolkit.estimate.zero_states import hpz_group_size
 from dstoolkit.runplan import RunPlan
 
 QWZ_BYTES_PER_PARAM = 1
@@ -259,9 +260,8 @@ def comm_plan(plan: RunPlan, view: str = "deepspeed") -> CommPlan:
         one = DEEPSPEED_ZERO3_ONE_RING and plan.framework == "deepspeed"
         add("zero3_param_all_gather_fwd", "all_gather", dense * fwd_bytes * ga, dp, dp_cross, calls // 2,
             param_overlap, c, hidden, per_node=dp_lay.ranks_per_node, one_ring=one)
-        # hpZ: backward gathers the secondary partition over its group of consecutive DP ranks (ZeRO++ §3.2;
-        # DeepSpeed groups._create_zero_param_parallel_group): across nodes where it is larger than a node's
-        bwd_n = min(ds.zeropp_hpz, dp) if hpz else dp
+        # hpZ: backward gathers the secondary partition over its own group of consecutive ranks (ZeRO++ §3.2)
+        bwd_n = hpz_group_size(plan) if hpz else dp  # zero_states' clamp, the memory term's group
         bwd_lay = group_layout(plan.world_size, plan.gpus_per_node, bwd_n, stride) if hpz else dp_lay
         add("zero3_param_all_gather_bwd", "all_gather", dense * (fwd_bytes if not hpz else pb) * ga,
             bwd_n, bwd_lay.cross_node, calls // 2, param_overlap, bwd_lay.concurrent_groups, hidden,
