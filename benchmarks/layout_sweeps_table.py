@@ -20,6 +20,9 @@ def load(path: pathlib.Path = TABLE) -> dict[str, Any]:
     for key in ("sources", "groups"):
         if key not in (doc or {}):
             raise SystemExit(f"{path}: missing '{key}'")
+    for source, common in (doc.get("common") or {}).items():
+        if "gpu" in common:
+            common["gpu"] = prs.resolve_gpu(common["gpu"], f"{path.name} common.{source}")
     return doc
 
 

@@ -15,6 +15,8 @@ HELD_OUT_TABLE = REPO / "benchmarks" / "data" / "held_out_runs.yaml"
 """Published runs no constant is ever fitted on (its top-level `held_out: true`): scored with the shipped constants
 only, so its figures are out of sample by construction (estimator_fit reads TABLE alone)."""
 HELD_OUT_SPECS_DIR = REPO / "benchmarks" / "specs" / "held_out"
+CLUSTERS = REPO / "benchmarks" / "data" / "clusters.yaml"
+"""Measured clusters (`gpu: {cluster: NAME}` in a table): the one owner of a cluster's measured figures."""
 HELD_OUT_EVERY = 3
 """Held-out rule: the rows whose table index i has i % 3 == 2 are held out; the fitted constants of
 estimate.cluster_model and estimate.gemm are chosen on the other two thirds, and the summary reports both parts
@@ -34,7 +36,22 @@ def load_table(path: pathlib.Path = TABLE) -> dict[str, Any]:
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(doc, dict) or "runs" not in doc or "sources" not in doc:
         raise SystemExit(f"{path}: expected a mapping with 'sources' and 'runs'")
+    for run in doc["runs"]:
+        run["gpu"] = resolve_gpu(run["gpu"], f"{path.name} {run.get('id')}")
     return doc
+
+
+def resolve_gpu(gpu: Any, where: str, clusters_path: pathlib.Path = CLUSTERS) -> Any:
+    """A table's `gpu:` as the spec takes it: a hardware-table name or a GpuSpec mapping unchanged; `{cluster: NAME}`
+    replaced by that measured cluster's GpuSpec mapping from benchmarks/data/clusters.yaml."""
+    if not (isinstance(gpu, dict) and set(gpu) == {"cluster"}):
+        return gpu
+    doc = yaml.safe_load(clusters_path.read_text(encoding="utf-8")) or {}
+    known = doc.get("clusters") or {}
+    if gpu["cluster"] not in known:
+        raise SystemExit(f"{where}: gpu.cluster {gpu['cluster']!r} is not in {repo_relative(clusters_path)} "
+                         f"(known: {', '.join(sorted(known)) or 'none'})")
+    return dict(known[gpu["cluster"]]["gpu"])
 
 
 def is_held_out_table(doc: dict[str, Any]) -> bool:

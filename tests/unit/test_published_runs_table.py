@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import sys
 import typing
 
 import pytest
@@ -13,11 +14,14 @@ import yaml
 from dstoolkit.spec.cluster_fields import AttentionImpl, LossImpl
 
 TABLE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "published_runs.yaml"
-DOC = yaml.safe_load(TABLE.read_text(encoding="utf-8"))
+sys.path.insert(0, str(TABLE.parents[1]))
+import published_runs_specs as prs  # noqa: E402
+
+DOC = prs.load_table(TABLE)  # `gpu: {cluster: NAME}` resolved from benchmarks/data/clusters.yaml
 RUNS = DOC["runs"]
 SOURCES = DOC["sources"]
 HELD_TABLE = TABLE.parent / "held_out_runs.yaml"
-HELD = yaml.safe_load(HELD_TABLE.read_text(encoding="utf-8"))
+HELD = prs.load_table(HELD_TABLE)
 ALL_RUNS = RUNS + HELD["runs"]
 ALL_SOURCES = {**SOURCES, **HELD["sources"]}
 
