@@ -200,16 +200,15 @@ def run(args) -> int:
     cmd = launch_command(args)
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.preflight import UsageError, check_launch
-    from dstoolkit.runtime.train.trainer_inputs import metrics_out_problem
+    from dstoolkit.runtime.train.trainer_inputs import PREFLIGHT_DONE_ENV
 
-    problem = metrics_out_problem(args.metrics_out, {"--config": args.config, "--spec": args.spec})  # this
-    if problem:  # command's flag names; every rank asks the same with the trainer's (trainer_inputs.check_output_paths)
-        raise InputError(problem)
-
-    try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc): once, here,
-        check_launch(trainer_args(args), args.nproc, config_flag="--config")  # and before --dry-run prints it
+    try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc, a --metrics-out
+        # file that is an input or not metrics): once, here, and before --dry-run prints it
+        inputs = check_launch(trainer_args(args), args.nproc, config_flag="--config")
     except UsageError as exc:
         raise InputError(str(exc)) from None
+    for note in inputs.notes:
+        print(f"dstoolkit train: note: {note}", file=sys.stderr)
     if args.dry_run:
         print(shlex.join(cmd))
         return EXIT_OK
@@ -219,7 +218,8 @@ def run(args) -> int:
     metrics = Path(args.metrics_out)
     start = metrics.stat().st_size if metrics.is_file() else 0  # the trainer appends: summarise this run's lines only
     # SIGINT / SIGTERM go to the launcher, which stops the ranks; this command waits for them (never orphans them)
-    rc, got = run_forwarding_signals(cmd, launch_env(args.nproc, args.launcher))
+    env = {**launch_env(args.nproc, args.launcher), PREFLIGHT_DONE_ENV: "1"}  # the ranks skip what was checked here
+    rc, got = run_forwarding_signals(cmd, env)
     if got is not None:
         print(error_message("train", interrupted_line(got, args.extra)), file=sys.stderr)
         return exit_for_signal(got)  # EXIT_INTERRUPTED for SIGINT, EXIT_TERMINATED for SIGTERM

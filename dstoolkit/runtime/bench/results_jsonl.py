@@ -31,7 +31,7 @@ def append_records(path: pathlib.Path | str, records: Iterable[dict[str, Any]]) 
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
-        if _lacks_final_newline(path):
+        if lacks_final_newline(path):
             fh.write("\n")
         for rec in records:
             fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
@@ -39,7 +39,7 @@ def append_records(path: pathlib.Path | str, records: Iterable[dict[str, Any]]) 
         os.fsync(fh.fileno())
 
 
-def _lacks_final_newline(path: pathlib.Path) -> bool:
+def lacks_final_newline(path: pathlib.Path) -> bool:
     """The file is not empty and its last byte is not a newline (a cut-off last line)."""
     with open(path, "rb") as fh:
         fh.seek(0, os.SEEK_END)
@@ -54,8 +54,8 @@ class BadLine:
     """A line of a JSON Lines file that holds no record."""
 
     file: pathlib.Path
-    line: int
-    """1-based line number."""
+    line: Optional[int]
+    """1-based line number; None for a line `read_ends` read from the end of a long file."""
     reason: str
 
 
@@ -138,38 +138,134 @@ def results_file_problem(path: pathlib.Path | str, records: Optional[Records] = 
     return jsonl_append_problem(path, is_bench_record, "dstoolkit bench record", 'no "bench" field', records)
 
 
+CHECK_END_BYTES = 64 * 1024
+"""How much of an existing file `jsonl_append_check` reads at each end. A file up to twice this is read whole and
+judged line by line; a longer one by the complete lines of its first and last CHECK_END_BYTES (a 93 MB metrics file
+was read whole, on every rank: 2.5 s per rank before the run started)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEnds:
+    """What `read_ends` read of a file."""
+
+    lines: list[tuple[Optional[int], str]]
+    """Its non-blank lines read, each with its 1-based line number (None for lines read from the end of a long file)."""
+    whole: bool
+    """`lines` are all the file's lines; else the complete lines of its first and last `CHECK_END_BYTES`."""
+    text: str
+    """The whole text when `whole`, else ''."""
+    cut_last: bool
+    """The file's last byte is not a newline: its last line was cut off (an interrupted write)."""
+
+
+def read_ends(path: pathlib.Path | str, end_bytes: int = CHECK_END_BYTES) -> FileEnds:
+    """The lines of `path` a check needs: all of a file of at most 2 x `end_bytes`, else the complete lines in its
+    first and its last `end_bytes` (a line cut by either boundary is left out)."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(0)
+        if size <= 2 * end_bytes:
+            raw = fh.read()
+            text = raw.decode("utf-8", errors="replace")
+            lines = [(no, line) for no, line in enumerate(text.splitlines(), 1) if line.strip()]
+            return FileEnds(lines, True, text, bool(raw) and not raw.endswith(b"\n"))
+        head = fh.read(end_bytes)
+        fh.seek(size - end_bytes)
+        tail = fh.read()
+    head = head[:head.rfind(b"\n") + 1]  # up to its last newline: complete lines only
+    first_nl = tail.find(b"\n")
+    tail = tail[first_nl + 1:] if first_nl >= 0 else b""  # from the first newline on (a line longer: none)
+    lines: list[tuple[Optional[int], str]] = [
+        (no, line) for no, line in enumerate(head.decode("utf-8", errors="replace").splitlines(), 1) if line.strip()]
+    lines += [(None, line) for line in tail.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    return FileEnds(lines, False, "", bool(tail) and not tail.endswith(b"\n"))
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendCheck:
+    """What `jsonl_append_check` found: `problem`, why nothing may be appended (None: records may be); `note`, what
+    the user should know about a file records may be appended to (None: nothing)."""
+
+    problem: Optional[str] = None
+    note: Optional[str] = None
+
+
 def jsonl_append_problem(path: pathlib.Path | str, is_record: Callable[[Any], bool], record_name: str, mark: str,
                          records: Optional[Records] = None) -> Optional[str]:
-    """Why JSON Lines of `record_name` records must not be appended to the existing file `path`, or None: no file, an
-    empty one, or JSON Lines holding at least one record `is_record` accepts (lines that are not records there, such
-    as a last line cut off by an interrupted write, are tolerated as `read_records` reports them). Otherwise the
-    lines appended would spoil the file: one JSON document over several lines (a config), text (a YAML spec, notes),
-    or another tool's JSON Lines (`mark`: what their records lack). The one rule of every file this project appends
-    records to (bench --out, the trainer's --metrics-out)."""
+    """`jsonl_append_check(...).problem`."""
+    return jsonl_append_check(path, is_record, record_name, mark, records).problem
+
+
+def _parse_line(line: str, cut: bool) -> tuple[Any, Optional[str]]:
+    """(the record, None), or (None, why the line holds none): `read_records`' reasons."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return None, "cut off: the last line has no newline (an interrupted write?)" if cut else f"not JSON: {exc.msg}"
+    if not isinstance(rec, dict):
+        return None, f"a JSON {_JSON_KIND.get(type(rec), 'value')}, not an object"
+    return rec, None
+
+
+def _opens_record(line: str, openings: tuple[str, ...]) -> bool:
+    """`line` (cut off) is the start of a record a writer writes: it starts with one of `openings` (the text every
+    record of that writer starts with), or is cut inside one."""
+    line = line.strip()
+    return any(line.startswith(o) or o.startswith(line) for o in openings) if line else False
+
+
+def jsonl_append_check(path: pathlib.Path | str, is_record: Callable[[Any], bool], record_name: str, mark: str,
+                       records: Optional[Records] = None, cut_openings: tuple[str, ...] = ()) -> AppendCheck:
+    """May JSON Lines of `record_name` records be appended to the existing file `path`? Yes: no file, an empty one,
+    or JSON Lines holding at least one record `is_record` accepts (lines that are not records there, such as a last
+    line cut off by an interrupted write, are tolerated as `read_records` reports them), or a file whose only line is
+    cut off and starts as a record of this writer does (`cut_openings`: a run killed while writing its first record;
+    accepted with a note). Otherwise the lines appended would spoil the file: one JSON document over several lines (a
+    config), text (a YAML spec, notes), or another tool's JSON Lines (`mark`: what their records lack). The one rule
+    of every file this project appends records to (bench --out, the trainer's --metrics-out). Reads at most
+    2 x `CHECK_END_BYTES` (`read_ends`); `records`: `read_records(path)` when the caller has it already."""
     path = pathlib.Path(path)
     if not path.is_file():
-        return None
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = [line for line in text.splitlines() if line.strip()]
+        return AppendCheck()
+    ends = read_ends(path)
+    lines = ends.lines
+    kib = CHECK_END_BYTES // 1024
     if not lines:
-        return None
-    if len(lines) > 1:
+        return AppendCheck() if ends.whole else AppendCheck(
+            f"no line in its first or last {kib} KiB ends there: not JSON Lines of {record_name}s")
+    if ends.whole and len(lines) > 1:
         try:
-            json.loads(text)
+            json.loads(ends.text)
         except json.JSONDecodeError:
             pass  # JSON Lines (or not JSON at all): one record per line, below
         else:
-            return (f"it is one JSON document over {len(lines)} lines, not JSON Lines of {record_name}s; a "
-                    "record appended would make it invalid JSON")
-    records = read_records(path) if records is None else records
-    if any(is_record(r) for r in records):
-        return None
-    if records.bad_lines:
-        first = records.bad_lines[0]
-        return (f"none of its {len(lines)} line(s) is a {record_name} ({len(records.bad_lines)} of them not a "
-                f"JSON object; the first, line {first.line}: {first.reason}); records appended would mix with it")
-    return (f"none of its {len(records)} JSON record(s) is a {record_name} ({mark}); records "
-            "appended would mix with another tool's data")
+            return AppendCheck(f"it is one JSON document over {len(lines)} lines, not JSON Lines of {record_name}s; "
+                               "a record appended would make it invalid JSON")
+    if not ends.whole and lines[-1][1].strip() in ("}", "]") and _parse_line(lines[0][1], False)[1]:
+        return AppendCheck(f"it is one JSON document over many lines (its first line is not JSON on its own, its last "
+                           f"a bare {lines[-1][1].strip()}), not JSON Lines of {record_name}s; a record appended would "
+                           "make it invalid JSON")
+    parsed = [(no, *_parse_line(line, ends.cut_last and i == len(lines) - 1)) for i, (no, line) in enumerate(lines)]
+    if records is None:
+        found = [rec for _, rec, _ in parsed if rec is not None]
+        bad = [BadLine(path, no, why) for no, _, why in parsed if why]
+    else:
+        found, bad = list(records), records.bad_lines
+    if any(is_record(r) for r in found):
+        return AppendCheck()
+    if len(lines) == 1 and ends.cut_last and _opens_record(lines[0][1], cut_openings):
+        return AppendCheck(note=f"its only line is cut off ({lines[0][1].strip()[:40]!r}): a run killed while writing "
+                                "its first record; it stays as it is (the file is only appended to) and the records "
+                                "appended start on a line of their own")
+    where = f"its {len(lines)} line(s)" if ends.whole else (
+        f"the {len(lines)} line(s) in its first and last {kib} KiB")
+    if bad:
+        first = bad[0]
+        at = f"line {first.line}" if first.line is not None else "a line near its end"
+        return AppendCheck(f"none of {where} is a {record_name} ({len(bad)} of them not a JSON object; the first, "
+                           f"{at}: {first.reason}); records appended would mix with it")
+    return AppendCheck(f"none of its {len(found)} JSON record(s) is a {record_name} ({mark}); records "
+                       "appended would mix with another tool's data")
 
 
 def check_results_file(path: pathlib.Path | str, name: Optional[str] = None, records: Optional[Records] = None) -> None:

@@ -117,7 +117,7 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
     parser.error = refuse  # an unknown or malformed trainer flag: a UsageError, not argparse's exit
     args: argparse.Namespace = parser.parse_args(list(trainer_args))
     try:
-        inputs = read_inputs(args)
+        inputs = read_inputs(args, config_flag)
     except UsageError as exc:
         text = str(exc)
         if text.startswith("--deepspeed_config ") and config_flag != "--deepspeed_config":

@@ -54,6 +54,12 @@ class MetricsWriter:
         if enabled and file is None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.f = open(path, "a", buffering=1)
+        if self.f is not None and Path(path).is_file():
+            from dstoolkit.runtime.bench.results_jsonl import lacks_final_newline
+
+            if lacks_final_newline(Path(path)):  # a killed run's cut-off last line stays as it is; the records
+                self.f.write("\n")  # start on a line of their own (as `results_jsonl.append_records`)
+                self.f.flush()
 
     def write(self, obj: dict) -> None:
         if self.f is not None:

@@ -243,6 +243,8 @@ def take_writer_lock(args: argparse.Namespace, rank: int) -> Any:
 def train(args: argparse.Namespace) -> int:
     """Run the training loop (called on every rank)."""
     inputs = read_inputs(args)
+    for note in inputs.notes:  # only the rank that checked the --metrics-out file has any
+        print(f"dstoolkit.runtime.train.trainer: note: {note}", file=sys.stderr)
     if args.checkpoint_dir and not args.resume:  # as `dstoolkit train`'s pre-flight: never overwrite another run's
         from dstoolkit.runtime.train.resume_check import fresh_run_refusal
 

@@ -154,6 +154,8 @@ class Inputs:
     blowups: dict[int, float]
     shrunk: Any = None
     """`dstoolkit.runtime.shrink_run.ShrunkRun` with --shrink (then `shape` is the shrunk shape), else None."""
+    notes: tuple[str, ...] = ()
+    """What the user should know about inputs that were accepted (a metrics file cut off mid-record), each whole."""
 
 
 def ep_size_of(args: argparse.Namespace, spec: Any, shape: Any, shrunk: Any = None) -> int:
@@ -165,8 +167,9 @@ def ep_size_of(args: argparse.Namespace, spec: Any, shape: Any, shrunk: Any = No
     return args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
 
 
-def read_inputs(args: argparse.Namespace) -> Inputs:
-    """Check the flags and read the DeepSpeed JSON and the spec; every problem is a UsageError (exit 2)."""
+def read_inputs(args: argparse.Namespace, config_flag: str = "--deepspeed_config") -> Inputs:
+    """Check the flags and read the DeepSpeed JSON and the spec; every problem is a UsageError (exit 2).
+    `config_flag`: how the caller's command line names the DeepSpeed config (`dstoolkit train`: --config)."""
     if args.steps <= 0:
         raise UsageError(f"--steps={args.steps} must be > 0")
     if args.save_every < 0:
@@ -191,13 +194,13 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         raise UsageError(f"--spec {args.spec}: {e}") from None
     blowups = _parse_blowups(args.inject_lr_blowup)
     check_helper_flags(args)
-    check_output_paths(args)
+    notes = check_output_paths(args, config_flag)
     if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
         raise UsageError(f"--dist-timeout-s={args.dist_timeout_s} must be a positive number of seconds, e.g. 600")
     shrunk = read_shrink(args, spec)
     if shrunk is not None:
         shape = shrunk.shape
-    return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups, shrunk=shrunk)
+    return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups, shrunk=shrunk, notes=notes)
 
 
 HELPER_FLAGS = {"window": "--spike-window", "z_threshold": "--spike-z", "escalate_after": "--escalate-after",
@@ -229,12 +232,25 @@ OUTPUT_FOLDER_FLAGS = (("--checkpoint-dir", "checkpoint_dir"), ("--monitor-dir",
 """The trainer's output folders (flag, argparse dest), checked by `check_output_paths`."""
 
 
-def check_output_paths(args: argparse.Namespace) -> None:
+PREFLIGHT_DONE_ENV = "DSTOOLKIT_TRAIN_PREFLIGHT_DONE"
+"""Set ("1") by `dstoolkit train` in its ranks' environment: its pre-flight (`preflight.check_launch`) checked the
+--metrics-out file already, so no rank reads it again (`checks_metrics_file`)."""
+
+
+def checks_metrics_file() -> bool:
+    """This process checks what --metrics-out holds (`metrics_out_check`): once per launch, in `dstoolkit train`'s
+    pre-flight, or else on global rank 0 (RANK unset or 0: a torchrun launch, a direct run), the rank that appends
+    to it (`run_state.MetricsWriter`). Every rank read it before, whole (2.5 s for a 93 MB file)."""
+    return os.environ.get("RANK", "0") == "0" and not os.environ.get(PREFLIGHT_DONE_ENV)
+
+
+def check_output_paths(args: argparse.Namespace, config_flag: str = "--deepspeed_config") -> tuple[str, ...]:
     """--metrics-out (a file rank 0 appends to) and the output folders (--checkpoint-dir, --monitor-dir) must be
     writable paths, checked before any rank starts (`dstoolkit.common.atomic`'s wording): no part above them may be a
     file, the metrics path may not be a folder and an output folder may not be a file. Otherwise each rank failed
     late with a bare OS error (FileExistsError, NotADirectoryError, IsADirectoryError) and `dstoolkit train` with
-    exit 1. A UsageError names the flag, the value and the fix."""
+    exit 1. A UsageError names the flag, the value and the fix (`config_flag`: the caller's name for the DeepSpeed
+    config). Returns the notes on an accepted --metrics-out (`metrics_out_check`; where `checks_metrics_file`)."""
     from dstoolkit.common.atomic import check_output_parents, check_output_path
 
     metrics = args.metrics_out
@@ -246,9 +262,10 @@ def check_output_paths(args: argparse.Namespace) -> None:
         if Path(metrics).is_dir():  # a link to a folder: appended to, not replaced, so refused as well
             raise UsageError(f"--metrics-out {metrics}: is a link to a folder, not a file; give the path of the "
                              "JSON-lines file to append to (a file inside it, or a new name)")
-        problem = metrics_out_problem(metrics, {"--deepspeed_config": args.deepspeed_config, "--spec": args.spec})
-        if problem:
-            raise UsageError(problem)
+        found = metrics_out_check(metrics, {config_flag: args.deepspeed_config, "--spec": args.spec}) \
+            if checks_metrics_file() else None
+        if found is not None and found.problem:
+            raise UsageError(found.problem)
         if os.environ.get("RANK", "0") == "0":  # one rank probes (see the output folders below)
             probe_folder_creation(Path(metrics).parent, f"--metrics-out {metrics}")
         for flag, dest in OUTPUT_FOLDER_FLAGS:
@@ -263,6 +280,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
                 probe_folder_creation(Path(folder), f"{flag} {folder}")
     except OSError as e:  # FileInPathError, OutputIsFolderError: their text names the flag, the part and the fix
         raise UsageError(str(e)) from None
+    return (found.note,) if found is not None and found.note else ()
 
 
 def is_metrics_record(rec: Any) -> bool:
@@ -273,33 +291,40 @@ def is_metrics_record(rec: Any) -> bool:
             and (isinstance(rec.get("event"), str) or "step_time_s" in rec))
 
 
-def metrics_out_problem(metrics: str, inputs: dict[str, str]) -> Optional[str]:
-    """Why the run must not append its metrics to `metrics` (--metrics-out), the whole message naming the flag and
-    the fix, or None. `inputs`: {flag: path} of the command's input files, as the caller's command line names them.
+METRICS_RECORD_OPENINGS = ('{"event": ', '{"step": ')
+"""How every line the trainer writes to --metrics-out starts: `run_state.MetricsWriter` writes `json.dumps` of a dict
+whose first key is "event" or "step" (trainer.py and guard.py build them so). A file whose only line is cut off
+inside or after one of these is a run killed while writing its first record (`metrics_out_check`)."""
+
+
+def metrics_out_check(metrics: str, inputs: dict[str, str]) -> Any:
+    """May the run append its metrics to `metrics` (--metrics-out)? A `results_jsonl.AppendCheck`: its problem, the
+    whole message naming the flag and the fix, or None; its note, what to know about a file accepted. `inputs`: {flag: path} of the command's input files, as the caller's command line names them.
     Refused: the same file as an input (after links, or a hard link: `same_file`), whatever it holds; an existing
     file that is not JSON Lines of the trainer's metrics (`results_jsonl.jsonl_append_problem`, the rule `bench
     --out` applies to its records): a config, a spec, notes. Rank 0 appends (`MetricsWriter`), so either would be
     spoilt, and `dstoolkit train`'s summary covers only the lines this run appended. A new or empty file, or an
-    earlier run's metrics (a resume; a last line cut off by a killed run is tolerated), is accepted."""
-    from dstoolkit.runtime.bench.results_jsonl import jsonl_append_problem
+    earlier run's metrics (a resume; a last line cut off by a killed run is tolerated; a file whose only line is a
+    first record cut off, `METRICS_RECORD_OPENINGS`, with a note), is accepted. Reads at most 128 KiB of it."""
+    from dstoolkit.runtime.bench.results_jsonl import AppendCheck, jsonl_append_check
 
     if not str(metrics).strip() or Path(metrics).is_dir():
-        return None  # `check_output_paths` says what is wrong with the path itself
+        return AppendCheck()  # `check_output_paths` says what is wrong with the path itself
     folder = Path(metrics).parent
     other = folder / "train_metrics.jsonl"
     if other.exists() or same_file(other, metrics):
         other = folder / f"{Path(metrics).stem}_metrics.jsonl"
     for flag, path in inputs.items():
         if path and same_file(metrics, path):
-            return (f"--metrics-out {metrics}: is the same file as {flag} {path}, an input of this run; the run "
-                    f"appends its metrics there and would spoil it; nothing was written: give another file, e.g. "
-                    f"--metrics-out {other}")
-    problem = jsonl_append_problem(metrics, is_metrics_record, "dstoolkit train metrics record",
-                                   'no "event" or "step_time_s" field')
-    if problem:
-        return (f"--metrics-out {metrics}: {problem}; nothing was written: give a new file to append the metrics "
-                f"to (or the metrics file of an earlier run), e.g. --metrics-out {other}")
-    return None
+            return AppendCheck(f"--metrics-out {metrics}: is the same file as {flag} {path}, an input of this run; "
+                               f"the run appends its metrics there and would spoil it; nothing was written: give "
+                               f"another file, e.g. --metrics-out {other}")
+    found = jsonl_append_check(metrics, is_metrics_record, "dstoolkit train metrics record",
+                               'no "event" or "step_time_s" field', cut_openings=METRICS_RECORD_OPENINGS)
+    if found.problem:
+        return AppendCheck(f"--metrics-out {metrics}: {found.problem}; nothing was written: give a new file to append "
+                           f"the metrics to (or the metrics file of an earlier run), e.g. --metrics-out {other}")
+    return AppendCheck(note=f"--metrics-out {metrics}: {found.note}" if found.note else None)
 
 
 def _is_non_folder(path: Path) -> bool:
