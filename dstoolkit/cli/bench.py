@@ -76,8 +76,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--spec", default=None, help="spec YAML giving the model/cluster for JSON configs")
     t.add_argument("--steps", type=int, default=10, help="training steps per config (default 10)")
     t.add_argument("--skip-steps", type=int, default=2, help="first steps excluded from timing (warm-up; default 2)")
-    add_world_flags(t, gpus_per_node=False, default=2, aliases=("--num-gpus",),
-                    world_help="ranks per config through the deepspeed launcher (default 2)")
+    add_world_flags(t, gpus_per_node=False, default=2, aliases=("--num-gpus", "--nproc"),
+                    world_help="ranks per config through the deepspeed launcher (default 2); --world-size, "
+                               "--num-gpus (the deepspeed launcher's word) and --nproc (dstoolkit train's) are one flag")
     t.add_argument("--strategy", action="append", default=None, help="with a SPEC: only these strategies (repeatable)")
     # bench's loader (runtime/bench/train_estimate.load_calibration) takes a file, auto or none
     add_calibration_flag(t, words=(),

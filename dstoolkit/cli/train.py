@@ -1,6 +1,6 @@
 """`dstoolkit train`: launch the example trainer (dstoolkit.runtime.train.trainer) on N local ranks.
 
-    dstoolkit train --spec SPEC.yaml --config DS.json --steps 20 [--nproc 2] [--launcher torchrun|deepspeed]
+    dstoolkit train --spec SPEC.yaml --config DS.json --steps 20 [--nproc|--world-size 2] [--launcher torchrun|deepspeed]
                     [--metrics-out PATH] [--dry-run] [--format table|json] [-- extra trainer flags]
 
 It builds the same command the generated launch.sh uses, runs it, and summarises the metrics file.
@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, error_message,
-                                   exit_for_signal, exit_map)
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputError, add_format_flag, add_world_flags,
+                                   error_message, exit_for_signal, exit_map)
 from dstoolkit.common.paths import input_file_problem
 
 
@@ -28,7 +28,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--spec", required=True, help="spec YAML (model, training)")
     p.add_argument("--config", required=True, help="DeepSpeed JSON")
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--nproc", type=int, default=2, help="local ranks (default 2)")
+    add_world_flags(p, gpus_per_node=False, default=2, aliases=("--nproc",),
+                    world_help="local ranks (default 2); --world-size (validate / estimate / bench's word) and --nproc "
+                               "(torchrun's) are one flag")
     p.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun")
     p.add_argument("--metrics-out", default="train_metrics.jsonl")
     p.add_argument("--dry-run", action="store_true", help="print the launch command only")
@@ -42,7 +44,7 @@ def launch_command(args) -> list[str]:
     # dstoolkit[train] side: loaded when the verb runs (`dstoolkit --help` imports every verb module)
     from dstoolkit.runtime.train.launch import launch_command as _cmd
 
-    return _cmd(trainer_args(args), nproc=args.nproc, launcher=args.launcher)
+    return _cmd(trainer_args(args), nproc=args.world_size, launcher=args.launcher)
 
 
 VERB_OWNED = {"deepspeed_config": "--config", "spec": "--spec", "steps": "--steps", "metrics_out": "--metrics-out"}
@@ -188,9 +190,8 @@ def run(args) -> int:
         problem = input_file_problem(path)
         if problem:
             raise InputError(f"{flag} {path}: {problem}")
-    for flag, value in (("--steps", args.steps), ("--nproc", args.nproc)):
-        if value <= 0:
-            raise InputError(f"{flag}={value} must be > 0")
+    if args.steps <= 0:  # --nproc / --world-size: positive_int
+        raise InputError(f"--steps={args.steps} must be > 0")
     owned = verb_owned_problem(args.extra)
     if owned:
         raise InputError(owned)
@@ -204,7 +205,7 @@ def run(args) -> int:
 
     try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc, a --metrics-out
         # file that is an input or not metrics): once, here, and before --dry-run prints it
-        inputs = check_launch(trainer_args(args), args.nproc, config_flag="--config")
+        inputs = check_launch(trainer_args(args), args.world_size, config_flag="--config")
     except UsageError as exc:
         raise InputError(str(exc)) from None
     for note in inputs.notes:
@@ -218,7 +219,7 @@ def run(args) -> int:
     metrics = Path(args.metrics_out)
     start = metrics.stat().st_size if metrics.is_file() else 0  # the trainer appends: summarise this run's lines only
     # SIGINT / SIGTERM go to the launcher, which stops the ranks; this command waits for them (never orphans them)
-    env = {**launch_env(args.nproc, args.launcher), PREFLIGHT_DONE_ENV: "1"}  # the ranks skip what was checked here
+    env = {**launch_env(args.world_size, args.launcher), PREFLIGHT_DONE_ENV: "1"}  # the ranks skip what was checked here
     rc, got = run_forwarding_signals(cmd, env)
     if got is not None:
         print(error_message("train", interrupted_line(got, args.extra)), file=sys.stderr)
