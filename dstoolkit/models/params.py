@@ -8,8 +8,9 @@ Counts follow the Hugging Face module layouts of each family, weight by weight:
 - Qwen2-MoE: mlp.gate (router), experts, shared_expert (gate/up/down) and shared_expert_gate (hidden -> 1).
 - DeepSeek-V2/V3 MLA: q_proj, or q_a_proj + q_a_layernorm + q_b_proj when q_lora_rank is set;
   kv_a_proj_with_mqa (-> kv_lora_rank + qk_rope_head_dim), kv_a_layernorm, kv_b_proj, o_proj.
-  MoE: gate.weight (+ e_score_correction_bias on V3), routed experts, shared_experts (one MLP of width
-  n_shared_experts * moe_intermediate_size). The MTP module (num_nextn_predict_layers) is excluded.
+  MoE: gate.weight, routed experts, shared_experts (one MLP of width n_shared_experts * moe_intermediate_size).
+  V3's gate.e_score_correction_bias is a buffer, not a parameter (`ParamCount.buffers`). The MTP module
+  (num_nextn_predict_layers) is excluded.
 - GPT-2: wte, wpe (learned positions), ln_1/ln_2/ln_f with bias, c_attn/c_proj and c_fc/c_proj with biases.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ParamCount(BaseModel):
     shared_experts: int
     """Shared experts, including Qwen-MoE's shared_expert_gate."""
     router: int
-    """Router/gate weights (and DeepSeek-V3's e_score_correction_bias)."""
+    """Router/gate weights (trainable parameters only: DeepSeek-V3's e_score_correction_bias is in `buffers`)."""
     norms: int
     """Per-layer input/post-attention norms and the final norm."""
     expert_params_each: int
@@ -56,6 +57,13 @@ class ParamCount(BaseModel):
     tower: int = 0
     """A multimodal model's vision/audio towers and projectors (`MeasuredParams.vision_params`): in total, not in
     active; transformers-measured shapes only."""
+    buffers: int = 0
+    """Elements of registered buffers that hold model state, in no field above and not in total or active:
+    DeepSeek-V3's router `e_score_correction_bias`, one fp32 element per routed expert per MoE layer (transformers
+    5 DeepseekV3TopkRouter registers it with nn.Buffer and keeps it in fp32, `_keep_in_fp32_modules_strict`). No
+    gradient (it only picks the top-k indices), no optimizer state, no FLOPs: the balancing rule updates it outside
+    the optimizer. The state dict holds it, so it is in checkpoint bytes. A transformers-measured shape:
+    `MeasuredParams.buffers_not_counted`."""
     source: str = "analytic"
     """analytic (this module's formulas) or transformers (meta-device build, `ModelShape.measured`)."""
 
@@ -128,7 +136,8 @@ def count_measured(m: MeasuredParams) -> ParamCount:
         attention=roles["attention"], dense_mlp=roles["dense_mlp"], routed_experts=roles["routed_experts"],
         shared_experts=roles["shared_experts"], router=roles["router"], norms=roles["norms"],
         expert_params_each=max((l.expert_params_each for l in m.layers), default=0),
-        num_moe_layers=m.num_moe_layers, other=roles["other"], tower=m.vision_params, source="transformers",
+        num_moe_layers=m.num_moe_layers, other=roles["other"], tower=m.vision_params, buffers=m.buffers_not_counted,
+        source="transformers",
     )
 
 
@@ -164,10 +173,9 @@ def count_params(shape: ModelShape) -> ParamCount:
     expert_each = _mlp(shape, shape.expert_ffn_size, False) if shape.is_moe else 0
     routed = n_moe * shape.num_experts * expert_each
 
-    router_per_layer = shape.num_experts * h if shape.is_moe else 0
-    if shape.is_moe and shape.router_score_correction_bias:
-        router_per_layer += shape.num_experts  # DeepSeek-V3 gate.e_score_correction_bias
-    router = n_moe * router_per_layer
+    router = n_moe * shape.num_experts * h if shape.is_moe else 0
+    # DeepSeek-V3 gate.e_score_correction_bias: a buffer (ParamCount.buffers), not a parameter
+    buffers = n_moe * shape.num_experts if shape.is_moe and shape.router_score_correction_bias else 0
 
     shared_per_layer = 0
     if shape.num_shared_experts:
@@ -193,4 +201,5 @@ def count_params(shape: ModelShape) -> ParamCount:
         norms=norms,
         expert_params_each=expert_each,
         num_moe_layers=n_moe,
+        buffers=buffers,
     )

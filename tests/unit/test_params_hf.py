@@ -140,7 +140,8 @@ def test_deepseek_dense_layers_shared_experts_and_router_bias():
     assert v3.num_moe_layers == 58  # first_k_dense_replace = 3 of 61
     assert v3.dense_mlp == 3 * 3 * 7168 * 18432
     assert v3.shared_experts == 58 * 3 * 7168 * 2048
-    assert v3.router == 58 * (256 * 7168 + 256)  # gate.weight + e_score_correction_bias (noaux_tc)
+    assert v3.router == 58 * 256 * 7168  # gate.weight
+    assert v3.buffers == 58 * 256  # e_score_correction_bias (noaux_tc): a buffer, not a parameter
     v2 = _count("deepseek-v2")
     assert v2.router == 59 * 160 * 5120  # greedy routing: no correction bias
     assert v2.shared_experts == 59 * 3 * 5120 * (2 * 1536)  # 2 shared experts fused into one MLP

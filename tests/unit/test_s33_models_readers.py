@@ -71,9 +71,9 @@ def test_deepseek_v3_default_config_is_read_with_transformers_count(tmp_path):
     shape = load_hf_config(path)
     assert shape.source == "analytic" and shape.num_moe_layers == 58 and shape.router_score_correction_bias
     n = count_params(shape)
-    # transformers 5.25's meta count (report finding 2) plus e_score_correction_bias, 256 per MoE layer: a buffer
-    # in transformers, a weight in DeepSeek's checkpoint (counted, as test_params_transformers documents)
-    assert n.total - 58 * 256 == 671_026_404_352
+    # transformers 5.25's meta count (report finding 2); e_score_correction_bias, 256 per MoE layer, is a buffer
+    # (ParamCount.buffers), not a parameter
+    assert (n.total, n.buffers) == (671_026_404_352, 58 * 256)
 
 
 @pytest.mark.parametrize("cls", ["DeepseekV2Config", "DeepseekV3Config"])
@@ -81,8 +81,8 @@ def test_deepseek_without_moe_layer_freq_equals_the_meta_build(tmp_path, cls):
     cfg = getattr(transformers, cls)(**TINY_DSV3)
     shape = load_hf_config(_saved(tmp_path, cfg))
     assert [shape.is_moe_layer(i) for i in range(4)] == [False, True, True, True]  # DeepseekV*DecoderLayer
-    bias = 3 * 8 if shape.router_score_correction_bias else 0
-    assert count_params(shape).total - bias == _meta_count(cfg)
+    n = count_params(shape)
+    assert (n.total, n.buffers) == (_meta_count(cfg), 3 * 8 if shape.router_score_correction_bias else 0)
 
 
 def test_an_alias_and_its_key_that_disagree_are_refused():
