@@ -95,7 +95,8 @@ def shape_from_transformers(config: dict, name: Optional[str] = None, *,
                             "check the config's sizes; report it if transformers builds it") from None
     try:
         return ModelShape(name=str(display), model_type=model_type, source="transformers",
-                          model_class=measured.model_class, measured=measured, notes=measured.notes, **kwargs)
+                          model_class=measured.model_class, measured=measured,
+                          notes=measured.notes + tuple(kwargs.pop("notes", ())), **kwargs)
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
         field = str(e["loc"][0]) if e["loc"] else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from dstoolkit.models.router_scoring import SCORING_KEY, sigmoid_with_expert_bias
 from dstoolkit.models.shape import DROPOUT_FIX, ROPE_TYPES, dropout_probability, rope_scaling_of
 
 
@@ -310,7 +311,10 @@ def _deepseek(d: dict, fam: Family) -> dict:
             # first_k_dense_replace on) and leaves it out of the configs it writes; DeepSeek's own modelling code
             # reads it as "every moe_layer_freq-th layer" (its released configs say 1: the same layers)
             moe_layer_freq=_int(d, "moe_layer_freq", 1),
-            router_score_correction_bias=topk_method == "noaux_tc",
+            # sigmoid + expert bias: that bias scored with sigmoid (scoring_func, else the model_type's default,
+            # router_scoring: DeepSeek's own V2 config says softmax, V3's sigmoid)
+            router_score_correction_bias=sigmoid_with_expert_bias(
+                "deepseek_v3" if v3 else "deepseek_v2", d.get(SCORING_KEY), topk_method == "noaux_tc")[0],
             # DeepseekV2Config.norm_topk_prob defaults to False, DeepseekV3Config's to True (transformers 5.x)
             norm_topk_prob=_bool(d, "norm_topk_prob", v3),
         )

@@ -11,6 +11,7 @@ from dstoolkit.models.attention_facts import window_fields
 from dstoolkit.models.block_facts import arch_fields
 from dstoolkit.models.measured import ArchFacts, MeasuredParams
 from dstoolkit.models.module_tree import BuildError, as_int, config_value
+from dstoolkit.models.router_scoring import SCORING_KEY, sigmoid_with_expert_bias
 from dstoolkit.models.shape import ATTENTION_DROPOUT_KEYS, dropout_probability
 
 
@@ -99,11 +100,14 @@ def shape_fields(text_cfg: Any, m: MeasuredParams) -> dict:
         kw.update(num_experts=max(l.num_experts for l in moe), num_experts_per_tok=max(l.experts_per_tok for l in moe),
                   moe_intermediate_size=ie, mlp_gated=gated_e,
                   mlp_only_layers=tuple(l.index for l in m.layers if not l.is_moe))
-        # transformers' routers that hold e_score_correction_bias score with sigmoid (DeepseekV3TopkRouter,
-        # Glm4MoeTopkRouter: no scoring_func key); DeepSeek's own configs also say scoring_func: sigmoid
-        scoring = config_value(text_cfg, "scoring_func")
-        if arch.router_score_bias and scoring in (None, "sigmoid"):
+        # a router that holds e_score_correction_bias: sigmoid + expert bias when the config's scoring_func (its
+        # class default on the built config) or the model_type's default (router_scoring) is sigmoid
+        flag, note = sigmoid_with_expert_bias(config_value(text_cfg, "model_type"),
+                                              config_value(text_cfg, SCORING_KEY), arch.router_score_bias)
+        if flag:
             kw["router_score_correction_bias"] = True
+        if note:
+            kw["notes"] = (note,)
         norm_topk = config_value(text_cfg, "norm_topk_prob")
         if isinstance(norm_topk, bool):  # the family's config default when the file leaves it out
             kw["norm_topk_prob"] = norm_topk

@@ -263,6 +263,7 @@ def _load_cached(ref: str, kwargs_json: str, field: str, kwargs_field: str, sear
                  f"{widths['hidden_size']}, {widths['num_attention_heads']} heads), not measured on the module")
     cfg = SimpleNamespace(**{k: v for k, v in widths.items() if v is not None})
     kw = shape_fields(cfg, measured)
+    notes += list(kw.pop("notes", ()))
     try:
         return ModelShape(name=ref, model_type="user", source="user", model_class=ref, measured=measured,
                           traced_flops=traced, notes=tuple(notes), **kw)
