@@ -106,8 +106,6 @@ def param_layout(shape: ModelShape) -> tuple[ParamEntry, ...]:
         pre = f"blocks.{i}.mlp."
         if shape.is_moe_layer(i):
             out.append(ParamEntry(pre + "gate.wg.weight", h * shape.num_experts, "router", i, False))
-            if getattr(shape, "router_score_correction_bias", False):  # DeepSeek-V3 gate.e_score_correction_bias
-                out.append(ParamEntry(pre + "gate.e_score_correction_bias", shape.num_experts, "router", i, False))
             for e in range(shape.num_experts):
                 out.extend(_mlp_entries(f"{pre}experts.{e}.", h, shape.expert_ffn_size, shape.mlp_gated, "expert", i))
             if shape.num_shared_experts > 0:
