@@ -73,6 +73,10 @@ class CheckpointInfo:
     """What stopped the manifest check, in a few words, when `manifest_verified` is False: the manifest is missing,
     not valid JSON, damaged or empty, or how many listed files are missing, of another size or fail their SHA-256
     (each file is named in `problems`)."""
+    manifest_absent: Optional[str] = None
+    """Why a step_* tag has no `dstoolkit_manifest.json` to verify when nothing in its folder was saved by `dstoolkit
+    train` (DeepSpeed tags named like the trainer's, from a loop of one's own), and what was checked instead; None
+    otherwise (`manifest.absent_manifest`)."""
     resume_tag: Optional[str] = None
     """For the dstoolkit trainer's --checkpoint-dir: the tag `dstoolkit train --resume` would load (the trainer's
     own choice, the newest intact tag, whatever `latest` names); None for other formats or when none is loadable.

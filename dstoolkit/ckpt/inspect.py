@@ -19,7 +19,7 @@ from dstoolkit.ckpt.errors import CkptError
 from dstoolkit.ckpt.info import CheckpointInfo, Problem, RankFiles, load_meta
 from dstoolkit.ckpt.inspect_files import (dtype_of, hard_links, leftover_rank_files, merge_problems,
                                            model_file_optimizer_dtypes, optimizer_bytes_in_model_files)
-from dstoolkit.ckpt.manifest import verify_manifest
+from dstoolkit.ckpt.manifest import absent_manifest, verify_manifest
 from dstoolkit.ckpt.torchzip import Opaque, check_archive, is_legacy, tensors
 from dstoolkit.ckpt.universal import check_universal
 
@@ -284,6 +284,8 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     if wrapper:
         info.notes.insert(0, f"{info.format} checkpoint inside")
         info.format = wrapper
+    elif not universal:
+        absent_manifest(info, crc)
 
     # completeness: every data-parallel rank's partition present
     expect_dp = info.dp if isinstance(info.dp, int) and info.dp > 0 else None

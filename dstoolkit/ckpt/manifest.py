@@ -74,6 +74,25 @@ def verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
     info.manifest_problem = _summary(counts) if any(counts.values()) else None
 
 
+def absent_manifest(info: CheckpointInfo, crc: bool) -> None:
+    """A step_* tag in a folder where no tag has its manifest (`info.format` not the trainer's): DeepSpeed tags a loop
+    of one's own saved under the trainer's tag prefix (engine.save_checkpoint(dir, tag="step_100")). The trainer writes
+    the manifest before it renames a tag into place (runtime/train/ckpt.py `CheckpointManager._commit`), so none of its folders lacks
+    one in every tag. Says so (`info.manifest_absent`) and that `dstoolkit train --resume` does not load them: its
+    pre-flight (runtime/train/resume_check.py `resume_refusal`) takes every step_* tag without a manifest for an
+    unfinished save of its own."""
+    if info.format == "dstoolkit-trainer" or not info.tag.startswith(N.TRAINER_TAG_PREFIX):
+        return
+    checked = "zip end record and CRC" if crc else "zip end record (CRC skipped: --no-crc)"
+    info.manifest_absent = (f"none: no step_* tag here has {N.DSTOOLKIT_MANIFEST}, so these are DeepSpeed tags "
+                            "saved outside `dstoolkit train` and file sizes and SHA-256 cannot be verified; checked "
+                            f"instead: each torch file's {checked}, and that every rank's file is there")
+    info.notes.append(f"`dstoolkit train --resume` does not load {info.tag}: it resumes only the step_* tags it "
+                      f"saved, each with its {N.DSTOOLKIT_MANIFEST}, and takes these for unfinished saves. Load it "
+                      f"with DeepSpeed's engine.load_checkpoint({str(info.root)!r}, tag={info.tag!r}) in your own "
+                      "loop, or `dstoolkit ckpt export` / `reshard` it")
+
+
 def _summary(counts: dict[str, int]) -> str:
     """The header's few words for what the manifest check found (`verify_manifest`'s counts)."""
     def n(k: int, what: str) -> str:

@@ -58,6 +58,8 @@ def render(info) -> str:
     if info.manifest_verified is not None:
         lines.append("  manifest     " + ("SHA-256 verified" if info.manifest_verified else
                                          f"NOT VERIFIED: {info.manifest_problem or 'see the problems below'}"))
+    if info.manifest_absent:
+        lines.append(f"  manifest     {info.manifest_absent}")
     for n in info.notes[1 if info.format == "hf-trainer" else 0:]:
         lines.append(f"  note         {n}")
     if info.complete:
