@@ -2,7 +2,9 @@
 
 No torch import. Figures are vendor datasheet numbers (dense math, no structured sparsity) and published
 nccl-tests bus bandwidths; each row cites its sources. Memory is the capacity the vendor markets, read as
-GiB of physical HBM (CUDA reports slightly less usable; the estimator keeps its own runtime reserve).
+GiB of physical HBM where the part has that many GiB (A100, H100, H200, B200, GB200, MI300X: CUDA reports slightly
+less usable, within the estimator's own runtime reserve), else what nvidia-smi reports as memory.total (B300 and GB300
+market 288 decimal GB; L40S loses 1/16 of its 48 GiB to ECC).
 
 Bandwidth fields are *achievable bus bandwidth* (nccl-tests busbw, see docs/anchors.md), not link
 line rates: the step-time model divides collective bytes by them directly.
@@ -190,9 +192,11 @@ GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA B300 (DGX / HGX B300, Blackwell Ultra): 288 GB HBM3e, 8.0 TB/s, 2250 TFLOP/s bf16 and 4500 fp8 dense
     # (BLACKWELL_REFERENCE, note 21: DGX B300 datasheet; its gain over B200 is in fp4). Compute capability 10.3.
     # 8x ConnectX-8 800 Gb/s compute NICs, one per GPU (IB_800G_BUSBW_BYTES_PER_S).
+    # Memory: the datasheet's 288 GB is decimal (288e9 bytes = 268.2 GiB); nvidia-smi reports memory.total 275040 MiB
+    # (268.6 GiB). Read as 288 GiB (until session 35) the table gave a rank 19.8 GiB that is not there.
     "B300": GpuSpec(
         name="B300",
-        memory_bytes=288 * GiB,
+        memory_bytes=288 * 10**9,
         peak_bf16_flops=2250 * TFLOPS,
         peak_fp8_flops=4500 * TFLOPS,
         intra_node_bw_bytes_per_s=NVLINK5_BUSBW_BYTES_PER_S,
@@ -225,9 +229,10 @@ GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA GB300 NVL72, per B300 GPU: 288 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
     # (BLACKWELL_REFERENCE, note 24: GB300 NVL72 specifications, "the same but faster fp4 and more memory").
     # NVLink domain and hosts as GB200; one 800 Gb/s ConnectX-8 per GPU.
+    # Memory: 288 GB decimal as B300 (288e9 bytes = 268.2 GiB), not 288 GiB.
     "GB300": GpuSpec(
         name="GB300",
-        memory_bytes=288 * GiB,
+        memory_bytes=288 * 10**9,
         peak_bf16_flops=2500 * TFLOPS,
         peak_fp8_flops=5000 * TFLOPS,
         intra_node_bw_bytes_per_s=NVL72_BUSBW_BYTES_PER_S,
@@ -272,9 +277,11 @@ GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA L40S datasheet: 48 GB GDDR6, 362.05 TFLOP/s bf16 and 733 fp8 dense (733 / 1466 with sparsity).
     # No NVLink: PCIe Gen4 x16 (64 GB/s bidirectional, ~25 GB/s achievable all-reduce busbw through the host).
     # Typical L40S servers have 200 Gb/s networking per GPU pair; use the 200 Gb/s figure.
+    # Memory: 48 GiB of GDDR6 of which ECC (on by default in data-centre L40S) holds 1/16: nvidia-smi memory.total
+    # 46068 MiB with ECC on (45.0 GiB), the capacity a rank gets.
     "L40S": GpuSpec(
         name="L40S",
-        memory_bytes=48 * GiB,
+        memory_bytes=46068 * 2**20,
         peak_bf16_flops=362.05 * TFLOPS,
         peak_fp8_flops=733 * TFLOPS,
         intra_node_bw_bytes_per_s=25 * GBps,

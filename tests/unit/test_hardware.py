@@ -36,16 +36,16 @@ def test_published_dense_peaks():
 def test_blackwell_rows():
     """Dense per-GPU peaks, memory and measured rates of the Blackwell rows (hardware.BLACKWELL_REFERENCE): HGX/DGX
     B200 and B300 at 2250 / 4500 TFLOP/s bf16 / fp8, the NVL72 parts at 2500 / 5000; B200 180 GB, GB200 186,
-    B300 / GB300 288; large-GEMM fractions from the measured maximum matmul rates; one NIC per GPU."""
+    B300 / GB300 288 decimal GB (288e9 bytes, not 288 GiB: nvidia-smi shows 275040 MiB on a B300); large-GEMM fractions from the measured maximum matmul rates; one NIC per GPU."""
     from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY
 
     gib = 2**30
-    expect = {"B200": (2250, 180, "10.0", 0.776, 50e9), "B300": (2250, 288, "10.3", 0.786, 100e9),
-              "GB200": (2500, 186, "10.0", 0.729, 50e9), "GB300": (2500, 288, "10.3", 0.786, 100e9)}
+    expect = {"B200": (2250, 180 * gib, "10.0", 0.776, 50e9), "B300": (2250, 288e9, "10.3", 0.786, 100e9),
+              "GB200": (2500, 186 * gib, "10.0", 0.729, 50e9), "GB300": (2500, 288e9, "10.3", 0.786, 100e9)}
     for name, (bf16, mem, cc, frac, nic) in expect.items():
         g = get_gpu(name)
         assert (g.peak_bf16_flops, g.peak_fp8_flops) == (bf16 * TFLOPS, 2 * bf16 * TFLOPS)
-        assert (g.memory_bytes, g.compute_capability, g.gemm_fraction) == (mem * gib, cc, frac)
+        assert (g.memory_bytes, g.compute_capability, g.gemm_fraction) == (mem, cc, frac)
         assert (g.hbm_bw_bytes_per_s, g.inter_node_bw_bytes_per_s) == (8.0e12, nic)
         assert SMS_BY_COMPUTE_CAPABILITY[cc] == 148
     # 1745.0 / 2250 and 1822.0 / 2500 TFLOP/s measured (hardware.B200_GEMM_FRACTION, GB200_GEMM_FRACTION)
@@ -112,3 +112,8 @@ def test_explicit_spec_passes_through_and_rows_are_copies():
     row = get_gpu("H100-SXM")
     row.memory_bytes = 1
     assert GPU_TABLE["H100-SXM"].memory_bytes == 80 * 2**30
+
+
+def test_l40s_memory_is_what_ecc_leaves():
+    """L40S: 48 GiB GDDR6, ECC on by default holds 1/16; nvidia-smi memory.total 46068 MiB is what a rank gets."""
+    assert get_gpu("L40S").memory_bytes == 46068 * 2**20
