@@ -58,6 +58,20 @@ from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_par
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as the shell reports it
+OTHER_RANKS_WAIT_S = 5.0
+"""How long a rank other than global rank 0 holds back its bad-input line (`say_usage_error`). Every rank refuses the
+same input (the same files and flags; the writer lock and the --metrics-out check are rank 0's), and the launcher
+stops the rest once rank 0 has exited (torch/distributed/elastic/agent/server/api.py `SimpleElasticAgent._invoke_run`:
+`_stop_workers` on FAILED; deepspeed/launcher/launch.py: `sigkill_handler` on a non-zero returncode): the line is
+said once. A rank still running after the wait says it itself (rank 0 did not refuse, or nothing stopped it)."""
+
+
+def say_usage_error(line: str) -> None:
+    """Print a rank's bad-input line: global rank 0 (RANK unset or 0) at once, another rank after
+    `OTHER_RANKS_WAIT_S` unless its launcher stopped it meanwhile (N ranks printed N copies before)."""
+    if os.environ.get("RANK", "0") != "0":
+        time.sleep(OTHER_RANKS_WAIT_S)
+    print(line, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -354,8 +368,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     install_rank_guards("dstoolkit.runtime.train.trainer")
     try:
         return train(args)
-    except UsageError as e:
-        print(f"dstoolkit.runtime.train.trainer: error: {e}", file=sys.stderr)
+    except UsageError as e:  # exit 2; torchrun's own exit is 1 whatever its ranks' codes (docs/training-helpers.md)
+        say_usage_error(f"dstoolkit.runtime.train.trainer: error: {e}")
         return EXIT_USAGE
     except CheckpointSaveError as e:  # one line on every rank (a full disk: torch says `unexpected pos`); no traceback
         print(f"dstoolkit.runtime.train.trainer: training failed on rank {os.environ.get('RANK', '0')}: {e}",
