@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dstoolkit.ckpt.names import DSTOOLKIT_MANIFEST as MANIFEST_NAME  # one name: written here, read by ckpt inspect
+from dstoolkit.ckpt.names import TRAINER_TAG_PREFIX as TAG_PREFIX  # one prefix: written here, told apart by inspect
 from dstoolkit.common.atomic import atomic_write_text
 from dstoolkit.common.filehash import sha256_file
 from dstoolkit.runtime.ckpt.export import CONFIG_NAME  # one name: written here, read by ckpt export (find_config)
 from dstoolkit.runtime.ckpt.outputs import is_enospc
 from dstoolkit.runtime.train.run_match import MANIFEST_KEY as RUN_KEY, manifest_run
 
-TAG_PREFIX = "step_"
 STAGING = ".staging"
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 """What DeepSpeed copies into the folder it saves to beside the tag, ZeRO checkpoints only (deepspeed/runtime/

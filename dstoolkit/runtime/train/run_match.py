@@ -159,11 +159,16 @@ def run_refusal(where: str, resume: str, tag: str, saved: RunMatch, current: Run
     head = f"{where}: {resume} would load {tag}"
     if None not in (saved.precision, current.precision) and saved.precision != current.precision \
             and "bf16" in (saved.precision, current.precision):
+        # ZeRO 1-3: BF16_Optimizer writes bf16_zero_pp_rank_* files; ZeRO 0: the optimizer state inside
+        # mp_rank_00_model_states.pt is the bf16 wrapper's, which torch's optimizer cannot load (KeyError 'param_groups'
+        # bf16 -> fp32, 'dynamic_loss_scale' fp32 -> bf16: real 2-rank DeepSpeed 0.19.8 loads, s35 ckpt finding 3)
         return (f"{head}, saved in {saved.precision}, but this run is {current.precision}; DeepSpeed's bf16 optimizer "
-                f"saves other files (bf16_zero_pp_rank_*) and loads only its own. Resume with "
+                f"state is not the fp32 one (bf16_zero_pp_rank_* files at ZeRO 1-3, another optimizer state in the "
+                f"model-states file at ZeRO 0) and loads only into its own precision. Resume with "
                 f"{'bf16.enabled true' if saved.precision == 'bf16' else 'bf16.enabled false'} in the DeepSpeed config "
-                "(`dstoolkit ckpt reshard` makes a universal copy, which loads across precision in a DeepSpeed loop "
-                "of your own with load_universal_checkpoint; this resume does not load universal checkpoints)")
+                "(at ZeRO 1-3 `dstoolkit ckpt reshard` makes a universal copy, which loads across precision in a "
+                "DeepSpeed loop of your own with load_universal_checkpoint; this resume does not load universal "
+                "checkpoints)")
     if None not in (saved.ep, current.ep) and saved.ep != current.ep:
         return (f"{head}, saved at expert-parallel size {saved.ep}, but this run's is {current.ep}; DeepSpeed loads "
                 f"a MoE checkpoint only at the ep size it was saved at (each rank saved its own experts). "
