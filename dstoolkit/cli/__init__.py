@@ -15,6 +15,25 @@ from typing import Sequence
 
 from dstoolkit import __version__
 
+DESCRIPTION = """\
+Know before you launch: check DeepSpeed configs (validate, resolve, schema),
+generate them from a model + cluster + training spec (generate, sweep, tune),
+estimate memory and step time (estimate, fp8), then run and measure (train,
+bench, report, ckpt)."""
+"""What `dstoolkit --help` opens with: what the verbs are for, for a user (the module docstring is for developers)."""
+START_HERE = """\
+start here:
+  launch/demo.sh                      generate -> validate -> estimate -> a short real 2-rank DeepSpeed
+                                      run on the bundled spec ds_configs/tiny_cpu.yaml (CPU is enough)
+  dstoolkit validate ds_config.json --world-size 8
+                                      check a config you already have before you queue it
+  dstoolkit generate ds_configs/tiny_cpu.yaml -o out/tiny
+                                      write configs and launchers from a spec (copy one under ds_configs/)
+  dstoolkit VERB --help               one verb's flags; README.md and docs/ have an example of each
+
+exit codes: 0 ok, 1 findings (errors in a config, nothing fits, ...), 2 usage or input error"""
+"""The epilog of `dstoolkit --help` (tests/unit/test_s35_front_cli_help.py checks its commands run)."""
+
 # verb -> module. Order is the order shown in --help.
 VERBS: dict[str, str] = {
     "validate": "dstoolkit.cli.validate",
@@ -49,7 +68,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only=VERB``) one that knows just that verb: importing every verb
     module costs ~0.5 s that `dstoolkit validate` must not pay."""
 
-    parser = _Parser(prog="dstoolkit", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dstoolkit", description=DESCRIPTION, epilog=START_HERE,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"dstoolkit {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True

@@ -186,8 +186,11 @@ def add_training_plan_flags(p: argparse.ArgumentParser) -> None:
 
 
 FORMATS = ("text", "json")
-"""--format values. ``table`` is accepted as another name for ``text`` (the older spelling of most verbs)."""
+"""What ``args.format`` holds after parsing."""
 _FORMAT_ALIASES = {"table": "text"}
+"""Other names a user may type: ``table`` is another name for ``text`` (the older spelling of most verbs)."""
+FORMAT_CHOICES = FORMATS + tuple(_FORMAT_ALIASES)
+"""What --format accepts and its help lists: FORMATS and the aliases."""
 
 
 def _format(text: str) -> str:
@@ -199,9 +202,11 @@ def _format(text: str) -> str:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def add_format_flag(p: argparse.ArgumentParser, help: str = "output format (default: text; table = text)") -> None:
-    """``--format text|json`` (``table`` = ``text``); ``args.format`` is always ``"text"`` or ``"json"``."""
-    p.add_argument("--format", type=_format, choices=FORMATS, default="text", help=help)
+def add_format_flag(p: argparse.ArgumentParser, help: str = "output format (default: text; table is the same as text)"
+                    ) -> None:
+    """``--format text|table|json`` (``table`` = ``text``); ``args.format`` is always ``"text"`` or ``"json"``:
+    argparse converts with ``type`` before it checks ``choices``, so the listed alias arrives as its target."""
+    p.add_argument("--format", type=_format, choices=FORMAT_CHOICES, default="text", help=help)
 
 
 def add_world_flags(p: argparse.ArgumentParser, *, world_size: bool = True, gpus_per_node: bool = True,

@@ -6,10 +6,12 @@ Regenerate them after changing the generator or the estimator (the golden test f
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 from dstoolkit.generate.core import TARGETS, generate, write_generated
 from dstoolkit.generate.result import GenerateResult
@@ -46,7 +48,19 @@ def regenerate_all(ds_configs: Path) -> list[Path]:
     return out
 
 
-def main() -> int:  # pragma: no cover - maintenance entry point
+def build_parser() -> argparse.ArgumentParser:
+    """The entry point's parser: no options, so --help prints what running it rewrites and exits before any work
+    (it had no parser: every argument, --help included, was ignored and the folders were rewritten)."""
+    return argparse.ArgumentParser(
+        prog="python -m dstoolkit.generate.bundled",
+        description=f"Regenerate the committed outputs of the bundled specs: rewrites "
+                    f"ds_configs/{GENERATED_DIR}/<stem>/ (every target) for {', '.join(BUNDLED_SPECS)}, replacing "
+                    "the old folders. Run it after changing the generator or the estimator; the golden test fails on "
+                    "any diff. CPU specs use the packaged reference calibration.")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    build_parser().parse_args(argv)  # --help: prints and exits 0; anything else: usage error, exit 2; nothing written
     # The committed outputs must not depend on the machine that regenerates them: CPU specs are estimated
     # with the packaged reference calibration, as the golden test does (tests/conftest.py).
     os.environ.setdefault("DSTOOLKIT_CALIBRATION", "reference")

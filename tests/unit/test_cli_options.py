@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 
 from dstoolkit.cli import build_parser, main
-from dstoolkit.cli.options import (CHECKPOINT_POLICIES, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, FORMATS, InputError,
+from dstoolkit.cli.options import (CHECKPOINT_POLICIES, EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, FORMAT_CHOICES, InputError,
                                    exit_map, positive_int)
 
 # ------------------------------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_every_verb_that_prints_a_table_has_the_same_format_flag():
     for verb in WITH_FORMAT:
         action = _option(LEAVES[verb], "--format")
         assert action is not None, verb
-        assert tuple(action.choices) == FORMATS and action.default == "text", verb
+        assert tuple(action.choices) == FORMAT_CHOICES and action.default == "text", verb
         assert action.type("json") == "json" and action.type("table") == "text", verb
 
 
