@@ -1,9 +1,11 @@
 """`dstoolkit ckpt inspect | reshard | export`: what a checkpoint holds, a universal copy to resume at another
-layout, and a Hugging Face export. One module per sub-verb (cli/ckpt_inspect.py, ckpt_reshard.py,
-ckpt_export.py); torch is imported only by reshard and export, inside their run.
+layout, and a Hugging Face export. Start with `dstoolkit ckpt inspect CHECKPOINT_DIR`: it says what the folder is,
+whether it is complete, and which of reshard / export applies (docs/checkpoints.md).
 
 Exit codes: 0 ok, 1 findings (inspect: the checkpoint is incomplete), 2 bad input.
 """
+# One module per sub-verb (cli/ckpt_inspect.py, ckpt_reshard.py, ckpt_export.py); torch is imported only by reshard
+# and export, inside their run.
 from __future__ import annotations
 
 from dstoolkit.cli import ckpt_export, ckpt_inspect, ckpt_reshard

@@ -361,7 +361,9 @@ def parse_text(text: str, source: str = "<config>") -> ParseResult:
             code, msg = "DS006", "this is YAML, not a JSON DeepSpeed config (" + msg + ")"
             sugg = "DeepSpeed reads JSON/hjson; convert it (e.g. yaml.safe_load + json.dump) or pass the .json config"
         line, col = p.linecol(min(exc.offset, len(text)))
-        res = ParseResult(data=None, findings=p.findings, fatal=True)
+        # YAML's '#' lines are comments to the hjson reader: its DS010 notes about them only precede the real finding
+        notes = [f for f in p.findings if not (code == "DS006" and f.code == "DS010")]
+        res = ParseResult(data=None, findings=notes, fatal=True)
         res.findings.append(Finding(file=source, pointer="", line=line, column=col, severity="error", code=code,
                                     message=msg, suggestion=sugg))
         return res
