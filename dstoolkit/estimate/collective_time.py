@@ -54,7 +54,7 @@ def link_share(op: CommOp, links_per_node: int) -> int:
 
 
 def group_inter_node_busbw(nic_busbw: float, nics_per_node: int, ranks_per_node: int, concurrent_groups: int,
-                           intra_busbw: float) -> float:
+                           intra_busbw: float, nics_per_group: int | None = None) -> float:
     """Bus bandwidth of a collective group that spans nodes, on NVIDIA GPUs with NCCL.
 
     NCCL builds one ring (channel) per NIC the group's GPUs can reach and spreads the message over them (NCCL
@@ -63,9 +63,12 @@ def group_inter_node_busbw(nic_busbw: float, nics_per_node: int, ranks_per_node:
     side by side (concurrent_groups) share the node's nics_per_node fairly. So the group gets
     nic_busbw x min(r, nics / concurrent): a data-parallel group holding all 8 ranks of every DGX node (tp 1)
     gets the node's whole injection bandwidth (8 x 400 Gb/s on DGX H100), one with a rank per node (tp 8) one
-    NIC's. Its ring also runs over NVLink inside the node, so it is never faster than intra_busbw.
+    NIC's. Its ring also runs over NVLink inside the node, so it is never faster than intra_busbw. A cluster whose
+    NCCL keeps a group's rings on fewer devices states it (GpuSpec.nics_per_group): the group gets at most that many.
     """
     rings = min(max(1, ranks_per_node), max(1, nics_per_node) / max(1, concurrent_groups))
+    if nics_per_group is not None:
+        rings = min(rings, float(nics_per_group))
     if MULTI_RING_GAIN is False:
         rings = min(1.0, rings)
     return min(intra_busbw, nic_busbw * rings)
@@ -117,7 +120,7 @@ def nccl_call_latency_s(op: CommOp) -> float:
 
 def op_time_s(op: CommOp, intra_busbw: float, inter_busbw: float, latency_s: float = 0.0,
               inter_latency_s: float | None = None, links_per_node: int | None = None,
-              nics_per_node: int | None = None) -> float:
+              nics_per_node: int | None = None, nics_per_group: int | None = None) -> float:
     """nccl-tests model: size × busbw factor ÷ busbw, plus a fixed latency per call.
 
     Args:
@@ -130,11 +133,12 @@ def op_time_s(op: CommOp, intra_busbw: float, inter_busbw: float, latency_s: flo
             a link (`link_share`). None: no sharing (the caller's inter_busbw already is the per-group rate).
         nics_per_node: GPU path: inter_busbw is one NIC's and a group uses as many NICs as it has ranks on the
             node, shared among concurrent groups (`group_inter_node_busbw`); replaces links_per_node.
+        nics_per_group: GPU path: the cluster's cap on the NICs one group uses (GpuSpec.nics_per_group).
     """
     if op.cross_node:
         if nics_per_node is not None:
             bw = group_inter_node_busbw(inter_busbw, nics_per_node, 1 if op.one_ring else op.ranks_per_node,
-                                        op.concurrent_groups, intra_busbw)
+                                        op.concurrent_groups, intra_busbw, nics_per_group)
         else:
             share = 1 if links_per_node is None else link_share(op, links_per_node)
             bw = inter_busbw / share

@@ -112,6 +112,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         links = cal.inter_node_links_per_node
         mem_bw = cal.mem_bw_bytes_per_s
         nics = None  # the calibration's inter-node busbw is what one group measured (links_per_node shares it)
+        group_nics = None
         eta = 0.0  # CPU ranks run gloo on the same cores: nothing overlaps
         if cal.has_op_rates:  # the probe's op-level rates: each GEMM at its shape, attention, elementwise
 
@@ -136,6 +137,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
         # groups crossing beside it (collective_time.group_inter_node_busbw); nodes without a stated NIC count have one per GPU
         links = None
         nics = plan.gpu.nics_per_node or plan.gpus_per_node
+        group_nics = plan.gpu.nics_per_group
         mem_bw = cm.hbm_bw(plan.gpu, DEFAULT_HBM_BW_BYTES_PER_S)
         eta = DEFAULT_OVERLAP_EFFICIENCY
         overhead = host_cost.host_step_s(plan)  # the optimizer step's host work (DeepSpeed engine, measured)
@@ -147,7 +149,7 @@ def step_time(plan: RunPlan, fpt: FlopsPerToken, comm: CommPlan, partition_numel
     hide_any = 0.0
     gpu_latency = cal is None and _ct.NCCL_CALL_LATENCY
     for op in comm.ops:
-        t = op_time_s(op, intra, inter, latency, inter_latency, links, nics)
+        t = op_time_s(op, intra, inter, latency, inter_latency, links, nics, group_nics)
         if gpu_latency:
             # GPU ranks: each call's fixed cost in NCCL's own tuning model (collective_time.nccl_call_latency_s)
             t += op.calls * nccl_call_latency_s(op)

@@ -4,7 +4,7 @@ No torch import. Figures are vendor datasheet numbers (dense math, no structured
 nccl-tests bus bandwidths; each row cites its sources. Memory is the capacity the vendor markets, read as
 GiB of physical HBM where the part has that many GiB (A100, H100, H200, B200, GB200, MI300X: CUDA reports slightly
 less usable, within the estimator's own runtime reserve), else what nvidia-smi reports as memory.total (B300 and GB300
-market 288 decimal GB; L40S loses 1/16 of its 48 GiB to ECC).
+market 288 GB and show 268.6 / 277.5 GiB; L40S loses 1/16 of its 48 GiB to ECC).
 
 Bandwidth fields are *achievable bus bandwidth* (nccl-tests busbw, see docs/anchors.md), not link
 line rates: the step-time model divides collective bytes by them directly.
@@ -40,6 +40,10 @@ class GpuSpec(StrictModel):
     """Compute (east-west) NICs per node, each at inter_node_bw_bytes_per_s. NCCL opens rings/channels over every
     NIC near the group's GPUs, so a group with r ranks on a node can use up to r of them
     (estimate.collective_time.group_inter_node_busbw). None: one per GPU of the node."""
+    nics_per_group: Optional[int] = Field(default=None, ge=1)
+    """The most NICs one collective group's rings cross nodes over, where the cluster's NCCL does not spread a group
+    over a NIC per rank: 1 where its log routes every ring of a group through one device per direction (measured on
+    Jean Zay's A100 partition, benchmarks/data/clusters.yaml). None: no cap (a ring per NIC, as on DGX / HGX)."""
     compute_capability: Optional[str] = None
     """CUDA compute capability such as "9.0" (gates FP8 recipes); None for non-NVIDIA or CPU."""
     hbm_bw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
@@ -192,11 +196,11 @@ GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA B300 (DGX / HGX B300, Blackwell Ultra): 288 GB HBM3e, 8.0 TB/s, 2250 TFLOP/s bf16 and 4500 fp8 dense
     # (BLACKWELL_REFERENCE, note 21: DGX B300 datasheet; its gain over B200 is in fp4). Compute capability 10.3.
     # 8x ConnectX-8 800 Gb/s compute NICs, one per GPU (IB_800G_BUSBW_BYTES_PER_S).
-    # Memory: the datasheet's 288 GB is decimal (288e9 bytes = 268.2 GiB); nvidia-smi reports memory.total 275040 MiB
-    # (268.6 GiB). Read as 288 GiB (until session 35) the table gave a rank 19.8 GiB that is not there.
+    # Memory: nvidia-smi memory.total 275040 MiB (268.6 GiB; the datasheet's 288 GB is decimal). Read as 288 GiB
+    # (until session 35) the table gave a rank 19.4 GiB that is not there.
     "B300": GpuSpec(
         name="B300",
-        memory_bytes=288 * 10**9,
+        memory_bytes=275040 * 2**20,
         peak_bf16_flops=2250 * TFLOPS,
         peak_fp8_flops=4500 * TFLOPS,
         intra_node_bw_bytes_per_s=NVLINK5_BUSBW_BYTES_PER_S,
@@ -229,10 +233,10 @@ GPU_TABLE: dict[str, GpuSpec] = {
     # NVIDIA GB300 NVL72, per B300 GPU: 288 GB HBM3e, 8.0 TB/s, 2500 TFLOP/s bf16 and 5000 fp8 dense
     # (BLACKWELL_REFERENCE, note 24: GB300 NVL72 specifications, "the same but faster fp4 and more memory").
     # NVLink domain and hosts as GB200; one 800 Gb/s ConnectX-8 per GPU.
-    # Memory: 288 GB decimal as B300 (288e9 bytes = 268.2 GiB), not 288 GiB.
+    # Memory: nvidia-smi memory.total 284208 MiB (277.5 GiB) on a GB300 NVL72 tray GPU, not 288 GiB.
     "GB300": GpuSpec(
         name="GB300",
-        memory_bytes=288 * 10**9,
+        memory_bytes=284208 * 2**20,
         peak_bf16_flops=2500 * TFLOPS,
         peak_fp8_flops=5000 * TFLOPS,
         intra_node_bw_bytes_per_s=NVL72_BUSBW_BYTES_PER_S,

@@ -15,7 +15,9 @@ _SIGMOID = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "glm4v_m
             "glm_moe_dsa", "dots1", "dots3_note", "exaone_moe", "kimi_linear", "minimax_m2", "minimax_m3_vl",
             "minimax_m3_vl_text", "mimo_v2_flash", "minicpm5_moe", "nemotron_h", "solar_open", "step3p7", "laguna",
             "hy_v3", "hy_v4", "hy_v4_vl", "hy_v4_vl_text", "axk1", "axk2", "bailing_hybrid", "beam", "ergo", "inkling_text",
-            "kolibri1", "kolibri1_1", "muse_spark")
+            "kolibri1", "kolibri1_1", "muse_spark",
+            # the text configs of multimodal families (the model_type the text shape is built from)
+            "glm5_next_text", "dots3_note_text", "muse_spark_text", "step3p5")
 _SOFTMAX = ("deepseek_v2", "ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "longcat_flash")
 
 SCORING_BY_MODEL_TYPE: dict[str, str] = {**{t: "sigmoid" for t in _SIGMOID}, **{t: "softmax" for t in _SOFTMAX}}

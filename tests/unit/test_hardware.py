@@ -36,12 +36,12 @@ def test_published_dense_peaks():
 def test_blackwell_rows():
     """Dense per-GPU peaks, memory and measured rates of the Blackwell rows (hardware.BLACKWELL_REFERENCE): HGX/DGX
     B200 and B300 at 2250 / 4500 TFLOP/s bf16 / fp8, the NVL72 parts at 2500 / 5000; B200 180 GB, GB200 186,
-    B300 / GB300 288 decimal GB (288e9 bytes, not 288 GiB: nvidia-smi shows 275040 MiB on a B300); large-GEMM fractions from the measured maximum matmul rates; one NIC per GPU."""
+    B300 / GB300 as nvidia-smi's memory.total (275040 / 284208 MiB; the datasheets' 288 GB is not 288 GiB); large-GEMM fractions from the measured maximum matmul rates; one NIC per GPU."""
     from dstoolkit.estimate.gemm import SMS_BY_COMPUTE_CAPABILITY
 
     gib = 2**30
-    expect = {"B200": (2250, 180 * gib, "10.0", 0.776, 50e9), "B300": (2250, 288e9, "10.3", 0.786, 100e9),
-              "GB200": (2500, 186 * gib, "10.0", 0.729, 50e9), "GB300": (2500, 288e9, "10.3", 0.786, 100e9)}
+    expect = {"B200": (2250, 180 * gib, "10.0", 0.776, 50e9), "B300": (2250, 275040 * 2**20, "10.3", 0.786, 100e9),
+              "GB200": (2500, 186 * gib, "10.0", 0.729, 50e9), "GB300": (2500, 284208 * 2**20, "10.3", 0.786, 100e9)}
     for name, (bf16, mem, cc, frac, nic) in expect.items():
         g = get_gpu(name)
         assert (g.peak_bf16_flops, g.peak_fp8_flops) == (bf16 * TFLOPS, 2 * bf16 * TFLOPS)

@@ -40,3 +40,25 @@ def test_both_tables_read_one_jean_zay_spec():
     sweeps = lst.load()
     assert published["bloom_176b_384xa100"]["gpu"] == sweeps["common"]["bigscience_prequel"]["gpu"] == \
         prs.resolve_gpu({"cluster": "jean_zay_a100"}, "t")
+
+
+def test_jean_zay_entry_reproduces_its_own_benchmark():
+    """The measured layout (one 32-rank group, 8 ranks on each of 4 nodes) gets exactly the measured busbw: its NCCL
+    log routes the group's rings through one device per direction (nics_per_group 1), not a ring per NIC."""
+    from dstoolkit.estimate.collective_time import group_inter_node_busbw
+
+    g = prs.resolve_gpu({"cluster": "jean_zay_a100"}, "t")
+    measured = group_inter_node_busbw(g["inter_node_bw_bytes_per_s"], g["nics_per_node"], 8, 1,
+                                      g["intra_node_bw_bytes_per_s"], g["nics_per_group"])
+    assert measured == 5.07e9
+    # tp 8: 8 groups of one rank per node share the 4 links; tp 2: 2 groups of 4 ranks, one link each (the cap)
+    assert group_inter_node_busbw(5.07e9, 4, 1, 8, 2.3e11, 1) == 5.07e9 / 2
+    assert group_inter_node_busbw(5.07e9, 4, 4, 2, 2.3e11, 1) == 5.07e9
+    assert group_inter_node_busbw(5.07e9, 4, 4, 2, 2.3e11) == 2 * 5.07e9  # no cap: a ring per NIC
+
+
+def test_nics_per_group_is_a_spec_field():
+    from dstoolkit.hardware.table import GpuSpec
+
+    spec = GpuSpec.model_validate(prs.resolve_gpu({"cluster": "jean_zay_a100"}, "t"))
+    assert spec.nics_per_group == 1

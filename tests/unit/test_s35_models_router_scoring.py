@@ -61,3 +61,13 @@ def test_an_unknown_model_type_with_a_router_bias_says_sigmoid_was_assumed():
     assert kw["notes"] == (router_scoring("my_moe", None).note,)
     # a known model_type assumes nothing
     assert "notes" not in shape_fields(tf.text_config_of(d), measured)
+
+
+def test_multimodal_text_model_types_have_their_family_default():
+    """shape_fields passes the text config's model_type: the text types of multimodal families score as their
+    family (transformers 5.25: Glm5NextTopkRouter, Dots3Note..., MuseSpark..., Step3p7's step3p5 text: sigmoid),
+    with no 'assumed' note (s35 review finding 7)."""
+    from dstoolkit.models.router_scoring import router_scoring
+
+    for t in ("glm5_next_text", "dots3_note_text", "muse_spark_text", "step3p5"):
+        assert router_scoring(t, None) == ("sigmoid", None), t
