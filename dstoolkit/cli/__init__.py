@@ -32,7 +32,7 @@ start here:
   dstoolkit VERB --help               one verb's flags; README.md and docs/ have an example of each
 
 exit codes: 0 ok, 1 findings (errors in a config, nothing fits, ...), 2 usage or input error"""
-"""The epilog of `dstoolkit --help` (tests/unit/test_s35_front_cli_help.py checks its commands run)."""
+"""The epilog of `dstoolkit --help` (tests/unit/test_s35_front_cli.py checks the paths it names exist)."""
 
 # verb -> module. Order is the order shown in --help.
 VERBS: dict[str, str] = {

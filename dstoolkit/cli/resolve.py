@@ -108,15 +108,6 @@ def _check_output_path(output: str) -> None:
     check_output_path(output, name=f"-o {output}", suggest="ds_config.json")
 
 
-def fatal_findings(findings: list) -> list:
-    """What to say about a config that could not be read: a YAML file (DS006) gets that one error, not the
-    hjson reader's notes on the text it got through before it stopped (DS010 "comment in config" for the YAML's
-    leading '#' line: advice about a JSON config's comments, and printed before the real error); other fatal
-    reads keep every finding."""
-    yaml = [f for f in findings if f.code == "DS006"]
-    return yaml or list(findings)
-
-
 @exit_map("resolve")
 def run(args) -> int:
     problem = input_file_problem(args.config)
@@ -133,7 +124,7 @@ def run(args) -> int:
         return EXIT_INPUT
     parsed = parse_text(text, args.config)
     if parsed.fatal:
-        for f in fatal_findings(parsed.findings):
+        for f in parsed.findings:  # a YAML file: DS006 alone (validate.parse drops the hjson reader's notes)
             print(f.format_text(), file=sys.stderr)
         return EXIT_INPUT
     report = resolve_auto(parsed.data, world_size=args.world_size, hidden_size=args.hidden_size, tp=args.tp,

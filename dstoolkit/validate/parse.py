@@ -361,8 +361,7 @@ def parse_text(text: str, source: str = "<config>") -> ParseResult:
             code, msg = "DS006", "this is YAML, not a JSON DeepSpeed config (" + msg + ")"
             sugg = "DeepSpeed reads JSON/hjson; convert it (e.g. yaml.safe_load + json.dump) or pass the .json config"
         line, col = p.linecol(min(exc.offset, len(text)))
-        # YAML's '#' lines are comments to the hjson reader: its DS010 notes about them only precede the real finding
-        notes = [f for f in p.findings if not (code == "DS006" and f.code == "DS010")]
+        notes = [f for f in p.findings if not (code == "DS006" and f.code == "DS010")]  # YAML '#': not hjson notes
         res = ParseResult(data=None, findings=notes, fatal=True)
         res.findings.append(Finding(file=source, pointer="", line=line, column=col, severity="error", code=code,
                                     message=msg, suggestion=sugg))

@@ -71,16 +71,17 @@ def test_dstoolkit_train_reads_the_metrics_file_once(tmp_path, train_files, read
     assert 0 < reads.get(str(out), 0) <= 128 * 1024  # was: 4 whole reads (verb, check_launch: text + records each)
 
 
-@pytest.mark.parametrize("env", [{"RANK": "1"}, {"RANK": "0", "DSTOOLKIT_TRAIN_PREFLIGHT_DONE": "1"}])
-def test_only_one_process_checks_the_metrics_file(tmp_path, monkeypatch, env):
+@pytest.mark.parametrize("env", [{"RANK": "1", "DSTOOLKIT_TRAIN_PREFLIGHT_DONE": "1"},
+                                 {"RANK": "0", "DSTOOLKIT_TRAIN_PREFLIGHT_DONE": "1"}])
+def test_ranks_skip_the_check_the_verb_did(tmp_path, monkeypatch, env):
     notes = tmp_path / "notes.txt"
     notes.write_text("note one\nnote two\n")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     args = argparse.Namespace(metrics_out=str(notes), deepspeed_config=str(tmp_path / "ds.json"),
                               spec=str(tmp_path / "s.yaml"), checkpoint_dir=None, monitor_dir=None)
-    assert ti.check_output_paths(args) == ()  # was: every rank refused it (rank 0 alone does, or the pre-flight)
-    monkeypatch.setenv("RANK", "0")
+    assert ti.check_output_paths(args) == ()  # the verb's pre-flight checked it once
+    monkeypatch.setenv("RANK", env["RANK"])  # a direct launch: every rank checks (s35 review finding 9)
     monkeypatch.delenv("DSTOOLKIT_TRAIN_PREFLIGHT_DONE", raising=False)
     with pytest.raises(ti.UsageError, match="none of its 2 line"):
         ti.check_output_paths(args)
@@ -152,3 +153,15 @@ def test_long_files_that_are_not_metrics_are_refused(tmp_path):
     found = ti.metrics_out_check(str(notes), {})
     assert "none of the 18724 line(s) in its first and last 64 KiB is a dstoolkit train metrics record (18724 of " \
            "them not a JSON object; the first, line 1: not JSON: Expecting value)" in found.problem
+
+
+def test_a_whole_foreign_record_without_its_newline_is_not_taken_for_a_cut_one(tmp_path):
+    """s35 review finding 10: a complete JSON object that is not a trainer record, with no final newline, was
+    accepted as 'a run killed while writing its first record'; only a line that is not JSON on its own is cut off."""
+    whole = tmp_path / "other.jsonl"
+    whole.write_text('{"step": 3, "loss": 1.25}')
+    assert ti.metrics_out_check(str(whole), {}).problem is not None
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"step": 3, "lo')
+    check = ti.metrics_out_check(str(cut), {})
+    assert check.problem is None and "cut off" in check.note

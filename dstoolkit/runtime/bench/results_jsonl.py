@@ -253,7 +253,8 @@ def jsonl_append_check(path: pathlib.Path | str, is_record: Callable[[Any], bool
         found, bad = list(records), records.bad_lines
     if any(is_record(r) for r in found):
         return AppendCheck()
-    if len(lines) == 1 and ends.cut_last and _opens_record(lines[0][1], cut_openings):
+    if len(lines) == 1 and ends.cut_last and parsed[0][2] and _opens_record(lines[0][1], cut_openings):
+        # cut off: not JSON on its own (a whole object without its newline is another tool's record, refused below)
         return AppendCheck(note=f"its only line is cut off ({lines[0][1].strip()[:40]!r}): a run killed while writing "
                                 "its first record; it stays as it is (the file is only appended to) and the records "
                                 "appended start on a line of their own")
@@ -264,8 +265,10 @@ def jsonl_append_check(path: pathlib.Path | str, is_record: Callable[[Any], bool
         at = f"line {first.line}" if first.line is not None else "a line near its end"
         return AppendCheck(f"none of {where} is a {record_name} ({len(bad)} of them not a JSON object; the first, "
                            f"{at}: {first.reason}); records appended would mix with it")
-    return AppendCheck(f"none of its {len(found)} JSON record(s) is a {record_name} ({mark}); records "
-                       "appended would mix with another tool's data")
+    held = f"its {len(found)} JSON record(s)" if ends.whole else (
+        f"the {len(found)} JSON record(s) in its first and last {kib} KiB")
+    return AppendCheck(f"none of {held} is a {record_name} ({mark}); records appended would mix with another tool's "
+                       "data")
 
 
 def check_results_file(path: pathlib.Path | str, name: Optional[str] = None, records: Optional[Records] = None) -> None:

@@ -238,10 +238,11 @@ PREFLIGHT_DONE_ENV = "DSTOOLKIT_TRAIN_PREFLIGHT_DONE"
 
 
 def checks_metrics_file() -> bool:
-    """This process checks what --metrics-out holds (`metrics_out_check`): once per launch, in `dstoolkit train`'s
-    pre-flight, or else on global rank 0 (RANK unset or 0: a torchrun launch, a direct run), the rank that appends
-    to it (`run_state.MetricsWriter`). Every rank read it before, whole (2.5 s for a 93 MB file)."""
-    return os.environ.get("RANK", "0") == "0" and not os.environ.get(PREFLIGHT_DONE_ENV)
+    """This process checks what --metrics-out holds (`metrics_out_check`): once per launch in `dstoolkit train`'s
+    pre-flight, or else on every rank of a direct launch (a torchrun / deepspeed launch of the trainer itself), so a
+    rank on another node refuses too instead of going on to wait for a rank 0 that stopped; the check reads at most
+    64 KiB from each end of the file (results_jsonl.read_ends), and the refusal is said once (`say_usage_error`)."""
+    return not os.environ.get(PREFLIGHT_DONE_ENV)
 
 
 def check_output_paths(args: argparse.Namespace, config_flag: str = "--deepspeed_config") -> tuple[str, ...]:
