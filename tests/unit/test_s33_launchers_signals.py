@@ -15,6 +15,7 @@ import pytest
 from dstoolkit.cli import main
 from dstoolkit.generate.shell import REAP_GRACE_S, run_forwarding_signals_lines
 from tests.unit.test_s33_train_launch_signals import FAKE_TORCHRUN, _alive
+from tests.signal_env import skip_if_sigint_ignored
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,7 @@ def test_generated_text_runs_the_launcher_under_the_signal_rule(zero1, script):
 @pytest.mark.parametrize("script,args", [("launch_hf.sh", ["train.py"]), ("launch_megatron_lm.sh", [])])
 @pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_stops_the_launcher_and_its_worker(zero1, tmp_path, script, args, signum, code):
+    skip_if_sigint_ignored(signum)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "torchrun").write_text(FAKE_TORCHRUN)

@@ -18,6 +18,7 @@ import pytest
 
 from dstoolkit.cli import main
 from dstoolkit.generate.shell import REAP_GRACE_S, run_forwarding_signals_lines
+from tests.signal_env import skip_if_sigint_ignored
 
 # like the deepspeed runner: a child that trains on (here: sleeps) and a parent that dies on SIGTERM alone
 FAKE_DEEPSPEED = """#!/usr/bin/env bash
@@ -56,6 +57,7 @@ def _alive(pid: int) -> bool:
                                                   ("torchrun", signal.SIGTERM, 143),
                                                   ("deepspeed", signal.SIGINT, 130)])
 def test_signal_to_launch_sh_stops_every_process(zero2, tmp_path, launcher, signum, code):
+    skip_if_sigint_ignored(signum)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for name, text in (("deepspeed", FAKE_DEEPSPEED), ("torchrun", FAKE_TORCHRUN)):
