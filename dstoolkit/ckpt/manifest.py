@@ -76,11 +76,11 @@ def verify_manifest(tag_dir: Path, info: CheckpointInfo) -> None:
 
 def absent_manifest(info: CheckpointInfo, crc: bool) -> None:
     """A step_* tag in a folder where no tag has its manifest (`info.format` not the trainer's): DeepSpeed tags a loop
-    of one's own saved under the trainer's tag prefix (engine.save_checkpoint(dir, tag="step_100")). The trainer writes
-    the manifest before it renames a tag into place (runtime/train/ckpt.py `CheckpointManager._commit`), so none of its folders lacks
-    one in every tag. Says so (`info.manifest_absent`) and that `dstoolkit train --resume` does not load them: its
-    pre-flight (runtime/train/resume_check.py `resume_refusal`) takes every step_* tag without a manifest for an
-    unfinished save of its own."""
+    of one's own saved under the trainer's tag prefix (engine.save_checkpoint(dir, tag="step_100")). The trainer
+    writes the manifest before it renames a tag into place (runtime/train/ckpt.py `CheckpointManager._commit`), so
+    none of its folders lacks one in every tag. Says so (`info.manifest_absent`) and that `dstoolkit train --resume`
+    does not load them: its pre-flight (runtime/train/resume_check.py `resume_refusal`) takes every step_* tag
+    without a manifest for an unfinished save of its own."""
     if info.format == "dstoolkit-trainer" or not info.tag.startswith(N.TRAINER_TAG_PREFIX):
         return
     checked = "zip end record and CRC" if crc else "zip end record (CRC skipped: --no-crc)"

@@ -26,7 +26,7 @@ DSTOOLKIT_MANIFEST = "dstoolkit_manifest.json"
 HF_TRAINER_STATE = "trainer_state.json"
 HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-(?P<step>\d+)$")
 TRAINER_TAG_PREFIX = "step_"
-"""The project trainer's tag names start with it (runtime/train/ckpt.py `TAG_PREFIX`, step_<8 digits>); a user's own
-loop may use it too, without the manifest."""
-STEP_TAG = re.compile(r"^(?:global_step|step_)(?P<step>\d+)$")
+"""The project trainer's tag names start with it (runtime/train/ckpt.py imports it as `TAG_PREFIX`: step_<8 digits>);
+a user's own loop may use it too, without the manifest."""
+STEP_TAG = re.compile(rf"^(?:global_step|{TRAINER_TAG_PREFIX})(?P<step>\d+)$")
 """DeepSpeed's default tag global_step<N>; the project's trainer writes step_<8 digits>."""

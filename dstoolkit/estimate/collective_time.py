@@ -67,10 +67,9 @@ def group_inter_node_busbw(nic_busbw: float, nics_per_node: int, ranks_per_node:
     NCCL keeps a group's rings on fewer devices states it (GpuSpec.nics_per_group): the group gets at most that many.
     """
     rings = min(max(1, ranks_per_node), max(1, nics_per_node) / max(1, concurrent_groups))
-    if nics_per_group is not None:
-        rings = min(rings, float(nics_per_group))
-    if MULTI_RING_GAIN is False:
-        rings = min(1.0, rings)
+    cap = nics_per_group if MULTI_RING_GAIN else 1  # the switch off: one NIC per group everywhere
+    if cap is not None:
+        rings = min(rings, cap)
     return min(intra_busbw, nic_busbw * rings)
 
 

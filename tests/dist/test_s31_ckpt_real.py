@@ -35,7 +35,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 def _train(out: Path, stage: int, *extra: str, spec: Path = REPO / "ds_configs" / "tiny_cpu.yaml") -> Path:
     proc = subprocess.run([*CLI, "train", "--spec", str(spec), "--config", str(GEN / f"zero{stage}" / "ds_config.json"),
                            "--steps", "2", "--", "--checkpoint-dir", str(out), "--save-every", "2", "--no-progress",
-                           *extra], env=ENV, capture_output=True, text=True, timeout=240)
+                           *extra], env=ENV, capture_output=True, text=True, timeout=240,
+                          cwd=out.parent)  # its default --metrics-out lands beside the checkpoints, not in the checkout
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

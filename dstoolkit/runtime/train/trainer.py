@@ -54,7 +54,7 @@ from dstoolkit.runtime.train.faults import FaultInjector
 from dstoolkit.runtime.train.lr import LrControl
 from dstoolkit.runtime.train.pgroups import init_distributed
 from dstoolkit.runtime.train.run_state import Checkpoints, MetricsWriter, RunState
-from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, read_inputs
+from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, launched_as_rank0, read_inputs
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as the shell reports it
@@ -69,7 +69,7 @@ said once. A rank still running after the wait says it itself (rank 0 did not re
 def say_usage_error(line: str) -> None:
     """Print a rank's bad-input line: global rank 0 (RANK unset or 0) at once, another rank after
     `OTHER_RANKS_WAIT_S` unless its launcher stopped it meanwhile (N ranks printed N copies before)."""
-    if os.environ.get("RANK", "0") != "0":
+    if not launched_as_rank0():
         time.sleep(OTHER_RANKS_WAIT_S)
     print(line, file=sys.stderr, flush=True)
 

@@ -237,6 +237,11 @@ PREFLIGHT_DONE_ENV = "DSTOOLKIT_TRAIN_PREFLIGHT_DONE"
 --metrics-out file already, so no rank reads it again (`checks_metrics_file`)."""
 
 
+def launched_as_rank0() -> bool:
+    """This process is global rank 0 of its launch, or was started without a launcher (RANK unset)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def checks_metrics_file() -> bool:
     """This process checks what --metrics-out holds (`metrics_out_check`): once per launch in `dstoolkit train`'s
     pre-flight, or else on every rank of a direct launch (a torchrun / deepspeed launch of the trainer itself), so a
@@ -267,7 +272,7 @@ def check_output_paths(args: argparse.Namespace, config_flag: str = "--deepspeed
             if checks_metrics_file() else None
         if found is not None and found.problem:
             raise UsageError(found.problem)
-        if os.environ.get("RANK", "0") == "0":  # one rank probes (see the output folders below)
+        if launched_as_rank0():  # one rank probes (see the output folders below)
             probe_folder_creation(Path(metrics).parent, f"--metrics-out {metrics}")
         for flag, dest in OUTPUT_FOLDER_FLAGS:
             folder = getattr(args, dest, None)
@@ -277,7 +282,7 @@ def check_output_paths(args: argparse.Namespace, config_flag: str = "--deepspeed
             if _is_non_folder(Path(folder)):
                 raise UsageError(f"{flag} {folder}: is a file, not a folder; give a new or existing folder to write "
                                  "into (or move the file away)")
-            if os.environ.get("RANK", "0") == "0":  # one rank probes: another's probe removes what it made meanwhile
+            if launched_as_rank0():  # one rank probes: another's probe removes what it made meanwhile
                 probe_folder_creation(Path(folder), f"{flag} {folder}")
     except OSError as e:  # FileInPathError, OutputIsFolderError: their text names the flag, the part and the fix
         raise UsageError(str(e)) from None
@@ -300,9 +305,10 @@ inside or after one of these is a run killed while writing its first record (`me
 
 def metrics_out_check(metrics: str, inputs: dict[str, str]) -> Any:
     """May the run append its metrics to `metrics` (--metrics-out)? A `results_jsonl.AppendCheck`: its problem, the
-    whole message naming the flag and the fix, or None; its note, what to know about a file accepted. `inputs`: {flag: path} of the command's input files, as the caller's command line names them.
+    whole message naming the flag and the fix, or None; its note, what to know about a file accepted. `inputs`:
+    {flag: path} of the command's input files, as the caller's command line names them.
     Refused: the same file as an input (after links, or a hard link: `same_file`), whatever it holds; an existing
-    file that is not JSON Lines of the trainer's metrics (`results_jsonl.jsonl_append_problem`, the rule `bench
+    file that is not JSON Lines of the trainer's metrics (`results_jsonl.jsonl_append_check`, the rule `bench
     --out` applies to its records): a config, a spec, notes. Rank 0 appends (`MetricsWriter`), so either would be
     spoilt, and `dstoolkit train`'s summary covers only the lines this run appended. A new or empty file, or an
     earlier run's metrics (a resume; a last line cut off by a killed run is tolerated; a file whose only line is a
