@@ -141,6 +141,7 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
               _pct(a["measured_cost"]), a["text"].replace("|", "\\|")] for a in ab],
             ["check", "setting", ("GPUs", "r"), ("gbs", "r"), ("predicted cost", "r"), ("measured cost", "r"), "source row"])
     lines += single_node_lines(s.get("single_node") or [], groups, rows_by_group)
+    lines += by_tp_lines(groups, rows_by_group)
     per_ceiling = (ce or {}).get("per_group") or {}
     lines += ["", "## Per group", ""]
     body = []
@@ -217,6 +218,27 @@ def render_md(groups, rows_by_group, scores, sweeps, summary, loso, env, doc) ->
         lines += [f"- {key} assumed: " + "; ".join(com.get("assumed") or []),
                   f"- {key} inexpressible: " + "; ".join(com.get("inexpressible") or [])]
     return "\n".join(lines) + "\n"
+
+
+def by_tp_lines(groups, rows_by_group) -> list[str]:
+    """Error of the layouts that ran by source and tensor-parallel size (a source with several sizes): where the
+    misses sit when one size is predicted well and another is not."""
+    cells: dict[tuple[str, int], list[float]] = {}
+    for g in groups:
+        for r in rows_by_group[g["id"]]:
+            if not r["oom"] and r.get("predicted_step_s"):
+                cells.setdefault((g["source"], r["layout"]["tp"]), []).append(
+                    r["measured_step_s"] / r["predicted_step_s"] - 1)
+    multi = {src for src, _ in cells if len({tp for s2, tp in cells if s2 == src}) > 1}
+    body = [[src, str(tp), str(len(v)), _pct(sum(v) / len(v)), _pct(sum(abs(x) for x in v) / len(v)),
+             f"{sum(abs(x) <= 0.03 for x in v)}", f"{_pct(min(v))} to {_pct(max(v))}"]
+            for (src, tp), v in sorted(cells.items()) if src in multi]
+    if not body:
+        return []
+    return ["", "## Error by tensor-parallel size", "",
+            "Layouts that ran, by source and TP size (error = predicted tokens/s ÷ measured − 1, in sample).", ""] + \
+        render_markdown_table(body, ["source", ("tp", "r"), ("layouts", "r"), ("signed mean", "r"), ("MAPE", "r"),
+                                     ("within ±3%", "r"), ("range", "r")])
 
 
 def single_node_lines(one: list[dict[str, Any]], groups, rows_by_group) -> list[str]:

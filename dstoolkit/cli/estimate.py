@@ -49,9 +49,9 @@ import json
 import sys
 from pathlib import Path
 
-from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, add_calibration_flag, add_checkpoint_flags,
-                                   add_format_flag, add_model_class_flag, add_model_kwargs_flag, add_parallel_flags,
-                                   add_target_flag, add_training_plan_flags, add_world_flags,
+from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, InputError, add_calibration_flag,
+                                   add_checkpoint_flags, add_format_flag, add_model_class_flag, add_model_kwargs_flag,
+                                   add_parallel_flags, add_target_flag, add_training_plan_flags, add_world_flags,
                                    exit_map, input_error, positive_int, targets_of, validation_error_text)
 from dstoolkit.cli.estimate_flags import FLAG_FORM_ONLY, ConfigInvalid, FlagCluster, plan_from_args, refuse_layout_flags
 from dstoolkit.cli.estimate_text import (GiB, engine_optimizer, offload_notes, offload_placement, pipeline_split_line,
@@ -116,8 +116,12 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
     from dstoolkit.models.resolve import resolve_spec_model
     from dstoolkit.spec import load_spec
 
+    from dstoolkit.cli.spec_kind import deepspeed_config_problem
     from dstoolkit.generate.io import refuse_megatron_lm_on_cpu
 
+    problem = deepspeed_config_problem(path, "estimate SPEC")
+    if problem:
+        raise InputError(problem)  # before the spec loader's "required field is missing" + one "unknown key" per key
     spec = load_spec(path, targets=target or ())  # --target: the run's targets for the spec's engine rules
     refuse_megatron_lm_on_cpu(spec, from_flag=bool(target))  # as every verb that loads the spec
     apply_model_class(spec, model_class, path)  # --model-class: as the spec's model.model_class

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 from dstoolkit.cli.estimate import training_plan_from_args
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_force_flag, add_format_flag,
                                    add_model_class_flag, add_out_flag, add_training_plan_flags, exit_map)
+from dstoolkit.cli.spec_kind import deepspeed_config_problem
 from dstoolkit.cli.spec_override import load_spec_and_shape_with
 from dstoolkit.common.atomic import check_output_parents
 
@@ -110,7 +110,7 @@ def run(args) -> int:
     check_target(out, force=args.force)
     # SpecLoadError: printed as it is, exit 2 (exit_map). --target values are the run's targets for the spec's engine
     # rules (spec.load_spec(targets=)), with or without --model-class
-    problem = deepspeed_config_problem(args.spec)
+    problem = deepspeed_config_problem(args.spec, "generate")
     if problem:
         raise InputError(problem)  # before the spec loader's "required field is missing" + one "unknown key" per key
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class, args.target or ())
@@ -189,36 +189,6 @@ def run(args) -> int:
     for hint in run_hints(result, str(out)):
         print(f"run {hint}")
     return EXIT_OK
-
-
-EXAMPLE_SPEC = "ds_configs/tiny_cpu.yaml"
-"""The spec a refusal points to (the one launch/demo.sh generates from)."""
-
-
-def deepspeed_config_problem(path: str) -> Optional[str]:
-    """The one line that says SPEC is a DeepSpeed config, not a spec, or None: a JSON / hjson object (read as
-    `dstoolkit validate` reads configs, `validate.parse.parse_text`) with none of the spec's sections
-    (`validate.findings.SPEC_SECTIONS`) and a top-level key of DeepSpeed's config (the committed schema's
-    properties). Anything else, unreadable files included, is left to the spec loader and its located errors."""
-    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.validate.findings import SPEC_SECTIONS
-    from dstoolkit.validate.parse import parse_text
-    from dstoolkit.validate.schema_check import load_schema
-
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError):
-        return None
-    parsed = parse_text(text, str(path))
-    if parsed.fatal or not isinstance(parsed.data, dict) or any(k in parsed.data for k in SPEC_SECTIONS):
-        return None
-    ds_keys = [k for k in parsed.data if k in load_schema()["properties"]]
-    if not ds_keys:
-        return None
-    shown = ", ".join(ds_keys[:3]) + (", ..." if len(ds_keys) > 3 else "")
-    return (f"{path} is a DeepSpeed config (top-level {shown}), not a spec: generate "
-            f"takes a spec (model + cluster + training sections), e.g. {EXAMPLE_SPEC}; a DeepSpeed config goes to "
-            f"`dstoolkit validate {path}` or `dstoolkit estimate --config {path} --model NAME --world-size N`")
 
 
 def warning_lines(result) -> list[str]:

@@ -20,6 +20,7 @@ import json
 from dstoolkit.cli.estimate import training_plan_from_args
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, InputError, add_format_flag, add_model_class_flag,
                                    add_target_flag, add_training_plan_flags, exit_map, targets_of)
+from dstoolkit.cli.spec_kind import deepspeed_config_problem
 from dstoolkit.cli.spec_override import load_spec_and_shape_with
 
 GiB = 2**30
@@ -168,6 +169,9 @@ def run(args) -> int:
         raise InputError(f"--top must be >= 1 (got {args.top})")
     # SpecLoadError: printed as it is, exit 2 (exit_map). --target values are the run's targets for the spec's engine
     # rules (spec.load_spec(targets=)), with or without --model-class
+    problem = deepspeed_config_problem(args.spec, "sweep")
+    if problem:
+        raise InputError(problem)  # before the spec loader's "required field is missing" + one "unknown key" per key
     spec, shape = load_spec_and_shape_with(args.spec, args.model_class, args.target or ())
     targets = targets_of(args, spec)
     # targets of several engine groups (deepspeed + megatron-lm; DeepSpeed's native MoE + HF): one ranking per group,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, InputError,
                                    add_force_flag, add_format_flag, add_model_class_flag, add_out_flag, exit_map)
+from dstoolkit.cli.spec_kind import deepspeed_config_problem
 from dstoolkit.cli.spec_override import spec_file_with
 from dstoolkit.common.atomic import atomic_write_text
 
@@ -161,6 +162,9 @@ def run(args) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     # --model-class: the tuner reads the spec file itself, so it gets a copy with model.model_class set
     # (same file name and text for every rerun: the study resumes)
+    problem = deepspeed_config_problem(args.spec, "tune")
+    if problem:
+        raise InputError(problem)  # before the spec loader's "required field is missing" + one "unknown key" per key
     tmp = tempfile.TemporaryDirectory(prefix="dstoolkit-tune-spec-") if args.model_class else None
     spec_path = spec_file_with(args.spec, args.model_class, Path(tmp.name)) if tmp else Path(args.spec)
     prev = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
