@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from dstoolkit.common.atomic import atomic_write_bytes, atomic_write_text
 from dstoolkit.runtime.bench import stats
+from dstoolkit.runtime.bench.report_env import by_env, env_groups, env_head, env_line
 
 
 # --------------------------------------------------------------------------------------------------
@@ -120,19 +121,6 @@ def _human_size(n: int) -> str:
     return str(n)
 
 
-def _env_line(recs: Sequence[dict[str, Any]]) -> str:
-    envs = [r.get("env", {}) for r in recs if r.get("env")]
-    if not envs:
-        return ""
-    e = envs[-1]
-    loads = [r["env"]["load_avg"][0] for r in recs if r.get("env", {}).get("load_avg")]
-    load = f"1-min load avg {min(loads):.2f}–{max(loads):.2f}" if loads else "load unknown"
-    hw = e.get("gpu_model") or e.get("cpu_model")
-    return (f"_Environment: torch {e.get('torch')}, deepspeed {e.get('deepspeed')}, TE {e.get('transformer_engine') or 'none'}, "
-            f"{hw} ({e.get('cpu_count')} CPUs), backend {e.get('backend')}, world size {e.get('world_size')}, "
-            f"commit {str(e.get('git_commit'))[:12]}, {load}, measured {e.get('timestamp_utc')}._")
-
-
 # --------------------------------------------------------------------------------------------------
 # Sections
 # --------------------------------------------------------------------------------------------------
@@ -143,12 +131,10 @@ def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list
              "nccl-tests convention: algbw = size / time, busbw = algbw × factor (all-reduce 2(n−1)/n; all-gather, "
              "reduce-scatter, all-to-all (n−1)/n; broadcast 1). GB/s = 10⁹ B/s. time = median over repetitions of "
              "the slowest rank; spread = busbw p10–p90.", ""]
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in recs:
-        groups.setdefault((r.get("backend"), r.get("world_size"), r.get("type")), []).append(r)
-    for (backend, world, typ), rows in groups.items():
-        lines.append(f"### {backend}, {world} ranks, {typ}")
-        lines.append(_env_line(rows))
+    groups = _comm_groups(recs)
+    for (backend, world, typ), rows in groups:
+        lines.append(f"### {backend}, {world} ranks, {typ}{_comm_env_suffix(groups, (backend, world, typ), rows)}")
+        lines.append(env_line(rows))
         lines.append("")
         lines += render_markdown_table(
             ([r["op"], _human_size(r["size"]), r["count"], _fmt(r["time_us"], 1), _fmt(r["algbw"]), _fmt(r["busbw"]),
@@ -164,17 +150,35 @@ def _comm_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list
     return lines
 
 
+def _comm_groups(recs: list[dict[str, Any]]) -> list[tuple[tuple, list[dict[str, Any]]]]:
+    """((backend, world size, dtype), rows) per table: rows of one such triple measured in several environments
+    (`report_env.env_groups`) get one table each, so an env line never covers another run's rows."""
+    by_triple: dict[tuple, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_triple.setdefault((r.get("backend"), r.get("world_size"), r.get("type")), []).append(r)
+    return [(triple, rows) for triple, all_rows in by_triple.items() for rows in env_groups(all_rows)]
+
+
+def _comm_env_suffix(groups: list[tuple[tuple, list[dict[str, Any]]]], triple: tuple,
+                     rows: list[dict[str, Any]]) -> str:
+    """', commit X, measured D' where the (backend, world size, dtype) has tables from several environments."""
+    return f", {env_head(rows)}" if sum(t == triple for t, _ in groups) > 1 else ""
+
+
 def _comm_overhead_section(recs: list[dict[str, Any]]) -> list[str]:
     if not recs:
         return []
     lines = ["## Harness overhead (`benchmarks/comm_overhead.py`)", "",
              "busbw from the `bench comm` harness against a bare `torch.distributed` timing loop on the same sizes, "
-             "interleaved in the same ranks.", "", _env_line(recs), ""]
-    lines += render_markdown_table(
+             "interleaved in the same ranks.", ""]
+    return lines + by_env(recs, _comm_overhead_table)
+
+
+def _comm_overhead_table(recs: list[dict[str, Any]]) -> list[str]:
+    return render_markdown_table(
         ([r.get("op"), _human_size(r["size"]), _fmt(r.get("harness_busbw")), _fmt(r.get("bare_busbw")),
           _pct(r.get("rel_diff"))] for r in sorted(recs, key=lambda r: (r.get("op", ""), r.get("size", 0)))),
-        ["op"] + [(c, "r") for c in ("size", "harness busbw", "bare busbw", "harness / bare − 1")])
-    return lines + [""]
+        ["op"] + [(c, "r") for c in ("size", "harness busbw", "bare busbw", "harness / bare − 1")]) + [""]
 
 
 def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
@@ -184,8 +188,18 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
              "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
              "compute span covers, over the communication spans (one measurement, so immune to load drift between "
              "phases). Compute slowdown = overlapped × (1 − exposed fraction of the traced step) ÷ compute-only − 1. Times are medians (s).",
-             "", _env_line(recs), ""]
-    lines += render_markdown_table(
+             ""]
+    lines += by_env(recs, _overlap_table)
+    plot = _plot_overlap(recs, out_dir, prefix)
+    if plot:
+        plots.append(plot)
+        lines += [f"![eta per config]({plot.name})", ""]
+    return lines
+
+
+def _overlap_table(recs: list[dict[str, Any]]) -> list[str]:
+    """One environment's overlap rows and their median η per overlap_comm setting."""
+    lines = render_markdown_table(
         ([r.get("config_name"), r.get("zero_stage"), _oc(r.get("overlap_comm")), _fmt(r.get("reduce_bucket_size")),
           _fmt(r["compute_s"]["median"], 4), _fmt(r["comm_s"]["median"], 4), _fmt(r["overlapped_s"]["median"], 4),
           _fmt(r.get("exposed_comm_s"), 4), _fmt(r.get("eta")), _fmt(r.get("eta_profiler")),
@@ -201,18 +215,23 @@ def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: l
             lines.append("")
             lines.append(f"overlap_comm {label}: median η (timing) {_fmt(_median(t))}, median η (trace) {_fmt(_median(p))} "
                          f"over {len(sel)} variants.")
-    lines.append("")
-    plot = _plot_overlap(recs, out_dir, prefix)
-    if plot:
-        plots.append(plot)
-        lines += [f"![eta per config]({plot.name})", ""]
-    return lines
+    return lines + [""]
 
 
 def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
     lines = ["## Training throughput (`dstoolkit bench train`)", "",
              "Measured over the timed steps (warm-up steps excluded) through the `deepspeed` launcher; the estimate "
-             "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", "", _env_line(recs), ""]
+             "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", ""]
+    lines += by_env(recs, _train_table)
+    plot = _plot_train(recs, out_dir, prefix)
+    if plot:
+        plots.append(plot)
+        lines += [f"![predicted vs measured step time]({plot.name})", ""]
+    return lines
+
+
+def _train_table(recs: list[dict[str, Any]]) -> list[str]:
+    """One environment's training rows and their step-time error summary (one estimator version per summary)."""
     rows = []
     for r in recs:
         m, e, err = r.get("measured", {}), r.get("estimate") or {}, r.get("error") or {}
@@ -222,7 +241,7 @@ def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: lis
             _pct(err.get("step_time_s")), _fmt(m.get("step_time_s_p90"), 4),
             f"{_gib(m.get('peak_memory_bytes'))} ({_gib(e.get('memory_per_rank_bytes'))})", _pct(err.get("memory_bytes")),
             f"{_fmt(m.get('mfu'), 4)} ({_fmt(e.get('mfu'), 4)})", f"{_fmt(m.get('loss_first'))}→{_fmt(m.get('loss_last'))}"])
-    lines += render_markdown_table(rows, ["config"] + [(c, "r") for c in (
+    lines = render_markdown_table(rows, ["config"] + [(c, "r") for c in (
         "steps", "tokens/s (est)", "err", "step median s (est)", "err", "step p90 s", "peak mem GiB (est)", "err",
         "MFU (est)")] + ["loss first→last"])
     errs = [abs(r["error"]["step_time_s"]) for r in recs if (r.get("error") or {}).get("step_time_s") is not None]
@@ -230,12 +249,7 @@ def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: lis
         worst = max(recs, key=lambda r: abs((r.get("error") or {}).get("step_time_s") or 0))
         lines += ["", f"Worst step-time error: {_pct(worst['error']['step_time_s'])} ({worst.get('config_name')}); "
                       f"mean absolute error {100 * sum(errs) / len(errs):.1f}% over {len(errs)} configs."]
-    lines.append("")
-    plot = _plot_train(recs, out_dir, prefix)
-    if plot:
-        plots.append(plot)
-        lines += [f"![predicted vs measured step time]({plot.name})", ""]
-    return lines
+    return lines + [""]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,17 +278,18 @@ def _save(fig, path: pathlib.Path) -> pathlib.Path:
     return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
-def _plot_comm(groups: dict[tuple, list[dict[str, Any]]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
+def _plot_comm(groups: list[tuple[tuple, list[dict[str, Any]]]], out_dir: pathlib.Path, prefix: str) -> Optional[pathlib.Path]:
     if not groups:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (backend, world, typ), rows in groups.items():
+    for (backend, world, typ), rows in groups:
+        env = _comm_env_suffix(groups, (backend, world, typ), rows)
         for op in sorted({r["op"] for r in rows}):
             pts = sorted((r["size"], r["busbw"], (r.get("busbw_stats") or {})) for r in rows if r["op"] == op)
             xs = [p[0] for p in pts]
             ys = [p[1] for p in pts]
-            line, = ax.plot(xs, ys, marker="o", ms=3, label=f"{op} ({backend}, n={world})")
+            line, = ax.plot(xs, ys, marker="o", ms=3, label=f"{op} ({backend}, n={world}{env})")
             lo = [p[2].get("p10", p[1]) for p in pts]
             hi = [p[2].get("p90", p[1]) for p in pts]
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)

@@ -5,6 +5,7 @@ by file and line, never rendered as-is and never a traceback. No torch, no matpl
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from typing import Any, Callable, Optional, Sequence
 
@@ -15,7 +16,9 @@ KINDS = ("comm", "comm_overhead", "overlap", "train")
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A number the tables and plots can show: JSON's Infinity / -Infinity (a zero time divided into a size) is not
+    one, and is left out with its field named, as a busbw of "fast" is; NaN stays a number (rendered "–")."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isinf(v)
 
 
 def _is_int(v: Any) -> bool:
