@@ -47,10 +47,17 @@ def _read_latest(root: Path, name: str, tags: list[str]) -> Optional[str]:
         CkptError: the file is not text, or names something that is not a folder directly inside `root`.
     """
     p = root / name
+    example = f"`printf %s {tags[0] if tags else 'global_stepN'} > {p}`"
+    if p.is_dir():  # engine.load_checkpoint reads it only when os.path.isfile (runtime/engine.py:4430) and
+        # save_checkpoint's open(save_dir/'latest', 'w') fails on a folder (engine.py:4961, 4979)
+        raise CkptError(str(p), f"is a folder, not the file DeepSpeed reads the tag from: engine.load_checkpoint "
+                        f"without tag= loads nothing from {root} and the next save_checkpoint fails writing {name}",
+                        f"move what {p} holds elsewhere and remove the folder, then write the tag into a file of "
+                        f"that name, e.g. {example}; or give the tag folder itself")
     if not p.is_file():
         return None
     fix = (f"rewrite {p} to hold the name of one tag folder ({', '.join(tags[:5]) or 'none found'}), "
-           f"e.g. `printf %s {tags[0] if tags else 'global_stepN'} > {p}`")
+           f"e.g. {example}")
     raw = p.read_bytes()
     try:
         tag = raw.decode("utf-8").strip()
@@ -210,11 +217,14 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
                                      ("; a universal load reads the step, scheduler and client state from it)"
                                       if universal else ")")))
     ds_config: dict = {}
+    mp_world_size = None  # how many model-parallel ranks named files (leftover_rank_files); None: not stated
     if isinstance(head, dict):
         ds_config = head.get("ds_config") if isinstance(head.get("ds_config"), dict) else {}
         info.dp = head.get("dp_world_size")
         dims = head.get("checkpoint_parallel_dimensions") or {}
         info.tp = dims.get("tp_degree", head.get("mp_world_size"))
+        mpw = head.get("mp_world_size")
+        mp_world_size = mpw if isinstance(mpw, int) and not isinstance(mpw, bool) and mpw >= 1 else None
         info.pp = dims.get("pp_degree")
         info.scheduler = head.get("lr_scheduler") is not None
         info.deepspeed_version = head.get("ds_version")
@@ -287,8 +297,17 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
     elif not universal:
         absent_manifest(info, crc)
 
-    # completeness: every data-parallel rank's partition present
+    # completeness: every data-parallel rank's partition present; the files an earlier save at another layout
+    # left in the tag are problems, and neither expected nor counted below
     expect_dp = info.dp if isinstance(info.dp, int) and info.dp > 0 else None
+    z3_ranked = z3_model if info.zero_stage == 3 else {}
+    ranked = {p: (None, int(N.MODEL_STATES.match(p.name).group("mp"))) for p in model_files}
+    ranked.update({p: k for k, p in list(optim.items()) + list(z3_ranked.items())})
+    gone = set() if universal else leftover_rank_files(
+        tag_dir, expect_dp if info.zero_stage else None, mp_world_size, ranked, info)
+    model_files = [p for p in model_files if p not in gone]
+    optim = {k: p for k, p in optim.items() if p not in gone}
+    z3_model = {k: p for k, p in z3_model.items() if p not in gone}
     if info.zero_stage and info.zero_stage >= 1 and not universal:
         mp = max(1, int(info.tp or 1)) * max(1, int(info.pp or 1))
         n_opt = expect_dp if expect_dp else (max(d for d, _ in optim) + 1 if optim else 0)
@@ -303,8 +322,6 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
                 if info.zero_stage == 3 and (r, m) not in z3_model:
                     info.problems.append(Problem(str(tag_dir / f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"),
                                                  f"is missing (rank {r} of dp {n_opt})"))
-        if expect_dp:
-            leftover_rank_files(tag_dir, expect_dp, optim, z3_model if info.zero_stage == 3 else {}, info)
         if mp > 1 and len(mps) < mp and not pipe:
             info.notes.append(f"model-parallel size {mp} but optimizer files for mp ranks {mps} only")
     if info.num_experts:
@@ -322,7 +339,7 @@ def inspect_checkpoint(path: Path | str, *, crc: bool = True) -> CheckpointInfo:
         owned.setdefault((key[1], key[0]), []).append(p)  # ranks ordered model-parallel rank major
     for r, p in expert_optim.items():
         owned.setdefault((0, r), []).append(p)
-    all_files = list(files)
+    all_files = [p for p in files if p not in gone]
     if universal:
         zdir = tag_dir / N.UNIVERSAL_ZERO_DIR
         all_files += [p for p in sorted(zdir.iterdir()) if p.is_file()]

@@ -79,20 +79,41 @@ def merge_problems(problems: list[Problem]) -> list[Problem]:
     return out
 
 
-def leftover_rank_files(tag_dir: Path, dp: int, optim: dict[tuple[int, int], Path],
-                        z3_model: dict[tuple[int, int], Path], info: CheckpointInfo) -> None:
-    """A Problem for each per-rank file of a data-parallel rank >= `dp` (the model states' dp_world_size): DeepSpeed
-    0.19.8 writes ranks 0..dp-1 only (runtime/engine.py `_get_zero_ckpt_name`, `_get_ckpt_name`) and removes
-    nothing, so such a file is left over from an earlier save of the same tag at a larger world size.
-    engine.load_checkpoint at dp opens ranks 0..dp-1 by name (engine.py `_get_all_zero_checkpoint_names`) and never
-    sees it, but zero_to_fp32 (`ckpt export`; utils/zero_to_fp32.py `get_optim_files`) and ds_to_universal
-    (`ckpt reshard`; checkpoint/ds_to_universal.py `_get_optim_files`) glob every *_optim_states.pt /
-    *_model_states.pt and fail on it."""
-    wrote = "rank 0" if dp == 1 else f"ranks 0-{dp - 1}"
-    for (r, _), p in sorted(list(optim.items()) + list(z3_model.items())):
-        if r >= dp:
+def leftover_rank_files(tag_dir: Path, dp: Optional[int], mp_world_size: Optional[int],
+                        ranked: dict[Path, tuple[Optional[int], int]], info: CheckpointInfo) -> set[Path]:
+    """The per-rank files of `ranked` ({file: (data-parallel rank or None, model-parallel rank)}) that this save did
+    not write, each with a Problem: one whose model-parallel rank is >= `mp_world_size` or whose data-parallel rank is
+    >= `dp` (the model states' own mp_world_size / dp_world_size; None: not known, not checked). They are left over
+    from an earlier save of the same tag at another layout: DeepSpeed 0.19.8 names a file by the saving rank's
+    checkpoint_mp_rank, which is 0 unless mp_world_size > 1 and then the mpu's model-parallel rank, below it
+    (runtime/engine.py:2166-2169), and by its data-parallel rank below dp (engine.py `_get_zero_ckpt_name`,
+    `_get_ckpt_name`), and removes nothing. engine.load_checkpoint opens its own ranks by name
+    (engine.py `_get_all_zero_checkpoint_names`) and never sees such a file, but zero_to_fp32 (`ckpt export`;
+    utils/zero_to_fp32.py `get_optim_files`, `get_model_state_files`) and ds_to_universal (`ckpt reshard`;
+    checkpoint/ds_to_universal.py `_get_optim_files`, `_get_model_state_files`) glob every *_optim_states.pt /
+    *_model_states.pt: ds_to_universal refuses a model-states count other than tp x pp
+    (checkpoint/reshape_3d_utils.py `get_model_3d_descriptor_from_metadata`), zero_to_fp32 an optimizer-file count
+    other than the partition count (zero_to_fp32.py `parse_optim_states`). Such files are not part of the checkpoint:
+    the caller leaves them out of the ranks and bytes."""
+    out: set[Path] = set()
+    for p, (r, m) in sorted(ranked.items(), key=lambda kv: kv[0].name):
+        if mp_world_size is not None and m >= mp_world_size:
+            wrote = "mp_rank_00" if mp_world_size == 1 else f"mp_rank_00 to mp_rank_{mp_world_size - 1:02d}"
+            info.problems.append(Problem(
+                str(p), f"is left over from an earlier save at another layout: model-parallel rank {m} is outside the "
+                f"saved layout (mp_world_size={mp_world_size} in the model states; this save wrote {wrote}); "
+                "DeepSpeed's load_checkpoint skips it, but ds_to_universal (reshard) and zero_to_fp32 (export) take every "
+                "*_model_states.pt / *_optim_states.pt in the folder for part of the checkpoint",
+                f"move {p.name} (and any other mp_rank >= {mp_world_size:02d}) out of {tag_dir}: it belongs to an "
+                "older save at another layout"))
+        elif dp is not None and r is not None and r >= dp:
+            wrote = "rank 0" if dp == 1 else f"ranks 0-{dp - 1}"
             info.problems.append(Problem(
                 str(p), f"is left over from an earlier save: rank {r} is outside dp={dp} (the model states' "
                 f"dp_world_size; this save wrote {wrote}); DeepSpeed's load_checkpoint at dp={dp} skips it, but "
                 "zero_to_fp32 (export) and ds_to_universal (reshard) read every rank file in the folder and fail",
                 f"move {p.name} (and any other rank >= {dp}) out of {tag_dir}: it belongs to an older save"))
+        else:
+            continue
+        out.add(p)
+    return out

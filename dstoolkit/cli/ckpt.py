@@ -1,6 +1,7 @@
 """`dstoolkit ckpt inspect | reshard | export`: what a checkpoint holds, a universal copy to resume at another
-layout, and a Hugging Face export. Start with `dstoolkit ckpt inspect CHECKPOINT_DIR`: it says what the folder is,
-whether it is complete, and which of reshard / export applies (docs/checkpoints.md).
+layout, and a Hugging Face export. Start with `dstoolkit ckpt inspect CHECKPOINT_DIR`: it says what the folder is
+and whether it is complete; reshard and export check what they need before writing anything and refuse, with the
+reason, a checkpoint they cannot convert (docs/checkpoints.md).
 
 Exit codes: 0 ok, 1 findings (inspect: the checkpoint is incomplete), 2 bad input.
 """

@@ -359,7 +359,7 @@ def test_a_missing_rank_file_is_listed_once(tmp_path):
 
 
 @pytest.mark.parametrize("argv,last_words", [
-    (["ckpt"], "which of reshard / export applies (docs/checkpoints.md)."),
+    (["ckpt"], "refuse, with the reason, a checkpoint they cannot convert (docs/checkpoints.md)."),
     (["ckpt", "inspect"], "without torch."),
     (["ckpt", "reshard"], '{"load_universal": true}`.'),
     (["ckpt", "export"], "transformers `from_pretrained`."),
