@@ -11,6 +11,7 @@ Exit codes: 0 ok, 1 the GPU cannot run the recipe (hardware gate), 2 bad input.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -40,16 +41,44 @@ def add_parser(subparsers) -> None:
                     help="FP8 settings: JSON/YAML with Fp8Config fields, or a DeepSpeed JSON with dstoolkit.fp8")
     pl.add_argument("--recipe", choices=("delayed", "current", "block", "mxfp8"), help="override fp8.recipe")
     pl.add_argument("--fp8-format", choices=("e4m3", "hybrid"), help="override fp8.format")
-    pl.add_argument("--skip-first", type=int, metavar="N", help="override fp8.layers.skip_first_layers")
-    pl.add_argument("--skip-last", type=int, metavar="N", help="override fp8.layers.skip_last_layers")
+    pl.add_argument("--skip-first", type=_non_negative_int, metavar="N", help="override fp8.layers.skip_first_layers")
+    pl.add_argument("--skip-last", type=_non_negative_int, metavar="N", help="override fp8.layers.skip_last_layers")
     pl.add_argument("--gpu", help="hardware-table GPU (default: the spec's cluster.gpu, else H100-SXM)")
-    pl.add_argument("--cuda", metavar="VER", help="CUDA version for the hardware gates, e.g. 12.8")
+    pl.add_argument("--cuda", type=_cuda_version, metavar="VER", help="CUDA version for the hardware gates, e.g. 12.8")
     pl.add_argument("--micro-batch", type=_positive_int, help="sequences per micro-batch (default: spec, else 1)")
     pl.add_argument("--seq-len", type=_positive_int, help=f"tokens per sequence (default: spec, else {DEFAULT_SEQ_LEN})")
     add_parallel_flags(pl, ("tp", "pp", "ep"), default=None, help_suffix=" (default: spec, else 1)")
     pl.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: spec, else 1)")
     add_format_flag(pl)
     pl.set_defaults(run=run)
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type of --skip-first / --skip-last: a whole number >= 0 (Fp8LayerSelection's bound), refused as
+    `argument --skip-first: expected a non-negative integer, got -1`, the way options.positive_int refuses 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _cuda_version(text: str) -> str:
+    """argparse type of --cuda: a version the hardware gates can compare (`dsconfig.fp8.parse_version`, MAJOR.MINOR,
+    major >= 1, minor >= 0); refused naming the flag and the value, not later as 'cannot read version' or as a
+    hardware finding for CUDA -1."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the flag is given
+    from dstoolkit.dsconfig.fp8 import parse_version
+
+    try:
+        major, minor = parse_version(text)
+    except ValueError:
+        major, minor = -1, -1
+    if major < 1 or minor < 0:
+        raise argparse.ArgumentTypeError(f"expected a CUDA version MAJOR.MINOR such as 12.8, got {text!r}")
+    return text
 
 
 def _load_fp8_config(args, spec_fp8: dict | None):
@@ -126,12 +155,37 @@ def _read_settings(path: Path):
 
 def _is_deepspeed_config(data: dict) -> bool:
     """Whether a mapping reads as a DeepSpeed JSON (a top-level key of `DeepSpeedConfig` that Fp8Config lacks)."""
+    return bool(_deepspeed_keys(data))
+
+
+def _deepspeed_keys(data: dict) -> list[str]:
+    """The top-level keys of `data` that are `DeepSpeedConfig`'s and not Fp8Config's, in file order."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
     from dstoolkit.dsconfig.fp8 import Fp8Config
 
     ds_keys = {f.alias or name for name, f in DeepSpeedConfig.model_fields.items()} | set(DeepSpeedConfig.model_fields)
-    return any(k in ds_keys and k not in Fp8Config.model_fields for k in data)
+    return [k for k in data if k in ds_keys and k not in Fp8Config.model_fields]
+
+
+def _deepspeed_target_problem(path: Path) -> str | None:
+    """The one line for a SPEC|MODEL .json that Hugging Face could not read because it is a DeepSpeed config
+    (`_deepspeed_keys`, the test --config uses), naming the file and what fp8 plan takes; None otherwise."""
+    try:
+        data = _read_settings(path)
+    except InputError:
+        return None
+    if not isinstance(data, dict) or "model_type" in data:
+        return None
+    keys = [k for k in _deepspeed_keys(data) if k != "dstoolkit"]  # that section alone: as in _check_ds_precision
+    if not keys:
+        return None
+    shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+    fp8 = isinstance(data.get("dstoolkit"), dict) and "fp8" in data["dstoolkit"]
+    then = (f"its dstoolkit.fp8 settings go in with --config, e.g. `dstoolkit fp8 plan llama-3-8b --config {path}`"
+            if fp8 else "pass the model it trains, e.g. `dstoolkit fp8 plan llama-3-8b`")
+    return (f"{path} is a DeepSpeed config (top-level {shown}), not a model: fp8 plan takes SPEC|MODEL, a spec .yaml, "
+            f"a preset name, a Hugging Face config.json or package.module:callable; {then}")
 
 
 def _check_ds_precision(ds: dict, path: Path) -> None:
@@ -189,7 +243,10 @@ def _resolve(args):
         gpu = spec.cluster.gpu_spec
         if t.precision != "fp8":
             notes.append(f"spec training.precision is {t.precision!r}: the plan shows what FP8 would change")
-    elif is_module_ref(target) or args.model_kwargs is not None:
+    elif args.model_kwargs is not None and not is_module_ref(target):
+        raise InputError(f"--model-kwargs is only used with MODEL as package.module:callable (got SPEC|MODEL "
+                         f"{target!r}); drop --model-kwargs")
+    elif is_module_ref(target):
         try:
             shape = load_model(target, args.model_class, args.model_kwargs, field="MODEL")  # the user's nn.Module
         except ValueError as exc:
@@ -198,7 +255,7 @@ def _resolve(args):
         try:
             shape = load_hf_config(path, model_class=args.model_class)
         except (ValueError, OSError) as exc:
-            raise InputError(str(exc)) from None
+            raise InputError(_deepspeed_target_problem(path) or str(exc)) from None
     else:
         if args.model_class is not None:
             raise InputError(f"--model-class {args.model_class} needs an HF config.json, not the preset {target!r}")
