@@ -35,8 +35,8 @@ def add_parser(subparsers) -> None:
     pl = sub.add_parser("plan", help="layers to swap, memory change per rank, expected GEMM speedup class",
                         description=__doc__.splitlines()[0])
     pl.add_argument("target", metavar="SPEC|MODEL", help="spec YAML, or " + MODEL_HELP)
-    add_model_class_flag(pl)
-    add_model_kwargs_flag(pl)
+    add_model_class_flag(pl, model_arg="SPEC|MODEL as a")
+    add_model_kwargs_flag(pl, model_arg="SPEC|MODEL as a")
     pl.add_argument("--config", metavar="FILE",
                     help="FP8 settings: JSON/YAML with Fp8Config fields, or a DeepSpeed JSON with dstoolkit.fp8")
     pl.add_argument("--recipe", choices=("delayed", "current", "block", "mxfp8"), help="override fp8.recipe")

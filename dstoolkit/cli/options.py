@@ -248,19 +248,21 @@ MODEL_HELP = ("model preset name, a Hugging Face config.json, or your own module
               "(a function returning an nn.Module, or an nn.Module class; see --model-kwargs)")
 
 
-def add_model_class_flag(p: argparse.ArgumentParser, *, spec: bool = False) -> None:
+def add_model_class_flag(p: argparse.ArgumentParser, *, spec: bool = False, model_arg: str = "--model") -> None:
     """``--model-class CLASS``: the transformers class to build an HF config with (a model_type transformers
     does not know, e.g. kimi_k2 -> DeepseekV3ForCausalLM). With ``spec=True`` it sets the spec's
-    model.model_class (hf_config or inline fields) for this run."""
-    where = "the spec's hf_config / inline model (as model.model_class)" if spec else "--model config.json"
+    model.model_class (hf_config or inline fields) for this run. `model_arg`: how the verb takes the model (fp8
+    plan: its positional SPEC|MODEL)."""
+    where = "the spec's hf_config / inline model (as model.model_class)" if spec else f"{model_arg} config.json"
     p.add_argument("--model-class", metavar="CLASS", default=None,
                    help=f"build {where} with this transformers class, e.g. DeepseekV3ForCausalLM for a kimi_k2 config")
 
 
-def add_model_kwargs_flag(p: argparse.ArgumentParser) -> None:
-    """``--model-kwargs JSON``: keyword arguments for ``--model package.module:callable``."""
+def add_model_kwargs_flag(p: argparse.ArgumentParser, *, model_arg: str = "--model") -> None:
+    """``--model-kwargs JSON``: keyword arguments for ``MODEL_ARG package.module:callable``."""
     p.add_argument("--model-kwargs", metavar="JSON", default=None,
-                   help="""with --model package.module:callable: its keyword arguments as a JSON object, e.g. '{"d": 256}'""")
+                   help=f"""with {model_arg} package.module:callable: its keyword arguments as a JSON object, """
+                        """e.g. '{"d": 256}'""")
 
 
 DEFAULT_DEEPSPEED_VERSION = "0.19"

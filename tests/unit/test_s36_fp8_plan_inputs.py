@@ -76,3 +76,14 @@ def test_an_hf_config_without_model_type_keeps_its_own_error(tmp_path, capsys):
     cfg.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
     err = _err(capsys, ["fp8", "plan", str(cfg)])
     assert "model_type: required field is missing" in err and "DeepSpeed config" not in err
+
+
+def test_plan_help_names_the_model_as_the_verb_takes_it(capsys):
+    # fp8 plan has no --model flag (the model is its positional SPEC|MODEL); its help said "--model config.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["fp8", "plan", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--model " not in out and "--model config.json" not in out
+    assert "build SPEC|MODEL as a config.json with this transformers class" in out
+    assert "with SPEC|MODEL as a package.module:callable: its keyword arguments" in out
