@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Sequence, Union
+from typing import TYPE_CHECKING, Sequence, Union
 
 import yaml
 
@@ -14,6 +14,12 @@ from dstoolkit.models.shape import ModelShape
 from dstoolkit.spec import Spec, load_spec
 from dstoolkit.spec.errors import SpecError, spec_finding
 from dstoolkit.validate.findings import Finding, has_spec_sections
+
+if TYPE_CHECKING:  # the estimator loads only when a spec is resolved (spec_file_findings)
+    from dstoolkit.generate.costing import CandidateEstimate
+    from dstoolkit.generate.planner import Resolution
+
+GiB = 2**30
 
 
 class SpecLoadError(ValueError):
@@ -55,7 +61,8 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
     """What `dstoolkit validate SPEC.yaml` reports for a spec: every problem `estimate`, `sweep` and `generate`
     would refuse it for, each a located `Finding` (the spec's YAML and fields, its model against its layout, its
     calibration file, then the layout rules the sweep applies to its "auto" fields), and a warning (SP007) when
-    the layout it resolves to is estimated not to fit in device memory. [] for a spec that launches as written."""
+    the layout it resolves to is estimated not to fit: in device memory per rank, in host RAM per node (its
+    offloaded states), or both (`fit_warning_text`). [] for a spec that launches as written."""
     p = Path(path)
     try:
         spec, shape = _loaded(p)
@@ -73,12 +80,37 @@ def spec_file_findings(path: Union[str, Path]) -> list[Finding]:
                           "micro_batch) or the cluster").findings + warnings
     if resolved.fits:
         return warnings
-    plan = resolved.plan
-    [found] = spec.error(("training",), f"layout tp={plan.tp} pp={plan.pp} dp={plan.dp} ZeRO-{plan.ds.zero_stage} "
-                         f"micro batch {plan.ds.micro_batch} is estimated not to fit in "
-                         f"{plan.gpu.memory_bytes / 2**30:.0f} GiB per {plan.gpu.name}",
+    [found] = spec.error(("training",), fit_warning_text(resolved, _resolved_estimate(spec, shape, resolved)),
                          f"`dstoolkit estimate {p}` prints the peak by phase and what would make it fit").findings
     return [dataclasses.replace(found, code="SP007", severity="warning"), *warnings]
+
+
+def _resolved_estimate(spec: Spec, shape: ModelShape, resolved: "Resolution") -> "CandidateEstimate":
+    """The sweep's estimate (`CandidateEstimate`, its fit fields from `costing.fit_verdict`) of the layout
+    `resolve_spec` chose, with the plan `dstoolkit estimate SPEC` estimates: the group's engine (`spec_for_targets`)
+    and the resolution's DeepSpeed JSON (planner.plan_for builds resolved.plan from the same two)."""
+    from dstoolkit.generate.planner import estimate_candidate
+    from dstoolkit.generate.targets import spec_for_targets
+
+    return estimate_candidate(spec_for_targets(spec, tuple(resolved.targets)), shape, resolved.candidate,
+                              ds_config=resolved.ds_config)
+
+
+def fit_warning_text(resolved: "Resolution", est: "CandidateEstimate") -> str:
+    """SP007's message: the layout (the candidate label the sweep and `estimate`'s "assumed" line print, offload
+    included, and its dp) and each budget `est` fails, with the figures `dstoolkit estimate` prints for it: device
+    memory per rank (peak + allowance against the device's memory: "fits in N GiB") and host RAM per node (the
+    node's offloaded states against its host RAM: "host RAM per node"). `est`: a `CandidateEstimate` that does not
+    fit (`est.fits` is False)."""
+    failing = []
+    if not est.device_fits:
+        failing.append(f"in {est.device_memory_bytes / GiB:.0f} GiB per {resolved.plan.gpu.name}: needs "
+                       f"{(est.memory_per_rank_bytes + est.allowance_bytes) / GiB:.2f} GiB per rank (peak + allowance)")
+    if not est.host_fits:
+        failing.append(f"in host RAM per node: needs {est.host_memory_per_node_bytes / GiB:.2f} GiB (offloaded states)"
+                       f" > {est.host_memory_node_capacity_bytes / GiB:.1f} GiB available ({est.host_source})")
+    layout = f"layout {resolved.candidate.label} (dp={resolved.plan.dp})"
+    return f"{layout} is estimated not to fit " + ", nor ".join(failing)
 
 
 CPU_FP16_PROBLEM = ("training.precision: fp16 with cluster.gpu: cpu runs only on a CPU with mkldnn fp16 support: "

@@ -48,8 +48,11 @@ def _spec_code_note(code: str) -> str:
         return ("An input problem: the file cannot be read as a dstoolkit spec. `dstoolkit validate` exits 2 for it.")
     if code == "SP007":
         return ("A warning from the estimator: the layout the spec asks for (or the one the sweep picks for its "
-                "\"auto\" fields) peaks above the device memory. `dstoolkit estimate SPEC.yaml` prints the peak by "
-                "phase and what would make it fit.")
+                "\"auto\" fields), named by its sweep label (offload included), fails the fit test `dstoolkit "
+                "estimate` applies (generate.costing.fit_verdict): its peak + allowance is above the device memory "
+                "per rank, or the states it offloads are above the host RAM per node, or both; the message names "
+                "each that fails, with the figures. `dstoolkit estimate SPEC.yaml` prints the peak by phase, the "
+                "host RAM per node and what would make it fit.")
     return ("A spec finding: the field path, the value and the fix are named, at the YAML line of the field "
             "(dstoolkit.spec; `dstoolkit validate`, `estimate`, `sweep` and `generate` read specs the same way).")
 

@@ -55,7 +55,7 @@ SPEC_CODES: dict[str, str] = {
     "SP004": "cross-field rule",
     "SP005": "required field missing",
     "SP006": "spec file, or a file it names (model.hf_config), cannot be read",
-    "SP007": "the spec's layout is estimated not to fit in device memory",
+    "SP007": "the spec's layout is estimated not to fit in device memory, or in host RAM per node",
 }
 """Codes of spec findings (dstoolkit.spec.errors raises them; `dstoolkit validate SPEC.yaml` prints them). Layout
 constraints keep their LYxxx code (dstoolkit.layout.constraints)."""
