@@ -62,7 +62,7 @@ class ParamCount(BaseModel):
     DeepSeek-V3's router `e_score_correction_bias`, one fp32 element per routed expert per MoE layer (transformers
     5 DeepseekV3TopkRouter registers it with nn.Buffer and keeps it in fp32, `_keep_in_fp32_modules_strict`). No
     gradient (it only picks the top-k indices), no optimizer state, no FLOPs: the balancing rule updates it outside
-    the optimizer. The state dict holds it (estimate.checkpoint_bytes does not add it: 59 KB on DeepSeek-V3). A
+    the optimizer. The state dict holds it (estimate.checkpoint_bytes counts it, fp32, 59 KB on DeepSeek-V3). A
     transformers-measured shape: `MeasuredParams.buffers_not_counted`."""
     source: str = "analytic"
     """analytic (this module's formulas) or transformers (meta-device build, `ModelShape.measured`)."""
