@@ -6,7 +6,8 @@ is not a finite number (nan, inf) or a negative --warmup-steps is refused naming
 with the config rules they fill (--lr, --betas, --eps, --weight-decay: DS230; --max-grad-norm: DS231). Exit 0 when
 everything was filled and the result validates, 1 when something could not be filled (OUT is written with those
 "auto" values left for HF Trainer to fill) or when the result has errors (OUT is not written: DeepSpeed would
-refuse it), 2 on bad input (flag values included).
+refuse it), 2 on bad input (flag values included) and when a flag contradicts a value CONFIG fixes (not "auto"),
+as HF Trainer refuses it (one line per key: set the key to "auto" or drop the flag; OUT is not written).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, InputErro
 from dstoolkit.cli.schema import write_atomic
 from dstoolkit.common.atomic import check_output_path
 from dstoolkit.common.paths import A_FOLDER, input_file_problem
-from dstoolkit.dsconfig.auto import resolve_auto
+from dstoolkit.dsconfig.auto import HF_MUST_MATCH_FLAGS, resolve_auto
 from dstoolkit.dsconfig.rules_optim import (GRADIENT_CLIPPING_FIX, adam_value_problems, adam_values_fix,
                                             gradient_clipping_problem)
 from dstoolkit.validate.engine import validate_config
@@ -53,8 +54,9 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-_VALUE_FLAGS = {"lr": "--lr", "betas": "--betas", "eps": "--eps", "weight_decay": "--weight-decay"}
-"""optimizer.params key -> the flag that fills it."""
+_VALUE_FLAGS = {k.removeprefix("optimizer.params."): f for k, f in HF_MUST_MATCH_FLAGS.items()
+                if k.startswith("optimizer.params.")}
+"""optimizer.params key -> the flag that fills it (lr, betas, eps, weight_decay)."""
 
 
 def _flag_value(v) -> str:
@@ -132,6 +134,13 @@ def run(args) -> int:
                           betas=tuple(args.betas) if args.betas else None, eps=args.eps,
                           weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                           warmup_steps=args.warmup_steps, total_steps=args.total_steps, precision=args.precision)
+    if report.mismatches:  # HF Trainer refuses these (transformers integrations/deepspeed.py fill_match)
+        for m in report.mismatches:
+            print(m.line(args.config), file=sys.stderr)
+        print(f"{args.output} not written: HF Trainer refuses a DeepSpeed config value that mismatches its "
+              f"TrainingArguments (transformers integrations/deepspeed.py trainer_config_finalize); fix the "
+              f"{len(report.mismatches)} value(s) above and rerun", file=sys.stderr)
+        return EXIT_INPUT
     # errors of the resolved config, named at CONFIG (the input holds them, or the values filled into it):
     # a config DeepSpeed would refuse is not written
     findings = [f for f in validate_config(report.config, source=args.config, world_size=args.world_size,

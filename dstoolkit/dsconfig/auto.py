@@ -23,9 +23,10 @@ applies) and fails on it elsewhere.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Optional
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dstoolkit.layout.dims import data_parallel_size
 
@@ -111,6 +112,121 @@ def find_auto(data: Any, path: tuple = ()) -> list[tuple]:
     return sorted(out, key=lambda t: [str(x) for x in t])
 
 
+# Keys HF checks against TrainingArguments when the config fixes them (not "auto"): transformers
+# integrations/deepspeed.py HfTrainerDeepSpeedConfig.fill_match with must_match=True, called from
+# trainer_config_process / trainer_config_finalize; a fixed value that differs (Python !=) is collected into
+# `mismatches` and trainer_config_finalize raises ValueError("Please correct the following DeepSpeed config values
+# that mismatch TrainingArguments values: ..."). The zero_optimization bucket keys and scheduler.params.warmup_min_lr
+# are fill_only (never checked). train_batch_size is checked against world_size x micro x grad_accum (below).
+# Dotted key (as HF names it) -> the resolve flag that carries the TrainingArguments value, in HF's order.
+HF_MUST_MATCH_FLAGS: dict[str, str] = {
+    "train_micro_batch_size_per_gpu": "--micro-batch",  # per_device_train_batch_size
+    "gradient_accumulation_steps": "--grad-accum",  # gradient_accumulation_steps
+    "gradient_clipping": "--max-grad-norm",  # max_grad_norm
+    "optimizer.params.lr": "--lr",  # learning_rate
+    "optimizer.params.betas": "--betas",  # [adam_beta1, adam_beta2]
+    "optimizer.params.eps": "--eps",  # adam_epsilon
+    "optimizer.params.weight_decay": "--weight-decay",  # weight_decay
+    "scheduler.params.warmup_max_lr": "--lr",  # learning_rate
+    "fp16.enabled": "--precision",  # fp16 or fp16_full_eval
+    "bf16.enabled": "--precision",  # bf16 or bf16_full_eval
+    "scheduler.params.total_num_steps": "--total-steps",  # num_training_steps
+    "scheduler.params.warmup_num_steps": "--warmup-steps",  # max(1, warmup steps)
+}
+
+
+@dataclass(frozen=True)
+class FlagMismatch:
+    """A value the config fixes (not "auto") that a flag contradicts: HF Trainer refuses the config."""
+
+    key: str
+    """dotted config key, as transformers names it (``optimizer.params.lr``)."""
+    config_value: Any
+    flag: str
+    """the flag(s) that give the other value (``--lr``; ``--micro-batch/--grad-accum`` for train_batch_size)."""
+    given: str
+    """what the flag says, as shown (``--lr is 0.0003``, ``--precision fp16 makes it false``)."""
+    fix: str
+
+    def line(self, source: str) -> str:
+        return f"{source}: {self.key} is {json.dumps(self.config_value)} but {self.given}: {self.fix}"
+
+
+def _fixed_value(cfg: Any, key: str) -> Any:
+    """The config's value at dotted ``key`` when it fixes one (present, not None, not "auto"), else None: the values
+    HF's fill_match compares (accelerate utils/deepspeed.py HfDeepSpeedConfig.find_config_node walks the dicts)."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return None if node is None or (isinstance(node, str) and node == "auto") else node
+
+
+def flag_mismatches(cfg: dict, *, dp: int, micro_batch: Optional[int] = None, grad_accum: Optional[int] = None,
+                    lr: Optional[float] = None, betas: Optional[tuple[float, float]] = None,
+                    eps: Optional[float] = None, weight_decay: Optional[float] = None,
+                    max_grad_norm: Optional[float] = None, warmup_steps: Optional[int] = None,
+                    total_steps: Optional[int] = None, precision: Optional[str] = None) -> list[FlagMismatch]:
+    """Values the config fixes that a given flag contradicts, as HF Trainer checks them (`HF_MUST_MATCH_FLAGS`).
+
+    A flag not given is not compared (resolve does not know the TrainingArguments then; the config's value stands),
+    and a flag equal to the fixed value (Python ==, as fill_match compares: 1e-4 == 0.0001, 1 == 1.0) is fine.
+    train_batch_size is compared when --micro-batch or --grad-accum is given, with micro x grad_accum x dp (each from
+    its flag, else the config, else HF's default); dp = world / (tp x pp) as DeepSpeed checks the triad (HF uses its
+    world_size, the same without tp / pp). Without those flags a fixed triad that does not add up is the config's own
+    (rule DS201).
+    """
+    given: dict[str, tuple[Any, str]] = {}  # key -> (the value HF would hold, how the flag gives it)
+
+    def direct(key: str, value: Any, shown: Any) -> None:
+        if value is not None:
+            given[key] = (value, f"{HF_MUST_MATCH_FLAGS[key]} is {shown}")
+
+    direct("train_micro_batch_size_per_gpu", micro_batch, micro_batch)
+    direct("gradient_accumulation_steps", grad_accum, grad_accum)
+    direct("gradient_clipping", max_grad_norm, max_grad_norm)
+    direct("optimizer.params.lr", lr, lr)
+    direct("optimizer.params.betas", list(betas) if betas else None, " ".join(map(str, betas or ())))
+    direct("optimizer.params.eps", eps, eps)
+    direct("optimizer.params.weight_decay", weight_decay, weight_decay)
+    direct("scheduler.params.warmup_max_lr", lr, lr)
+    if precision is not None:
+        for half in ("fp16", "bf16"):
+            on = precision == half
+            given[f"{half}.enabled"] = (on, f"--precision {precision} makes it {json.dumps(on)}")
+    direct("scheduler.params.total_num_steps", total_steps, total_steps)
+    if warmup_steps is not None:
+        steps, _ = _hf_warmup_num_steps(warmup_steps)
+        given["scheduler.params.warmup_num_steps"] = (
+            steps, f"--warmup-steps is {warmup_steps}" + (f" (filled as {steps})" if steps != warmup_steps else ""))
+    out: list[FlagMismatch] = []
+    for key, (value, shown) in given.items():
+        fixed = _fixed_value(cfg, key)
+        if fixed is not None and fixed != value:
+            flag = HF_MUST_MATCH_FLAGS[key]
+            out.append(FlagMismatch(key, fixed, flag, shown, f'set {key} to "auto" or drop {flag}'))
+    tbs = _fixed_value(cfg, "train_batch_size")
+    if tbs is not None and (micro_batch is not None or grad_accum is not None):
+        mb = micro_batch if micro_batch is not None else _fixed_value(cfg, "train_micro_batch_size_per_gpu")
+        ga = grad_accum if grad_accum is not None else _fixed_value(cfg, "gradient_accumulation_steps")
+        mb_text = f"--micro-batch {mb}" if micro_batch is not None else (
+            f"micro {mb} (config)" if mb is not None else f"micro {HF_DEFAULT_MICRO_BATCH} (HF default)")
+        ga_text = f"--grad-accum {ga}" if grad_accum is not None else (
+            f"grad_accum {ga} (config)" if ga is not None else f"grad_accum {HF_DEFAULT_GRAD_ACCUM} (HF default)")
+        mb = HF_DEFAULT_MICRO_BATCH if mb is None else mb
+        ga = HF_DEFAULT_GRAD_ACCUM if ga is None else ga
+        if isinstance(mb, int) and isinstance(ga, int) and tbs != mb * ga * dp:
+            fix = 'set train_batch_size to "auto"' + (
+                f" or give --micro-batch x --grad-accum = {tbs // dp}" if isinstance(tbs, int) and tbs % dp == 0
+                else f" ({tbs} is not a multiple of data-parallel {dp})")
+            at = sum(m.key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps") for m in out)
+            out.insert(at, FlagMismatch(
+                "train_batch_size", tbs, "--micro-batch/--grad-accum",
+                f"{mb_text} x {ga_text} x data-parallel {dp} is {mb * ga * dp}", fix))
+    return out
+
+
 @dataclass
 class ResolveReport:
     """Result of `resolve_auto`: the filled config and what was (not) filled, with reasons."""
@@ -120,6 +236,8 @@ class ResolveReport:
     """(pointer, value, where the value came from)."""
     unfilled: list[tuple[str, str]]
     """(pointer, why it could not be filled)."""
+    mismatches: list[FlagMismatch] = field(default_factory=list)
+    """values the config fixes that a flag contradicts (`flag_mismatches`): HF Trainer refuses the config."""
 
 
 def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = None, tp: int = 1, pp: int = 1,
@@ -137,7 +255,8 @@ def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = Non
         precision: "bf16", "fp16" or "fp32" (fills fp16/bf16 enabled).
 
     Returns:
-        ResolveReport with the new config, the filled values and what was left.
+        ResolveReport with the new config, the filled values, what was left, and the fixed values a flag
+        contradicts (`flag_mismatches`; HF Trainer refuses such a config, so `dstoolkit resolve` writes nothing).
     """
     out = copy.deepcopy(cfg)
     filled: list[tuple[str, Any, str]] = []
@@ -197,4 +316,7 @@ def resolve_auto(cfg: dict, *, world_size: int, hidden_size: Optional[int] = Non
             unfilled.append((ptr, f"needs {need}"))
         else:
             unfilled.append((ptr, "HF does not fill 'auto' here; DeepSpeed would drop it or fail"))
-    return ResolveReport(config=out, filled=filled, unfilled=unfilled)
+    mismatches = flag_mismatches(cfg, dp=dp, micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, betas=betas,
+                                 eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                                 warmup_steps=warmup_steps, total_steps=total_steps, precision=precision)
+    return ResolveReport(config=out, filled=filled, unfilled=unfilled, mismatches=mismatches)

@@ -85,8 +85,13 @@ def test_cli_writes_nothing_when_the_result_has_errors(tmp_path, capsys):
     assert main(["resolve", str(src), "--world-size", "2", "-o", str(out), "--force", "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert out.read_text() == "keep me" and doc["output"] is None and doc["findings"][0]["code"] == "DS201"
-    # a value filled from a flag that breaks the triad is reported the same way
+    # a value filled from HF's default that breaks the triad is reported the same way (micro 8 x 1 x dp 2 != 8)
     src.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto",
                                "gradient_accumulation_steps": 1}))
-    assert main(["resolve", str(src), "--world-size", "2", "--micro-batch", "3", "-o", str(tmp_path / "o2.json")]) == 1
+    assert main(["resolve", str(src), "--world-size", "2", "-o", str(tmp_path / "o2.json")]) == 1
     assert not (tmp_path / "o2.json").exists() and "error[DS201]" in capsys.readouterr().out
+    # a flag that contradicts the fixed train_batch_size is refused as HF Trainer refuses it (exit 2; s36 resolve)
+    assert main(["resolve", str(src), "--world-size", "2", "--micro-batch", "3", "-o", str(tmp_path / "o2.json")]) == 2
+    assert not (tmp_path / "o2.json").exists()
+    assert (f"{src}: train_batch_size is 8 but --micro-batch 3 x grad_accum 1 (config) x data-parallel 2 is 6: "
+            'set train_batch_size to "auto" or give --micro-batch x --grad-accum = 4') in capsys.readouterr().err
