@@ -123,9 +123,14 @@ def shape_factor(m: float, n: float, k: float) -> float:
 
 
 def precision_factor(precision: str, gpu: GpuSpec) -> float:
-    """GEMM rate relative to bf16 for the plan's precision (fp8 only where the GPU has fp8 tensor cores)."""
+    """GEMM rate relative to bf16 for the plan's precision. fp8 (where the GPU has fp8 tensor cores):
+    min(FP8_GEMM_SPEEDUP, peak_fp8_flops / peak_bf16_flops), since the realised speed-up cannot exceed the ratio of
+    the two dense peaks. Every table GPU with fp8 units has ratio 2 (so FP8_GEMM_SPEEDUP), the cpu row's emulation 1;
+    a stated fp8 peak below 1.45x the bf16 one now slows the step. Before, 1.45 was applied whatever the fp8 peak,
+    so an fp8 GEMM could run above the fp8 peak that MFU divides by (hardware.calibration.peak_flops_per_rank) and
+    MFU read 500%. With this cap an fp8 GEMM's rate is at most gemm_fraction x peak_fp8_flops."""
     if precision == "fp8" and gpu.peak_fp8_flops:
-        return FP8_GEMM_SPEEDUP
+        return min(FP8_GEMM_SPEEDUP, gpu.peak_fp8_flops / gpu.peak_bf16_flops)
     if precision == "fp32":
         return FP32_GEMM_SLOWDOWN
     return 1.0

@@ -330,7 +330,9 @@ def peak_flops_per_rank(gpu: GpuSpec, precision: str, calibration: Optional[Cali
     """The MFU denominator of one rank and what it is: the calibration's measured GEMM peak when it has one
     (CPU ranks: the probe's best square matmul, at least its block rates), else the hardware table's peak for
     the precision (fp8 uses peak_fp8_flops where the GPU has one; other precisions the bf16 tensor peak, as in
-    PaLM App. B's MFU, docs/anchors.md). The estimator and the training monitor both divide by this."""
+    PaLM App. B's MFU, docs/anchors.md). The estimator and the training monitor both divide by this. The step-time
+    model's fp8 GEMM rate is capped by the same fp8 peak (estimate.gemm.precision_factor) and GpuSpec refuses an fp8
+    peak below the bf16 one, so an estimate's GEMMs never run above the peak its MFU divides by."""
     if calibration is not None and calibration.peak_flops_per_s:
         return calibration.peak_flops_per_s, f"measured {precision} GEMM peak of the calibration"
     if precision == "fp8" and gpu.peak_fp8_flops:

@@ -12,53 +12,10 @@ line rates: the step-time model divides collective bytes by them directly.
 from __future__ import annotations
 
 import re
-from typing import Optional, Union
+from typing import Union
 
-from pydantic import Field
-
-from dstoolkit.common.model import StrictModel
 from dstoolkit.common.text import did_you_mean
-
-
-class GpuSpec(StrictModel):
-    """One accelerator's facts (explicit form of `cluster.gpu`, or a row of the hardware table)."""
-
-    name: str = "custom"
-    """Display name."""
-    memory_bytes: int = Field(gt=0)
-    """Device memory per GPU in bytes."""
-    peak_bf16_flops: float = Field(gt=0)
-    """Dense (no sparsity) bf16 peak FLOP/s per GPU."""
-    peak_fp8_flops: Optional[float] = Field(default=None, gt=0)
-    """Dense fp8 peak FLOP/s per GPU; None when the GPU has no fp8 tensor cores."""
-    intra_node_bw_bytes_per_s: float = Field(gt=0)
-    """Achievable all-reduce bus bandwidth inside a node (nccl-tests busbw), bytes/s."""
-    inter_node_bw_bytes_per_s: float = Field(gt=0)
-    """Achievable bus bandwidth of one compute NIC across nodes (one NIC per GPU on DGX/HGX systems, so per GPU
-    there), bytes/s."""
-    nics_per_node: Optional[int] = Field(default=None, ge=1)
-    """Compute (east-west) NICs per node, each at inter_node_bw_bytes_per_s. NCCL opens rings/channels over every
-    NIC near the group's GPUs, so a group with r ranks on a node can use up to r of them
-    (estimate.collective_time.group_inter_node_busbw). None: one per GPU of the node."""
-    nics_per_group: Optional[int] = Field(default=None, ge=1)
-    """The most NICs one collective group's rings cross nodes over, where the cluster's NCCL does not spread a group
-    over a NIC per rank: 1 where its log routes every ring of a group through one device per direction (measured on
-    Jean Zay's A100 partition, benchmarks/data/clusters.yaml). None: no cap (a ring per NIC, as on DGX / HGX)."""
-    compute_capability: Optional[str] = None
-    """CUDA compute capability such as "9.0" (gates FP8 recipes); None for non-NVIDIA or CPU."""
-    hbm_bw_bytes_per_s: Optional[float] = Field(default=None, gt=0)
-    """Device-memory bandwidth (datasheet), bytes/s: the rate of the memory-bound parts of a step (optimizer
-    update, gradient handling, elementwise kernels). None: the step-time model's H100 default."""
-    gemm_fraction: Optional[float] = Field(default=None, gt=0, le=1)
-    """Fraction of the dense bf16 peak a large bf16 GEMM sustains (measured maximum achievable matmul FLOP/s);
-    None: the step-time model's default (estimate.gemm.DEFAULT_GEMM_FRACTION)."""
-    nvlink_domain_gpus: Optional[int] = Field(default=None, ge=1)
-    """The most GPUs one NVLink fabric joins beyond a host (72 for an NVL72 rack of 4-GPU hosts); a job's own
-    domain is `cluster.nvlink_domain_gpus`, up to this. None: NVLink (or the node's fabric) ends at the host."""
-    gpus_per_host: Optional[int] = Field(default=None, ge=1)
-    """The most GPUs one host (node) of this kind holds: the bound on a cluster's gpus_per_node
-    (`check_gpus_per_host`), since intra_node_bw_bytes_per_s is the rate inside one such host. More GPUs are more
-    nodes; NVLink beyond a host is nvlink_domain_gpus. None: no bound (explicit facts, CPU ranks)."""
+from dstoolkit.hardware.gpu_spec import GpuSpec
 
 
 GiB = 2**30

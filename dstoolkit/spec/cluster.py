@@ -6,6 +6,7 @@ from typing import Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from dstoolkit.hardware.gpu_spec import rates_below_floor
 from dstoolkit.hardware.hosts import GpusPerHostError, check_gpus_per_host
 from dstoolkit.hardware.table import GpuSpec, get_gpu, gpu_name_error, lookup_gpu_name
 from dstoolkit.spec.errors import SpecFieldError
@@ -77,6 +78,9 @@ class ClusterSpec(WholeNumberFields):
                 message = gpu_name_error(value)
                 problem, _, fix = message.partition(" (")
                 raise SpecFieldError((), problem, fix.rstrip(")"))
+        elif low := rates_below_floor(value):  # explicit facts: each stated rate above its sanity floor
+            also = "".join(f"; {r.field}={r.value:g} {r.unit} is below its floor too" for r in low[1:])
+            raise SpecFieldError((low[0].field,), low[0].problem + also, low[0].fix, code="SP003")
         return value
 
     @property
