@@ -35,7 +35,7 @@ from dstoolkit.estimate.param_groups import (  # noqa: F401 - re-exported (moved
 from dstoolkit.estimate.model_states import ModelStates
 from dstoolkit.estimate.step_temporaries import (
     grad_norm_temporary_bytes, optimizer_implementation, optimizer_temporary_bytes)
-from dstoolkit.estimate.zero_states import zero12_states, zero3_states
+from dstoolkit.estimate.zero_states import stage3_sub_group_numels, zero12_states, zero3_states
 from dstoolkit.runplan import RunPlan
 
 
@@ -123,17 +123,8 @@ def _stepped_numels(plan: RunPlan, path: str, groups: list[list[int]], group_dp:
         # one flat fp32 partition per group (bf16_optimizer.py fp32_groups_flat_partition; stage_1_and_2.py
         # single_partition_of_fp32_groups, stepped one group at a time by _optimizer_step)
         return [[_padded(sum(g), NCCL_START_ALIGNMENT_FACTOR * dp) // dp] for g, dp in zip(groups, group_dp)]
-    # stage 3: stage3.py fp32_partitioned_groups_flat, one sub-group (<= sub_group_size elements) per call. Only the
-    # distinct sizes are listed (a full chunk and the remainder), not one entry per chunk: optimizer_temporary_bytes
-    # takes the largest, and sub_group_size 1 would otherwise list every element
-    out = []
-    for g, dp in zip(groups, group_dp):
-        part = sum(_padded(n, dp) // dp for n in g)
-        if part > 0:
-            out.append([min(part, ds.sub_group_size)])
-            if 0 < ds.sub_group_size < part and part % ds.sub_group_size:
-                out.append([part % ds.sub_group_size])
-    return out
+    # stage 3: stage3.py fp32_partitioned_groups_flat, one flat sub-group per call (whole parameters)
+    return [[n] for n in stage3_sub_group_numels(groups, group_dp, ds.sub_group_size)]
 
 
 def _add_step_temporaries(plan: RunPlan, ms: ModelStates, rank: int | None) -> None:

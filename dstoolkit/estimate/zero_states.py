@@ -98,6 +98,36 @@ def _numel_before_partition(group: list[int], dp: int, rank: int | None) -> int:
     return out
 
 
+def stage3_sub_group_numels(groups: list[list[int]], group_dp: list[int], sub_group_size: int) -> list[int]:
+    """Elements of each optimizer sub-group DeepSpeed 0.19.8's stage 3 steps (one fp32 flat partition per
+    sub-group, `fp32_partitioned_groups_flat`), in order, for the rank's param `groups` partitioned over `group_dp`.
+
+    stage3.py `_create_fp16_sub_groups` splits each param group by whole parameters, never inside one: it appends
+    parameters to the current sub-group and closes it once the sum of their `partition_numel()` reaches
+    `sub_group_size` (`>=`) or at the group's last parameter; a group of at most `sub_group_size` elements stays one
+    sub-group. So a sub-group can exceed `sub_group_size` by up to one parameter's partition, and sub_group_size 0
+    or 1 gives one sub-group per parameter. `_create_fp16_partitions_with_defragmentation` records each one's
+    `sum(p.partition_numel() for p in sub_group)`; a parameter's partition is partition_parameters.py
+    `_aligned_size(param) // world`: its numel padded to a multiple of the partition world size, divided by it.
+    O(number of parameters): nothing here walks elements or sub_group_size chunks."""
+    out: list[int] = []
+    for g, dp in zip(groups, group_dp):
+        parts = [_padded(n, dp) // dp for n in g]
+        if sum(parts) <= sub_group_size:
+            if parts:
+                out.append(sum(parts))
+            continue
+        acc = 0
+        for p in parts:
+            acc += p
+            if acc >= sub_group_size:
+                out.append(acc)
+                acc = 0
+        if acc:
+            out.append(acc)  # the group's last parameter closes the sub-group it is in
+    return out
+
+
 DS_STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 """deepspeed/runtime/zero/config.py: stage3_max_reuse_distance default (elements)."""
 
@@ -137,7 +167,9 @@ def zero3_states(plan: RunPlan, ms: ModelStates, groups: list[list[int]], group_
     else:
         ms.master_params = part_numel * FP32_BYTES
         ms.optimizer_states = part_numel * sb
-        sub = min(part_numel, ds.sub_group_size)
+        # stage3.py _prepare_fp32_grad_for_sub_group: the fp32 gradient of one sub-group at a time
+        # (_release_sub_group drops it before the next), so the largest sub-group's
+        sub = max(stage3_sub_group_numels(groups, group_dp, ds.sub_group_size), default=0)
         # grad_partitions_flat_buffer (model dtype, persistent) + fp32 flat copy of one sub-group at step
         ms.grads_at_step = part_numel * pb + sub * FP32_BYTES
         ms.grads_persistent = part_numel * pb
