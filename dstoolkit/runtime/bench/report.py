@@ -181,20 +181,26 @@ def _comm_overhead_table(recs: list[dict[str, Any]]) -> list[str]:
         ["op"] + [(c, "r") for c in ("size", "harness busbw", "bare busbw", "harness / bare − 1")]) + [""]
 
 
-def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
-    lines = ["## Compute/communication overlap (`dstoolkit bench overlap`)", "",
-             "η = 1 − exposed / total communication. **η (timing)**: exposed = overlapped step − compute-only step "
-             "(N concurrent single-rank engines), total = the step's collectives replayed alone; clamped to [0, 1]. "
-             "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
-             "compute span covers, over the communication spans (one measurement, so immune to load drift between "
-             "phases). Compute slowdown = overlapped × (1 − exposed fraction of the traced step) ÷ compute-only − 1. Times are medians (s).",
-             ""]
-    lines += by_env(recs, _overlap_table)
-    plot = _plot_overlap(recs, out_dir, prefix)
+def _plotted_section(head: list[str], recs: list[dict[str, Any]], table, plot_fn, alt: str, out_dir: pathlib.Path,
+                     plots: list[pathlib.Path], prefix: str) -> list[str]:
+    """A section: its heading lines, one table per environment (`by_env`), then its plot when one was drawn."""
+    lines = head + by_env(recs, table)
+    plot = plot_fn(recs, out_dir, prefix)
     if plot:
         plots.append(plot)
-        lines += [f"![eta per config]({plot.name})", ""]
+        lines += [f"![{alt}]({plot.name})", ""]
     return lines
+
+
+def _overlap_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
+    head = ["## Compute/communication overlap (`dstoolkit bench overlap`)", "",
+            "η = 1 − exposed / total communication. **η (timing)**: exposed = overlapped step − compute-only step "
+            "(N concurrent single-rank engines), total = the step's collectives replayed alone; clamped to [0, 1]. "
+            "**η (trace)**: from a torch-profiler trace of the real step, the part of the communication spans that no "
+            "compute span covers, over the communication spans (one measurement, so immune to load drift between "
+            "phases). Compute slowdown = overlapped × (1 − exposed fraction of the traced step) ÷ compute-only − 1. Times are medians (s).",
+            ""]
+    return _plotted_section(head, recs, _overlap_table, _plot_overlap, "eta per config", out_dir, plots, prefix)
 
 
 def _overlap_table(recs: list[dict[str, Any]]) -> list[str]:
@@ -219,15 +225,11 @@ def _overlap_table(recs: list[dict[str, Any]]) -> list[str]:
 
 
 def _train_section(recs: list[dict[str, Any]], out_dir: pathlib.Path, plots: list[pathlib.Path], prefix: str) -> list[str]:
-    lines = ["## Training throughput (`dstoolkit bench train`)", "",
-             "Measured over the timed steps (warm-up steps excluded) through the `deepspeed` launcher; the estimate "
-             "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", ""]
-    lines += by_env(recs, _train_table)
-    plot = _plot_train(recs, out_dir, prefix)
-    if plot:
-        plots.append(plot)
-        lines += [f"![predicted vs measured step time]({plot.name})", ""]
-    return lines
+    head = ["## Training throughput (`dstoolkit bench train`)", "",
+            "Measured over the timed steps (warm-up steps excluded) through the `deepspeed` launcher; the estimate "
+            "from `dstoolkit.estimate` beside it; error = estimate ÷ measured − 1.", ""]
+    return _plotted_section(head, recs, _train_table, _plot_train, "predicted vs measured step time", out_dir, plots,
+                            prefix)
 
 
 def _train_table(recs: list[dict[str, Any]]) -> list[str]:
