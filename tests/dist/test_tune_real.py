@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,9 @@ def test_trial_timeout_is_recorded_not_fatal(repo_root, tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     t = report["trials"][0]
     assert t["state"] == "FAIL" and t["status"] == "timeout" and t["counted"]
-    assert t["reason"] == "no result within 2 s (--trial-timeout)"
+    # a 2 s timeout can kill the ranks inside DeepSpeed's first JIT build (a fresh extensions folder, as in CI):
+    # tune then removes the lock they left and says so (tune.objective)
+    assert re.fullmatch(r"no result within 2 s \(--trial-timeout\)"
+                        r"(; removed [1-9]\d* torch-extension lock\(s\) the killed ranks left behind)?", t["reason"])
     assert _leftover_ranks(str(out)) == []
     assert "No trial succeeded" in (out / "report.md").read_text()
