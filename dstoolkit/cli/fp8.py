@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dstoolkit.cli.options import (EXIT_FINDINGS, EXIT_OK, MODEL_HELP, InputError, add_format_flag,
                                    add_model_class_flag, add_model_kwargs_flag, add_parallel_flags, exit_map,
-                                   positive_int as _positive_int, pydantic_error_text)
+                                   non_negative_int, positive_int as _positive_int, pydantic_error_text)
 from dstoolkit.cli.spec_override import apply_model_class
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -41,8 +41,8 @@ def add_parser(subparsers) -> None:
                     help="FP8 settings: JSON/YAML with Fp8Config fields, or a DeepSpeed JSON with dstoolkit.fp8")
     pl.add_argument("--recipe", choices=("delayed", "current", "block", "mxfp8"), help="override fp8.recipe")
     pl.add_argument("--fp8-format", choices=("e4m3", "hybrid"), help="override fp8.format")
-    pl.add_argument("--skip-first", type=_non_negative_int, metavar="N", help="override fp8.layers.skip_first_layers")
-    pl.add_argument("--skip-last", type=_non_negative_int, metavar="N", help="override fp8.layers.skip_last_layers")
+    pl.add_argument("--skip-first", type=non_negative_int, metavar="N", help="override fp8.layers.skip_first_layers")
+    pl.add_argument("--skip-last", type=non_negative_int, metavar="N", help="override fp8.layers.skip_last_layers")
     pl.add_argument("--gpu", help="hardware-table GPU (default: the spec's cluster.gpu, else H100-SXM)")
     pl.add_argument("--cuda", type=_cuda_version, metavar="VER", help="CUDA version for the hardware gates, e.g. 12.8")
     pl.add_argument("--micro-batch", type=_positive_int, help="sequences per micro-batch (default: spec, else 1)")
@@ -51,18 +51,6 @@ def add_parser(subparsers) -> None:
     pl.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: spec, else 1)")
     add_format_flag(pl)
     pl.set_defaults(run=run)
-
-
-def _non_negative_int(text: str) -> int:
-    """argparse type of --skip-first / --skip-last: a whole number >= 0 (Fp8LayerSelection's bound), refused as
-    `argument --skip-first: expected a non-negative integer, got -1`, the way options.positive_int refuses 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
 
 
 def _cuda_version(text: str) -> str:
@@ -159,13 +147,12 @@ def _is_deepspeed_config(data: dict) -> bool:
 
 
 def _deepspeed_keys(data: dict) -> list[str]:
-    """The top-level keys of `data` that are `DeepSpeedConfig`'s and not Fp8Config's, in file order."""
+    """The top-level keys of `data` that are DeepSpeed's (`spec_kind.deepspeed_keys`) and not Fp8Config's."""
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
-    from dstoolkit.dsconfig.deepspeed import DeepSpeedConfig
+    from dstoolkit.cli.spec_kind import deepspeed_keys
     from dstoolkit.dsconfig.fp8 import Fp8Config
 
-    ds_keys = {f.alias or name for name, f in DeepSpeedConfig.model_fields.items()} | set(DeepSpeedConfig.model_fields)
-    return [k for k in data if k in ds_keys and k not in Fp8Config.model_fields]
+    return [k for k in deepspeed_keys(data) if k not in Fp8Config.model_fields]
 
 
 def _deepspeed_target_problem(path: Path) -> str | None:

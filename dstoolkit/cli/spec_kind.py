@@ -11,6 +11,16 @@ EXAMPLE_SPEC = "ds_configs/tiny_cpu.yaml"
 """The spec a refusal points to (the one launch/demo.sh generates from)."""
 
 
+def deepspeed_keys(data: dict) -> list[str]:
+    """The top-level keys of `data` that are DeepSpeed config keys (the committed schema's properties, i.e.
+    `DeepSpeedConfig`'s fields by their JSON names), in file order."""
+    # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.validate.schema_check import load_schema
+
+    props = load_schema()["properties"]
+    return [k for k in data if k in props]
+
+
 def deepspeed_config_problem(path: str, verb: str) -> Optional[str]:
     """The one line that says SPEC is a DeepSpeed config, not a spec, or None: a JSON / hjson object (read as
     `dstoolkit validate` reads configs, `validate.parse.parse_text`) with none of the spec's sections
@@ -20,7 +30,6 @@ def deepspeed_config_problem(path: str, verb: str) -> Optional[str]:
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.validate.findings import SPEC_SECTIONS
     from dstoolkit.validate.parse import parse_text
-    from dstoolkit.validate.schema_check import load_schema
 
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
@@ -29,7 +38,7 @@ def deepspeed_config_problem(path: str, verb: str) -> Optional[str]:
     parsed = parse_text(text, str(path))
     if parsed.fatal or not isinstance(parsed.data, dict) or any(k in parsed.data for k in SPEC_SECTIONS):
         return None
-    ds_keys = [k for k in parsed.data if k in load_schema()["properties"]]
+    ds_keys = deepspeed_keys(parsed.data)
     if not ds_keys:
         return None
     shown = ", ".join(ds_keys[:3]) + (", ..." if len(ds_keys) > 3 else "")

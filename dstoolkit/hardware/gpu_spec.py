@@ -57,7 +57,6 @@ class GpuSpec(StrictModel):
     (`check_gpus_per_host`), since intra_node_bw_bytes_per_s is the rate inside one such host. More GPUs are more
     nodes; NVLink beyond a host is nvlink_domain_gpus. None: no bound (explicit facts, CPU ranks)."""
 
-
     @field_validator("peak_fp8_flops")
     @classmethod
     def _fp8_not_below_bf16(cls, fp8: Optional[float], info: ValidationInfo) -> Optional[float]:
