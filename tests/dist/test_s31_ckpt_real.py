@@ -1,9 +1,9 @@
 """s31 findings 6, 7, 16a, 16b on real checkpoints (`dstoolkit train`, 2 gloo ranks, 2 steps).
 
-- reshard interrupted by SIGINT / SIGTERM mid-conversion (DeepSpeed's real ds_to_universal, signalled once its
-  temporary folder holds files): exit 130, no OUT, no temporary left (before: OUT/<tag>/{tmp,zero} left, rerun
-  refused "already exists"); killed by SIGKILL: the rerun removes the leftover, says so, and writes a complete
-  universal checkpoint;
+- reshard interrupted by SIGINT / SIGTERM mid-conversion (DeepSpeed's real ds_to_universal, held after its first
+  pass has written its temporary files, then signalled): exit 130, no OUT, no temporary left (before: OUT/<tag>/{tmp,
+  zero} left, rerun refused "already exists"); killed by SIGKILL: the rerun removes the leftover, says so, and writes
+  a complete universal checkpoint;
 - reshard / export into a full 2 MiB tmpfs (root only; skipped where mount is not allowed): one line, exit 1;
 - ZeRO-3 inspect: "master float32" (before "master ?"); ZeRO-0 inspect: optimizer bytes = torch's own count of the
   optimizer tensors inside mp_rank_00_model_states.pt (before 0).
@@ -61,17 +61,37 @@ def _partials(out: Path) -> list[str]:
     return glob.glob(str(out.parent / f".{out.name}.dstoolkit-partial-*"))
 
 
+HOLD_MID_CONVERSION = """
+import os, sys, time
+from pathlib import Path
+from deepspeed.checkpoint import ds_to_universal as converter
+first_pass = converter._do_parallel_work
+def held(*args, **kwargs):
+    result = first_pass(*args, **kwargs)
+    Path(os.environ["HELD_MARKER"]).touch()
+    time.sleep(120)  # the test signals the process here, inside ds_to_universal.main
+    return result
+converter._do_parallel_work = held
+from dstoolkit.cli import main
+sys.exit(main())
+"""
+"""Runs the CLI with DeepSpeed's converter held after its first pass (its temporary files written): the signal lands
+mid-conversion on every machine. Before, the test signalled once it saw files, and on a fast machine the conversion
+could finish between two polls (CI at 99335ee: exit 0, a complete OUT)."""
+
+
 def _reshard_signalled(ck: Path, out: Path, sig: int) -> subprocess.CompletedProcess:
-    """Run the CLI and send `sig` once the converter's output holds more than 3 files."""
-    p = subprocess.Popen([*CLI, "ckpt", "reshard", str(ck), "--out", str(out)], env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    """Run the CLI, held mid-conversion, and send `sig` once it is held (its temporary folder holds files)."""
+    marker = out.parent / f"{out.name}.held"
+    p = subprocess.Popen([sys.executable, "-c", HOLD_MID_CONVERSION, "ckpt", "reshard", str(ck), "--out", str(out)],
+                         env=dict(ENV, HELD_MARKER=str(marker)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
     deadline = time.time() + 120
-    while p.poll() is None and time.time() < deadline:
-        files = [f for part in _partials(out) + [str(out)] for f in glob.glob(f"{part}/*/*/*")]
-        if len(files) > 3:
-            p.send_signal(sig)
-            break
+    while p.poll() is None and time.time() < deadline and not marker.exists():
         time.sleep(0.01)
+    assert marker.exists(), f"the conversion never reached its first pass (exit {p.poll()})"
+    assert [f for part in _partials(out) for f in glob.glob(f"{part}/*/*/*")], "no temporary files at the signal"
+    p.send_signal(sig)
     stdout, stderr = p.communicate(timeout=120)
     return subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
 
