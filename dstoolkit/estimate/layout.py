@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dstoolkit.models.measured import ParamEntry, measured_layout
+from dstoolkit.models.measured import TOKEN_EMBEDDING_NAME, ParamEntry, measured_layout
 from dstoolkit.models.shape import ModelShape
 
 
@@ -96,7 +96,7 @@ def param_layout(shape: ModelShape) -> tuple[ParamEntry, ...]:
     if shape.measured is not None:
         return measured_layout(shape.measured)
     h = shape.hidden_size
-    out: list[ParamEntry] = [ParamEntry("embed_tokens.weight", shape.vocab_size * h, "embedding", -1, True)]
+    out: list[ParamEntry] = [ParamEntry(TOKEN_EMBEDDING_NAME, shape.vocab_size * h, "embedding", -1, True)]
     if shape.learned_positions and shape.max_position_embeddings:
         out.append(ParamEntry("embed_positions.weight", shape.max_position_embeddings * h, "embedding", -1, False))
     for i in range(shape.num_hidden_layers):

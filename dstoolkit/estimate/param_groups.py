@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from dstoolkit.estimate.layout import ParamEntry, param_layout
 from dstoolkit.layout import pipeline_split, stage_layer_range, stage_layers
+from dstoolkit.models.measured import TOKEN_EMBEDDING_NAME
 from dstoolkit.runplan import AutoTp, RunPlan, tp_splits
 
 NCCL_START_ALIGNMENT_FACTOR = 2
@@ -52,8 +53,8 @@ def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
                 continue
             if p.layer < 0:
                 first, last = st == 0, st == pp - 1
-                if p.kind in ("embedding", "tower") and not first:  # towers feed the first stage's embeddings
-                    continue
+                if p.kind in ("embedding", "tower") and not first and not (last and _tied_head(shape, p)):
+                    continue  # towers feed the first stage's embeddings; a tied LM head is the embedding's copy
                 if p.kind in ("lm_head", "norm") and not last:
                     continue
             numel = p.numel // tp if (tp_splits(p, autotp) and tp > 1) else p.numel
@@ -68,6 +69,14 @@ def _rank_param_groups(shape, tp: int, pp: int, ep: int, pp_stage: int | None,
         if total > best_total:
             best, best_total = groups, total
     return best
+
+
+def _tied_head(shape, p: ParamEntry) -> bool:
+    """`p` is the token embedding a tied LM head reuses: at pp > 1 the last stage holds its own copy, trained,
+    saved and all-reduced with the first stage's (Megatron-LM `shared_embedding_or_output_weight`, its
+    `_allreduce_embedding_grads`; DeepSpeed PipelineModule's TiedLayerSpec builds the tied module on every stage
+    that uses it, pipe/module.py `_build` / `_index_tied_modules`)."""
+    return shape.tie_word_embeddings and p.name == TOKEN_EMBEDDING_NAME
 
 
 def head_grad_numel(plan: RunPlan) -> int:

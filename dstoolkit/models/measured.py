@@ -304,6 +304,10 @@ class MeasuredParams(_Frozen):
                 "other": self.layer_other}
 
 
+TOKEN_EMBEDDING_NAME = "embed_tokens.weight"
+"""The token embedding's name in both layouts (the one tensor a tied LM head shares)."""
+
+
 @dataclass(frozen=True)
 class ParamEntry:
     """One parameter tensor (or, from a measured model, one block of them) in module registration order.
@@ -348,7 +352,7 @@ def measured_layout(measured: MeasuredParams) -> tuple[ParamEntry, ...]:
     out: list[ParamEntry] = [ParamEntry(f"vision_tower.{i}.weight", n, "tower", -1, False)
                              for i, n in enumerate(measured.vision_blocks or
                                                    ((measured.vision_params,) if measured.vision_params else ()))]
-    out.append(ParamEntry("embed_tokens.weight", measured.embedding, "embedding", -1, True))
+    out.append(ParamEntry(TOKEN_EMBEDDING_NAME, measured.embedding, "embedding", -1, True))
     if measured.other:
         out.append(ParamEntry("other.weight", measured.other, "other", -1, False))
     for layer in measured.layers:

@@ -114,3 +114,18 @@ def test_zero3_every_rank_writes_the_buffers():
     cb = checkpoint_bytes(_plan(MOE_BIAS, 3, world=2))
     assert cb.model_states_per_rank_bytes == 8 * 4  # parameter placeholders hold no bytes, buffers in full
     assert cb.total_without_optimizer_bytes == 2 * 8 * 4 + cb.expert_states_bytes
+
+
+TIED = dict(FIVE, name="ck5t", tie_word_embeddings=True)  # no LM head: 5 x 9280 + 2048 + 32 = 48480 parameters
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3])
+def test_tied_embedding_is_written_by_the_first_and_the_last_stage(pp):
+    # at pp > 1 the last stage holds its own trained copy of the tied embedding (Megatron-LM's output layer
+    # `shared_embedding_or_output_weight`, DeepSpeed's TiedLayerSpec), 2048 elements, and saves it: its stage is
+    # 2 x 9280 + 32 + 2048 = 20640 at pp 2 (as the untied LM head's), 9280 + 32 + 2048 = 11360 at pp 3
+    assert count_params(ModelShape(**TIED)).total == 48480
+    cb = checkpoint_bytes(_plan(TIED, 1, world=3 * pp, pp=pp))
+    assert cb.total_without_optimizer_bytes == (48480 + (2048 if pp > 1 else 0)) * 2
+    counts = {1: (48480,), 2: (29888, 20640), 3: (20608, 18560, 11360)}[pp]
+    assert cb.total_with_optimizer_bytes == sum(counts) * 2 + 3 * sum(_optim_rank(n) for n in counts)
