@@ -17,7 +17,9 @@ Read from DeepSpeed 0.19.8's save path (runtime/engine.py `_save_checkpoint` / `
   fp32 `step` scalar per param group. ZeRO-1/2 partitions each param group's flat buffer padded to a multiple of
   2 x dp elements (`nccl_start_alignment_factor`); ZeRO-3 pads every parameter to a multiple of dp
   (partition_parameters.py `_aligned_size`). Expert groups partition over the expert-data-parallel group.
-  ZeRO-0 keeps the full optimizer state inside the model-states file (torch Adam: exp_avg + exp_avg_sq, fp32).
+  ZeRO-0 keeps the full optimizer state inside the model-states file (torch Adam: exp_avg + exp_avg_sq, fp32);
+  with native MoE each expert-parallel rank also writes its own to `expp_rank_E_mp_rank_XX_optim_states.pt`
+  (measured: tiny-moe at ep 2, two 72,888,511-byte expp files and rank 0's 76,581,337-byte model states).
 Pipeline stages hold different blocks (and the embedding / LM head), so the totals sum each stage's ranks; the
 per-rank figures are the heaviest rank's. These are the tensor payload bytes; the files add the pickled metadata
 (parameter names, shapes, the config) and the zip container, a few hundred bytes per tensor (`dstoolkit ckpt
@@ -50,7 +52,8 @@ class CheckpointBytes:
     tensor-parallel shard in the model dtype, and its buffers; ZeRO-3: the buffers only)."""
     optimizer_states_per_rank_bytes: int
     """A rank's *_optim_states.pt: fp32 master partition + Adam moments (ZeRO 1-3); ZeRO-0: the optimizer state the
-    model-states file holds, counted here and not in model_states_per_rank_bytes."""
+    model-states file holds, counted here and not in model_states_per_rank_bytes (with native MoE, rank 0 writes it
+    twice: there and in its expp_rank_* file)."""
     expert_states_bytes: int
     """Native-MoE expert files, all of them (each expert once per tensor-parallel shard, not per rank)."""
     total_with_optimizer_bytes: int
@@ -102,7 +105,13 @@ def _stage_bytes(plan: RunPlan, pp_stage: int, buffer_numel: int) -> _StageBytes
         # bf16/fp16 without ZeRO: FP16_Optimizer's state_dict adds its full fp32 master copy (fp32_groups_flat)
         master = FP32_BYTES if plan.precision != "fp32" else 0
         optim = (dense_numel + expert_numel_local) * (ADAM_MOMENT_BYTES + master) + steps
-        optim_total = optim * plan.tp * (plan.ep if plan.shape.is_moe else 1)
+        optim_total = optim * plan.tp
+        if plan.shape.is_moe:
+            # native MoE (engine.py `_save_moe_checkpoint`): each expert-parallel rank's writer saves its whole
+            # optimizer to expp_rank_<e>_mp_rank_XX_optim_states.pt, and data-parallel rank 0 writes its own once
+            # more inside the model-states file (`_common_checkpoint_state`): rank 0 writes it twice
+            optim_total += optim * plan.tp * plan.ep
+            optim *= 2
     else:
         part = 0  # fp32 partition elements of one rank
         for g, dp in zip(groups, group_dp):

@@ -53,3 +53,24 @@ def test_more_ranks_split_the_optimizer():
     assert one.optimizer_states_per_rank_bytes - 4 == 2 * (two.optimizer_states_per_rank_bytes - 4)
     assert one.total_with_optimizer_bytes == two.total_with_optimizer_bytes - 4  # one more step scalar
     assert "per rank" in render_checkpoint_bytes(two) and "without" in render_checkpoint_bytes(two)
+
+
+def test_zero0_native_moe_writes_the_optimizer_twice():
+    # measured (s37, payload_bytes of a real save: `dstoolkit train --spec ds_configs/tiny_moe_cpu.yaml --config
+    # ds_configs/generated/tiny_moe_cpu/zero0-ep/ds_config.json --steps 2`, bf16, ep 2 on 2 gloo ranks):
+    # expp_rank_{0,1}_mp_rank_00_optim_states.pt 72,821,980 each; mp_rank_00_model_states.pt 76,504,796 =
+    # 3,682,816 of weights + 72,821,980 (rank 0's optimizer again); 16 expert files 16,908,288; all 239,057,044.
+    # Before, the model-states copy was not counted: total 166,234,640 (-30%).
+    from dstoolkit.models.presets import PRESETS
+
+    ds = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 0},
+          "bf16": {"enabled": True}}
+    cb = checkpoint_bytes(RunPlan(shape=PRESETS["tiny-moe"], ds_config=ds, world_size=2, gpus_per_node=2,
+                                  gpu=get_gpu("cpu"), seq_len=128, precision="bf16", ep=2))
+    one_copy = cb.optimizer_states_per_rank_bytes // 2
+    assert cb.optimizer_states_per_rank_bytes == 2 * one_copy
+    assert abs(one_copy - 72_821_980) <= 256  # the files add a few scalars (loss scaler, step) beside the tensors
+    assert cb.model_states_per_rank_bytes == 3_682_816
+    assert cb.expert_states_bytes == 16_908_288
+    assert abs(cb.total_with_optimizer_bytes - 239_057_044) <= 3 * 256
+    assert cb.total_without_optimizer_bytes == 3_682_816 + 16_908_288
