@@ -161,6 +161,15 @@ def read_layouts(strategy_dir: str) -> dict[str, FileLayout]:
         raise LayoutFileError(path, f"not the layout file dstoolkit generate writes: {exc}") from None
 
 
+def config_layout(config_path: str) -> Optional[FileLayout]:
+    """The layout the config at `config_path` was generated for: its entry in the LAYOUT_FILE beside it, or None
+    (no such file or entry, or a file that cannot be read: `dstoolkit validate` on the folder names that)."""
+    try:
+        return read_layouts(os.path.dirname(os.path.abspath(config_path))).get(os.path.basename(config_path))
+    except LayoutFileError:
+        return None
+
+
 def check_accelerate_yaml(text: str, path: str, layout: Optional[FileLayout], folder: str) -> list[Finding]:
     """accelerate's config: YAML mapping, DEEPSPEED with a config file that exists, machines and processes equal
     to the layout's, and on several machines a launcher that forms one job (``deepspeed_multinode_launcher``:

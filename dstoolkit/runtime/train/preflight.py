@@ -23,7 +23,7 @@ from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refus
 from dstoolkit.runtime.train.writer_lock import live_writer_refusal
 from dstoolkit.runtime.train.trainer_inputs import Inputs, UsageError, build_parser, ep_size_of, read_inputs
 from dstoolkit.validate.engine import validate_config
-from dstoolkit.validate.folder import LAYOUT_FILE, LayoutFileError, read_layouts
+from dstoolkit.validate.folder import LAYOUT_FILE, config_layout
 
 __all__ = ["UsageError", "check_launch", "world_size_errors", "world_size_refusal"]
 
@@ -50,10 +50,7 @@ def _fitting_world_size(ds_config: dict, source: str, limit: int = 64) -> Option
 def model_parallel_layout(config_path: str, spec: Any) -> tuple[int, int, str]:
     """(tp, pp, where it was read) the config was made for: the generated folder's layout.json entry for it (what
     `dstoolkit validate` reads), else the spec's training.tp / pp (1 where "auto" or unreadable)."""
-    try:
-        layout = read_layouts(str(Path(config_path).parent)).get(Path(config_path).name)
-    except LayoutFileError:
-        layout = None
+    layout = config_layout(config_path)
     if layout is not None:
         return int(layout.tp or 1), int(layout.pp or 1), f"{Path(config_path).parent / LAYOUT_FILE}"
     training = getattr(spec, "training", None)

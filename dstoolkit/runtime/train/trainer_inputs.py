@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from dstoolkit.common.paths import input_file_problem, same_file
 from dstoolkit.runtime.train.names import CLI
+from dstoolkit.validate.folder import config_layout
 
 
 TRAINER_DESCRIPTION = "Example DeepSpeed trainer: TinyTransformer on synthetic data, with every training helper wired in."
@@ -159,12 +160,19 @@ class Inputs:
 
 
 def ep_size_of(args: argparse.Namespace, spec: Any, shape: Any, shrunk: Any = None) -> int:
-    """The expert-parallel size the run builds its model at: --ep-size, else the spec's training.ep; 1 without
-    native MoE layers (a dense model, or --shrink: its experts are plain modules). `builders.build_model_for_run`
-    builds at it; the resume pre-flight compares it (`resume_check.resume_refusal`)."""
+    """The expert-parallel size the run builds its model at: --ep-size, else the ep the config's generated folder
+    records for it (layout.json: a `*-ep` strategy's config run without --ep-size, as `dstoolkit train --config
+    DIR/zero1-ep/ds_config.json` does, was built at ep 1), else the spec's training.ep; 1 without native MoE layers
+    (a dense model, or --shrink: its experts are plain modules). `builders.build_model_for_run` builds at it; the
+    resume pre-flight compares it (`resume_check.resume_refusal`)."""
     if shrunk is not None or not shape.is_moe:
         return 1
-    return args.ep_size or (spec.training.ep if isinstance(spec.training.ep, int) else 1)
+    if args.ep_size:
+        return args.ep_size
+    layout = config_layout(args.deepspeed_config) if getattr(args, "deepspeed_config", None) else None
+    if layout is not None:
+        return int(layout.ep or 1)
+    return spec.training.ep if isinstance(spec.training.ep, int) else 1
 
 
 def read_inputs(args: argparse.Namespace, config_flag: str = "--deepspeed_config") -> Inputs:
