@@ -220,14 +220,26 @@ def add_format_flag(p: argparse.ArgumentParser, help: str = "output format (defa
     p.add_argument("--format", type=_format, choices=FORMAT_CHOICES, default="text", help=help)
 
 
+class _RecordSpelling(argparse.Action):
+    """Store the value, and in `<dest>_flag` the option string it was given under (--world-size or an alias)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
+
+
 def add_world_flags(p: argparse.ArgumentParser, *, world_size: bool = True, gpus_per_node: bool = True,
                     required: bool = False, default: Optional[int] = None, aliases: Sequence[str] = (),
                     world_help: str = "total ranks (GPUs)",
                     gpus_per_node_help: str = "GPUs (ranks) per node") -> None:
-    """``--world-size N`` and ``--gpus-per-node G``, both positive integers."""
+    """``--world-size N`` and ``--gpus-per-node G``, both positive integers. With `aliases`, ``world_size_flag``
+    holds the spelling the user typed (None when none was), for messages that name the flag back."""
     if world_size:
         p.add_argument("--world-size", *aliases, dest="world_size", type=positive_int, required=required,
-                       default=default, metavar="N", help=world_help)
+                       default=default, metavar="N", help=world_help,
+                       action=_RecordSpelling if aliases else "store")
+        if aliases:
+            p.set_defaults(world_size_flag=None)
     if gpus_per_node:
         p.add_argument("--gpus-per-node", type=positive_int, default=None, metavar="G", help=gpus_per_node_help)
 

@@ -205,7 +205,8 @@ def run(args) -> int:
 
     try:  # what every rank would refuse (a swapped --spec / --config, a config for another --nproc, a --metrics-out
         # file that is an input or not metrics): once, here, and before --dry-run prints it
-        inputs = check_launch(trainer_args(args), args.world_size, config_flag="--config")
+        inputs = check_launch(trainer_args(args), args.world_size, config_flag="--config",
+                              nproc_flag=args.world_size_flag or "--nproc")  # the spelling typed
     except UsageError as exc:
         raise InputError(str(exc)) from None
     for note in inputs.notes:

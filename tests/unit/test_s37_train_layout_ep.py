@@ -38,3 +38,17 @@ def test_the_flag_wins_and_a_config_without_a_layout_takes_the_spec(tmp_path):
     assert _ep(alone) == 1
     (tmp_path / "layout.json").write_text("{not json")  # unreadable: validate names it; the run takes the spec
     assert _ep(alone) == 1
+
+
+@pytest.mark.parametrize("typed", ["--world-size", "--nproc"])
+def test_the_refusal_names_the_rank_flag_as_typed(typed, capsys):
+    # before, `--world-size 3` was answered "--nproc 3 does not fit ... or run with --nproc 2"
+    from dstoolkit.cli import main
+
+    config = REPO / "ds_configs" / "generated" / "tiny_cpu" / "zero2" / "ds_config.json"
+    rc = main(["train", "--spec", str(REPO / "ds_configs" / "tiny_cpu.yaml"), "--config", str(config), "--steps", "2",
+               typed, "3", "--dry-run"])
+    err = capsys.readouterr().err
+    other = "--nproc" if typed == "--world-size" else "--world-size"
+    assert rc == 2 and f"error: {typed} 3 does not fit --config" in err and f"or run with {typed} 2 " in err
+    assert f"{other} 3" not in err and f"{other} 2" not in err
