@@ -148,6 +148,26 @@ def _optimizer(spec: Spec, target: str) -> list[str]:
     return out + ["--clip-grad", _num(GRADIENT_CLIPPING)]
 
 
+def kv_channels(shape: ModelShape) -> int:
+    """The --kv-channels value, always written: Megatron-LM's validate_args fills a missing one with
+    hidden_size // num_attention_heads after `assert hidden_size % num_attention_heads == 0` (megatron/training/
+    arguments.py:1331-1333 at d98e8a64; Megatron-DeepSpeed megatron/arguments.py:298-300 the same), a bare
+    AssertionError at start-up for GLM-4.7-Flash (2048 / 20) or Kimi-K3 (7168 / 96).
+
+    Standard attention: the per-head width (config head_dim, else hidden / heads). Multi-latent attention sizes
+    its heads from --qk-head-dim / --qk-pos-emb-head-dim / --v-head-dim (megatron/core/transformer/
+    multi_latent_attention.py) and GPTModel builds no model-level RoPE from kv_channels for it (gpt_model.py: rope
+    `and not multi_latent_attention`), so the value only has to be given: qk_nope_head_dim (Megatron's
+    --qk-head-dim), what Megatron-LM's own MLA recipes pass (examples/post_training/modelopt/conf/deepseek-ai/
+    DeepSeek-R1.sh, moonshotai/Kimi-K2-Instruct.sh, examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh:
+    --kv-channels 128 = --qk-head-dim 128) and THUDM slime's GLM-4.7-Flash recipe (scripts/models/
+    glm4.7-30B-A3B.sh: --kv-channels 192 = --qk-head-dim 192, --v-head-dim 256)."""
+    if shape.is_mla:  # ModelShape._check_mla_fields_complete: MLA has all four widths
+        assert shape.qk_nope_head_dim is not None
+        return shape.qk_nope_head_dim
+    return shape.head_size
+
+
 def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candidate, *,
                   vocab_flag: Optional[int] = None) -> list[str]:
     """Dims, lengths, dropout, init and vocab: the flags both targets spell the same way.
@@ -157,8 +177,7 @@ def _common_model(spec: Spec, shape: ModelShape, k: ModelConstants, cand: Candid
     """
     out = ["--num-layers", str(shape.num_hidden_layers), "--hidden-size", str(shape.hidden_size),
            "--ffn-hidden-size", str(shape.intermediate_size), "--num-attention-heads", str(shape.num_attention_heads)]
-    if not shape.is_mla:
-        out += ["--kv-channels", str(shape.head_size)]
+    out += ["--kv-channels", str(kv_channels(shape))]
     seq = spec.training.seq_len
     out += ["--seq-length", str(seq), "--max-position-embeddings", str(max(seq, shape.max_position_embeddings or 0))]
     out += ["--attention-dropout", repr(float(k.attention_dropout)), "--hidden-dropout", repr(float(k.hidden_dropout)),
