@@ -137,7 +137,10 @@ def _plan_from_spec(path: str, calibration_arg=None, model_class=None, target=No
         from dstoolkit.generate.sweep import what_would_fit
 
         advice = what_would_fit(spec, shape, None, targets)
-    return resolved.plan, resolved.assumptions, label, spec.training.batch_ramp, advice, spec.cluster
+    from dstoolkit.generate.costing import batch_ramp_of_targets
+
+    # the ramp the targets' files train with (none for HF Trainer / Accelerate): what --tokens counts
+    return resolved.plan, resolved.assumptions, label, batch_ramp_of_targets(spec, targets), advice, spec.cluster
 
 
 def _checked_calibration(value: str, spec) -> str:

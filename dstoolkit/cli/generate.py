@@ -61,6 +61,7 @@ def _add_training_plans(args, spec, shape, result) -> dict:
         return {}
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
     from dstoolkit.estimate.training_plan import render_training_plan
+    from dstoolkit.generate.costing import batch_ramp_of_targets
     from dstoolkit.generate.planner import plan_for
     from dstoolkit.generate.targets import spec_for_targets
 
@@ -68,7 +69,7 @@ def _add_training_plans(args, spec, shape, result) -> dict:
     for o in result.generated:
         engine_spec = spec_for_targets(spec, o.chosen_targets)  # the engine the summary's figures are for
         tp = training_plan_from_args(args, plan_for(engine_spec, shape, o.chosen.candidate, o.ds_config),
-                                     spec.training.batch_ramp)
+                                     batch_ramp_of_targets(spec, o.chosen_targets))  # HF: no ramp
         plans[o.name] = tp
         key = f"{o.name}/summary.md"
         if key in result.files:

@@ -43,15 +43,17 @@ RAMP_ESTIMATES = 9
 """--tokens in the ranking: step times estimated at this many ramp batches per layout, interpolated between."""
 
 
-def _training_plans(args, spec, shape, ranked) -> list:
-    """--tokens: the `TrainingPlan` of each ranked layout (None entries without --tokens)."""
+def _training_plans(args, spec, shape, ranked, targets=()) -> list:
+    """--tokens: the `TrainingPlan` of each ranked layout (None entries without --tokens), with the batch ramp
+    `targets`' files train with (`costing.batch_ramp_of_targets`: none for HF Trainer / Accelerate)."""
     if args.tokens is None and args.gpu_hour_price is None:
         return [None] * len(ranked)
     # start-up time: `dstoolkit --help` imports every verb module; this loads when the verb runs
+    from dstoolkit.generate.costing import batch_ramp_of_targets
     from dstoolkit.generate.planner import plan_for
 
-    return [training_plan_from_args(args, plan_for(spec, shape, r.candidate), spec.training.batch_ramp,
-                                    RAMP_ESTIMATES) for r in ranked]
+    ramp = batch_ramp_of_targets(spec, targets)
+    return [training_plan_from_args(args, plan_for(spec, shape, r.candidate), ramp, RAMP_ESTIMATES) for r in ranked]
 
 
 PEAK_ONLY_MARK = "*"
@@ -180,7 +182,7 @@ def run(args) -> int:
     sweeps = []
     for group, engine_spec in _groups(spec, targets):
         res = run_sweep(spec, shape, top=args.top, targets=group)
-        sweeps.append((group, engine_spec, res, _training_plans(args, engine_spec, shape, res.ranked)))
+        sweeps.append((group, engine_spec, res, _training_plans(args, engine_spec, shape, res.ranked, group)))
     per_target = {t: run_sweep(spec, shape, top=1, targets=(t,), advise=False)
                   for t in targets} if len(targets) > 1 else {}
     # generate's rule (targets.target_refusal): a target that runs no layout of the spec (a model it cannot build) is

@@ -17,12 +17,14 @@ from dstoolkit.estimate.core import upper_bound_exceeds
 from dstoolkit.estimate.timeline import GPU_CONTEXT_BYTES, allowance_source, is_cpu_device
 from dstoolkit.generate.candidates import Candidate
 from dstoolkit.generate.ds_json import build_ds_config
+from dstoolkit.generate.hf_targets import HF_TARGETS
 from dstoolkit.hardware.calibration import calibration_for_spec, calibration_label
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan, plan_from_spec
 from dstoolkit.spec import Spec
 from dstoolkit.spec.cluster_fields import host_memory_per_node_bytes, host_memory_source, memory_headroom_fraction
+from dstoolkit.spec.model import BatchRampSpec
 
 GiB = 2**30
 
@@ -169,6 +171,17 @@ def run_plan_for(spec: Spec, shape: ModelShape, cand: Candidate, ds_config: Opti
     extra = {} if calibration is None else {"calibration": calibration}
     return plan_from_spec(spec, cfg, shape, tp=cand.tp, pp=cand.pp, ep=cand.ep, checkpoint=cand.checkpoint,
                           sequence_parallel=cand.sequence_parallel, gpu=gpu, **extra)
+
+
+def batch_ramp_of_targets(spec: Spec, targets) -> Optional[BatchRampSpec]:
+    """The batch ramp the files of `targets` train with: training.batch_ramp, or None when every target is HF Trainer /
+    Accelerate, which cannot ramp (`hf_targets.hf_batch_ramp_note`) and train at training.global_batch from step 0.
+    A --tokens plan counts its ramp steps from this (generate per strategy, sweep per engine group, estimate),
+    so it counts the steps those files run. No targets (training.framework's trainer): the spec's ramp."""
+    targets = list(targets or ())
+    if targets and all(t in HF_TARGETS for t in targets):
+        return None
+    return spec.training.batch_ramp
 
 
 def only_peak_fits(est: "CandidateEstimate", gpu: GpuSpec) -> bool:

@@ -16,7 +16,9 @@ Per strategy folder:
   plugin up from ACCELERATE_USE_DEEPSPEED, and HF fills the same "auto" values.
 
 Mapping from a `Candidate`: ``tp > 1`` becomes DeepSpeed AutoTP (``tensor_parallel.autotp_size``; HF Trainer
-has no Megatron TP); ``pp > 1`` and ``ep > 1`` have no HF target (`hf_unavailable_reason` says why: the pipeline
+has no Megatron TP), at ZeRO stage 0-2 only: at stage 3 transformers' from_pretrained refuses AutoTP
+(``dstoolkit.runplan.autotp.HF_ZERO3_AUTOTP_NOTE``), so the HF group's sweep keeps tp 1 there and its figures are
+those of tp 1; ``pp > 1`` and ``ep > 1`` have no HF target (`hf_unavailable_reason` says why: the pipeline
 engine needs a `PipelineModule`, which HF Trainer cannot drive; AutoEP does not start in DeepSpeed 0.19.8, see
 ``dstoolkit.dsconfig.rule_facts.AUTOEP_TRANSFORMERS_NOTE``). An HF MoE model at ZeRO-3 is fine (its experts are plain
 modules, not ``deepspeed.moe``): the JSON names the MoE block as a ZeRO-3 leaf module and the notes say how to
@@ -38,7 +40,7 @@ from dstoolkit.generate.hf_launch import (ACCELERATE_CONFIG, HF_DS_CONFIG, TRAIN
 from dstoolkit.generate.rules import hpz_partition_size
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.models.tp_plan import tp_plan_of
-from dstoolkit.runplan.autotp import shape_tp_refusal
+from dstoolkit.runplan.autotp import HF_ZERO3_AUTOTP_NOTE, hf_zero3_autotp_refusal, shape_tp_refusal
 from dstoolkit.spec import Spec
 from dstoolkit.validate import validate_config
 
@@ -73,12 +75,26 @@ def hf_unavailable_reason(cand: Candidate, shape: ModelShape) -> Optional[str]:
     if cand.tp > 1:
         if shape.num_attention_heads % cand.tp:
             return f"AutoTP size {cand.tp} does not divide num_attention_heads={shape.num_attention_heads}"
-        refusal = shape_tp_refusal(shape, tp_plan_of(shape), cand.tp, "tp (tensor_parallel.autotp_size)")
+        refusal = (shape_tp_refusal(shape, tp_plan_of(shape), cand.tp, "tp (tensor_parallel.autotp_size)")
+                   or hf_zero3_autotp_refusal(cand.zero_stage, cand.tp, "tp (tensor_parallel.autotp_size)"))
         if refusal:
             return refusal
     if cand.sequence_parallel:
         return "Megatron sequence parallelism has no HF form (it needs Megatron tensor parallelism)"
     return None
+
+
+def hf_batch_ramp_note(spec: Spec) -> Optional[str]:
+    """The launch note for a spec with training.batch_ramp, or None: HF Trainer and Accelerate have no batch ramp
+    (TrainingArguments holds one per_device_train_batch_size and gradient_accumulation_steps for the whole run;
+    trainer.py builds the dataloader and the accumulation loop from them once), so the HF files train at
+    training.global_batch from step 0, and a --tokens plan for them counts no ramp steps
+    (`generate.costing.batch_ramp_of_targets`)."""
+    if spec.training.batch_ramp is None:
+        return None
+    return (f"training.batch_ramp is not applied: HF Trainer / Accelerate cannot ramp the batch, so these files train "
+            f"at training.global_batch={spec.training.global_batch} from step 0; fix: remove training.batch_ramp, "
+            "or ramp with --target deepspeed / megatron-lm / megatron-deepspeed.")
 
 
 def _mixed_precision(spec: Spec) -> str:
@@ -204,7 +220,7 @@ def training_args(spec: Spec, shape: ModelShape, cand: Candidate, *, output_dir:
 
 def launch_notes(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
     """What the user's script must do besides the flags (leaf modules, AutoTP, what is not generated)."""
-    notes: list[str] = []
+    notes: list[str] = [n for n in (hf_batch_ramp_note(spec),) if n]
     if shape.num_experts and cand.zero_stage == 3:
         block = MOE_BLOCK_CLASSES.get(shape.model_type, f"the {shape.model_type} MoE block class")
         cls = block.rsplit(".", 1)[-1]
@@ -213,6 +229,9 @@ def launch_notes(spec: Spec, shape: ModelShape, cand: Candidate) -> list[str]:
             f"ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = "
             f"[{block}]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; "
             f"set_z3_leaf_modules(model, [{cls}])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).")
+    if cand.zero_stage == 3:  # tp is 1 here (hf_unavailable_reason): say why, so no one adds the section by hand
+        notes.append(f"No tensor_parallel section (AutoTP) at ZeRO-3, and the estimate is for tp 1: "
+                     f"{HF_ZERO3_AUTOTP_NOTE}. AutoTP runs at ZeRO stage 0-2 (strategies zero0, zero1, zero2).")
     if cand.tp > 1:
         notes.append(f"AutoTP: tensor_parallel.autotp_size={cand.tp}; DeepSpeed shards the HF model at "
                      f"deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see "
