@@ -34,7 +34,8 @@ from dstoolkit.generate.rules import RuleViolation, check_candidate
 from dstoolkit.generate.sweep import error_findings, run_sweep, validate_candidate_config
 from dstoolkit.generate.sweep_result import SweepResult
 from dstoolkit.generate.targets import (engine_note, miss_reason, reason_without_target, refused_everywhere,
-                                        spec_for_targets, target_groups, target_refusal, target_unavailable_reason)
+                                        spec_for_targets, target_groups, target_refusal, target_unavailable_reason,
+                                        zero_gaps_note)
 from dstoolkit.hardware.table import GpuSpec
 from dstoolkit.models.shape import ModelShape
 from dstoolkit.runplan import RunPlan
@@ -247,6 +248,8 @@ def _resolve_group(spec: Spec, shape: ModelShape, targets: tuple[str, ...]) -> R
         notes.append(tp_note)
     if engine_spec is not spec and (note := engine_note(spec, targets)):
         notes.append(note)
+    if gaps_note := zero_gaps_note(spec, targets):  # parameter offload / ZeRO++ the targets' files lack
+        notes.append(gaps_note)
     plan = plan_for(engine_spec, shape, cand, cfg)
     if softmax_note := fallback_note(plan):
         notes.append(softmax_note)

@@ -4,7 +4,9 @@
   sweep; MoE layers are DeepSpeed's own (``deepspeed.moe``), which DeepSpeed refuses at ZeRO-3.
 - ``megatron-lm``: Megatron-Core's own TP/PP/EP/CP (the only target for ring context parallelism; Ulysses as
   Megatron-Core's all-to-all CP, `sequence_sharding_reason`); its MoE blocks are Megatron's, so ZeRO-3-like sharding of
-  replicated experts is not refused by DeepSpeed's rule (dstoolkit.generate.megatron owns the rest).
+  replicated experts is not refused by DeepSpeed's rule (dstoolkit.generate.megatron owns the rest); no parameter
+  offload and no ZeRO++ (`ENGINE_ZERO_GAPS`): its files would run the layout without them, so those layouts and the
+  zero3-offload / zero++ strategies get no megatron-lm files or figures.
 - ``hf`` and ``accelerate`` (HF Trainer / Accelerate driving DeepSpeed): no pipeline engine (the model is not a
   ``PipelineModule``), no AutoEP (DeepSpeed 0.19.8 against transformers 5), no Megatron sequence parallelism;
   experts are plain modules, so ZeRO-3 is open to an HF MoE model (`hf_targets.hf_unavailable_reason`).
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE
+from dstoolkit.generate.candidate_grid import zero_modes
 from dstoolkit.generate.candidates import Candidate, strategy_unavailable_reason
 from dstoolkit.generate.hf_targets import HF_TARGETS, hf_unavailable_reason
 from dstoolkit.generate.megatron_common import UnsupportedTarget
@@ -139,10 +142,60 @@ def sequence_sharding_reason(target: str, cand: Candidate, shape: Optional[Model
     return None
 
 
+ENGINE_ZERO_GAPS: dict[str, dict[str, tuple[str, str]]] = {
+    "megatron": {
+        "offload_param": ("Megatron-LM has no parameter offload (its one offload flag is --optimizer-cpu-offload, "
+                          "megatron/training/arguments.py at d98e8a64; Megatron-FSDP keeps the parameter shards on "
+                          "the GPU): its files would offload the optimizer alone",
+                          "zero2-offload offloads the optimizer; `dstoolkit sweep SPEC --target megatron-lm` with "
+                          "training.offload: true estimates ZeRO-3 with the optimizer offloaded (zero3 offload=opt)"),
+        "zeropp": ("Megatron-LM has no ZeRO++ (Megatron-FSDP has no qwZ / qgZ quantized collectives nor hpZ secondary partition): its "
+                   "files would be plain ZeRO-3's (megatron_lm.uses_megatron_fsdp)",
+                   "the zero3 strategy's megatron-lm files are those files"),
+    },
+}
+"""The ZeRO features (`Candidate` / `StrategyDef` field -> (why, the way out)) each engine's launcher files cannot
+turn on. Megatron-LM's argument builder gives a layout with them the files of the layout without them
+(megatron_lm._distributed_lm reads only zero_stage and offload_optimizer), so figures with them would describe what
+those files do not run, and zero++ files would repeat zero3's. Megatron-DeepSpeed is not here: its --deepspeed_config
+JSON carries offload_param and the ZeRO++ keys to DeepSpeed's own engine (pretrain_gpt.py builds the model under
+deepspeed.zero.Init(config_dict_or_path=args.deepspeed_config), which reads offload_param, zero_hpz_partition_size and
+zero_quantized_weights: runtime/zero/partition_parameters.py Init.__init__)."""
+
+
+def zero_feature_gaps(engine: Optional[str], layout) -> list[tuple[str, str]]:
+    """The ZeRO features of `layout` (a `Candidate` or a `StrategyDef`) that `engine`'s files cannot turn on
+    (`ENGINE_ZERO_GAPS`), each as (why, the way out); empty when they run all of them."""
+    return [gap for name, gap in ENGINE_ZERO_GAPS.get(engine or "", {}).items() if getattr(layout, name)]
+
+
+def zero_gaps_reason(target: str, layout) -> Optional[str]:
+    """Why `target`'s files cannot run `layout` (a `Candidate` or a `StrategyDef`: `zero_feature_gaps` of its
+    engine), with the way out, or None."""
+    gaps = zero_feature_gaps(TARGET_ENGINE[target], layout)
+    if not gaps:
+        return None
+    return "; ".join([why for why, _ in gaps] + [way for _, way in gaps])
+
+
+def zero_gaps_note(spec: Spec, targets: Sequence[str]) -> Optional[str]:
+    """One line when the spec leaves open ZeRO features (training.offload's parameter offload, training.zeropp:
+    `candidate_grid.zero_modes`) that the files of `targets` (one engine) cannot turn on: their layouts are dropped
+    for these targets (`target_unavailable_reason`), so the figures are for layouts without them."""
+    engine = engine_of(targets) if targets else None
+    layouts = (Candidate(zero_stage=z, offload_optimizer=o, offload_param=p, zeropp=q, micro_batch=1)
+               for z, o, p, q in zero_modes(spec, None))
+    gaps = list(dict.fromkeys(why for c in layouts for why, _ in zero_feature_gaps(engine, c)))
+    if not gaps:
+        return None
+    return f"--target {' / '.join(targets)}: {'; '.join(gaps)}: the layouts with them are not estimated for it"
+
+
 def target_unavailable_reason(target: str, cand: Candidate, shape: ModelShape) -> Optional[str]:
     """Why `target` cannot run this layout, or None: sequence sharding only where the launcher has it
-    (`sequence_sharding_reason`); HF: `hf_unavailable_reason`; otherwise every layout."""
-    why = sequence_sharding_reason(target, cand, shape)
+    (`sequence_sharding_reason`); the ZeRO features its files cannot turn on (`zero_gaps_reason`: Megatron-LM's
+    parameter offload and ZeRO++); HF: `hf_unavailable_reason`; otherwise every layout."""
+    why = sequence_sharding_reason(target, cand, shape) or zero_gaps_reason(target, cand)
     if why is None and is_hf(target):
         why = hf_unavailable_reason(cand, shape)
     return why
@@ -220,9 +273,13 @@ def unavailable_for_all(targets: Sequence[str], spec: Spec, shape: ModelShape, c
 
 def strategy_unavailable_for(targets: Sequence[str], strategy, *, is_moe: bool) -> Optional[str]:
     """Why a strategy family cannot exist for these targets (one group: all HF or none), or None:
-    `candidates.strategy_unavailable_reason`, and for HF targets no expert-parallel family (AutoEP)."""
+    `candidates.strategy_unavailable_reason`, for HF targets no expert-parallel family (AutoEP), and the ZeRO
+    features the group's engine cannot turn on (`zero_gaps_reason`: Megatron-LM has no zero3-offload, whose
+    parameter offload it lacks, and no zero++, whose files would be zero3's)."""
 
     why = strategy_unavailable_reason(strategy, is_moe=is_moe, native_moe=native_moe(targets))
     if why is None and strategy.expert_parallel and targets and all(is_hf(t) for t in targets):
         why = f"expert parallelism (AutoEP) has no HF form: {AUTOEP_TRANSFORMERS_NOTE}"
+    if why is None and targets and engine_of(targets) is not None:  # one engine per group (target_groups)
+        why = zero_gaps_reason(targets[0], strategy)
     return why
