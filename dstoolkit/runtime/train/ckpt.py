@@ -34,6 +34,7 @@ RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 """What DeepSpeed copies into the folder it saves to beside the tag, ZeRO checkpoints only (deepspeed/runtime/
 engine.py `_save_zero_checkpoint` -> `_copy_recovery_script(save_path)`): moved from .staging to the root."""
 _ABSENT = object()
+ROLLBACK_STATE = "rollback_state"  # manifest key: the guard's state right after a rollback to it (record_rollback)
 
 
 def tag_for(step: int) -> str:
@@ -309,9 +310,10 @@ class CheckpointManager:
             atomic_write_text(path, text)
         return "written"
 
-    def record_rollback(self, tag: str, skip_positions: list[int]) -> None:
+    def record_rollback(self, tag: str, skip_positions: list[int], after_state: Optional[dict] = None) -> None:
         """After a rollback to `tag` (rank 0 writes; call it on every rank): the newer checkpoints (the abandoned
-        trajectory) are removed, `latest` names `tag`, and `skip_positions` are recorded in its manifest."""
+        trajectory) are removed, `latest` names `tag`, and `skip_positions` and the guard's state after the rollback
+        (`after_state`: `spike.Rollback.after_state`, the newest rollback's) are recorded in its manifest."""
         if self.rank != 0:
             return
         step = step_of(tag)
@@ -321,8 +323,24 @@ class CheckpointManager:
         manifest = read_manifest(self.root / tag)
         manifest["rollback_skip_positions"] = sorted(set(manifest.get("rollback_skip_positions", []))
                                                      | set(skip_positions))
+        if after_state is not None:
+            manifest[ROLLBACK_STATE] = after_state
         atomic_write_text(self.root / tag / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
         atomic_write_text(self.root / "latest", tag)
+
+    def rollback_state(self, tag: str) -> Optional[dict]:
+        """The guard's state right after the newest rollback to `tag` (`record_rollback`), None when there was none;
+        a resume from `tag` continues from it (`spike.Rollback.restore`)."""
+        from dstoolkit.runtime.train.spike import Rollback, SpikeGuard
+
+        raw = read_manifest(self.root / tag).get(ROLLBACK_STATE)
+        want = Rollback(SpikeGuard()).after_state()
+        if raw is None or (isinstance(raw, dict) and raw.keys() == want.keys() and all(
+                isinstance(raw[k], dict) and raw[k].keys() == want[k].keys() for k in want)):
+            return raw
+        raise RuntimeError(f"{self.root / tag / MANIFEST_NAME}: {ROLLBACK_STATE} is {str(raw)[:80]}, not a guard "
+                           "state after a rollback; remove that key (a resume then starts without the rollback's LR "
+                           "cool-down)")
 
     def rollback_skips(self, tag: str) -> set[int]:
         """Data positions rollbacks to `tag` marked offending (`record_rollback`); add them when loading it."""

@@ -8,8 +8,8 @@
         loss = engine(x, y)
         guard.step(loss)                         # instead of engine.backward(loss); engine.step()
 
-or ``with Guard(engine, ...) as guard:`` (on a clean exit the last step is checkpointed unless saved already,
-whatever save_every, as `dstoolkit train`; then a "done" line and the writer lock given back).
+or ``with Guard(engine, ...) as guard:`` (a clean exit checkpoints the last step unless saved already, whatever
+save_every, as `dstoolkit train`, then a "done" line; a block that raised gets none; the lock is given back).
 
 `step(loss)` takes the mean loss over the data-parallel ranks (one all-reduce of a scalar, so every rank decides
 the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
@@ -25,31 +25,32 @@ the same), asks `dstoolkit.runtime.train.spike.SpikeGuard`, and then
   progress when a loss spikes, from the next after a grad-norm spike or a rollback): only while the optimizer
   steps (torch optimizer step hooks; else around `engine.step`), so a scheduler that sets or decays the LR keeps
   its schedule and the checkpoints hold the unscaled LR;
-* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`; where DeepSpeed reports
-  none -- ZeRO-0 fp32 with a torch optimizer -- the norm of the `.grad`s just before the step: `gradnorm`; where
-  neither is known it says once that grad-norm detection is off) and saves every
-  `save_every` steps through `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename:
-  a rank killed mid-save never leaves a checkpoint that `resume` would load).
+* after an optimizer step it judges the gradient norm (`engine.get_global_grad_norm()`; where DeepSpeed reports none
+  -- ZeRO-0 fp32 with a torch optimizer -- the norm of the `.grad`s just before the step: `gradnorm`; where neither
+  is known it says once that grad-norm detection is off) and saves every `save_every` steps through
+  `dstoolkit.runtime.train.ckpt.CheckpointManager` (staging dir + manifest + rename: a rank killed mid-save never
+  leaves a checkpoint that `resume` would load).
 
 As `dstoolkit train`, with the same one-line reasons (`dstoolkit.runtime.train.resume_check`, naming Guard's
 parameters): a checkpoint_dir that already holds checkpoints is refused at the first `step` / `save` unless
-`resume()` was called (`CheckpointDirError`: it would overwrite and prune another run's checkpoints), and
-`resume()` refuses a universal checkpoint, a folder whose every checkpoint is rejected, and a checkpoint saved at
-another ZeRO stage or data-parallel size. Global rank 0 takes checkpoint_dir's writer lock (`writer_lock`, the
-trainer's: a second live run on the folder is a `CheckpointDirError`; released by `close()`, at exit and on
-SIGTERM). Bad arguments (numbers, a checkpoint_dir or metrics_path that cannot be written, save_every or a
-'rollback' action without checkpoint_dir: `names.Names.missing_dir`, the trainer's rule) are a `SettingError` from
-the constructor. A step's first micro-batch re-aligns DeepSpeed's accumulation count (`accum.align_window`), so a
-batch ramp's new count (`BatchRamp.apply`, `engine.set_train_batch_size`) starts with that step.
+`resume()` was called (`CheckpointDirError`: it would overwrite and prune another run's checkpoints), and `resume()`
+refuses a universal checkpoint, a folder whose every checkpoint is rejected, and a checkpoint saved at another ZeRO
+stage or data-parallel size. Global rank 0 takes checkpoint_dir's writer lock (`writer_lock`, the trainer's: a second
+live run on the folder is a `CheckpointDirError`; released by `close()`, at exit and on SIGTERM). Bad arguments
+(numbers, a checkpoint_dir or metrics_path that cannot be written, save_every or a 'rollback' action without
+checkpoint_dir: `names.Names.missing_dir`, the trainer's rule) are a `SettingError` from the constructor. A step's
+first micro-batch re-aligns DeepSpeed's accumulation count (`accum.align_window`), so a batch ramp's new count
+(`BatchRamp.apply`, `engine.set_train_batch_size`) starts with that step.
 
-Rank 0 appends one strict-JSON line (NaN / Inf as null: `run_state.MetricsWriter`) per optimizer step and per
-event (spike, rollback, checkpoint, resume, done) to `metrics_path`. Every `monitor_every` optimizer steps (0: off)
-the cross-rank view (`crossrank.StepWindows`): the share of the step blocked in collectives (timed hooks installed
-here: the collectives DeepSpeed looked up at its init, all_gather_into_tensor / reduce_scatter_tensor, are not
-seen) and, with several ranks, one gather of each rank's step, compute, collective and input wait, naming a rank or
-host that stands out ("cross_rank" line). Input wait is what `step(loss, input_wait_s=...)` reports; without it
-the line says "input wait not measured" and a slow data loader counts as compute. The guard's and the position
-state travel in every checkpoint's client_state.
+Rank 0 appends one strict-JSON line (NaN / Inf as null: `run_state.MetricsWriter`) per optimizer step and per event
+(spike, rollback, checkpoint, resume, done) to `metrics_path`. Every `monitor_every` optimizer steps (0: off) the
+cross-rank view (`crossrank.StepWindows`): the share of the step blocked in collectives (timed hooks installed here:
+the collectives DeepSpeed looked up at its init, all_gather_into_tensor / reduce_scatter_tensor, are not seen) and,
+with several ranks, one gather of each rank's step, compute, collective and input wait, naming a rank or host that
+stands out ("cross_rank" line). Input wait is what `step(loss, input_wait_s=...)` reports; without it the line says
+"input wait not measured" and a slow data loader counts as compute. The guard's state, the rollback streak and the
+position travel in every checkpoint's client_state, and a rollback records the guard's state after it with its target
+(`CheckpointManager.record_rollback`) for a resume before the next save.
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ from dstoolkit.runtime.train.accum import align_window
 from dstoolkit.runtime.train.gradnorm import NO_NORM_LINE, step_with_norm, weights_finite
 from dstoolkit.runtime.train.guard_parts import (CheckpointDirError, check_seconds, default_log, hook_lr_cooldown,
                                                  peak_memory_bytes, release_lock, take_lock)
+from dstoolkit.runtime.train.names import GUARD
+from dstoolkit.runtime.train.run_state import resumed
 from dstoolkit.runtime.train.spike import Rollback, SettingError, SpikeGuard, SpikeGuardConfig, check_int
 
 __all__ = ["CheckpointDirError", "Guard", "guard"]
@@ -78,8 +81,6 @@ class Guard:
         install_exit_guard()  # the process groups destroyed before the interpreter exits (rankexit)
         for name, value in (("save_every", save_every or 0), ("monitor_every", monitor_every or 0)):
             check_int(name, value, 0, "optimizer steps; 0: off", where="Guard")
-        from dstoolkit.runtime.train.names import GUARD
-
         self.engine = engine
         self.guard = SpikeGuard(config or SpikeGuardConfig())
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -107,8 +108,6 @@ class Guard:
     def _open(self, checkpoint_dir: Optional[str], keep: int, save_every: int, max_rollbacks: int,
               metrics_path: Optional[str], monitor_every: int) -> None:
         """The folder (its writer lock first), the counters, the metrics file and the monitor (`__init__`)."""
-        from dstoolkit.runtime.train.names import GUARD
-
         if checkpoint_dir:
             from dstoolkit.runtime.train.api_checks import check_folder_param, make_folder
             from dstoolkit.runtime.train.ckpt import CheckpointManager, check_keep
@@ -155,7 +154,6 @@ class Guard:
 
             self._windows = StepWindows(monitor_every, cross=CrossRank() if self.world > 1 else None)
 
-    # ------------------------------------------------------------------------------------------------------
     def _write(self, obj: dict) -> None:
         if "event" in obj:
             self.events.append(obj)
@@ -180,10 +178,10 @@ class Guard:
             dist.barrier()
 
     def client_state(self) -> dict:
-        return {"dstoolkit_guard": {"step": self.step_count, "data_pos": self.data_pos,
-                                    "skip_positions": sorted(self.skip_positions), "guard": self.guard.state_dict()}}
+        pos = {"step": self.step_count, "data_pos": self.data_pos, "skip_positions": sorted(self.skip_positions)}
+        return {"dstoolkit_guard": {**pos, "guard": self.guard.state_dict(), "rollback": self.rollbacks.state_dict()}}
 
-    def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> None:
+    def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> dict:
         """Load `tag`; a rollback mid-accumulation first closes the open window with `open_loss` (DeepSpeed's load
         keeps the accumulated gradients and the micro-step count: `dstoolkit.runtime.train.accum`)."""
         from dstoolkit.runtime.train.accum import close_window
@@ -199,8 +197,8 @@ class Guard:
         self.skip_positions = ((self.skip_positions if keep_skips else set()) | set(st["skip_positions"])
                                | self.mgr.rollback_skips(tag))
         self.guard.load_state_dict(st["guard"])
+        return st
 
-    # ------------------------------------------------------------------------------------------------------
     def resume(self) -> Optional[str]:
         """Continue from the newest intact checkpoint in checkpoint_dir (None: nothing to resume).
 
@@ -211,7 +209,6 @@ class Guard:
         """
         if self.mgr is None:
             return None
-        from dstoolkit.runtime.train.names import GUARD
         from dstoolkit.runtime.train.resume_check import pick_resume
 
         found, problem = pick_resume(self.mgr, self.engine, GUARD, lambda m: self._log(m))
@@ -221,10 +218,10 @@ class Guard:
         if found.tag is None:
             self._write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
             return None
-        self._load(found.tag, keep_skips=False)
-        self._write({"event": "resume", "tag": found.tag, "step": self.step_count, "data_pos": self.data_pos,
-                     "rejected": found.rejected})
-        self._log(f"resumed from {found.tag} (step {self.step_count}, data position {self.data_pos})")
+        saved = self._load(found.tag, keep_skips=False).get("rollback")  # the streak (a rollback's state: resumed)
+        event, line = resumed(self.rollbacks, self.mgr, found, saved, self.step_count, self.data_pos)
+        self._write(event)
+        self._log(line)
         return found.tag
 
     def _check_fresh(self) -> None:
@@ -346,7 +343,7 @@ class Guard:
             self._log(Rollback.unavailable_line(spike_step, reason, kind))
             return False
         self.skip_positions |= set(offending)
-        self.mgr.record_rollback(tag, sorted(self.skip_positions))
+        self.mgr.record_rollback(tag, sorted(self.skip_positions), self.rollbacks.after_state())
         self._incidents, self._step_losses, self._step_positions = [], [], []
         self._write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
                      "to_step": self.step_count, "reason": reason, "skip_positions": offending,
@@ -372,10 +369,11 @@ class Guard:
         self._saved_step = self.step_count
         return tag
 
-    def close(self) -> None:
-        """The "done" line; the metrics file closed and checkpoint_dir's writer lock given back."""
-        self._write({"event": "done", "step": self.step_count, "data_pos": self.data_pos,
-                     "rollbacks": self.rollbacks.done})
+    def close(self, completed: bool = True) -> None:
+        """The "done" line unless `completed` is False (as the trainer's: a finished run); the lock given back."""
+        if completed:
+            self._write({"event": "done", "step": self.step_count, "data_pos": self.data_pos,
+                         "rollbacks": self.rollbacks.done})
         if self._f is not None:
             self._f.close()
             self._f = None
@@ -386,10 +384,15 @@ class Guard:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        # a clean exit saves the last step unless saved already, whatever save_every (as the trainer's save_final)
-        if exc_type is None and self.mgr is not None and self.step_count > 0 and self._saved_step != self.step_count:
-            self.save()
-        self.close()
+        # a clean exit saves the last step unless saved already, whatever save_every (as the trainer's save_final);
+        # the block's exception (a refusal, OOM, Ctrl-C) or the save's goes on to the caller, with no "done"
+        completed = False
+        try:
+            if exc_type is None and self.mgr is not None and 0 < self.step_count != self._saved_step:
+                self.save()
+            completed = exc_type is None
+        finally:
+            self.close(completed=completed)
 
 
 def guard(engine: Any, **kwargs: Any) -> Guard:

@@ -43,6 +43,19 @@ def finite_or_none(obj: Any) -> Any:
     return obj
 
 
+def resumed(rollbacks: Any, mgr: Any, found: Any, saved_streak: Any, step: int, data_pos: int) -> tuple[dict, str]:
+    """After `found.tag` is loaded on resume (the trainer's and `Guard`'s): the streak it saved, or the guard and
+    streak a rollback to it recorded (the run stopped before its next save; `spike.Rollback.restore`). Returns the
+    "resume" metrics record and the log line."""
+    tag, rejected = found.tag, found.rejected
+    after = rollbacks.restore(saved_streak, mgr.rollback_state(tag))
+    cooldown = rollbacks.guard.lr_cooldown_left
+    note = f"; after a rollback to it: LR cool-down {cooldown} more steps, streak {rollbacks.streak}" if after else ""
+    return ({"event": "resume", "tag": tag, "step": step, "data_pos": data_pos, "rejected": rejected,
+             "after_rollback": after, "lr_cooldown_left": cooldown, "rollback_streak": rollbacks.streak},
+            f"resumed from {tag} (step {step}, data position {data_pos}{note})")
+
+
 class MetricsWriter:
     """Rank 0 appends one JSON object per line and flushes (so a killed run keeps what it wrote). A non-finite
     number (a NaN loss, no loss at all) is written as null (`finite_or_none`): every line is strict JSON."""
@@ -91,9 +104,10 @@ class Checkpoints:
         """The step the folder's newest checkpoint of this run holds (saved or loaded); None: none yet."""
 
     def client_state(self) -> dict:
-        return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict()}}
+        return {"dstoolkit": {"run": self.state.as_dict(), "guard": self.guard.state_dict(),
+                              "rollback": self.rollbacks.state_dict()}}
 
-    def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> None:
+    def _load(self, tag: str, keep_skips: bool, open_loss: Any = None) -> dict:
         """Load `tag` into the engine and restore the position and the guard from it (plus the offending data
         positions rollbacks to it recorded: `CheckpointManager.rollback_skips`). A window of gradient accumulation
         still open (a rollback mid-step) is closed first with `open_loss`, the rejected micro-batch's loss: DeepSpeed's
@@ -112,6 +126,7 @@ class Checkpoints:
         state.consumed_samples, state.tokens = run["consumed_samples"], run["tokens"]
         state.skip_positions = sorted(skips | set(run["skip_positions"]) | self.mgr.rollback_skips(tag))
         self.guard.load_state_dict(cs["dstoolkit"]["guard"])
+        return cs["dstoolkit"]
 
     def resume(self) -> None:
         """Continue from the newest intact checkpoint (corrupt / truncated ones are skipped and reported).
@@ -133,10 +148,10 @@ class Checkpoints:
         if problem:
             raise UsageError(problem)
         if found.tag is not None:
-            self._load(found.tag, keep_skips=False)
-            self.writer.write({"event": "resume", "tag": found.tag, "step": self.state.step,
-                               "data_pos": self.state.data_pos, "rejected": found.rejected})
-            self.log(f"resumed from {found.tag} (step {self.state.step}, data position {self.state.data_pos})")
+            saved = self._load(found.tag, keep_skips=False).get("rollback")
+            event, line = resumed(self.rollbacks, self.mgr, found, saved, self.state.step, self.state.data_pos)
+            self.writer.write(event)
+            self.log(line)
         else:
             self.writer.write({"event": "resume", "tag": None, "step": 0, "rejected": found.rejected})
             self.log("resume: no intact checkpoint, starting from step 0")
@@ -160,7 +175,7 @@ class Checkpoints:
             self.log(self.rollbacks.unavailable_line(spike_step, reason, kind))
             return False
         self.state.skip_positions = sorted(set(self.state.skip_positions) | set(offending))
-        self.mgr.record_rollback(tag, self.state.skip_positions)
+        self.mgr.record_rollback(tag, self.state.skip_positions, self.rollbacks.after_state())
         self.writer.write({"event": "rollback", "step": spike_step, "from_step": from_step, "to_tag": tag,
                            "to_step": self.state.step, "reason": reason, "skip_positions": offending,
                            "abandoned_micro_batches": self.abandoned,

@@ -339,6 +339,30 @@ class Rollback:
         check_int("max_rollbacks", self.max_rollbacks, 0, "rollbacks in a row that may fail to clear a spike",
                   where="rollback")
 
+    def state_dict(self) -> dict:
+        """The streak `max_rollbacks` counts (saved with every checkpoint, so a resume keeps counting it)."""
+        return {"streak": self.streak, "unresolved_step": self.unresolved_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak, self.unresolved_step = state["streak"], state["unresolved_step"]
+
+    def after_state(self) -> dict:
+        """The guard (cool-down started) and streak right after a rollback (`perform`), recorded with the target
+        (`CheckpointManager.record_rollback`): the target's client state holds the guard as at its save."""
+        return {"guard": self.guard.state_dict(), "rollback": self.state_dict()}
+
+    def restore(self, saved: Optional[dict], recorded: Optional[dict]) -> bool:
+        """On resume, after the checkpoint's guard state is loaded: the streak it saved (`saved`; None: saved before
+        streaks were), or where a rollback to it was recorded (`recorded`, `after_state`) the guard and streak right
+        after that rollback: the resumed run retrains with the same cool-down, health marks and count. Returns
+        whether `recorded` was used."""
+        if recorded is not None:
+            self.guard.load_state_dict(recorded["guard"])
+            saved = recorded["rollback"]
+        if saved is not None:
+            self.load_state_dict(saved)
+        return recorded is not None
+
     def perform(self, mgr, spike_step: int, reason: str, load,
                 kind: str = "loss_spike") -> "tuple[Optional[str], list[str]]":
         """Roll back for a spike at `spike_step` (`kind`: the Decision's kind; `mgr` None: no checkpoints). Returns
