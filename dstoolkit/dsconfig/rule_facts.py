@@ -69,3 +69,19 @@ AUTOEP_TRANSFORMERS_NOTE = (
     "presets expect transformers 5's fused 3-D experts (gate_up_proj) and fail on 4.x's ModuleList experts "
     "(ValueError: Could not infer hidden_size/ffn_hidden_size from experts module with storage=module_list)")
 """Why AutoEP is not generated: shared by the validator (DS228) and the generator's notes."""
+
+
+HF_ZERO3_AUTOTP_NOTE = (
+    "transformers 5 loads a pretrained checkpoint into a ZeRO-3 model through integrations/deepspeed.py "
+    "_load_state_dict_into_zero3_model, which runs the model's weight conversions through "
+    "_apply_weight_conversions_to_state_dict (every model has some: conversion_mapping.get_model_conversion_mapping "
+    "adds the legacy renamings even for Llama), and that raises NotImplementedError ('Weight conversions ... with "
+    "DeepSpeed Tensor Parallelism are not yet implemented') whenever the DeepSpeed config's "
+    "tensor_parallel.autotp_size > 1, so from_pretrained fails under HF Trainer / Accelerate (HfDeepSpeedConfig)")
+"""Why an HF Trainer / Accelerate run cannot combine ZeRO-3 with AutoTP (shared by the validator, DS247, and the
+generator, runplan.autotp.hf_zero3_autotp_refusal): a transformers limit, not DeepSpeed's
+(DeepSpeed 0.19.8 itself runs AutoTP at stage 3: runtime/engine.py `_resolve_zero3_param_placement`). Measured:
+a tiny saved LlamaForCausalLM, HfDeepSpeedConfig of a stage-3 JSON kept alive (what TrainingArguments(deepspeed=...)
+does), from_pretrained raises NotImplementedError with tensor_parallel.autotp_size 8 and loads without the section.
+ZeRO-0/1/2 load through the ordinary path (modeling_utils.py: the zero3 branch only under
+is_deepspeed_zero3_enabled)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from dstoolkit.dsconfig.registry import RuleContext, RuleViolation, as_int, rule, section, zero_section, zero_stage
-from dstoolkit.dsconfig.rule_facts import AUTOEP_TRANSFORMERS_NOTE, _bf16_section, _layout_facts, _moe_facts
+from dstoolkit.dsconfig.rule_facts import (AUTOEP_TRANSFORMERS_NOTE, HF_ZERO3_AUTOTP_NOTE, _bf16_section,
+                                          _layout_facts, _moe_facts)
 from dstoolkit.layout.constraints import LayoutFacts, check_layout
 from dstoolkit.layout.ulysses_heads import one_of, ulysses_degrees, ulysses_heads_problem
 
@@ -214,6 +215,21 @@ def _check_autotp_stage(cfg: Mapping, ctx: RuleContext) -> None:
         raise RuleViolation("/tensor_parallel/autotp_size",
                             f"tensor_parallel.autotp_size={tp} with --pp {ctx.pp}: AutoTP is not combined with the "
                             "pipeline engine", "drop one of them")
+
+
+@rule("DS247", "AutoTP at ZeRO stage 3 under HF Trainer / Accelerate")
+def _check_hf_autotp_stage3(cfg: Mapping, ctx: RuleContext) -> None:
+    """An HF Trainer / Accelerate config (--mode hf) with tensor_parallel.autotp_size > 1 at ZeRO stage 3: DeepSpeed
+    runs it (DS225), but transformers' ZeRO-3 loader refuses AutoTP (`HF_ZERO3_AUTOTP_NOTE`), so from_pretrained
+    fails before the first step. Strict mode (your own deepspeed.initialize) is not affected."""
+    tp = _autotp(cfg)
+    if tp is None or ctx.mode != "hf" or zero_stage(cfg) != 3:
+        return
+    raise RuleViolation("/tensor_parallel/autotp_size",
+                        f"tensor_parallel.autotp_size={tp} at zero_optimization.stage=3 under HF Trainer / "
+                        f"Accelerate: {HF_ZERO3_AUTOTP_NOTE}",
+                        'drop the "tensor_parallel" section (ZeRO-3 already shards the weights), or use ZeRO stage '
+                        "0-2 with AutoTP")
 
 
 @rule("DS226", "sequence_parallel_size does not divide the world size or the heads")

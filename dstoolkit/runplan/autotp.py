@@ -43,6 +43,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from dstoolkit.dsconfig.rule_facts import HF_ZERO3_AUTOTP_NOTE
 from dstoolkit.models.measured import ParamEntry
 
 AutoTpPath = Literal["partition_config", "hf_tp_plan", "heuristic"]
@@ -242,21 +243,6 @@ def shape_tp_refusal(shape: Any, tp_plan: tuple[tuple[str, str], ...], autotp_si
     """`tp_plan_refusal` of a model shape (its model_type and ALiBi positions) and its tp_plan
     (`models.tp_plan.tp_plan_of`): the one call of estimate and the hf / accelerate targets."""
     return tp_plan_refusal(tp_plan, autotp_size, where, shape.model_type, alibi=shape.position_encoding == "alibi")
-
-
-HF_ZERO3_AUTOTP_NOTE = (
-    "transformers 5 loads a pretrained checkpoint into a ZeRO-3 model through integrations/deepspeed.py "
-    "_load_state_dict_into_zero3_model, which runs the model's weight conversions through "
-    "_apply_weight_conversions_to_state_dict (every model has some: conversion_mapping.get_model_conversion_mapping "
-    "adds the legacy renamings even for Llama), and that raises NotImplementedError ('Weight conversions ... with "
-    "DeepSpeed Tensor Parallelism are not yet implemented') whenever the DeepSpeed config's "
-    "tensor_parallel.autotp_size > 1, so from_pretrained fails under HF Trainer / Accelerate (HfDeepSpeedConfig)")
-"""Why an HF Trainer / Accelerate run cannot combine ZeRO-3 with AutoTP: a transformers limit, not DeepSpeed's
-(DeepSpeed 0.19.8 itself runs AutoTP at stage 3: runtime/engine.py `_resolve_zero3_param_placement`). Measured:
-a tiny saved LlamaForCausalLM, HfDeepSpeedConfig of a stage-3 JSON kept alive (what TrainingArguments(deepspeed=...)
-does), from_pretrained raises NotImplementedError with tensor_parallel.autotp_size 8 and loads without the section.
-ZeRO-0/1/2 load through the ordinary path (modeling_utils.py: the zero3 branch only under
-is_deepspeed_zero3_enabled)."""
 
 
 def hf_zero3_autotp_refusal(zero_stage: int, autotp_size: int, where: str) -> Optional[str]:

@@ -60,6 +60,13 @@ def _generated(tmp_path, nodes, tp):
 def test_generated_hpz_is_one_fact_in_both_configs(tmp_path, nodes, tp, want):
     spec, shape, cand = _generated(tmp_path, nodes, tp)
     ds = build_ds_config(spec, shape, cand)["zero_optimization"]
+    assert ds["zero_hpz_partition_size"] == want
+    if tp > 1:  # no HF form of AutoTP at ZeRO-3 (s37: transformers' ZeRO-3 loader refuses it, HF_ZERO3_AUTOTP_NOTE)
+        with pytest.raises(ValueError, match="at ZeRO stage 3: transformers 5 loads"):
+            build_hf_ds_config(spec, shape, cand)
+        cand = Candidate(zero_stage=3, zeropp=True, micro_batch=1, tp=1, checkpoint=CheckpointPolicy(kind="full"))
+        want = build_ds_config(spec, shape, cand)["zero_optimization"]["zero_hpz_partition_size"]
+        ds = build_ds_config(spec, shape, cand)["zero_optimization"]
     hf = build_hf_ds_config(spec, shape, cand)["zero_optimization"]
     assert ds["zero_hpz_partition_size"] == hf["zero_hpz_partition_size"] == want
     assert ds["zero_quantized_weights"] and ds["zero_quantized_gradients"]  # qwZ / qgZ stay on

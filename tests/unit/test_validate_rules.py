@@ -211,6 +211,7 @@ def test_model_validator_runs_the_registry():
         "DS225": (with_(zero_optimization={"stage": 3}, tensor_parallel={"autotp_size": 2}),
                   {"deepspeed_version": "0.16"}),
         "DS226": (with_(sequence_parallel_size=3), {"num_heads": 4}),
+        "DS247": (with_(zero_optimization={"stage": 3}, tensor_parallel={"autotp_size": 2}), {"mode": "hf"}),
         "DS227": (with_(expert_parallel={"enabled": True, "autoep_size": 8}), {"world_size": 4}),
         "DS229": (with_(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"}), {}),
         "DS230": (with_(optimizer={"type": "AdamW", "params": {"lr": -1}}), {}),
@@ -269,3 +270,16 @@ def test_grad_accum_dtype_other_than_the_models_needs_zero():
     # 0.16's engine is not read: no finding under --deepspeed-version 0.16
     assert not any(c == "DS229" for c, _ in codes(with_(zero_optimization={"stage": 0}, **bf16_fp32),
                                                   deepspeed_version="0.16"))
+
+
+def test_hf_autotp_at_stage3_only_under_hf():
+    # transformers' ZeRO-3 loader refuses AutoTP (s37: from_pretrained raised NotImplementedError on the generated
+    # ds_config_hf.json); DeepSpeed itself runs it, so strict mode and stages 0-2 are not flagged
+    z3 = with_(zero_optimization={"stage": 3}, tensor_parallel={"autotp_size": 2})
+    assert ("DS247", "/tensor_parallel/autotp_size") in codes(z3, mode="hf")
+    assert not any(c == "DS247" for c, _ in codes(z3))
+    for stage in (0, 1, 2):
+        assert not any(c == "DS247" for c, _ in codes(with_(zero_optimization={"stage": stage},
+                                                            tensor_parallel={"autotp_size": 2}), mode="hf"))
+    assert not any(c == "DS247" for c, _ in codes(with_(zero_optimization={"stage": 3},
+                                                        tensor_parallel={"autotp_size": 1}), mode="hf"))
