@@ -5,6 +5,7 @@
 #   DRY_RUN=1 bash launch_hf.sh YOUR_TRAIN.py   # print the command instead of running it
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
+# NOTE: No tensor_parallel section (AutoTP) at ZeRO-3, and the estimate is for tp 1: transformers 5 loads a pretrained checkpoint into a ZeRO-3 model through integrations/deepspeed.py _load_state_dict_into_zero3_model, which runs the model's weight conversions through _apply_weight_conversions_to_state_dict (every model has some: conversion_mapping.get_model_conversion_mapping adds the legacy renamings even for Llama), and that raises NotImplementedError ('Weight conversions ... with DeepSpeed Tensor Parallelism are not yet implemented') whenever the DeepSpeed config's tensor_parallel.autotp_size > 1, so from_pretrained fails under HF Trainer / Accelerate (HfDeepSpeedConfig). AutoTP runs at ZeRO stage 0-2 (strategies zero0, zero1, zero2).
 # NOTE: Optimizer offload: DeepSpeed JIT-builds its CPU Adam op once per machine (~/.cache/torch_extensions); keep the optimizer from the JSON (no optim=... override).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -5,7 +5,7 @@
 #   DRY_RUN=1 bash launch_accelerate.sh YOUR_TRAIN.py   # print the command instead of running it
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
-# NOTE: AutoTP: tensor_parallel.autotp_size=2; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 4.
+# NOTE: No tensor_parallel section (AutoTP) at ZeRO-3, and the estimate is for tp 1: transformers 5 loads a pretrained checkpoint into a ZeRO-3 model through integrations/deepspeed.py _load_state_dict_into_zero3_model, which runs the model's weight conversions through _apply_weight_conversions_to_state_dict (every model has some: conversion_mapping.get_model_conversion_mapping adds the legacy renamings even for Llama), and that raises NotImplementedError ('Weight conversions ... with DeepSpeed Tensor Parallelism are not yet implemented') whenever the DeepSpeed config's tensor_parallel.autotp_size > 1, so from_pretrained fails under HF Trainer / Accelerate (HfDeepSpeedConfig). AutoTP runs at ZeRO stage 0-2 (strategies zero0, zero1, zero2).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_accelerate.sh
@@ -13,7 +13,7 @@ if [ $# -lt 1 ]; then echo "$ME: usage: bash $ME YOUR_TRAIN.py [arguments for it
 SCRIPT="$1"; shift
 MASTER_PORT="${MASTER_PORT:-29500}"
 NODE_ARGS=(--main_process_port "$MASTER_PORT")
-CMD=(accelerate launch --config_file "$HERE/accelerate_config.yaml" --deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT" --output_dir checkpoints --per_device_train_batch_size 1 --gradient_accumulation_steps 32 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 2000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 100000 --bf16 "$@")
+CMD=(accelerate launch --config_file "$HERE/accelerate_config.yaml" --deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT" --output_dir checkpoints --per_device_train_batch_size 2 --gradient_accumulation_steps 8 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 2000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 100000 --bf16 --gradient_checkpointing "$@")
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 # Run the launcher as a job of its own (its own process group), not exec'ed: on TERM / INT every process
 # under it is stopped (the deepspeed runner alone exits on SIGTERM and leaves its ranks training), then

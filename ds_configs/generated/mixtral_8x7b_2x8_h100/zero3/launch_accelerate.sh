@@ -7,7 +7,7 @@
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: HF MoE model at ZeRO-3: experts are replicated plain modules (not deepspeed.moe). Make the MoE block a ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = [transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; set_z3_leaf_modules(model, [MixtralSparseMoeBlock])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).
-# NOTE: AutoTP: tensor_parallel.autotp_size=4; DeepSpeed shards the HF model at deepspeed.initialize (HF Trainer passes the config through). Ranks of one TP group must see the same batch; data parallel size is 4.
+# NOTE: No tensor_parallel section (AutoTP) at ZeRO-3, and the estimate is for tp 1: transformers 5 loads a pretrained checkpoint into a ZeRO-3 model through integrations/deepspeed.py _load_state_dict_into_zero3_model, which runs the model's weight conversions through _apply_weight_conversions_to_state_dict (every model has some: conversion_mapping.get_model_conversion_mapping adds the legacy renamings even for Llama), and that raises NotImplementedError ('Weight conversions ... with DeepSpeed Tensor Parallelism are not yet implemented') whenever the DeepSpeed config's tensor_parallel.autotp_size > 1, so from_pretrained fails under HF Trainer / Accelerate (HfDeepSpeedConfig). AutoTP runs at ZeRO stage 0-2 (strategies zero0, zero1, zero2).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_accelerate.sh
@@ -17,7 +17,7 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 if [ -z "${NODE_RANK:-}" ]; then echo "$ME: NODE_RANK is not set: a 2-node launch runs this script on every node with NODE_RANK=<this node's rank, 0..1>" >&2; exit 2; fi
 if [ -z "${MASTER_ADDR:-}" ]; then echo "$ME: MASTER_ADDR is not set: a 2-node launch runs this script on every node with MASTER_ADDR=<node 0's address, the same on every node>" >&2; exit 2; fi
 NODE_ARGS=(--machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
-CMD=(accelerate launch --config_file "$HERE/accelerate_config.yaml" --deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT" --output_dir checkpoints --per_device_train_batch_size 16 --gradient_accumulation_steps 4 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
+CMD=(accelerate launch --config_file "$HERE/accelerate_config.yaml" --deepspeed_config_file "$HERE/ds_config_hf.json" "${NODE_ARGS[@]}" "$SCRIPT" --output_dir checkpoints --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --learning_rate 0.0003 --adam_beta1 0.9 --adam_beta2 0.95 --adam_epsilon 1e-08 --weight_decay 0.1 --max_grad_norm 1.0 --warmup_steps 1000 --logging_steps 1 --save_strategy steps --save_steps 1000 --report_to none --max_steps 50000 --bf16 --gradient_checkpointing "$@")
 if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 # Run the launcher as a job of its own (its own process group), not exec'ed: on TERM / INT every process
 # under it is stopped (the deepspeed runner alone exits on SIGTERM and leaves its ranks training), then

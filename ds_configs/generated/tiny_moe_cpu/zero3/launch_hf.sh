@@ -6,6 +6,7 @@
 # Your arguments follow the generated TrainingArguments flags: a flag you repeat wins. Config paths are
 # absolute from this script's folder, so it runs from any directory. MASTER_PORT overrides the port (29500).
 # NOTE: HF MoE model at ZeRO-3: experts are replicated plain modules (not deepspeed.moe). Make the MoE block a ZeRO-3 leaf so it is gathered whole: ds_config_hf.json sets zero_optimization.leaf_module.classes = [transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock]; in code the same is `from deepspeed.utils import set_z3_leaf_modules; set_z3_leaf_modules(model, [MixtralSparseMoeBlock])` before Trainer(...) (DeepSpeed's z3 leaf-module setting).
+# NOTE: No tensor_parallel section (AutoTP) at ZeRO-3, and the estimate is for tp 1: transformers 5 loads a pretrained checkpoint into a ZeRO-3 model through integrations/deepspeed.py _load_state_dict_into_zero3_model, which runs the model's weight conversions through _apply_weight_conversions_to_state_dict (every model has some: conversion_mapping.get_model_conversion_mapping adds the legacy renamings even for Llama), and that raises NotImplementedError ('Weight conversions ... with DeepSpeed Tensor Parallelism are not yet implemented') whenever the DeepSpeed config's tensor_parallel.autotp_size > 1, so from_pretrained fails under HF Trainer / Accelerate (HfDeepSpeedConfig). AutoTP runs at ZeRO stage 0-2 (strategies zero0, zero1, zero2).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ME=launch_hf.sh
