@@ -1,5 +1,6 @@
 """Fault injection for the example trainer (tests and demos; off by default): a poisoned batch, an LR blow-up, a
-killed rank. Every fault fires once, even when a rollback replays its step.
+killed rank. Every fault fires once, even when a rollback replays its step. A flag that could never fire (a step
+beyond --steps, a rank or micro-batch the run does not have) is refused before any rank starts (`fault_flags`).
 """
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import argparse
 import os
 import signal
 from typing import TYPE_CHECKING, Any
+
+from dstoolkit.runtime.train.fault_flags import DEFAULT_KILL_RANK
 
 if TYPE_CHECKING:
     from dstoolkit.runtime.train.run_state import MetricsWriter
@@ -19,7 +22,8 @@ class FaultInjector:
         self.poisons = dict(args.inject_poison)
         """Step -> the micro-batch of that step (0-based) that gets random labels."""
         self.blowups = blowups
-        self.kill_at_step, self.kill_rank = args.kill_at_step, args.kill_rank
+        self.kill_at_step = args.kill_at_step
+        self.kill_rank = DEFAULT_KILL_RANK if args.kill_rank is None else args.kill_rank
         self.writer = writer
         self.fired: set[tuple[str, int]] = set()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from dstoolkit.dsconfig.rules import DS201_DP_FIX_LEAD
+from dstoolkit.runtime.train.fault_flags import World
 from dstoolkit.runtime.train.names import CLI
 from dstoolkit.runtime.train.resume_check import fresh_run_refusal, resume_refusal
 from dstoolkit.runtime.train.writer_lock import live_writer_refusal
@@ -104,7 +105,8 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
         UsageError: a flag the trainer refuses, an unreadable config or spec, an output path that cannot be
             written (a file in the path, a folder for --metrics-out), or a config whose batch sizes do not fit
             `nproc` ranks (the message names the fix); a --checkpoint-dir the run must not write into (another live
-            run's writer lock: `writer_lock`) or cannot resume from (`resume_check`).
+            run's writer lock: `writer_lock`) or cannot resume from (`resume_check`); a fault-injection or slow-rank
+            flag that could never fire at `nproc` ranks (`fault_flags`).
     """
     parser = build_parser()
 
@@ -114,7 +116,7 @@ def check_launch(trainer_args: Sequence[str], nproc: int, *, config_flag: str = 
     parser.error = refuse  # an unknown or malformed trainer flag: a UsageError, not argparse's exit
     args: argparse.Namespace = parser.parse_args(list(trainer_args))
     try:
-        inputs = read_inputs(args, config_flag)
+        inputs = read_inputs(args, config_flag, World(nproc, f"{nproc_flag} {nproc}"))  # rank / micro-batch flags
     except UsageError as exc:
         text = str(exc)
         if text.startswith("--deepspeed_config ") and config_flag != "--deepspeed_config":

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dstoolkit.common.paths import input_file_problem, same_file
+from dstoolkit.runtime.train.fault_flags import (DEFAULT_KILL_RANK, World, fault_flags_problem, launched_world,
+                                                 parse_blowups)
 from dstoolkit.runtime.train.names import CLI
 from dstoolkit.validate.folder import config_layout
 
@@ -92,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--inject-lr-blowup", action="append", default=[], metavar="STEP:FACTOR",
                    help="multiply the LR of one step by FACTOR (once)")
     f.add_argument("--kill-at-step", type=int, default=None, help="SIGKILL one rank after this step")
-    f.add_argument("--kill-rank", type=int, default=1)
+    f.add_argument("--kill-rank", type=int, default=None,
+                   help=f"the rank --kill-at-step kills (default {DEFAULT_KILL_RANK})")
     return p
 
 
@@ -134,17 +137,6 @@ def load_spec_and_shape(path: str) -> tuple[Any, Any]:
     return spec, shape
 
 
-def _parse_blowups(specs: list[str]) -> dict[int, float]:
-    out = {}
-    for s in specs:
-        try:
-            step, factor = s.split(":")
-            out[int(step)] = float(factor)
-        except ValueError:
-            raise UsageError(f"--inject-lr-blowup {s!r}: expected STEP:FACTOR, e.g. 18:1000") from None
-    return out
-
-
 @dataclass
 class Inputs:
     """What the command line names, read and checked before torch / deepspeed are imported."""
@@ -175,9 +167,11 @@ def ep_size_of(args: argparse.Namespace, spec: Any, shape: Any, shrunk: Any = No
     return spec.training.ep if isinstance(spec.training.ep, int) else 1
 
 
-def read_inputs(args: argparse.Namespace, config_flag: str = "--deepspeed_config") -> Inputs:
+def read_inputs(args: argparse.Namespace, config_flag: str = "--deepspeed_config",
+                world: Optional[World] = None) -> Inputs:
     """Check the flags and read the DeepSpeed JSON and the spec; every problem is a UsageError (exit 2).
-    `config_flag`: how the caller's command line names the DeepSpeed config (`dstoolkit train`: --config)."""
+    `config_flag`: how the caller's command line names the DeepSpeed config (`dstoolkit train`: --config); `world`:
+    the ranks to launch (`dstoolkit train`: --nproc), else the launch's (`fault_flags.launched_world`)."""
     if args.steps <= 0:
         raise UsageError(f"--steps={args.steps} must be > 0")
     if args.save_every < 0:
@@ -200,7 +194,6 @@ def read_inputs(args: argparse.Namespace, config_flag: str = "--deepspeed_config
         spec, shape = load_spec_and_shape(args.spec)
     except ValueError as e:  # pydantic ValidationError included: names the field
         raise UsageError(f"--spec {args.spec}: {e}") from None
-    blowups = _parse_blowups(args.inject_lr_blowup)
     check_helper_flags(args)
     notes = check_output_paths(args, config_flag)
     if not (args.dist_timeout_s > 0 and math.isfinite(args.dist_timeout_s)):
@@ -208,6 +201,11 @@ def read_inputs(args: argparse.Namespace, config_flag: str = "--deepspeed_config
     shrunk = read_shrink(args, spec)
     if shrunk is not None:
         shape = shrunk.shape
+    problem = fault_flags_problem(args, world=world or launched_world(), ds_config=ds_config, spec=spec,
+                                  config_flag=config_flag)  # after --shrink: a batch ramp counts its seq_len
+    if problem:
+        raise UsageError(problem)
+    blowups = parse_blowups(args.inject_lr_blowup)
     return Inputs(ds_config=ds_config, spec=spec, shape=shape, blowups=blowups, shrunk=shrunk, notes=notes)
 
 
