@@ -4,7 +4,8 @@
                     [--metrics-out PATH] [--dry-run] [--format table|json] [-- extra trainer flags]
 
 It builds the same command the generated launch.sh uses, runs it, and summarises the metrics file.
-Exit codes: 0 ok, 1 the run failed, 2 bad input. Torch/DeepSpeed are imported only by the launched ranks.
+Exit codes: 0 ok, 1 the run failed, 2 bad input, 128 + the signal when SIGINT / SIGTERM / SIGHUP stopped it (130,
+143, 129; 0 when it came after the run had finished). Torch/DeepSpeed are imported only by the launched ranks.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -76,18 +79,29 @@ def verb_owned_problem(extra: list[str]) -> Optional[str]:
     return None
 
 
-def summarize(metrics_path: str, start: int = 0) -> dict:
-    """Steps, first/final loss, median step time and tokens/s, spike-guard events from a metrics file (from byte
-    `start` on: the lines one run appended)."""
+def run_records(metrics_path: str, start: int = 0) -> tuple[list[dict], list[dict]]:
+    """(step records, events) of a metrics file from byte `start` on (the lines one run appended). A last line cut
+    off mid-write (a rank killed while writing) is left out."""
     steps, events = [], []
     with open(metrics_path, "rb") as fh:
         fh.seek(start)
         text = fh.read().decode("utf-8", errors="replace")
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        d = json.loads(line)
+    lines = [line for line in text.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                break
+            raise
         (events if "event" in d else steps).append(d)
+    return steps, events
+
+
+def summarize(metrics_path: str, start: int = 0) -> dict:
+    """Steps, first/final loss, median step time and tokens/s, spike-guard events from a metrics file (from byte
+    `start` on: the lines one run appended)."""
+    steps, events = run_records(metrics_path, start)
     times = sorted(s["step_time_s"] for s in steps)
     tps = sorted(s["tokens_per_s"] for s in steps)
     done = [e for e in events if e["event"] == "done"]
@@ -103,30 +117,100 @@ def summarize(metrics_path: str, start: int = 0) -> dict:
     }
 
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-"""What `run_forwarding_signals` passes on to the launcher: Ctrl-C and kill / timeout / a scheduler's SIGTERM."""
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What `run_forwarding_signals` passes on to the launcher's process group: Ctrl-C, kill / timeout / a scheduler's
+SIGTERM, and a closed terminal's SIGHUP (the launcher runs out of the terminal's foreground group, where the kernel
+would have sent it; not installed where it is ignored, e.g. under nohup)."""
+POLL_S = 0.2  # how often the wait after the launcher looks at what is left
+OWN_SESSION = (sys.executable, "-c", "import os, sys\nos.setsid()\ntry:\n    os.execvp(sys.argv[1], sys.argv[1:])\n"
+               "except OSError as e:\n    sys.exit(f'cannot run {sys.argv[1]}: {e.strerror}')")
+"""A prefix that starts a command as the leader of a session (so a process group) of its own, under its own pid
+(setsid(2), then exec): as util-linux `setsid CMD`, with the interpreter running dstoolkit, on every POSIX host.
+Kept a prefix so the launch stays one `subprocess.run(cmd, env=env)`."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How a signal ended a launch (`run_forwarding_signals`)."""
+
+    signum: int  # the first signal received
+    killed: int  # processes SIGKILLed: still running after the grace (`run_forwarding_signals`) or at a second signal
+    second_signal: bool  # a second signal came: what was left was killed at once
+    grace_s: float
+
+
+def _live(procs: Sequence[Any]) -> list[Any]:
+    """The processes of `procs` still running (a zombie counts as gone; psutil checks pid reuse)."""
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _group(pgid: int) -> list[Any]:
+    """The live processes of process group `pgid` (those the launcher started in its group after a snapshot)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except OSError:
+            pass
+    return _live(out)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return bool(_group(pgid))
+
+
+def _kill(procs: Sequence[Any]) -> int:
+    """SIGKILL `procs` (as psutil.Process); the number that were still running."""
+    import psutil
+
+    live = _live(procs)
+    for p in live:
+        try:
+            p.kill()  # psutil: refuses a pid that now names another process
+        except psutil.Error:
+            pass
+    psutil.wait_procs(live, timeout=10)
+    return len(live)
 
 
 def run_forwarding_signals(cmd: Sequence[str], env: dict, *,
-                           grace_s: Optional[float] = None) -> tuple[int, Optional[int]]:
-    """Run a launcher to completion, passing SIGINT / SIGTERM on to it and leaving no process behind.
+                           grace_s: Optional[float] = None) -> tuple[int, Optional[Stopped]]:
+    """Run a launcher to completion, passing SIGINT / SIGTERM / SIGHUP on to everything it started, leaving no
+    process behind.
 
-    A signal for this process (`kill`, `timeout`, a scheduler that signals the main PID only, Ctrl-C) is sent to
-    the launcher; torchrun and the deepspeed launcher pass it to the ranks (each in its own session under torchrun:
-    torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py `_popen`) and wait for them.
-    The launcher stays in this process group, where a terminal's Ctrl-C reaches it directly too; a second signal
-    to it only shortens its wait, and whatever was under it when the signal came and outlives it by `grace_s`
-    (default: `REAP_GRACE_S`, the generated launch scripts' value) is
-    killed (`kill_tree`, as `dstoolkit tune` and `dstoolkit bench` stop a trial); /dev/shm buffers of killed ranks
-    are removed. A second signal kills the launcher's tree at once. Outside the main thread (where no handler can
-    be installed) the launcher simply runs.
+    The launcher runs in a session (so a process group) of its own, as launch.sh runs it (generate/shell.py
+    `run_forwarding_signals_lines`). A signal for this process (`kill`, `timeout`, a scheduler that signals the main
+    PID only, Ctrl-C) goes to that whole group: the launcher and every process it started there. That is needed for
+    the deepspeed launcher: on one node its runner has no handler (deepspeed/launcher/runner.py `main` installs
+    `sigkill_handler` only `if args.launcher == PDSH_LAUNCHER and multi_node_exec`) and dies without telling its
+    child `deepspeed.launcher.launch`, whose ranks would train on; in the group the ranks and launch.py (which then
+    stops its ranks too: launch.py `sigkill_handler` -> `terminate_process_tree`) get the signal themselves.
+    torchrun's ranks are in sessions of their own (torch/distributed/elastic/multiprocessing/subprocess_handler/
+    subprocess_handler.py `_popen`): torchrun passes the signal on to them and waits for them.
+    Whatever was under the launcher at the signal or is left in its group gets `grace_s` (default: `REAP_GRACE_S`,
+    the generated launch scripts' value) after the launcher ends; then it is SIGKILLed. A second signal kills the
+    launcher and all of it at once. /dev/shm buffers of killed ranks are removed. Outside the main thread (where
+    no handler can be installed) the launcher simply runs, in this process group.
 
     Returns:
-        (the launcher's exit code, the first signal received or None).
+        (the launcher's exit code, how a signal stopped it or None when none came).
     """
-    # the helper `dstoolkit tune` / `bench` stop a trial with (tune/objective.py imports it from there)
-    from dstoolkit.runtime.bench.usercmd import kill_tree
-
     if grace_s is None:
         # start-up time: `dstoolkit --help` imports every verb module; dstoolkit.generate loads when the verb runs.
         # How long processes under the launcher may outlive it after a forwarded signal: one value for `dstoolkit
@@ -136,52 +220,88 @@ def run_forwarding_signals(cmd: Sequence[str], env: dict, *,
         grace_s = REAP_GRACE_S
 
     got: list[int] = []
-    tree: dict[int, Any] = {}  # psutil processes under this one when the signal came: none may outlive the run
+    groups: list[int] = []  # the launcher's process group (its pid: it leads a session of its own)
+    tree: dict[int, Any] = {}  # psutil processes under the launcher when the signal came: none may outlive the run
+    killed: list[int] = []
 
-    def forward(signum: int, frame: Any) -> None:
+    def snapshot() -> list[int]:
+        """Note every process under this one in `tree`; the launchers' pids."""
         import psutil
 
         try:
             launchers = psutil.Process().children()
         except psutil.Error:
-            launchers = []
-        if got:  # a second signal: stop waiting
-            for child in launchers:
-                kill_tree(child.pid)
-        for child in launchers:
+            return []
+        for launcher in launchers:
             try:
-                tree.update({p.pid: p for p in [child, *child.children(recursive=True)]})
-                if not got:
-                    os.kill(child.pid, signum)
-            except (psutil.Error, ProcessLookupError, PermissionError):
+                tree.update({p.pid: p for p in [launcher, *launcher.children(recursive=True)]})
+            except psutil.Error:
                 pass
+        return [launcher.pid for launcher in launchers]
+
+    def kill_all() -> None:
+        snapshot()
+        left = {p.pid: p for g in groups for p in _group(g)}
+        left.update(tree)  # tree's psutil objects know each process's start time (pid reuse)
+        killed.append(_kill(list(left.values())))
+
+    def forward(signum: int, frame: Any) -> None:
         got.append(signum)
+        if len(got) > 1:  # a second signal: stop waiting
+            kill_all()
+            return
+        for pid in snapshot():
+            groups.append(pid)
+            try:
+                os.killpg(pid, signum)
+            except (ProcessLookupError, PermissionError):  # not yet in its own session (signalled as it starts)
+                try:
+                    os.kill(pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     main = threading.current_thread() is threading.main_thread()
-    prev = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS} if main else {}
+    wanted = [s for s in FORWARDED_SIGNALS if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN]
+    prev = {s: signal.signal(s, forward) for s in wanted} if main else {}
     try:
-        rc = subprocess.run(list(cmd), env=env).returncode
+        rc = subprocess.run([*OWN_SESSION, *cmd] if main else list(cmd), env=env).returncode
+        deadline = time.monotonic() + grace_s  # what was under the launcher: `grace_s` after it
+        while got and not killed and (_live(list(tree.values())) or any(_group_alive(g) for g in groups)):
+            if time.monotonic() >= deadline:
+                kill_all()
+            time.sleep(POLL_S)
     finally:
         for s, handler in prev.items():
             signal.signal(s, handler)
-    if got:
-        import psutil
+    if not got:
+        return rc, None
+    from dstoolkit.runtime.train.shm import remove_orphaned_buffers
 
-        from dstoolkit.runtime.train.shm import remove_orphaned_buffers
-
-        _, alive = psutil.wait_procs(list(tree.values()), timeout=grace_s)
-        for p in alive:
-            kill_tree(p.pid)
-        remove_orphaned_buffers()
-    return rc, (got[0] if got else None)
+    remove_orphaned_buffers()
+    return rc, Stopped(got[0], killed=sum(killed), second_signal=len(got) > 1, grace_s=grace_s)
 
 
-def interrupted_line(signum: int, extra: list[str]) -> str:
-    """What `dstoolkit train` says when a signal stopped the run."""
+def interrupted_line(signum: int, extra: list[str], stopped: Optional[Stopped] = None) -> str:
+    """What `dstoolkit train` says when a signal stopped the run before it finished: the signal and how the launch
+    ended (`stopped`; None: every process stopped on the signal)."""
     name = signal.Signals(signum).name
+    if stopped is not None and stopped.killed and stopped.second_signal:
+        how = f"a second signal killed (SIGKILL) the {stopped.killed} process(es) of the launch still running"
+    elif stopped is not None and stopped.killed:
+        how = (f"{stopped.killed} process(es) of the launch were still running after the {stopped.grace_s:g} s grace "
+               "and were killed (SIGKILL)")
+    else:
+        how = "the launcher and its ranks were stopped"
     resume = ("; rerun with `-- --resume` (and the same --checkpoint-dir) to continue from its last checkpoint"
               if "--checkpoint-dir" in extra or any(e.startswith("--checkpoint-dir=") for e in extra) else "")
-    return f"interrupted by {name}: the launcher and its ranks were stopped{resume}"
+    return f"interrupted by {name}: {how}{resume}"
+
+
+def finished_note(stopped: Stopped, steps: int) -> str:
+    """What `dstoolkit train` says when the signal came after the run had finished (its "done" record written:
+    trainer.py writes it after the final checkpoint and the lock release)."""
+    return (f"{signal.Signals(stopped.signum).name} came after the run had finished (its 'done' record: step {steps}); "
+            "its metrics and checkpoints are complete")
 
 
 @exit_map("train")
@@ -219,13 +339,20 @@ def run(args) -> int:
 
     metrics = Path(args.metrics_out)
     start = metrics.stat().st_size if metrics.is_file() else 0  # the trainer appends: summarise this run's lines only
-    # SIGINT / SIGTERM go to the launcher, which stops the ranks; this command waits for them (never orphans them)
+    # SIGINT / SIGTERM go to the launcher's process group, which stops the ranks; this command waits for them
     env = {**launch_env(args.world_size, args.launcher), PREFLIGHT_DONE_ENV: "1"}  # the ranks skip what was checked here
-    rc, got = run_forwarding_signals(cmd, env)
-    if got is not None:
-        print(error_message("train", interrupted_line(got, args.extra)), file=sys.stderr)
-        return exit_for_signal(got)  # EXIT_INTERRUPTED for SIGINT, EXIT_TERMINATED for SIGTERM
-    if not metrics.is_file() or metrics.stat().st_size <= start:
+    rc, stopped = run_forwarding_signals(cmd, env)
+    wrote = metrics.is_file() and metrics.stat().st_size > start
+    if stopped is not None:
+        events = run_records(args.metrics_out, start)[1] if wrote else []
+        done = [e for e in events if e["event"] == "done"]
+        if not done:
+            line = interrupted_line(stopped.signum, args.extra, stopped)
+            print(error_message("train", line), file=sys.stderr)
+            return exit_for_signal(stopped.signum)  # 130 SIGINT, 143 SIGTERM, 129 SIGHUP
+        # the signal came as the run ended: say so, summarise it and exit 0 whatever the stopped launcher returned
+        print(f"dstoolkit train: note: {finished_note(stopped, done[-1]['steps'])}", file=sys.stderr)
+    if not wrote:
         print(error_message("train", f"the run wrote no metrics (exit {rc})"), file=sys.stderr)
         return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS
     summary = summarize(args.metrics_out, start)
@@ -235,6 +362,6 @@ def run(args) -> int:
     else:
         for k, v in summary.items():
             print(f"{k:>20}: {v}")
-    if rc == 0:
+    if rc == 0 or stopped is not None:
         return EXIT_OK
     return EXIT_INPUT if rc == EXIT_INPUT else EXIT_FINDINGS  # the trainer's own exit 2 is bad input
