@@ -4,8 +4,9 @@
                     [--metrics-out PATH] [--dry-run] [--format table|json] [-- extra trainer flags]
 
 It builds the same command the generated launch.sh uses, runs it, and summarises the metrics file.
-Exit codes: 0 ok, 1 the run failed, 2 bad input, 128 + the signal when SIGINT / SIGTERM / SIGHUP stopped it (130,
-143, 129; 0 when it came after the run had finished). Torch/DeepSpeed are imported only by the launched ranks.
+Exit codes: 0 ok, 1 the run failed, 2 bad input, `options.exit_for_signal` of the signal when SIGINT / SIGTERM /
+SIGHUP stopped it (EXIT_INTERRUPTED for Ctrl-C, EXIT_TERMINATED for SIGTERM; 0 when it came after the run had
+finished). Torch/DeepSpeed are imported only by the launched ranks.
 """
 from __future__ import annotations
 
@@ -349,7 +350,7 @@ def run(args) -> int:
         if not done:
             line = interrupted_line(stopped.signum, args.extra, stopped)
             print(error_message("train", line), file=sys.stderr)
-            return exit_for_signal(stopped.signum)  # 130 SIGINT, 143 SIGTERM, 129 SIGHUP
+            return exit_for_signal(stopped.signum)  # EXIT_INTERRUPTED, EXIT_TERMINATED, or SIGHUP's
         # the signal came as the run ended: say so, summarise it and exit 0 whatever the stopped launcher returned
         print(f"dstoolkit train: note: {finished_note(stopped, done[-1]['steps'])}", file=sys.stderr)
     if not wrote:
