@@ -177,16 +177,12 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _kill(procs: Sequence[Any]) -> int:
-    """SIGKILL `procs` (as psutil.Process); the number that were still running."""
-    import psutil
+    """SIGKILL `procs` (as psutil.Process) that are still running (`kill_procs`, as `kill_tree` does); how many."""
+    # the helper `dstoolkit tune` / `bench` stop a trial with (tune/objective.py imports kill_tree from there)
+    from dstoolkit.runtime.bench.usercmd import kill_procs
 
     live = _live(procs)
-    for p in live:
-        try:
-            p.kill()  # psutil: refuses a pid that now names another process
-        except psutil.Error:
-            pass
-    psutil.wait_procs(live, timeout=10)
+    kill_procs(live)
     return len(live)
 
 

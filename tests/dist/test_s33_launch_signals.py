@@ -17,23 +17,11 @@ import pytest
 from dstoolkit.cli import main
 from dstoolkit.runtime.cpu_precision import precision_for_this_cpu
 from dstoolkit.runtime.train.launch import free_port
+from tests.procs import processes_naming
 
 pytestmark = pytest.mark.dist
 
 START_TIMEOUT_S = 300  # first use on a fresh machine JIT-compiles shm_comm (~30-50 s)
-
-
-def _processes_naming(text: str) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            words = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        line = b" ".join(words).decode(errors="replace")
-        if text in line:
-            found.append(f"{cmdline.parent.name}: {line[:200]}")
-    return found
 
 
 def test_sigterm_to_launch_sh_stops_the_ranks(tmp_path, repo_root):
@@ -62,7 +50,7 @@ def test_sigterm_to_launch_sh_stops_the_ranks(tmp_path, repo_root):
         log.close()
     tags = sorted(p.name for p in ckpt.glob("step_*"))
     time.sleep(5)
-    left = _processes_naming(str(ckpt))
+    left = [f"{pid}: {line[:200]}" for pid, line in processes_naming(str(ckpt)).items()]
     for line in left:
         os.kill(int(line.split(":")[0]), signal.SIGKILL)
     out = (tmp_path / "launch.log").read_text()

@@ -9,25 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from tests.procs import processes_naming
 
 pytestmark = pytest.mark.dist
 
 START_TIMEOUT_S = 300  # first use on a fresh machine JIT-compiles shm_comm (~30-50 s)
-
-
-def _processes_naming(text: str) -> list[int]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in line and int(cmdline.parent.name) != os.getpid():
-            found.append(int(cmdline.parent.name))
-    return found
 
 
 def test_sigterm_to_dstoolkit_train_deepspeed_stops_the_ranks_at_once(train_files, tmp_path):
@@ -52,7 +41,7 @@ def test_sigterm_to_dstoolkit_train_deepspeed_stops_the_ranks_at_once(train_file
             proc.kill()
     tags = sorted(p.name for p in ckpt.glob("step_*"))
     time.sleep(2)
-    left = _processes_naming(str(ckpt))
+    left = list(processes_naming(str(ckpt)))
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes outlived dstoolkit train: {left}"

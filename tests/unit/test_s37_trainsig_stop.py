@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dstoolkit.cli import train as train_cli
+from tests.procs import processes_naming
 
 FAKE = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
@@ -115,11 +116,10 @@ def _left(*pids):
 def kill_what_this_test_started(tmp_path):
     """At teardown (also after a failure): SIGKILL every process whose command line names this test's folder."""
     yield
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for pid in processes_naming(str(tmp_path)):
         try:
-            if str(tmp_path).encode() in cmdline.read_bytes() and int(cmdline.parent.name) != os.getpid():
-                os.kill(int(cmdline.parent.name), signal.SIGKILL)
-        except (OSError, ValueError):
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
             pass
 
 

@@ -63,10 +63,18 @@ def kill_tree(pid: int) -> None:
         procs = root.children(recursive=True) + [root]
     except psutil.NoSuchProcess:
         return
+    kill_procs(procs)
+
+
+def kill_procs(procs: list) -> None:
+    """SIGKILL `procs` (psutil.Process objects: psutil refuses a pid that now names another process) and wait up to
+    10 s for them (reaping this process's own children)."""
+    import psutil
+
     for p in procs:
         try:
             p.kill()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=10)
 

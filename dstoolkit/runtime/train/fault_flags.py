@@ -87,14 +87,10 @@ def step_accum(ds_config: Any, spec: Any, world: Optional[World], step: int, con
                                     seq_len=spec.training.seq_len)
     except ValueError:
         return None
-    consumed = 0
-    for _ in range(step - 1):  # the batch is constant once the ramp is over
-        if consumed > sched.ramp_samples:
-            break
-        consumed += sched.batch_at(consumed)
-    gas = sched.batch_at(consumed) // sched.unit
-    return StepAccum(gas, f"the spec's batch_ramp at step {step}: global batch {sched.batch_at(consumed)} = micro "
-                          f"batch {sched.micro_batch} x {sched.dp_size} ranks x {gas} ({world.named})")
+    at = sched.schedule(step)[-1]  # step `step` is the schedule's point step - 1 (0-based)
+    return StepAccum(at.grad_accum, f"the spec's batch_ramp at step {step}: global batch {at.global_batch} = micro "
+                                    f"batch {sched.micro_batch} x {sched.dp_size} ranks x {at.grad_accum} "
+                                    f"({world.named})")
 
 
 def _rank_problem(flag: str, rank: int, world: Optional[World], fix: str, default: bool = False) -> Optional[str]:
